@@ -1,0 +1,296 @@
+package hostagent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"net"
+	"os"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	gliderssh "github.com/gliderlabs/ssh"
+	gossh "golang.org/x/crypto/ssh"
+)
+
+// maxKeyFileBytes bounds an authorized_keys or CA keys file; larger files are refused whole
+// rather than read partially.
+const maxKeyFileBytes = 4 << 20
+
+// ErrNotAuthorized is the reason every refused public key carries.
+var ErrNotAuthorized = errors.New("public key not authorized")
+
+// benignKeyOptions are authorized_keys options whose restriction the server applies to every
+// key anyway (it never offers a pty, forwarding, X11 or user rc). Any other option (command=,
+// from=, cert-authority, expiry-time=, …) would be a restriction we do not implement, so a key
+// carrying one is skipped rather than accepted with the restriction silently dropped.
+var benignKeyOptions = map[string]bool{
+	"restrict": true, "no-pty": true, "no-port-forwarding": true, "no-agent-forwarding": true,
+	"no-x11-forwarding": true, "no-user-rc": true,
+}
+
+// authenticator decides whether a public key may log in as a user. It re-reads its key files
+// whenever their identity (inode, size, mtime) changes, so revoking a key takes effect on the
+// next authentication attempt without a restart.
+type authenticator struct {
+	logger *slog.Logger
+	now    func() time.Time
+
+	mu             sync.Mutex // guards authorizedKeys and userCAs
+	authorizedKeys keyFile
+	userCAs        keyFile
+}
+
+// keyFile is a parsed key file and the identity of the version it was parsed from.
+type keyFile struct {
+	path  string // "" when not configured
+	stamp fileStamp
+	keys  map[string]bool // gossh.PublicKey.Marshal() of each accepted key
+}
+
+type fileStamp struct {
+	exists      bool
+	dev, ino    uint64
+	size        int64
+	modTimeNano int64
+}
+
+func newAuthenticator(cfg Config, logger *slog.Logger) *authenticator {
+	return &authenticator{
+		logger:         logger,
+		now:            time.Now,
+		authorizedKeys: keyFile{path: cfg.AuthorizedKeysFile},
+		userCAs:        keyFile{path: cfg.TrustedUserCAKeysFile},
+	}
+}
+
+// authorize returns the permissions to grant key logging in as user from remote, or an error
+// wrapping ErrNotAuthorized. Certificates are accepted only through a trusted CA (never
+// through authorized_keys), plain keys only through authorized_keys.
+func (a *authenticator) authorize(user string, remote net.Addr, key gossh.PublicKey) (*gossh.Permissions, error) {
+	a.mu.Lock()
+	a.refreshLocked(&a.authorizedKeys, false)
+	a.refreshLocked(&a.userCAs, true)
+	authorized, cas := a.authorizedKeys.keys, a.userCAs.keys
+	a.mu.Unlock()
+
+	cert, isCert := key.(*gossh.Certificate)
+	if !isCert {
+		if authorized[string(key.Marshal())] {
+			return &gossh.Permissions{}, nil
+		}
+		return nil, fmt.Errorf("%w: key not in authorized keys file", ErrNotAuthorized)
+	}
+	checker := gossh.CertChecker{
+		// No critical option is understood besides source-address, which x/crypto adds to
+		// the supported list itself; any other (force-command, verify-required) is refused.
+		SupportedCriticalOptions: nil,
+		IsUserAuthority:          func(ca gossh.PublicKey) bool { return cas[string(ca.Marshal())] },
+		Clock:                    a.now,
+	}
+	if err := checker.CheckCert(user, cert); err != nil {
+		return nil, fmt.Errorf("%w: %w", ErrNotAuthorized, err)
+	}
+	if cert.CertType != gossh.UserCert || !cas[string(cert.SignatureKey.Marshal())] {
+		return nil, fmt.Errorf("%w: certificate not signed by a trusted user CA", ErrNotAuthorized)
+	}
+	// x/crypto enforces source-address on the Permissions the auth callback returns; check
+	// it here too so the restriction holds even if the permissions are lost in plumbing.
+	if sources, ok := cert.CriticalOptions["source-address"]; ok {
+		if err := checkSourceAddress(remote, sources); err != nil {
+			return nil, fmt.Errorf("%w: %w", ErrNotAuthorized, err)
+		}
+	}
+	return &gossh.Permissions{
+		CriticalOptions: maps.Clone(cert.CriticalOptions),
+		Extensions:      maps.Clone(cert.Extensions),
+	}, nil
+}
+
+// refreshLocked re-parses kf if the file changed since it was last read. A missing file
+// means no keys; an unreadable or oversized file also means no keys (fail closed) and is
+// logged.
+func (a *authenticator) refreshLocked(kf *keyFile, caFile bool) {
+	if kf.path == "" {
+		return
+	}
+	stamp, err := statFile(kf.path)
+	if err != nil {
+		a.logger.Error("cannot stat key file; accepting no keys from it", "path", kf.path, "err", err)
+		kf.keys, kf.stamp = nil, fileStamp{}
+		return
+	}
+	if stamp == kf.stamp && kf.keys != nil {
+		return
+	}
+	kf.stamp = stamp
+	kf.keys = map[string]bool{}
+	if !stamp.exists {
+		a.logger.Warn("key file does not exist; accepting no keys from it", "path", kf.path)
+		return
+	}
+	data, err := readBounded(kf.path, maxKeyFileBytes)
+	if err != nil {
+		a.logger.Error("cannot read key file; accepting no keys from it", "path", kf.path, "err", err)
+		return
+	}
+	kf.keys = parseKeyFile(data, caFile, func(line int, reason string) {
+		a.logger.Warn("skipping key file entry", "path", kf.path, "line", line, "reason", reason)
+	})
+	a.logger.Info("loaded key file", "path", kf.path, "keys", len(kf.keys))
+}
+
+// parseKeyFile parses OpenSSH authorized_keys syntax. For a CA file (TrustedUserCAKeys) no
+// options are allowed. skip is told about every entry that is not used.
+func parseKeyFile(data []byte, caFile bool, skip func(line int, reason string)) map[string]bool {
+	keys := map[string]bool{}
+	for i, line := range bytes.Split(data, []byte("\n")) {
+		line = bytes.TrimSpace(line)
+		if len(line) == 0 || line[0] == '#' {
+			continue
+		}
+		key, _, options, _, err := gossh.ParseAuthorizedKey(line)
+		if err != nil {
+			skip(i+1, "unparsable")
+			continue
+		}
+		if _, isCert := key.(*gossh.Certificate); isCert {
+			skip(i+1, "certificates cannot be listed as keys")
+			continue
+		}
+		if unsupported := unsupportedOptions(options, caFile); unsupported != "" {
+			skip(i+1, "unsupported option "+unsupported)
+			continue
+		}
+		keys[string(key.Marshal())] = true
+	}
+	return keys
+}
+
+func unsupportedOptions(options []string, caFile bool) string {
+	for _, opt := range options {
+		name, _, _ := strings.Cut(opt, "=")
+		if caFile || !benignKeyOptions[strings.ToLower(name)] {
+			return name
+		}
+	}
+	return ""
+}
+
+// checkSourceAddress reports whether remote matches one of the comma-separated addresses or
+// CIDR blocks of a certificate's source-address option.
+func checkSourceAddress(remote net.Addr, sources string) error {
+	tcp, ok := remote.(*net.TCPAddr)
+	if !ok {
+		return fmt.Errorf("source-address restriction needs a TCP client address, got %v", remote)
+	}
+	for _, source := range strings.Split(sources, ",") {
+		if ip := net.ParseIP(source); ip != nil {
+			if ip.Equal(tcp.IP) {
+				return nil
+			}
+			continue
+		}
+		_, block, err := net.ParseCIDR(source)
+		if err != nil {
+			return fmt.Errorf("invalid source-address %q in certificate", source)
+		}
+		if block.Contains(tcp.IP) {
+			return nil
+		}
+	}
+	return fmt.Errorf("client address %s not allowed by certificate source-address %q", tcp.IP, sources)
+}
+
+func statFile(path string) (fileStamp, error) {
+	info, err := os.Stat(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return fileStamp{}, nil
+	}
+	if err != nil {
+		return fileStamp{}, err
+	}
+	stamp := fileStamp{exists: true, size: info.Size(), modTimeNano: info.ModTime().UnixNano()}
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		stamp.dev, stamp.ino = uint64(st.Dev), st.Ino
+	}
+	return stamp, nil
+}
+
+func readBounded(path string, limit int64) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(data)) > limit {
+		return nil, fmt.Errorf("larger than %d bytes", limit)
+	}
+	return data, nil
+}
+
+// authIdentity is what the server remembers about the key that actually signed the login.
+// It is stored in the connection context by the verified-key callback, which x/crypto calls
+// only after the signature checked out; the public-key callback alone may have seen other
+// keys that were offered but never used.
+type authIdentity struct {
+	Fingerprint string // SHA256 fingerprint of the signing key (a certificate's inner key)
+	CertKeyID   string // certificate key id, "" for plain keys
+	CertSerial  uint64
+}
+
+type authIdentityKey struct{}
+
+// publicKeyHandler is the gliderlabs callback. It always replaces the connection's
+// Permissions: gliderlabs returns ctx.Permissions() from its callback, so leaving a previous
+// attempt's certificate restrictions (or none) in place would attach them to the wrong key.
+func (a *authenticator) publicKeyHandler(logger *slog.Logger) gliderssh.PublicKeyHandler {
+	return func(ctx gliderssh.Context, key gliderssh.PublicKey) bool {
+		ctx.Permissions().Permissions = &gossh.Permissions{}
+		perms, err := a.authorize(ctx.User(), ctx.RemoteAddr(), key)
+		if err != nil {
+			logger.Info("public key refused", "user", boundForLog(ctx.User()), "remote", ctx.RemoteAddr(),
+				"key_type", key.Type(), "key", gossh.FingerprintSHA256(signingKey(key)), "err", err)
+			return false
+		}
+		ctx.Permissions().Permissions = perms
+		return true
+	}
+}
+
+// verifiedKeyCallback records the key that signed the successful login.
+func verifiedKeyCallback(ctx gliderssh.Context) func(gossh.ConnMetadata, gossh.PublicKey, *gossh.Permissions, string) (*gossh.Permissions, error) {
+	return func(_ gossh.ConnMetadata, key gossh.PublicKey, perms *gossh.Permissions, _ string) (*gossh.Permissions, error) {
+		id := authIdentity{Fingerprint: gossh.FingerprintSHA256(signingKey(key))}
+		if cert, ok := key.(*gossh.Certificate); ok {
+			id.CertKeyID, id.CertSerial = cert.KeyId, cert.Serial
+		}
+		ctx.SetValue(authIdentityKey{}, id)
+		return perms, nil
+	}
+}
+
+func signingKey(key gossh.PublicKey) gossh.PublicKey {
+	if cert, ok := key.(*gossh.Certificate); ok {
+		return cert.Key
+	}
+	return key
+}
+
+// boundForLog truncates client-chosen strings before they reach the log.
+func boundForLog(s string) string {
+	const max = 64
+	if len(s) > max {
+		return s[:max] + "…"
+	}
+	return s
+}

@@ -1,0 +1,295 @@
+package hostagent
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// MissingExecutionID policies: what the server does with an exec request that carries no
+// POSTERN_EXECUTION_ID.
+const (
+	// MissingIDRefuse refuses the command (exit status 255, "postern: …" on stderr).
+	MissingIDRefuse = "refuse"
+	// MissingIDAssign gives the command a fresh execution id and reports it as assigned.
+	MissingIDAssign = "assign"
+)
+
+// Hard upper bounds on the configurable limits. They keep a typo in the config file from
+// turning a bound into no bound at all.
+const (
+	maxMaxCommandBytes  = 256 << 10 // an SSH packet cannot carry much more anyway
+	maxMaxEnvVars       = 1024
+	maxMaxEnvValueBytes = 128 << 10
+)
+
+// Config is the hostagent's configuration, read from one TOML file. Every field's default is
+// the value DefaultConfig returns; TOML keys are the snake_case names in the struct tags.
+// Durations are TOML strings in time.ParseDuration syntax ("10s", "720h").
+type Config struct {
+	// Listen is the TCP address the SSH server listens on. Default "127.0.0.1:2222".
+	Listen string `toml:"listen"`
+	// DataDir holds the host key, markers and output spools; created with mode 0700.
+	// Default "/var/lib/postern-hostagent". Must be absolute.
+	DataDir string `toml:"data_dir"`
+	// HostKeyFile is the persistent ed25519 host key, created on first start.
+	// Default "" meaning <DataDir>/host_ed25519_key (see HostKeyPath).
+	HostKeyFile string `toml:"host_key_file"`
+	// AuthorizedKeysFile lists the public keys allowed to log in (OpenSSH authorized_keys
+	// format), re-read whenever it changes. Default "". At least one of AuthorizedKeysFile
+	// and TrustedUserCAKeysFile is required.
+	AuthorizedKeysFile string `toml:"authorized_keys_file"`
+	// TrustedUserCAKeysFile lists CA public keys (one per line) whose OpenSSH user
+	// certificates are accepted; the SSH user must be one of the certificate's principals.
+	// Default "".
+	TrustedUserCAKeysFile string `toml:"trusted_user_ca_keys_file"`
+	// AllowedAccounts are the SSH user names (= local accounts) commands may run as.
+	// Default: the account the hostagent runs as.
+	AllowedAccounts []string `toml:"allowed_accounts"`
+	// AcceptEnv names extra environment variables accepted from clients, beyond the
+	// built-in POSTERN_*, LANG and LC_*. A trailing "*" matches a prefix. Variables that
+	// make the dynamic linker or the shell run code (LD_*, BASH_ENV, …) are rejected.
+	// Default empty.
+	AcceptEnv []string `toml:"accept_env"`
+	// MissingExecutionID is "refuse" (default) or "assign".
+	MissingExecutionID string `toml:"missing_execution_id"`
+	// RetryFailedOperations lets a new execution id run an operation key whose previous
+	// execution provably failed. Default false.
+	RetryFailedOperations bool `toml:"retry_failed_operations"`
+	// HandshakeTimeout bounds the time from TCP accept to an authenticated SSH connection.
+	// Default 10s.
+	HandshakeTimeout time.Duration `toml:"handshake_timeout"`
+	// IdleTimeout closes a connection with no traffic in either direction. Default 10m.
+	IdleTimeout time.Duration `toml:"idle_timeout"`
+	// MaxCommandBytes bounds the exec command string. Default 65536 (64 KiB).
+	MaxCommandBytes int `toml:"max_command_bytes"`
+	// MaxEnvVars bounds the number of env requests per session. Default 64.
+	MaxEnvVars int `toml:"max_env_vars"`
+	// MaxEnvValueBytes bounds each environment value. Default 4096 (4 KiB).
+	MaxEnvValueBytes int `toml:"max_env_value_bytes"`
+	// OutputCap bounds the spooled output of one command, in bytes. Default 67108864 (64 MiB).
+	OutputCap int64 `toml:"output_cap"`
+	// KillGrace is the time between SIGTERM and SIGKILL when a command is cancelled or
+	// times out. Default 5s.
+	KillGrace time.Duration `toml:"kill_grace"`
+	// MarkerRetention is how long terminal markers are kept. Default 720h (30 days).
+	MarkerRetention time.Duration `toml:"marker_retention"`
+	// Shell runs commands as `Shell -c COMMAND`. Default "/bin/sh". Must be absolute.
+	Shell string `toml:"shell"`
+}
+
+// durationKeys are the TOML keys that must be strings: BurntSushi/toml would silently read an
+// integer as nanoseconds, so `idle_timeout = 600` would mean 600ns.
+var durationKeys = []string{"handshake_timeout", "idle_timeout", "kill_grace", "marker_retention"}
+
+// DefaultConfig returns the configuration used for every field the file leaves out.
+func DefaultConfig() Config {
+	cfg := Config{
+		Listen:             "127.0.0.1:2222",
+		DataDir:            "/var/lib/postern-hostagent",
+		MissingExecutionID: MissingIDRefuse,
+		HandshakeTimeout:   10 * time.Second,
+		IdleTimeout:        10 * time.Minute,
+		MaxCommandBytes:    64 << 10,
+		MaxEnvVars:         64,
+		MaxEnvValueBytes:   4 << 10,
+		OutputCap:          64 << 20,
+		KillGrace:          5 * time.Second,
+		MarkerRetention:    720 * time.Hour,
+		Shell:              "/bin/sh",
+	}
+	if u, err := user.Current(); err == nil {
+		cfg.AllowedAccounts = []string{u.Username}
+	}
+	return cfg
+}
+
+// HostKeyPath is HostKeyFile, or <DataDir>/host_ed25519_key when HostKeyFile is empty.
+func (c Config) HostKeyPath() string {
+	if c.HostKeyFile != "" {
+		return c.HostKeyFile
+	}
+	return filepath.Join(c.DataDir, "host_ed25519_key")
+}
+
+// ConfigError is one problem with one configuration field.
+type ConfigError struct {
+	Field string // TOML key
+	Err   error
+}
+
+func (e *ConfigError) Error() string { return "config: " + e.Field + ": " + e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// ParseConfig reads a TOML configuration on top of DefaultConfig. Unknown keys are errors (a
+// misspelt limit must not silently fall back to its default). It does not validate: call
+// Validate after applying any overrides.
+func ParseConfig(r io.Reader) (Config, error) {
+	cfg := DefaultConfig()
+	md, err := toml.NewDecoder(io.LimitReader(r, 1<<20)).Decode(&cfg)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	var errs []error
+	for _, key := range md.Undecoded() {
+		errs = append(errs, &ConfigError{Field: key.String(), Err: errors.New("unknown key")})
+	}
+	for _, key := range durationKeys {
+		if md.IsDefined(key) && md.Type(key) != "String" {
+			errs = append(errs, &ConfigError{Field: key, Err: errors.New(`must be a duration string such as "10s"`)})
+		}
+	}
+	if len(errs) > 0 {
+		return Config{}, errors.Join(errs...)
+	}
+	return cfg, nil
+}
+
+// LoadConfig reads and parses the file at path. It does not validate.
+func LoadConfig(path string) (Config, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	cfg, err := ParseConfig(f)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// Validate reports every problem at once, as errors.Join of *ConfigError.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(field, format string, args ...any) {
+		errs = append(errs, &ConfigError{Field: field, Err: fmt.Errorf(format, args...)})
+	}
+	if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		bad("listen", "want host:port: %w", err)
+	}
+	if !filepath.IsAbs(c.DataDir) {
+		bad("data_dir", "must be an absolute path, got %q", c.DataDir)
+	}
+	for field, path := range map[string]string{
+		"host_key_file":             c.HostKeyFile,
+		"authorized_keys_file":      c.AuthorizedKeysFile,
+		"trusted_user_ca_keys_file": c.TrustedUserCAKeysFile,
+	} {
+		if path != "" && !filepath.IsAbs(path) {
+			bad(field, "must be an absolute path, got %q", path)
+		}
+	}
+	if c.AuthorizedKeysFile == "" && c.TrustedUserCAKeysFile == "" {
+		bad("authorized_keys_file", "at least one of authorized_keys_file and trusted_user_ca_keys_file is required")
+	}
+	if len(c.AllowedAccounts) == 0 {
+		bad("allowed_accounts", "at least one account is required")
+	}
+	for _, name := range c.AllowedAccounts {
+		if !validAccountName(name) {
+			bad("allowed_accounts", "invalid account name %q", name)
+		}
+	}
+	for _, pattern := range c.AcceptEnv {
+		if err := checkAcceptEnvPattern(pattern); err != nil {
+			bad("accept_env", "%q: %w", pattern, err)
+		}
+	}
+	if c.MissingExecutionID != MissingIDRefuse && c.MissingExecutionID != MissingIDAssign {
+		bad("missing_execution_id", "want %q or %q, got %q", MissingIDRefuse, MissingIDAssign, c.MissingExecutionID)
+	}
+	positive := func(field string, d time.Duration) {
+		if d <= 0 {
+			bad(field, "must be positive, got %v", d)
+		}
+	}
+	positive("handshake_timeout", c.HandshakeTimeout)
+	positive("idle_timeout", c.IdleTimeout)
+	positive("kill_grace", c.KillGrace)
+	positive("marker_retention", c.MarkerRetention)
+	inRange := func(field string, v, max int64) {
+		if v <= 0 || v > max {
+			bad(field, "must be in 1..%d, got %d", max, v)
+		}
+	}
+	inRange("max_command_bytes", int64(c.MaxCommandBytes), maxMaxCommandBytes)
+	inRange("max_env_vars", int64(c.MaxEnvVars), maxMaxEnvVars)
+	inRange("max_env_value_bytes", int64(c.MaxEnvValueBytes), maxMaxEnvValueBytes)
+	inRange("output_cap", c.OutputCap, 1<<40)
+	if !filepath.IsAbs(c.Shell) {
+		bad("shell", "must be an absolute path, got %q", c.Shell)
+	}
+	return errors.Join(errs...)
+}
+
+// validAccountName accepts the portable POSIX user name characters (plus the '$' some
+// systems allow at the end), so a name can never smuggle a path or an option.
+func validAccountName(name string) bool {
+	if name == "" || len(name) > 64 || name[0] == '-' {
+		return false
+	}
+	for i, r := range name {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '.', r == '-':
+		case r == '$' && i == len(name)-1:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// dangerousEnv are variables that make the dynamic linker or a shell execute code chosen by
+// whoever sets them; no configuration may accept them from a client.
+var dangerousEnv = []string{"LD_*", "DYLD_*", "BASH_ENV", "ENV", "BASH_FUNC_*", "SHELLOPTS", "BASHOPTS", "PS4", "IFS", "PATH", "GCONV_PATH", "HOSTALIASES", "LOCPATH", "NLSPATH"}
+
+func checkAcceptEnvPattern(pattern string) error {
+	name := strings.TrimSuffix(pattern, "*")
+	if name == "" {
+		return errors.New("must name a variable or a non-empty prefix")
+	}
+	if !validEnvName(name) {
+		return errors.New("not a valid environment variable name")
+	}
+	for _, d := range dangerousEnv {
+		// Refuse the pattern if it could match a dangerous name or a dangerous name could
+		// match it (e.g. "L*" would cover "LD_PRELOAD").
+		if envPatternMatch(d, name) || envPatternMatch(pattern, strings.TrimSuffix(d, "*")) {
+			return fmt.Errorf("would accept %s, which can make the child run arbitrary code", d)
+		}
+	}
+	return nil
+}
+
+// validEnvName accepts [A-Za-z_][A-Za-z0-9_]*.
+func validEnvName(name string) bool {
+	if name == "" {
+		return false
+	}
+	for i, r := range name {
+		switch {
+		case r == '_', r >= 'A' && r <= 'Z', r >= 'a' && r <= 'z':
+		case r >= '0' && r <= '9' && i > 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// envPatternMatch matches name against an exact name or a "PREFIX*" pattern.
+func envPatternMatch(pattern, name string) bool {
+	if prefix, ok := strings.CutSuffix(pattern, "*"); ok {
+		return strings.HasPrefix(name, prefix)
+	}
+	return pattern == name
+}

@@ -1,0 +1,167 @@
+package hostagent
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// Environment variables with a meaning to the hostagent.
+const (
+	EnvExecutionID  = "POSTERN_EXECUTION_ID"
+	EnvOperationKey = "POSTERN_OPERATION_KEY"
+	EnvTimeout      = "POSTERN_TIMEOUT_S"
+)
+
+const (
+	executionIDPrefix  = "ex_"
+	maxOperationKeyLen = 256
+	maxEnvNameBytes    = 256
+	maxTimeout         = 31 * 24 * time.Hour
+)
+
+// builtinAcceptEnv is accepted from every client: the Postern variables and the locale.
+var builtinAcceptEnv = []string{"POSTERN_*", "LANG", "LC_*"}
+
+// Refusal reasons a client can branch on via errors.Is; the text goes to the client's stderr.
+var (
+	ErrMissingExecutionID = errors.New("POSTERN_EXECUTION_ID is required (ssh -o SetEnv=POSTERN_EXECUTION_ID=ex_…)")
+	ErrInvalidExecutionID = errors.New("invalid POSTERN_EXECUTION_ID: want ex_ followed by a 26-character upper-case ULID")
+	ErrInvalidRequest     = errors.New("invalid request")
+)
+
+// ValidExecutionID reports whether id is "ex_" + a canonical ULID: 26 upper-case Crockford
+// base32 characters. Only the canonical spelling is accepted so that one execution cannot be
+// named two ways (the marker store keys on the exact text).
+func ValidExecutionID(id string) bool {
+	text, ok := strings.CutPrefix(id, executionIDPrefix)
+	if !ok || len(text) != ulid.EncodedSize {
+		return false
+	}
+	u, err := ulid.ParseStrict(text)
+	return err == nil && u.String() == text
+}
+
+// executionIDGenerator makes execution ids for MissingExecutionID = "assign".
+type executionIDGenerator struct {
+	mu      sync.Mutex // guards entropy, which is not safe for concurrent use
+	entropy io.Reader
+}
+
+func newExecutionIDGenerator() *executionIDGenerator {
+	return &executionIDGenerator{entropy: ulid.Monotonic(rand.Reader, 0)}
+}
+
+func (g *executionIDGenerator) next(now time.Time) (string, error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	id, err := ulid.New(ulid.Timestamp(now), g.entropy)
+	if err != nil {
+		return "", fmt.Errorf("generate execution id: %w", err)
+	}
+	return executionIDPrefix + id.String(), nil
+}
+
+// envFilter applies the allowlist and the size limits to a session's env requests.
+type envFilter struct {
+	patterns    []string
+	maxVars     int
+	maxValueLen int
+}
+
+func newEnvFilter(cfg Config) envFilter {
+	return envFilter{
+		patterns:    append(slices.Clone(builtinAcceptEnv), cfg.AcceptEnv...),
+		maxVars:     cfg.MaxEnvVars,
+		maxValueLen: cfg.MaxEnvValueBytes,
+	}
+}
+
+func (f envFilter) allowed(name string) bool {
+	for _, p := range f.patterns {
+		if envPatternMatch(p, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// sessionEnv collects a session's environment as env requests arrive. It keeps only
+// allowlisted variables and remembers the first limit violation, which refuses the command.
+type sessionEnv struct {
+	filter   envFilter
+	requests int
+	vars     map[string]string
+	problem  error // first limit violation, reported when the command is refused
+}
+
+// add handles one env request and reports whether the variable was accepted.
+func (e *sessionEnv) add(name, value string) (accepted bool) {
+	e.requests++
+	switch {
+	case e.problem != nil:
+		return false
+	case e.requests > e.filter.maxVars:
+		e.problem = fmt.Errorf("%w: more than %d environment variables", ErrInvalidRequest, e.filter.maxVars)
+	case len(name) > maxEnvNameBytes || !validEnvName(name):
+		e.problem = fmt.Errorf("%w: invalid environment variable name", ErrInvalidRequest)
+	case len(value) > e.filter.maxValueLen:
+		e.problem = fmt.Errorf("%w: environment variable %s is longer than %d bytes", ErrInvalidRequest, name, e.filter.maxValueLen)
+	case strings.IndexByte(value, 0) >= 0:
+		e.problem = fmt.Errorf("%w: environment variable %s contains a NUL byte", ErrInvalidRequest, name)
+	case !e.filter.allowed(name):
+		return false
+	default:
+		if e.vars == nil {
+			e.vars = map[string]string{}
+		}
+		e.vars[name] = value // a repeated name replaces the earlier value, as setenv does
+		return true
+	}
+	return false
+}
+
+// environ returns the accepted variables as sorted KEY=VALUE strings.
+func (e *sessionEnv) environ() []string {
+	env := make([]string, 0, len(e.vars))
+	for k, v := range e.vars {
+		env = append(env, k+"="+v)
+	}
+	sort.Strings(env)
+	return env
+}
+
+// parseOperationKey validates POSTERN_OPERATION_KEY: visible ASCII, at most 256 bytes.
+func parseOperationKey(key string) (string, error) {
+	if len(key) > maxOperationKeyLen {
+		return "", fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalidRequest, EnvOperationKey, maxOperationKeyLen)
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] < 0x21 || key[i] > 0x7e {
+			return "", fmt.Errorf("%w: %s may only contain visible ASCII characters", ErrInvalidRequest, EnvOperationKey)
+		}
+	}
+	return key, nil
+}
+
+// parseTimeout validates POSTERN_TIMEOUT_S: a positive number of seconds up to 31 days;
+// "" means no timeout.
+func parseTimeout(s string) (time.Duration, error) {
+	if s == "" {
+		return 0, nil
+	}
+	n, err := strconv.ParseUint(s, 10, 32)
+	if err != nil || n == 0 || time.Duration(n)*time.Second > maxTimeout {
+		return 0, fmt.Errorf("%w: %s must be a whole number of seconds in 1..%d", ErrInvalidRequest, EnvTimeout, int(maxTimeout.Seconds()))
+	}
+	return time.Duration(n) * time.Second, nil
+}
