@@ -1,0 +1,185 @@
+package markers
+
+import (
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// submit hands req to the committer and waits until its batch is durable (or failed). Once
+// handed over, the write is waited for even if the caller's context ends: returning early
+// would let a caller act as if a write that then lands had not happened.
+func (s *Store) submit(req *commitReq) error {
+	req.done = make(chan error, 1)
+	s.mu.RLock()
+	if s.closed {
+		s.mu.RUnlock()
+		return ErrClosed
+	}
+	s.reqs <- req
+	s.mu.RUnlock()
+	return <-req.done
+}
+
+// run is the committer: it takes every pending request, chains their events in arrival
+// order and commits them in one synced batch. It exits when reqs is closed, after sealing.
+func (s *Store) run() {
+	defer s.wg.Done()
+	ticker := time.NewTicker(s.opts.CheckpointInterval)
+	defer ticker.Stop()
+	group := make([]*commitReq, 0, maxGroup)
+	for {
+		select {
+		case req, ok := <-s.reqs:
+			if !ok {
+				s.commitGroup(nil, true)
+				return
+			}
+			group = append(group[:0], req)
+		drain:
+			for len(group) < maxGroup {
+				select {
+				case req, ok := <-s.reqs:
+					if !ok {
+						break drain
+					}
+					group = append(group, req)
+				default:
+					break drain
+				}
+			}
+			s.commitGroup(group, false)
+		case <-ticker.C:
+			if s.opts.Now().Sub(s.lastSealAt) >= s.opts.CheckpointInterval {
+				s.commitGroup(nil, true)
+			}
+		}
+	}
+}
+
+// commitGroup writes the records, index entries and chained events of group, plus a
+// checkpoint when one is due (or forced and anything is unsealed), in one synced batch.
+func (s *Store) commitGroup(group []*commitReq, forceSeal bool) {
+	if s.broken != nil {
+		for _, r := range group {
+			r.done <- fmt.Errorf("%w: %v", ErrBroken, s.broken)
+		}
+		return
+	}
+	b := s.db.NewBatch()
+	defer b.Close()
+	head := s.head
+	committed := group[:0:0]
+	staged := 0
+	for _, r := range group {
+		if r.seal {
+			forceSeal = true
+			committed = append(committed, r)
+			continue
+		}
+		next, err := s.stage(b, head, r)
+		if err != nil {
+			r.done <- err
+			continue
+		}
+		head = next
+		staged++
+		committed = append(committed, r)
+	}
+	sealing := head.Seq > s.sealedSeq &&
+		(forceSeal || head.Seq-s.sealedSeq >= uint64(s.opts.CheckpointEvery))
+	now := s.opts.Now()
+	if sealing {
+		signed, err := signCheckpoint(s.opts.Signer, s.opts.Origin, head.Seq, head.Hash, now)
+		if err != nil {
+			s.fail(committed, fmt.Errorf("sign checkpoint %d: %w", head.Seq, err))
+			return
+		}
+		if err := b.Set(seqKey(pCheckpoint, head.Seq), signed, nil); err != nil {
+			s.fail(committed, err)
+			return
+		}
+	}
+	if staged == 0 && !sealing {
+		for _, r := range committed {
+			r.done <- nil
+		}
+		return
+	}
+	pos, _ := json.Marshal(head)
+	if err := b.Set(metaHead, pos, nil); err != nil {
+		s.fail(committed, err)
+		return
+	}
+	s.commitMu.Lock()
+	err := b.Commit(pebble.Sync)
+	s.commitMu.Unlock()
+	if err != nil {
+		s.fail(committed, fmt.Errorf("commit: %w", err))
+		return
+	}
+	s.head = head
+	s.headSeq.Store(head.Seq)
+	if sealing {
+		s.sealedSeq = head.Seq
+		s.lastSealAt = now
+	}
+	s.commits.Add(1)
+	s.events.Add(uint64(staged))
+	for _, r := range committed {
+		r.done <- nil
+	}
+}
+
+// stage adds one request's writes to b and returns the new chain head.
+func (s *Store) stage(b *pebble.Batch, head chainPos, r *commitReq) (chainPos, error) {
+	ev := Event{
+		Seq:         head.Seq + 1,
+		At:          r.rec.UpdatedAt,
+		ExecutionID: r.rec.ID,
+		Kind:        r.kind,
+		From:        r.from,
+		To:          r.to,
+		Note:        r.note,
+		Record:      r.encoded[1:],
+		PrevHash:    head.Hash,
+	}
+	line, err := ev.seal()
+	if err != nil {
+		return head, err
+	}
+	set := func(k, v []byte) {
+		if err == nil {
+			err = b.Set(k, v, nil)
+		}
+	}
+	set(recordKey(r.rec.ID), r.encoded)
+	if r.prev == nil {
+		for _, k := range indexKeys(r.rec) {
+			set(k, nil)
+		}
+	} else if r.prev.State != r.rec.State {
+		if err == nil {
+			err = b.Delete(stateKey(r.prev.State, r.prev.ID), nil)
+		}
+		set(stateKey(r.rec.State, r.rec.ID), nil)
+	}
+	set(seqKey(pEvent, ev.Seq), line)
+	set(execEventKey(r.rec.ID, ev.Seq), nil)
+	if err != nil {
+		return head, fmt.Errorf("markers: stage %s: %w", r.rec.ID, err)
+	}
+	return chainPos{Seq: ev.Seq, Hash: ev.ThisHash}, nil
+}
+
+// fail marks the store broken after a failed durable write: nothing may proceed on it, and
+// every later write is refused until the store is reopened (which recovers the durable head).
+func (s *Store) fail(group []*commitReq, err error) {
+	s.broken = err
+	s.log.Error("durable write failed; refusing further writes", "err", err)
+	for _, r := range group {
+		r.done <- fmt.Errorf("%w: %v", ErrBroken, err)
+	}
+}

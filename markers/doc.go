@@ -1,0 +1,30 @@
+// Package markers owns Postern's durable execution records: the bastion's journal and every
+// hostagent's markers are both a markers.Store on Pebble.
+//
+// # Invariants
+//
+//   - Every write (create, transition, update) is one Pebble batch committed with a sync write;
+//     a method returns only once its batch is durable. A failed commit fails closed: the error is
+//     returned and the store refuses all further writes (ErrBroken), so no caller proceeds on a
+//     record that may not exist.
+//   - A record's state only moves along the edges of its Graph (Journal or Host); an illegal
+//     edge is ErrIllegalTransition and changes nothing. Transitions are compare-and-set on the
+//     current state.
+//   - Create is create-if-absent on the execution id, race-free: writers of one id are
+//     serialized by a per-id lock held until their batch is durable.
+//   - Every write appends one event to a hash-chained log (prev_hash, this_hash) in the same
+//     batch as the record and its secondary indexes, so the chain has no gaps after a crash.
+//     A single committer goroutine assigns sequence numbers and commits the batches of all
+//     pending writers together: chain order is commit order, and many writers share one fsync.
+//   - Checkpoints of (origin, size, head hash) are signed with an Ed25519 audit key in the
+//     golang.org/x/mod/sumdb/note format; VerifyJSONL and VerifyDir check chain and signatures
+//     offline.
+//
+// # Reading what may not be durable yet
+//
+// Pebble makes a synced write visible to readers before its fsync has returned (pebble issue
+// #2163). A reader that saw such a record could act on a write that a crash then erases, e.g.
+// answer "already started" for a command that never will. Every read that returns a record
+// therefore takes that record's per-id lock first: the lock is held by the writer until its
+// batch is durable, so a record returned by Get, the Find methods or List is always durable.
+package markers

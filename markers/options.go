@@ -1,0 +1,110 @@
+package markers
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"golang.org/x/mod/sumdb/note"
+)
+
+// Options configure a Store. Zero values take the documented defaults (EnsureDefaults), which
+// are sized for a fleet machine: a few MB of memory.
+type Options struct {
+	// Graph is the state machine of the records: Journal (bastion) or Host (hostagent).
+	// Required; a store keeps the graph it was created with.
+	Graph Graph
+	// Signer signs checkpoints with the installation's Ed25519 audit key
+	// (LoadOrCreateAuditKey). Required.
+	Signer note.Signer
+	// Origin is the first line of every checkpoint, naming the log. Default "postern <graph>".
+	Origin string
+	// CheckpointEvery seals the chain after this many events. Default 1000.
+	CheckpointEvery int
+	// CheckpointInterval seals the chain after this long if there are unsealed events.
+	// Default 1 minute. Close always seals.
+	CheckpointInterval time.Duration
+	// CacheBytes is Pebble's block cache. Default 1 MiB.
+	CacheBytes int64
+	// MemTableBytes is the size of one Pebble memtable. Default 2 MiB.
+	MemTableBytes uint64
+	// MaxOpenFiles bounds Pebble's table cache. Default 64.
+	MaxOpenFiles int
+	// Retention is how long a terminal record of each action class is kept, keyed by
+	// Record.Class. Default DefaultRetention.
+	Retention map[string]time.Duration
+	// DefaultRetention applies to classes missing from Retention. Default 30 days.
+	DefaultRetention time.Duration
+	// EventRetention is how long events are kept before GC prunes them at a checkpoint.
+	// Default 0: events are kept forever.
+	EventRetention time.Duration
+	// Logger receives the store's and Pebble's messages. Default slog.Default().
+	Logger *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// EnsureDefaults fills zero fields with their defaults.
+func (o *Options) EnsureDefaults() {
+	if o.Origin == "" {
+		o.Origin = "postern " + string(o.Graph)
+	}
+	if o.CheckpointEvery == 0 {
+		o.CheckpointEvery = 1000
+	}
+	if o.CheckpointInterval == 0 {
+		o.CheckpointInterval = time.Minute
+	}
+	if o.CacheBytes == 0 {
+		o.CacheBytes = 1 << 20
+	}
+	if o.MemTableBytes == 0 {
+		o.MemTableBytes = 2 << 20
+	}
+	if o.MaxOpenFiles == 0 {
+		o.MaxOpenFiles = 64
+	}
+	if o.DefaultRetention == 0 {
+		o.DefaultRetention = 30 * 24 * time.Hour
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Validate reports every problem with o at once.
+func (o *Options) Validate() error {
+	var errs []error
+	if !o.Graph.Valid() {
+		errs = append(errs, fmt.Errorf("graph %q: want %q or %q", o.Graph, Journal, Host))
+	}
+	if o.Signer == nil {
+		errs = append(errs, errors.New("signer: an audit key is required"))
+	}
+	if o.CheckpointEvery < 0 || o.CheckpointInterval < 0 {
+		errs = append(errs, errors.New("checkpoint every/interval must not be negative"))
+	}
+	if o.MemTableBytes < 1<<20 {
+		errs = append(errs, fmt.Errorf("memtable of %d bytes: at least 1 MiB", o.MemTableBytes))
+	}
+	for class, d := range o.Retention {
+		if d <= 0 {
+			errs = append(errs, fmt.Errorf("retention of class %q must be positive", class))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("markers: options: %w", err)
+	}
+	return nil
+}
+
+func (o *Options) retention(class string) time.Duration {
+	if d, ok := o.Retention[class]; ok {
+		return d
+	}
+	return o.DefaultRetention
+}

@@ -1,0 +1,214 @@
+package markers
+
+import (
+	"bytes"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// Get returns the durable record of execution id, or ErrNotFound.
+func (s *Store) Get(id string) (*Record, error) {
+	unlock := s.locks.lock(id)
+	defer unlock()
+	return s.getLocked(id)
+}
+
+// getLocked reads a record; the caller holds id's lock, so the record is durable.
+func (s *Store) getLocked(id string) (*Record, error) {
+	if err := s.readable(); err != nil {
+		return nil, err
+	}
+	v, closer, err := s.db.Get(recordKey(id))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("markers: get %s: %w", id, err)
+	}
+	defer closer.Close()
+	return DecodeRecord(v)
+}
+
+func (s *Store) readable() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// FindByFingerprint returns the newest execution of actor with fingerprint in intent scope,
+// or ErrNotFound. The caller applies the matching rule (state, attach window) to it.
+func (s *Store) FindByFingerprint(actor, scope, fingerprint string) (*Record, error) {
+	return s.newestUnder(append(joinKey(pFinger, actor, scope, fingerprint), 0))
+}
+
+// FindByIdempotencyKey returns the newest execution of actor that carried key, or ErrNotFound.
+func (s *Store) FindByIdempotencyKey(actor, key string) (*Record, error) {
+	return s.newestUnder(append(joinKey(pIdemKey, actor, key), 0))
+}
+
+// FindByOperationKey returns the newest execution with the host-scoped operation key, or
+// ErrNotFound.
+func (s *Store) FindByOperationKey(key string) (*Record, error) {
+	return s.newestUnder(append(joinKey(pOpKey, key), 0))
+}
+
+// newestUnder finds the index entry with the greatest id under prefix. Execution ids are
+// time-sortable, so that is the newest execution.
+func (s *Store) newestUnder(prefix []byte) (*Record, error) {
+	if err := s.readable(); err != nil {
+		return nil, err
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		return nil, fmt.Errorf("markers: index scan: %w", err)
+	}
+	var id string
+	if it.Last() {
+		id = string(it.Key()[len(prefix):])
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return nil, fmt.Errorf("markers: index scan: %w", err)
+	}
+	if id == "" {
+		return nil, ErrNotFound
+	}
+	return s.Get(id)
+}
+
+// Query selects records for List.
+type Query struct {
+	// State, if set, selects records in that state (using the state index).
+	State State
+	// Actor, if set, selects that actor's records.
+	Actor string
+	// Since and Until, if set, bound CreatedAt to [Since, Until).
+	Since, Until time.Time
+	// Newest lists newest first; otherwise oldest first.
+	Newest bool
+	// Limit is the page size. Default 100, at most 1000.
+	Limit int
+	// Cursor continues a previous List from where it stopped (its returned next cursor).
+	Cursor string
+}
+
+const maxPage = 1000
+
+// List returns one page of records matching q, and the cursor of the next page ("" when
+// this was the last).
+func (s *Store) List(q Query) ([]*Record, string, error) {
+	if err := s.readable(); err != nil {
+		return nil, "", err
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	limit = min(limit, maxPage)
+	var prefix []byte
+	lower, upper := []byte{pTime}, []byte{pTime + 1}
+	if q.State != "" {
+		prefix = append(joinKey(pState, string(q.State)), 0)
+		lower, upper = prefix, prefixEnd(prefix)
+	} else {
+		if !q.Since.IsZero() {
+			lower = timePrefix(q.Since)
+		}
+		if !q.Until.IsZero() {
+			upper = timePrefix(q.Until)
+		}
+	}
+	if q.Cursor != "" {
+		c, err := hex.DecodeString(q.Cursor)
+		if err != nil || !bytes.HasPrefix(c, lower[:1]) {
+			return nil, "", fmt.Errorf("markers: list: invalid cursor")
+		}
+		if q.Newest {
+			upper = c
+		} else {
+			lower = append(c, 0)
+		}
+	}
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	if err != nil {
+		return nil, "", fmt.Errorf("markers: list: %w", err)
+	}
+	defer it.Close()
+	first, next := it.First, it.Next
+	if q.Newest {
+		first, next = it.Last, it.Prev
+	}
+	var out []*Record
+	var lastKey []byte
+	for ok := first(); ok; ok = next() {
+		if len(out) == limit {
+			return out, hex.EncodeToString(lastKey), nil
+		}
+		key := it.Key()
+		var id string
+		if prefix != nil {
+			id = string(key[len(prefix):])
+		} else {
+			id = string(key[9:])
+		}
+		lastKey = append(lastKey[:0], key...)
+		rec, err := s.Get(id)
+		if errors.Is(err, ErrNotFound) {
+			continue // removed by retention after the scan began
+		}
+		if err != nil {
+			return nil, "", err
+		}
+		if q.Actor != "" && rec.Actor != q.Actor ||
+			!q.Since.IsZero() && rec.CreatedAt.Before(q.Since) ||
+			!q.Until.IsZero() && !rec.CreatedAt.Before(q.Until) {
+			continue
+		}
+		out = append(out, rec)
+	}
+	return out, "", it.Error()
+}
+
+// Events returns the events of execution id in order: the story of the execution.
+func (s *Store) Events(id string) ([]Event, error) {
+	unlock := s.locks.lock(id) // events of a write in flight are not durable yet
+	defer unlock()
+	if err := s.readable(); err != nil {
+		return nil, err
+	}
+	prefix := append(joinKey(pExecEvents, id), 0)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
+	if err != nil {
+		return nil, fmt.Errorf("markers: events of %s: %w", id, err)
+	}
+	defer it.Close()
+	var out []Event
+	for ok := it.First(); ok; ok = it.Next() {
+		seq, err := seqOf(append([]byte{pEvent}, it.Key()[len(prefix):]...))
+		if err != nil {
+			return nil, err
+		}
+		v, closer, err := s.db.Get(seqKey(pEvent, seq))
+		if errors.Is(err, pebble.ErrNotFound) {
+			continue // pruned by event retention
+		}
+		if err != nil {
+			return nil, fmt.Errorf("markers: event %d: %w", seq, err)
+		}
+		var ev Event
+		err = json.Unmarshal(v, &ev)
+		closer.Close()
+		if err != nil {
+			return nil, fmt.Errorf("%w: event %d: %v", ErrCorrupt, seq, err)
+		}
+		out = append(out, ev)
+	}
+	return out, it.Error()
+}

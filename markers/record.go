@@ -1,0 +1,171 @@
+package markers
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Record is one execution: the bastion's journal entry or a host's marker. Fields that a graph
+// does not use stay empty. Identity fields (ID, Graph, Actor, IntentScope, Fingerprint,
+// IdempotencyKey, OperationKey, CreatedAt) are fixed at creation: the secondary indexes are
+// built from them.
+type Record struct {
+	ID    string `json:"id"`
+	Graph Graph  `json:"graph"`
+	State State  `json:"state"`
+
+	Actor          string `json:"actor,omitempty"`
+	IntentScope    string `json:"intent_scope,omitempty"`
+	Fingerprint    string `json:"fingerprint,omitempty"`
+	IdempotencyKey string `json:"idempotency_key,omitempty"`
+	OperationKey   string `json:"operation_key,omitempty"`
+
+	// What the execution does, as a summary for operators (the fingerprint covers the full
+	// canonical action record; secrets never appear here).
+	Tool    string   `json:"tool,omitempty"`
+	Channel string   `json:"channel,omitempty"`
+	Target  string   `json:"target,omitempty"`
+	Account string   `json:"account,omitempty"`
+	Command []string `json:"command,omitempty"`
+	Cwd     string   `json:"cwd,omitempty"`
+	Class   string   `json:"class,omitempty"`
+
+	CreatedAt  time.Time           `json:"created_at"`
+	UpdatedAt  time.Time           `json:"updated_at"`
+	StateTimes map[State]time.Time `json:"state_times,omitempty"`
+
+	// Outcome.
+	ExitCode   *int   `json:"exit_code,omitempty"`
+	Signal     string `json:"signal,omitempty"`
+	HTTPStatus int    `json:"http_status,omitempty"`
+	IsError    bool   `json:"is_error,omitempty"`
+	ResultRef  string `json:"result_ref,omitempty"`
+	Output     Output `json:"output,omitzero"`
+	// Evidence are human-readable notes on how the outcome is known (or why it is not).
+	Evidence          []string   `json:"evidence,omitempty"`
+	ResultDeliveredAt *time.Time `json:"result_delivered_at,omitempty"`
+
+	// Host process (hostagent markers).
+	PID         int          `json:"pid,omitempty"`
+	PIDStart    uint64       `json:"pid_start,omitempty"`
+	SpoolDir    string       `json:"spool_dir,omitempty"`
+	Checkpoints []Checkpoint `json:"checkpoints,omitempty"`
+	Validated   bool         `json:"validated,omitempty"`
+}
+
+// Output describes the captured stdout and stderr of an execution.
+type Output struct {
+	StdoutBytes  int64  `json:"stdout_bytes,omitempty"`
+	StderrBytes  int64  `json:"stderr_bytes,omitempty"`
+	StdoutSHA256 string `json:"stdout_sha256,omitempty"`
+	StderrSHA256 string `json:"stderr_sha256,omitempty"`
+	Truncated    bool   `json:"truncated,omitempty"`
+}
+
+// Checkpoint is a progress point an executing command reported about itself.
+type Checkpoint struct {
+	At   time.Time `json:"at"`
+	Note string    `json:"note"`
+}
+
+// recordVersion prefixes every encoded record so the encoding can change later; new fields
+// are added to the JSON of version 1 without a bump.
+const recordVersion byte = 1
+
+// maxRecordBytes bounds a decoded record: anything larger is not one of ours.
+const maxRecordBytes = 1 << 20
+
+// ErrCorrupt: stored bytes are not a record or event this package wrote.
+var ErrCorrupt = errors.New("markers: corrupt data")
+
+// EncodeRecord returns the versioned storage form of r.
+func EncodeRecord(r *Record) ([]byte, error) {
+	body, err := json.Marshal(r)
+	if err != nil {
+		return nil, fmt.Errorf("markers: encode record %s: %w", r.ID, err)
+	}
+	return append([]byte{recordVersion}, body...), nil
+}
+
+// DecodeRecord parses the storage form written by EncodeRecord. It is safe on untrusted input.
+func DecodeRecord(b []byte) (*Record, error) {
+	if len(b) == 0 {
+		return nil, fmt.Errorf("%w: empty record", ErrCorrupt)
+	}
+	if len(b) > maxRecordBytes {
+		return nil, fmt.Errorf("%w: record of %d bytes", ErrCorrupt, len(b))
+	}
+	if b[0] != recordVersion {
+		return nil, fmt.Errorf("%w: unknown record version %d", ErrCorrupt, b[0])
+	}
+	var r Record
+	if err := json.Unmarshal(b[1:], &r); err != nil {
+		return nil, fmt.Errorf("%w: record: %v", ErrCorrupt, err)
+	}
+	if err := r.validateIdentity(); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	if !r.Graph.Has(r.State) {
+		return nil, fmt.Errorf("%w: state %q is not in the %s graph", ErrCorrupt, r.State, r.Graph)
+	}
+	return &r, nil
+}
+
+// Clone returns a deep copy, so callers can mutate a record without touching the store's.
+func (r *Record) Clone() *Record {
+	c := *r
+	c.Command = append([]string(nil), r.Command...)
+	c.Evidence = append([]string(nil), r.Evidence...)
+	c.Checkpoints = append([]Checkpoint(nil), r.Checkpoints...)
+	if r.StateTimes != nil {
+		c.StateTimes = make(map[State]time.Time, len(r.StateTimes))
+		for k, v := range r.StateTimes {
+			c.StateTimes[k] = v
+		}
+	}
+	if r.ExitCode != nil {
+		v := *r.ExitCode
+		c.ExitCode = &v
+	}
+	if r.ResultDeliveredAt != nil {
+		v := *r.ResultDeliveredAt
+		c.ResultDeliveredAt = &v
+	}
+	return &c
+}
+
+// maxKeyField bounds every string that becomes part of an index key.
+const maxKeyField = 512
+
+// validateIdentity checks the fields that become index keys: bounded, and free of the NUL
+// byte that separates key components.
+func (r *Record) validateIdentity() error {
+	if !r.Graph.Valid() {
+		return fmt.Errorf("unknown graph %q", r.Graph)
+	}
+	if r.ID == "" {
+		return errors.New("empty execution id")
+	}
+	for name, v := range map[string]string{
+		"id": r.ID, "actor": r.Actor, "intent_scope": r.IntentScope, "fingerprint": r.Fingerprint,
+		"idempotency_key": r.IdempotencyKey, "operation_key": r.OperationKey,
+	} {
+		if len(v) > maxKeyField {
+			return fmt.Errorf("%s is %d bytes, more than %d", name, len(v), maxKeyField)
+		}
+		for i := 0; i < len(v); i++ {
+			if v[i] == 0 {
+				return fmt.Errorf("%s contains a NUL byte", name)
+			}
+		}
+	}
+	return nil
+}
+
+func (r *Record) sameIdentity(o *Record) bool {
+	return r.ID == o.ID && r.Graph == o.Graph && r.Actor == o.Actor && r.IntentScope == o.IntentScope &&
+		r.Fingerprint == o.Fingerprint && r.IdempotencyKey == o.IdempotencyKey &&
+		r.OperationKey == o.OperationKey && r.CreatedAt.Equal(o.CreatedAt)
+}

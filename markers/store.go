@@ -1,0 +1,245 @@
+package markers
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+)
+
+// FormatVersion is the Pebble on-disk format every store is created with. It is pinned (never
+// FormatNewest, which would change under us on a dependency bump) and is at least
+// FormatWALSyncChunks, so WAL replay tells a torn tail after a crash apart from corruption.
+const FormatVersion = pebble.FormatWALSyncChunks
+
+// Errors callers branch on.
+var (
+	ErrExists   = errors.New("markers: execution already exists")
+	ErrNotFound = errors.New("markers: execution not found")
+	// ErrConflict: a compare-and-set transition found the record in another state. The
+	// current record is returned with it.
+	ErrConflict = errors.New("markers: state conflict")
+	// ErrImmutable: an update tried to change an identity field or the state.
+	ErrImmutable = errors.New("markers: identity fields and state cannot be updated")
+	ErrClosed    = errors.New("markers: store closed")
+	// ErrBroken: an earlier commit failed; the store refuses every write until reopened, so
+	// nothing proceeds on a write that may not have happened.
+	ErrBroken = errors.New("markers: store failed a durable write")
+)
+
+// maxGroup bounds how many writes share one commit.
+const maxGroup = 1024
+
+// Store is a durable set of execution records with their event log. All methods are safe for
+// concurrent use.
+type Store struct {
+	opts  Options
+	log   *slog.Logger
+	db    *pebble.DB
+	locks keyLocks
+
+	// mu guards closed; writers hold it shared while they hand a request to the committer.
+	mu     sync.RWMutex
+	closed bool
+
+	reqs chan *commitReq
+	wg   sync.WaitGroup // the committer
+
+	// commitMu is held by the committer around each commit, so a reader that takes it sees
+	// only durable writes (Export's snapshot).
+	commitMu sync.Mutex
+
+	// Owned by the committer goroutine.
+	head       chainPos
+	sealedSeq  uint64
+	lastSealAt time.Time
+	broken     error
+
+	commits atomic.Uint64
+	events  atomic.Uint64
+	headSeq atomic.Uint64
+}
+
+type chainPos struct {
+	Seq  uint64 `json:"seq"`
+	Hash string `json:"hash"`
+}
+
+type commitReq struct {
+	rec      *Record
+	prev     *Record // nil on create
+	encoded  []byte  // EncodeRecord(rec)
+	kind     EventKind
+	from, to State
+	note     string
+	seal     bool // a checkpoint-only request
+	done     chan error
+}
+
+// Open opens (creating if needed) the store in dir.
+func Open(dir string, opts Options) (*Store, error) {
+	opts.EnsureDefaults()
+	if err := opts.Validate(); err != nil {
+		return nil, err
+	}
+	db, err := openPebble(dir, &opts, false)
+	if err != nil {
+		return nil, err
+	}
+	s := &Store{
+		opts: opts,
+		log:  opts.Logger.With("component", "markers", "graph", string(opts.Graph)),
+		db:   db,
+		reqs: make(chan *commitReq, maxGroup),
+	}
+	if err := s.load(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	s.wg.Add(1)
+	go s.run()
+	return s, nil
+}
+
+func openPebble(dir string, opts *Options, readOnly bool) (*pebble.DB, error) {
+	cache := pebble.NewCache(opts.CacheBytes)
+	defer cache.Unref()
+	po := &pebble.Options{
+		FormatMajorVersion:          FormatVersion,
+		Cache:                       cache,
+		MemTableSize:                opts.MemTableBytes,
+		MemTableStopWritesThreshold: 4,
+		MaxOpenFiles:                opts.MaxOpenFiles,
+		Logger:                      pebbleLogger{opts.Logger.With("component", "pebble")},
+		ReadOnly:                    readOnly,
+	}
+	db, err := pebble.Open(dir, po)
+	if err != nil {
+		return nil, fmt.Errorf("markers: open %s: %w", dir, err)
+	}
+	return db, nil
+}
+
+// load reads the chain head and checks the graph the store was created with.
+func (s *Store) load() error {
+	graph, err := s.getMeta(metaGraph)
+	switch {
+	case errors.Is(err, pebble.ErrNotFound):
+		if err := s.db.Set(metaGraph, []byte(s.opts.Graph), pebble.Sync); err != nil {
+			return fmt.Errorf("markers: record graph: %w", err)
+		}
+	case err != nil:
+		return err
+	case Graph(graph) != s.opts.Graph:
+		return fmt.Errorf("markers: store holds %s records, opened as %s", graph, s.opts.Graph)
+	}
+	s.head, err = readChainPos(s.db, metaHead)
+	if err != nil {
+		return err
+	}
+	s.sealedSeq, err = lastCheckpointSeq(s.db)
+	if err != nil {
+		return err
+	}
+	s.lastSealAt = s.opts.Now()
+	return nil
+}
+
+func (s *Store) getMeta(key []byte) ([]byte, error) {
+	v, closer, err := s.db.Get(key)
+	if err != nil {
+		return nil, err
+	}
+	defer closer.Close()
+	return append([]byte(nil), v...), nil
+}
+
+func readChainPos(r pebble.Reader, key []byte) (chainPos, error) {
+	v, closer, err := r.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return chainPos{Hash: genesisHash}, nil
+	}
+	if err != nil {
+		return chainPos{}, fmt.Errorf("markers: read %s: %w", key, err)
+	}
+	defer closer.Close()
+	var p chainPos
+	if err := json.Unmarshal(v, &p); err != nil {
+		return chainPos{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, key, err)
+	}
+	return p, nil
+}
+
+func lastCheckpointSeq(r pebble.Reader) (uint64, error) {
+	it, err := r.NewIter(&pebble.IterOptions{LowerBound: []byte{pCheckpoint}, UpperBound: []byte{pCheckpoint + 1}})
+	if err != nil {
+		return 0, fmt.Errorf("markers: scan checkpoints: %w", err)
+	}
+	defer it.Close()
+	if !it.Last() {
+		return 0, it.Error()
+	}
+	return seqOf(it.Key())
+}
+
+func seqOf(key []byte) (uint64, error) {
+	if len(key) != 9 {
+		return 0, fmt.Errorf("%w: sequence key of %d bytes", ErrCorrupt, len(key))
+	}
+	return binary.BigEndian.Uint64(key[1:]), nil
+}
+
+// Close seals the chain with a final checkpoint, waits for pending writes and closes Pebble.
+func (s *Store) Close() error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return ErrClosed
+	}
+	s.closed = true
+	close(s.reqs)
+	s.mu.Unlock()
+	s.wg.Wait()
+	if err := s.db.Close(); err != nil {
+		return fmt.Errorf("markers: close: %w", err)
+	}
+	return nil
+}
+
+// Stats are counters for benchmarks and metrics.
+type Stats struct {
+	// Events is the number of events (writes) committed since Open.
+	Events uint64
+	// Commits is the number of synced Pebble commits since Open: each is one WAL fsync, so
+	// Commits/Events is fsyncs per write.
+	Commits uint64
+	// Head is the sequence number of the newest event.
+	Head uint64
+}
+
+func (s *Store) Stats() Stats {
+	return Stats{Events: s.events.Load(), Commits: s.commits.Load(), Head: s.headSeq.Load()}
+}
+
+// pebbleLogger sends Pebble's messages to slog instead of stderr.
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) {
+	p.l.Debug(fmt.Sprintf(format, args...))
+}
+
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	p.l.Error(fmt.Sprintf(format, args...))
+}
+
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	p.l.Error(msg, "fatal", true)
+	panic("pebble: " + msg)
+}
