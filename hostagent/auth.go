@@ -87,9 +87,9 @@ func (a *authenticator) authorize(user string, remote net.Addr, key gossh.Public
 		return nil, fmt.Errorf("%w: key not in authorized keys file", ErrNotAuthorized)
 	}
 	checker := gossh.CertChecker{
-		// No critical option is understood besides source-address, which x/crypto adds to
-		// the supported list itself; any other (force-command, verify-required) is refused.
-		SupportedCriticalOptions: nil,
+		// source-address is the only critical option understood (enforced below); any
+		// other (force-command, verify-required, …) refuses the certificate.
+		SupportedCriticalOptions: []string{"source-address"},
 		IsUserAuthority:          func(ca gossh.PublicKey) bool { return cas[string(ca.Marshal())] },
 		Clock:                    a.now,
 	}

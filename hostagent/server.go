@@ -166,6 +166,9 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 	return srv, nil
 }
 
+// HostPublicKey is the server's host public key, the value clients pin.
+func (srv *Server) HostPublicKey() gossh.PublicKey { return srv.hostKey.PublicKey() }
+
 // HostKeyFingerprint is the SHA256 fingerprint of the server's host key.
 func (srv *Server) HostKeyFingerprint() string { return HostKeyFingerprint(srv.hostKey) }
 

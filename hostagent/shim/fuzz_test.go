@@ -1,0 +1,93 @@
+package shim
+
+import (
+	"bytes"
+	"encoding/json"
+	"testing"
+)
+
+func FuzzParseStatus(f *testing.F) {
+	f.Add([]byte(`{"execution_id":"ex_1","outcome":"exited","exit_code":0,"ended_at":"2026-01-02T03:04:05Z","stdout":{"bytes":3,"stored":3,"truncated":false,"sha256":"ab"},"stderr":{"bytes":0,"stored":0,"truncated":false,"sha256":""}}`))
+	f.Add([]byte(`{"outcome":"start_failed","exit_code":-1,"error":"chdir: no such file"}`))
+	f.Add([]byte(`{"outcome":"timed_out","signal":"SIGKILL","stdout":{"bytes":10,"stored":5,"truncated":true}}`))
+	f.Add([]byte(`{"outcome":"bogus"}`))
+	f.Add([]byte(`[]`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		st, err := parseStatus(data)
+		if err != nil {
+			return
+		}
+		// A parsed status re-encodes to a fixed point (times may only marshal within
+		// RFC 3339's range, so an unencodable one is not a parser bug).
+		out, err := json.Marshal(st)
+		if err != nil {
+			return
+		}
+		again, err := parseStatus(out)
+		if err != nil {
+			t.Fatalf("reparse %s: %v", out, err)
+		}
+		out2, err := json.Marshal(again)
+		if err != nil || !bytes.Equal(out, out2) {
+			t.Fatalf("round trip changed status: %s -> %s (%v)", out, out2, err)
+		}
+	})
+}
+
+func FuzzParseShimRecord(f *testing.F) {
+	f.Add([]byte(`{"pid":123,"start":456}`))
+	f.Add([]byte(`{"pid":-1,"start":1}`))
+	f.Add([]byte(`{"pid":1}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		rec, err := parseShimRecord(data)
+		if err == nil && (rec.PID <= 0 || rec.Start == 0) {
+			t.Fatalf("accepted out-of-range record %+v", rec)
+		}
+		prec, err := parseProcessRecord(data)
+		if err == nil && prec.Error == "" && (prec.PID <= 0 || prec.Start == 0) {
+			t.Fatalf("accepted out-of-range process record %+v", prec)
+		}
+	})
+}
+
+func FuzzParseStat(f *testing.F) {
+	f.Add([]byte("1234 (sh) S 1 1234 1234 0 -1 4194304 100 0 0 0 0 0 0 0 20 0 1 0 987654 2240512 200 18446744073709551615\n"))
+	f.Add([]byte("1 (a) b) (c) R 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0\n"))
+	f.Add([]byte("7 (x)"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		st, err := parseStat(data)
+		if err == nil && st.PPID < 0 {
+			t.Fatalf("accepted negative ppid %+v", st)
+		}
+	})
+}
+
+func TestParseStat(t *testing.T) {
+	tests := []struct {
+		name    string
+		data    string
+		want    procStat
+		wantErr bool
+	}{
+		{
+			name: "plain",
+			data: "1234 (sh) S 1 1234 1234 0 -1 4194304 100 0 0 0 0 0 0 0 20 0 1 0 987654 2240512 200\n",
+			want: procStat{PPID: 1, StartTime: 987654},
+		},
+		{
+			name: "comm with spaces and parens",
+			data: "99 (a) b (c)) R 42 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0\n",
+			want: procStat{PPID: 42, StartTime: 5},
+		},
+		{name: "truncated", data: "7 (x) S 1 2 3", wantErr: true},
+		{name: "no comm", data: "7 x S 1", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseStat([]byte(tt.data))
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Errorf("parseStat = %+v, %v; want %+v, error %v", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}

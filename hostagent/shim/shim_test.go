@@ -1,0 +1,586 @@
+package shim
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"io/fs"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// shimTestEnv makes the test binary act as the supervisor when Start re-executes it.
+const shimTestEnv = "POSTERN_SHIM_TEST"
+
+// testPath is the PATH given to commands, whose environment is otherwise empty.
+const testPath = "PATH=/usr/local/bin:/usr/bin:/bin"
+
+// waitLimit bounds every wait in these tests; generous for a busy 2-core machine.
+const waitLimit = 60 * time.Second
+
+func TestMain(m *testing.M) {
+	if os.Getenv(shimTestEnv) == "1" && len(os.Args) > 1 && os.Args[1] == "shim" {
+		os.Exit(Main(os.Args[2:]))
+	}
+	os.Setenv(shimTestEnv, "1")
+	os.Exit(m.Run())
+}
+
+func testExe(tb testing.TB) string {
+	tb.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		tb.Fatalf("os.Executable: %v", err)
+	}
+	return exe
+}
+
+// testSpec returns a spec running command with a minimal environment.
+func testSpec(command string) Spec {
+	return Spec{ExecutionID: "ex_test", Command: command, Env: []string{testPath}, KillGrace: 500 * time.Millisecond}
+}
+
+// startTest starts spec in a fresh spool directory and makes sure the execution is over when
+// the test ends.
+func startTest(tb testing.TB, spec Spec) (*Handle, string) {
+	tb.Helper()
+	dir := filepath.Join(tb.TempDir(), "spool")
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	h, err := Start(ctx, testExe(tb), dir, spec)
+	if err != nil {
+		tb.Fatalf("Start(%q) = %v", spec.Command, err)
+	}
+	tb.Cleanup(func() {
+		h.Cancel()
+		waitStatus(tb, h)
+	})
+	return h, dir
+}
+
+// waitStatus waits (bounded) for h's outcome.
+func waitStatus(tb testing.TB, h *Handle) (Status, error) {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	st, err := h.Wait(ctx)
+	if ctx.Err() != nil {
+		tb.Fatalf("Wait did not return within %v", waitLimit)
+	}
+	return st, err
+}
+
+func mustWait(tb testing.TB, h *Handle) Status {
+	tb.Helper()
+	st, err := waitStatus(tb, h)
+	if err != nil {
+		tb.Fatalf("Wait = %v", err)
+	}
+	return st
+}
+
+// waitFor polls cond until it holds or waitLimit passes.
+func waitFor(tb testing.TB, what string, cond func() bool) {
+	tb.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for !cond() {
+		if time.Now().After(deadline) {
+			tb.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitForOutput waits until the spooled stdout contains want.
+func waitForOutput(tb testing.TB, dir, want string) {
+	tb.Helper()
+	waitFor(tb, "output "+strconv.Quote(want), func() bool {
+		data, _ := os.ReadFile(filepath.Join(dir, StdoutFile))
+		return strings.Contains(string(data), want)
+	})
+}
+
+func readSpool(tb testing.TB, dir, name string) string {
+	tb.Helper()
+	data, err := os.ReadFile(filepath.Join(dir, name))
+	if err != nil {
+		tb.Fatalf("read %s: %v", name, err)
+	}
+	return string(data)
+}
+
+func sha(s string) string {
+	sum := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(sum[:])
+}
+
+// gone reports whether pid no longer runs (absent, or a zombie nobody reaps).
+func gone(pid int) bool {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	i := bytes.LastIndexByte(data, ')')
+	return i > 0 && i+2 < len(data) && data[i+2] == 'Z'
+}
+
+func TestExitOutcomes(t *testing.T) {
+	tests := []struct {
+		name       string
+		command    string
+		wantCode   int
+		wantSignal string
+	}{
+		{name: "success", command: "exit 0", wantCode: 0},
+		{name: "failure", command: "exit 3", wantCode: 3},
+		{name: "killed", command: "kill -KILL $$", wantCode: -1, wantSignal: "SIGKILL"},
+		{name: "terminated", command: "kill -TERM $$", wantCode: -1, wantSignal: "SIGTERM"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, _ := startTest(t, testSpec(tt.command))
+			st := mustWait(t, h)
+			if st.Outcome != OutcomeExited || st.ExitCode != tt.wantCode || st.Signal != tt.wantSignal {
+				t.Errorf("status = %s/%d/%q; want %s/%d/%q", st.Outcome, st.ExitCode, st.Signal, OutcomeExited, tt.wantCode, tt.wantSignal)
+			}
+			if st.ExecutionID != "ex_test" {
+				t.Errorf("ExecutionID = %q; want ex_test", st.ExecutionID)
+			}
+			p := h.Process()
+			if st.PID != p.PID || st.PIDStart != p.PIDStart || p.PID == 0 || p.ShimPID == 0 {
+				t.Errorf("status pid %d/%d, process %+v; want matching non-zero pids", st.PID, st.PIDStart, p)
+			}
+			if st.StartedAt.IsZero() || st.EndedAt.Before(st.StartedAt) {
+				t.Errorf("StartedAt %v EndedAt %v; want ordered non-zero times", st.StartedAt, st.EndedAt)
+			}
+			if got, err := ReadStatus(h.Dir()); err != nil || got.Outcome != st.Outcome {
+				t.Errorf("ReadStatus = %+v, %v; want the waited status", got, err)
+			}
+		})
+	}
+}
+
+func TestStreamsAreSeparated(t *testing.T) {
+	h, dir := startTest(t, testSpec("printf 'to out\\n'; printf 'to err' >&2; printf 'more out\\n'"))
+	st := mustWait(t, h)
+	wantOut, wantErr := "to out\nmore out\n", "to err"
+	if got := readSpool(t, dir, StdoutFile); got != wantOut {
+		t.Errorf("stdout = %q; want %q", got, wantOut)
+	}
+	if got := readSpool(t, dir, StderrFile); got != wantErr {
+		t.Errorf("stderr = %q; want %q", got, wantErr)
+	}
+	wantInfo := func(s string) StreamInfo {
+		return StreamInfo{Bytes: int64(len(s)), Stored: int64(len(s)), SHA256: sha(s)}
+	}
+	if st.Stdout != wantInfo(wantOut) {
+		t.Errorf("Stdout = %+v; want %+v", st.Stdout, wantInfo(wantOut))
+	}
+	if st.Stderr != wantInfo(wantErr) {
+		t.Errorf("Stderr = %+v; want %+v", st.Stderr, wantInfo(wantErr))
+	}
+}
+
+func TestOutputCapTruncatesButHashesEverything(t *testing.T) {
+	const total, limit = 200000, 1000
+	spec := testSpec("yes abcdefgh | head -c " + strconv.Itoa(total))
+	spec.OutputCap = limit
+	h, dir := startTest(t, spec)
+	st := mustWait(t, h)
+	full := strings.Repeat("abcdefgh\n", total/9+1)[:total]
+	want := StreamInfo{Bytes: total, Stored: limit, Truncated: true, SHA256: sha(full)}
+	if st.Stdout != want {
+		t.Errorf("Stdout = %+v; want %+v", st.Stdout, want)
+	}
+	if got := readSpool(t, dir, StdoutFile); got != full[:limit] {
+		t.Errorf("stored stdout = %d bytes %q...; want the first %d bytes", len(got), got[:min(len(got), 20)], limit)
+	}
+	if st.ExitCode != 0 {
+		t.Errorf("ExitCode = %d; want 0 (the writer must not block or die at the cap)", st.ExitCode)
+	}
+}
+
+func TestDirAndEnv(t *testing.T) {
+	workDir, err := filepath.EvalSymlinks(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	spec := testSpec(`pwd; echo "$GREETING"; echo "${` + shimTestEnv + `:-unset}"`)
+	spec.Dir = workDir
+	spec.Env = append(spec.Env, "GREETING=hello world")
+	h, dir := startTest(t, spec)
+	mustWait(t, h)
+	want := workDir + "\nhello world\nunset\n"
+	if got := readSpool(t, dir, StdoutFile); got != want {
+		t.Errorf("stdout = %q; want %q (cwd, given env, nothing inherited)", got, want)
+	}
+}
+
+func TestStartFailedNeverRuns(t *testing.T) {
+	tests := []struct {
+		name   string
+		modify func(spec *Spec)
+	}{
+		{name: "missing cwd", modify: func(s *Spec) { s.Dir = "/nonexistent/postern" }},
+		{name: "missing shell", modify: func(s *Spec) { s.Shell = "/nonexistent/sh" }},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			witness := filepath.Join(t.TempDir(), "ran")
+			spec := testSpec("touch " + witness)
+			tt.modify(&spec)
+			dir := filepath.Join(t.TempDir(), "spool")
+			ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+			defer cancel()
+			h, err := Start(ctx, testExe(t), dir, spec)
+			if !errors.Is(err, ErrStartFailed) {
+				t.Fatalf("Start = %v, %v; want ErrStartFailed", h, err)
+			}
+			st, err := ReadStatus(dir)
+			if err != nil || st.Outcome != OutcomeStartFailed || st.Error == "" || st.PID != 0 {
+				t.Errorf("ReadStatus = %+v, %v; want start_failed with an error and no pid", st, err)
+			}
+			if _, err := os.Stat(witness); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("witness file: %v; want it absent (the command must not run)", err)
+			}
+			if _, err := os.Stat(filepath.Join(dir, ProcessFile)); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("process record: %v; want none", err)
+			}
+			adopted, err := Adopt(dir)
+			if err != nil {
+				t.Fatalf("Adopt = %v", err)
+			}
+			if got := mustWait(t, adopted); got.Outcome != OutcomeStartFailed {
+				t.Errorf("adopted Wait outcome = %s; want start_failed", got.Outcome)
+			}
+		})
+	}
+}
+
+func TestSpoolDirRunsOnce(t *testing.T) {
+	h, dir := startTest(t, testSpec("exit 0"))
+	mustWait(t, h)
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	if _, err := Start(ctx, testExe(t), dir, testSpec("exit 0")); !errors.Is(err, ErrAlreadyUsed) {
+		t.Errorf("second Start in %s = %v; want ErrAlreadyUsed", dir, err)
+	}
+}
+
+func TestInvalidSpec(t *testing.T) {
+	tests := []struct {
+		name string
+		spec Spec
+		want string
+	}{
+		{name: "no command", spec: Spec{ExecutionID: "x"}, want: "command is empty"},
+		{name: "no id", spec: Spec{Command: "true"}, want: "execution id is empty"},
+		{name: "relative shell", spec: Spec{ExecutionID: "x", Command: "true", Shell: "sh"}, want: "not an absolute path"},
+		{name: "negative timeout", spec: Spec{ExecutionID: "x", Command: "true", Timeout: -1}, want: "timeout"},
+		{name: "huge command", spec: Spec{ExecutionID: "x", Command: strings.Repeat("x", maxCommandBytes+1)}, want: "command is longer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := filepath.Join(t.TempDir(), "spool")
+			_, err := Start(context.Background(), testExe(t), dir, tt.spec)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Errorf("Start = %v; want an error mentioning %q", err, tt.want)
+			}
+			if _, err := Adopt(dir); !errors.Is(err, ErrNeverStarted) {
+				t.Errorf("Adopt after invalid spec = %v; want ErrNeverStarted", err)
+			}
+		})
+	}
+}
+
+// groupGone reports whether no process is left in process group pgid.
+func groupGone(pgid int) bool {
+	return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
+}
+
+func TestTimeoutEscalatesToKill(t *testing.T) {
+	spec := testSpec("trap '' TERM; echo trapped; sleep 60; echo survived")
+	spec.Timeout = 2 * time.Second
+	spec.KillGrace = 300 * time.Millisecond
+	h, dir := startTest(t, spec)
+	st := mustWait(t, h)
+	if st.Outcome != OutcomeTimedOut || st.ExitCode != -1 {
+		t.Errorf("status = %s/%d; want timed_out/-1", st.Outcome, st.ExitCode)
+	}
+	out := readSpool(t, dir, StdoutFile)
+	// Only once the trap is in place is the TERM ignored; on a very slow machine the shell
+	// may still have died of the TERM itself.
+	if out == "trapped\n" && st.Signal != "SIGKILL" {
+		t.Errorf("Signal = %q; want SIGKILL for a command ignoring SIGTERM", st.Signal)
+	}
+	if strings.Contains(out, "survived") {
+		t.Errorf("stdout = %q; the command outlived its timeout", out)
+	}
+	if !groupGone(h.Process().PID) {
+		t.Errorf("process group %d still has members after the status was written", h.Process().PID)
+	}
+}
+
+func TestCancel(t *testing.T) {
+	tests := []struct {
+		name       string
+		command    string
+		wantSignal string
+	}{
+		{name: "obeys TERM", command: "echo ready; sleep 60", wantSignal: "SIGTERM"},
+		{name: "ignores TERM", command: "trap '' TERM; echo ready; sleep 60", wantSignal: "SIGKILL"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h, dir := startTest(t, testSpec(tt.command))
+			waitForOutput(t, dir, "ready")
+			if err := h.Cancel(); err != nil {
+				t.Fatalf("Cancel = %v", err)
+			}
+			st := mustWait(t, h)
+			if st.Outcome != OutcomeCancelled || st.Signal != tt.wantSignal {
+				t.Errorf("status = %s/%q; want cancelled/%q", st.Outcome, st.Signal, tt.wantSignal)
+			}
+			if !groupGone(h.Process().PID) {
+				t.Errorf("process group %d still has members", h.Process().PID)
+			}
+			if err := h.Cancel(); !errors.Is(err, ErrNotRunning) {
+				t.Errorf("Cancel after the end = %v; want ErrNotRunning", err)
+			}
+		})
+	}
+}
+
+func TestStragglersAreTerminated(t *testing.T) {
+	h, dir := startTest(t, testSpec("sleep 60 & echo $!"))
+	st := mustWait(t, h)
+	if st.Outcome != OutcomeExited || st.ExitCode != 0 {
+		t.Errorf("status = %s/%d; want exited/0", st.Outcome, st.ExitCode)
+	}
+	straggler, err := strconv.Atoi(strings.TrimSpace(readSpool(t, dir, StdoutFile)))
+	if err != nil {
+		t.Fatalf("straggler pid: %v", err)
+	}
+	waitFor(t, "background process to die", func() bool { return gone(straggler) })
+}
+
+func TestAdoptWhileRunning(t *testing.T) {
+	workDir := t.TempDir()
+	spec := testSpec("echo ready; while [ ! -e proceed ]; do sleep 0.02; done; echo done; exit 7")
+	spec.Dir = workDir
+	h, dir := startTest(t, spec)
+	waitForOutput(t, dir, "ready")
+
+	adopted, err := Adopt(dir)
+	if err != nil {
+		t.Fatalf("Adopt = %v", err)
+	}
+	defer adopted.Close()
+	if adopted.Process() != h.Process() {
+		t.Errorf("adopted Process = %+v; want %+v", adopted.Process(), h.Process())
+	}
+	if err := os.WriteFile(filepath.Join(workDir, "proceed"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Both handles wait at once, as a restarted hostagent and a stale one might.
+	var wg sync.WaitGroup
+	results := make([]Status, 2)
+	errs := make([]error, 2)
+	for i, handle := range []*Handle{adopted, h} {
+		wg.Go(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+			defer cancel()
+			results[i], errs[i] = handle.Wait(ctx)
+		})
+	}
+	wg.Wait()
+	for i, name := range []string{"adopted", "original"} {
+		if errs[i] != nil || results[i].Outcome != OutcomeExited || results[i].ExitCode != 7 {
+			t.Errorf("%s Wait = %s/%d, %v; want exited/7", name, results[i].Outcome, results[i].ExitCode, errs[i])
+		}
+	}
+	if err := adopted.Cancel(); !errors.Is(err, ErrNotRunning) {
+		t.Errorf("Cancel of the finished adopted handle = %v; want ErrNotRunning", err)
+	}
+}
+
+func TestAdoptCancel(t *testing.T) {
+	h, dir := startTest(t, testSpec("echo ready; sleep 60"))
+	waitForOutput(t, dir, "ready")
+	adopted, err := Adopt(dir)
+	if err != nil {
+		t.Fatalf("Adopt = %v", err)
+	}
+	if err := adopted.Cancel(); err != nil {
+		t.Fatalf("Cancel through the adopted handle = %v", err)
+	}
+	if st := mustWait(t, adopted); st.Outcome != OutcomeCancelled {
+		t.Errorf("adopted outcome = %s; want cancelled", st.Outcome)
+	}
+	if st := mustWait(t, h); st.Outcome != OutcomeCancelled {
+		t.Errorf("original outcome = %s; want cancelled", st.Outcome)
+	}
+}
+
+func TestKilledSupervisorVanishes(t *testing.T) {
+	h, dir := startTest(t, testSpec("echo ready; exec sleep 60"))
+	waitForOutput(t, dir, "ready")
+	p := h.Process()
+	if err := syscall.Kill(p.ShimPID, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill supervisor: %v", err)
+	}
+	waitFor(t, "the command to die with its supervisor", func() bool { return gone(p.PID) })
+	if _, err := waitStatus(t, h); !errors.Is(err, ErrVanished) {
+		t.Errorf("Wait = %v; want ErrVanished", err)
+	}
+	if _, err := Adopt(dir); !errors.Is(err, ErrVanished) {
+		t.Errorf("Adopt = %v; want ErrVanished", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	var buf bytes.Buffer
+	if _, err := Follow(ctx, dir, StreamStdout, 0, &buf); !errors.Is(err, ErrVanished) || buf.String() != "ready\n" {
+		t.Errorf("Follow = %q, %v; want the spooled output and ErrVanished", buf.String(), err)
+	}
+}
+
+func TestAdoptNeverStarted(t *testing.T) {
+	tests := []struct {
+		name  string
+		files []string
+	}{
+		{name: "empty dir"},
+		{name: "spec only", files: []string{SpecFile}},
+		{name: "spec and log", files: []string{SpecFile, LogFile}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			for _, f := range tt.files {
+				if err := os.WriteFile(filepath.Join(dir, f), []byte("{}"), 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if _, err := Adopt(dir); !errors.Is(err, ErrNeverStarted) {
+				t.Errorf("Adopt = %v; want ErrNeverStarted", err)
+			}
+		})
+	}
+}
+
+func TestWaitHonoursContext(t *testing.T) {
+	h, _ := startTest(t, testSpec("sleep 60"))
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := h.Wait(ctx); !errors.Is(err, context.Canceled) {
+		t.Errorf("Wait(cancelled ctx) = %v; want context.Canceled", err)
+	}
+}
+
+func TestFollowFromOffsetWhileWriting(t *testing.T) {
+	workDir := t.TempDir()
+	spec := testSpec("echo first; while [ ! -e proceed ]; do sleep 0.02; done; echo second")
+	spec.Dir = workDir
+	h, dir := startTest(t, spec)
+	waitForOutput(t, dir, "first\n")
+
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	type result struct {
+		offset int64
+		err    error
+	}
+	var buf bytes.Buffer
+	done := make(chan result, 1)
+	go func() {
+		off, err := Follow(ctx, dir, StreamStdout, 3, &buf)
+		done <- result{off, err}
+	}()
+	if err := os.WriteFile(filepath.Join(workDir, "proceed"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := <-done
+	if res.err != nil || res.offset != int64(len("first\nsecond\n")) || buf.String() != "st\nsecond\n" {
+		t.Errorf("Follow = %d, %q, %v; want 13, %q, nil", res.offset, buf.String(), res.err, "st\nsecond\n")
+	}
+	mustWait(t, h)
+
+	// Once finished, Follow returns at once with whatever is left.
+	buf.Reset()
+	off, err := Follow(ctx, dir, StreamStderr, 0, &buf)
+	if err != nil || off != 0 || buf.Len() != 0 {
+		t.Errorf("Follow(stderr) after the end = %d, %q, %v; want 0, empty, nil", off, buf.String(), err)
+	}
+	if _, err := Follow(ctx, dir, "stdin", 0, &buf); err == nil {
+		t.Error("Follow(stdin) = nil error; want unknown stream")
+	}
+}
+
+func TestIsDescendant(t *testing.T) {
+	child := exec.Command("sleep", "60")
+	if err := child.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		child.Process.Kill()
+		child.Wait()
+	}()
+	h, dir := startTest(t, testSpec("echo ready; sleep 60"))
+	waitForOutput(t, dir, "ready")
+	p := h.Process()
+	self := os.Getpid()
+
+	tests := []struct {
+		name          string
+		pid, ancestor int
+		want          bool
+	}{
+		{name: "self", pid: self, ancestor: self, want: true},
+		{name: "child", pid: child.Process.Pid, ancestor: self, want: true},
+		{name: "parent is not a descendant", pid: self, ancestor: child.Process.Pid, want: false},
+		{name: "command under supervisor", pid: p.PID, ancestor: p.ShimPID, want: true},
+		{name: "command under test process", pid: p.PID, ancestor: self, want: true},
+		{name: "sibling", pid: child.Process.Pid, ancestor: p.ShimPID, want: false},
+		{name: "init", pid: 1, ancestor: self, want: false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := IsDescendant(tt.pid, tt.ancestor)
+			if err != nil || got != tt.want {
+				t.Errorf("IsDescendant(%d, %d) = %v, %v; want %v", tt.pid, tt.ancestor, got, err, tt.want)
+			}
+		})
+	}
+	if _, err := IsDescendant(0, self); err == nil {
+		t.Error("IsDescendant(0, self) = nil error; want out of range")
+	}
+}
+
+func TestProcessStartTime(t *testing.T) {
+	start, err := ProcessStartTime(os.Getpid())
+	if err != nil || start == 0 {
+		t.Errorf("ProcessStartTime(self) = %d, %v; want a positive start time", start, err)
+	}
+	child := exec.Command("true")
+	if err := child.Run(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ProcessStartTime(child.Process.Pid); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("ProcessStartTime(reaped child) = %v; want fs.ErrNotExist", err)
+	}
+}
+
+func TestMainMisuse(t *testing.T) {
+	if got := Main(nil); got != 2 {
+		t.Errorf("Main(nil) = %d; want 2", got)
+	}
+}

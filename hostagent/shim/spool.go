@@ -1,0 +1,327 @@
+package shim
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"math"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// Files in a spool directory.
+const (
+	// SpecFile holds the Spec as JSON; written and synced by Start before the supervisor runs.
+	SpecFile = "spec.json"
+	// ShimFile is the shim record (supervisor pid + start time), written and synced by the
+	// supervisor before it starts the command.
+	ShimFile = "shim.json"
+	// ProcessFile records the command's pid + start time once it runs.
+	ProcessFile = "process.json"
+	// StdoutFile and StderrFile hold the spooled streams, up to the output cap each.
+	StdoutFile = "stdout"
+	StderrFile = "stderr"
+	// StatusFile is the final Status, written atomically when the command has ended.
+	StatusFile = "status.json"
+	// LogFile receives the supervisor's own diagnostics (never command output).
+	LogFile = "shim.log"
+)
+
+// Stream names accepted by Follow.
+const (
+	StreamStdout = "stdout"
+	StreamStderr = "stderr"
+)
+
+// maxRecordBytes bounds every JSON record read back from a spool directory.
+const maxRecordBytes = 1 << 20
+
+// Follow polling bounds: fast while output flows, backing off while idle.
+const (
+	followMinPoll = 10 * time.Millisecond
+	followMaxPoll = 250 * time.Millisecond
+)
+
+// shimRecord identifies the supervisor process of a spool directory.
+type shimRecord struct {
+	PID   int    `json:"pid"`
+	Start uint64 `json:"start"`
+}
+
+// processRecord identifies the command's process; it is also the supervisor's readiness
+// message to Start (with Error set instead when the command could not start).
+type processRecord struct {
+	PID       int       `json:"pid,omitempty"`
+	Start     uint64    `json:"start,omitempty"`
+	StartedAt time.Time `json:"started_at,omitzero"`
+	Error     string    `json:"error,omitempty"`
+}
+
+func parseShimRecord(data []byte) (shimRecord, error) {
+	var r shimRecord
+	if err := json.Unmarshal(data, &r); err != nil {
+		return shimRecord{}, fmt.Errorf("shim: parse shim record: %w", err)
+	}
+	if r.PID <= 0 || r.Start == 0 {
+		return shimRecord{}, fmt.Errorf("shim: parse shim record: pid %d start %d out of range", r.PID, r.Start)
+	}
+	return r, nil
+}
+
+func parseProcessRecord(data []byte) (processRecord, error) {
+	var r processRecord
+	if err := json.Unmarshal(data, &r); err != nil {
+		return processRecord{}, fmt.Errorf("shim: parse process record: %w", err)
+	}
+	if r.Error == "" && (r.PID <= 0 || r.Start == 0) {
+		return processRecord{}, fmt.Errorf("shim: parse process record: pid %d start %d out of range", r.PID, r.Start)
+	}
+	return r, nil
+}
+
+func parseStatus(data []byte) (Status, error) {
+	var s Status
+	if err := json.Unmarshal(data, &s); err != nil {
+		return Status{}, fmt.Errorf("shim: parse status: %w", err)
+	}
+	switch s.Outcome {
+	case OutcomeExited, OutcomeTimedOut, OutcomeCancelled, OutcomeStartFailed:
+	default:
+		return Status{}, fmt.Errorf("shim: parse status: unknown outcome %q", s.Outcome)
+	}
+	for name, st := range map[string]StreamInfo{StreamStdout: s.Stdout, StreamStderr: s.Stderr} {
+		if st.Bytes < 0 || st.Stored < 0 || st.Stored > st.Bytes || st.Truncated != (st.Stored < st.Bytes) {
+			return Status{}, fmt.Errorf("shim: parse status: inconsistent %s sizes %d/%d", name, st.Stored, st.Bytes)
+		}
+	}
+	return s, nil
+}
+
+func parseSpec(data []byte) (Spec, error) {
+	var s Spec
+	if err := json.Unmarshal(data, &s); err != nil {
+		return Spec{}, fmt.Errorf("shim: parse spec: %w", err)
+	}
+	s = s.withDefaults()
+	if err := s.validate(); err != nil {
+		return Spec{}, err
+	}
+	return s, nil
+}
+
+// readRecord reads a JSON record of at most maxRecordBytes.
+func readRecord(path string) ([]byte, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxRecordBytes+1))
+	if err != nil {
+		return nil, fmt.Errorf("shim: read %s: %w", path, err)
+	}
+	if len(data) > maxRecordBytes {
+		return nil, fmt.Errorf("shim: read %s: larger than %d bytes", path, maxRecordBytes)
+	}
+	return data, nil
+}
+
+// ReadStatus returns the final status of the execution in dir, or ErrNoStatus if it has not
+// finished (or never ran).
+func ReadStatus(dir string) (Status, error) {
+	data, err := readRecord(filepath.Join(dir, StatusFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return Status{}, ErrNoStatus
+	}
+	if err != nil {
+		return Status{}, err
+	}
+	return parseStatus(data)
+}
+
+func readShimRecord(dir string) (shimRecord, error) {
+	data, err := readRecord(filepath.Join(dir, ShimFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return shimRecord{}, ErrNeverStarted
+	}
+	if err != nil {
+		return shimRecord{}, err
+	}
+	return parseShimRecord(data)
+}
+
+// readProcessRecord returns the command's process record, or the zero record if the command
+// has not started (or never will).
+func readProcessRecord(dir string) (processRecord, error) {
+	data, err := readRecord(filepath.Join(dir, ProcessFile))
+	if errors.Is(err, fs.ErrNotExist) {
+		return processRecord{}, nil
+	}
+	if err != nil {
+		return processRecord{}, err
+	}
+	return parseProcessRecord(data)
+}
+
+// writeFileAtomic replaces dir/name with data so that readers see either the old file or the
+// complete new one, and the new one survives a crash once this returns.
+func writeFileAtomic(dir, name string, data []byte) error {
+	tmp, err := writeTemp(dir, name, data)
+	if err != nil {
+		return err
+	}
+	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
+		os.Remove(tmp)
+		return fmt.Errorf("shim: install %s: %w", name, err)
+	}
+	return syncDir(dir)
+}
+
+// createFileExclusive is writeFileAtomic that fails with ErrAlreadyUsed if dir/name exists.
+func createFileExclusive(dir, name string, data []byte) error {
+	tmp, err := writeTemp(dir, name, data)
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp)
+	if err := os.Link(tmp, filepath.Join(dir, name)); err != nil {
+		if errors.Is(err, fs.ErrExist) {
+			return fmt.Errorf("%w: %s exists in %s", ErrAlreadyUsed, name, dir)
+		}
+		return fmt.Errorf("shim: install %s: %w", name, err)
+	}
+	if err := os.Remove(tmp); err != nil {
+		return fmt.Errorf("shim: remove temporary %s: %w", name, err)
+	}
+	return syncDir(dir)
+}
+
+// writeTemp writes data to a synced temporary file next to dir/name and returns its path.
+func writeTemp(dir, name string, data []byte) (string, error) {
+	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
+	if err != nil {
+		return "", fmt.Errorf("shim: create temporary %s: %w", name, err)
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return "", fmt.Errorf("shim: write temporary %s: %w", name, err)
+	}
+	return f.Name(), nil
+}
+
+func syncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("shim: open dir for sync: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("shim: sync dir %s: %w", dir, err)
+	}
+	return nil
+}
+
+func streamFile(stream string) (string, error) {
+	switch stream {
+	case StreamStdout:
+		return StdoutFile, nil
+	case StreamStderr:
+		return StderrFile, nil
+	}
+	return "", fmt.Errorf("shim: unknown stream %q", stream)
+}
+
+// Follow copies the spooled stream ("stdout" or "stderr") of the execution in dir to w,
+// starting at offset, and keeps following it until the execution has finished and everything
+// stored is copied. It returns the offset after the last byte copied, so a caller can resume
+// from there. It returns ErrVanished if the supervisor died without a status record, and
+// ErrNeverStarted for a directory without a shim record. Only stored bytes are copied: a
+// truncated stream ends at the output cap.
+func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer) (int64, error) {
+	name, err := streamFile(stream)
+	if err != nil {
+		return offset, err
+	}
+	if offset < 0 {
+		return offset, fmt.Errorf("shim: follow %s: negative offset %d", stream, offset)
+	}
+	path := filepath.Join(dir, name)
+	var f *os.File
+	defer func() {
+		if f != nil {
+			f.Close()
+		}
+	}()
+	delay := followMinPoll
+	for {
+		// The status file is written only after the spool files are complete, so once it
+		// exists, one more copy to EOF gets everything.
+		_, statErr := os.Stat(filepath.Join(dir, StatusFile))
+		finished := statErr == nil
+		if f == nil {
+			f, err = os.Open(path)
+			if err != nil && !errors.Is(err, fs.ErrNotExist) {
+				return offset, fmt.Errorf("shim: follow %s: %w", stream, err)
+			}
+			if err != nil {
+				f = nil
+			}
+		}
+		var copied int64
+		if f != nil {
+			copied, err = io.Copy(w, io.NewSectionReader(f, offset, math.MaxInt64-offset))
+			offset += copied
+			if err != nil {
+				return offset, fmt.Errorf("shim: follow %s: %w", stream, err)
+			}
+		}
+		if finished {
+			return offset, nil
+		}
+		if copied > 0 {
+			delay = followMinPoll
+		} else {
+			if err := checkSupervisorAlive(dir); err != nil {
+				return offset, err
+			}
+			delay = min(2*delay, followMaxPoll)
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return offset, fmt.Errorf("shim: follow %s: %w", stream, context.Cause(ctx))
+		case <-t.C:
+		}
+	}
+}
+
+// checkSupervisorAlive returns nil if the supervisor of dir is running or has finished with a
+// status record, ErrVanished if it is gone without one, and ErrNeverStarted if it never ran.
+func checkSupervisorAlive(dir string) error {
+	rec, err := readShimRecord(dir)
+	if err != nil {
+		return err
+	}
+	if sameProcess(rec.PID, rec.Start) {
+		return nil
+	}
+	// It may have written its status just before exiting.
+	if _, err := ReadStatus(dir); errors.Is(err, ErrNoStatus) {
+		return ErrVanished
+	} else if err != nil {
+		return err
+	}
+	return nil
+}

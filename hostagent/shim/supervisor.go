@@ -1,0 +1,389 @@
+package shim
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"hash"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"syscall"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// readyFD is where the supervisor finds the readiness pipe that Start passes as
+// ExtraFiles[0].
+const readyFD = 3
+
+// drainAfterKill bounds how long the supervisor waits for the output pipes after SIGKILL of
+// the group; only processes that escaped the group can still hold them open.
+const drainAfterKill = time.Second
+
+// Main is the hidden `postern-hostagent shim <spooldir>` subcommand: it supervises the
+// execution described by <spooldir>/spec.json and returns the process exit code (0 once a
+// status record is written, 1 if the supervisor failed, 2 on misuse). args are the arguments
+// after "shim".
+func Main(args []string) int {
+	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if len(args) != 1 {
+		fmt.Fprintln(os.Stderr, "usage: postern-hostagent shim <spooldir>")
+		return 2
+	}
+	// Without Start's pipe on fd 3, fd 3 may be any file (or become one); never write to it.
+	var st unix.Stat_t
+	if err := unix.Fstat(readyFD, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
+		fmt.Fprintln(os.Stderr, "shim: fd 3 is not a readiness pipe; the shim is started by the hostagent only")
+		return 2
+	}
+	s := &supervisor{dir: args[0], ready: os.NewFile(readyFD, "ready"), log: logger.With("spool", args[0])}
+	if err := s.run(); err != nil {
+		s.log.Error("supervisor failed", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// supervisor runs one execution. It lives in the shim process only.
+type supervisor struct {
+	dir   string
+	spec  Spec
+	ready *os.File // closed once the parent has been told whether the command started
+	log   *slog.Logger
+}
+
+// run supervises the execution and returns nil once its status record is written.
+func (s *supervisor) run() error {
+	defer s.ready.Close()
+	data, err := readRecord(filepath.Join(s.dir, SpecFile))
+	if err == nil {
+		s.spec, err = parseSpec(data)
+	}
+	if err != nil {
+		err = fmt.Errorf("shim: load spec: %w", err)
+		s.tellParent(processRecord{Error: err.Error()})
+		return err
+	}
+	s.log = s.log.With("execution_id", s.spec.ExecutionID)
+
+	// Subscribe before the shim record exists: from then on a SIGTERM means "cancel", never
+	// "die without a status". SIGHUP is caught (and dropped) rather than ignored, because an
+	// ignored disposition would be inherited by the command.
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
+	defer signal.Stop(sigs)
+
+	self := os.Getpid()
+	selfStart, err := ProcessStartTime(self)
+	if err != nil {
+		s.tellParent(processRecord{Error: err.Error()})
+		return fmt.Errorf("shim: own start time: %w", err)
+	}
+	rec, err := json.Marshal(shimRecord{PID: self, Start: selfStart})
+	if err != nil {
+		return fmt.Errorf("shim: encode shim record: %w", err)
+	}
+	if err := createFileExclusive(s.dir, ShimFile, rec); err != nil {
+		s.tellParent(processRecord{Error: err.Error()})
+		return err
+	}
+
+	// Pdeathsig fires when the thread that started the command exits, not the process; keep
+	// this goroutine on its thread for the rest of the supervisor's life.
+	runtime.LockOSThread()
+	st := s.supervise(sigs)
+	st.ExecutionID = s.spec.ExecutionID
+	out, err := json.Marshal(st)
+	if err != nil {
+		return fmt.Errorf("shim: encode status: %w", err)
+	}
+	return writeFileAtomic(s.dir, StatusFile, out)
+}
+
+// tellParent sends the readiness message to Start; a vanished parent is not an error.
+func (s *supervisor) tellParent(msg processRecord) {
+	data, err := json.Marshal(msg)
+	if err == nil {
+		_, err = s.ready.Write(data)
+	}
+	if err != nil {
+		s.log.Warn("could not tell the parent whether the command started", "err", err)
+	}
+	s.ready.Close()
+}
+
+// startFailed records that the command provably did not run.
+func (s *supervisor) startFailed(err error) Status {
+	s.log.Info("command did not start", "err", err)
+	s.tellParent(processRecord{Error: err.Error()})
+	empty := hex.EncodeToString(sha256.New().Sum(nil))
+	return Status{
+		Outcome:  OutcomeStartFailed,
+		ExitCode: -1,
+		Error:    err.Error(),
+		EndedAt:  time.Now().UTC(),
+		Stdout:   StreamInfo{SHA256: empty},
+		Stderr:   StreamInfo{SHA256: empty},
+	}
+}
+
+// supervise starts the command, enforces timeout and cancellation, spools its output and
+// returns its status. It must run on a locked OS thread.
+func (s *supervisor) supervise(sigs <-chan os.Signal) Status {
+	select {
+	case sig := <-sigs:
+		if sig != unix.SIGHUP {
+			return s.startFailed(errors.New("cancelled before the command started"))
+		}
+	default:
+	}
+	stdout, err := newSpooler(s.dir, StdoutFile, s.spec.OutputCap)
+	if err != nil {
+		return s.startFailed(err)
+	}
+	defer stdout.file.Close()
+	stderr, err := newSpooler(s.dir, StderrFile, s.spec.OutputCap)
+	if err != nil {
+		return s.startFailed(err)
+	}
+	defer stderr.file.Close()
+	stdoutR, stdoutW, err := os.Pipe()
+	if err != nil {
+		return s.startFailed(fmt.Errorf("shim: stdout pipe: %w", err))
+	}
+	stderrR, stderrW, err := os.Pipe()
+	if err != nil {
+		stdoutR.Close()
+		stdoutW.Close()
+		return s.startFailed(fmt.Errorf("shim: stderr pipe: %w", err))
+	}
+
+	cmd := exec.Command(s.spec.Shell, "-c", s.spec.Command)
+	cmd.Dir = s.spec.Dir
+	cmd.Env = s.spec.Env
+	if cmd.Env == nil {
+		cmd.Env = []string{} // nil would inherit the hostagent's environment
+	}
+	cmd.Stdout = stdoutW
+	cmd.Stderr = stderrW
+	cmd.SysProcAttr = &syscall.SysProcAttr{
+		Setpgid:    true,
+		Pdeathsig:  syscall.SIGKILL,
+		Credential: s.spec.Credential,
+	}
+	err = cmd.Start()
+	stdoutW.Close()
+	stderrW.Close()
+	if err != nil {
+		stdoutR.Close()
+		stderrR.Close()
+		return s.startFailed(fmt.Errorf("shim: start command: %w", err))
+	}
+	pid := cmd.Process.Pid
+	startedAt := time.Now().UTC()
+	// The command is our unreaped child, so its /proc entry exists even if it already exited.
+	pidStart, err := ProcessStartTime(pid)
+	if err != nil {
+		s.log.Warn("could not read the command's start time", "pid", pid, "err", err)
+	}
+	s.log.Info("command started", "pid", pid)
+
+	copied := make(chan struct{}, 2)
+	go stdout.copyFrom(stdoutR, copied)
+	go stderr.copyFrom(stderrR, copied)
+	// Observe the exit without reaping, so the pid (and so the process group id) stays
+	// reserved while the group is signalled.
+	exited := make(chan error, 1)
+	go func() {
+		for {
+			err := unix.Waitid(unix.P_PID, pid, nil, unix.WEXITED|unix.WNOWAIT, nil)
+			if !errors.Is(err, unix.EINTR) {
+				exited <- err
+				return
+			}
+		}
+	}()
+
+	proc := processRecord{PID: pid, Start: pidStart, StartedAt: startedAt}
+	if data, err := json.Marshal(proc); err != nil {
+		s.log.Warn("could not encode the process record", "err", err)
+	} else if err := writeFileAtomic(s.dir, ProcessFile, data); err != nil {
+		s.log.Warn("could not write the process record", "err", err)
+	}
+	s.tellParent(proc)
+
+	outcome := s.waitExit(pid, sigs, exited)
+	endedAt := time.Now().UTC()
+	s.drain(pid, copied, stdoutR, stderrR)
+
+	st := Status{
+		Outcome:   outcome,
+		PID:       pid,
+		PIDStart:  pidStart,
+		StartedAt: startedAt,
+		EndedAt:   endedAt,
+	}
+	// Reaps the zombie; the exit was already observed, so this does not block.
+	cmd.Wait()
+	ws := cmd.ProcessState.Sys().(syscall.WaitStatus)
+	if ws.Signaled() {
+		st.ExitCode = -1
+		st.Signal = unix.SignalName(ws.Signal())
+	} else {
+		st.ExitCode = ws.ExitStatus()
+	}
+	var syncErrs []error
+	for _, sp := range []*spooler{stdout, stderr} {
+		if err := sp.finish(); err != nil {
+			syncErrs = append(syncErrs, err)
+		}
+	}
+	st.Stdout, st.Stderr = stdout.info, stderr.info
+	if err := errors.Join(syncErrs...); err != nil {
+		st.Error = err.Error()
+	}
+	s.log.Info("command ended", "outcome", st.Outcome, "exit_code", st.ExitCode, "signal", st.Signal)
+	return st
+}
+
+// waitExit waits for the command to exit, enforcing the timeout and cancellation by
+// terminating its process group, and returns the outcome.
+func (s *supervisor) waitExit(pid int, sigs <-chan os.Signal, exited <-chan error) string {
+	var timeout <-chan time.Time
+	if s.spec.Timeout > 0 {
+		t := time.NewTimer(s.spec.Timeout)
+		defer t.Stop()
+		timeout = t.C
+	}
+	var grace <-chan time.Time
+	outcome := OutcomeExited
+	terminate := func(why string) {
+		if outcome != OutcomeExited {
+			return // already terminating; the first reason stands
+		}
+		outcome = why
+		s.log.Info("terminating command", "reason", why)
+		s.signalGroup(pid, unix.SIGTERM)
+		t := time.NewTimer(s.spec.KillGrace)
+		grace = t.C
+	}
+	for {
+		select {
+		case sig := <-sigs:
+			if sig != unix.SIGHUP {
+				terminate(OutcomeCancelled)
+			}
+		case <-timeout:
+			terminate(OutcomeTimedOut)
+		case <-grace:
+			s.signalGroup(pid, unix.SIGKILL)
+			grace = nil
+		case err := <-exited:
+			if err != nil {
+				s.log.Warn("waiting for the command failed; reaping it", "err", err)
+			}
+			return outcome
+		}
+	}
+}
+
+// drain ends whatever is left of the command's process group and waits for the output pipes
+// to close: SIGTERM, up to KillGrace for the pipes, SIGKILL, and finally closing the pipes
+// if processes that left the group still hold them.
+func (s *supervisor) drain(pid int, copied <-chan struct{}, pipes ...*os.File) {
+	s.signalGroup(pid, unix.SIGTERM)
+	pending := len(pipes)
+	grace := time.NewTimer(s.spec.KillGrace)
+	defer grace.Stop()
+	var lastResort <-chan time.Time
+	for pending > 0 {
+		select {
+		case <-copied:
+			pending--
+		case <-grace.C:
+			s.signalGroup(pid, unix.SIGKILL)
+			t := time.NewTimer(drainAfterKill)
+			defer t.Stop()
+			lastResort = t.C
+		case <-lastResort:
+			s.log.Warn("output pipes still open after the process group was killed; closing them")
+			for _, p := range pipes {
+				p.Close()
+			}
+			lastResort = nil
+		}
+	}
+	s.signalGroup(pid, unix.SIGKILL)
+	for _, p := range pipes {
+		p.Close()
+	}
+}
+
+// signalGroup signals the command's process group; a group that is already gone is fine.
+func (s *supervisor) signalGroup(pgid int, sig unix.Signal) {
+	if err := unix.Kill(-pgid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
+		s.log.Warn("could not signal the process group", "pgid", pgid, "signal", unix.SignalName(sig), "err", err)
+	}
+}
+
+// spooler stores one output stream up to a cap and accounts for all of it.
+type spooler struct {
+	file *os.File
+	cap  int64
+	hash hash.Hash
+	// info is owned by copyFrom until it signals completion.
+	info     StreamInfo
+	writeErr error
+}
+
+func newSpooler(dir, name string, limit int64) (*spooler, error) {
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("shim: create spool file: %w", err)
+	}
+	return &spooler{file: f, cap: limit, hash: sha256.New()}, nil
+}
+
+// copyFrom reads r to EOF (or until r is closed), hashing everything and storing up to the
+// cap, then signals done. It keeps reading past the cap and past write errors so the command
+// never blocks on a full pipe.
+func (sp *spooler) copyFrom(r io.Reader, done chan<- struct{}) {
+	defer func() { done <- struct{}{} }()
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := r.Read(buf)
+		if n > 0 {
+			sp.hash.Write(buf[:n])
+			sp.info.Bytes += int64(n)
+			if room := sp.cap - sp.info.Stored; room > 0 && sp.writeErr == nil {
+				w, werr := sp.file.Write(buf[:min(int64(n), room)])
+				sp.info.Stored += int64(w)
+				sp.writeErr = werr
+			}
+		}
+		if err != nil {
+			return // io.EOF, or the pipe was closed by drain
+		}
+	}
+}
+
+// finish syncs the spool file and completes info; call after copyFrom signalled done.
+func (sp *spooler) finish() error {
+	sp.info.Truncated = sp.info.Stored < sp.info.Bytes
+	sp.info.SHA256 = hex.EncodeToString(sp.hash.Sum(nil))
+	if sp.writeErr != nil {
+		return fmt.Errorf("shim: spool %s: %w", filepath.Base(sp.file.Name()), sp.writeErr)
+	}
+	if err := sp.file.Sync(); err != nil {
+		return fmt.Errorf("shim: sync %s: %w", filepath.Base(sp.file.Name()), err)
+	}
+	return nil
+}
