@@ -271,7 +271,7 @@ func (v *chainVerifier) addEvent(line []byte) bool {
 		v.fail(ev.Seq, fmt.Sprintf("out of order: seq %d after %d", ev.Seq, v.prevSeq))
 		return false
 	case ev.Seq != v.prevSeq+1:
-		v.fail(ev.Seq, fmt.Sprintf("gap: seq %d follows %d (events %d..%d missing)", ev.Seq, v.prevSeq, v.prevSeq+1, ev.Seq-1))
+		v.fail(ev.Seq, fmt.Sprintf("gap: seq %d follows %d (events %d..%d missing or reordered)", ev.Seq, v.prevSeq, v.prevSeq+1, ev.Seq-1))
 		return false
 	case ev.PrevHash != v.prevHash:
 		v.fail(ev.Seq, "prev_hash does not match the previous event's hash")
@@ -334,6 +334,7 @@ func (v *chainVerifier) addCheckpoint(line []byte) bool {
 	}
 	v.rep.Origin = cp.Origin
 	v.baseOpen = false
+	v.lastCP = cp.Seq
 	v.rep.SealedSeq = cp.Seq
 	v.rep.Checkpoints++
 	return true

@@ -1,0 +1,330 @@
+package markers_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/markers"
+)
+
+func TestCreateRace(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Host)
+	ctx := context.Background()
+	const n = 100
+	var wg sync.WaitGroup
+	errs := make([]error, n)
+	recs := make([]*markers.Record, n)
+	for i := range n {
+		wg.Go(func() {
+			recs[i], errs[i] = s.Create(ctx, &markers.Record{ID: "ex_race", Account: fmt.Sprint(i)})
+		})
+	}
+	wg.Wait()
+	winners := 0
+	var winner string
+	for i := range n {
+		switch {
+		case errs[i] == nil:
+			winners++
+			winner = recs[i].Account
+		case errors.Is(errs[i], markers.ErrExists):
+			if recs[i] == nil || recs[i].ID != "ex_race" {
+				t.Errorf("loser %d got record %+v; want the existing record", i, recs[i])
+			}
+		default:
+			t.Errorf("create %d: %v", i, errs[i])
+		}
+	}
+	if winners != 1 {
+		t.Fatalf("winners = %d; want 1", winners)
+	}
+	for i := range n {
+		if errs[i] != nil && recs[i].Account != winner {
+			t.Errorf("loser %d sees account %q; want the winner's %q", i, recs[i].Account, winner)
+		}
+	}
+	if st := s.Stats(); st.Events != 1 {
+		t.Errorf("events = %d; want 1", st.Events)
+	}
+}
+
+func TestTransitionCompareAndSet(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Host)
+	ctx := context.Background()
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1"}); err != nil {
+		t.Fatal(err)
+	}
+	rec, err := s.Transition(ctx, "ex_1", markers.Started, markers.Running, "spawned", func(r *markers.Record) error {
+		r.PID = 42
+		return nil
+	})
+	if err != nil || rec.State != markers.Running || rec.PID != 42 {
+		t.Fatalf("transition = %+v, %v; want running with pid 42", rec, err)
+	}
+
+	tests := []struct {
+		name     string
+		from, to markers.State
+		wantErr  error
+		want     markers.State
+	}{
+		{"re-apply is idempotent", markers.Started, markers.Running, nil, markers.Running},
+		{"stale from conflicts", markers.Started, markers.Cancelled, markers.ErrConflict, markers.Running},
+		{"illegal edge", markers.Running, markers.Started, markers.ErrIllegalTransition, markers.Running},
+		{"legal move", markers.Running, markers.Exited, nil, markers.Exited},
+		{"nothing leaves a terminal state", markers.Exited, markers.Running, markers.ErrIllegalTransition, markers.Exited},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := s.Transition(ctx, "ex_1", tt.from, tt.to, "", nil)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v; want %v", err, tt.wantErr)
+			}
+			got, err := s.Get("ex_1")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.State != tt.want {
+				t.Errorf("state = %s; want %s", got.State, tt.want)
+			}
+		})
+	}
+	if _, err := s.Transition(ctx, "ex_missing", markers.Started, markers.Running, "", nil); !errors.Is(err, markers.ErrNotFound) {
+		t.Errorf("missing record: err = %v; want ErrNotFound", err)
+	}
+}
+
+func TestUpdateKeepsIdentity(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Journal)
+	ctx := context.Background()
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1", Actor: "alice", Fingerprint: "fp"}); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		mutate  func(*markers.Record) error
+		wantErr error
+	}{
+		{"outcome fields", func(r *markers.Record) error { r.Evidence = append(r.Evidence, "seen"); return nil }, nil},
+		{"actor", func(r *markers.Record) error { r.Actor = "mallory"; return nil }, markers.ErrImmutable},
+		{"fingerprint", func(r *markers.Record) error { r.Fingerprint = "other"; return nil }, markers.ErrImmutable},
+		{"state", func(r *markers.Record) error { r.State = markers.Completed; return nil }, markers.ErrImmutable},
+		{"mutate error", func(r *markers.Record) error { return errSentinel }, errSentinel},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := s.Update(ctx, "ex_1", tt.name, tt.mutate)
+			if !errors.Is(err, tt.wantErr) {
+				t.Fatalf("err = %v; want %v", err, tt.wantErr)
+			}
+		})
+	}
+	got, _ := s.Get("ex_1")
+	if got.Actor != "alice" || got.State != markers.Accepted || len(got.Evidence) != 1 {
+		t.Errorf("record = %+v; want alice, accepted, one evidence note", got)
+	}
+}
+
+var errSentinel = errors.New("caller refused")
+
+func TestCreateRejectsBadIdentity(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Journal)
+	tests := []struct {
+		name string
+		rec  markers.Record
+	}{
+		{"empty id", markers.Record{}},
+		{"NUL in actor", markers.Record{ID: "ex_1", Actor: "a\x00b"}},
+		{"wrong graph", markers.Record{ID: "ex_1", Graph: markers.Host}},
+		{"not the initial state", markers.Record{ID: "ex_1", State: markers.Completed}},
+		{"oversized key field", markers.Record{ID: "ex_1", IdempotencyKey: string(make([]byte, 4096))}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if _, err := s.Create(context.Background(), &tt.rec); err == nil {
+				t.Fatal("create succeeded; want an error")
+			}
+		})
+	}
+	if st := s.Stats(); st.Events != 0 {
+		t.Errorf("events = %d; want 0", st.Events)
+	}
+}
+
+func TestLookups(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Journal)
+	ctx := context.Background()
+	mk := func(id, actor, scope, fp, key string) {
+		t.Helper()
+		if _, err := s.Create(ctx, &markers.Record{ID: id, Actor: actor, IntentScope: scope, Fingerprint: fp, IdempotencyKey: key, OperationKey: "op:" + key}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mk("ex_01", "alice", "run:1", "fpA", "k1")
+	mk("ex_02", "alice", "run:1", "fpA", "k2")
+	mk("ex_03", "bob", "run:1", "fpA", "k1")
+	mk("ex_04", "alice", "run:2", "fpA", "")
+
+	tests := []struct {
+		name   string
+		find   func() (*markers.Record, error)
+		wantID string
+	}{
+		{"fingerprint newest in scope", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:1", "fpA") }, "ex_02"},
+		{"fingerprint other scope", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:2", "fpA") }, "ex_04"},
+		{"fingerprint other actor", func() (*markers.Record, error) { return s.FindByFingerprint("bob", "run:1", "fpA") }, "ex_03"},
+		{"fingerprint no prefix match", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:1", "fp") }, ""},
+		{"idempotency key per actor", func() (*markers.Record, error) { return s.FindByIdempotencyKey("alice", "k1") }, "ex_01"},
+		{"idempotency key bob", func() (*markers.Record, error) { return s.FindByIdempotencyKey("bob", "k1") }, "ex_03"},
+		{"operation key newest", func() (*markers.Record, error) { return s.FindByOperationKey("op:k1") }, "ex_03"},
+		{"operation key absent", func() (*markers.Record, error) { return s.FindByOperationKey("op:zz") }, ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			rec, err := tt.find()
+			if tt.wantID == "" {
+				if !errors.Is(err, markers.ErrNotFound) {
+					t.Fatalf("err = %v; want ErrNotFound", err)
+				}
+				return
+			}
+			if err != nil || rec.ID != tt.wantID {
+				t.Fatalf("got %v, %v; want %s", rec, err, tt.wantID)
+			}
+		})
+	}
+}
+
+func TestListPaginates(t *testing.T) {
+	clock := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	s := testutil.OpenStore(t, markers.Journal, func(o *markers.Options) {
+		o.Now = func() time.Time { clock = clock.Add(time.Second); return clock }
+	})
+	ctx := context.Background()
+	for i := range 25 {
+		id := fmt.Sprintf("ex_%02d", i)
+		actor := "alice"
+		if i%5 == 0 {
+			actor = "bob"
+		}
+		if _, err := s.Create(ctx, &markers.Record{ID: id, Actor: actor}); err != nil {
+			t.Fatal(err)
+		}
+		if i%2 == 0 {
+			if _, err := s.Transition(ctx, id, markers.Accepted, markers.Authorized, "", nil); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	collect := func(q markers.Query) []string {
+		t.Helper()
+		var ids []string
+		for page := 0; page < 100; page++ {
+			recs, next, err := s.List(q)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, r := range recs {
+				ids = append(ids, r.ID)
+			}
+			if next == "" {
+				return ids
+			}
+			q.Cursor = next
+		}
+		t.Fatal("pagination did not end")
+		return nil
+	}
+	createdAt := func(id string) time.Time {
+		t.Helper()
+		r, err := s.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r.CreatedAt
+	}
+	tests := []struct {
+		name  string
+		q     markers.Query
+		count int
+		first string
+	}{
+		{"all by time", markers.Query{Limit: 7}, 25, "ex_00"},
+		{"newest first", markers.Query{Limit: 4, Newest: true}, 25, "ex_24"},
+		{"by state", markers.Query{State: markers.Authorized, Limit: 3}, 13, "ex_00"},
+		{"by state newest", markers.Query{State: markers.Accepted, Limit: 5, Newest: true}, 12, "ex_23"},
+		{"by actor", markers.Query{Actor: "bob", Limit: 2}, 5, "ex_00"},
+		{"time range", markers.Query{Since: createdAt("ex_02"), Until: createdAt("ex_06"), Limit: 2}, 4, "ex_02"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ids := collect(tt.q)
+			if len(ids) != tt.count || ids[0] != tt.first {
+				t.Errorf("got %d ids starting %v; want %d starting %s", len(ids), ids, tt.count, tt.first)
+			}
+			seen := map[string]bool{}
+			for _, id := range ids {
+				if seen[id] {
+					t.Errorf("%s listed twice", id)
+				}
+				seen[id] = true
+			}
+		})
+	}
+	if _, _, err := s.List(markers.Query{Cursor: "zz"}); err == nil {
+		t.Error("bad cursor accepted")
+	}
+}
+
+func TestEventsTellTheStory(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Journal)
+	ctx := context.Background()
+	s.Create(ctx, &markers.Record{ID: "ex_1"})
+	s.Transition(ctx, "ex_1", markers.Accepted, markers.Authorized, "policy: allow", nil)
+	s.Update(ctx, "ex_1", "evidence", func(r *markers.Record) error { r.Evidence = []string{"x"}; return nil })
+	s.Create(ctx, &markers.Record{ID: "ex_2"})
+	evs, err := s.Events("ex_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ev := range evs {
+		got = append(got, fmt.Sprintf("%d %s %s→%s %s", ev.Seq, ev.Kind, ev.From, ev.To, ev.Note))
+	}
+	want := []string{"1 create →accepted ", "2 transition accepted→authorized policy: allow", "3 update authorized→authorized evidence"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("events = %q; want %q", got, want)
+	}
+}
+
+func TestReopenKeepsChain(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Host)
+	ctx := context.Background()
+	for i := range 10 {
+		s.Create(ctx, &markers.Record{ID: fmt.Sprintf("ex_%d", i)})
+	}
+	s.Reopen(t)
+	for i := 10; i < 20; i++ {
+		if _, err := s.Create(ctx, &markers.Record{ID: fmt.Sprintf("ex_%d", i)}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_3"}); !errors.Is(err, markers.ErrExists) {
+		t.Errorf("create after reopen: err = %v; want ErrExists", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	rep, err := markers.VerifyDir(s.Dir, s.VerifierKey, markers.VerifyOptions{RequireSealed: true})
+	if err != nil || !rep.OK || rep.Events != 20 || rep.Records != 20 {
+		t.Fatalf("verify = %v, %v; want PASS with 20 events and records", rep, err)
+	}
+	if _, err := s.Get("ex_1"); !errors.Is(err, markers.ErrClosed) {
+		t.Errorf("get after close: %v; want ErrClosed", err)
+	}
+}
