@@ -90,3 +90,7 @@ func createHostKey(path string) error {
 	}
 	return syncDir(dir)
 }
+
+func marshalAuthorizedKey(signer gossh.Signer) []byte {
+	return gossh.MarshalAuthorizedKey(signer.PublicKey())
+}

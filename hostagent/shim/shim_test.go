@@ -302,9 +302,29 @@ func TestInvalidSpec(t *testing.T) {
 	}
 }
 
-// groupGone reports whether no process is left in process group pgid.
-func groupGone(pgid int) bool {
-	return errors.Is(syscall.Kill(-pgid, 0), syscall.ESRCH)
+// groupGone reports whether no live (non-zombie) process is left in process group pgid;
+// zombies count for kill(2) but may linger if init does not reap them.
+func groupGone(tb testing.TB, pgid int) bool {
+	tb.Helper()
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	for _, e := range entries {
+		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		if err != nil {
+			continue // not a pid, or gone
+		}
+		i := bytes.LastIndexByte(data, ')')
+		if i < 0 {
+			continue
+		}
+		fields := strings.Fields(string(data[i+1:]))
+		if len(fields) > 2 && fields[0] != "Z" && fields[2] == strconv.Itoa(pgid) {
+			return false
+		}
+	}
+	return true
 }
 
 func TestTimeoutEscalatesToKill(t *testing.T) {
@@ -325,7 +345,7 @@ func TestTimeoutEscalatesToKill(t *testing.T) {
 	if strings.Contains(out, "survived") {
 		t.Errorf("stdout = %q; the command outlived its timeout", out)
 	}
-	if !groupGone(h.Process().PID) {
+	if !groupGone(t, h.Process().PID) {
 		t.Errorf("process group %d still has members after the status was written", h.Process().PID)
 	}
 }
@@ -350,7 +370,7 @@ func TestCancel(t *testing.T) {
 			if st.Outcome != OutcomeCancelled || st.Signal != tt.wantSignal {
 				t.Errorf("status = %s/%q; want cancelled/%q", st.Outcome, st.Signal, tt.wantSignal)
 			}
-			if !groupGone(h.Process().PID) {
+			if !groupGone(t, h.Process().PID) {
 				t.Errorf("process group %d still has members", h.Process().PID)
 			}
 			if err := h.Cancel(); !errors.Is(err, ErrNotRunning) {

@@ -44,6 +44,8 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "shim: fd 3 is not a readiness pipe; the shim is started by the hostagent only")
 		return 2
 	}
+	// The command must not inherit the pipe: Start reads it to EOF.
+	unix.CloseOnExec(readyFD)
 	s := &supervisor{dir: args[0], ready: os.NewFile(readyFD, "ready"), log: logger.With("spool", args[0])}
 	if err := s.run(); err != nil {
 		s.log.Error("supervisor failed", "err", err)

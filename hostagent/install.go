@@ -1,0 +1,306 @@
+package hostagent
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"text/template"
+)
+
+// Default install locations (relative to InstallOptions.Root).
+const (
+	DefaultConfigPath         = "/etc/postern-hostagent/config.toml"
+	DefaultAuthorizedKeysPath = "/etc/postern-hostagent/authorized_keys"
+	DefaultUnitPath           = "/etc/systemd/system/postern-hostagent.service"
+	DefaultBinaryPath         = "/usr/local/bin/postern-hostagent"
+)
+
+// InstallOptions says where Install puts things. Paths are as seen on the running system;
+// Install writes each one under Root.
+type InstallOptions struct {
+	// Root is prefixed to every path written. Default "/".
+	Root string
+	// ConfigPath is the config file; an existing one is kept and used. Default DefaultConfigPath.
+	ConfigPath string
+	// UnitPath is the systemd unit; always rewritten. Default DefaultUnitPath.
+	UnitPath string
+	// BinaryPath is the hostagent binary the unit runs. Default DefaultBinaryPath.
+	BinaryPath string
+	// Listen is written into a new config file. Default DefaultConfig().Listen.
+	Listen string
+	// ReadWritePaths are extra paths commands may write besides the data dir: the unit uses
+	// ProtectSystem=strict and commands inherit that sandbox. Default none.
+	ReadWritePaths []string
+}
+
+func (o *InstallOptions) setDefaults() {
+	if o.Root == "" {
+		o.Root = "/"
+	}
+	if o.ConfigPath == "" {
+		o.ConfigPath = DefaultConfigPath
+	}
+	if o.UnitPath == "" {
+		o.UnitPath = DefaultUnitPath
+	}
+	if o.BinaryPath == "" {
+		o.BinaryPath = DefaultBinaryPath
+	}
+	if o.Listen == "" {
+		o.Listen = DefaultConfig().Listen
+	}
+}
+
+// Install sets the hostagent up on a machine: a default config file (if none exists), an empty
+// authorized keys file (if none exists), the data dir (0700), the host key, and the systemd
+// unit. It prints the host key fingerprint and how to enroll the host to w. It does not talk
+// to systemd, so it can run (and be tested) against any root directory.
+func Install(opts InstallOptions, w io.Writer) error {
+	opts.setDefaults()
+	for _, p := range append([]string{opts.ConfigPath, opts.UnitPath, opts.BinaryPath}, opts.ReadWritePaths...) {
+		if !filepath.IsAbs(p) {
+			return fmt.Errorf("install: path %q must be absolute", p)
+		}
+	}
+	under := func(p string) string { return filepath.Join(opts.Root, p) }
+
+	cfg, created, err := installConfig(opts, under(opts.ConfigPath))
+	if err != nil {
+		return err
+	}
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("install: %s: %w", opts.ConfigPath, err)
+	}
+	if err := os.MkdirAll(under(cfg.DataDir), 0o700); err != nil {
+		return fmt.Errorf("install: data dir: %w", err)
+	}
+	// MkdirAll leaves an existing directory's mode alone; the data dir must not be readable
+	// by others whatever created it.
+	if err := os.Chmod(under(cfg.DataDir), 0o700); err != nil {
+		return fmt.Errorf("install: data dir: %w", err)
+	}
+	if cfg.AuthorizedKeysFile != "" {
+		if err := createIfAbsent(under(cfg.AuthorizedKeysFile), nil, 0o600); err != nil {
+			return fmt.Errorf("install: authorized keys: %w", err)
+		}
+	}
+	hostKey, err := LoadOrCreateHostKey(under(cfg.HostKeyPath()))
+	if err != nil {
+		return fmt.Errorf("install: %w", err)
+	}
+	unit, err := renderUnit(opts, cfg)
+	if err != nil {
+		return err
+	}
+	if err := writeFileAtomic(under(opts.UnitPath), unit, 0o644); err != nil {
+		return fmt.Errorf("install: unit: %w", err)
+	}
+
+	if created {
+		fmt.Fprintf(w, "wrote config %s\n", opts.ConfigPath)
+	} else {
+		fmt.Fprintf(w, "kept existing config %s\n", opts.ConfigPath)
+	}
+	fmt.Fprintf(w, "wrote unit %s\n", opts.UnitPath)
+	fmt.Fprintf(w, "host key %s\n", cfg.HostKeyPath())
+	fmt.Fprintf(w, "host key fingerprint: %s\n", HostKeyFingerprint(hostKey))
+	fmt.Fprintf(w, "\nNext steps:\n")
+	if cfg.AuthorizedKeysFile != "" {
+		fmt.Fprintf(w, "  1. add the bastion's public key to %s\n", cfg.AuthorizedKeysFile)
+	}
+	fmt.Fprintf(w, "  2. systemctl daemon-reload && systemctl enable --now postern-hostagent\n")
+	fmt.Fprintf(w, "  3. on the bastion, enroll this host and check the fingerprint matches:\n")
+	fmt.Fprintf(w, "     postern hosts enroll HOSTNAME --address HOST:%s --host-key %q\n",
+		listenPort(cfg.Listen), strings.TrimSpace(string(marshalAuthorizedKey(hostKey))))
+	return nil
+}
+
+// installConfig loads the existing config file or writes a new default one.
+func installConfig(opts InstallOptions, path string) (cfg Config, created bool, err error) {
+	if _, err := os.Stat(path); err == nil {
+		cfg, err := LoadConfig(path)
+		if err != nil {
+			return Config{}, false, fmt.Errorf("install: %w", err)
+		}
+		return cfg, false, nil
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return Config{}, false, fmt.Errorf("install: %w", err)
+	}
+	cfg = DefaultConfig()
+	cfg.Listen = opts.Listen
+	cfg.AuthorizedKeysFile = DefaultAuthorizedKeysPath
+	var buf bytes.Buffer
+	if err := configTemplate.Execute(&buf, cfg); err != nil {
+		return Config{}, false, fmt.Errorf("install: render config: %w", err)
+	}
+	// Round-trip what we wrote so a template mistake cannot install a config serve rejects.
+	if cfg, err = ParseConfig(bytes.NewReader(buf.Bytes())); err != nil {
+		return Config{}, false, fmt.Errorf("install: generated config: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return Config{}, false, fmt.Errorf("install: %w", err)
+	}
+	if err := createIfAbsent(path, buf.Bytes(), 0o640); err != nil {
+		return Config{}, false, fmt.Errorf("install: config: %w", err)
+	}
+	return cfg, true, nil
+}
+
+var configTemplate = template.Must(template.New("config").Funcs(template.FuncMap{"quote": strconv.Quote}).Parse(
+	`# postern-hostagent configuration. Commented-out values are the defaults.
+
+listen = {{quote .Listen}}
+data_dir = {{quote .DataDir}}
+# host_key_file = "<data_dir>/host_ed25519_key"
+
+# Public-key authentication only: an authorized_keys file (re-read when it changes) and/or
+# CA keys whose OpenSSH user certificates are accepted (the SSH user must be a principal).
+authorized_keys_file = {{quote .AuthorizedKeysFile}}
+# trusted_user_ca_keys_file = "/etc/postern-hostagent/user_ca.pub"
+
+# SSH user names commands may run as (switching accounts needs the agent to run as root).
+allowed_accounts = [{{range $i, $a := .AllowedAccounts}}{{if $i}}, {{end}}{{quote $a}}{{end}}]
+
+# Extra client environment variables accepted besides POSTERN_*, LANG and LC_*.
+# accept_env = []
+
+# "refuse" a command without POSTERN_EXECUTION_ID, or "assign" it one.
+missing_execution_id = {{quote .MissingExecutionID}}
+# retry_failed_operations = false
+
+# handshake_timeout = "10s"
+# idle_timeout = "10m"
+# max_command_bytes = 65536
+# max_env_vars = 64
+# max_env_value_bytes = 4096
+# output_cap = 67108864
+# kill_grace = "5s"
+# marker_retention = "720h"
+# shell = "/bin/sh"
+`))
+
+// The unit runs the agent as root so it can run commands as the allowed accounts.
+//
+// NoNewPrivileges=yes is kept even so: switching to a less privileged uid with setuid/setgid
+// is not a privilege gain and still works. What it blocks is a command gaining privileges
+// through setuid binaries or file capabilities (sudo, su, ping on some systems) — the
+// accounts a command may use are decided by allowed_accounts, not by sudoers.
+//
+// KillMode=process: stopping or restarting the agent kills only the agent; commands run under
+// their own shim and are re-adopted by the next agent, never re-run.
+var unitTemplate = template.Must(template.New("unit").Parse(`[Unit]
+Description=Postern hostagent (marker-guarded remote execution over SSH)
+Documentation=https://github.com/postern-dev/postern
+After=network-online.target
+Wants=network-online.target
+
+[Service]
+Type=simple
+ExecStart={{.Binary}} serve --config {{.Config}}
+Restart=always
+RestartSec=1s
+# Only the agent is stopped on restart; running commands (their shims) survive and are re-adopted.
+KillMode=process
+# Commands inherit this sandbox: they cannot gain privileges (no sudo/setuid) and can write
+# only the paths listed in ReadWritePaths.
+NoNewPrivileges=yes
+ProtectSystem=strict
+ReadWritePaths={{.ReadWritePaths}}
+PrivateTmp=yes
+ProtectKernelModules=yes
+ProtectKernelTunables=yes
+ProtectControlGroups=yes
+RestrictSUIDSGID=yes
+LockPersonality=yes
+UMask=0077
+
+[Install]
+WantedBy=multi-user.target
+`))
+
+func renderUnit(opts InstallOptions, cfg Config) ([]byte, error) {
+	paths := append([]string{cfg.DataDir}, opts.ReadWritePaths...)
+	for _, p := range append(paths, opts.BinaryPath, opts.ConfigPath) {
+		// systemd splits these lines on whitespace and expands % specifiers.
+		if strings.ContainsAny(p, " \t\n%\"'\\") {
+			return nil, fmt.Errorf("install: path %q contains characters the unit file cannot carry", p)
+		}
+	}
+	var buf bytes.Buffer
+	err := unitTemplate.Execute(&buf, map[string]string{
+		"Binary":         opts.BinaryPath,
+		"Config":         opts.ConfigPath,
+		"ReadWritePaths": strings.Join(paths, " "),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("install: render unit: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func listenPort(listen string) string {
+	if i := strings.LastIndexByte(listen, ':'); i >= 0 {
+		return listen[i+1:]
+	}
+	return listen
+}
+
+// createIfAbsent writes data to path only if path does not exist yet.
+func createIfAbsent(path string, data []byte, perm os.FileMode) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return err
+	}
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, perm)
+	if errors.Is(err, fs.ErrExist) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if _, err := f.Write(data); err != nil {
+		f.Close()
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}
+
+func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
+	dir := filepath.Dir(path)
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	tmp, err := os.CreateTemp(dir, ".tmp-*")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(tmp.Name())
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Chmod(perm); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return err
+	}
+	if err := tmp.Close(); err != nil {
+		return err
+	}
+	if err := os.Rename(tmp.Name(), path); err != nil {
+		return err
+	}
+	return syncDir(dir)
+}

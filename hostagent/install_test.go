@@ -1,0 +1,116 @@
+package hostagent_test
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/postern-dev/postern/hostagent"
+)
+
+func TestLoadOrCreateHostKey(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "data", "host_ed25519_key")
+	first, err := hostagent.LoadOrCreateHostKey(path)
+	if err != nil {
+		t.Fatalf("create: %v", err)
+	}
+	info, err := os.Stat(path)
+	if err != nil || info.Mode().Perm() != 0o600 {
+		t.Fatalf("key file: %v, mode %v; want 0600", err, info.Mode())
+	}
+	pemBytes, _ := os.ReadFile(path)
+	if !bytes.HasPrefix(pemBytes, []byte("-----BEGIN OPENSSH PRIVATE KEY-----")) {
+		t.Errorf("key file is not in OpenSSH format:\n%s", pemBytes)
+	}
+	second, err := hostagent.LoadOrCreateHostKey(path)
+	if err != nil {
+		t.Fatalf("load: %v", err)
+	}
+	if a, b := hostagent.HostKeyFingerprint(first), hostagent.HostKeyFingerprint(second); a != b || !strings.HasPrefix(a, "SHA256:") {
+		t.Errorf("fingerprints %q, %q; want equal SHA256:…", a, b)
+	}
+	if first.PublicKey().Type() != "ssh-ed25519" {
+		t.Errorf("key type %s; want ssh-ed25519", first.PublicKey().Type())
+	}
+	if err := os.Chmod(path, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := hostagent.LoadOrCreateHostKey(path); err == nil {
+		t.Error("world-readable host key accepted")
+	}
+}
+
+func TestInstall(t *testing.T) {
+	root := t.TempDir()
+	var out bytes.Buffer
+	opts := hostagent.InstallOptions{Root: root, Listen: "0.0.0.0:2222", ReadWritePaths: []string{"/srv/app"}}
+	if err := hostagent.Install(opts, &out); err != nil {
+		t.Fatalf("Install: %v", err)
+	}
+	under := func(p string) string { return filepath.Join(root, p) }
+
+	cfg, err := hostagent.LoadConfig(under(hostagent.DefaultConfigPath))
+	if err != nil {
+		t.Fatalf("installed config: %v", err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Errorf("installed config does not validate: %v", err)
+	}
+	if cfg.Listen != "0.0.0.0:2222" || cfg.AuthorizedKeysFile != hostagent.DefaultAuthorizedKeysPath {
+		t.Errorf("installed config %+v", cfg)
+	}
+	if info, err := os.Stat(under(cfg.DataDir)); err != nil || info.Mode().Perm() != 0o700 {
+		t.Errorf("data dir: %v %v; want mode 0700", err, info)
+	}
+	key, err := hostagent.LoadOrCreateHostKey(under(cfg.HostKeyPath()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fp := hostagent.HostKeyFingerprint(key); !strings.Contains(out.String(), "host key fingerprint: "+fp) {
+		t.Errorf("output lacks the fingerprint %s:\n%s", fp, out.String())
+	}
+	if !strings.Contains(out.String(), "postern hosts enroll") {
+		t.Errorf("output lacks the enroll hint:\n%s", out.String())
+	}
+	unit, err := os.ReadFile(under(hostagent.DefaultUnitPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{
+		"ExecStart=" + hostagent.DefaultBinaryPath + " serve --config " + hostagent.DefaultConfigPath,
+		"NoNewPrivileges=yes", "ProtectSystem=strict", "ReadWritePaths=" + cfg.DataDir + " /srv/app",
+		"PrivateTmp=yes", "Restart=always", "KillMode=process",
+	} {
+		if !strings.Contains(string(unit), want+"\n") {
+			t.Errorf("unit lacks %q:\n%s", want, unit)
+		}
+	}
+
+	// A second install keeps the config (and its edits) and the host key.
+	edited := strings.Replace(mustRead(t, under(hostagent.DefaultConfigPath)), `missing_execution_id = "refuse"`, `missing_execution_id = "assign"`, 1)
+	if err := os.WriteFile(under(hostagent.DefaultConfigPath), []byte(edited), 0o640); err != nil {
+		t.Fatal(err)
+	}
+	out.Reset()
+	if err := hostagent.Install(opts, &out); err != nil {
+		t.Fatalf("second Install: %v", err)
+	}
+	if !strings.Contains(mustRead(t, under(hostagent.DefaultConfigPath)), `"assign"`) || !strings.Contains(out.String(), "kept existing config") {
+		t.Errorf("second install replaced the config:\n%s", out.String())
+	}
+	again, err := hostagent.LoadOrCreateHostKey(under(cfg.HostKeyPath()))
+	if err != nil || hostagent.HostKeyFingerprint(again) != hostagent.HostKeyFingerprint(key) {
+		t.Errorf("host key changed across installs (%v)", err)
+	}
+}
+
+func mustRead(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
