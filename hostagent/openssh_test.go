@@ -53,7 +53,7 @@ func TestOpenSSHClient(t *testing.T) {
 			cmd: "true", wantStderr: "PTY allocation request failed", wantStatus: 255},
 		{name: "remote port forwarding refused", identity: keyFile,
 			extra: []string{"-o", "ExitOnForwardFailure=yes", "-R", "127.0.0.1:0:127.0.0.1:9", "-o", "SetEnv=POSTERN_EXECUTION_ID=" + validID},
-			cmd: "true", wantStderr: "remote port forwarding failed", wantStatus: 255},
+			cmd:   "true", wantStderr: "remote port forwarding failed", wantStatus: 255},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

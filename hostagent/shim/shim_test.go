@@ -32,6 +32,8 @@ func TestMain(m *testing.M) {
 		os.Exit(Main(os.Args[2:]))
 	}
 	os.Setenv(shimTestEnv, "1")
+	// Under -race every process sleeps 1s at exit by default; supervisors are processes too.
+	os.Setenv("GORACE", strings.TrimSpace(os.Getenv("GORACE")+" atexit_sleep_ms=0"))
 	os.Exit(m.Run())
 }
 

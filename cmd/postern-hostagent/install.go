@@ -1,0 +1,41 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/postern-dev/postern/hostagent"
+)
+
+// InstallCommand writes the config, host key and systemd unit under --root.
+type InstallCommand struct {
+	Stdout, Stderr io.Writer
+}
+
+func (c *InstallCommand) Usage(fs *flag.FlagSet) {
+	fmt.Fprintf(fs.Output(), "usage: postern-hostagent install [--root DIR] [--listen ADDR] [--read-write PATH]…\n\nflags:\n")
+	fs.PrintDefaults()
+}
+
+func (c *InstallCommand) Run(_ context.Context, args []string) error {
+	fs := flag.NewFlagSet("install", flag.ContinueOnError)
+	fs.SetOutput(c.Stderr)
+	var opts hostagent.InstallOptions
+	fs.StringVar(&opts.Root, "root", "/", "directory every installed path is written under")
+	fs.StringVar(&opts.ConfigPath, "config", hostagent.DefaultConfigPath, "config file to create (kept if it exists)")
+	fs.StringVar(&opts.UnitPath, "unit", hostagent.DefaultUnitPath, "systemd unit to write")
+	fs.StringVar(&opts.BinaryPath, "binary", hostagent.DefaultBinaryPath, "hostagent binary the unit runs")
+	fs.StringVar(&opts.Listen, "listen", "", "listen address for a new config (default "+hostagent.DefaultConfig().Listen+")")
+	fs.Func("read-write", "extra path commands may write (repeatable; the unit sets ProtectSystem=strict)", func(p string) error {
+		opts.ReadWritePaths = append(opts.ReadWritePaths, strings.TrimSpace(p))
+		return nil
+	})
+	fs.Usage = func() { c.Usage(fs) }
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	return hostagent.Install(opts, c.Stdout)
+}

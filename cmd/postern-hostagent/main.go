@@ -1,0 +1,82 @@
+// Command postern-hostagent is the Postern agent on a fleet machine: `serve` runs the SSH
+// server, `install` sets it up under systemd.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+// errUsage marks errors caused by how the command was invoked (exit status 2).
+var errUsage = errors.New("usage error")
+
+const mainUsage = `usage: postern-hostagent COMMAND [flags]
+
+commands:
+  serve     run the SSH server
+  install   write the config, host key and systemd unit
+
+Run 'postern-hostagent COMMAND -h' for a command's flags.
+`
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+// run dispatches to a subcommand.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, mainUsage)
+		return errUsage
+	}
+	switch args[0] {
+	case "serve":
+		return (&ServeCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
+	case "install":
+		return (&InstallCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, mainUsage)
+		return nil
+	default:
+		fmt.Fprintf(stderr, "postern-hostagent: unknown command %q\n\n%s", args[0], mainUsage)
+		return errUsage
+	}
+}
+
+func exitCode(err error, stderr io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	default:
+		fmt.Fprintf(stderr, "postern-hostagent: %v\n", err)
+		return 1
+	}
+}
+
+// parseFlags parses args, turning flag errors into errUsage (the flag package has already
+// printed the message and usage).
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())
+		fs.Usage()
+		return errUsage
+	}
+	return nil
+}

@@ -1,0 +1,115 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/internal/testutil"
+)
+
+func TestUsageErrors(t *testing.T) {
+	tests := []struct {
+		name     string
+		args     []string
+		wantCode int
+	}{
+		{name: "no command", args: nil, wantCode: 2},
+		{name: "unknown command", args: []string{"frobnicate"}, wantCode: 2},
+		{name: "bad flag", args: []string{"serve", "--nope"}, wantCode: 2},
+		{name: "stray argument", args: []string{"install", "extra"}, wantCode: 2},
+		{name: "help", args: []string{"serve", "-h"}, wantCode: 0},
+		{name: "missing config", args: []string{"serve", "--config", "/nonexistent/config.toml"}, wantCode: 1},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			err := run(context.Background(), tt.args, &stdout, &stderr)
+			if got := exitCode(err, &stderr); got != tt.wantCode {
+				t.Errorf("exit code = %d (err %v); want %d", got, err, tt.wantCode)
+			}
+		})
+	}
+}
+
+func TestInstallThenServe(t *testing.T) {
+	root := t.TempDir()
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"install", "--root", root}, &out, &out); err != nil {
+		t.Fatalf("install: %v\n%s", err, out.String())
+	}
+	configPath := filepath.Join(root, hostagent.DefaultConfigPath)
+	key := testutil.NewSSHKey(t)
+	testutil.WriteAuthorizedKeys(t, filepath.Join(root, hostagent.DefaultAuthorizedKeysPath), key.AuthorizedLine())
+	// Point the installed config at the test root.
+	cfgText := strings.ReplaceAll(mustRead(t, configPath), `"/`, `"`+root+`/`)
+	if err := os.WriteFile(configPath, []byte(cfgText), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // serve listens itself; the port is reused at once on 127.0.0.1
+
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var stdout, stderr syncBuffer
+	go func() {
+		done <- run(ctx, []string{"serve", "--config", configPath, "--listen", addr}, &stdout, &stderr)
+	}()
+
+	hostKey, err := hostagent.LoadOrCreateHostKey(filepath.Join(root, "var/lib/postern-hostagent/host_ed25519_key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u, _ := user.Current()
+	var client *gossh.Client
+	deadline := time.Now().Add(60 * time.Second)
+	for client == nil {
+		client, err = testutil.DialSSH(t, addr, u.Username, hostKey.PublicKey(), gossh.PublicKeys(key.Signer))
+		if err != nil && time.Now().After(deadline) {
+			t.Fatalf("dial: %v\n%s", err, stderr.String())
+		}
+		if err != nil {
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	sess, err := client.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess.Setenv("POSTERN_EXECUTION_ID", "ex_01J3Z5V8Q4K7M2N9P0R6S8T1VW")
+	var serr bytes.Buffer
+	sess.Stderr = &serr
+	err = sess.Run("true")
+	var exitErr *gossh.ExitError
+	if !errors.As(err, &exitErr) || exitErr.ExitStatus() != 255 || !strings.Contains(serr.String(), "executor not wired") {
+		t.Errorf("run: %v, stderr %q; want 255 'executor not wired'", err, serr.String())
+	}
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("serve returned %v\n%s", err, stderr.String())
+	}
+}
+
+func mustRead(t *testing.T, path string) string {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
