@@ -575,12 +575,11 @@ func TestOversizedRequestsRefused(t *testing.T) {
 }
 
 func TestAccountNotAllowed(t *testing.T) {
-	ts := startServer(t, func(c *hostagent.Config) {})
+	ts := startServer(t, nil)
 	other := "nobody"
 	if ts.account == other {
 		other = "daemon"
 	}
-	testutil.WriteAuthorizedKeys(t, ts.authorizedKeys, ts.key.AuthorizedLine())
 	client, err := ts.dial(t, other, gossh.PublicKeys(ts.key.Signer))
 	if err != nil {
 		t.Fatalf("dial as %s: %v", other, err)
