@@ -72,12 +72,12 @@ func TestParseStat(t *testing.T) {
 		{
 			name: "plain",
 			data: "1234 (sh) S 1 1234 1234 0 -1 4194304 100 0 0 0 0 0 0 0 20 0 1 0 987654 2240512 200\n",
-			want: procStat{PPID: 1, StartTime: 987654},
+			want: procStat{State: 'S', PPID: 1, StartTime: 987654},
 		},
 		{
 			name: "comm with spaces and parens",
 			data: "99 (a) b (c)) R 42 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0\n",
-			want: procStat{PPID: 42, StartTime: 5},
+			want: procStat{State: 'R', PPID: 42, StartTime: 5},
 		},
 		{name: "truncated", data: "7 (x) S 1 2 3", wantErr: true},
 		{name: "no comm", data: "7 x S 1", wantErr: true},

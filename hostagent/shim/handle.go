@@ -164,7 +164,7 @@ func Adopt(dir string) (*Handle, error) {
 	pidfd, err := unix.PidfdOpen(rec.PID, 0)
 	// The start time is checked after the pidfd exists: if it matches, the pid named the
 	// recorded supervisor (which existed before this call) when the pidfd was opened.
-	if err == nil && !sameProcess(rec.PID, rec.Start) {
+	if err == nil && !running(rec.PID, rec.Start) {
 		unix.Close(pidfd)
 		err = unix.ESRCH
 	}

@@ -18,6 +18,7 @@ const maxAncestry = 4096
 
 // procStat is the part of /proc/<pid>/stat this package uses.
 type procStat struct {
+	State     byte // 'Z' for a zombie
 	PPID      int
 	StartTime uint64
 }
@@ -31,7 +32,7 @@ func parseStat(data []byte) (procStat, error) {
 	}
 	// Fields after comm start at field 3 (state).
 	fields := bytes.Fields(data[end+1:])
-	const ppidIndex, startTimeIndex = 4 - 3, 22 - 3
+	const stateIndex, ppidIndex, startTimeIndex = 3 - 3, 4 - 3, 22 - 3
 	if len(fields) <= startTimeIndex {
 		return procStat{}, fmt.Errorf("shim: parse stat: %d fields after comm, want more than %d", len(fields), startTimeIndex)
 	}
@@ -43,7 +44,10 @@ func parseStat(data []byte) (procStat, error) {
 	if err != nil {
 		return procStat{}, fmt.Errorf("shim: parse stat: start time %q: %w", fields[startTimeIndex], err)
 	}
-	return procStat{PPID: ppid, StartTime: start}, nil
+	if len(fields[stateIndex]) != 1 {
+		return procStat{}, fmt.Errorf("shim: parse stat: state %q", fields[stateIndex])
+	}
+	return procStat{State: fields[stateIndex][0], PPID: ppid, StartTime: start}, nil
 }
 
 func readStat(pid int) (procStat, error) {
@@ -77,11 +81,11 @@ func ProcessStartTime(pid int) (uint64, error) {
 	return st.StartTime, nil
 }
 
-// sameProcess reports whether pid is currently the process that started at start (a zombie
-// still counts).
-func sameProcess(pid int, start uint64) bool {
-	got, err := ProcessStartTime(pid)
-	return err == nil && got == start
+// running reports whether pid is currently the process that started at start and has not
+// exited (a zombie has exited).
+func running(pid int, start uint64) bool {
+	st, err := readStat(pid)
+	return err == nil && st.StartTime == start && st.State != 'Z'
 }
 
 // IsDescendant reports whether pid is ancestor or one of its descendants, by walking the

@@ -460,19 +460,26 @@ func TestKilledSupervisorVanishes(t *testing.T) {
 	if err := syscall.Kill(p.ShimPID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill supervisor: %v", err)
 	}
+	waitFor(t, "the supervisor to die", func() bool { return gone(p.ShimPID) })
 	waitFor(t, "the command to die with its supervisor", func() bool { return gone(p.PID) })
+
+	check := func(when string) {
+		t.Helper()
+		if _, err := Adopt(dir); !errors.Is(err, ErrVanished) {
+			t.Errorf("Adopt %s = %v; want ErrVanished", when, err)
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+		defer cancel()
+		var buf bytes.Buffer
+		if _, err := Follow(ctx, dir, StreamStdout, 0, &buf); !errors.Is(err, ErrVanished) || buf.String() != "ready\n" {
+			t.Errorf("Follow %s = %q, %v; want the spooled output and ErrVanished", when, buf.String(), err)
+		}
+	}
+	check("before the supervisor is reaped")
 	if _, err := waitStatus(t, h); !errors.Is(err, ErrVanished) {
 		t.Errorf("Wait = %v; want ErrVanished", err)
 	}
-	if _, err := Adopt(dir); !errors.Is(err, ErrVanished) {
-		t.Errorf("Adopt = %v; want ErrVanished", err)
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
-	defer cancel()
-	var buf bytes.Buffer
-	if _, err := Follow(ctx, dir, StreamStdout, 0, &buf); !errors.Is(err, ErrVanished) || buf.String() != "ready\n" {
-		t.Errorf("Follow = %q, %v; want the spooled output and ErrVanished", buf.String(), err)
-	}
+	check("after the supervisor is reaped")
 }
 
 func TestAdoptNeverStarted(t *testing.T) {
@@ -604,5 +611,31 @@ func TestProcessStartTime(t *testing.T) {
 func TestMainMisuse(t *testing.T) {
 	if got := Main(nil); got != 2 {
 		t.Errorf("Main(nil) = %d; want 2", got)
+	}
+}
+
+func TestStartContextEnded(t *testing.T) {
+	witness := filepath.Join(t.TempDir(), "ran")
+	dir := filepath.Join(t.TempDir(), "spool")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	_, err := Start(ctx, testExe(t), dir, testSpec("sleep 60; touch "+witness))
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("Start(cancelled ctx) = %v; want context.Canceled", err)
+	}
+	// Start has already waited for the supervisor: whatever happened is on record.
+	h, err := Adopt(dir)
+	switch {
+	case errors.Is(err, ErrNeverStarted):
+	case err != nil:
+		t.Fatalf("Adopt = %v; want a finished handle or ErrNeverStarted", err)
+	default:
+		st := mustWait(t, h)
+		if st.Outcome != OutcomeStartFailed && st.Outcome != OutcomeCancelled {
+			t.Errorf("outcome = %s; want start_failed or cancelled", st.Outcome)
+		}
+	}
+	if _, err := os.Stat(witness); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("witness: %v; want absent", err)
 	}
 }

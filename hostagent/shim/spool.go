@@ -187,8 +187,8 @@ func createFileExclusive(dir, name string, data []byte) error {
 	if err != nil {
 		return err
 	}
-	defer os.Remove(tmp)
 	if err := os.Link(tmp, filepath.Join(dir, name)); err != nil {
+		os.Remove(tmp)
 		if errors.Is(err, fs.ErrExist) {
 			return fmt.Errorf("%w: %s exists in %s", ErrAlreadyUsed, name, dir)
 		}
@@ -314,7 +314,7 @@ func checkSupervisorAlive(dir string) error {
 	if err != nil {
 		return err
 	}
-	if sameProcess(rec.PID, rec.Start) {
+	if running(rec.PID, rec.Start) {
 		return nil
 	}
 	// It may have written its status just before exiting.
