@@ -56,6 +56,11 @@ func Start(ctx context.Context, exe, dir string, spec Spec) (*Handle, error) {
 	if err := spec.validate(); err != nil {
 		return nil, err
 	}
+	// The supervisor and later Adopt calls may not share this process's working directory.
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return nil, fmt.Errorf("shim: spool dir: %w", err)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("shim: create spool dir: %w", err)
 	}

@@ -15,7 +15,9 @@
 //     so no work outlives its status record unsupervised. Processes that leave the group
 //     (setsid, setpgid) are out of reach.
 //
-// This package knows nothing of markers, SSH or MCP.
+// The command runs as `Shell -c Command` with stdin from /dev/null, in its own process
+// group, with exactly the environment in its Spec. This package knows nothing of markers,
+// SSH or MCP.
 package shim
 
 import (

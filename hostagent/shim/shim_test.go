@@ -639,3 +639,19 @@ func TestStartContextEnded(t *testing.T) {
 		t.Errorf("witness: %v; want absent", err)
 	}
 }
+
+func TestCredential(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to switch users")
+	}
+	spec := testSpec("id -u; id -g; id -G")
+	spec.Dir = "/"
+	spec.Credential = &syscall.Credential{Uid: 65534, Gid: 65534, Groups: []uint32{65534}}
+	h, dir := startTest(t, spec)
+	if st := mustWait(t, h); st.ExitCode != 0 {
+		t.Fatalf("exit code = %d; stderr %q", st.ExitCode, readSpool(t, dir, StderrFile))
+	}
+	if got, want := readSpool(t, dir, StdoutFile), "65534\n65534\n65534\n"; got != want {
+		t.Errorf("stdout = %q; want %q", got, want)
+	}
+}

@@ -233,23 +233,26 @@ func (s *supervisor) supervise(sigs <-chan os.Signal) Status {
 		StartedAt: startedAt,
 		EndedAt:   endedAt,
 	}
-	// Reaps the zombie; the exit was already observed, so this does not block.
-	cmd.Wait()
-	ws := cmd.ProcessState.Sys().(syscall.WaitStatus)
-	if ws.Signaled() {
+	var errs []error
+	// Reaps the zombie; the exit was already observed, so this does not block. A non-zero
+	// exit is an error here too, so only a missing ProcessState means the wait failed.
+	waitErr := cmd.Wait()
+	if cmd.ProcessState == nil {
+		st.ExitCode = -1
+		errs = append(errs, fmt.Errorf("shim: reap command: %w", waitErr))
+	} else if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signaled() {
 		st.ExitCode = -1
 		st.Signal = unix.SignalName(ws.Signal())
 	} else {
 		st.ExitCode = ws.ExitStatus()
 	}
-	var syncErrs []error
 	for _, sp := range []*spooler{stdout, stderr} {
 		if err := sp.finish(); err != nil {
-			syncErrs = append(syncErrs, err)
+			errs = append(errs, err)
 		}
 	}
 	st.Stdout, st.Stderr = stdout.info, stderr.info
-	if err := errors.Join(syncErrs...); err != nil {
+	if err := errors.Join(errs...); err != nil {
 		st.Error = err.Error()
 	}
 	s.log.Info("command ended", "outcome", st.Outcome, "exit_code", st.ExitCode, "signal", st.Signal)
