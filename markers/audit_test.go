@@ -73,7 +73,7 @@ func TestVerifyDetectsTampering(t *testing.T) {
 		wantWhy  string
 	}{
 		{"flip a byte in a record", with(4, strings.Replace(lines[4], "echo", "echO", 1)), markers.VerifyOptions{}, 5, "this_hash"},
-		{"flip a byte in a hash", with(4, strings.Replace(lines[4], `"this_hash":"`, `"this_hash":"0`, 1)[:len(lines[4])] + "\n"), markers.VerifyOptions{}, 5, ""},
+		{"flip a byte in a hash", with(4, strings.Replace(lines[4], `"this_hash":"`, `"this_hash":"0`, 1)[:len(lines[4])]+"\n"), markers.VerifyOptions{}, 5, ""},
 		{"add a field", with(4, strings.Replace(lines[4], `{"type":"event",`, `{"type":"event","x":1,`, 1)), markers.VerifyOptions{}, 5, "this_hash"},
 		{"drop an event", without(4), markers.VerifyOptions{}, 5, "gap"},
 		{"reorder two events", swapped(4, 5), markers.VerifyOptions{}, 5, "reordered"},

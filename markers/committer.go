@@ -2,58 +2,76 @@ package markers
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 )
 
-// submit hands req to the committer and waits until its batch is durable (or failed). Once
-// handed over, the write is waited for even if the caller's context ends: returning early
-// would let a caller act as if a write that then lands had not happened.
+// Group commit without a committer goroutine. A writer that finds no commit in progress
+// becomes the leader: it takes every queued request (its own included), chains and commits
+// them in one synced batch, and replies to each. Writers that arrive meanwhile queue up;
+// when the leader is done it hands leadership to the first of them, which commits the whole
+// queue. A lone writer thus commits on its own goroutine with no hand-off (a wake-up costs
+// as much as a fast fsync on an idle VM), and under load one fsync serves many writers.
+
+// errLead is sent to a queued request to make its goroutine the next leader.
+var errLead = errors.New("markers: lead the next commit")
+
+// submit commits req and returns once its batch is durable (or failed). A submitted write is
+// waited for even if the caller's context ends: returning early would let a caller act as if
+// a write that then lands had not happened.
 func (s *Store) submit(req *commitReq) error {
-	req.done = make(chan error, 1)
-	s.mu.RLock()
+	s.mu.RLock() // held until the write is done, so Close waits for it
+	defer s.mu.RUnlock()
 	if s.closed {
-		s.mu.RUnlock()
 		return ErrClosed
 	}
-	s.reqs <- req
-	s.mu.RUnlock()
+	return s.commitQueued(req)
+}
+
+// commitQueued queues req and leads commits until req is done.
+func (s *Store) commitQueued(req *commitReq) error {
+	req.done = make(chan error, 1)
+	s.qmu.Lock()
+	s.queue = append(s.queue, req)
+	if s.leading {
+		s.qmu.Unlock()
+		if err := <-req.done; err != errLead {
+			return err
+		}
+		s.qmu.Lock()
+	}
+	s.leading = true
+	group := s.queue
+	s.queue = nil
+	s.qmu.Unlock()
+
+	s.commitGroup(group)
+
+	s.qmu.Lock()
+	if len(s.queue) > 0 {
+		s.queue[0].done <- errLead
+	} else {
+		s.leading = false
+	}
+	s.qmu.Unlock()
 	return <-req.done
 }
 
-// run is the committer: it takes every pending request, chains their events in arrival
-// order and commits them in one synced batch. It exits when reqs is closed, after sealing.
-func (s *Store) run() {
+// sealPeriodically seals the chain every CheckpointInterval while there are unsealed events.
+func (s *Store) sealPeriodically() {
 	defer s.wg.Done()
 	ticker := time.NewTicker(s.opts.CheckpointInterval)
 	defer ticker.Stop()
-	group := make([]*commitReq, 0, maxGroup)
 	for {
 		select {
-		case req, ok := <-s.reqs:
-			if !ok {
-				s.commitGroup(nil, true)
-				return
-			}
-			group = append(group[:0], req)
-		drain:
-			for len(group) < maxGroup {
-				select {
-				case req, ok := <-s.reqs:
-					if !ok {
-						break drain
-					}
-					group = append(group, req)
-				default:
-					break drain
-				}
-			}
-			s.commitGroup(group, false)
+		case <-s.stop:
+			return
 		case <-ticker.C:
-			if s.opts.Now().Sub(s.lastSealAt) >= s.opts.CheckpointInterval {
-				s.commitGroup(nil, true)
+			if err := s.submit(&commitReq{seal: true}); err != nil && !errors.Is(err, ErrClosed) {
+				s.log.Error("periodic checkpoint failed", "err", err)
 			}
 		}
 	}
@@ -61,7 +79,8 @@ func (s *Store) run() {
 
 // commitGroup writes the records, index entries and chained events of group, plus a
 // checkpoint when one is due (or forced and anything is unsealed), in one synced batch.
-func (s *Store) commitGroup(group []*commitReq, forceSeal bool) {
+func (s *Store) commitGroup(group []*commitReq) {
+	forceSeal := false
 	if s.broken != nil {
 		for _, r := range group {
 			r.done <- fmt.Errorf("%w: %v", ErrBroken, s.broken)

@@ -19,6 +19,8 @@ func TestMain(m *testing.M) {
 	switch testutil.Role() {
 	case "crash-writer":
 		os.Exit(crashWriter())
+	case "rss-probe":
+		os.Exit(rssProbe())
 	}
 	os.Exit(m.Run())
 }

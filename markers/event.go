@@ -6,8 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"time"
-
-	"github.com/gowebpki/jcs"
 )
 
 // Event is one line of the hash-chained log: a record created, moved to a new state, or
@@ -39,25 +37,27 @@ const (
 // genesisHash is the prev_hash of the first event of a store.
 var genesisHash = hex.EncodeToString(make([]byte, sha256.Size))
 
-// chainHash computes this_hash = SHA-256(prev_hash bytes ‖ RFC 8785 canonical JSON of the
-// event without this_hash). Canonical JSON makes the hash independent of how a line was
-// formatted, and covers every field present in the line, known to us or not.
-func chainHash(prevHash string, eventWithoutHash []byte) (string, error) {
+// An event line is its body — the JSON object without this_hash, in the field order of
+// Event — with `,"this_hash":"<hex>"` spliced in before the closing brace:
+//
+//	this_hash = SHA-256(prev_hash bytes ‖ body)
+//
+// The hash covers the exact bytes of the line, so any change to it, reformatting included,
+// breaks the chain; no canonicalization is needed on the hot path or in verify.
+const hashField = `,"this_hash":"`
+
+func chainHash(prevHash string, body []byte) (string, error) {
 	prev, err := hex.DecodeString(prevHash)
 	if err != nil || len(prev) != sha256.Size {
 		return "", fmt.Errorf("prev_hash %q is not a hex SHA-256", prevHash)
 	}
-	canon, err := jcs.Transform(eventWithoutHash)
-	if err != nil {
-		return "", fmt.Errorf("canonicalize event: %w", err)
-	}
 	h := sha256.New()
 	h.Write(prev)
-	h.Write(canon)
+	h.Write(body)
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// seal fills ev.ThisHash and returns the event's line (JSON, no newline).
+// seal fills ev.ThisHash and returns the event's line (no newline).
 func (ev *Event) seal() ([]byte, error) {
 	ev.Type = "event"
 	ev.ThisHash = ""
@@ -69,5 +69,20 @@ func (ev *Event) seal() ([]byte, error) {
 	if err != nil {
 		return nil, fmt.Errorf("markers: event %d: %w", ev.Seq, err)
 	}
-	return json.Marshal(ev)
+	line := make([]byte, 0, len(body)+len(hashField)+sha256.Size*2+2)
+	line = append(line, body[:len(body)-1]...)
+	line = append(line, hashField...)
+	line = append(line, ev.ThisHash...)
+	return append(line, '"', '}'), nil
+}
+
+// splitLine recovers the body and this_hash of an event line.
+func splitLine(line []byte) (body []byte, thisHash string, ok bool) {
+	const tail = sha256.Size*2 + 2 // hex + `"}`
+	n := len(line) - tail - len(hashField)
+	if n < 1 || string(line[n:n+len(hashField)]) != hashField || string(line[len(line)-2:]) != `"}` {
+		return nil, "", false
+	}
+	body = append(append(make([]byte, 0, n+1), line[:n]...), '}')
+	return body, string(line[n+len(hashField) : len(line)-2]), true
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/bloom"
 )
 
 // FormatVersion is the Pebble on-disk format every store is created with. It is pinned (never
@@ -33,9 +34,6 @@ var (
 	ErrBroken = errors.New("markers: store failed a durable write")
 )
 
-// maxGroup bounds how many writes share one commit.
-const maxGroup = 1024
-
 // Store is a durable set of execution records with their event log. All methods are safe for
 // concurrent use.
 type Store struct {
@@ -44,18 +42,24 @@ type Store struct {
 	db    *pebble.DB
 	locks keyLocks
 
-	// mu guards closed; writers hold it shared while they hand a request to the committer.
+	// mu guards closed; writers hold it shared for the whole write, so Close (exclusive)
+	// waits for writes in flight.
 	mu     sync.RWMutex
 	closed bool
 
-	reqs chan *commitReq
-	wg   sync.WaitGroup // the committer
+	// qmu guards queue and leading: the group-commit queue (see commitQueued).
+	qmu     sync.Mutex
+	queue   []*commitReq
+	leading bool
 
-	// commitMu is held by the committer around each commit, so a reader that takes it sees
-	// only durable writes (Export's snapshot).
+	stop chan struct{} // closed by Close to end sealPeriodically
+	wg   sync.WaitGroup
+
+	// commitMu is held around each commit, so a reader that takes it sees only durable
+	// writes (Export's snapshot).
 	commitMu sync.Mutex
 
-	// Owned by the committer goroutine.
+	// Owned by the current commit leader.
 	head       chainPos
 	sealedSeq  uint64
 	lastSealAt time.Time
@@ -96,14 +100,14 @@ func Open(dir string, opts Options) (*Store, error) {
 		opts: opts,
 		log:  opts.Logger.With("component", "markers", "graph", string(opts.Graph)),
 		db:   db,
-		reqs: make(chan *commitReq, maxGroup),
+		stop: make(chan struct{}),
 	}
 	if err := s.load(); err != nil {
 		db.Close()
 		return nil, err
 	}
 	s.wg.Add(1)
-	go s.run()
+	go s.sealPeriodically()
 	return s, nil
 }
 
@@ -118,6 +122,11 @@ func openPebble(dir string, opts *Options, readOnly bool) (*pebble.DB, error) {
 		MaxOpenFiles:                opts.MaxOpenFiles,
 		Logger:                      pebbleLogger{opts.Logger.With("component", "pebble")},
 		ReadOnly:                    readOnly,
+	}
+	// Most lookups on the write path miss (create-if-absent of a new id): bloom filters let
+	// a miss skip the data blocks, which the small cache could not hold.
+	for i := range po.Levels {
+		po.Levels[i].FilterPolicy = bloom.FilterPolicy(10)
 	}
 	db, err := pebble.Open(dir, po)
 	if err != nil {
@@ -195,7 +204,7 @@ func seqOf(key []byte) (uint64, error) {
 	return binary.BigEndian.Uint64(key[1:]), nil
 }
 
-// Close seals the chain with a final checkpoint, waits for pending writes and closes Pebble.
+// Close seals the chain with a final checkpoint, waits for writes in flight and closes Pebble.
 func (s *Store) Close() error {
 	s.mu.Lock()
 	if s.closed {
@@ -203,10 +212,11 @@ func (s *Store) Close() error {
 		return ErrClosed
 	}
 	s.closed = true
-	close(s.reqs)
 	s.mu.Unlock()
+	close(s.stop)
 	s.wg.Wait()
-	if err := s.db.Close(); err != nil {
+	sealErr := s.commitQueued(&commitReq{seal: true})
+	if err := errors.Join(sealErr, s.db.Close()); err != nil {
 		return fmt.Errorf("markers: close: %w", err)
 	}
 	return nil

@@ -277,13 +277,11 @@ func (v *chainVerifier) addEvent(line []byte) bool {
 		v.fail(ev.Seq, "prev_hash does not match the previous event's hash")
 		return false
 	}
-	var fields map[string]json.RawMessage
-	if err := json.Unmarshal(line, &fields); err != nil {
-		v.fail(ev.Seq, fmt.Sprintf("event is not a JSON object: %v", err))
+	body, thisHash, ok := splitLine(line)
+	if !ok || thisHash != ev.ThisHash {
+		v.fail(ev.Seq, "this_hash is not the last field of the event line")
 		return false
 	}
-	delete(fields, "this_hash")
-	body, _ := json.Marshal(fields)
 	want, err := chainHash(ev.PrevHash, body)
 	if err != nil {
 		v.fail(ev.Seq, err.Error())

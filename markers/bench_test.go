@@ -1,0 +1,231 @@
+package markers_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/markers"
+)
+
+// BenchmarkDurableWrite interleaves a raw write+fdatasync of a small file with a Create and a
+// Transition, so all three see the same disk in the same moment; it reports each one's p50
+// and its ratio to the raw fsync.
+func BenchmarkDurableWrite(b *testing.B) {
+	s := testutil.OpenStore(b, markers.Host)
+	f, err := os.Create(filepath.Join(b.TempDir(), "raw"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	payload := make([]byte, 512)
+	ctx := context.Background()
+	var raw, create, transition []time.Duration
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		if _, err := f.Write(payload); err != nil {
+			b.Fatal(err)
+		}
+		if err := syncData(f); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		id := fmt.Sprintf("ex_%d", i)
+		if _, err := s.Create(ctx, &markers.Record{ID: id, Command: []string{"sh", "-c", "true"}, Account: "deploy"}); err != nil {
+			b.Fatal(err)
+		}
+		t2 := time.Now()
+		if _, err := s.Transition(ctx, id, markers.Started, markers.Running, "", func(r *markers.Record) error { r.PID = 4242; return nil }); err != nil {
+			b.Fatal(err)
+		}
+		t3 := time.Now()
+		raw, create, transition = append(raw, t1.Sub(t0)), append(create, t2.Sub(t1)), append(transition, t3.Sub(t2))
+	}
+	b.StopTimer()
+	r, c, tr := p50(raw), p50(create), p50(transition)
+	b.ReportMetric(float64(r.Microseconds()), "raw-fsync-p50-µs")
+	b.ReportMetric(float64(c.Microseconds()), "create-p50-µs")
+	b.ReportMetric(float64(tr.Microseconds()), "transition-p50-µs")
+	b.ReportMetric(float64(c)/float64(r), "create/raw")
+	b.ReportMetric(float64(tr)/float64(r), "transition/raw")
+}
+
+func p50(ds []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
+// BenchmarkConcurrentWriters measures group commit: records/s and fsyncs per record with
+// 1, 16 and 64 concurrent writers each creating records, with the default (hostagent) sizing
+// and the journal sizing.
+func BenchmarkConcurrentWriters(b *testing.B) {
+	for _, sizing := range []string{"hostagent", "journal"} {
+		for _, writers := range []int{1, 16, 64} {
+			b.Run(fmt.Sprintf("sizing=%s/writers=%d", sizing, writers), func(b *testing.B) {
+				s := testutil.OpenStore(b, markers.Host, func(o *markers.Options) {
+					if sizing == "journal" {
+						o.MemTableBytes, o.CacheBytes = markers.JournalMemTableBytes, markers.JournalCacheBytes
+					}
+				})
+				ctx := context.Background()
+				var next atomic.Int64
+				var wg sync.WaitGroup
+				before := s.Stats()
+				b.ResetTimer()
+				start := time.Now()
+				for w := 0; w < writers; w++ {
+					wg.Go(func() {
+						for {
+							i := next.Add(1)
+							if i > int64(b.N) {
+								return
+							}
+							if _, err := s.Create(ctx, &markers.Record{ID: fmt.Sprintf("ex_%d", i), Account: "deploy"}); err != nil {
+								b.Error(err)
+								return
+							}
+						}
+					})
+				}
+				wg.Wait()
+				elapsed := time.Since(start)
+				b.StopTimer()
+				after := s.Stats()
+				b.ReportMetric(float64(b.N)/elapsed.Seconds(), "records/s")
+				b.ReportMetric(float64(after.Commits-before.Commits)/float64(after.Events-before.Events), "fsyncs/record")
+			})
+		}
+	}
+}
+
+// BenchmarkFindByFingerprint looks up a fingerprint among 10³ and 10⁶ records (set
+// POSTERN_BENCH_SMALL=1 to stop at 10⁵).
+func BenchmarkFindByFingerprint(b *testing.B) {
+	sizes := []int{1_000, 1_000_000}
+	if os.Getenv("POSTERN_BENCH_SMALL") != "" {
+		sizes = []int{1_000, 100_000}
+	}
+	for _, n := range sizes {
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
+			s := testutil.OpenStore(b, markers.Journal, func(o *markers.Options) {
+				o.MemTableBytes, o.CacheBytes = markers.JournalMemTableBytes, markers.JournalCacheBytes
+			})
+			fill(b, s.Store, n)
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				k := (i * 7919) % n
+				rec, err := s.FindByFingerprint(fmt.Sprintf("actor-%d", k%50), "run:1", fmt.Sprintf("hmac-sha256:%064d", k))
+				if err != nil || rec == nil {
+					b.Fatalf("lookup %d: %v", k, err)
+				}
+			}
+		})
+	}
+}
+
+// fill creates n journal records with 64 concurrent writers.
+func fill(b *testing.B, s *markers.Store, n int) {
+	b.Helper()
+	ctx := context.Background()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < 64; w++ {
+		wg.Go(func() {
+			for {
+				k := next.Add(1) - 1
+				if k >= int64(n) {
+					return
+				}
+				_, err := s.Create(ctx, &markers.Record{
+					ID: fmt.Sprintf("ex_%012d", k), Actor: fmt.Sprintf("actor-%d", k%50), IntentScope: "run:1",
+					Fingerprint: fmt.Sprintf("hmac-sha256:%064d", k), Tool: "ssh_exec", Target: "host:db-1",
+				})
+				if err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+// BenchmarkRSSAfter100kWrites opens a store with the default (hostagent) options in a child
+// process, writes 100k records from 16 writers and reports the child's peak RSS and its
+// anonymous RSS at the end (RSS minus the file-backed pages of the binary itself).
+func BenchmarkRSSAfter100kWrites(b *testing.B) {
+	for i := 0; i < b.N; i++ {
+		dir := b.TempDir()
+		cmd := testutil.Reexec(b, "rss-probe", "STORE_DIR="+dir+"/store", "AUDIT_KEY="+dir+"/audit.key", "RECORDS=100000")
+		out, err := cmd.CombinedOutput()
+		if err != nil {
+			b.Fatalf("probe: %v\n%s", err, out)
+		}
+		var hwm, anon float64
+		if _, err := fmt.Sscanf(string(out), "%f %f", &hwm, &anon); err != nil {
+			b.Fatalf("probe said %q", out)
+		}
+		b.ReportMetric(hwm/1024, "peak-RSS-MB")
+		b.ReportMetric(anon/1024, "anon-RSS-MB")
+	}
+}
+
+func rssProbe() int {
+	signer, _, err := markers.LoadOrCreateAuditKey(os.Getenv("AUDIT_KEY"), "postern-test")
+	if err != nil {
+		fmt.Println(err)
+		return 2
+	}
+	n, _ := strconv.Atoi(os.Getenv("RECORDS"))
+	s, err := markers.Open(os.Getenv("STORE_DIR"), markers.Options{Graph: markers.Host, Signer: signer})
+	if err != nil {
+		fmt.Println(err)
+		return 2
+	}
+	ctx := context.Background()
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	for w := 0; w < 16; w++ {
+		wg.Go(func() {
+			for {
+				k := next.Add(1)
+				if k > int64(n) {
+					return
+				}
+				if _, err := s.Create(ctx, &markers.Record{ID: fmt.Sprintf("ex_%012d", k), Command: []string{"sh", "-c", "migrate up"}, Account: "deploy", Cwd: "/srv/app"}); err != nil {
+					fmt.Println(err)
+					os.Exit(2)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	anon := procStatusKB("RssAnon:")
+	if err := s.Close(); err != nil {
+		fmt.Println(err)
+		return 2
+	}
+	fmt.Println(procStatusKB("VmHWM:"), anon)
+	return 0
+}
+
+func procStatusKB(field string) string {
+	status, _ := os.ReadFile("/proc/self/status")
+	for _, line := range strings.Split(string(status), "\n") {
+		if strings.HasPrefix(line, field) {
+			return strings.Fields(line)[1]
+		}
+	}
+	return "0"
+}
