@@ -112,37 +112,3 @@ func FuzzParseConfig(f *testing.F) {
 		}
 	})
 }
-
-func TestValidExecutionID(t *testing.T) {
-	tests := []struct {
-		id   string
-		want bool
-	}{
-		{validID, true},
-		{"ex_7ZZZZZZZZZZZZZZZZZZZZZZZZZ", true},
-		{"ex_8ZZZZZZZZZZZZZZZZZZZZZZZZZ", false},
-		{"ex_01j3z5v8q4k7m2n9p0r6s8t1vw", false},
-		{"EX_01J3Z5V8Q4K7M2N9P0R6S8T1VW", false},
-		{"ex_01J3Z5V8Q4K7M2N9P0R6S8T1VWX", false},
-		{"ex_01J3Z5V8Q4K7M2N9P0R6S8T1VI", false},
-		{"", false},
-	}
-	for _, tt := range tests {
-		if got := hostagent.ValidExecutionID(tt.id); got != tt.want {
-			t.Errorf("ValidExecutionID(%q) = %v; want %v", tt.id, got, tt.want)
-		}
-	}
-}
-
-func FuzzValidExecutionID(f *testing.F) {
-	f.Add(validID)
-	f.Add("ex_01j3z5v8q4k7m2n9p0r6s8t1vw")
-	f.Fuzz(func(t *testing.T, id string) {
-		if !hostagent.ValidExecutionID(id) {
-			return
-		}
-		if len(id) != 29 || strings.ToUpper(id[3:]) != id[3:] || !strings.HasPrefix(id, "ex_") {
-			t.Errorf("accepted non-canonical id %q", id)
-		}
-	})
-}

@@ -1,18 +1,13 @@
 package hostagent
 
 import (
-	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
-
-	"github.com/oklog/ulid/v2"
 )
 
 // Environment variables with a meaning to the hostagent.
@@ -23,7 +18,6 @@ const (
 )
 
 const (
-	executionIDPrefix  = "ex_"
 	maxOperationKeyLen = 256
 	maxEnvNameBytes    = 256
 	maxTimeout         = 31 * 24 * time.Hour
@@ -38,38 +32,6 @@ var (
 	ErrInvalidExecutionID = errors.New("invalid POSTERN_EXECUTION_ID: want ex_ followed by a 26-character upper-case ULID")
 	ErrInvalidRequest     = errors.New("invalid request")
 )
-
-// ValidExecutionID reports whether id is "ex_" + a canonical ULID: 26 upper-case Crockford
-// base32 characters. Only the canonical spelling is accepted so that one execution cannot be
-// named two ways (the marker store keys on the exact text).
-func ValidExecutionID(id string) bool {
-	text, ok := strings.CutPrefix(id, executionIDPrefix)
-	if !ok || len(text) != ulid.EncodedSize {
-		return false
-	}
-	u, err := ulid.ParseStrict(text)
-	return err == nil && u.String() == text
-}
-
-// executionIDGenerator makes execution ids for MissingExecutionID = "assign".
-type executionIDGenerator struct {
-	mu      sync.Mutex // guards entropy, which is not safe for concurrent use
-	entropy io.Reader
-}
-
-func newExecutionIDGenerator() *executionIDGenerator {
-	return &executionIDGenerator{entropy: ulid.Monotonic(rand.Reader, 0)}
-}
-
-func (g *executionIDGenerator) next(now time.Time) (string, error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	id, err := ulid.New(ulid.Timestamp(now), g.entropy)
-	if err != nil {
-		return "", fmt.Errorf("generate execution id: %w", err)
-	}
-	return executionIDPrefix + id.String(), nil
-}
 
 // envFilter applies the allowlist and the size limits to a session's env requests.
 type envFilter struct {

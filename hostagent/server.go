@@ -23,6 +23,8 @@ import (
 
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/markers"
 )
 
 // ErrServerClosed is returned by Serve when the server was closed before or while serving.
@@ -68,7 +70,6 @@ type Server struct {
 	auth     *authenticator
 	accounts *accountResolver
 	env      envFilter
-	ids      *executionIDGenerator
 
 	// ctx is the parent of every handler context; cancelled by Close.
 	ctx    context.Context
@@ -122,7 +123,6 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 		auth:      newAuthenticator(cfg, logger),
 		accounts:  accounts,
 		env:       newEnvFilter(cfg),
-		ids:       newExecutionIDGenerator(),
 		ctx:       ctx,
 		cancel:    cancel,
 		listeners: map[net.Listener]struct{}{},
@@ -399,13 +399,13 @@ func (srv *Server) execRequest(s *session) (ExecRequest, error) {
 	req.ExecutionID = vars[EnvExecutionID]
 	switch {
 	case req.ExecutionID == "" && srv.cfg.MissingExecutionID == MissingIDAssign:
-		if req.ExecutionID, err = srv.ids.next(time.Now()); err != nil {
+		if req.ExecutionID, err = markers.NewExecutionID(time.Now()); err != nil {
 			return ExecRequest{}, err
 		}
 		req.Assigned = true
 	case req.ExecutionID == "":
 		return ExecRequest{}, ErrMissingExecutionID
-	case !ValidExecutionID(req.ExecutionID):
+	case !markers.ValidExecutionID(req.ExecutionID):
 		return ExecRequest{}, ErrInvalidExecutionID
 	}
 	if req.OperationKey, err = parseOperationKey(vars[EnvOperationKey]); err != nil {

@@ -22,6 +22,7 @@ import (
 
 	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/markers"
 )
 
 const validID = "ex_01J3Z5V8Q4K7M2N9P0R6S8T1VW"
@@ -296,7 +297,7 @@ func TestExecutionIDAssigned(t *testing.T) {
 	ts := startServer(t, func(c *hostagent.Config) { c.MissingExecutionID = hostagent.MissingIDAssign })
 	client := ts.client(t)
 	got := run(t, client, nil, `printf %s "$POSTERN_EXECUTION_ID"`)
-	if got.status != 0 || !hostagent.ValidExecutionID(got.stdout) {
+	if got.status != 0 || !markers.ValidExecutionID(got.stdout) {
 		t.Fatalf("got %+v; want a valid assigned id on stdout", got)
 	}
 	req := ts.handler.lastExec(t)

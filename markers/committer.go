@@ -28,6 +28,9 @@ func (s *Store) submit(req *commitReq) error {
 	if s.closed {
 		return ErrClosed
 	}
+	if s.opts.ReadOnly {
+		return ErrReadOnly
+	}
 	return s.commitQueued(req)
 }
 

@@ -43,6 +43,10 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// ReadOnly opens an existing store for reading only (no Signer needed): every write
+	// returns ErrReadOnly. Pebble still locks the directory, so this only works while no
+	// other process has the store open.
+	ReadOnly bool
 }
 
 // Sizing presets. The defaults suit a hostagent: a few MB of memory, a handful of
@@ -92,7 +96,7 @@ func (o *Options) Validate() error {
 	if !o.Graph.Valid() {
 		errs = append(errs, fmt.Errorf("graph %q: want %q or %q", o.Graph, Journal, Host))
 	}
-	if o.Signer == nil {
+	if o.Signer == nil && !o.ReadOnly {
 		errs = append(errs, errors.New("signer: an audit key is required"))
 	}
 	if o.CheckpointEvery < 0 || o.CheckpointInterval < 0 {

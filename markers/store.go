@@ -29,6 +29,7 @@ var (
 	// ErrImmutable: an update tried to change an identity field or the state.
 	ErrImmutable = errors.New("markers: identity fields and state cannot be updated")
 	ErrClosed    = errors.New("markers: store closed")
+	ErrReadOnly  = errors.New("markers: store opened read-only")
 	// ErrBroken: an earlier commit failed; the store refuses every write until reopened, so
 	// nothing proceeds on a write that may not have happened.
 	ErrBroken = errors.New("markers: store failed a durable write")
@@ -92,7 +93,7 @@ func Open(dir string, opts Options) (*Store, error) {
 	if err := opts.Validate(); err != nil {
 		return nil, err
 	}
-	db, err := openPebble(dir, &opts, false)
+	db, err := openPebble(dir, &opts, opts.ReadOnly)
 	if err != nil {
 		return nil, err
 	}
@@ -106,8 +107,10 @@ func Open(dir string, opts Options) (*Store, error) {
 		db.Close()
 		return nil, err
 	}
-	s.wg.Add(1)
-	go s.sealPeriodically()
+	if !opts.ReadOnly {
+		s.wg.Add(1)
+		go s.sealPeriodically()
+	}
 	return s, nil
 }
 
@@ -139,6 +142,8 @@ func openPebble(dir string, opts *Options, readOnly bool) (*pebble.DB, error) {
 func (s *Store) load() error {
 	graph, err := s.getMeta(metaGraph)
 	switch {
+	case errors.Is(err, pebble.ErrNotFound) && s.opts.ReadOnly:
+		return fmt.Errorf("markers: not a store (no graph recorded)")
 	case errors.Is(err, pebble.ErrNotFound):
 		if err := s.db.Set(metaGraph, []byte(s.opts.Graph), pebble.Sync); err != nil {
 			return fmt.Errorf("markers: record graph: %w", err)
@@ -215,7 +220,10 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	close(s.stop)
 	s.wg.Wait()
-	sealErr := s.commitQueued(&commitReq{seal: true})
+	var sealErr error
+	if !s.opts.ReadOnly {
+		sealErr = s.commitQueued(&commitReq{seal: true})
+	}
 	if err := errors.Join(sealErr, s.db.Close()); err != nil {
 		return fmt.Errorf("markers: close: %w", err)
 	}

@@ -328,3 +328,26 @@ func TestReopenKeepsChain(t *testing.T) {
 		t.Errorf("get after close: %v; want ErrClosed", err)
 	}
 }
+
+func TestReadOnly(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Host)
+	ctx := context.Background()
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1"}); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	ro, err := markers.Open(s.Dir, markers.Options{Graph: markers.Host, ReadOnly: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ro.Close()
+	if _, err := ro.Get("ex_1"); err != nil {
+		t.Errorf("get: %v", err)
+	}
+	if _, err := ro.Create(ctx, &markers.Record{ID: "ex_2"}); !errors.Is(err, markers.ErrReadOnly) {
+		t.Errorf("create: %v; want ErrReadOnly", err)
+	}
+	if _, err := markers.Open(t.TempDir(), markers.Options{Graph: markers.Host, ReadOnly: true}); err == nil {
+		t.Error("read-only open of an empty dir succeeded")
+	}
+}

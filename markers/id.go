@@ -1,0 +1,48 @@
+package markers
+
+import (
+	"crypto/rand"
+	"fmt"
+	"io"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/oklog/ulid/v2"
+)
+
+// ExecutionIDPrefix starts every execution id.
+const ExecutionIDPrefix = "ex_"
+
+var idGen struct {
+	mu      sync.Mutex // guards entropy, which is not safe for concurrent use
+	entropy io.Reader
+}
+
+// NewExecutionID returns a new execution id: "ex_" + a ULID (48-bit millisecond time, 80
+// random bits from crypto/rand, monotonic within a millisecond), so ids sort by creation
+// time.
+func NewExecutionID(now time.Time) (string, error) {
+	idGen.mu.Lock()
+	defer idGen.mu.Unlock()
+	if idGen.entropy == nil {
+		idGen.entropy = ulid.Monotonic(rand.Reader, 0)
+	}
+	id, err := ulid.New(ulid.Timestamp(now), idGen.entropy)
+	if err != nil {
+		return "", fmt.Errorf("markers: new execution id: %w", err)
+	}
+	return ExecutionIDPrefix + id.String(), nil
+}
+
+// ValidExecutionID reports whether id is "ex_" + a canonical ULID: 26 upper-case Crockford
+// base32 characters. Only the canonical spelling is accepted so that one execution cannot be
+// named two ways (stores key on the exact text).
+func ValidExecutionID(id string) bool {
+	text, ok := strings.CutPrefix(id, ExecutionIDPrefix)
+	if !ok || len(text) != ulid.EncodedSize {
+		return false
+	}
+	u, err := ulid.ParseStrict(text)
+	return err == nil && u.String() == text
+}
