@@ -8,13 +8,15 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/postern-dev/postern/hostagent/client"
 )
 
 // Environment variables with a meaning to the hostagent.
 const (
-	EnvExecutionID  = "POSTERN_EXECUTION_ID"
-	EnvOperationKey = "POSTERN_OPERATION_KEY"
-	EnvTimeout      = "POSTERN_TIMEOUT_S"
+	EnvExecutionID  = client.EnvExecutionID
+	EnvOperationKey = client.EnvOperationKey
+	EnvTimeout      = client.EnvTimeout
 )
 
 const (

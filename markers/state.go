@@ -58,7 +58,9 @@ var edges = map[Graph]map[State][]State{
 		Unknown: {Dispatched, Running, Completed, Failed, Cancelled, TimedOut},
 	},
 	Host: {
-		Started:    {Running, NotStarted, Cancelled},
+		// Started → Interrupted: after a crash the shim record exists (so the command may
+		// have started) but the shim is gone without an exit record.
+		Started:    {Running, NotStarted, Cancelled, Interrupted},
 		Running:    {Exited, TimedOut, Cancelled, Interrupted},
 		NotStarted: {Started},
 	},

@@ -1,0 +1,189 @@
+// Package client is the calling side of the hostagent protocol, used by the bastion and by
+// tests: exec under a marker over a raw SSH session channel, so that the hostagent's
+// postern-marker@postern requests are seen (x/crypto's ssh.Session discards unknown channel
+// requests), with the exit status, and the wire types both sides share.
+package client
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"sort"
+	"strconv"
+	"sync"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/markers"
+)
+
+// MarkerRequest is the channel request that carries a MarkerMessage (want-reply false): once
+// when the marker is created or found, and once with the final marker before exit-status.
+const MarkerRequest = "postern-marker@postern"
+
+// Environment variables with a meaning to the hostagent.
+const (
+	EnvExecutionID  = "POSTERN_EXECUTION_ID"
+	EnvOperationKey = "POSTERN_OPERATION_KEY"
+	EnvTimeout      = "POSTERN_TIMEOUT_S"
+	EnvFingerprint  = "POSTERN_FINGERPRINT"
+)
+
+// MarkerMessage is the payload of a MarkerRequest.
+type MarkerMessage struct {
+	Marker *markers.Record `json:"marker"`
+	// Replayed: the execution existed before this request; nothing new was started.
+	Replayed bool `json:"replayed,omitempty"`
+	// Final: the marker after the execution ended, sent just before exit-status.
+	Final bool `json:"final,omitempty"`
+}
+
+// ErrExitMissing: the channel closed without an exit status (connection lost, hostagent
+// killed): whether and how the command ran is unknown until the marker is asked for.
+var ErrExitMissing = errors.New("hostagent client: channel closed without exit status")
+
+// Exec describes one command to run under a marker.
+type Exec struct {
+	ExecutionID  string
+	Command      string
+	OperationKey string
+	Timeout      time.Duration
+	Fingerprint  string
+	// Env holds extra variables (the hostagent accepts only its allowlist).
+	Env map[string]string
+	// Stdout and Stderr receive the output; nil discards it.
+	Stdout, Stderr io.Writer
+	// OnMarker, if set, is called for each marker message as it arrives.
+	OnMarker func(MarkerMessage)
+}
+
+// Result is how an Exec ended.
+type Result struct {
+	ExitStatus int
+	// ExitSignal is set when the server reported exit-signal instead of a status.
+	ExitSignal string
+	// First is the marker message sent when the marker was created or found (nil if none
+	// arrived); Final the one sent before the exit status.
+	First, Final *MarkerMessage
+}
+
+// Replayed reports whether the hostagent answered from an existing execution.
+func (r Result) Replayed() bool { return r.First != nil && r.First.Replayed }
+
+// Run opens a session channel on conn, sends the environment and the exec request, copies
+// the output and returns once the exit status arrived. If the channel closes without one it
+// returns ErrExitMissing (with whatever markers arrived). ctx cancellation closes the
+// channel — the command goes on on the host.
+func Run(ctx context.Context, conn gossh.Conn, x Exec) (Result, error) {
+	ch, reqs, err := conn.OpenChannel("session", nil)
+	if err != nil {
+		return Result{}, fmt.Errorf("open session: %w", err)
+	}
+	defer ch.Close()
+	stop := context.AfterFunc(ctx, func() { ch.Close() })
+	defer stop()
+
+	// The request loop ends when the hostagent closes the channel, after the exit status.
+	var res Result
+	gotExit := false
+	var loop sync.WaitGroup
+	loop.Go(func() {
+		for req := range reqs {
+			switch req.Type {
+			case MarkerRequest:
+				var m MarkerMessage
+				if json.Unmarshal(req.Payload, &m) == nil && m.Marker != nil {
+					if m.Final {
+						res.Final = &m
+					} else if res.First == nil {
+						res.First = &m
+					}
+					if x.OnMarker != nil {
+						x.OnMarker(m)
+					}
+				}
+			case "exit-status":
+				var st struct{ Status uint32 }
+				if gossh.Unmarshal(req.Payload, &st) == nil {
+					res.ExitStatus, gotExit = int(st.Status), true
+				}
+			case "exit-signal":
+				var sig struct {
+					Signal     string
+					CoreDumped bool
+					Error      string
+					Lang       string
+				}
+				if gossh.Unmarshal(req.Payload, &sig) == nil {
+					res.ExitSignal, gotExit = "SIG"+sig.Signal, true
+				}
+			}
+			if req.WantReply {
+				req.Reply(false, nil)
+			}
+		}
+	})
+	// Until the loop is waited for, res belongs to it: every return below waits first.
+	fail := func(err error) (Result, error) {
+		ch.Close()
+		loop.Wait()
+		return res, err
+	}
+
+	env := map[string]string{EnvExecutionID: x.ExecutionID}
+	for k, v := range x.Env {
+		env[k] = v
+	}
+	if x.OperationKey != "" {
+		env[EnvOperationKey] = x.OperationKey
+	}
+	if x.Timeout > 0 {
+		env[EnvTimeout] = strconv.Itoa(int(x.Timeout.Round(time.Second) / time.Second))
+	}
+	if x.Fingerprint != "" {
+		env[EnvFingerprint] = x.Fingerprint
+	}
+	names := make([]string, 0, len(env))
+	for k := range env {
+		names = append(names, k)
+	}
+	sort.Strings(names)
+	for _, k := range names {
+		msg := struct{ Name, Value string }{k, env[k]}
+		if ok, err := ch.SendRequest("env", true, gossh.Marshal(&msg)); err != nil {
+			return fail(fmt.Errorf("send env %s: %w", k, err))
+		} else if !ok {
+			return fail(fmt.Errorf("hostagent refused env %s", k))
+		}
+	}
+	cmd := struct{ Command string }{x.Command}
+	if ok, err := ch.SendRequest("exec", true, gossh.Marshal(&cmd)); err != nil {
+		return fail(fmt.Errorf("send exec: %w", err))
+	} else if !ok {
+		return fail(errors.New("hostagent refused the exec request"))
+	}
+	ch.CloseWrite()
+
+	var copies sync.WaitGroup
+	copies.Go(func() { io.Copy(orDiscard(x.Stdout), ch) })
+	copies.Go(func() { io.Copy(orDiscard(x.Stderr), ch.Stderr()) })
+	copies.Wait()
+	loop.Wait()
+	switch {
+	case ctx.Err() != nil:
+		return res, ctx.Err()
+	case !gotExit:
+		return res, ErrExitMissing
+	}
+	return res, nil
+}
+
+func orDiscard(w io.Writer) io.Writer {
+	if w == nil {
+		return io.Discard
+	}
+	return w
+}

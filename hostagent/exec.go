@@ -1,0 +1,607 @@
+package hostagent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	gliderssh "github.com/gliderlabs/ssh"
+	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Exit statuses the hostagent reports for an execution it did not run to an exit code.
+const (
+	// ExitRefused: the request was refused or the command could not start; nothing ran.
+	ExitRefused = 255
+	// ExitUnknownOutcome: the execution was interrupted (its process vanished without an
+	// exit record); it is not run again.
+	ExitUnknownOutcome = 254
+	// ExitOperationTaken: the operation key belongs to another execution.
+	ExitOperationTaken = 253
+	// ExitTimedOut follows timeout(1).
+	ExitTimedOut = 124
+)
+
+// EnvMarkerSocket tells a command where to send its checkpoints
+// (`postern-hostagent marker checkpoint`).
+const EnvMarkerSocket = "POSTERN_MARKER_SOCKET"
+
+// Errors of the control operations.
+var (
+	ErrNotRunning     = errors.New("hostagent: execution is not running")
+	ErrNotYourProcess = errors.New("hostagent: caller is not in the execution's process tree")
+)
+
+// markerStore is what the executor needs of a markers.Store.
+type markerStore interface {
+	Create(ctx context.Context, r *markers.Record) (*markers.Record, error)
+	Transition(ctx context.Context, id string, from, to markers.State, note string, mutate func(*markers.Record) error) (*markers.Record, error)
+	Update(ctx context.Context, id, note string, mutate func(*markers.Record) error) (*markers.Record, error)
+	Get(id string) (*markers.Record, error)
+	List(q markers.Query) ([]*markers.Record, string, error)
+	FindByOperationKey(key string) (*markers.Record, error)
+	Export(w io.Writer) error
+}
+
+var _ markerStore = (*markers.Store)(nil)
+
+// ExecutorOptions configure an Executor.
+type ExecutorOptions struct {
+	Config Config
+	Store  markerStore
+	// ShimExe is the binary re-executed as the shim (`ShimExe shim DIR`). Default: this
+	// process's executable.
+	ShimExe string
+	// SocketPath is the local control socket, handed to commands for checkpoints.
+	SocketPath string
+	Logger     *slog.Logger
+}
+
+// Executor runs commands under markers: the Handler the SSH server hands validated work to.
+//
+// For every execution id it writes the marker (create-if-absent, synced) before the command
+// starts, and never starts an id whose marker exists: a duplicate attaches to the running
+// execution or replays the finished one. Commands run under a shim, detached from the SSH
+// session; the executor watches them and records how they ended.
+type Executor struct {
+	cfg   Config
+	store markerStore
+	spool string
+	exe   string
+	sock  string
+	log   *slog.Logger
+
+	// ctx is the parent of the watchers and shims' start; cancelled by Close.
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // watchers
+
+	// opMu serializes the operation-key check with marker creation, so two ids cannot both
+	// take one operation key.
+	opMu sync.Mutex
+
+	mu   sync.Mutex // guards live
+	live map[string]*execution
+}
+
+// execution is an execution this process supervises.
+type execution struct {
+	id  string
+	dir string
+	// started is closed once the shim started the command or failed to; handle is set
+	// before (nil if the command did not start).
+	started chan struct{}
+	handle  *shim.Handle
+	// done is closed once the final marker is written; final is set before (nil if the
+	// marker turned out to exist already, see claim).
+	done  chan struct{}
+	final *markers.Record
+}
+
+// NewExecutor returns an executor; call Recover before serving.
+func NewExecutor(opts ExecutorOptions) (*Executor, error) {
+	if opts.Store == nil {
+		return nil, errors.New("hostagent: executor needs a marker store")
+	}
+	exe := opts.ShimExe
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, fmt.Errorf("hostagent: find own executable for the shim: %w", err)
+		}
+	}
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	spool := filepath.Join(opts.Config.DataDir, "spool")
+	if err := os.MkdirAll(spool, 0o700); err != nil {
+		return nil, fmt.Errorf("hostagent: spool dir: %w", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Executor{
+		cfg: opts.Config, store: opts.Store, spool: spool, exe: exe, sock: opts.SocketPath,
+		log: logger.With("component", "executor"), ctx: ctx, cancel: cancel,
+		live: make(map[string]*execution),
+	}, nil
+}
+
+// Close stops watching. Running commands keep running (they are detached); the next
+// Executor re-adopts them in Recover.
+func (e *Executor) Close() {
+	e.cancel()
+	e.wg.Wait()
+}
+
+// Exec runs req under a marker, or attaches to / replays the execution that has its id.
+func (e *Executor) Exec(ctx context.Context, s gliderssh.Session, req ExecRequest) {
+	log := e.log.With("execution_id", req.ExecutionID, "account", req.Account.Name)
+	x, fresh := e.claim(req.ExecutionID)
+	if !fresh {
+		e.attach(ctx, s, x, true)
+		return
+	}
+	rec, err := e.createMarker(ctx, req)
+	var taken *operationTakenError
+	switch {
+	case errors.Is(err, markers.ErrExists):
+		e.release(x, nil)
+		e.duplicate(ctx, s, req, rec)
+		return
+	case errors.As(err, &taken):
+		e.release(x, nil)
+		e.sendMarker(s, client.MarkerMessage{Marker: taken.prior, Replayed: true})
+		fmt.Fprintf(s.Stderr(), "postern: %v; not started\n", err)
+		s.Exit(ExitOperationTaken)
+		return
+	case err != nil:
+		e.release(x, nil)
+		log.Error("marker write failed; command not started", "err", err)
+		fmt.Fprintf(s.Stderr(), "postern: cannot write the marker, command not started: %v\n", err)
+		s.Exit(ExitRefused)
+		return
+	}
+	if req.Assigned {
+		fmt.Fprintf(s.Stderr(), "postern: no execution id was given; running as %s\n", req.ExecutionID)
+	}
+	e.sendMarker(s, client.MarkerMessage{Marker: rec})
+	e.launch(x, req)
+	e.attach(ctx, s, x, false)
+}
+
+// claim returns the live execution of id, or registers a new one (fresh) that the caller
+// must start or release.
+func (e *Executor) claim(id string) (x *execution, fresh bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if x := e.live[id]; x != nil {
+		return x, false
+	}
+	x = &execution{id: id, dir: filepath.Join(e.spool, id), started: make(chan struct{}), done: make(chan struct{})}
+	e.live[id] = x
+	return x, true
+}
+
+// release ends a claimed execution with its final marker (nil: look it up in the store).
+func (e *Executor) release(x *execution, final *markers.Record) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.live[x.id] == x {
+		delete(e.live, x.id)
+	}
+	select {
+	case <-x.started:
+	default:
+		close(x.started)
+	}
+	x.final = final
+	close(x.done)
+}
+
+type operationTakenError struct{ prior *markers.Record }
+
+func (e *operationTakenError) Error() string {
+	return fmt.Sprintf("operation key %q belongs to %s (%s)", e.prior.OperationKey, e.prior.ID, e.prior.State)
+}
+
+// createMarker writes the marker of req in state started, after checking its operation key.
+func (e *Executor) createMarker(ctx context.Context, req ExecRequest) (*markers.Record, error) {
+	if req.OperationKey != "" {
+		e.opMu.Lock()
+		defer e.opMu.Unlock()
+		prior, err := e.store.FindByOperationKey(req.OperationKey)
+		switch {
+		case errors.Is(err, markers.ErrNotFound):
+		case err != nil:
+			return nil, fmt.Errorf("look up operation key: %w", err)
+		case prior.ID != req.ExecutionID && !(e.cfg.RetryFailedOperations && provablyFailed(prior)):
+			return nil, &operationTakenError{prior: prior}
+		}
+	}
+	shell := req.Account.Shell
+	if shell == "" {
+		shell = e.cfg.Shell
+	}
+	return e.store.Create(ctx, &markers.Record{
+		ID:           req.ExecutionID,
+		Actor:        "key:" + req.KeyFingerprint,
+		Fingerprint:  envValue(req.Env, client.EnvFingerprint),
+		OperationKey: req.OperationKey,
+		Channel:      "ssh",
+		Account:      req.Account.Name,
+		Command:      []string{shell, "-c", req.Command},
+		Cwd:          req.Account.Home,
+		SpoolDir:     filepath.Join(e.spool, req.ExecutionID),
+	})
+}
+
+// provablyFailed: the execution ended without effect we need to protect — it never started,
+// or it exited non-zero.
+func provablyFailed(r *markers.Record) bool {
+	return r.State == markers.NotStarted ||
+		r.State == markers.Exited && r.ExitCode != nil && *r.ExitCode != 0
+}
+
+// launch starts the command of a freshly marked execution under a shim and watches it.
+func (e *Executor) launch(x *execution, req ExecRequest) {
+	shell := req.Account.Shell
+	if shell == "" {
+		shell = e.cfg.Shell
+	}
+	h, err := shim.Start(e.ctx, e.exe, x.dir, shim.Spec{
+		ExecutionID: req.ExecutionID,
+		Command:     req.Command,
+		Shell:       shell,
+		Dir:         req.Account.Home,
+		Env:         e.commandEnv(req),
+		Credential:  req.Account.Credential,
+		Timeout:     req.Timeout,
+		KillGrace:   e.cfg.KillGrace,
+		OutputCap:   e.cfg.OutputCap,
+	})
+	if err != nil {
+		e.release(x, e.recordStartFailure(x, err))
+		return
+	}
+	x.handle = h
+	close(x.started)
+	p := h.Process()
+	if _, err := e.store.Transition(e.ctx, x.id, markers.Started, markers.Running, "command started", func(r *markers.Record) error {
+		r.PID, r.PIDStart = p.PID, p.PIDStart
+		return nil
+	}); err != nil {
+		// The command runs; the marker still says started with a shim record, which
+		// recovery treats as "may have run" — never as "not run".
+		e.log.Error("marker running write failed", "execution_id", x.id, "err", err)
+	}
+	e.wg.Add(1)
+	go e.watch(x)
+}
+
+// recordStartFailure records a command that did not run: not_started when the shim proves
+// it (start failed, or no shim record), interrupted otherwise.
+func (e *Executor) recordStartFailure(x *execution, startErr error) *markers.Record {
+	to, note := markers.NotStarted, "command did not start: "+startErr.Error()
+	if !errors.Is(startErr, shim.ErrStartFailed) {
+		if _, err := shim.Adopt(x.dir); !errors.Is(err, shim.ErrNeverStarted) {
+			to, note = markers.Interrupted, "shim failed after it recorded itself: "+startErr.Error()
+		}
+	}
+	e.log.Warn("command did not start", "execution_id", x.id, "state", to, "err", startErr)
+	rec, err := e.store.Transition(e.ctx, x.id, markers.Started, to, note, func(r *markers.Record) error {
+		r.Evidence = append(r.Evidence, note)
+		return nil
+	})
+	if err != nil {
+		e.log.Error("marker write failed", "execution_id", x.id, "err", err)
+		return nil
+	}
+	return rec
+}
+
+// watch waits for the command to end and writes the final marker.
+func (e *Executor) watch(x *execution) {
+	defer e.wg.Done()
+	st, err := x.handle.Wait(e.ctx)
+	if e.ctx.Err() != nil {
+		// Shutting down: the command keeps running and the next start re-adopts it.
+		x.handle.Close()
+		return
+	}
+	e.release(x, e.recordOutcome(x.id, st, err))
+}
+
+// recordOutcome moves the marker from running (or started, if that write was lost) to how
+// the command ended.
+func (e *Executor) recordOutcome(id string, st shim.Status, waitErr error) *markers.Record {
+	to, note := markers.Exited, "exited"
+	switch {
+	case errors.Is(waitErr, shim.ErrVanished):
+		to, note = markers.Interrupted, "the shim vanished without an exit record"
+	case waitErr != nil:
+		to, note = markers.Interrupted, "waiting for the command failed: "+waitErr.Error()
+	case st.Outcome == shim.OutcomeTimedOut:
+		to, note = markers.TimedOut, "timed out"
+	case st.Outcome == shim.OutcomeCancelled:
+		to, note = markers.Cancelled, "cancelled"
+	}
+	mutate := func(r *markers.Record) error {
+		if to == markers.Interrupted {
+			r.Evidence = append(r.Evidence, note)
+			return nil
+		}
+		if st.Signal == "" {
+			code := st.ExitCode
+			r.ExitCode = &code
+		}
+		r.Signal = st.Signal
+		r.IsError = st.ExitCode != 0 || st.Signal != "" || to != markers.Exited
+		r.Output = markers.Output{
+			StdoutBytes: st.Stdout.Bytes, StderrBytes: st.Stderr.Bytes,
+			StdoutSHA256: st.Stdout.SHA256, StderrSHA256: st.Stderr.SHA256,
+			Truncated: st.Stdout.Truncated || st.Stderr.Truncated,
+		}
+		return nil
+	}
+	ctx := context.WithoutCancel(e.ctx)
+	rec, err := e.store.Transition(ctx, id, markers.Running, to, note, mutate)
+	if errors.Is(err, markers.ErrConflict) && rec != nil && rec.State == markers.Started {
+		if _, err = e.store.Transition(ctx, id, markers.Started, markers.Running, "command started (recorded late)", nil); err == nil {
+			rec, err = e.store.Transition(ctx, id, markers.Running, to, note, mutate)
+		}
+	}
+	if err != nil {
+		e.log.Error("final marker write failed", "execution_id", id, "err", err)
+		return nil
+	}
+	return rec
+}
+
+// duplicate answers a request whose marker already existed: nothing new is started unless
+// the marker proves the command never ran.
+func (e *Executor) duplicate(ctx context.Context, s gliderssh.Session, req ExecRequest, rec *markers.Record) {
+	if x, fresh := e.claim(rec.ID); !fresh {
+		e.attach(ctx, s, x, true)
+		return
+	} else if rec.State != markers.NotStarted {
+		e.release(x, nil)
+	} else {
+		// Provably never ran: run it now, under the same marker.
+		restarted, err := e.store.Transition(ctx, rec.ID, markers.NotStarted, markers.Started, "restarted: it never ran", nil)
+		if err != nil {
+			e.release(x, nil)
+			fmt.Fprintf(s.Stderr(), "postern: cannot restart %s: %v\n", rec.ID, err)
+			s.Exit(ExitRefused)
+			return
+		}
+		e.sendMarker(s, client.MarkerMessage{Marker: restarted, Replayed: true})
+		fmt.Fprintf(s.Stderr(), "postern: %s never ran; starting it now\n", rec.ID)
+		e.launch(x, req)
+		e.attach(ctx, s, x, false)
+		return
+	}
+	e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true})
+	switch {
+	case markers.Host.Terminal(rec.State) && rec.State != markers.Interrupted:
+		fmt.Fprintf(s.Stderr(), "postern: %s already ran at %s (%s), replaying\n", rec.ID, startedAt(rec), rec.State)
+		e.replay(s, rec)
+		e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true, Final: true})
+		s.Exit(exitStatus(rec))
+	default:
+		fmt.Fprintf(s.Stderr(), "postern: %s started at %s and its outcome is unknown (%s); it is not run again\n",
+			rec.ID, startedAt(rec), rec.State)
+		s.Exit(ExitUnknownOutcome)
+	}
+}
+
+// attach streams a live execution's output to s from the start and ends with its exit
+// status. If the client goes away first, the execution goes on.
+func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution, replayed bool) {
+	select {
+	case <-x.started:
+	case <-ctx.Done():
+		return
+	}
+	if replayed {
+		if rec, err := e.store.Get(x.id); err == nil {
+			e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true})
+			fmt.Fprintf(s.Stderr(), "postern: %s is already running (started at %s), attaching\n", x.id, startedAt(rec))
+		}
+	}
+	if x.handle != nil {
+		var wg sync.WaitGroup
+		wg.Go(func() { followSpool(ctx, filepath.Join(x.dir, shim.StdoutFile), 0, s, x.done) })
+		wg.Go(func() { followSpool(ctx, filepath.Join(x.dir, shim.StderrFile), 0, s.Stderr(), x.done) })
+		wg.Wait()
+	}
+	select {
+	case <-x.done:
+	case <-ctx.Done():
+		return
+	}
+	final := x.final
+	if final == nil {
+		rec, err := e.store.Get(x.id)
+		if err != nil {
+			fmt.Fprintf(s.Stderr(), "postern: %s: %v\n", x.id, err)
+			s.Exit(ExitUnknownOutcome)
+			return
+		}
+		if x.handle == nil {
+			// The marker existed before the claim: answer as a duplicate.
+			e.duplicate(ctx, s, ExecRequest{}, rec)
+			return
+		}
+		final = rec
+	}
+	if final.State == markers.NotStarted {
+		fmt.Fprintf(s.Stderr(), "postern: %s\n", strings.Join(final.Evidence, "; "))
+	}
+	e.sendMarker(s, client.MarkerMessage{Marker: final, Replayed: replayed, Final: true})
+	s.Exit(exitStatus(final))
+}
+
+// replay writes a finished execution's stored output.
+func (e *Executor) replay(s gliderssh.Session, rec *markers.Record) {
+	for _, f := range []struct {
+		name string
+		w    io.Writer
+	}{{shim.StdoutFile, s}, {shim.StderrFile, s.Stderr()}} {
+		file, err := os.Open(filepath.Join(rec.SpoolDir, f.name))
+		if err != nil {
+			fmt.Fprintf(s.Stderr(), "postern: stored output is gone (%v)\n", errors.Unwrap(err))
+			return
+		}
+		io.Copy(f.w, file)
+		file.Close()
+	}
+	if rec.Output.Truncated {
+		fmt.Fprintf(s.Stderr(), "postern: output was truncated at %d bytes per stream\n", e.cfg.OutputCap)
+	}
+}
+
+// followSpool copies a growing spool file to w from offset until done is closed and the
+// file is drained, or ctx ends. It polls while the command runs; done ends it at once.
+func followSpool(ctx context.Context, path string, offset int64, w io.Writer, done <-chan struct{}) (int64, error) {
+	const minPoll, maxPoll = 5 * time.Millisecond, 200 * time.Millisecond
+	poll := minPoll
+	buf := make([]byte, 32<<10)
+	var f *os.File
+	defer func() {
+		if f != nil {
+			f.Close()
+		}
+	}()
+	for {
+		finished := false
+		select {
+		case <-done:
+			finished = true
+		default:
+		}
+		if f == nil {
+			var err error
+			if f, err = os.Open(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+				return offset, err
+			}
+		}
+		if f != nil {
+			n, err := copyFrom(f, offset, w, buf)
+			offset += n
+			if err != nil {
+				return offset, err
+			}
+			if n > 0 {
+				poll = minPoll
+			}
+		}
+		if finished {
+			return offset, nil
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return offset, ctx.Err()
+		case <-time.After(poll):
+			poll = min(poll*2, maxPoll)
+		}
+	}
+}
+
+func copyFrom(f *os.File, offset int64, w io.Writer, buf []byte) (int64, error) {
+	var total int64
+	for {
+		n, err := f.ReadAt(buf, offset+total)
+		if n > 0 {
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				return total, werr
+			}
+			total += int64(n)
+		}
+		if errors.Is(err, io.EOF) {
+			return total, nil
+		}
+		if err != nil {
+			return total, err
+		}
+	}
+}
+
+func (e *Executor) sendMarker(s gliderssh.Session, m client.MarkerMessage) {
+	payload, err := json.Marshal(m)
+	if err == nil {
+		_, err = s.SendRequest(client.MarkerRequest, false, payload)
+	}
+	if err != nil {
+		e.log.Debug("marker request not sent", "err", err)
+	}
+}
+
+// commandEnv is the command's whole environment: the account's basics, the allowlisted
+// client variables (POSTERN_EXECUTION_ID included) and the checkpoint socket.
+func (e *Executor) commandEnv(req ExecRequest) []string {
+	shell := req.Account.Shell
+	if shell == "" {
+		shell = e.cfg.Shell
+	}
+	env := []string{
+		"HOME=" + req.Account.Home,
+		"USER=" + req.Account.Name,
+		"LOGNAME=" + req.Account.Name,
+		"SHELL=" + shell,
+		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+	}
+	env = append(env, req.Env...)
+	if e.sock != "" {
+		env = append(env, EnvMarkerSocket+"="+e.sock)
+	}
+	return env
+}
+
+func envValue(env []string, name string) string {
+	for _, kv := range env {
+		if v, ok := strings.CutPrefix(kv, name+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+func startedAt(r *markers.Record) string {
+	t := r.CreatedAt
+	if rt, ok := r.StateTimes[markers.Running]; ok {
+		t = rt
+	}
+	return t.UTC().Format(time.RFC3339)
+}
+
+// exitStatus is the SSH exit status that reports how an execution ended.
+func exitStatus(r *markers.Record) int {
+	switch {
+	case r.State == markers.TimedOut:
+		return ExitTimedOut
+	case r.State == markers.NotStarted:
+		return ExitRefused
+	case r.State == markers.Interrupted || r.State == markers.Started || r.State == markers.Running:
+		return ExitUnknownOutcome
+	case r.ExitCode != nil:
+		return *r.ExitCode
+	case r.Signal != "":
+		if sig := unix.SignalNum(r.Signal); sig > 0 {
+			return 128 + int(sig)
+		}
+	}
+	return ExitUnknownOutcome
+}

@@ -1,0 +1,85 @@
+package hostagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+
+	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Recover runs before serving: every marker left started or running by a previous process
+// is resolved from its spool. A live shim is re-adopted and watched to the end; a finished
+// one has its outcome recorded; a shim that vanished without an exit record makes the marker
+// interrupted (unknown outcome); a started marker with no shim record provably never ran and
+// becomes not_started. Nothing is ever run again here.
+func (e *Executor) Recover(ctx context.Context) error {
+	for _, state := range []markers.State{markers.Started, markers.Running} {
+		var pending []*markers.Record
+		q := markers.Query{State: state, Limit: 1000}
+		for {
+			recs, next, err := e.store.List(q)
+			if err != nil {
+				return fmt.Errorf("recover: list %s markers: %w", state, err)
+			}
+			pending = append(pending, recs...)
+			if next == "" {
+				break
+			}
+			q.Cursor = next
+		}
+		for _, rec := range pending {
+			if err := e.recoverOne(ctx, rec); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
+func (e *Executor) recoverOne(ctx context.Context, rec *markers.Record) error {
+	log := e.log.With("execution_id", rec.ID, "state", rec.State)
+	dir := rec.SpoolDir
+	if dir == "" {
+		dir = filepath.Join(e.spool, rec.ID)
+	}
+	h, err := shim.Adopt(dir)
+	var to markers.State
+	var note string
+	switch {
+	case errors.Is(err, shim.ErrNeverStarted) && rec.State == markers.Started:
+		to, note = markers.NotStarted, "recovered: no shim record, the command never ran"
+	case errors.Is(err, shim.ErrNeverStarted), errors.Is(err, shim.ErrVanished), errors.Is(err, os.ErrNotExist):
+		to, note = markers.Interrupted, "recovered: the shim is gone without an exit record"
+	case err != nil:
+		return fmt.Errorf("recover %s: adopt: %w", rec.ID, err)
+	}
+	if to != "" {
+		log.Warn("recovered marker", "to", to, "reason", note)
+		_, err := e.store.Transition(ctx, rec.ID, rec.State, to, note, func(r *markers.Record) error {
+			r.Evidence = append(r.Evidence, note)
+			return nil
+		})
+		return err
+	}
+	if rec.State == markers.Started {
+		p := h.Process()
+		if _, err := e.store.Transition(ctx, rec.ID, markers.Started, markers.Running, "recovered: command started", func(r *markers.Record) error {
+			r.PID, r.PIDStart = p.PID, p.PIDStart
+			return nil
+		}); err != nil {
+			h.Close()
+			return fmt.Errorf("recover %s: %w", rec.ID, err)
+		}
+	}
+	x, _ := e.claim(rec.ID)
+	x.dir, x.handle = dir, h
+	close(x.started)
+	log.Info("re-adopted running command", "pid", h.Process().PID)
+	e.wg.Add(1)
+	go e.watch(x)
+	return nil
+}
