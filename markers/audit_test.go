@@ -2,6 +2,7 @@ package markers_test
 
 import (
 	"bytes"
+	"errors"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -147,9 +148,9 @@ func TestGCKeepsNonTerminalAndChain(t *testing.T) {
 			}
 		}
 	}
-	s.Create(ctx, &markers.Record{ID: "ex_old_ro", Class: "read_only"})
+	s.Create(ctx, &markers.Record{ID: "ex_old_ro", Class: "read_only", Actor: "a", Fingerprint: "fp1"})
 	finish("ex_old_ro")
-	s.Create(ctx, &markers.Record{ID: "ex_old_cmd", Class: "remote_command"})
+	s.Create(ctx, &markers.Record{ID: "ex_old_cmd", Class: "remote_command", OperationKey: "op:x"})
 	finish("ex_old_cmd")
 	s.Create(ctx, &markers.Record{ID: "ex_old_pending", Class: "read_only"})
 	s.Transition(ctx, "ex_old_pending", markers.Accepted, markers.Authorized, "", nil)
@@ -161,8 +162,11 @@ func TestGCKeepsNonTerminalAndChain(t *testing.T) {
 	if err != nil || res.Records != 1 {
 		t.Fatalf("gc after 2h = %+v, %v; want the read_only record removed", res, err)
 	}
+	if _, err := s.FindByFingerprint("a", "", "fp1"); !errors.Is(err, markers.ErrNotFound) {
+		t.Errorf("fingerprint of a removed record still found: %v", err)
+	}
 	clock = clock.Add(100 * time.Hour)
-	s.Create(ctx, &markers.Record{ID: "ex_new"})
+	s.Create(ctx, &markers.Record{ID: "ex_new", OperationKey: "op:x"})
 	res, err = s.GC(ctx)
 	if err != nil || res.Records != 1 || res.Events == 0 {
 		t.Fatalf("gc after 102h = %+v, %v; want remote_command record and old events removed", res, err)
@@ -172,6 +176,9 @@ func TestGCKeepsNonTerminalAndChain(t *testing.T) {
 		if (err == nil) != want {
 			t.Errorf("%s present = %v; want %v", id, err == nil, want)
 		}
+	}
+	if rec, err := s.FindByOperationKey("op:x"); err != nil || rec.ID != "ex_new" {
+		t.Errorf("operation key after removing the older execution = %v, %v; want ex_new", rec, err)
 	}
 	var buf bytes.Buffer
 	if err := s.Export(&buf); err != nil {

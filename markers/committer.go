@@ -179,8 +179,8 @@ func (s *Store) stage(b *pebble.Batch, head chainPos, r *commitReq) (chainPos, e
 	}
 	set(recordKey(r.rec.ID), r.encoded)
 	if r.prev == nil {
-		for _, k := range indexKeys(r.rec) {
-			set(k, nil)
+		for _, e := range indexEntries(r.rec) {
+			set(e.key, e.value)
 		}
 	} else if r.prev.State != r.rec.State {
 		if err == nil {

@@ -89,8 +89,11 @@ func (s *Store) removeIfExpired(id string, now time.Time) (bool, error) {
 	b := s.db.NewBatch()
 	defer b.Close()
 	err = b.Delete(recordKey(id), nil)
-	for _, k := range indexKeys(rec) {
-		err = errors.Join(err, b.Delete(k, nil))
+	for _, e := range indexEntries(rec) {
+		if e.value != nil && !s.pointsTo(e.key, id) {
+			continue // a newer execution took this key over
+		}
+		err = errors.Join(err, b.Delete(e.key, nil))
 	}
 	prefix := append(joinKey(pExecEvents, id), 0)
 	err = errors.Join(err, b.DeleteRange(prefix, prefixEnd(prefix), nil))
@@ -101,6 +104,15 @@ func (s *Store) removeIfExpired(id string, now time.Time) (bool, error) {
 		return false, fmt.Errorf("markers: gc %s: %w", id, err)
 	}
 	return true, nil
+}
+
+func (s *Store) pointsTo(key []byte, id string) bool {
+	v, closer, err := s.db.Get(key)
+	if err != nil {
+		return false
+	}
+	defer closer.Close()
+	return string(v) == id
 }
 
 // pruneEvents deletes the events up to the newest checkpoint signed before cutoff and makes

@@ -12,9 +12,9 @@ import (
 //	e<seq:8>                             event (JSON line as exported)
 //	c<seq:8>                             signed checkpoint covering events 1..seq
 //	x<id>\0<seq:8>                       events of one execution
-//	f<actor>\0<scope>\0<fingerprint>\0<id>
-//	k<actor>\0<idempotency key>\0<id>
-//	o<operation key>\0<id>
+//	f<actor>\0<scope>\0<fingerprint>       → id of the newest such execution
+//	k<actor>\0<idempotency key>             → id
+//	o<operation key>                         → id
 //	s<state>\0<id>
 //	t<created unix nanos:8><id>
 //	m<name>                              store metadata (head, base, graph)
@@ -72,20 +72,38 @@ func timePrefix(t time.Time) []byte {
 	return binary.BigEndian.AppendUint64([]byte{pTime}, uint64(t.UnixNano()))
 }
 
-// indexKeys are the secondary index entries of r (the state entry included).
-func indexKeys(r *Record) [][]byte {
-	keys := [][]byte{stateKey(r.State, r.ID), timeKey(r.CreatedAt, r.ID)}
+// indexEntry is one secondary index key and its value.
+type indexEntry struct{ key, value []byte }
+
+// indexEntries are the secondary index entries of r. The state and time indexes are sets
+// (empty values, the id is in the key); the fingerprint, idempotency-key and operation-key
+// indexes are point keys whose value is the newest execution's id, so their lookups are one
+// Get that bloom filters answer without scanning.
+func indexEntries(r *Record) []indexEntry {
+	e := []indexEntry{{key: stateKey(r.State, r.ID)}, {key: timeKey(r.CreatedAt, r.ID)}}
+	for _, k := range pointerKeys(r) {
+		e = append(e, indexEntry{key: k, value: []byte(r.ID)})
+	}
+	return e
+}
+
+func pointerKeys(r *Record) [][]byte {
+	var keys [][]byte
 	if r.Fingerprint != "" {
-		keys = append(keys, joinKey(pFinger, r.Actor, r.IntentScope, r.Fingerprint, r.ID))
+		keys = append(keys, fingerprintKey(r.Actor, r.IntentScope, r.Fingerprint))
 	}
 	if r.IdempotencyKey != "" {
-		keys = append(keys, joinKey(pIdemKey, r.Actor, r.IdempotencyKey, r.ID))
+		keys = append(keys, idempotencyKey(r.Actor, r.IdempotencyKey))
 	}
 	if r.OperationKey != "" {
-		keys = append(keys, joinKey(pOpKey, r.OperationKey, r.ID))
+		keys = append(keys, operationKey(r.OperationKey))
 	}
 	return keys
 }
+
+func fingerprintKey(actor, scope, fp string) []byte { return joinKey(pFinger, actor, scope, fp) }
+func idempotencyKey(actor, key string) []byte       { return joinKey(pIdemKey, actor, key) }
+func operationKey(key string) []byte                { return joinKey(pOpKey, key) }
 
 func stateKey(s State, id string) []byte { return joinKey(pState, string(s), id) }
 

@@ -46,40 +46,34 @@ func (s *Store) readable() error {
 // FindByFingerprint returns the newest execution of actor with fingerprint in intent scope,
 // or ErrNotFound. The caller applies the matching rule (state, attach window) to it.
 func (s *Store) FindByFingerprint(actor, scope, fingerprint string) (*Record, error) {
-	return s.newestUnder(append(joinKey(pFinger, actor, scope, fingerprint), 0))
+	return s.follow(fingerprintKey(actor, scope, fingerprint))
 }
 
 // FindByIdempotencyKey returns the newest execution of actor that carried key, or ErrNotFound.
 func (s *Store) FindByIdempotencyKey(actor, key string) (*Record, error) {
-	return s.newestUnder(append(joinKey(pIdemKey, actor, key), 0))
+	return s.follow(idempotencyKey(actor, key))
 }
 
 // FindByOperationKey returns the newest execution with the host-scoped operation key, or
 // ErrNotFound.
 func (s *Store) FindByOperationKey(key string) (*Record, error) {
-	return s.newestUnder(append(joinKey(pOpKey, key), 0))
+	return s.follow(operationKey(key))
 }
 
-// newestUnder finds the index entry with the greatest id under prefix. Execution ids are
-// time-sortable, so that is the newest execution.
-func (s *Store) newestUnder(prefix []byte) (*Record, error) {
+// follow reads a pointer index entry and returns the record it names.
+func (s *Store) follow(key []byte) (*Record, error) {
 	if err := s.readable(); err != nil {
 		return nil, err
 	}
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: prefix, UpperBound: prefixEnd(prefix)})
-	if err != nil {
-		return nil, fmt.Errorf("markers: index scan: %w", err)
-	}
-	var id string
-	if it.Last() {
-		id = string(it.Key()[len(prefix):])
-	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
-		return nil, fmt.Errorf("markers: index scan: %w", err)
-	}
-	if id == "" {
+	v, closer, err := s.db.Get(key)
+	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, ErrNotFound
 	}
+	if err != nil {
+		return nil, fmt.Errorf("markers: index lookup: %w", err)
+	}
+	id := string(v)
+	closer.Close()
 	return s.Get(id)
 }
 
