@@ -11,6 +11,8 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/postern-dev/postern/hostagent/shim"
 )
 
 // errUsage marks errors caused by how the command was invoked (exit status 2).
@@ -26,6 +28,11 @@ Run 'postern-hostagent COMMAND -h' for a command's flags.
 `
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "shim" {
+		// Re-executed by the executor to supervise one command (not for people); before any
+		// signal handling of ours, which the supervisor sets up itself.
+		os.Exit(shim.Main(os.Args[2:]))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()

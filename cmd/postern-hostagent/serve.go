@@ -2,15 +2,12 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"time"
-
-	gliderssh "github.com/gliderlabs/ssh"
 
 	"github.com/postern-dev/postern/hostagent"
 )
@@ -19,11 +16,9 @@ import (
 // the connections (the commands themselves keep running under their shims).
 const shutdownGrace = 10 * time.Second
 
-// ServeCommand runs the SSH server until its context is cancelled.
+// ServeCommand runs the hostagent until its context is cancelled.
 type ServeCommand struct {
 	Stdout, Stderr io.Writer
-	// Handler runs validated work; nil means notWiredHandler.
-	Handler hostagent.Handler
 }
 
 func (c *ServeCommand) Usage(fs *flag.FlagSet) {
@@ -53,53 +48,15 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		cfg.DataDir = *dataDir
 	}
 	logger := slog.New(slog.NewTextHandler(c.Stderr, nil)).With("component", "hostagent")
-	handler := c.Handler
-	if handler == nil {
-		handler = notWiredHandler{}
-	}
-	srv, err := hostagent.NewServer(cfg, handler, logger)
+	agent, err := hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{Logger: logger})
 	if err != nil {
 		return err
 	}
+	defer agent.Close()
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
-		srv.Close()
 		return fmt.Errorf("listen: %w", err)
 	}
-	fmt.Fprintf(c.Stdout, "listening on %s, host key %s\n", ln.Addr(), srv.HostKeyFingerprint())
-
-	// Serve until the signal; then let running sessions finish for a while.
-	serveCtx, stopServing := context.WithCancel(context.Background())
-	defer stopServing()
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(serveCtx, ln) }()
-	select {
-	case err := <-served:
-		return err
-	case <-ctx.Done():
-	}
-	shutdownCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), shutdownGrace)
-	defer cancel()
-	err = srv.Shutdown(shutdownCtx)
-	if serr := <-served; serr != nil {
-		err = errors.Join(err, serr)
-	}
-	if errors.Is(err, context.DeadlineExceeded) {
-		logger.Warn("sessions cut off at shutdown", "grace", shutdownGrace)
-		return nil
-	}
-	return err
-}
-
-// notWiredHandler refuses everything; it stands in until the executor is connected.
-type notWiredHandler struct{}
-
-func (notWiredHandler) Exec(_ context.Context, s gliderssh.Session, _ hostagent.ExecRequest) {
-	io.WriteString(s.Stderr(), "postern: executor not wired\n")
-	s.Exit(255)
-}
-
-func (notWiredHandler) Control(_ context.Context, s gliderssh.Session, _ hostagent.Account) {
-	io.WriteString(s.Stderr(), "postern: executor not wired\n")
-	s.Exit(255)
+	fmt.Fprintf(c.Stdout, "listening on %s, host key %s\n", ln.Addr(), agent.HostKeyFingerprint())
+	return agent.Serve(ctx, ln, shutdownGrace)
 }

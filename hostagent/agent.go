@@ -1,0 +1,203 @@
+package hostagent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	gliderssh "github.com/gliderlabs/ssh"
+
+	"github.com/postern-dev/postern/markers"
+)
+
+// Paths inside Config.DataDir.
+const (
+	markersDirName  = "markers"
+	auditKeyName    = "audit.key" // the verifier key is audit.key.pub
+	controlSockName = "control.sock"
+)
+
+// gcInterval is how often retention runs.
+const gcInterval = time.Hour
+
+// Agent is a whole hostagent: the marker store, the executor, the SSH server and the local
+// control socket, with the data dir laid out under Config.DataDir.
+type Agent struct {
+	cfg      Config
+	log      *slog.Logger
+	store    *markers.Store
+	executor *Executor
+	server   *Server
+}
+
+// AgentOptions tune OpenAgent.
+type AgentOptions struct {
+	// ShimExe is the binary re-executed as the shim; default this process's executable.
+	ShimExe string
+	Logger  *slog.Logger
+}
+
+// OpenAgent opens the marker store (creating the data dir and audit key on first start),
+// re-adopts or resolves the executions a previous process left, and prepares the server.
+func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, error) {
+	logger := opts.Logger
+	if logger == nil {
+		logger = slog.Default()
+	}
+	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("hostagent: data dir: %w", err)
+	}
+	host, _ := os.Hostname()
+	signer, _, err := markers.LoadOrCreateAuditKey(filepath.Join(cfg.DataDir, auditKeyName), "postern-hostagent-"+validKeyName(host))
+	if err != nil {
+		return nil, err
+	}
+	store, err := markers.Open(filepath.Join(cfg.DataDir, markersDirName), markers.Options{
+		Graph: markers.Host, Signer: signer, Origin: "postern hostagent " + host,
+		DefaultRetention: cfg.MarkerRetention, Logger: logger,
+	})
+	if err != nil {
+		return nil, err
+	}
+	a := &Agent{cfg: cfg, log: logger, store: store}
+	a.executor, err = NewExecutor(ExecutorOptions{
+		Config: cfg, Store: store, ShimExe: opts.ShimExe, Logger: logger,
+		SocketPath: filepath.Join(cfg.DataDir, controlSockName),
+	})
+	if err == nil {
+		err = a.executor.Recover(ctx)
+	}
+	if err == nil {
+		a.server, err = NewServer(cfg, a.executor, logger)
+	}
+	if err != nil {
+		if a.executor != nil {
+			a.executor.Close()
+		}
+		store.Close()
+		return nil, err
+	}
+	return a, nil
+}
+
+// validKeyName keeps the characters a note key name allows.
+func validKeyName(s string) string {
+	out := []rune{}
+	for _, r := range s {
+		if r > ' ' && r < 0x7f && r != '+' {
+			out = append(out, r)
+		}
+	}
+	if len(out) == 0 {
+		return "host"
+	}
+	return string(out)
+}
+
+// HostKeyFingerprint is the SSH host key's SHA256 fingerprint, to enroll with the bastion.
+func (a *Agent) HostKeyFingerprint() string { return a.server.HostKeyFingerprint() }
+
+// Server is the agent's SSH server.
+func (a *Agent) Server() *Server { return a.server }
+
+// Serve runs the SSH server on ln, the local control socket and retention until ctx ends,
+// then lets sessions finish for up to grace and closes everything. Commands keep running.
+func (a *Agent) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
+	sockPath := filepath.Join(a.cfg.DataDir, controlSockName)
+	local, err := ListenLocal(sockPath)
+	if err != nil {
+		return err
+	}
+	runCtx, stop := context.WithCancel(context.Background())
+	defer stop()
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := ServeLocal(runCtx, local, a.executor, a.log); err != nil && runCtx.Err() == nil {
+			a.log.Error("local control socket stopped", "err", err)
+		}
+	})
+	wg.Go(func() { a.collectGarbage(runCtx) })
+	served := make(chan error, 1)
+	go func() { served <- a.server.Serve(runCtx, ln) }()
+
+	select {
+	case err = <-served:
+	case <-ctx.Done():
+		shutCtx, cancel := context.WithTimeout(context.Background(), grace)
+		a.server.Shutdown(shutCtx)
+		cancel()
+		stop()
+		err = <-served
+	}
+	stop()
+	wg.Wait()
+	return err
+}
+
+// Close stops watching commands and closes the store. Running commands keep running.
+func (a *Agent) Close() error {
+	a.server.Close()
+	a.executor.Close()
+	return a.store.Close()
+}
+
+// collectGarbage applies retention every gcInterval: terminal markers older than
+// MarkerRetention go, then spool dirs without a marker. Running executions are never touched.
+func (a *Agent) collectGarbage(ctx context.Context) {
+	ticker := time.NewTicker(gcInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-ticker.C:
+		}
+		res, err := a.store.GC(ctx)
+		if err != nil {
+			a.log.Error("marker retention failed", "err", err)
+			continue
+		}
+		removed, err := a.executor.removeOrphanSpools(time.Now().Add(-a.cfg.MarkerRetention))
+		if err != nil {
+			a.log.Error("spool retention failed", "err", err)
+		}
+		a.log.Info("retention", "markers_removed", res.Records, "spools_removed", removed)
+	}
+}
+
+// removeOrphanSpools deletes spool dirs that have no marker and were last touched before
+// cutoff.
+func (e *Executor) removeOrphanSpools(cutoff time.Time) (int, error) {
+	entries, err := os.ReadDir(e.spool)
+	if err != nil {
+		return 0, err
+	}
+	removed := 0
+	var errs []error
+	for _, ent := range entries {
+		if _, err := e.store.Get(ent.Name()); !errors.Is(err, markers.ErrNotFound) {
+			continue
+		}
+		info, err := ent.Info()
+		if err != nil || info.ModTime().After(cutoff) {
+			continue
+		}
+		if err := os.RemoveAll(filepath.Join(e.spool, ent.Name())); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		removed++
+	}
+	return removed, errors.Join(errs...)
+}
+
+// Control serves the postern-control subsystem.
+func (e *Executor) Control(ctx context.Context, s gliderssh.Session, account Account) {
+	ServeControlSession(ctx, s, account, e, e.log)
+}
