@@ -23,6 +23,8 @@ const mainUsage = `usage: postern-hostagent COMMAND [flags]
 commands:
   serve     run the SSH server
   install   write the config, host key and systemd unit
+  markers   list, show, tail and verify the markers on this host
+  marker    (from a running command) record a checkpoint on its own marker
 
 Run 'postern-hostagent COMMAND -h' for a command's flags.
 `
@@ -50,6 +52,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return (&ServeCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "install":
 		return (&InstallCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
+	case "markers":
+		return (&MarkersCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
+	case "marker":
+		return (&MarkerCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, mainUsage)
 		return nil

@@ -1,0 +1,578 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"os"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+	"unicode/utf8"
+
+	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Paths inside the data dir; they match what the agent creates (hostagent/agent.go).
+const (
+	markersDirName  = "markers"
+	verifierKeyName = "audit.key.pub"
+	controlSockName = "control.sock"
+)
+
+// errVerifyFailed: the log did not verify (the report says where and why).
+var errVerifyFailed = errors.New("verification failed")
+
+// MarkersCommand lets operators on the host read markers: through the agent's control socket
+// while it runs, straight from the store (read-only) while it is down.
+type MarkersCommand struct {
+	Stdout, Stderr io.Writer
+}
+
+const markersUsage = `usage: postern-hostagent markers SUBCOMMAND [flags]
+
+subcommands:
+  list [--state S] [--since T] [--until T] [--operation-key K] [--limit N] [--cursor C] [--json]
+  show ID [--json]          the marker and its checkpoints
+  tail ID [--follow]        the execution's output (stdout to stdout, stderr to stderr)
+  verify [--require-sealed] [--json]
+                            verify the marker event log against the audit verifier key
+
+common flags: --config FILE, --socket PATH, --data-dir DIR
+Without a reachable agent, list, show, tail and verify read the data dir directly.
+`
+
+func (c *MarkersCommand) Run(ctx context.Context, args []string) error {
+	if len(args) == 0 {
+		fmt.Fprint(c.Stderr, markersUsage)
+		return errUsage
+	}
+	switch args[0] {
+	case "list":
+		return c.list(ctx, args[1:])
+	case "show":
+		return c.show(ctx, args[1:])
+	case "tail":
+		return c.tail(ctx, args[1:])
+	case "verify":
+		return c.verify(ctx, args[1:])
+	case "help", "-h", "--help":
+		fmt.Fprint(c.Stdout, markersUsage)
+		return nil
+	default:
+		fmt.Fprintf(c.Stderr, "postern-hostagent markers: unknown subcommand %q\n\n%s", args[0], markersUsage)
+		return errUsage
+	}
+}
+
+// agentFlags locate the agent: its control socket and its data dir (for the fallback).
+type agentFlags struct {
+	config, socket, dataDir string
+	configSet               bool
+}
+
+func (f *agentFlags) register(fs *flag.FlagSet) {
+	fs.Func("config", "config file (TOML), for data_dir (default "+hostagent.DefaultConfigPath+")", func(s string) error {
+		f.config, f.configSet = s, true
+		return nil
+	})
+	fs.StringVar(&f.socket, "socket", "", "control socket (default <data_dir>/"+controlSockName+")")
+	fs.StringVar(&f.dataDir, "data-dir", "", "data directory, overrides data_dir")
+}
+
+// resolve fills socket and dataDir. The config file is needed only for what the flags leave
+// out; a missing default config is fine when --socket is given (there is then no fallback).
+func (f *agentFlags) resolve() error {
+	if f.dataDir == "" {
+		path := hostagent.DefaultConfigPath
+		if f.configSet {
+			path = f.config
+		}
+		cfg, err := hostagent.LoadConfig(path)
+		switch {
+		case err == nil:
+			f.dataDir = cfg.DataDir
+		case f.socket == "" || f.configSet:
+			return err
+		}
+	}
+	if f.socket == "" {
+		f.socket = filepath.Join(f.dataDir, controlSockName)
+	}
+	return nil
+}
+
+// markerSource is where markers are read from: the agent (*hostagent.ControlClient) or the
+// store itself.
+type markerSource interface {
+	Status(ctx context.Context, ids []string) ([]*markers.Record, []string, error)
+	List(ctx context.Context, q hostagent.ControlListQuery) ([]*markers.Record, string, error)
+	Close() error
+}
+
+// open connects to the agent, or opens the store read-only when the agent is not running
+// (no socket, or nobody listening on it).
+func (f *agentFlags) open(ctx context.Context, stderr io.Writer) (markerSource, error) {
+	client, err := hostagent.DialLocalControl(ctx, f.socket)
+	if err == nil {
+		return client, nil
+	}
+	if !agentDown(err) || f.dataDir == "" {
+		return nil, err
+	}
+	store, err := markers.Open(filepath.Join(f.dataDir, markersDirName), markers.Options{Graph: markers.Host, ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("agent not reachable at %s, and the store cannot be read: %w", f.socket, err)
+	}
+	fmt.Fprintf(stderr, "note: agent not reachable at %s; reading %s directly\n", f.socket, f.dataDir)
+	return storeSource{store}, nil
+}
+
+// agentDown reports whether a dial error means that no agent is serving the socket.
+func agentDown(err error) bool {
+	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED)
+}
+
+// storeSource reads a store opened read-only, filtering like the agent does.
+type storeSource struct{ store *markers.Store }
+
+func (s storeSource) Close() error { return s.store.Close() }
+
+func (s storeSource) Status(_ context.Context, ids []string) ([]*markers.Record, []string, error) {
+	var found []*markers.Record
+	var missing []string
+	for _, id := range ids {
+		rec, err := s.store.Get(id)
+		switch {
+		case errors.Is(err, markers.ErrNotFound):
+			missing = append(missing, id)
+		case err != nil:
+			return nil, nil, err
+		default:
+			found = append(found, rec)
+		}
+	}
+	return found, missing, nil
+}
+
+func (s storeSource) List(_ context.Context, q hostagent.ControlListQuery) ([]*markers.Record, string, error) {
+	mq := markers.Query{State: q.State, Since: q.Since, Until: q.Until, Newest: q.Newest, Limit: q.Limit, Cursor: q.Cursor}
+	if q.OperationKey == "" {
+		return s.store.List(mq)
+	}
+	limit := mq.Limit
+	if limit == 0 {
+		limit = 100
+	}
+	var out []*markers.Record
+	for {
+		// Pages no larger than what is left, so the cursor stays exact.
+		mq.Limit = limit - len(out)
+		page, next, err := s.store.List(mq)
+		if err != nil {
+			return nil, "", err
+		}
+		for _, r := range page {
+			if r.OperationKey == q.OperationKey {
+				out = append(out, r)
+			}
+		}
+		if next == "" || len(out) >= limit {
+			return out, next, nil
+		}
+		mq.Cursor = next
+	}
+}
+
+// parseInterleaved parses flags that may come before or after the positional arguments and
+// returns exactly n positional arguments.
+func parseInterleaved(fs *flag.FlagSet, args []string, n int) ([]string, error) {
+	var positional []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			if errors.Is(err, flag.ErrHelp) {
+				return nil, err
+			}
+			return nil, fmt.Errorf("%w: %w", errUsage, err)
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(positional) != n {
+		fmt.Fprintf(fs.Output(), "want %d argument(s), got %q\n", n, positional)
+		fs.Usage()
+		return nil, errUsage
+	}
+	return positional, nil
+}
+
+func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: postern-hostagent %s\n\nflags:\n", usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseTime reads an RFC 3339 time or a duration before now ("2h").
+func parseTime(s string) (time.Time, error) {
+	if t, err := time.Parse(time.RFC3339, s); err == nil {
+		return t, nil
+	}
+	d, err := time.ParseDuration(s)
+	if err != nil || d < 0 {
+		return time.Time{}, fmt.Errorf("%q: want an RFC 3339 time or a duration such as 2h", s)
+	}
+	return time.Now().Add(-d), nil
+}
+
+func (c *MarkersCommand) list(ctx context.Context, args []string) error {
+	fs := newFlagSet("markers list", "markers list [flags]", c.Stderr)
+	var af agentFlags
+	af.register(fs)
+	var q hostagent.ControlListQuery
+	fs.Func("state", "only markers in this state ("+statesList()+")", func(s string) error {
+		q.State = markers.State(s)
+		if !markers.Host.Has(q.State) {
+			return fmt.Errorf("unknown state %q", s)
+		}
+		return nil
+	})
+	fs.Func("since", "created at or after (RFC 3339, or a duration before now such as 24h)", func(s string) (err error) {
+		q.Since, err = parseTime(s)
+		return err
+	})
+	fs.Func("until", "created before (RFC 3339, or a duration before now)", func(s string) (err error) {
+		q.Until, err = parseTime(s)
+		return err
+	})
+	fs.StringVar(&q.OperationKey, "operation-key", "", "only markers with this operation key")
+	fs.IntVar(&q.Limit, "limit", 50, "page size (at most 1000)")
+	fs.StringVar(&q.Cursor, "cursor", "", "continue from a previous page")
+	oldest := fs.Bool("oldest-first", false, "list oldest first (default newest first)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
+		return err
+	}
+	q.Newest = !*oldest
+	if err := af.resolve(); err != nil {
+		return err
+	}
+	src, err := af.open(ctx, c.Stderr)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	page, next, err := src.List(ctx, q)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		if page == nil {
+			page = []*markers.Record{}
+		}
+		return writeJSON(c.Stdout, struct {
+			Markers []*markers.Record `json:"markers"`
+			Next    string            `json:"next,omitempty"`
+		}{page, next})
+	}
+	tw := tabwriter.NewWriter(c.Stdout, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSTATE\tACCOUNT\tCREATED\tEXIT\tCOMMAND")
+	for _, r := range page {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.State, dash(r.Account),
+			r.CreatedAt.Local().Format(time.DateTime), outcome(r), truncate(strings.Join(r.Command, " "), 60))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	if next != "" {
+		fmt.Fprintf(c.Stderr, "more: --cursor %s\n", next)
+	}
+	return nil
+}
+
+func statesList() string {
+	var names []string
+	for _, s := range markers.Host.States() {
+		names = append(names, string(s))
+	}
+	return strings.Join(names, ", ")
+}
+
+// get returns the marker of id from src.
+func get(ctx context.Context, src markerSource, id string) (*markers.Record, error) {
+	if !markers.ValidExecutionID(id) {
+		return nil, fmt.Errorf("%w: %q is not an execution id (ex_ + 26-character ULID)", errUsage, id)
+	}
+	found, _, err := src.Status(ctx, []string{id})
+	if err != nil {
+		return nil, err
+	}
+	if len(found) == 0 {
+		return nil, fmt.Errorf("no marker %s on this host", id)
+	}
+	return found[0], nil
+}
+
+func (c *MarkersCommand) show(ctx context.Context, args []string) error {
+	fs := newFlagSet("markers show", "markers show ID [flags]", c.Stderr)
+	var af agentFlags
+	af.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseInterleaved(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	if err := af.resolve(); err != nil {
+		return err
+	}
+	src, err := af.open(ctx, c.Stderr)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	rec, err := get(ctx, src, pos[0])
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(c.Stdout, rec)
+	}
+	return writeMarker(c.Stdout, rec)
+}
+
+func writeMarker(w io.Writer, r *markers.Record) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", k, v)
+		}
+	}
+	row("id", r.ID)
+	row("state", string(r.State))
+	row("account", r.Account)
+	row("command", strings.Join(r.Command, " "))
+	row("cwd", r.Cwd)
+	row("operation key", r.OperationKey)
+	row("fingerprint", r.Fingerprint)
+	row("created", r.CreatedAt.Local().Format(time.RFC3339))
+	for _, s := range markers.Host.States() {
+		if at, ok := r.StateTimes[s]; ok && s != r.Graph.Initial() {
+			row(string(s), at.Local().Format(time.RFC3339))
+		}
+	}
+	if r.State != markers.Started && r.State != markers.Running {
+		row("outcome", outcome(r))
+	}
+	if r.PID > 0 {
+		row("pid", fmt.Sprint(r.PID))
+	}
+	row("spool", r.SpoolDir)
+	if o := r.Output; o.StdoutBytes > 0 || o.StderrBytes > 0 || o.StdoutSHA256 != "" {
+		row("stdout", fmt.Sprintf("%d bytes  sha256 %s", o.StdoutBytes, dash(o.StdoutSHA256)))
+		row("stderr", fmt.Sprintf("%d bytes  sha256 %s", o.StderrBytes, dash(o.StderrSHA256)))
+		if o.Truncated {
+			row("output", "truncated at the output cap")
+		}
+	}
+	if r.Validated {
+		row("validated", "yes")
+	}
+	for i, cp := range r.Checkpoints {
+		k := ""
+		if i == 0 {
+			k = "checkpoints"
+		}
+		fmt.Fprintf(tw, "%s\t%s  %s\n", k, cp.At.Local().Format(time.RFC3339), cp.Note)
+	}
+	for i, e := range r.Evidence {
+		k := ""
+		if i == 0 {
+			k = "evidence"
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", k, e)
+	}
+	return tw.Flush()
+}
+
+func (c *MarkersCommand) tail(ctx context.Context, args []string) error {
+	fs := newFlagSet("markers tail", "markers tail ID [flags]", c.Stderr)
+	var af agentFlags
+	af.register(fs)
+	follow := fs.Bool("follow", false, "keep streaming until the execution ends (needs the agent)")
+	pos, err := parseInterleaved(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	if err := af.resolve(); err != nil {
+		return err
+	}
+	src, err := af.open(ctx, c.Stderr)
+	if err != nil {
+		return err
+	}
+	defer src.Close()
+	rec, err := get(ctx, src, pos[0])
+	if err != nil {
+		return err
+	}
+	client, viaAgent := src.(*hostagent.ControlClient)
+	if *follow && !viaAgent {
+		return errors.New("--follow needs the running agent")
+	}
+	// Attach streams until the execution ends: right for --follow and for an ended
+	// execution. Without --follow, a running execution's output so far is in its spool.
+	if viaAgent && (*follow || rec.Graph.Terminal(rec.State)) {
+		_, err := client.Attach(ctx, rec.ID, 0, 0, func(stream string, _ int64, data []byte) error {
+			w := c.Stdout
+			if stream == shim.StreamStderr {
+				w = c.Stderr
+			}
+			_, err := w.Write(data)
+			return err
+		})
+		return err
+	}
+	if rec.SpoolDir == "" {
+		return fmt.Errorf("%s has no spool directory (state %s)", rec.ID, rec.State)
+	}
+	for _, f := range []struct {
+		name string
+		w    io.Writer
+	}{{shim.StdoutFile, c.Stdout}, {shim.StderrFile, c.Stderr}} {
+		if err := copyFile(filepath.Join(rec.SpoolDir, f.name), f.w); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func copyFile(path string, w io.Writer) error {
+	f, err := os.Open(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // the stream has no output yet
+	}
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	_, err = io.Copy(w, f)
+	return err
+}
+
+func (c *MarkersCommand) verify(ctx context.Context, args []string) error {
+	fs := newFlagSet("markers verify", "markers verify [flags]", c.Stderr)
+	var af agentFlags
+	af.register(fs)
+	keyPath := fs.String("key", "", "audit verifier key (default <data_dir>/"+verifierKeyName+")")
+	var opts markers.VerifyOptions
+	fs.BoolVar(&opts.RequireSealed, "require-sealed", false, "fail if the last events are not covered by a signed checkpoint")
+	asJSON := fs.Bool("json", false, "print the report as JSON")
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
+		return err
+	}
+	if err := af.resolve(); err != nil {
+		return err
+	}
+	if *keyPath == "" {
+		if af.dataDir == "" {
+			return fmt.Errorf("%w: --key is required without a data dir", errUsage)
+		}
+		*keyPath = filepath.Join(af.dataDir, verifierKeyName)
+	}
+	key, err := os.ReadFile(*keyPath)
+	if err != nil {
+		return fmt.Errorf("audit verifier key: %w", err)
+	}
+	rep, err := verifyLog(ctx, &af, string(key), opts, c.Stderr)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		err = writeJSON(c.Stdout, rep)
+	} else {
+		_, err = fmt.Fprintln(c.Stdout, rep)
+	}
+	if err == nil && !rep.OK {
+		err = errVerifyFailed
+	}
+	return err
+}
+
+// verifyLog verifies the export the agent streams, or the store's directory while the agent
+// is down.
+func verifyLog(ctx context.Context, af *agentFlags, key string, opts markers.VerifyOptions, stderr io.Writer) (markers.Report, error) {
+	client, err := hostagent.DialLocalControl(ctx, af.socket)
+	if err != nil {
+		if !agentDown(err) || af.dataDir == "" {
+			return markers.Report{}, err
+		}
+		fmt.Fprintf(stderr, "note: agent not reachable at %s; verifying %s directly\n", af.socket, af.dataDir)
+		return markers.VerifyDir(filepath.Join(af.dataDir, markersDirName), key, opts)
+	}
+	defer client.Close()
+	pr, pw := io.Pipe()
+	exported := make(chan error, 1)
+	go func() {
+		_, err := client.Export(ctx, pw)
+		pw.CloseWithError(err)
+		exported <- err
+	}()
+	rep, err := markers.VerifyJSONL(pr, key, opts)
+	pr.CloseWithError(errors.New("verification stopped reading")) // unblocks an export still writing
+	exportErr := <-exported
+	if err != nil {
+		return rep, err
+	}
+	if exportErr != nil && rep.OK {
+		return rep, fmt.Errorf("export: %w", exportErr)
+	}
+	return rep, nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func outcome(r *markers.Record) string {
+	switch {
+	case r.ExitCode != nil:
+		return fmt.Sprint(*r.ExitCode)
+	case r.Signal != "":
+		return "sig " + r.Signal
+	}
+	return "-"
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	cut := n - 1
+	for cut > 0 && !utf8.RuneStart(s[cut]) {
+		cut--
+	}
+	return s[:cut] + "…"
+}
