@@ -1,0 +1,320 @@
+package integration
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/markers"
+)
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	testutil.CleanupBinaries()
+	os.Exit(code)
+}
+
+func newID(t testing.TB) string {
+	t.Helper()
+	id, err := markers.NewExecutionID(time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
+}
+
+type outcome struct {
+	stdout, stderr string
+	res            client.Result
+	err            error
+}
+
+func execOn(t testing.TB, c *gossh.Client, x client.Exec) outcome {
+	t.Helper()
+	var stdout, stderr bytes.Buffer
+	x.Stdout, x.Stderr = &stdout, &stderr
+	res, err := client.Run(context.Background(), c, x)
+	return outcome{stdout.String(), stderr.String(), res, err}
+}
+
+func lines(t testing.TB, path string) int {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return strings.Count(string(b), "\n")
+}
+
+func TestExecUnderMarker(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	c := h.Dial(t)
+	id := newID(t)
+	got := execOn(t, c, client.Exec{ExecutionID: id, Command: "echo out; echo err >&2; exit 3", Fingerprint: "hmac-sha256:abc"})
+	if got.err != nil || got.res.ExitStatus != 3 || got.stdout != "out\n" || got.stderr != "err\n" {
+		t.Fatalf("exec = %+v; want exit 3, out, err", got)
+	}
+	first, final := got.res.First, got.res.Final
+	if first == nil || first.Replayed || first.Marker.State != markers.Started || first.Marker.Fingerprint != "hmac-sha256:abc" {
+		t.Errorf("first marker = %+v; want a fresh started marker carrying the fingerprint", first)
+	}
+	if final == nil || final.Marker.State != markers.Exited || *final.Marker.ExitCode != 3 || final.Marker.Output.StdoutBytes != 4 || final.Marker.PID == 0 {
+		t.Errorf("final marker = %+v; want exited 3 with output sizes and pid", final)
+	}
+}
+
+func TestSameIDRunsOnce(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	c := h.Dial(t)
+	effects := filepath.Join(t.TempDir(), "effects")
+	id := newID(t)
+	cmd := "echo applied >> " + effects + "; echo migrated; exit 5"
+	first := execOn(t, c, client.Exec{ExecutionID: id, Command: cmd})
+	second := execOn(t, c, client.Exec{ExecutionID: id, Command: cmd})
+	for i, got := range []outcome{first, second} {
+		if got.err != nil || got.res.ExitStatus != 5 || got.stdout != "migrated\n" {
+			t.Errorf("run %d = %+v; want exit 5 and the output", i+1, got)
+		}
+	}
+	if !second.res.Replayed() || !strings.Contains(second.stderr, "already ran") {
+		t.Errorf("second run: replayed=%v stderr=%q; want a replay", second.res.Replayed(), second.stderr)
+	}
+	if n := lines(t, effects); n != 1 {
+		t.Errorf("side effect happened %d times; want 1", n)
+	}
+}
+
+func TestConcurrentDuplicatesRunOnce(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	effects := filepath.Join(t.TempDir(), "effects")
+	id := newID(t)
+	cmd := "echo applied >> " + effects + "; sleep 0.5; echo done"
+	const n = 50
+	clients := make([]*gossh.Client, 5)
+	for i := range clients {
+		clients[i] = h.Dial(t)
+	}
+	results := make([]outcome, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { results[i] = execOn(t, clients[i%len(clients)], client.Exec{ExecutionID: id, Command: cmd}) })
+	}
+	wg.Wait()
+	replayed := 0
+	for i, got := range results {
+		if got.err != nil || got.res.ExitStatus != 0 || got.stdout != "done\n" {
+			t.Errorf("call %d = %+v; want exit 0 and the output", i, got)
+		}
+		if got.res.Replayed() {
+			replayed++
+		}
+	}
+	if replayed != n-1 {
+		t.Errorf("%d calls attached or replayed; want %d", replayed, n-1)
+	}
+	if got := lines(t, effects); got != 1 {
+		t.Errorf("side effect happened %d times; want 1", got)
+	}
+}
+
+func TestClientDisconnectDoesNotStopCommand(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	effects := filepath.Join(t.TempDir(), "effects")
+	id := newID(t)
+	cmd := "sleep 1; echo applied >> " + effects + "; echo finished"
+	ctx, cancel := context.WithCancel(context.Background())
+	c := h.Dial(t)
+	_, err := client.Run(ctx, c, client.Exec{ExecutionID: id, Command: cmd, OnMarker: func(client.MarkerMessage) { cancel(); c.Close() }})
+	if err == nil {
+		t.Fatal("run survived the dropped connection")
+	}
+	testutil.WaitFor(t, "the command to finish", func() bool { return lines(t, effects) == 1 })
+	again := execOn(t, h.Dial(t), client.Exec{ExecutionID: id, Command: cmd})
+	if again.err != nil || again.res.ExitStatus != 0 || again.stdout != "finished\n" || !again.res.Replayed() {
+		t.Fatalf("re-issue = %+v; want the replayed result", again)
+	}
+	if n := lines(t, effects); n != 1 {
+		t.Errorf("side effect happened %d times; want 1", n)
+	}
+}
+
+func TestHostagentKilledMidCommand(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	effects := filepath.Join(t.TempDir(), "effects")
+	id := newID(t)
+	cmd := "sleep 2; echo applied >> " + effects + "; echo done; exit 7"
+	started := make(chan struct{})
+	var once sync.Once
+	var first outcome
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		first = execOn(t, h.Dial(t), client.Exec{ExecutionID: id, Command: cmd, OnMarker: func(client.MarkerMessage) { once.Do(func() { close(started) }) }})
+	})
+	<-started
+	h.Kill(t)
+	wg.Wait()
+	if !errors.Is(first.err, client.ErrExitMissing) {
+		t.Fatalf("first run after the kill: %v; want ErrExitMissing", first.err)
+	}
+	h.Start(t)
+	again := execOn(t, h.Dial(t), client.Exec{ExecutionID: id, Command: cmd})
+	if again.err != nil || again.res.ExitStatus != 7 || again.stdout != "done\n" || !again.res.Replayed() {
+		t.Fatalf("re-issue after restart = %+v; want exit 7 from the re-adopted command", again)
+	}
+	if fm := again.res.Final; fm == nil || fm.Marker.State != markers.Exited || *fm.Marker.ExitCode != 7 {
+		t.Errorf("final marker = %+v; want exited 7", fm)
+	}
+	if n := lines(t, effects); n != 1 {
+		t.Errorf("side effect happened %d times; want 1", n)
+	}
+}
+
+func TestShimKilledIsInterrupted(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	id := newID(t)
+	c := h.Dial(t)
+	started := make(chan struct{})
+	var once sync.Once
+	var first outcome
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		first = execOn(t, c, client.Exec{ExecutionID: id, Command: "sleep 30", OnMarker: func(client.MarkerMessage) { once.Do(func() { close(started) }) }})
+	})
+	<-started
+	shimPID := readShimPID(t, filepath.Join(h.DataDir, "spool", id))
+	if err := syscall.Kill(shimPID, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	wg.Wait()
+	if first.res.ExitStatus != 254 || first.res.Final == nil || first.res.Final.Marker.State != markers.Interrupted {
+		t.Fatalf("attached run = %+v; want 254 with an interrupted marker", first)
+	}
+	again := execOn(t, c, client.Exec{ExecutionID: id, Command: "sleep 30"})
+	if again.res.ExitStatus != 254 || !strings.Contains(again.stderr, "outcome is unknown") {
+		t.Errorf("re-issue = %+v; want 254 and no re-run", again)
+	}
+}
+
+func readShimPID(t testing.TB, spool string) int {
+	t.Helper()
+	var pid int
+	testutil.WaitFor(t, "the shim record", func() bool {
+		b, err := os.ReadFile(filepath.Join(spool, "shim.json"))
+		if err != nil {
+			return false
+		}
+		s := string(b)
+		i := strings.Index(s, `"pid":`)
+		if i < 0 {
+			return false
+		}
+		s = s[i+6:]
+		end := strings.IndexAny(s, ",}")
+		pid, err = strconv.Atoi(strings.TrimSpace(s[:end]))
+		return err == nil
+	})
+	return pid
+}
+
+func TestOperationKey(t *testing.T) {
+	tests := []struct {
+		name        string
+		config      string
+		firstCmd    string
+		wantSecond  int
+		wantStderr  string
+		wantEffects int
+	}{
+		{"second id refused", "", "echo x >> EFFECTS", 253, "belongs to", 1},
+		{"failed first is not retried by default", "", "echo x >> EFFECTS; exit 1", 253, "belongs to", 1},
+		{"failed first retried when allowed", "retry_failed_operations = true", "echo x >> EFFECTS; exit 1", 0, "", 2},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := testutil.StartHostagent(t, tt.config)
+			c := h.Dial(t)
+			effects := filepath.Join(t.TempDir(), "effects")
+			first := execOn(t, c, client.Exec{ExecutionID: newID(t), OperationKey: "migration:2026_07_22", Command: strings.ReplaceAll(tt.firstCmd, "EFFECTS", effects)})
+			if first.err != nil {
+				t.Fatal(first.err)
+			}
+			second := execOn(t, c, client.Exec{ExecutionID: newID(t), OperationKey: "migration:2026_07_22", Command: "echo x >> " + effects})
+			if second.res.ExitStatus != tt.wantSecond || !strings.Contains(second.stderr, tt.wantStderr) {
+				t.Errorf("second = %+v; want exit %d mentioning %q", second, tt.wantSecond, tt.wantStderr)
+			}
+			if n := lines(t, effects); n != tt.wantEffects {
+				t.Errorf("side effects = %d; want %d", n, tt.wantEffects)
+			}
+		})
+	}
+}
+
+func TestTimeout(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	got := execOn(t, h.Dial(t), client.Exec{ExecutionID: newID(t), Command: "trap '' TERM; sleep 30", Timeout: time.Second})
+	if got.res.ExitStatus != 124 || got.res.Final == nil || got.res.Final.Marker.State != markers.TimedOut {
+		t.Fatalf("exec = %+v; want 124 and a timed_out marker", got)
+	}
+}
+
+func TestOpenSSHClient(t *testing.T) {
+	if _, err := exec.LookPath("ssh"); err != nil {
+		t.Skip("OpenSSH client not installed (apt-get install openssh-client)")
+	}
+	h := testutil.StartHostagent(t)
+	dir := t.TempDir()
+	knownHosts := testutil.WriteKnownHosts(t, filepath.Join(dir, "known_hosts"), h.Addr, h.HostKey)
+	identity := h.ClientKey.WritePrivateKey(t, filepath.Join(dir, "id"))
+	_, port, _ := strings.Cut(h.Addr, ":")
+	effects := filepath.Join(dir, "effects")
+	ssh := func(env string, command string) (string, string, int) {
+		args := append(testutil.OpenSSHArgs(knownHosts, identity, port), "-o", "SetEnv="+env, h.Account+"@127.0.0.1", command)
+		cmd := exec.Command("ssh", args...)
+		var stdout, stderr bytes.Buffer
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		code := 0
+		var exitErr *exec.ExitError
+		if errors.As(err, &exitErr) {
+			code = exitErr.ExitCode()
+		} else if err != nil {
+			t.Fatal(err)
+		}
+		return stdout.String(), stderr.String(), code
+	}
+	id := newID(t)
+	for i := range 2 {
+		out, errOut, code := ssh("POSTERN_EXECUTION_ID="+id, "echo applied >> "+effects+"; echo hi; exit 4")
+		if out != "hi\n" || code != 4 {
+			t.Errorf("run %d: stdout %q, exit %d, stderr %q; want hi and 4", i+1, out, code, errOut)
+		}
+		if i == 1 && !strings.Contains(errOut, "already ran") {
+			t.Errorf("second run stderr %q; want the replay notice", errOut)
+		}
+	}
+	if n := lines(t, effects); n != 1 {
+		t.Errorf("side effect happened %d times; want 1", n)
+	}
+	if _, errOut, code := ssh("LANG=C", "true"); code != 255 || !strings.Contains(errOut, "POSTERN_EXECUTION_ID") {
+		t.Errorf("without an id: exit %d, stderr %q; want 255 and the reason", code, errOut)
+	}
+	if _, _, code := ssh("POSTERN_EXECUTION_ID=ex_bogus", "true"); code != 255 {
+		t.Errorf("with a bad id: exit %d; want 255", code)
+	}
+}

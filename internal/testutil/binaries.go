@@ -1,0 +1,205 @@
+package testutil
+
+import (
+	"bufio"
+	"bytes"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+)
+
+var binaries struct {
+	mu    sync.Mutex // guards dir and built
+	dir   string
+	built map[string]string
+}
+
+// Binary builds ./cmd/<name> of this module once per test process and returns its path.
+// Call CleanupBinaries from TestMain after m.Run.
+func Binary(t testing.TB, name string) string {
+	t.Helper()
+	binaries.mu.Lock()
+	defer binaries.mu.Unlock()
+	if path, ok := binaries.built[name]; ok {
+		return path
+	}
+	if binaries.dir == "" {
+		dir, err := os.MkdirTemp("", "postern-bin-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		binaries.dir, binaries.built = dir, map[string]string{}
+	}
+	root, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}").Output()
+	if err != nil {
+		t.Fatalf("find module root: %v", err)
+	}
+	path := filepath.Join(binaries.dir, name)
+	cmd := exec.Command("go", "build", "-o", path, "./cmd/"+name)
+	cmd.Dir = strings.TrimSpace(string(root))
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("go build %s: %v\n%s", name, err, out)
+	}
+	binaries.built[name] = path
+	return path
+}
+
+// CleanupBinaries removes what Binary built.
+func CleanupBinaries() {
+	binaries.mu.Lock()
+	defer binaries.mu.Unlock()
+	if binaries.dir != "" {
+		os.RemoveAll(binaries.dir)
+	}
+}
+
+// FreeAddr returns a 127.0.0.1 address with a port that was free a moment ago.
+func FreeAddr(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// Hostagent is a postern-hostagent process on 127.0.0.1 with its own data dir, one
+// authorized client key and the current user as the allowed account.
+type Hostagent struct {
+	Addr, Dir, DataDir, ConfigPath, Account string
+	ClientKey                               SSHKey
+	HostKey                                 gossh.PublicKey
+
+	mu   sync.Mutex // guards cmd and logs
+	cmd  *exec.Cmd
+	logs bytes.Buffer
+}
+
+// StartHostagent writes a config (extra TOML lines appended) and starts the agent; it is
+// killed at cleanup.
+func StartHostagent(t testing.TB, extraConfig ...string) *Hostagent {
+	t.Helper()
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	h := &Hostagent{
+		Addr: FreeAddr(t), Dir: dir, DataDir: filepath.Join(dir, "data"),
+		ConfigPath: filepath.Join(dir, "hostagent.toml"), Account: u.Username, ClientKey: NewSSHKey(t),
+	}
+	WriteAuthorizedKeys(t, filepath.Join(dir, "authorized_keys"), h.ClientKey.AuthorizedLine())
+	cfg := fmt.Sprintf("listen = %q\ndata_dir = %q\nauthorized_keys_file = %q\nallowed_accounts = [%q]\nkill_grace = \"1s\"\n%s\n",
+		h.Addr, h.DataDir, filepath.Join(dir, "authorized_keys"), h.Account, strings.Join(extraConfig, "\n"))
+	if err := os.WriteFile(h.ConfigPath, []byte(cfg), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h.Start(t)
+	t.Cleanup(func() { h.Kill(t) })
+	return h
+}
+
+// Start runs the agent (again) and waits until it listens.
+func (h *Hostagent) Start(t testing.TB) {
+	t.Helper()
+	cmd := exec.Command(Binary(t, "postern-hostagent"), "serve", "--config", h.ConfigPath)
+	// Its own process group, like under systemd: killing a test's client never reaches it.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.mu.Lock()
+	cmd.Stderr = &lockedWriter{mu: &h.mu, w: &h.logs}
+	h.mu.Unlock()
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "listening on") {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("hostagent did not start: %q %v\n%s", line, err, h.Logs())
+	}
+	go func() { // keep the pipe drained
+		b := make([]byte, 4096)
+		for {
+			if _, err := stdout.Read(b); err != nil {
+				return
+			}
+		}
+	}()
+	h.mu.Lock()
+	h.cmd = cmd
+	h.mu.Unlock()
+	key, err := os.ReadFile(filepath.Join(h.DataDir, "host_ed25519_key"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	signer, err := gossh.ParsePrivateKey(key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.HostKey = signer.PublicKey()
+}
+
+// Kill SIGKILLs the agent (its shims, in their own sessions, live on).
+func (h *Hostagent) Kill(t testing.TB) {
+	t.Helper()
+	h.mu.Lock()
+	cmd := h.cmd
+	h.cmd = nil
+	h.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+}
+
+// Logs is what the agent wrote to stderr.
+func (h *Hostagent) Logs() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.logs.String()
+}
+
+// Dial connects as the allowed account with the client key.
+func (h *Hostagent) Dial(t testing.TB) *gossh.Client {
+	t.Helper()
+	return MustDialSSH(t, h.Addr, h.Account, h.HostKey, gossh.PublicKeys(h.ClientKey.Signer))
+}
+
+// WaitFor polls cond until it holds or the deadline passes (generous, for busy machines).
+func WaitFor(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
+}
