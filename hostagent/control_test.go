@@ -11,12 +11,17 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
+
+	gliderssh "github.com/gliderlabs/ssh"
+	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
@@ -108,7 +113,9 @@ func (f *fakeBackend) setOwner(id string, pid int) {
 
 func (f *fakeBackend) Get(id string) (*markers.Record, error) { return f.store.Get(id) }
 
-func (f *fakeBackend) List(q markers.Query) ([]*markers.Record, string, error) { return f.store.List(q) }
+func (f *fakeBackend) List(q markers.Query) ([]*markers.Record, string, error) {
+	return f.store.List(q)
+}
 
 func (f *fakeBackend) Export(w io.Writer) error { return f.store.Export(w) }
 
@@ -821,5 +828,183 @@ func TestServeLocalStopsWithContext(t *testing.T) {
 	}
 	if _, err := os.Stat(path); !errors.Is(err, os.ErrNotExist) {
 		t.Errorf("socket file after stop: %v; want it removed", err)
+	}
+}
+
+// peerHelperEnv makes TestControlPeerHelper act as a local peer instead of a test.
+const (
+	peerHelperSocket = "POSTERN_TEST_CONTROL_SOCKET"
+	peerHelperID     = "POSTERN_TEST_CONTROL_ID"
+)
+
+// TestControlPeerHelper is run by TestControlPeerCredentials as another user: it waits for
+// a line on stdin, tries an operator request and a checkpoint, and prints one result line
+// each.
+func TestControlPeerHelper(t *testing.T) {
+	path := os.Getenv(peerHelperSocket)
+	if path == "" {
+		t.Skip("helper process only")
+	}
+	bufio.NewReader(os.Stdin).ReadString('\n')
+	c, err := DialLocalControl(context.Background(), path)
+	if err != nil {
+		fmt.Println("dial:", err)
+		return
+	}
+	defer c.Close()
+	id := os.Getenv(peerHelperID)
+	_, _, err = c.Status(context.Background(), []string{id})
+	fmt.Println("status:", errCode(err))
+	_, err = c.Export(context.Background(), io.Discard)
+	fmt.Println("export:", errCode(err))
+	_, err = c.Checkpoint(context.Background(), id, "from the child")
+	fmt.Println("checkpoint:", errCode(err))
+}
+
+func errCode(err error) string {
+	var ce *ControlError
+	switch {
+	case err == nil:
+		return "ok"
+	case errors.As(err, &ce):
+		return ce.Code
+	}
+	return err.Error()
+}
+
+func TestControlPeerCredentials(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a peer as another user")
+	}
+	fb := newFakeBackend(t)
+	id := fb.start(t, "nobody", "")
+	path := serveLocalForTest(t, fb, DefaultKeepaliveInterval)
+	if err := os.Chmod(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	// The test binary must be reachable by the other user.
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	bin := filepath.Join(filepath.Dir(path), "helper.test")
+	data, err := os.ReadFile(exe)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(bin, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(bin, "-test.run=^TestControlPeerHelper$")
+	cmd.Env = []string{peerHelperSocket + "=" + path, peerHelperID + "=" + id}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	fb.setOwner(id, cmd.Process.Pid) // the child is the execution's process tree
+	io.WriteString(stdin, "go\n")
+	stdin.Close()
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("helper: %v\n%s", err, out.String())
+	}
+	for _, want := range []string{"status: forbidden", "export: forbidden", "checkpoint: ok"} {
+		if !strings.Contains(out.String(), want+"\n") {
+			t.Errorf("helper output lacks %q:\n%s", want, out.String())
+		}
+	}
+	rec, err := fb.store.Get(id)
+	if err != nil || len(rec.Checkpoints) != 1 || rec.Checkpoints[0].Note != "from the child" {
+		t.Errorf("marker = %+v, %v; want the child's checkpoint", rec, err)
+	}
+}
+
+// controlHandler serves the control subsystem like the executor's Control does.
+type controlHandler struct{ backend controlBackend }
+
+func (h controlHandler) Exec(_ context.Context, s gliderssh.Session, _ ExecRequest) { s.Exit(255) }
+
+func (h controlHandler) Control(ctx context.Context, s gliderssh.Session, account Account) {
+	ServeControlSession(ctx, s, account, h.backend, nil)
+}
+
+// sessionConn is an SSH session's stdin and stdout as one connection.
+type sessionConn struct {
+	io.Reader
+	io.WriteCloser
+	session *gossh.Session
+}
+
+func (c sessionConn) Close() error {
+	c.WriteCloser.Close()
+	return c.session.Close()
+}
+
+func TestControlOverSSH(t *testing.T) {
+	fb := newFakeBackend(t)
+	own := ownAccountName()
+	id := fb.start(t, "someone-else", "")
+	dir := t.TempDir()
+	key := testutil.NewSSHKey(t)
+	testutil.WriteAuthorizedKeys(t, filepath.Join(dir, "authorized_keys"), key.AuthorizedLine())
+	cfg := DefaultConfig()
+	cfg.DataDir = filepath.Join(dir, "data")
+	cfg.AuthorizedKeysFile = filepath.Join(dir, "authorized_keys")
+	cfg.AllowedAccounts = []string{own}
+	srv, err := NewServer(cfg, controlHandler{fb}, testLogger(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(context.Background(), ln) }()
+	t.Cleanup(func() {
+		srv.Close()
+		<-served
+	})
+	client := testutil.MustDialSSH(t, ln.Addr().String(), own, srv.HostPublicKey(), gossh.PublicKeys(key.Signer))
+	sess, err := client.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin, _ := sess.StdinPipe()
+	stdout, _ := sess.StdoutPipe()
+	if err := sess.RequestSubsystem(ControlSubsystem); err != nil {
+		t.Fatal(err)
+	}
+	c := NewControlClient(sessionConn{Reader: stdout, WriteCloser: stdin, session: sess})
+	ctx := context.Background()
+
+	// The hostagent's own account sees every account's markers.
+	found, _, err := c.Status(ctx, []string{id})
+	if err != nil || len(found) != 1 {
+		t.Errorf("status over ssh = %v, %v; want the marker", found, err)
+	}
+	if _, err := c.Checkpoint(ctx, id, "over ssh"); !errors.Is(err, ErrForbidden) {
+		t.Errorf("checkpoint over ssh = %v; want ErrForbidden", err)
+	}
+	fb.write(id, "stdout", "out")
+	fb.exit(t, id, 0)
+	var got bytes.Buffer
+	rec, err := c.Attach(ctx, id, 0, 0, func(_ string, _ int64, data []byte) error {
+		got.Write(data)
+		return nil
+	})
+	if err != nil || rec.State != markers.Exited || got.String() != "out" {
+		t.Errorf("attach over ssh = %+v, %q, %v", rec, got.String(), err)
+	}
+	// Closing stdin ends the session (x/crypto's Session.Wait does not work after
+	// RequestSubsystem, so the exit status is not checked here).
+	stdin.Close()
+	if rest, err := io.ReadAll(stdout); err != nil || len(rest) != 0 {
+		t.Errorf("after closing stdin: %q, %v; want the session to end", rest, err)
 	}
 }
