@@ -14,7 +14,7 @@ package hostagent
 // Every request gets zero or more progress lines and then exactly one final line. Progress
 // lines:
 //
-//	{"keepalive":true}                                   any op, after KeepaliveInterval without another line
+//	{"keepalive":true}                                   any op, after DefaultKeepaliveInterval (15 s) without another line
 //	{"stream":"stdout","offset":N,"data":"<base64>"}     attach: output bytes N.. of the stream
 //	{"export":"<base64>"}                                export: the next bytes of the JSONL log
 //
