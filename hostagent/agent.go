@@ -16,13 +16,6 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-// Paths inside Config.DataDir.
-const (
-	markersDirName  = "markers"
-	auditKeyName    = "audit.key" // the verifier key is audit.key.pub
-	controlSockName = "control.sock"
-)
-
 // gcInterval is how often retention runs.
 const gcInterval = time.Hour
 
@@ -54,11 +47,11 @@ func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, erro
 		return nil, fmt.Errorf("hostagent: data dir: %w", err)
 	}
 	host, _ := os.Hostname()
-	signer, _, err := markers.LoadOrCreateAuditKey(filepath.Join(cfg.DataDir, auditKeyName), "postern-hostagent-"+validKeyName(host))
+	signer, _, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-hostagent-"+validKeyName(host))
 	if err != nil {
 		return nil, err
 	}
-	store, err := markers.Open(filepath.Join(cfg.DataDir, markersDirName), markers.Options{
+	store, err := markers.Open(cfg.MarkersDir(), markers.Options{
 		Graph: markers.Host, Signer: signer, Origin: "postern hostagent " + host,
 		DefaultRetention: cfg.MarkerRetention, Logger: logger,
 	})
@@ -68,7 +61,7 @@ func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, erro
 	a := &Agent{cfg: cfg, log: logger, store: store}
 	a.executor, err = NewExecutor(ExecutorOptions{
 		Config: cfg, Store: store, ShimExe: opts.ShimExe, Logger: logger,
-		SocketPath: filepath.Join(cfg.DataDir, controlSockName),
+		SocketPath: cfg.ControlSocketPath(),
 	})
 	if err == nil {
 		err = a.executor.Recover(ctx)
@@ -109,8 +102,7 @@ func (a *Agent) Server() *Server { return a.server }
 // Serve runs the SSH server on ln, the local control socket and retention until ctx ends,
 // then lets sessions finish for up to grace and closes everything. Commands keep running.
 func (a *Agent) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
-	sockPath := filepath.Join(a.cfg.DataDir, controlSockName)
-	local, err := ListenLocal(sockPath)
+	local, err := ListenLocal(a.cfg.ControlSocketPath())
 	if err != nil {
 		return err
 	}

@@ -43,6 +43,12 @@ type Config struct {
 	// HostKeyFile is the persistent ed25519 host key, created on first start.
 	// Default "" meaning <DataDir>/host_ed25519_key (see HostKeyPath).
 	HostKeyFile string `toml:"host_key_file"`
+	// ControlSocket is the local control socket: operators' `postern-hostagent markers …` and
+	// commands' checkpoints. Default "" meaning <DataDir>/control.sock, which only root and
+	// the agent's own account can reach (the data dir is 0700); to let commands running as
+	// other accounts report checkpoints, put it in a world-searchable directory such as
+	// /run/postern-hostagent/control.sock — peer credentials decide what each caller may do.
+	ControlSocket string `toml:"control_socket"`
 	// AuthorizedKeysFile lists the public keys allowed to log in (OpenSSH authorized_keys
 	// format), re-read whenever it changes. Default "". At least one of AuthorizedKeysFile
 	// and TrustedUserCAKeysFile is required.
@@ -111,6 +117,20 @@ func DefaultConfig() Config {
 	}
 	return cfg
 }
+
+// ControlSocketPath is ControlSocket, or <DataDir>/control.sock when it is empty.
+func (c Config) ControlSocketPath() string {
+	if c.ControlSocket != "" {
+		return c.ControlSocket
+	}
+	return filepath.Join(c.DataDir, "control.sock")
+}
+
+// MarkersDir is where the marker store lives.
+func (c Config) MarkersDir() string { return filepath.Join(c.DataDir, "markers") }
+
+// AuditKeyPath is the audit signing key; its verifier key is AuditKeyPath()+".pub".
+func (c Config) AuditKeyPath() string { return filepath.Join(c.DataDir, "audit.key") }
 
 // HostKeyPath is HostKeyFile, or <DataDir>/host_ed25519_key when HostKeyFile is empty.
 func (c Config) HostKeyPath() string {

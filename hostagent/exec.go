@@ -563,7 +563,12 @@ func (e *Executor) commandEnv(req ExecRequest) []string {
 		"SHELL=" + shell,
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 	}
-	env = append(env, req.Env...)
+	for _, kv := range req.Env {
+		// The socket is ours to name; a client-sent value must not shadow it.
+		if !strings.HasPrefix(kv, EnvMarkerSocket+"=") {
+			env = append(env, kv)
+		}
+	}
 	if e.sock != "" {
 		env = append(env, EnvMarkerSocket+"="+e.sock)
 	}

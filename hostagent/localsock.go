@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"path/filepath"
 	"sync"
 	"syscall"
 	"time"
@@ -33,6 +34,11 @@ var ErrSocketInUse = errors.New("hostagent: control socket in use")
 // credentials). A stale socket left by a previous run is removed; a live one is
 // ErrSocketInUse, and a path that is not a socket is left alone and is an error.
 func ListenLocal(path string) (net.Listener, error) {
+	// The directory must let every account reach the socket (0755); the socket itself is
+	// guarded by peer credentials.
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		return nil, fmt.Errorf("hostagent: control socket dir: %w", err)
+	}
 	if fi, err := os.Lstat(path); err == nil {
 		if fi.Mode().Type() != fs.ModeSocket {
 			return nil, fmt.Errorf("hostagent: control socket %s exists and is not a socket", path)

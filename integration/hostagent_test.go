@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +17,7 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
@@ -316,5 +318,145 @@ func TestOpenSSHClient(t *testing.T) {
 	}
 	if _, _, code := ssh("POSTERN_EXECUTION_ID=ex_bogus", "true"); code != 255 {
 		t.Errorf("with a bad id: exit %d; want 255", code)
+	}
+}
+
+func TestCheckpointsFromTheCommand(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	bin := testutil.Binary(t, "postern-hostagent")
+	cmd := bin + ` marker checkpoint "schema applied" && ` + bin + ` marker validated && echo ok`
+	got := execOn(t, h.Dial(t), client.Exec{ExecutionID: newID(t), Command: cmd})
+	if got.err != nil || got.res.ExitStatus != 0 || got.stdout != "ok\n" {
+		t.Fatalf("exec = %+v; want exit 0", got)
+	}
+	final := got.res.Final.Marker
+	if len(final.Checkpoints) != 1 || final.Checkpoints[0].Note != "schema applied" || !final.Validated {
+		t.Errorf("final marker checkpoints %+v validated %v; want the checkpoint and validated", final.Checkpoints, final.Validated)
+	}
+	// A process outside the execution cannot report for it.
+	out, err := exec.Command(bin, "marker", "checkpoint", "forged").CombinedOutput()
+	if err == nil {
+		t.Errorf("checkpoint without an execution succeeded: %s", out)
+	}
+}
+
+// controlSession opens the postern-control subsystem over SSH.
+func controlSession(t testing.TB, c *gossh.Client) *hostagent.ControlClient {
+	t.Helper()
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdin, err := sess.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := sess.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sess.RequestSubsystem("postern-control"); err != nil {
+		t.Fatal(err)
+	}
+	cc := hostagent.NewControlClient(sessionRWC{stdout, stdin, sess})
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+type sessionRWC struct {
+	io.Reader
+	io.WriteCloser
+	sess *gossh.Session
+}
+
+func (s sessionRWC) Close() error { s.WriteCloser.Close(); return s.sess.Close() }
+
+func TestControlOverSSH(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	c := h.Dial(t)
+	ctx := context.Background()
+	id := newID(t)
+	started := make(chan struct{})
+	var once sync.Once
+	var attached outcome
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		attached = execOn(t, c, client.Exec{ExecutionID: id, Command: "echo begun; sleep 30", OnMarker: func(client.MarkerMessage) { once.Do(func() { close(started) }) }})
+	})
+	<-started
+	cc := controlSession(t, c)
+	testutil.WaitFor(t, "the marker to be running", func() bool {
+		found, _, err := cc.Status(ctx, []string{id})
+		return err == nil && len(found) == 1 && found[0].State == markers.Running
+	})
+	running, _, err := cc.List(ctx, hostagent.ControlListQuery{State: markers.Running})
+	if err != nil || len(running) != 1 || running[0].ID != id {
+		t.Fatalf("list running = %v, %v; want %s", running, err, id)
+	}
+	rec, err := cc.Cancel(ctx, id)
+	if err != nil || rec.State != markers.Cancelled {
+		t.Fatalf("cancel = %+v, %v; want cancelled", rec, err)
+	}
+	wg.Wait()
+	if attached.res.ExitStatus != 128+int(syscall.SIGTERM) || attached.stdout != "begun\n" {
+		t.Errorf("attached run = %+v; want 143 after the output", attached)
+	}
+	var out bytes.Buffer
+	if _, err := cc.Attach(ctx, id, 0, 0, func(stream string, _ int64, data []byte) error {
+		if stream == "stdout" {
+			out.Write(data)
+		}
+		return nil
+	}); err != nil || out.String() != "begun\n" {
+		t.Errorf("attach after the end = %q, %v; want the stored output", out.String(), err)
+	}
+	var export bytes.Buffer
+	if _, err := cc.Export(ctx, &export); err != nil {
+		t.Fatal(err)
+	}
+	vkey, err := os.ReadFile(filepath.Join(h.DataDir, "audit.key.pub"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := markers.VerifyJSONL(&export, string(vkey), markers.VerifyOptions{RequireSealed: true})
+	if err != nil || !rep.OK || rep.Events < 3 {
+		t.Errorf("verify export = %v, %v; want PASS", rep, err)
+	}
+}
+
+func TestMarkersCLI(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	id := newID(t)
+	if got := execOn(t, h.Dial(t), client.Exec{ExecutionID: id, Command: "echo hello"}); got.err != nil {
+		t.Fatal(got.err)
+	}
+	bin := testutil.Binary(t, "postern-hostagent")
+	cli := func(args ...string) string {
+		t.Helper()
+		cmd := exec.Command(bin, append(args, "--config", h.ConfigPath)...)
+		var stderr bytes.Buffer
+		cmd.Stderr = &stderr
+		out, err := cmd.Output()
+		if err != nil {
+			t.Fatalf("%v: %v\n%s%s", args, err, out, stderr.String())
+		}
+		return string(out)
+	}
+	for _, agentUp := range []bool{true, false} {
+		if !agentUp {
+			h.Kill(t)
+		}
+		if out := cli("markers", "list"); !strings.Contains(out, id) || !strings.Contains(out, "exited") {
+			t.Errorf("agent up %v: markers list = %q; want %s exited", agentUp, out, id)
+		}
+		if out := cli("markers", "show", id, "--json"); !strings.Contains(out, `"exit_code": 0`) && !strings.Contains(out, `"exit_code":0`) {
+			t.Errorf("agent up %v: markers show = %q; want the exit code", agentUp, out)
+		}
+		if out := cli("markers", "verify"); !strings.Contains(out, "PASS") {
+			t.Errorf("agent up %v: markers verify = %q; want PASS", agentUp, out)
+		}
+	}
+	if out := cli("markers", "tail", id); out != "hello\n" {
+		t.Errorf("markers tail = %q; want the output", out)
 	}
 }

@@ -21,13 +21,6 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-// Paths inside the data dir; they match what the agent creates (hostagent/agent.go).
-const (
-	markersDirName  = "markers"
-	verifierKeyName = "audit.key.pub"
-	controlSockName = "control.sock"
-)
-
 // errVerifyFailed: the log did not verify (the report says where and why).
 var errVerifyFailed = errors.New("verification failed")
 
@@ -76,7 +69,9 @@ func (c *MarkersCommand) Run(ctx context.Context, args []string) error {
 // agentFlags locate the agent: its control socket and its data dir (for the fallback).
 type agentFlags struct {
 	config, socket, dataDir string
-	configSet               bool
+	// paths names the files in the data dir (valid after resolve when dataDir is set).
+	paths     hostagent.Config
+	configSet bool
 }
 
 func (f *agentFlags) register(fs *flag.FlagSet) {
@@ -84,29 +79,36 @@ func (f *agentFlags) register(fs *flag.FlagSet) {
 		f.config, f.configSet = s, true
 		return nil
 	})
-	fs.StringVar(&f.socket, "socket", "", "control socket (default <data_dir>/"+controlSockName+")")
+	fs.StringVar(&f.socket, "socket", "", "control socket (default the config's control_socket, <data_dir>/control.sock)")
 	fs.StringVar(&f.dataDir, "data-dir", "", "data directory, overrides data_dir")
 }
 
 // resolve fills socket and dataDir. The config file is needed only for what the flags leave
 // out; a missing default config is fine when --socket is given (there is then no fallback).
 func (f *agentFlags) resolve() error {
-	if f.dataDir == "" {
+	cfg := hostagent.DefaultConfig()
+	cfg.DataDir = ""
+	if f.dataDir == "" || f.socket == "" {
 		path := hostagent.DefaultConfigPath
 		if f.configSet {
 			path = f.config
 		}
-		cfg, err := hostagent.LoadConfig(path)
+		loaded, err := hostagent.LoadConfig(path)
 		switch {
 		case err == nil:
-			f.dataDir = cfg.DataDir
+			cfg = loaded
 		case f.socket == "" || f.configSet:
 			return err
 		}
 	}
-	if f.socket == "" {
-		f.socket = filepath.Join(f.dataDir, controlSockName)
+	if f.dataDir != "" {
+		cfg.DataDir = f.dataDir
 	}
+	f.dataDir = cfg.DataDir
+	if f.socket == "" {
+		f.socket = cfg.ControlSocketPath()
+	}
+	f.paths = cfg
 	return nil
 }
 
@@ -128,7 +130,7 @@ func (f *agentFlags) open(ctx context.Context, stderr io.Writer) (markerSource, 
 	if !agentDown(err) || f.dataDir == "" {
 		return nil, err
 	}
-	store, err := markers.Open(filepath.Join(f.dataDir, markersDirName), markers.Options{Graph: markers.Host, ReadOnly: true})
+	store, err := markers.Open(f.paths.MarkersDir(), markers.Options{Graph: markers.Host, ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("agent not reachable at %s, and the store cannot be read: %w", f.socket, err)
 	}
@@ -477,7 +479,7 @@ func (c *MarkersCommand) verify(ctx context.Context, args []string) error {
 	fs := newFlagSet("markers verify", "markers verify [flags]", c.Stderr)
 	var af agentFlags
 	af.register(fs)
-	keyPath := fs.String("key", "", "audit verifier key (default <data_dir>/"+verifierKeyName+")")
+	keyPath := fs.String("key", "", "audit verifier key (default <data_dir>/audit.key.pub)")
 	var opts markers.VerifyOptions
 	fs.BoolVar(&opts.RequireSealed, "require-sealed", false, "fail if the last events are not covered by a signed checkpoint")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
@@ -491,7 +493,7 @@ func (c *MarkersCommand) verify(ctx context.Context, args []string) error {
 		if af.dataDir == "" {
 			return fmt.Errorf("%w: --key is required without a data dir", errUsage)
 		}
-		*keyPath = filepath.Join(af.dataDir, verifierKeyName)
+		*keyPath = af.paths.AuditKeyPath() + ".pub"
 	}
 	key, err := os.ReadFile(*keyPath)
 	if err != nil {
@@ -521,7 +523,7 @@ func verifyLog(ctx context.Context, af *agentFlags, key string, opts markers.Ver
 			return markers.Report{}, err
 		}
 		fmt.Fprintf(stderr, "note: agent not reachable at %s; verifying %s directly\n", af.socket, af.dataDir)
-		return markers.VerifyDir(filepath.Join(af.dataDir, markersDirName), key, opts)
+		return markers.VerifyDir(af.paths.MarkersDir(), key, opts)
 	}
 	defer client.Close()
 	pr, pw := io.Pipe()

@@ -76,11 +76,12 @@ func newAgentDir(t *testing.T) (*agentDir, *markers.Store) {
 	if err := os.WriteFile(d.config, []byte(fmt.Sprintf("data_dir = %q\n", d.dataDir)), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	signer, _, err := markers.LoadOrCreateAuditKey(filepath.Join(d.dataDir, "audit.key"), "postern-test")
+	paths := hostagent.Config{DataDir: d.dataDir}
+	signer, _, err := markers.LoadOrCreateAuditKey(paths.AuditKeyPath(), "postern-test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := markers.Open(filepath.Join(d.dataDir, markersDirName), markers.Options{
+	store, err := markers.Open(paths.MarkersDir(), markers.Options{
 		Graph: markers.Host, Signer: signer, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
@@ -115,7 +116,7 @@ func newAgentDir(t *testing.T) (*agentDir, *markers.Store) {
 // serveAgent serves store on the data dir's control socket until the test ends.
 func serveAgent(t *testing.T, d *agentDir, b *storeBackend) {
 	t.Helper()
-	ln, err := hostagent.ListenLocal(filepath.Join(d.dataDir, controlSockName))
+	ln, err := hostagent.ListenLocal((hostagent.Config{DataDir: d.dataDir}).ControlSocketPath())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -218,7 +219,7 @@ func TestMarkersThroughTheAgent(t *testing.T) {
 		}
 	})
 	t.Run("verify", func(t *testing.T) {
-		out, _, err := runCLI(t, "markers", "verify", "--require-sealed", "--socket", filepath.Join(d.dataDir, controlSockName),
+		out, _, err := runCLI(t, "markers", "verify", "--require-sealed", "--socket", (hostagent.Config{DataDir: d.dataDir}).ControlSocketPath(),
 			"--data-dir", d.dataDir)
 		if err != nil || !strings.HasPrefix(out, "PASS") {
 			t.Errorf("verify = %s, %v", out, err)
@@ -241,7 +242,7 @@ func TestMarkersThroughTheAgent(t *testing.T) {
 		b.mu.Lock()
 		b.allowPID = os.Getpid()
 		b.mu.Unlock()
-		env := map[string]string{hostagent.EnvExecutionID: running, hostagent.EnvMarkerSocket: filepath.Join(d.dataDir, controlSockName)}
+		env := map[string]string{hostagent.EnvExecutionID: running, hostagent.EnvMarkerSocket: (hostagent.Config{DataDir: d.dataDir}).ControlSocketPath()}
 		cmd := &MarkerCommand{Stdout: io.Discard, Stderr: io.Discard, Getenv: func(k string) string { return env[k] }}
 		if err := cmd.Run(context.Background(), []string{"checkpoint", "schema applied"}); err != nil {
 			t.Fatal(err)

@@ -168,6 +168,16 @@ func (h *Hostagent) Kill(t testing.TB) {
 	cmd.Wait()
 }
 
+// PID is the running agent's process id (0 when stopped).
+func (h *Hostagent) PID() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.cmd == nil {
+		return 0
+	}
+	return h.cmd.Process.Pid
+}
+
 // Logs is what the agent wrote to stderr.
 func (h *Hostagent) Logs() string {
 	h.mu.Lock()
