@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -150,7 +151,7 @@ func (e *Executor) Exec(ctx context.Context, s gliderssh.Session, req ExecReques
 	log := e.log.With("execution_id", req.ExecutionID, "account", req.Account.Name)
 	x, fresh := e.claim(req.ExecutionID)
 	if !fresh {
-		e.attach(ctx, s, x, true)
+		e.attach(ctx, s, x, req, true)
 		return
 	}
 	rec, err := e.createMarker(ctx, req)
@@ -178,7 +179,7 @@ func (e *Executor) Exec(ctx context.Context, s gliderssh.Session, req ExecReques
 	}
 	e.sendMarker(s, client.MarkerMessage{Marker: rec})
 	e.launch(x, req)
-	e.attach(ctx, s, x, false)
+	e.attach(ctx, s, x, req, false)
 }
 
 // claim returns the live execution of id, or registers a new one (fresh) that the caller
@@ -230,10 +231,6 @@ func (e *Executor) createMarker(ctx context.Context, req ExecRequest) (*markers.
 			return nil, &operationTakenError{prior: prior}
 		}
 	}
-	shell := req.Account.Shell
-	if shell == "" {
-		shell = e.cfg.Shell
-	}
 	return e.store.Create(ctx, &markers.Record{
 		ID:           req.ExecutionID,
 		Actor:        "key:" + req.KeyFingerprint,
@@ -241,10 +238,22 @@ func (e *Executor) createMarker(ctx context.Context, req ExecRequest) (*markers.
 		OperationKey: req.OperationKey,
 		Channel:      "ssh",
 		Account:      req.Account.Name,
-		Command:      []string{shell, "-c", req.Command},
+		Command:      e.markerCommand(req),
 		Cwd:          req.Account.Home,
 		SpoolDir:     filepath.Join(e.spool, req.ExecutionID),
 	})
+}
+
+// markerCommand is the argv the marker records for req.
+func (e *Executor) markerCommand(req ExecRequest) []string {
+	return []string{e.shell(req), "-c", req.Command}
+}
+
+func (e *Executor) shell(req ExecRequest) string {
+	if req.Account.Shell != "" {
+		return req.Account.Shell
+	}
+	return e.cfg.Shell
 }
 
 // provablyFailed: the execution ended without effect we need to protect — it never started,
@@ -256,14 +265,10 @@ func provablyFailed(r *markers.Record) bool {
 
 // launch starts the command of a freshly marked execution under a shim and watches it.
 func (e *Executor) launch(x *execution, req ExecRequest) {
-	shell := req.Account.Shell
-	if shell == "" {
-		shell = e.cfg.Shell
-	}
 	h, err := shim.Start(e.ctx, e.exe, x.dir, shim.Spec{
 		ExecutionID: req.ExecutionID,
 		Command:     req.Command,
-		Shell:       shell,
+		Shell:       e.shell(req),
 		Dir:         req.Account.Home,
 		Env:         e.commandEnv(req),
 		Credential:  req.Account.Credential,
@@ -373,10 +378,15 @@ func (e *Executor) recordOutcome(id string, st shim.Status, waitErr error) *mark
 // the marker proves the command never ran.
 func (e *Executor) duplicate(ctx context.Context, s gliderssh.Session, req ExecRequest, rec *markers.Record) {
 	if x, fresh := e.claim(rec.ID); !fresh {
-		e.attach(ctx, s, x, true)
+		e.attach(ctx, s, x, req, true)
 		return
 	} else if rec.State != markers.NotStarted {
 		e.release(x, nil)
+	} else if !slices.Equal(rec.Command, e.markerCommand(req)) {
+		e.release(x, nil)
+		fmt.Fprintf(s.Stderr(), "postern: %s was created for another command; not started\n", rec.ID)
+		s.Exit(ExitRefused)
+		return
 	} else {
 		// Provably never ran: run it now, under the same marker.
 		restarted, err := e.store.Transition(ctx, rec.ID, markers.NotStarted, markers.Started, "restarted: it never ran", nil)
@@ -389,7 +399,7 @@ func (e *Executor) duplicate(ctx context.Context, s gliderssh.Session, req ExecR
 		e.sendMarker(s, client.MarkerMessage{Marker: restarted, Replayed: true})
 		fmt.Fprintf(s.Stderr(), "postern: %s never ran; starting it now\n", rec.ID)
 		e.launch(x, req)
-		e.attach(ctx, s, x, false)
+		e.attach(ctx, s, x, req, false)
 		return
 	}
 	e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true})
@@ -408,7 +418,7 @@ func (e *Executor) duplicate(ctx context.Context, s gliderssh.Session, req ExecR
 
 // attach streams a live execution's output to s from the start and ends with its exit
 // status. If the client goes away first, the execution goes on.
-func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution, replayed bool) {
+func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution, req ExecRequest, replayed bool) {
 	select {
 	case <-x.started:
 	case <-ctx.Done():
@@ -441,7 +451,7 @@ func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution
 		}
 		if x.handle == nil {
 			// The marker existed before the claim: answer as a duplicate.
-			e.duplicate(ctx, s, ExecRequest{}, rec)
+			e.duplicate(ctx, s, req, rec)
 			return
 		}
 		final = rec
@@ -552,15 +562,11 @@ func (e *Executor) sendMarker(s gliderssh.Session, m client.MarkerMessage) {
 // commandEnv is the command's whole environment: the account's basics, the allowlisted
 // client variables (POSTERN_EXECUTION_ID included) and the checkpoint socket.
 func (e *Executor) commandEnv(req ExecRequest) []string {
-	shell := req.Account.Shell
-	if shell == "" {
-		shell = e.cfg.Shell
-	}
 	env := []string{
 		"HOME=" + req.Account.Home,
 		"USER=" + req.Account.Name,
 		"LOGNAME=" + req.Account.Name,
-		"SHELL=" + shell,
+		"SHELL=" + e.shell(req),
 		"PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
 	}
 	for _, kv := range req.Env {

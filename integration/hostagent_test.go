@@ -460,3 +460,52 @@ func TestMarkersCLI(t *testing.T) {
 		t.Errorf("markers tail = %q; want the output", out)
 	}
 }
+
+// TestNeverStartedRunsOnRetry: a marker left started with no shim record (the agent died
+// between the marker write and the shim start) provably never ran; recovery marks it
+// not_started, and a retry of the same command runs it once — a different command under
+// that id is refused.
+func TestNeverStartedRunsOnRetry(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	effects := filepath.Join(t.TempDir(), "effects")
+	cmd := "echo applied >> " + effects
+	shell := loginShell(t, h)
+	h.Kill(t)
+	signer, _, err := markers.LoadOrCreateAuditKey(filepath.Join(h.DataDir, "audit.key"), "unused")
+	if err != nil {
+		t.Fatal(err)
+	}
+	store, err := markers.Open(filepath.Join(h.DataDir, "markers"), markers.Options{Graph: markers.Host, Signer: signer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	same, other := newID(t), newID(t)
+	for _, id := range []string{same, other} {
+		if _, err := store.Create(context.Background(), &markers.Record{ID: id, Account: h.Account, Command: []string{shell, "-c", cmd}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	store.Close()
+	h.Start(t)
+	c := h.Dial(t)
+	got := execOn(t, c, client.Exec{ExecutionID: same, Command: cmd})
+	if got.res.ExitStatus != 0 || !strings.Contains(got.stderr, "never ran") || got.res.Final.Marker.State != markers.Exited {
+		t.Errorf("retry of the never-started execution = %+v; want it run now", got)
+	}
+	if n := lines(t, effects); n != 1 {
+		t.Errorf("side effect happened %d times; want 1", n)
+	}
+	if got := execOn(t, c, client.Exec{ExecutionID: other, Command: "echo something else"}); got.res.ExitStatus != 255 || !strings.Contains(got.stderr, "another command") {
+		t.Errorf("another command under a never-started id = %+v; want 255", got)
+	}
+}
+
+// loginShell is the shell the agent runs commands with for its account.
+func loginShell(t testing.TB, h *testutil.Hostagent) string {
+	t.Helper()
+	got := execOn(t, h.Dial(t), client.Exec{ExecutionID: newID(t), Command: "true"})
+	if got.res.First == nil {
+		t.Fatalf("no marker: %+v", got)
+	}
+	return got.res.First.Marker.Command[0]
+}
