@@ -148,6 +148,12 @@ func (s *Store) commitGroup(group []*commitReq) {
 		s.sealedSeq = head.Seq
 		s.lastSealAt = now
 	}
+	for _, r := range committed {
+		if r.prev == nil && r.rec != nil {
+			s.present.add(recordKey(r.rec.ID))
+			s.present.add(pointerKeys(r.rec)...)
+		}
+	}
 	s.commits.Add(1)
 	s.events.Add(uint64(staged))
 	for _, r := range committed {

@@ -23,7 +23,11 @@ func (s *Store) getLocked(id string) (*Record, error) {
 	if err := s.readable(); err != nil {
 		return nil, err
 	}
-	v, closer, err := s.db.Get(recordKey(id))
+	key := recordKey(id)
+	if !s.present.mayContain(key) {
+		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	v, closer, err := s.db.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
 		return nil, fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
@@ -64,6 +68,9 @@ func (s *Store) FindByOperationKey(key string) (*Record, error) {
 func (s *Store) follow(key []byte) (*Record, error) {
 	if err := s.readable(); err != nil {
 		return nil, err
+	}
+	if !s.present.mayContain(key) {
+		return nil, ErrNotFound
 	}
 	v, closer, err := s.db.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {

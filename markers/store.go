@@ -42,6 +42,8 @@ type Store struct {
 	log   *slog.Logger
 	db    *pebble.DB
 	locks keyLocks
+	// present answers "certainly absent" for lookups of keys never written.
+	present *presence
 
 	// mu guards closed; writers hold it shared for the whole write, so Close (exclusive)
 	// waits for writes in flight.
@@ -162,7 +164,8 @@ func (s *Store) load() error {
 		return err
 	}
 	s.lastSealAt = s.opts.Now()
-	return nil
+	s.present, err = loadPresence(s.db)
+	return err
 }
 
 func (s *Store) getMeta(key []byte) ([]byte, error) {

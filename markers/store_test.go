@@ -351,3 +351,41 @@ func TestReadOnly(t *testing.T) {
 		t.Error("read-only open of an empty dir succeeded")
 	}
 }
+
+// TestPresenceNeverHidesAKey: the in-memory filter that short-cuts lookups of absent keys
+// must find every key, while it grows and after a reopen.
+func TestPresenceNeverHidesAKey(t *testing.T) {
+	defer markers.SetPresenceMinCap(256)()
+	s := testutil.OpenStore(t, markers.Journal)
+	ctx := context.Background()
+	const n = 1_000 // two keys each: the filter grows three times
+	var wg sync.WaitGroup
+	for w := range 32 {
+		wg.Go(func() {
+			for i := w; i < n; i += 32 {
+				if _, err := s.Create(ctx, &markers.Record{ID: fmt.Sprintf("ex_%05d", i), Actor: "a", Fingerprint: fmt.Sprintf("fp%d", i)}); err != nil {
+					t.Error(err)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	check := func(when string) {
+		t.Helper()
+		for i := 0; i < n; i++ {
+			if _, err := s.FindByFingerprint("a", "", fmt.Sprintf("fp%d", i)); err != nil {
+				t.Fatalf("%s: fingerprint %d: %v", when, i, err)
+			}
+			if _, err := s.Create(ctx, &markers.Record{ID: fmt.Sprintf("ex_%05d", i)}); !errors.Is(err, markers.ErrExists) {
+				t.Fatalf("%s: create of existing %d: %v", when, i, err)
+			}
+		}
+		if _, err := s.FindByFingerprint("a", "", "fp-absent"); !errors.Is(err, markers.ErrNotFound) {
+			t.Fatalf("%s: absent fingerprint: %v", when, err)
+		}
+	}
+	check("after writes")
+	s.Reopen(t)
+	check("after reopen")
+}
