@@ -112,7 +112,8 @@ func BenchmarkConcurrentWriters(b *testing.B) {
 
 // BenchmarkFindByFingerprint looks up fingerprints among 10³ and 10⁶ records (set
 // POSTERN_BENCH_SMALL=1 to stop at 10⁵): hit finds an existing execution (uniformly random,
-// the worst case for the cache), miss is a new intent — the path every fresh call takes.
+// the worst case for the cache), hit-recent one of the newest 1000 (a retry inside its attach
+// window), miss is a new intent — the path every fresh call takes.
 func BenchmarkFindByFingerprint(b *testing.B) {
 	sizes := []int{1_000, 1_000_000}
 	if os.Getenv("POSTERN_BENCH_SMALL") != "" {
@@ -129,16 +130,19 @@ func BenchmarkFindByFingerprint(b *testing.B) {
 		for k := 0; k < min(n, 20_000); k++ {
 			s.FindByFingerprint(fmt.Sprintf("actor-%d", k%50), "run:1", fmt.Sprintf("hmac-sha256:%064d-new", k))
 		}
-		for _, kind := range []string{"hit", "miss"} {
+		for _, kind := range []string{"hit", "hit-recent", "miss"} {
 			b.Run(fmt.Sprintf("records=%d/%s", n, kind), func(b *testing.B) {
 				for i := 0; i < b.N; i++ {
 					k := (i * 7919) % n
+					if kind == "hit-recent" {
+						k = n - 1 - (i*7919)%min(n, 1000)
+					}
 					fp := fmt.Sprintf("hmac-sha256:%064d", k)
 					if kind == "miss" {
 						fp += "-new"
 					}
 					rec, err := s.FindByFingerprint(fmt.Sprintf("actor-%d", k%50), "run:1", fp)
-					if kind == "hit" && (err != nil || rec == nil) || kind == "miss" && !errors.Is(err, markers.ErrNotFound) {
+					if kind != "miss" && (err != nil || rec == nil) || kind == "miss" && !errors.Is(err, markers.ErrNotFound) {
 						b.Fatalf("lookup %d (%s): %v", k, kind, err)
 					}
 				}
