@@ -31,7 +31,11 @@ func (m *memStore) Create(_ context.Context, r *markers.Record) (*markers.Record
 	return rec.Clone(), nil
 }
 
-func (m *memStore) Transition(_ context.Context, id string, from, to markers.State, _ string, mutate func(*markers.Record) error) (*markers.Record, error) {
+func (m *memStore) Transition(ctx context.Context, id string, from, to markers.State, note string, mutate func(*markers.Record) error) (*markers.Record, error) {
+	return m.Advance(ctx, id, from, []markers.State{to}, note, mutate)
+}
+
+func (m *memStore) Advance(_ context.Context, id string, from markers.State, path []markers.State, _ string, mutate func(*markers.Record) error) (*markers.Record, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	rec, ok := m.recs[id]
@@ -46,7 +50,7 @@ func (m *memStore) Transition(_ context.Context, id string, from, to markers.Sta
 			return nil, err
 		}
 	}
-	rec.State = to
+	rec.State = path[len(path)-1]
 	return rec.Clone(), nil
 }
 

@@ -94,7 +94,7 @@ func (s *Store) commitGroup(group []*commitReq) {
 	defer b.Close()
 	head := s.head
 	committed := group[:0:0]
-	staged := 0
+	staged := uint64(0)
 	for _, r := range group {
 		if r.seal {
 			forceSeal = true
@@ -107,7 +107,7 @@ func (s *Store) commitGroup(group []*commitReq) {
 			continue
 		}
 		head = next
-		staged++
+		staged += uint64(len(r.steps))
 		committed = append(committed, r)
 	}
 	sealing := head.Seq > s.sealedSeq &&
@@ -155,7 +155,7 @@ func (s *Store) commitGroup(group []*commitReq) {
 		}
 	}
 	s.commits.Add(1)
-	s.events.Add(uint64(staged))
+	s.events.Add(staged)
 	for _, r := range committed {
 		r.done <- nil
 	}
@@ -163,25 +163,31 @@ func (s *Store) commitGroup(group []*commitReq) {
 
 // stage adds one request's writes to b and returns the new chain head.
 func (s *Store) stage(b *pebble.Batch, head chainPos, r *commitReq) (chainPos, error) {
-	ev := Event{
-		Seq:         head.Seq + 1,
-		At:          r.rec.UpdatedAt,
-		ExecutionID: r.rec.ID,
-		Kind:        r.kind,
-		From:        r.from,
-		To:          r.to,
-		Note:        r.note,
-		Record:      r.encoded[1:],
-		PrevHash:    head.Hash,
-	}
-	line, err := ev.seal()
-	if err != nil {
-		return head, err
-	}
+	var err error
 	set := func(k, v []byte) {
 		if err == nil {
 			err = b.Set(k, v, nil)
 		}
+	}
+	for _, st := range r.steps {
+		ev := Event{
+			Seq:         head.Seq + 1,
+			At:          r.rec.UpdatedAt,
+			ExecutionID: r.rec.ID,
+			Kind:        r.kind,
+			From:        st.from,
+			To:          st.to,
+			Note:        r.note,
+			Record:      st.record[1:],
+			PrevHash:    head.Hash,
+		}
+		line, serr := ev.seal()
+		if serr != nil {
+			return head, serr
+		}
+		set(seqKey(pEvent, ev.Seq), line)
+		set(execEventKey(r.rec.ID, ev.Seq), nil)
+		head = chainPos{Seq: ev.Seq, Hash: ev.ThisHash}
 	}
 	set(recordKey(r.rec.ID), r.encoded)
 	if r.prev == nil {
@@ -194,12 +200,10 @@ func (s *Store) stage(b *pebble.Batch, head chainPos, r *commitReq) (chainPos, e
 		}
 		set(stateKey(r.rec.State, r.rec.ID), nil)
 	}
-	set(seqKey(pEvent, ev.Seq), line)
-	set(execEventKey(r.rec.ID, ev.Seq), nil)
 	if err != nil {
 		return head, fmt.Errorf("markers: stage %s: %w", r.rec.ID, err)
 	}
-	return chainPos{Seq: ev.Seq, Hash: ev.ThisHash}, nil
+	return head, nil
 }
 
 // fail marks the store broken after a failed durable write: nothing may proceed on it, and

@@ -79,14 +79,21 @@ type chainPos struct {
 }
 
 type commitReq struct {
-	rec      *Record
-	prev     *Record // nil on create
-	encoded  []byte  // EncodeRecord(rec)
-	kind     EventKind
+	rec     *Record
+	prev    *Record // nil on create
+	encoded []byte  // EncodeRecord(rec)
+	kind    EventKind
+	note    string
+	// steps are the events of the write, in order; the last one carries rec.
+	steps []step
+	seal  bool // a checkpoint-only request
+	done  chan error
+}
+
+// step is one state change of a write and the record right after it (versioned encoding).
+type step struct {
 	from, to State
-	note     string
-	seal     bool // a checkpoint-only request
-	done     chan error
+	record   []byte
 }
 
 // Open opens (creating if needed) the store in dir.

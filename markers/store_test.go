@@ -389,3 +389,42 @@ func TestPresenceNeverHidesAKey(t *testing.T) {
 	s.Reopen(t)
 	check("after reopen")
 }
+
+func TestAdvanceWritesEveryStepInOneCommit(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Host)
+	ctx := context.Background()
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Advance(ctx, "ex_1", markers.Started, []markers.State{markers.Exited}, "", nil); !errors.Is(err, markers.ErrIllegalTransition) {
+		t.Fatalf("started → exited: %v; want ErrIllegalTransition", err)
+	}
+	before := s.Stats()
+	rec, err := s.Advance(ctx, "ex_1", markers.Started, []markers.State{markers.Running, markers.Exited}, "ran and exited", func(r *markers.Record) error {
+		code := 0
+		r.ExitCode, r.PID = &code, 7
+		return nil
+	})
+	if err != nil || rec.State != markers.Exited || rec.StateTimes[markers.Running].IsZero() {
+		t.Fatalf("advance = %+v, %v; want exited with the running time recorded", rec, err)
+	}
+	after := s.Stats()
+	if after.Commits-before.Commits != 1 || after.Events-before.Events != 2 {
+		t.Errorf("commits +%d, events +%d; want one commit with two events", after.Commits-before.Commits, after.Events-before.Events)
+	}
+	evs, _ := s.Events("ex_1")
+	var got []string
+	for _, ev := range evs {
+		got = append(got, string(ev.From)+"→"+string(ev.To))
+	}
+	if want := "[→started started→running running→exited]"; fmt.Sprint(got) != want {
+		t.Errorf("events = %v; want %s", got, want)
+	}
+	if again, err := s.Advance(ctx, "ex_1", markers.Started, []markers.State{markers.Running, markers.Exited}, "", nil); err != nil || again.State != markers.Exited {
+		t.Errorf("re-applied advance = %v, %v; want the record, no error", again, err)
+	}
+	s.Close()
+	if rep, err := markers.VerifyDir(s.Dir, s.VerifierKey, markers.VerifyOptions{}); err != nil || !rep.OK {
+		t.Errorf("verify = %v, %v", rep, err)
+	}
+}

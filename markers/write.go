@@ -48,7 +48,7 @@ func (s *Store) Create(ctx context.Context, r *Record) (*Record, error) {
 	if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	if err := s.submit(&commitReq{rec: rec, encoded: encoded, kind: KindCreate, to: rec.State}); err != nil {
+	if err := s.submit(&commitReq{rec: rec, encoded: encoded, kind: KindCreate, steps: []step{{to: rec.State, record: encoded}}}); err != nil {
 		return nil, err
 	}
 	return rec.Clone(), nil
@@ -63,19 +63,34 @@ func (s *Store) Create(ctx context.Context, r *Record) (*Record, error) {
 // idempotent. If it is in any other state, the current record is returned with ErrConflict.
 // An edge not in the graph is ErrIllegalTransition.
 func (s *Store) Transition(ctx context.Context, id string, from, to State, note string, mutate func(*Record) error) (*Record, error) {
-	if err := s.opts.Graph.checkEdge(from, to); err != nil {
-		return nil, err
+	return s.Advance(ctx, id, from, []State{to}, note, mutate)
+}
+
+// Advance is Transition along several edges at once — from → path[0] → … → path[n-1] — in
+// one durable write with one event per step, for states that are all already facts (a
+// command observed running and exited before its running state was written). mutate applies
+// to the final record. The same idempotence and conflict rules hold for the final state.
+func (s *Store) Advance(ctx context.Context, id string, from State, path []State, note string, mutate func(*Record) error) (*Record, error) {
+	if len(path) == 0 {
+		return nil, fmt.Errorf("%w: empty path", ErrIllegalTransition)
 	}
-	return s.change(ctx, id, KindTransition, from, to, note, mutate)
+	prev := from
+	for _, to := range path {
+		if err := s.opts.Graph.checkEdge(prev, to); err != nil {
+			return nil, err
+		}
+		prev = to
+	}
+	return s.change(ctx, id, KindTransition, from, path, note, mutate)
 }
 
 // Update applies mutate to execution id without changing its state (checkpoints, delivery
 // time, evidence) and journals it as an update event with note.
 func (s *Store) Update(ctx context.Context, id, note string, mutate func(*Record) error) (*Record, error) {
-	return s.change(ctx, id, KindUpdate, "", "", note, mutate)
+	return s.change(ctx, id, KindUpdate, "", nil, note, mutate)
 }
 
-func (s *Store) change(ctx context.Context, id string, kind EventKind, from, to State, note string, mutate func(*Record) error) (*Record, error) {
+func (s *Store) change(ctx context.Context, id string, kind EventKind, from State, path []State, note string, mutate func(*Record) error) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -86,7 +101,7 @@ func (s *Store) change(ctx context.Context, id string, kind EventKind, from, to 
 		return nil, err
 	}
 	if kind == KindTransition && cur.State != from {
-		if cur.State == to {
+		if cur.State == path[len(path)-1] {
 			return cur, nil
 		}
 		return cur, fmt.Errorf("%w: %s is %s, not %s", ErrConflict, id, cur.State, from)
@@ -102,20 +117,48 @@ func (s *Store) change(ctx context.Context, id string, kind EventKind, from, to 
 	}
 	now := s.now()
 	next.UpdatedAt = now
-	if kind == KindTransition {
-		next.State = to
-		if next.StateTimes == nil {
-			next.StateTimes = map[State]time.Time{}
+	var steps []step
+	if kind == KindUpdate {
+		path = []State{cur.State}
+	}
+	// Every step but the last records the state as it was reached; the last carries the
+	// mutated record.
+	inter := cur.Clone()
+	inter.UpdatedAt = now
+	for i, to := range path {
+		rec := inter
+		if i == len(path)-1 {
+			rec = next
 		}
-		next.StateTimes[to] = now
-	} else {
-		from, to = cur.State, cur.State
+		if kind == KindTransition {
+			inter.State = to
+			rec.State = to
+			if rec.StateTimes == nil {
+				rec.StateTimes = map[State]time.Time{}
+			}
+			rec.StateTimes[to] = now
+			if i < len(path)-1 {
+				if next.StateTimes == nil {
+					next.StateTimes = map[State]time.Time{}
+				}
+				next.StateTimes[to] = now
+			}
+		}
+		encoded, err := EncodeRecord(rec)
+		if err != nil {
+			return nil, err
+		}
+		stepFrom := from
+		if i > 0 {
+			stepFrom = path[i-1]
+		}
+		if kind == KindUpdate {
+			stepFrom = cur.State
+		}
+		steps = append(steps, step{from: stepFrom, to: to, record: encoded})
 	}
-	encoded, err := EncodeRecord(next)
-	if err != nil {
-		return nil, err
-	}
-	if err := s.submit(&commitReq{rec: next, prev: cur, encoded: encoded, kind: kind, from: from, to: to, note: note}); err != nil {
+	final := steps[len(steps)-1].record
+	if err := s.submit(&commitReq{rec: next, prev: cur, encoded: final, kind: kind, note: note, steps: steps}); err != nil {
 		return nil, err
 	}
 	return next.Clone(), nil
