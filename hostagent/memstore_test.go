@@ -15,6 +15,8 @@ import (
 type memStore struct {
 	mu   sync.Mutex // guards recs
 	recs map[string]*markers.Record
+	// failCreate, if set, is what every Create returns (a failing disk).
+	failCreate error
 }
 
 func newMemStore() *memStore { return &memStore{recs: map[string]*markers.Record{}} }
@@ -22,6 +24,9 @@ func newMemStore() *memStore { return &memStore{recs: map[string]*markers.Record
 func (m *memStore) Create(_ context.Context, r *markers.Record) (*markers.Record, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	if m.failCreate != nil {
+		return nil, m.failCreate
+	}
 	if prior, ok := m.recs[r.ID]; ok {
 		return prior.Clone(), markers.ErrExists
 	}

@@ -136,7 +136,7 @@ func (s *Store) commitGroup(group []*commitReq) {
 		return
 	}
 	s.commitMu.Lock()
-	err := b.Commit(pebble.Sync)
+	err := s.commit(b)
 	s.commitMu.Unlock()
 	if err != nil {
 		s.fail(committed, fmt.Errorf("commit: %w", err))

@@ -68,6 +68,9 @@ type Store struct {
 	lastSealAt time.Time
 	broken     error
 
+	// commit commits a batch durably; tests replace it to make a commit fail.
+	commit func(*pebble.Batch) error
+
 	commits atomic.Uint64
 	events  atomic.Uint64
 	headSeq atomic.Uint64
@@ -107,10 +110,11 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{
-		opts: opts,
-		log:  opts.Logger.With("component", "markers", "graph", string(opts.Graph)),
-		db:   db,
-		stop: make(chan struct{}),
+		opts:   opts,
+		log:    opts.Logger.With("component", "markers", "graph", string(opts.Graph)),
+		db:     db,
+		stop:   make(chan struct{}),
+		commit: func(b *pebble.Batch) error { return b.Commit(pebble.Sync) },
 	}
 	if err := s.load(); err != nil {
 		db.Close()

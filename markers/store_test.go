@@ -428,3 +428,31 @@ func TestAdvanceWritesEveryStepInOneCommit(t *testing.T) {
 		t.Errorf("verify = %v, %v", rep, err)
 	}
 }
+
+func TestFailedCommitFailsClosed(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Host)
+	ctx := context.Background()
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1"}); err != nil {
+		t.Fatal(err)
+	}
+	diskFull := errors.New("no space left on device")
+	markers.FailCommits(s.Store, diskFull)
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_2"}); !errors.Is(err, markers.ErrBroken) {
+		t.Fatalf("create during a failing disk: %v; want ErrBroken", err)
+	}
+	markers.FailCommits(s.Store, nil) // the disk recovers: the store still refuses
+	for name, write := range map[string]func() error{
+		"create":     func() error { _, err := s.Create(ctx, &markers.Record{ID: "ex_3"}); return err },
+		"transition": func() error { _, err := s.Transition(ctx, "ex_1", markers.Started, markers.Running, "", nil); return err },
+	} {
+		if err := write(); !errors.Is(err, markers.ErrBroken) {
+			t.Errorf("%s after a failed commit: %v; want ErrBroken", name, err)
+		}
+	}
+	if _, err := s.Get("ex_2"); !errors.Is(err, markers.ErrNotFound) {
+		t.Errorf("the failed create is visible: %v", err)
+	}
+	if rec, err := s.Get("ex_1"); err != nil || rec.State != markers.Started {
+		t.Errorf("ex_1 = %v, %v; want unchanged", rec, err)
+	}
+}

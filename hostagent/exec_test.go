@@ -2,10 +2,12 @@ package hostagent_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"os"
 	"path/filepath"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -29,63 +31,70 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-// benchAgent is an in-process hostagent: SSH server + executor, with a real marker store
-// or (markers off) an in-memory stand-in that writes nothing.
-type benchAgent struct {
+// execAgent is an in-process hostagent: SSH server + executor on a given marker store.
+type execAgent struct {
 	client *gossh.Client
-	store  *testutil.Store
 	dial   func() *gossh.Client
 }
 
-func startBenchAgent(b *testing.B, withMarkers bool) *benchAgent {
-	b.Helper()
-	dir := b.TempDir()
-	key := testutil.NewSSHKey(b)
-	testutil.WriteAuthorizedKeys(b, filepath.Join(dir, "authorized_keys"), key.AuthorizedLine())
+// startExecAgent serves an executor whose store useStore sets; the test binary is the shim.
+func startExecAgent(t testing.TB, useStore func(*hostagent.ExecutorOptions)) *execAgent {
+	t.Helper()
+	dir := t.TempDir()
+	key := testutil.NewSSHKey(t)
+	testutil.WriteAuthorizedKeys(t, filepath.Join(dir, "authorized_keys"), key.AuthorizedLine())
 	cfg := hostagent.DefaultConfig()
 	cfg.DataDir = filepath.Join(dir, "data")
 	cfg.AuthorizedKeysFile = filepath.Join(dir, "authorized_keys")
-	account := currentUser(b)
+	account := currentUser(t)
 	cfg.AllowedAccounts = []string{account}
 	logger := discardLogger()
-	ba := &benchAgent{}
-	opts := hostagent.ExecutorOptions{Config: cfg, Store: newMemStore(), Logger: logger}
-	if withMarkers {
-		ba.store = testutil.OpenStore(b, markers.Host)
-		opts.Store = ba.store.Store
-	}
+	opts := hostagent.ExecutorOptions{Config: cfg, Logger: logger}
+	useStore(&opts)
 	exe, err := hostagent.NewExecutor(opts)
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 	srv, err := hostagent.NewServer(cfg, exe, logger)
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		b.Fatal(err)
+		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { srv.Serve(ctx, ln) })
-	b.Cleanup(func() {
+	t.Cleanup(func() {
 		cancel()
 		wg.Wait()
 		exe.Close()
 	})
-	ba.dial = func() *gossh.Client {
-		return testutil.MustDialSSH(b, ln.Addr().String(), account, srv.HostPublicKey(), gossh.PublicKeys(key.Signer))
+	ea := &execAgent{dial: func() *gossh.Client {
+		return testutil.MustDialSSH(t, ln.Addr().String(), account, srv.HostPublicKey(), gossh.PublicKeys(key.Signer))
+	}}
+	ea.client = ea.dial()
+	return ea
+}
+
+func TestMarkerWriteFailureRefusesTheCommand(t *testing.T) {
+	store := newMemStore()
+	store.failCreate = errors.New("no space left on device")
+	ea := startExecAgent(t, func(o *hostagent.ExecutorOptions) { o.Store = store })
+	effects := filepath.Join(t.TempDir(), "effects")
+	id, _ := markers.NewExecutionID(time.Now())
+	var stderr strings.Builder
+	res, err := client.Run(context.Background(), ea.client, client.Exec{ExecutionID: id, Command: "touch " + effects, Stderr: &stderr})
+	if err != nil || res.ExitStatus != hostagent.ExitRefused || !strings.Contains(stderr.String(), "not started") {
+		t.Fatalf("exec = %+v, %v, stderr %q; want 255 and not started", res, err, stderr.String())
 	}
-	ba.client = ba.dial()
-	return ba
+	if _, err := os.Stat(effects); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the command ran although its marker was not written")
+	}
 }
 
-func (ba *benchAgent) exec(b *testing.B, command string) {
-	execOn(b, ba.client, command)
-}
-
-func execOn(b *testing.B, c *gossh.Client, command string) {
+func execOn(b testing.TB, c *gossh.Client, command string) {
 	id, err := markers.NewExecutionID(time.Now())
 	if err != nil {
 		b.Fatal(err)
@@ -100,14 +109,16 @@ func execOn(b *testing.B, c *gossh.Client, command string) {
 // (an in-memory stand-in), interleaved so both see the same machine, and reports the p50 of
 // each and the marker's cost.
 func BenchmarkExecTrue(b *testing.B) {
-	on, off := startBenchAgent(b, true), startBenchAgent(b, false)
+	store := testutil.OpenStore(b, markers.Host)
+	on := startExecAgent(b, func(o *hostagent.ExecutorOptions) { o.Store = store.Store })
+	off := startExecAgent(b, func(o *hostagent.ExecutorOptions) { o.Store = newMemStore() })
 	var withM, without []time.Duration
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		t0 := time.Now()
-		on.exec(b, "true")
+		execOn(b, on.client, "true")
 		t1 := time.Now()
-		off.exec(b, "true")
+		execOn(b, off.client, "true")
 		withM, without = append(withM, t1.Sub(t0)), append(without, time.Since(t1))
 	}
 	b.StopTimer()
@@ -116,19 +127,20 @@ func BenchmarkExecTrue(b *testing.B) {
 	b.ReportMetric(float64(p50off.Microseconds()), "markers-off-p50-µs")
 	b.ReportMetric(float64((p50on - p50off).Microseconds()), "marker-cost-µs")
 	b.ReportMetric(float64(p50on)/float64(p50off), "on/off")
-	st := on.store.Stats()
+	st := store.Stats()
 	b.ReportMetric(float64(st.Commits)/float64(b.N), "fsyncs/exec")
 }
 
 // BenchmarkExecConcurrent runs `true` from 64 concurrent sessions over 8 connections and
 // reports executions/s and marker fsyncs per execution.
 func BenchmarkExecConcurrent(b *testing.B) {
-	ba := startBenchAgent(b, true)
-	clients := []*gossh.Client{ba.client}
+	store := testutil.OpenStore(b, markers.Host)
+	ea := startExecAgent(b, func(o *hostagent.ExecutorOptions) { o.Store = store.Store })
+	clients := []*gossh.Client{ea.client}
 	for len(clients) < 8 {
-		clients = append(clients, ba.dial())
+		clients = append(clients, ea.dial())
 	}
-	before := ba.store.Stats()
+	before := store.Stats()
 	var next atomic.Int64
 	var wg sync.WaitGroup
 	b.ResetTimer()
@@ -143,7 +155,7 @@ func BenchmarkExecConcurrent(b *testing.B) {
 	wg.Wait()
 	elapsed := time.Since(start)
 	b.StopTimer()
-	after := ba.store.Stats()
+	after := store.Stats()
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "execs/s")
 	b.ReportMetric(float64(after.Commits-before.Commits)/float64(b.N), "fsyncs/exec")
 }
