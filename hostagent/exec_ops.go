@@ -78,9 +78,9 @@ func (w emitWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-// Cancel stops a running execution (TERM to its process group, grace, KILL) and returns the
-// marker once it ended.
-func (e *Executor) Cancel(ctx context.Context, id string) (*markers.Record, error) {
+// running returns the live execution id once its command started: markers.ErrNotFound for
+// an unknown id, ErrNotRunning for one that is not running here.
+func (e *Executor) running(ctx context.Context, id string) (*execution, error) {
 	x := e.lookupLive(id)
 	if x == nil {
 		if _, err := e.store.Get(id); err != nil {
@@ -95,6 +95,16 @@ func (e *Executor) Cancel(ctx context.Context, id string) (*markers.Record, erro
 	}
 	if x.handle == nil {
 		return nil, ErrNotRunning
+	}
+	return x, nil
+}
+
+// Cancel stops a running execution (TERM to its process group, grace, KILL) and returns the
+// marker once it ended.
+func (e *Executor) Cancel(ctx context.Context, id string) (*markers.Record, error) {
+	x, err := e.running(ctx, id)
+	if err != nil {
+		return nil, err
 	}
 	if err := x.handle.Cancel(); err != nil && !errors.Is(err, shim.ErrNotRunning) {
 		return nil, fmt.Errorf("cancel %s: %w", id, err)
@@ -113,20 +123,9 @@ func (e *Executor) Cancel(ctx context.Context, id string) (*markers.Record, erro
 // Checkpoint records a checkpoint note (or that the execution validated itself) on a
 // running execution, for a caller process inside that execution's process tree.
 func (e *Executor) Checkpoint(ctx context.Context, id string, peerPID int, note string, validated bool) (*markers.Record, error) {
-	x := e.lookupLive(id)
-	if x == nil {
-		if _, err := e.store.Get(id); err != nil {
-			return nil, err
-		}
-		return nil, ErrNotRunning
-	}
-	select {
-	case <-x.started:
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-	if x.handle == nil {
-		return nil, ErrNotRunning
+	x, err := e.running(ctx, id)
+	if err != nil {
+		return nil, err
 	}
 	ok, err := shim.IsDescendant(peerPID, x.handle.Process().ShimPID)
 	if err != nil || !ok {

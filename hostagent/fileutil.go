@@ -2,7 +2,6 @@ package hostagent
 
 import (
 	"encoding/pem"
-	"fmt"
 	"os"
 )
 
@@ -16,17 +15,4 @@ func writePEMAndSync(f *os.File, block *pem.Block) error {
 		return err
 	}
 	return f.Close()
-}
-
-// syncDir makes a directory entry created in dir durable.
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("sync %s: %w", dir, err)
-	}
-	return nil
 }

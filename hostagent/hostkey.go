@@ -10,6 +10,8 @@ import (
 	"path/filepath"
 
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/internal/durable"
 )
 
 // maxHostKeyFileBytes bounds what LoadOrCreateHostKey reads; an OpenSSH ed25519 key is ~400 bytes.
@@ -88,7 +90,7 @@ func createHostKey(path string) error {
 	if err := os.Link(tmp.Name(), path); err != nil {
 		return fmt.Errorf("host key: %w", err)
 	}
-	return syncDir(dir)
+	return durable.SyncDir(dir)
 }
 
 func marshalAuthorizedKey(signer gossh.Signer) []byte {

@@ -13,6 +13,8 @@ import (
 	"time"
 
 	"golang.org/x/mod/sumdb/note"
+
+	"github.com/postern-dev/postern/internal/durable"
 )
 
 // LoadOrCreateAuditKey returns the note signer stored at path, generating an Ed25519 key named
@@ -28,10 +30,10 @@ func LoadOrCreateAuditKey(path, name string) (note.Signer, string, error) {
 		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 			return nil, "", fmt.Errorf("markers: audit key dir: %w", err)
 		}
-		if err := writeFileSync(path, []byte(s+"\n"), 0o600); err != nil {
+		if err := durable.CreateFile(path, []byte(s+"\n"), 0o600); err != nil {
 			return nil, "", fmt.Errorf("markers: write audit key: %w", err)
 		}
-		if err := writeFileSync(path+".pub", []byte(v+"\n"), 0o644); err != nil {
+		if err := durable.CreateFile(path+".pub", []byte(v+"\n"), 0o644); err != nil {
 			return nil, "", fmt.Errorf("markers: write audit verifier key: %w", err)
 		}
 		skey = []byte(s)
@@ -47,22 +49,6 @@ func LoadOrCreateAuditKey(path, name string) (note.Signer, string, error) {
 		return nil, "", fmt.Errorf("markers: read audit verifier key: %w", err)
 	}
 	return signer, strings.TrimSpace(string(vkey)), nil
-}
-
-func writeFileSync(path string, data []byte, mode os.FileMode) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, mode)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }
 
 // checkpointBody is the signed text: the tlog checkpoint layout (origin, size, base64 head

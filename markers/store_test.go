@@ -442,8 +442,11 @@ func TestFailedCommitFailsClosed(t *testing.T) {
 	}
 	markers.FailCommits(s.Store, nil) // the disk recovers: the store still refuses
 	for name, write := range map[string]func() error{
-		"create":     func() error { _, err := s.Create(ctx, &markers.Record{ID: "ex_3"}); return err },
-		"transition": func() error { _, err := s.Transition(ctx, "ex_1", markers.Started, markers.Running, "", nil); return err },
+		"create": func() error { _, err := s.Create(ctx, &markers.Record{ID: "ex_3"}); return err },
+		"transition": func() error {
+			_, err := s.Transition(ctx, "ex_1", markers.Started, markers.Running, "", nil)
+			return err
+		},
 	} {
 		if err := write(); !errors.Is(err, markers.ErrBroken) {
 			t.Errorf("%s after a failed commit: %v; want ErrBroken", name, err)

@@ -11,6 +11,8 @@ import (
 	"os"
 	"path/filepath"
 	"time"
+
+	"github.com/postern-dev/postern/internal/durable"
 )
 
 // Files in a spool directory.
@@ -170,64 +172,20 @@ func readProcessRecord(dir string) (processRecord, error) {
 // writeFileAtomic replaces dir/name with data so that readers see either the old file or the
 // complete new one, and the new one survives a crash once this returns.
 func writeFileAtomic(dir, name string, data []byte) error {
-	tmp, err := writeTemp(dir, name, data)
-	if err != nil {
-		return err
+	if err := durable.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
+		return fmt.Errorf("shim: %w", err)
 	}
-	if err := os.Rename(tmp, filepath.Join(dir, name)); err != nil {
-		os.Remove(tmp)
-		return fmt.Errorf("shim: install %s: %w", name, err)
-	}
-	return syncDir(dir)
+	return nil
 }
 
 // createFileExclusive is writeFileAtomic that fails with ErrAlreadyUsed if dir/name exists.
 func createFileExclusive(dir, name string, data []byte) error {
-	tmp, err := writeTemp(dir, name, data)
-	if err != nil {
-		return err
-	}
-	if err := os.Link(tmp, filepath.Join(dir, name)); err != nil {
-		os.Remove(tmp)
-		if errors.Is(err, fs.ErrExist) {
-			return fmt.Errorf("%w: %s exists in %s", ErrAlreadyUsed, name, dir)
-		}
-		return fmt.Errorf("shim: install %s: %w", name, err)
-	}
-	if err := os.Remove(tmp); err != nil {
-		return fmt.Errorf("shim: remove temporary %s: %w", name, err)
-	}
-	return syncDir(dir)
-}
-
-// writeTemp writes data to a synced temporary file next to dir/name and returns its path.
-func writeTemp(dir, name string, data []byte) (string, error) {
-	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
-	if err != nil {
-		return "", fmt.Errorf("shim: create temporary %s: %w", name, err)
-	}
-	_, err = f.Write(data)
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
+	err := durable.CreateFile(filepath.Join(dir, name), data, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%w: %s exists in %s", ErrAlreadyUsed, name, dir)
 	}
 	if err != nil {
-		os.Remove(f.Name())
-		return "", fmt.Errorf("shim: write temporary %s: %w", name, err)
-	}
-	return f.Name(), nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("shim: open dir for sync: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
-		return fmt.Errorf("shim: sync dir %s: %w", dir, err)
+		return fmt.Errorf("shim: %w", err)
 	}
 	return nil
 }
