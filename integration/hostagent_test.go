@@ -52,6 +52,23 @@ func execOn(t testing.TB, c *gossh.Client, x client.Exec) outcome {
 	return outcome{stdout.String(), stderr.String(), res, err}
 }
 
+// execInBackground starts x and returns once its first marker arrived (the command runs);
+// wait returns the outcome.
+func execInBackground(t testing.TB, c *gossh.Client, x client.Exec) (wait func() outcome) {
+	t.Helper()
+	started := make(chan struct{})
+	var once sync.Once
+	x.OnMarker = func(client.MarkerMessage) { once.Do(func() { close(started) }) }
+	done := make(chan outcome, 1)
+	go func() { done <- execOn(t, c, x) }()
+	select {
+	case <-started:
+	case got := <-done:
+		t.Fatalf("exec ended before its marker arrived: %+v", got)
+	}
+	return func() outcome { return <-done }
+}
+
 func lines(t testing.TB, path string) int {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -161,16 +178,9 @@ func TestHostagentKilledMidCommand(t *testing.T) {
 	effects := filepath.Join(t.TempDir(), "effects")
 	id := newID(t)
 	cmd := "sleep 2; echo applied >> " + effects + "; echo done; exit 7"
-	started := make(chan struct{})
-	var once sync.Once
-	var first outcome
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		first = execOn(t, h.Dial(t), client.Exec{ExecutionID: id, Command: cmd, OnMarker: func(client.MarkerMessage) { once.Do(func() { close(started) }) }})
-	})
-	<-started
+	waitFirst := execInBackground(t, h.Dial(t), client.Exec{ExecutionID: id, Command: cmd})
 	h.Kill(t)
-	wg.Wait()
+	first := waitFirst()
 	if !errors.Is(first.err, client.ErrExitMissing) {
 		t.Fatalf("first run after the kill: %v; want ErrExitMissing", first.err)
 	}
@@ -191,19 +201,12 @@ func TestShimKilledIsInterrupted(t *testing.T) {
 	h := testutil.StartHostagent(t)
 	id := newID(t)
 	c := h.Dial(t)
-	started := make(chan struct{})
-	var once sync.Once
-	var first outcome
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		first = execOn(t, c, client.Exec{ExecutionID: id, Command: "sleep 30", OnMarker: func(client.MarkerMessage) { once.Do(func() { close(started) }) }})
-	})
-	<-started
+	waitFirst := execInBackground(t, c, client.Exec{ExecutionID: id, Command: "sleep 30"})
 	shimPID := readShimPID(t, filepath.Join(h.DataDir, "spool", id))
 	if err := syscall.Kill(shimPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	wg.Wait()
+	first := waitFirst()
 	if first.res.ExitStatus != 254 || first.res.Final == nil || first.res.Final.Marker.State != markers.Interrupted {
 		t.Fatalf("attached run = %+v; want 254 with an interrupted marker", first)
 	}
@@ -376,14 +379,7 @@ func TestControlOverSSH(t *testing.T) {
 	c := h.Dial(t)
 	ctx := context.Background()
 	id := newID(t)
-	started := make(chan struct{})
-	var once sync.Once
-	var attached outcome
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		attached = execOn(t, c, client.Exec{ExecutionID: id, Command: "echo begun; sleep 30", OnMarker: func(client.MarkerMessage) { once.Do(func() { close(started) }) }})
-	})
-	<-started
+	waitAttached := execInBackground(t, c, client.Exec{ExecutionID: id, Command: "echo begun; sleep 30"})
 	cc := controlSession(t, c)
 	testutil.WaitFor(t, "the marker to be running", func() bool {
 		found, _, err := cc.Status(ctx, []string{id})
@@ -397,7 +393,7 @@ func TestControlOverSSH(t *testing.T) {
 	if err != nil || rec.State != markers.Cancelled {
 		t.Fatalf("cancel = %+v, %v; want cancelled", rec, err)
 	}
-	wg.Wait()
+	attached := waitAttached()
 	if attached.res.ExitStatus != 128+int(syscall.SIGTERM) || attached.stdout != "begun\n" {
 		t.Errorf("attached run = %+v; want 143 after the output", attached)
 	}

@@ -314,6 +314,28 @@ func statesList() string {
 	return strings.Join(names, ", ")
 }
 
+// openMarker parses the agent flags (already registered on fs) and the ID argument, opens
+// the marker source and returns it with the marker; the caller closes the source.
+func (c *MarkersCommand) openMarker(ctx context.Context, fs *flag.FlagSet, af *agentFlags, args []string) (markerSource, *markers.Record, error) {
+	pos, err := parseInterleaved(fs, args, 1)
+	if err != nil {
+		return nil, nil, err
+	}
+	if err := af.resolve(); err != nil {
+		return nil, nil, err
+	}
+	src, err := af.open(ctx, c.Stderr)
+	if err != nil {
+		return nil, nil, err
+	}
+	rec, err := get(ctx, src, pos[0])
+	if err != nil {
+		src.Close()
+		return nil, nil, err
+	}
+	return src, rec, nil
+}
+
 // get returns the marker of id from src.
 func get(ctx context.Context, src markerSource, id string) (*markers.Record, error) {
 	if !markers.ValidExecutionID(id) {
@@ -334,22 +356,11 @@ func (c *MarkersCommand) show(ctx context.Context, args []string) error {
 	var af agentFlags
 	af.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parseInterleaved(fs, args, 1)
-	if err != nil {
-		return err
-	}
-	if err := af.resolve(); err != nil {
-		return err
-	}
-	src, err := af.open(ctx, c.Stderr)
+	src, rec, err := c.openMarker(ctx, fs, &af, args)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	rec, err := get(ctx, src, pos[0])
-	if err != nil {
-		return err
-	}
 	if *asJSON {
 		return writeJSON(c.Stdout, rec)
 	}
@@ -415,22 +426,11 @@ func (c *MarkersCommand) tail(ctx context.Context, args []string) error {
 	var af agentFlags
 	af.register(fs)
 	follow := fs.Bool("follow", false, "keep streaming until the execution ends (needs the agent)")
-	pos, err := parseInterleaved(fs, args, 1)
-	if err != nil {
-		return err
-	}
-	if err := af.resolve(); err != nil {
-		return err
-	}
-	src, err := af.open(ctx, c.Stderr)
+	src, rec, err := c.openMarker(ctx, fs, &af, args)
 	if err != nil {
 		return err
 	}
 	defer src.Close()
-	rec, err := get(ctx, src, pos[0])
-	if err != nil {
-		return err
-	}
 	client, viaAgent := src.(*hostagent.ControlClient)
 	if *follow && !viaAgent {
 		return errors.New("--follow needs the running agent")
