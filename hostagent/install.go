@@ -21,6 +21,7 @@ const (
 	DefaultAuthorizedKeysPath = "/etc/postern-hostagent/authorized_keys"
 	DefaultUnitPath           = "/etc/systemd/system/postern-hostagent.service"
 	DefaultBinaryPath         = "/usr/local/bin/postern-hostagent"
+	DefaultControlSocketPath  = "/run/postern-hostagent/control.sock"
 )
 
 // InstallOptions says where Install puts things. Paths are as seen on the running system;
@@ -137,6 +138,7 @@ func installConfig(opts InstallOptions, path string) (cfg Config, created bool, 
 	cfg = DefaultConfig()
 	cfg.Listen = opts.Listen
 	cfg.AuthorizedKeysFile = DefaultAuthorizedKeysPath
+	cfg.ControlSocket = DefaultControlSocketPath
 	var buf bytes.Buffer
 	if err := configTemplate.Execute(&buf, cfg); err != nil {
 		return Config{}, false, fmt.Errorf("install: render config: %w", err)
@@ -160,6 +162,11 @@ var configTemplate = template.Must(template.New("config").Funcs(template.FuncMap
 listen = {{quote .Listen}}
 data_dir = {{quote .DataDir}}
 # host_key_file = "<data_dir>/host_ed25519_key"
+
+# The local control socket: operators' "postern-hostagent markers …" and the checkpoints
+# commands report. The unit's RuntimeDirectory makes /run/postern-hostagent reachable by
+# every account; peer credentials decide what each caller may do.
+control_socket = {{quote .ControlSocket}}
 
 # Public-key authentication only: an authorized_keys file (re-read when it changes) and/or
 # CA keys whose OpenSSH user certificates are accepted (the SSH user must be a principal).
@@ -214,6 +221,10 @@ KillMode=process
 NoNewPrivileges=yes
 ProtectSystem=strict
 ReadWritePaths={{.ReadWritePaths}}
+# Holds the control socket; kept across restarts so commands can checkpoint meanwhile.
+RuntimeDirectory=postern-hostagent
+RuntimeDirectoryMode=0755
+RuntimeDirectoryPreserve=restart
 PrivateTmp=yes
 ProtectKernelModules=yes
 ProtectKernelTunables=yes

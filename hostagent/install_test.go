@@ -58,7 +58,7 @@ func TestInstall(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Errorf("installed config does not validate: %v", err)
 	}
-	if cfg.Listen != "0.0.0.0:2222" || cfg.AuthorizedKeysFile != hostagent.DefaultAuthorizedKeysPath {
+	if cfg.Listen != "0.0.0.0:2222" || cfg.AuthorizedKeysFile != hostagent.DefaultAuthorizedKeysPath || cfg.ControlSocketPath() != hostagent.DefaultControlSocketPath {
 		t.Errorf("installed config %+v", cfg)
 	}
 	if info, err := os.Stat(under(cfg.DataDir)); err != nil || info.Mode().Perm() != 0o700 {
@@ -82,6 +82,7 @@ func TestInstall(t *testing.T) {
 		"ExecStart=" + hostagent.DefaultBinaryPath + " serve --config " + hostagent.DefaultConfigPath,
 		"NoNewPrivileges=yes", "ProtectSystem=strict", "ReadWritePaths=" + cfg.DataDir + " /srv/app",
 		"PrivateTmp=yes", "Restart=always", "KillMode=process",
+		"RuntimeDirectory=postern-hostagent", "RuntimeDirectoryMode=0755",
 	} {
 		if !strings.Contains(string(unit), want+"\n") {
 			t.Errorf("unit lacks %q:\n%s", want, unit)
