@@ -68,7 +68,10 @@ func Start(ctx context.Context, exe, dir string, spec Spec) (*Handle, error) {
 	if err != nil {
 		return nil, fmt.Errorf("shim: encode spec: %w", err)
 	}
-	if err := createFileExclusive(dir, SpecFile, data); err != nil {
+	// The spec is read by the supervisor moments from now, from the page cache: it needs no
+	// fsync (a machine crash ends the supervisor with it). The shim record is what must be
+	// durable, and the supervisor syncs that one before the command starts.
+	if err := createFileVolatile(dir, SpecFile, data); err != nil {
 		return nil, err
 	}
 	logFile, err := os.OpenFile(filepath.Join(dir, LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)

@@ -178,6 +178,47 @@ func writeFileAtomic(dir, name string, data []byte) error {
 	return nil
 }
 
+// writeFileVolatile replaces dir/name with data atomically but without syncing: for records
+// that only this boot's processes read (a machine crash kills the shim with them).
+func writeFileVolatile(dir, name string, data []byte) error {
+	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
+	if err != nil {
+		return fmt.Errorf("shim: create temporary %s: %w", name, err)
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		err = os.Rename(f.Name(), filepath.Join(dir, name))
+	}
+	if err != nil {
+		os.Remove(f.Name())
+		return fmt.Errorf("shim: write %s: %w", name, err)
+	}
+	return nil
+}
+
+// createFileVolatile creates dir/name with data, without syncing, or fails with
+// ErrAlreadyUsed if it exists.
+func createFileVolatile(dir, name string, data []byte) error {
+	f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+	if errors.Is(err, fs.ErrExist) {
+		return fmt.Errorf("%w: %s exists in %s", ErrAlreadyUsed, name, dir)
+	}
+	if err != nil {
+		return fmt.Errorf("shim: create %s: %w", name, err)
+	}
+	_, err = f.Write(data)
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		return fmt.Errorf("shim: write %s: %w", name, err)
+	}
+	return nil
+}
+
 // createFileExclusive is writeFileAtomic that fails with ErrAlreadyUsed if dir/name exists.
 func createFileExclusive(dir, name string, data []byte) error {
 	err := durable.CreateFile(filepath.Join(dir, name), data, 0o600)

@@ -214,10 +214,12 @@ func (s *supervisor) supervise(sigs <-chan os.Signal) Status {
 		}
 	}()
 
+	// The process record is not synced: it names the command's process for this boot only,
+	// and after a machine crash there is no process to name.
 	proc := processRecord{PID: pid, Start: pidStart, StartedAt: startedAt}
 	if data, err := json.Marshal(proc); err != nil {
 		s.log.Warn("could not encode the process record", "err", err)
-	} else if err := writeFileAtomic(s.dir, ProcessFile, data); err != nil {
+	} else if err := writeFileVolatile(s.dir, ProcessFile, data); err != nil {
 		s.log.Warn("could not write the process record", "err", err)
 	}
 	s.tellParent(proc)
