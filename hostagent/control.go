@@ -1,37 +1,8 @@
 package hostagent
 
-// The postern-control protocol: JSON lines, served over the SSH subsystem of that name and
-// over the local unix socket (localsock.go).
-//
-// # Framing
-//
-// The client sends one request per line: a JSON object of at most MaxControlLine bytes (the
-// newline excluded). A longer line is answered with a bad_request error and the connection is
-// closed; any other bad line is answered with an error and the connection stays usable. Blank
-// lines are ignored. Requests are served one at a time, in order; EOF from the client ends
-// the connection once the request in progress is answered.
-//
-// Every request gets zero or more progress lines and then exactly one final line. Progress
-// lines:
-//
-//	{"keepalive":true}                                   any op, after DefaultKeepaliveInterval (15 s) without another line
-//	{"stream":"stdout","offset":N,"data":"<base64>"}     attach: output bytes N.. of the stream
-//	{"export":"<base64>"}                                export: the next bytes of the JSONL log
-//
-// Final lines, by op:
-//
-//	status      {"markers":[…],"missing":["ex_…",…]}
-//	list        {"markers":[…],"next":"<cursor>"}         next is absent on the last page
-//	attach      {"final":<marker>}
-//	cancel      {"marker":<marker>}
-//	checkpoint  {"marker":<marker>}
-//	validated   {"marker":<marker>}
-//	export      {"export_end":{"bytes":N,"sha256":"<hex>"}} size and digest of the whole log
-//	any op      {"error":{"code":"…","message":"…"}}
-//
-// The export is carried as base64 chunks rather than as embedded JSON lines because the hash
-// chain covers the exact bytes of every event line; the export_end digest lets the client
-// tell a complete log from a connection cut in the middle.
+// The server side of the postern-control protocol, served over the SSH subsystem of that
+// name and over the local unix socket (localsock.go). The wire format (framing, request and
+// response lines) and the client are in hostagent/client, whose control.go documents them.
 //
 // # Authorization
 //
@@ -54,28 +25,19 @@ import (
 	"slices"
 	"sync"
 	"time"
-	"unicode"
-	"unicode/utf8"
 
 	gliderssh "github.com/gliderlabs/ssh"
 
+	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
 )
 
-// Bounds of the protocol.
+// Bounds of the server; those of the requests are in hostagent/client.
 const (
-	// MaxControlLine bounds one request line, newline excluded.
-	MaxControlLine = 64 << 10
-	// MaxStatusIDs bounds the ids of one status request.
-	MaxStatusIDs = 1000
-	// MaxCheckpointNote bounds a checkpoint note, in bytes.
-	MaxCheckpointNote = 1 << 10
 	// DefaultKeepaliveInterval is how long a request may go without a response line before
 	// the server sends {"keepalive":true}.
 	DefaultKeepaliveInterval = 15 * time.Second
 
-	maxListLimit = 1000
-	maxCursorLen = 1024
 	// controlChunk bounds the bytes carried by one attach or export line (before base64).
 	controlChunk = 32 << 10
 	// maxListCalls bounds the backend pages one filtered list request reads; a filter that
@@ -88,96 +50,26 @@ const (
 	controlIdleTimeout = 10 * time.Minute
 )
 
-// Control operations.
-const (
-	OpStatus     = "status"
-	OpList       = "list"
-	OpAttach     = "attach"
-	OpCancel     = "cancel"
-	OpExport     = "export"
-	OpCheckpoint = "checkpoint"
-	OpValidated  = "validated"
-)
-
-// Error codes of {"error":{"code":…}}.
-const (
-	CodeBadRequest = "bad_request"
-	CodeNotFound   = "not_found"
-	CodeNotRunning = "not_running"
-	CodeForbidden  = "forbidden"
-	// CodeBusy: the local socket has too many connections; retry later.
-	CodeBusy     = "busy"
-	CodeInternal = "internal"
-)
-
-// Errors a ControlError unwraps to, so callers can use errors.Is on a client's error.
+// Errors a client.ControlError unwraps to: the server answers with the code of each, and
+// both sides branch on the same values.
 var (
 	// ErrBadControlRequest: the request is malformed or out of bounds.
-	ErrBadControlRequest = errors.New("hostagent: bad control request")
+	ErrBadControlRequest = client.ErrBadControlRequest
 	// ErrForbidden: the caller may not perform this operation.
-	ErrForbidden = errors.New("hostagent: forbidden")
+	ErrForbidden = client.ErrForbidden
 	// ErrControlBusy: the server refused the connection for lack of capacity.
-	ErrControlBusy = errors.New("hostagent: control socket busy")
+	ErrControlBusy = client.ErrControlBusy
 )
 
-// ControlError is an error reported by the control server.
-type ControlError struct {
-	Code    string `json:"code"`
-	Message string `json:"message"`
-}
-
-func (e *ControlError) Error() string { return "postern-control: " + e.Code + ": " + e.Message }
-
-// Unwrap maps the code to the sentinel a caller branches on: not_found is
-// markers.ErrNotFound, not_running ErrNotRunning, forbidden ErrForbidden, bad_request
-// ErrBadControlRequest, busy ErrControlBusy.
-func (e *ControlError) Unwrap() error {
-	switch e.Code {
-	case CodeNotFound:
-		return markers.ErrNotFound
-	case CodeNotRunning:
-		return ErrNotRunning
-	case CodeForbidden:
-		return ErrForbidden
-	case CodeBadRequest:
-		return ErrBadControlRequest
-	case CodeBusy:
-		return ErrControlBusy
-	}
-	return nil
-}
-
-// ControlRequest is one request line. Which fields an op takes is listed in controlOpFields;
-// any other field is a bad request.
-type ControlRequest struct {
-	Op string `json:"op"`
-	// IDs: status.
-	IDs []string `json:"ids,omitempty"`
-	// ID: attach, cancel, checkpoint, validated.
-	ID string `json:"id,omitempty"`
-	// List filters (see markers.Query); OperationKey is filtered by the server.
-	State        markers.State `json:"state,omitempty"`
-	Since        time.Time     `json:"since,omitzero"`
-	Until        time.Time     `json:"until,omitzero"`
-	OperationKey string        `json:"operation_key,omitempty"`
-	Newest       bool          `json:"newest,omitempty"`
-	Limit        int           `json:"limit,omitempty"`
-	Cursor       string        `json:"cursor,omitempty"`
-	// Attach: where to resume each stream.
-	StdoutOffset int64 `json:"stdout_offset,omitempty"`
-	StderrOffset int64 `json:"stderr_offset,omitempty"`
-	// Note: checkpoint.
-	Note string `json:"note,omitempty"`
-}
-
+// controlOpFields lists the fields each op takes; DecodeControlRequest refuses any other.
 var controlOpFields = map[string][]string{
-	OpStatus:     {"ids"},
-	OpList:       {"state", "since", "until", "operation_key", "newest", "limit", "cursor"},
-	OpAttach:     {"id", "stdout_offset", "stderr_offset"},
-	OpCancel:     {"id"},
-	OpExport:     {},
-	OpCheckpoint: {"id", "note"},
-	OpValidated:  {"id"},
+	client.OpStatus:     {"ids"},
+	client.OpList:       {"state", "since", "until", "operation_key", "newest", "limit", "cursor"},
+	client.OpAttach:     {"id", "stdout_offset", "stderr_offset"},
+	client.OpCancel:     {"id"},
+	client.OpExport:     {},
+	client.OpCheckpoint: {"id", "note"},
+	client.OpValidated:  {"id"},
 }
 
 func badRequest(format string, args ...any) error {
@@ -186,108 +78,37 @@ func badRequest(format string, args ...any) error {
 
 // DecodeControlRequest parses and validates one request line. It is safe on untrusted input;
 // every error wraps ErrBadControlRequest.
-func DecodeControlRequest(line []byte) (ControlRequest, error) {
-	if len(line) > MaxControlLine {
-		return ControlRequest{}, badRequest("request of %d bytes, more than %d", len(line), MaxControlLine)
+func DecodeControlRequest(line []byte) (client.ControlRequest, error) {
+	if len(line) > client.MaxControlLine {
+		return client.ControlRequest{}, badRequest("request of %d bytes, more than %d", len(line), client.MaxControlLine)
 	}
 	// Field names are checked exactly here: encoding/json alone would match them without
 	// regard to case and ignore the ones an op does not take.
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(line, &fields); err != nil || fields == nil {
-		return ControlRequest{}, badRequest("a request is one JSON object per line")
+		return client.ControlRequest{}, badRequest("a request is one JSON object per line")
 	}
 	var op string
 	if raw, ok := fields["op"]; !ok || json.Unmarshal(raw, &op) != nil {
-		return ControlRequest{}, badRequest(`missing "op"`)
+		return client.ControlRequest{}, badRequest(`missing "op"`)
 	}
 	allowed, ok := controlOpFields[op]
 	if !ok {
-		return ControlRequest{}, badRequest("unknown op %q", boundForLog(op))
+		return client.ControlRequest{}, badRequest("unknown op %q", boundForLog(op))
 	}
 	for name := range fields {
 		if name != "op" && !slices.Contains(allowed, name) {
-			return ControlRequest{}, badRequest("unknown field %q for op %q", boundForLog(name), op)
+			return client.ControlRequest{}, badRequest("unknown field %q for op %q", boundForLog(name), op)
 		}
 	}
-	var req ControlRequest
+	var req client.ControlRequest
 	if err := json.Unmarshal(line, &req); err != nil {
-		return ControlRequest{}, badRequest("%v", err)
+		return client.ControlRequest{}, badRequest("%v", err)
 	}
 	if err := req.Validate(); err != nil {
-		return ControlRequest{}, err
+		return client.ControlRequest{}, err
 	}
 	return req, nil
-}
-
-// Validate checks the values of the fields req.Op takes (DecodeControlRequest has already
-// refused fields it does not take).
-func (req ControlRequest) Validate() error {
-	validID := func() error {
-		if !markers.ValidExecutionID(req.ID) {
-			return badRequest("invalid execution id %q", boundForLog(req.ID))
-		}
-		return nil
-	}
-	switch req.Op {
-	case OpStatus:
-		if len(req.IDs) == 0 || len(req.IDs) > MaxStatusIDs {
-			return badRequest("status takes 1..%d ids, got %d", MaxStatusIDs, len(req.IDs))
-		}
-		for _, id := range req.IDs {
-			if !markers.ValidExecutionID(id) {
-				return badRequest("invalid execution id %q", boundForLog(id))
-			}
-		}
-	case OpList:
-		if req.State != "" && !markers.Host.Has(req.State) {
-			return badRequest("unknown state %q", boundForLog(string(req.State)))
-		}
-		if req.Limit < 0 || req.Limit > maxListLimit {
-			return badRequest("limit %d: want 0..%d", req.Limit, maxListLimit)
-		}
-		if _, err := hex.DecodeString(req.Cursor); err != nil || len(req.Cursor) > maxCursorLen {
-			return badRequest("invalid cursor")
-		}
-		if len(req.OperationKey) > maxOperationKeyLen || bytes.IndexByte([]byte(req.OperationKey), 0) >= 0 {
-			return badRequest("invalid operation key")
-		}
-		if !req.Since.IsZero() && !req.Until.IsZero() && !req.Until.After(req.Since) {
-			return badRequest("until must be after since")
-		}
-	case OpAttach:
-		if req.StdoutOffset < 0 || req.StderrOffset < 0 {
-			return badRequest("offsets must not be negative")
-		}
-		return validID()
-	case OpCancel, OpValidated:
-		return validID()
-	case OpCheckpoint:
-		if err := checkNote(req.Note); err != nil {
-			return err
-		}
-		return validID()
-	case OpExport:
-	default:
-		return badRequest("unknown op %q", boundForLog(req.Op))
-	}
-	return nil
-}
-
-// checkNote accepts 1..MaxCheckpointNote bytes of printable UTF-8 (spaces included, no
-// control characters), so a note cannot forge lines in a log or a terminal.
-func checkNote(note string) error {
-	if note == "" || len(note) > MaxCheckpointNote {
-		return badRequest("a checkpoint note is 1..%d bytes, got %d", MaxCheckpointNote, len(note))
-	}
-	if !utf8.ValidString(note) {
-		return badRequest("the checkpoint note is not UTF-8")
-	}
-	for _, r := range note {
-		if !unicode.IsPrint(r) {
-			return badRequest("the checkpoint note contains the non-printable character %U", r)
-		}
-	}
-	return nil
 }
 
 // controlBackend is what the control protocol needs from the executor.
@@ -330,11 +151,11 @@ func (c controlCaller) sees(rec *markers.Record) bool {
 // permits reports whether the caller may use op at all.
 func (c controlCaller) permits(op string) error {
 	switch op {
-	case OpCheckpoint, OpValidated:
+	case client.OpCheckpoint, client.OpValidated:
 		if c.peerPID <= 0 {
 			return fmt.Errorf("%w: %s is only served on the local socket, to the execution's own processes", ErrForbidden, op)
 		}
-	case OpExport:
+	case client.OpExport:
 		if !c.operator || c.account != "" {
 			return fmt.Errorf("%w: export covers every account's markers", ErrForbidden)
 		}
@@ -399,9 +220,6 @@ func serveControlSession(ctx context.Context, s gliderssh.Session, caller contro
 	s.Exit(code)
 }
 
-// errLineTooLong: a request line exceeded MaxControlLine.
-var errLineTooLong = fmt.Errorf("request line longer than %d bytes", MaxControlLine)
-
 // serve answers requests from rw until EOF. It returns nil on EOF and an error when the
 // connection cannot go on (oversized line, read or write failure).
 func (cs *controlServer) serve(ctx context.Context, rw io.ReadWriter, caller controlCaller) error {
@@ -412,12 +230,13 @@ func (cs *controlServer) serve(ctx context.Context, rw io.ReadWriter, caller con
 		if deadliner != nil && cs.idleTimeout > 0 {
 			deadliner.SetReadDeadline(time.Now().Add(cs.idleTimeout))
 		}
-		line, err := readControlLine(br, MaxControlLine)
+		line, err := client.ReadControlLine(br, client.MaxControlLine)
 		switch {
 		case errors.Is(err, io.EOF):
 			return nil
-		case errors.Is(err, errLineTooLong):
-			out.send(errorReply(CodeBadRequest, err.Error()))
+		case errors.Is(err, client.ErrLineTooLong):
+			err = fmt.Errorf("request line longer than %d bytes", client.MaxControlLine)
+			out.send(errorReply(client.CodeBadRequest, err.Error()))
 			return err
 		case err != nil:
 			return fmt.Errorf("read request: %w", err)
@@ -427,7 +246,7 @@ func (cs *controlServer) serve(ctx context.Context, rw io.ReadWriter, caller con
 		}
 		req, err := DecodeControlRequest(line)
 		if err != nil {
-			if err := out.send(errorReply(CodeBadRequest, err.Error())); err != nil {
+			if err := out.send(errorReply(client.CodeBadRequest, err.Error())); err != nil {
 				return err
 			}
 			continue
@@ -438,34 +257,11 @@ func (cs *controlServer) serve(ctx context.Context, rw io.ReadWriter, caller con
 	}
 }
 
-// readControlLine returns the next line without its newline; a last line without a newline
-// is returned as is. A line longer than max is errLineTooLong.
-func readControlLine(br *bufio.Reader, max int) ([]byte, error) {
-	var line []byte
-	for {
-		chunk, err := br.ReadSlice('\n')
-		line = append(line, chunk...)
-		if len(line) > max+1 || len(line) == max+1 && line[max] != '\n' {
-			return nil, errLineTooLong
-		}
-		switch {
-		case err == nil:
-			return line[:len(line)-1], nil
-		case errors.Is(err, bufio.ErrBufferFull):
-			continue
-		case errors.Is(err, io.EOF) && len(line) > 0:
-			return line, nil
-		default:
-			return nil, err
-		}
-	}
-}
-
 // handle serves one request: progress lines while it runs, then its final line. It returns
 // an error only when the connection cannot go on.
-func (cs *controlServer) handle(ctx context.Context, out *controlWriter, caller controlCaller, req ControlRequest) error {
+func (cs *controlServer) handle(ctx context.Context, out *controlWriter, caller controlCaller, req client.ControlRequest) error {
 	if err := caller.permits(req.Op); err != nil {
-		return out.send(errorReply(CodeForbidden, err.Error()))
+		return out.send(errorReply(client.CodeForbidden, err.Error()))
 	}
 	reqCtx, cancel := context.WithCancelCause(ctx)
 	var wg sync.WaitGroup
@@ -483,26 +279,26 @@ func (cs *controlServer) handle(ctx context.Context, out *controlWriter, caller 
 }
 
 // errorFor maps a backend or authorization error to its protocol error.
-func (cs *controlServer) errorFor(caller controlCaller, req ControlRequest, err error) controlErrorLine {
+func (cs *controlServer) errorFor(caller controlCaller, req client.ControlRequest, err error) controlErrorLine {
 	switch {
 	case errors.Is(err, ErrBadControlRequest):
-		return errorReply(CodeBadRequest, err.Error())
+		return errorReply(client.CodeBadRequest, err.Error())
 	case errors.Is(err, markers.ErrNotFound):
-		return errorReply(CodeNotFound, err.Error())
+		return errorReply(client.CodeNotFound, err.Error())
 	case errors.Is(err, ErrNotRunning):
-		return errorReply(CodeNotRunning, err.Error())
+		return errorReply(client.CodeNotRunning, err.Error())
 	case errors.Is(err, ErrNotYourProcess), errors.Is(err, ErrForbidden):
-		return errorReply(CodeForbidden, err.Error())
+		return errorReply(client.CodeForbidden, err.Error())
 	}
 	cs.logger.Error("control request failed", "op", req.Op, "execution_id", req.ID,
 		"transport", caller.transport, "account", caller.account, "err", err)
-	return errorReply(CodeInternal, err.Error())
+	return errorReply(client.CodeInternal, err.Error())
 }
 
 // Response lines the server writes.
 type (
 	controlErrorLine struct {
-		Error ControlError `json:"error"`
+		Error client.ControlError `json:"error"`
 	}
 	statusReply struct {
 		Markers []*markers.Record `json:"markers"`
@@ -527,31 +323,25 @@ type (
 		Export []byte `json:"export"`
 	}
 	exportEndReply struct {
-		ExportEnd ExportSummary `json:"export_end"`
+		ExportEnd client.ExportSummary `json:"export_end"`
 	}
 )
-
-// ExportSummary closes an export: the size and SHA-256 of the whole JSONL log.
-type ExportSummary struct {
-	Bytes  int64  `json:"bytes"`
-	SHA256 string `json:"sha256"`
-}
 
 var keepaliveLine = []byte(`{"keepalive":true}` + "\n")
 
 func errorReply(code, message string) controlErrorLine {
-	return controlErrorLine{Error: ControlError{Code: code, Message: message}}
+	return controlErrorLine{Error: client.ControlError{Code: code, Message: message}}
 }
 
 // run performs req and returns its final line.
-func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller controlCaller, req ControlRequest) (any, error) {
+func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller controlCaller, req client.ControlRequest) (any, error) {
 	b := cs.backend
 	switch req.Op {
-	case OpStatus:
+	case client.OpStatus:
 		return cs.status(caller, req.IDs)
-	case OpList:
+	case client.OpList:
 		return cs.list(caller, req)
-	case OpAttach:
+	case client.OpAttach:
 		if _, err := cs.visible(caller, req.ID); err != nil {
 			return nil, err
 		}
@@ -580,7 +370,7 @@ func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller con
 			return nil, err
 		}
 		return finalReply{Final: final}, nil
-	case OpCancel:
+	case client.OpCancel:
 		if _, err := cs.visible(caller, req.ID); err != nil {
 			return nil, err
 		}
@@ -589,13 +379,13 @@ func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller con
 			return nil, err
 		}
 		return markerReply{Marker: rec}, nil
-	case OpCheckpoint, OpValidated:
-		rec, err := b.Checkpoint(ctx, req.ID, caller.peerPID, req.Note, req.Op == OpValidated)
+	case client.OpCheckpoint, client.OpValidated:
+		rec, err := b.Checkpoint(ctx, req.ID, caller.peerPID, req.Note, req.Op == client.OpValidated)
 		if err != nil {
 			return nil, err
 		}
 		return markerReply{Marker: rec}, nil
-	case OpExport:
+	case client.OpExport:
 		ew := &exportWriter{out: out, digest: sha256.New()}
 		if err := b.Export(ew); err != nil {
 			return nil, err
@@ -603,7 +393,7 @@ func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller con
 		if err := ew.flush(); err != nil {
 			return nil, err
 		}
-		return exportEndReply{ExportSummary{Bytes: ew.total, SHA256: hex.EncodeToString(ew.digest.Sum(nil))}}, nil
+		return exportEndReply{client.ExportSummary{Bytes: ew.total, SHA256: hex.EncodeToString(ew.digest.Sum(nil))}}, nil
 	}
 	return nil, badRequest("unknown op %q", boundForLog(req.Op))
 }
@@ -644,7 +434,7 @@ func (cs *controlServer) status(caller controlCaller, ids []string) (statusReply
 // list returns one page. Filters the store has no index for (operation key, the caller's
 // account) are applied here, reading backend pages no larger than what is left to fill, so
 // the backend's cursor always points right after the last marker returned or skipped.
-func (cs *controlServer) list(caller controlCaller, req ControlRequest) (listReply, error) {
+func (cs *controlServer) list(caller controlCaller, req client.ControlRequest) (listReply, error) {
 	q := markers.Query{State: req.State, Since: req.Since, Until: req.Until, Newest: req.Newest, Limit: req.Limit, Cursor: req.Cursor}
 	if q.Limit == 0 {
 		q.Limit = 100

@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"testing"
+
+	"github.com/postern-dev/postern/hostagent/client"
 )
 
 func FuzzDecodeControlRequest(f *testing.F) {
@@ -31,7 +33,7 @@ func FuzzDecodeControlRequest(f *testing.F) {
 			}
 			return
 		}
-		if len(req.Note) > MaxCheckpointNote || len(req.IDs) > MaxStatusIDs {
+		if len(req.Note) > client.MaxCheckpointNote || len(req.IDs) > client.MaxStatusIDs {
 			t.Fatalf("accepted out-of-bounds request %+v", req)
 		}
 		// What the decoder accepts, the client encodes back to an equivalent request.

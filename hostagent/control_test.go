@@ -23,6 +23,7 @@ import (
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -280,9 +281,9 @@ func serveAsForTest(t *testing.T, b controlBackend, caller controlCaller) string
 	return path
 }
 
-func dialClient(t *testing.T, path string) *ControlClient {
+func dialClient(t *testing.T, path string) *client.ControlClient {
 	t.Helper()
-	c, err := DialLocalControl(context.Background(), path)
+	c, err := client.DialLocalControl(context.Background(), path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -341,16 +342,16 @@ func TestDecodeControlRequest(t *testing.T) {
 		name    string
 		line    string
 		wantErr bool
-		want    ControlRequest
+		want    client.ControlRequest
 	}{
-		{name: "status", line: `{"op":"status","ids":["` + id + `"]}`, want: ControlRequest{Op: OpStatus, IDs: []string{id}}},
+		{name: "status", line: `{"op":"status","ids":["` + id + `"]}`, want: client.ControlRequest{Op: client.OpStatus, IDs: []string{id}}},
 		{name: "list", line: `{"op":"list","state":"running","since":"2026-01-02T03:04:05Z","operation_key":"m:1","newest":true,"limit":5,"cursor":"ab"}`,
-			want: ControlRequest{Op: OpList, State: markers.Running, Since: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), OperationKey: "m:1", Newest: true, Limit: 5, Cursor: "ab"}},
-		{name: "attach", line: `{"op":"attach","id":"` + id + `","stdout_offset":7,"stderr_offset":0}`, want: ControlRequest{Op: OpAttach, ID: id, StdoutOffset: 7}},
-		{name: "cancel", line: `{"op":"cancel","id":"` + id + `"}`, want: ControlRequest{Op: OpCancel, ID: id}},
-		{name: "export", line: `{"op":"export"}`, want: ControlRequest{Op: OpExport}},
-		{name: "checkpoint", line: `{"op":"checkpoint","id":"` + id + `","note":"schema applied"}`, want: ControlRequest{Op: OpCheckpoint, ID: id, Note: "schema applied"}},
-		{name: "validated", line: `{"op":"validated","id":"` + id + `"}`, want: ControlRequest{Op: OpValidated, ID: id}},
+			want: client.ControlRequest{Op: client.OpList, State: markers.Running, Since: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), OperationKey: "m:1", Newest: true, Limit: 5, Cursor: "ab"}},
+		{name: "attach", line: `{"op":"attach","id":"` + id + `","stdout_offset":7,"stderr_offset":0}`, want: client.ControlRequest{Op: client.OpAttach, ID: id, StdoutOffset: 7}},
+		{name: "cancel", line: `{"op":"cancel","id":"` + id + `"}`, want: client.ControlRequest{Op: client.OpCancel, ID: id}},
+		{name: "export", line: `{"op":"export"}`, want: client.ControlRequest{Op: client.OpExport}},
+		{name: "checkpoint", line: `{"op":"checkpoint","id":"` + id + `","note":"schema applied"}`, want: client.ControlRequest{Op: client.OpCheckpoint, ID: id, Note: "schema applied"}},
+		{name: "validated", line: `{"op":"validated","id":"` + id + `"}`, want: client.ControlRequest{Op: client.OpValidated, ID: id}},
 		{name: "unknown op", line: `{"op":"shell"}`, wantErr: true},
 		{name: "missing op", line: `{"id":"` + id + `"}`, wantErr: true},
 		{name: "op not a string", line: `{"op":1}`, wantErr: true},
@@ -363,10 +364,10 @@ func TestDecodeControlRequest(t *testing.T) {
 		{name: "trailing data", line: `{"op":"export"} {"op":"export"}`, wantErr: true},
 		{name: "bad id", line: `{"op":"cancel","id":"ex_01j3z5v8q4k7m2n9p0r6s8t1vw"}`, wantErr: true},
 		{name: "no ids", line: `{"op":"status","ids":[]}`, wantErr: true},
-		{name: "too many ids", line: `{"op":"status","ids":[` + strings.Repeat(`"`+id+`",`, MaxStatusIDs) + `"` + id + `"]}`, wantErr: true},
-		{name: "note too long", line: `{"op":"checkpoint","id":"` + id + `","note":"` + strings.Repeat("x", MaxCheckpointNote+1) + `"}`, wantErr: true},
-		{name: "note at the limit", line: `{"op":"checkpoint","id":"` + id + `","note":"` + strings.Repeat("x", MaxCheckpointNote) + `"}`,
-			want: ControlRequest{Op: OpCheckpoint, ID: id, Note: strings.Repeat("x", MaxCheckpointNote)}},
+		{name: "too many ids", line: `{"op":"status","ids":[` + strings.Repeat(`"`+id+`",`, client.MaxStatusIDs) + `"` + id + `"]}`, wantErr: true},
+		{name: "note too long", line: `{"op":"checkpoint","id":"` + id + `","note":"` + strings.Repeat("x", client.MaxCheckpointNote+1) + `"}`, wantErr: true},
+		{name: "note at the limit", line: `{"op":"checkpoint","id":"` + id + `","note":"` + strings.Repeat("x", client.MaxCheckpointNote) + `"}`,
+			want: client.ControlRequest{Op: client.OpCheckpoint, ID: id, Note: strings.Repeat("x", client.MaxCheckpointNote)}},
 		{name: "note with newline", line: `{"op":"checkpoint","id":"` + id + `","note":"a\nb"}`, wantErr: true},
 		{name: "note with escape", line: `{"op":"checkpoint","id":"` + id + `","note":"\u001b[31m"}`, wantErr: true},
 		{name: "empty note", line: `{"op":"checkpoint","id":"` + id + `","note":""}`, wantErr: true},
@@ -377,7 +378,7 @@ func TestDecodeControlRequest(t *testing.T) {
 		{name: "since not RFC 3339", line: `{"op":"list","since":"yesterday"}`, wantErr: true},
 		{name: "until before since", line: `{"op":"list","since":"2026-01-02T00:00:00Z","until":"2026-01-01T00:00:00Z"}`, wantErr: true},
 		{name: "negative offset", line: `{"op":"attach","id":"` + id + `","stdout_offset":-1}`, wantErr: true},
-		{name: "oversized", line: `{"op":"export"}` + strings.Repeat(" ", MaxControlLine), wantErr: true},
+		{name: "oversized", line: `{"op":"export"}` + strings.Repeat(" ", client.MaxControlLine), wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -427,16 +428,16 @@ func TestControlOperatorOverLocalSocket(t *testing.T) {
 	t.Run("list", func(t *testing.T) {
 		tests := []struct {
 			name string
-			q    ControlListQuery
+			q    client.ControlListQuery
 			want []string
 		}{
-			{name: "all oldest first", q: ControlListQuery{}, want: []string{a, b}},
-			{name: "newest first", q: ControlListQuery{Newest: true}, want: []string{b, a}},
-			{name: "running", q: ControlListQuery{State: markers.Running}, want: []string{a, b}},
-			{name: "exited", q: ControlListQuery{State: markers.Exited}, want: nil},
-			{name: "operation key", q: ControlListQuery{OperationKey: "migration:1"}, want: []string{a}},
-			{name: "operation key newest", q: ControlListQuery{OperationKey: "migration:1", Newest: true, Limit: 1}, want: []string{a}},
-			{name: "since the future", q: ControlListQuery{Since: time.Now().Add(time.Hour)}, want: nil},
+			{name: "all oldest first", q: client.ControlListQuery{}, want: []string{a, b}},
+			{name: "newest first", q: client.ControlListQuery{Newest: true}, want: []string{b, a}},
+			{name: "running", q: client.ControlListQuery{State: markers.Running}, want: []string{a, b}},
+			{name: "exited", q: client.ControlListQuery{State: markers.Exited}, want: nil},
+			{name: "operation key", q: client.ControlListQuery{OperationKey: "migration:1"}, want: []string{a}},
+			{name: "operation key newest", q: client.ControlListQuery{OperationKey: "migration:1", Newest: true, Limit: 1}, want: []string{a}},
+			{name: "since the future", q: client.ControlListQuery{Since: time.Now().Add(time.Hour)}, want: nil},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
@@ -463,11 +464,11 @@ func TestControlOperatorOverLocalSocket(t *testing.T) {
 	})
 
 	t.Run("paging", func(t *testing.T) {
-		page, next, err := c.List(ctx, ControlListQuery{Limit: 1})
+		page, next, err := c.List(ctx, client.ControlListQuery{Limit: 1})
 		if err != nil || len(page) != 1 || page[0].ID != a || next == "" {
 			t.Fatalf("first page = %v, next %q, err %v; want [%s] and a cursor", page, next, err, a)
 		}
-		page, _, err = c.List(ctx, ControlListQuery{Limit: 1, Cursor: next})
+		page, _, err = c.List(ctx, client.ControlListQuery{Limit: 1, Cursor: next})
 		if err != nil || len(page) != 1 || page[0].ID != b {
 			t.Fatalf("second page = %v, err %v; want [%s]", page, err, b)
 		}
@@ -648,7 +649,7 @@ func TestControlFraming(t *testing.T) {
 		r := dialRaw(t, path)
 		for _, line := range []string{`{"op":"shell"}`, `not json`, `{"op":"status","ids":["ex_bad"]}`} {
 			r.send(line)
-			if m, got := r.next(); errorCode(m) != CodeBadRequest {
+			if m, got := r.next(); errorCode(m) != client.CodeBadRequest {
 				t.Errorf("%s → %s; want a bad_request error", line, got)
 			}
 		}
@@ -662,7 +663,7 @@ func TestControlFraming(t *testing.T) {
 	t.Run("line at the limit", func(t *testing.T) {
 		r := dialRaw(t, path)
 		req := `{"op":"status","ids":["` + id + `"]}`
-		r.send(req + strings.Repeat(" ", MaxControlLine-len(req)))
+		r.send(req + strings.Repeat(" ", client.MaxControlLine-len(req)))
 		if m, got := r.next(); m["markers"] == nil {
 			t.Errorf("reply = %.200s; want a status reply", got)
 		}
@@ -671,8 +672,8 @@ func TestControlFraming(t *testing.T) {
 	t.Run("oversized line closes", func(t *testing.T) {
 		r := dialRaw(t, path)
 		req := `{"op":"status","ids":["` + id + `"]}`
-		r.send(req + strings.Repeat(" ", MaxControlLine-len(req)+1))
-		if m, got := r.next(); errorCode(m) != CodeBadRequest {
+		r.send(req + strings.Repeat(" ", client.MaxControlLine-len(req)+1))
+		if m, got := r.next(); errorCode(m) != client.CodeBadRequest {
 			t.Errorf("reply = %.200s; want bad_request", got)
 		}
 		if line, err := r.br.ReadString('\n'); !errors.Is(err, io.EOF) {
@@ -707,7 +708,7 @@ func TestControlScopedAccount(t *testing.T) {
 	if err != nil || len(found) != 1 || found[0].ID != alice || !slices.Equal(missing, []string{bob}) {
 		t.Errorf("scoped status = %v, %v, %v; want only alice's, bob's missing", found, missing, err)
 	}
-	page, _, err := scoped.List(ctx, ControlListQuery{})
+	page, _, err := scoped.List(ctx, client.ControlListQuery{})
 	if err != nil || len(page) != 1 || page[0].ID != alice {
 		t.Errorf("scoped list = %v, %v; want only alice's", page, err)
 	}
@@ -846,7 +847,7 @@ func TestControlPeerHelper(t *testing.T) {
 		t.Skip("helper process only")
 	}
 	bufio.NewReader(os.Stdin).ReadString('\n')
-	c, err := DialLocalControl(context.Background(), path)
+	c, err := client.DialLocalControl(context.Background(), path)
 	if err != nil {
 		fmt.Println("dial:", err)
 		return
@@ -862,7 +863,7 @@ func TestControlPeerHelper(t *testing.T) {
 }
 
 func errCode(err error) string {
-	var ce *ControlError
+	var ce *client.ControlError
 	switch {
 	case err == nil:
 		return "ok"
@@ -970,8 +971,8 @@ func TestControlOverSSH(t *testing.T) {
 		srv.Close()
 		<-served
 	})
-	client := testutil.MustDialSSH(t, ln.Addr().String(), own, srv.HostPublicKey(), gossh.PublicKeys(key.Signer))
-	sess, err := client.NewSession()
+	conn := testutil.MustDialSSH(t, ln.Addr().String(), own, srv.HostPublicKey(), gossh.PublicKeys(key.Signer))
+	sess, err := conn.NewSession()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -980,7 +981,7 @@ func TestControlOverSSH(t *testing.T) {
 	if err := sess.RequestSubsystem(ControlSubsystem); err != nil {
 		t.Fatal(err)
 	}
-	c := NewControlClient(sessionConn{Reader: stdout, WriteCloser: stdin, session: sess})
+	c := client.NewControlClient(sessionConn{Reader: stdout, WriteCloser: stdin, session: sess})
 	ctx := context.Background()
 
 	// The hostagent's own account sees every account's markers.
@@ -1006,5 +1007,39 @@ func TestControlOverSSH(t *testing.T) {
 	stdin.Close()
 	if rest, err := io.ReadAll(stdout); err != nil || len(rest) != 0 {
 		t.Errorf("after closing stdin: %q, %v; want the session to end", rest, err)
+	}
+
+	// client.DialControl opens the subsystem on a channel of its own, on the same connection.
+	dialed, err := client.DialControl(conn)
+	if err != nil {
+		t.Fatalf("DialControl: %v", err)
+	}
+	defer dialed.Close()
+	if found, _, err := dialed.Status(ctx, []string{id}); err != nil || len(found) != 1 || found[0].State != markers.Exited {
+		t.Errorf("status over DialControl = %v, %v; want the exited marker", found, err)
+	}
+}
+
+// The client package cannot import the server, so the values both sides must agree on are
+// checked here.
+func TestClientAgreesWithServer(t *testing.T) {
+	if ControlSubsystem != client.ControlSubsystem {
+		t.Errorf("subsystem: server %q, client %q", ControlSubsystem, client.ControlSubsystem)
+	}
+	if maxOperationKeyLen != client.MaxOperationKeyLen {
+		t.Errorf("operation key bound: server %d, client %d", maxOperationKeyLen, client.MaxOperationKeyLen)
+	}
+	for _, sentinel := range []struct {
+		name           string
+		server, client error
+	}{
+		{"not running", ErrNotRunning, client.ErrNotRunning},
+		{"forbidden", ErrForbidden, client.ErrForbidden},
+		{"bad request", ErrBadControlRequest, client.ErrBadControlRequest},
+		{"busy", ErrControlBusy, client.ErrControlBusy},
+	} {
+		if sentinel.server != sentinel.client {
+			t.Errorf("%s: the server's sentinel is not the client's", sentinel.name)
+		}
 	}
 }

@@ -41,7 +41,7 @@ const EnvMarkerSocket = "POSTERN_MARKER_SOCKET"
 
 // Errors of the control operations.
 var (
-	ErrNotRunning     = errors.New("hostagent: execution is not running")
+	ErrNotRunning     = client.ErrNotRunning // the control client's not_running, so errors.Is works on both sides
 	ErrNotYourProcess = errors.New("hostagent: caller is not in the execution's process tree")
 )
 

@@ -21,6 +21,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/hostagent/client"
 )
 
 // maxLocalConns bounds concurrent connections to the local socket, which any local user can
@@ -118,7 +120,7 @@ func (cs *controlServer) serveLocal(ctx context.Context, ln net.Listener) error 
 func (cs *controlServer) refuseBusy(c net.Conn) {
 	cw := &controlWriter{w: c}
 	c.SetWriteDeadline(time.Now().Add(time.Second))
-	cw.send(errorReply(CodeBusy, fmt.Sprintf("more than %d connections", maxLocalConns)))
+	cw.send(errorReply(client.CodeBusy, fmt.Sprintf("more than %d connections", maxLocalConns)))
 	c.Close()
 }
 

@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,7 +16,6 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
@@ -343,49 +341,22 @@ func TestCheckpointsFromTheCommand(t *testing.T) {
 	}
 }
 
-// controlSession opens the postern-control subsystem over SSH.
-func controlSession(t testing.TB, c *gossh.Client) *hostagent.ControlClient {
-	t.Helper()
-	sess, err := c.NewSession()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdin, err := sess.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	stdout, err := sess.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := sess.RequestSubsystem("postern-control"); err != nil {
-		t.Fatal(err)
-	}
-	cc := hostagent.NewControlClient(sessionRWC{stdout, stdin, sess})
-	t.Cleanup(func() { cc.Close() })
-	return cc
-}
-
-type sessionRWC struct {
-	io.Reader
-	io.WriteCloser
-	sess *gossh.Session
-}
-
-func (s sessionRWC) Close() error { s.WriteCloser.Close(); return s.sess.Close() }
-
 func TestControlOverSSH(t *testing.T) {
 	h := testutil.StartHostagent(t)
 	c := h.Dial(t)
 	ctx := context.Background()
 	id := newID(t)
 	waitAttached := execInBackground(t, c, client.Exec{ExecutionID: id, Command: "echo begun; sleep 30"})
-	cc := controlSession(t, c)
+	cc, err := client.DialControl(c)
+	if err != nil {
+		t.Fatalf("DialControl: %v", err)
+	}
+	defer cc.Close()
 	testutil.WaitFor(t, "the marker to be running", func() bool {
 		found, _, err := cc.Status(ctx, []string{id})
 		return err == nil && len(found) == 1 && found[0].State == markers.Running
 	})
-	running, _, err := cc.List(ctx, hostagent.ControlListQuery{State: markers.Running})
+	running, _, err := cc.List(ctx, client.ControlListQuery{State: markers.Running})
 	if err != nil || len(running) != 1 || running[0].ID != id {
 		t.Fatalf("list running = %v, %v; want %s", running, err, id)
 	}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/hostagent/client"
 )
 
 // markerTimeout bounds how long a command waits for the agent to record its checkpoint.
@@ -39,9 +40,9 @@ func (c *MarkerCommand) Run(ctx context.Context, args []string) error {
 	}
 	var note string
 	switch {
-	case len(args) == 2 && args[0] == hostagent.OpCheckpoint:
+	case len(args) == 2 && args[0] == client.OpCheckpoint:
 		note = args[1]
-	case len(args) == 1 && args[0] == hostagent.OpValidated:
+	case len(args) == 1 && args[0] == client.OpValidated:
 	default:
 		fmt.Fprint(c.Stderr, markerUsage)
 		return errUsage
@@ -57,20 +58,20 @@ func (c *MarkerCommand) Run(ctx context.Context, args []string) error {
 	}
 	ctx, cancel := context.WithTimeout(ctx, markerTimeout)
 	defer cancel()
-	client, err := hostagent.DialLocalControl(ctx, sock)
+	agent, err := client.DialLocalControl(ctx, sock)
 	if err != nil {
 		return err
 	}
-	defer client.Close()
-	if args[0] == hostagent.OpCheckpoint {
-		_, err = client.Checkpoint(ctx, id, note)
+	defer agent.Close()
+	if args[0] == client.OpCheckpoint {
+		_, err = agent.Checkpoint(ctx, id, note)
 	} else {
-		_, err = client.Validated(ctx, id)
+		_, err = agent.Validated(ctx, id)
 	}
 	switch {
-	case errors.Is(err, hostagent.ErrNotRunning):
+	case errors.Is(err, client.ErrNotRunning):
 		return fmt.Errorf("execution %s is not running: %w", id, err)
-	case errors.Is(err, hostagent.ErrForbidden):
+	case errors.Is(err, client.ErrForbidden):
 		return fmt.Errorf("the agent refused: this process is not part of execution %s: %w", id, err)
 	case err != nil:
 		return fmt.Errorf("record %s on %s: %w", args[0], id, err)

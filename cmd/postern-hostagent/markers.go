@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/hostagent/shim"
 	"github.com/postern-dev/postern/markers"
 )
@@ -112,20 +113,20 @@ func (f *agentFlags) resolve() error {
 	return nil
 }
 
-// markerSource is where markers are read from: the agent (*hostagent.ControlClient) or the
+// markerSource is where markers are read from: the agent (*client.ControlClient) or the
 // store itself.
 type markerSource interface {
 	Status(ctx context.Context, ids []string) ([]*markers.Record, []string, error)
-	List(ctx context.Context, q hostagent.ControlListQuery) ([]*markers.Record, string, error)
+	List(ctx context.Context, q client.ControlListQuery) ([]*markers.Record, string, error)
 	Close() error
 }
 
 // open connects to the agent, or opens the store read-only when the agent is not running
 // (no socket, or nobody listening on it).
 func (f *agentFlags) open(ctx context.Context, stderr io.Writer) (markerSource, error) {
-	client, err := hostagent.DialLocalControl(ctx, f.socket)
+	agent, err := client.DialLocalControl(ctx, f.socket)
 	if err == nil {
-		return client, nil
+		return agent, nil
 	}
 	if !agentDown(err) || f.dataDir == "" {
 		return nil, err
@@ -165,7 +166,7 @@ func (s storeSource) Status(_ context.Context, ids []string) ([]*markers.Record,
 	return found, missing, nil
 }
 
-func (s storeSource) List(_ context.Context, q hostagent.ControlListQuery) ([]*markers.Record, string, error) {
+func (s storeSource) List(_ context.Context, q client.ControlListQuery) ([]*markers.Record, string, error) {
 	mq := markers.Query{State: q.State, Since: q.Since, Until: q.Until, Newest: q.Newest, Limit: q.Limit, Cursor: q.Cursor}
 	if q.OperationKey == "" {
 		return s.store.List(mq)
@@ -245,7 +246,7 @@ func (c *MarkersCommand) list(ctx context.Context, args []string) error {
 	fs := newFlagSet("markers list", "markers list [flags]", c.Stderr)
 	var af agentFlags
 	af.register(fs)
-	var q hostagent.ControlListQuery
+	var q client.ControlListQuery
 	fs.Func("state", "only markers in this state ("+statesList()+")", func(s string) error {
 		q.State = markers.State(s)
 		if !markers.Host.Has(q.State) {
@@ -431,14 +432,14 @@ func (c *MarkersCommand) tail(ctx context.Context, args []string) error {
 		return err
 	}
 	defer src.Close()
-	client, viaAgent := src.(*hostagent.ControlClient)
+	agent, viaAgent := src.(*client.ControlClient)
 	if *follow && !viaAgent {
 		return errors.New("--follow needs the running agent")
 	}
 	// Attach streams until the execution ends: right for --follow and for an ended
 	// execution. Without --follow, a running execution's output so far is in its spool.
 	if viaAgent && (*follow || rec.Graph.Terminal(rec.State)) {
-		_, err := client.Attach(ctx, rec.ID, 0, 0, func(stream string, _ int64, data []byte) error {
+		_, err := agent.Attach(ctx, rec.ID, 0, 0, func(stream string, _ int64, data []byte) error {
 			w := c.Stdout
 			if stream == shim.StreamStderr {
 				w = c.Stderr
@@ -517,7 +518,7 @@ func (c *MarkersCommand) verify(ctx context.Context, args []string) error {
 // verifyLog verifies the export the agent streams, or the store's directory while the agent
 // is down.
 func verifyLog(ctx context.Context, af *agentFlags, key string, opts markers.VerifyOptions, stderr io.Writer) (markers.Report, error) {
-	client, err := hostagent.DialLocalControl(ctx, af.socket)
+	agent, err := client.DialLocalControl(ctx, af.socket)
 	if err != nil {
 		if !agentDown(err) || af.dataDir == "" {
 			return markers.Report{}, err
@@ -525,11 +526,11 @@ func verifyLog(ctx context.Context, af *agentFlags, key string, opts markers.Ver
 		fmt.Fprintf(stderr, "note: agent not reachable at %s; verifying %s directly\n", af.socket, af.dataDir)
 		return markers.VerifyDir(af.paths.MarkersDir(), key, opts)
 	}
-	defer client.Close()
+	defer agent.Close()
 	pr, pw := io.Pipe()
 	exported := make(chan error, 1)
 	go func() {
-		_, err := client.Export(ctx, pw)
+		_, err := agent.Export(ctx, pw)
 		pw.CloseWithError(err)
 		exported <- err
 	}()

@@ -1,7 +1,10 @@
-// Package client is the calling side of the hostagent protocol, used by the bastion and by
-// tests: exec under a marker over a raw SSH session channel, so that the hostagent's
+// Package client is the calling side of the hostagent protocol, used by the bastion, the
+// postern-hostagent CLI and tests, and the wire types both sides share. It owns two things:
+// exec under a marker over a raw SSH session channel, so that the hostagent's
 // postern-marker@postern requests are seen (x/crypto's ssh.Session discards unknown channel
-// requests), with the exit status, and the wire types both sides share.
+// requests), with the exit status (Run); and the postern-control protocol (ControlClient,
+// over the SSH subsystem or the local socket), whose framing control.go documents. It
+// depends on x/crypto/ssh and markers only, never on the hostagent server.
 package client
 
 import (
