@@ -31,7 +31,7 @@ type Agent struct {
 
 // AgentOptions tune OpenAgent.
 type AgentOptions struct {
-	// ShimExe is the binary re-executed as the shim; default this process's executable.
+	// ShimExe is the binary started as the shim; see ExecutorOptions.ShimExe.
 	ShimExe string
 	Logger  *slog.Logger
 }

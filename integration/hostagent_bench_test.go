@@ -2,11 +2,14 @@ package integration
 
 import (
 	"os"
+	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 )
 
@@ -43,4 +46,36 @@ func procRSSKB(t testing.TB, pid int) int {
 	}
 	t.Fatal("no VmRSS")
 	return 0
+}
+
+// BenchmarkHostagentExecTrue runs `true` through the real agent over one SSH connection,
+// with the dedicated postern-shim next to it and with the agent re-executing itself, and
+// reports the p50 of each.
+func BenchmarkHostagentExecTrue(b *testing.B) {
+	selfDir := b.TempDir()
+	self := filepath.Join(selfDir, "postern-hostagent")
+	if err := os.Link(testutil.Binary(b, "postern-hostagent"), self); err != nil {
+		b.Fatal(err)
+	}
+	for _, tc := range []struct{ name, bin string }{{"shim=postern-shim", ""}, {"shim=agent-reexec", self}} {
+		b.Run(tc.name, func(b *testing.B) {
+			h := testutil.NewHostagent(b)
+			h.Bin = tc.bin
+			h.Start(b)
+			c := h.Dial(b)
+			var ds []time.Duration
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
+				if got := execOn(b, c, client.Exec{ExecutionID: newID(b), Command: "true"}); got.err != nil || got.res.ExitStatus != 0 {
+					b.Fatalf("exec: %+v", got)
+				}
+				ds = append(ds, time.Since(t0))
+			}
+			b.StopTimer()
+			sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
+			b.ReportMetric(float64(ds[len(ds)/2].Microseconds()), "p50-µs")
+			b.ReportMetric(float64(ds[len(ds)*99/100].Microseconds()), "p99-µs")
+		})
+	}
 }

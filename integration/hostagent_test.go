@@ -201,6 +201,9 @@ func TestShimKilledIsInterrupted(t *testing.T) {
 	c := h.Dial(t)
 	waitFirst := execInBackground(t, c, client.Exec{ExecutionID: id, Command: "sleep 30"})
 	shimPID := readShimPID(t, filepath.Join(h.DataDir, "spool", id))
+	if exe, _ := os.Readlink("/proc/" + strconv.Itoa(shimPID) + "/exe"); filepath.Base(exe) != "postern-shim" {
+		t.Errorf("the shim runs %q; want the dedicated postern-shim next to the agent", exe)
+	}
 	if err := syscall.Kill(shimPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}

@@ -77,6 +77,9 @@ func FreeAddr(t testing.TB) string {
 // Hostagent is a postern-hostagent process on 127.0.0.1 with its own data dir, one
 // authorized client key and the current user as the allowed account.
 type Hostagent struct {
+	// Bin is the agent binary Start runs; default the one Binary builds (with postern-shim
+	// next to it).
+	Bin                                     string
 	Addr, Dir, DataDir, ConfigPath, Account string
 	ClientKey                               SSHKey
 	HostKey                                 gossh.PublicKey
@@ -89,6 +92,14 @@ type Hostagent struct {
 // StartHostagent writes a config (extra TOML lines appended) and starts the agent; it is
 // killed at cleanup.
 func StartHostagent(t testing.TB, extraConfig ...string) *Hostagent {
+	t.Helper()
+	h := NewHostagent(t, extraConfig...)
+	h.Start(t)
+	return h
+}
+
+// NewHostagent prepares an agent (keys, config, data dir) without starting it.
+func NewHostagent(t testing.TB, extraConfig ...string) *Hostagent {
 	t.Helper()
 	u, err := user.Current()
 	if err != nil {
@@ -105,15 +116,20 @@ func StartHostagent(t testing.TB, extraConfig ...string) *Hostagent {
 	if err := os.WriteFile(h.ConfigPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h.Start(t)
 	t.Cleanup(func() { h.Kill(t) })
 	return h
 }
 
-// Start runs the agent (again) and waits until it listens.
+// Start runs the agent (again) and waits until it listens. The dedicated shim is built next
+// to it, as installed.
 func (h *Hostagent) Start(t testing.TB) {
 	t.Helper()
-	cmd := exec.Command(Binary(t, "postern-hostagent"), "serve", "--config", h.ConfigPath)
+	bin := h.Bin
+	if bin == "" {
+		Binary(t, "postern-shim")
+		bin = Binary(t, "postern-hostagent")
+	}
+	cmd := exec.Command(bin, "serve", "--config", h.ConfigPath)
 	// Its own process group, like under systemd: killing a test's client never reaches it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdout, err := cmd.StdoutPipe()
