@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -173,7 +174,9 @@ func (e *Executor) removeOrphanSpools(cutoff time.Time) (int, error) {
 	removed := 0
 	var errs []error
 	for _, ent := range entries {
-		if _, err := e.store.Get(ent.Name()); !errors.Is(err, markers.ErrNotFound) {
+		// A restarted execution's spool dir is named <id>.<attempt>.
+		id, _, _ := strings.Cut(ent.Name(), ".")
+		if _, err := e.store.Get(id); !errors.Is(err, markers.ErrNotFound) {
 			continue
 		}
 		info, err := ent.Info()

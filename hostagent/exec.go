@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -307,10 +308,10 @@ func (e *Executor) launch(x *execution, req ExecRequest) {
 // it (start failed, or no shim record), interrupted otherwise.
 func (e *Executor) recordStartFailure(x *execution, startErr error) *markers.Record {
 	to, note := markers.NotStarted, "command did not start: "+startErr.Error()
-	if !errors.Is(startErr, shim.ErrStartFailed) {
-		if _, err := shim.Adopt(x.dir); !errors.Is(err, shim.ErrNeverStarted) {
-			to, note = markers.Interrupted, "shim failed after it recorded itself: "+startErr.Error()
-		}
+	if !errors.Is(startErr, shim.ErrStartFailed) && shim.Fence(x.dir) != nil {
+		// The supervisor recorded itself (or the fence failed): it may have started the
+		// command.
+		to, note = markers.Interrupted, "shim failed after it recorded itself: "+startErr.Error()
 	}
 	e.log.Warn("command did not start", "execution_id", x.id, "state", to, "err", startErr)
 	rec, err := e.store.Transition(e.ctx, x.id, markers.Started, to, note, func(r *markers.Record) error {
@@ -415,8 +416,13 @@ func (e *Executor) duplicate(ctx context.Context, s gliderssh.Session, req ExecR
 		s.Exit(ExitRefused)
 		return
 	} else {
-		// Provably never ran: run it now, under the same marker.
-		restarted, err := e.store.Transition(ctx, rec.ID, markers.NotStarted, markers.Started, "restarted: it never ran", nil)
+		// Provably never ran: run it now, under the same marker, in a fresh spool dir (the
+		// old one is fenced).
+		x.dir = filepath.Join(e.spool, rec.ID+"."+strconv.FormatInt(time.Now().UnixNano(), 36))
+		restarted, err := e.store.Transition(ctx, rec.ID, markers.NotStarted, markers.Started, "restarted: it never ran", func(r *markers.Record) error {
+			r.SpoolDir = x.dir
+			return nil
+		})
 		if err != nil {
 			e.release(x, nil)
 			fmt.Fprintf(s.Stderr(), "postern: cannot restart %s: %v\n", rec.ID, err)

@@ -47,6 +47,16 @@ func (e *Executor) recoverOne(ctx context.Context, rec *markers.Record) error {
 		dir = filepath.Join(e.spool, rec.ID)
 	}
 	h, err := shim.Adopt(dir)
+	if errors.Is(err, shim.ErrNeverStarted) && rec.State == markers.Started {
+		// No shim record yet: fence the dir so a supervisor still on its way cannot start
+		// the command later, and only then call it never started.
+		switch ferr := shim.Fence(dir); {
+		case errors.Is(ferr, shim.ErrAlreadyUsed):
+			h, err = shim.Adopt(dir) // a supervisor recorded itself first: adopt it
+		case ferr != nil:
+			return fmt.Errorf("recover %s: fence: %w", rec.ID, ferr)
+		}
+	}
 	var to markers.State
 	var note string
 	switch {

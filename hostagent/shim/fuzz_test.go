@@ -38,10 +38,15 @@ func FuzzParseShimRecord(f *testing.F) {
 	f.Add([]byte(`{"pid":123,"start":456}`))
 	f.Add([]byte(`{"pid":-1,"start":1}`))
 	f.Add([]byte(`{"pid":1}`))
+	f.Add([]byte(`{"fenced":true}`))
+	f.Add([]byte(`{"fenced":true,"pid":3}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		rec, err := parseShimRecord(data)
-		if err == nil && (rec.PID <= 0 || rec.Start == 0) {
+		if err == nil && !rec.Fenced && (rec.PID <= 0 || rec.Start == 0) {
 			t.Fatalf("accepted out-of-range record %+v", rec)
+		}
+		if err == nil && rec.Fenced && (rec.PID != 0 || rec.Start != 0) {
+			t.Fatalf("accepted a fenced record naming a process %+v", rec)
 		}
 		prec, err := parseProcessRecord(data)
 		if err == nil && prec.Error == "" && (prec.PID <= 0 || prec.Start == 0) {

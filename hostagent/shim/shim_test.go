@@ -5,6 +5,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"io/fs"
 	"os"
@@ -653,5 +654,50 @@ func TestCredential(t *testing.T) {
 	}
 	if got, want := readSpool(t, dir, StdoutFile), "65534\n65534\n65534\n"; got != want {
 		t.Errorf("stdout = %q; want %q", got, want)
+	}
+}
+
+// TestFenceStopsASupervisorOnItsWay: a supervisor whose parent died while starting it may
+// still be about to record itself; once Fence succeeded it cannot, and the command never
+// runs. Fence of a dir a supervisor recorded itself in is refused.
+func TestFenceStopsASupervisorOnItsWay(t *testing.T) {
+	dir := t.TempDir()
+	witness := filepath.Join(t.TempDir(), "ran")
+	spec, err := json.Marshal(testSpec("touch " + witness))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, SpecFile), spec, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := Fence(dir); err != nil {
+		t.Fatalf("Fence = %v; want nil", err)
+	}
+	if err := Fence(dir); err != nil {
+		t.Fatalf("second Fence = %v; want nil (already fenced)", err)
+	}
+	// The late supervisor, as Start would have run it.
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer readyR.Close()
+	cmd := exec.Command(testExe(t), "shim", dir)
+	cmd.ExtraFiles = []*os.File{readyW}
+	if err := cmd.Run(); err == nil {
+		t.Error("the late supervisor succeeded in a fenced dir")
+	}
+	readyW.Close()
+	if _, err := os.Stat(witness); !errors.Is(err, os.ErrNotExist) {
+		t.Error("the command ran in a fenced dir")
+	}
+	if _, err := Adopt(dir); !errors.Is(err, ErrNeverStarted) {
+		t.Errorf("Adopt of a fenced dir = %v; want ErrNeverStarted", err)
+	}
+
+	h, started := startTest(t, testSpec("true"))
+	waitStatus(t, h)
+	if err := Fence(started); !errors.Is(err, ErrAlreadyUsed) {
+		t.Errorf("Fence of a dir a supervisor ran in = %v; want ErrAlreadyUsed", err)
 	}
 }

@@ -50,8 +50,11 @@ const (
 
 // shimRecord identifies the supervisor process of a spool directory.
 type shimRecord struct {
-	PID   int    `json:"pid"`
-	Start uint64 `json:"start"`
+	PID   int    `json:"pid,omitempty"`
+	Start uint64 `json:"start,omitempty"`
+	// Fenced marks a record written by Fence instead of a supervisor: no supervisor ran
+	// here, and none ever will.
+	Fenced bool `json:"fenced,omitempty"`
 }
 
 // processRecord identifies the command's process; it is also the supervisor's readiness
@@ -68,8 +71,8 @@ func parseShimRecord(data []byte) (shimRecord, error) {
 	if err := json.Unmarshal(data, &r); err != nil {
 		return shimRecord{}, fmt.Errorf("shim: parse shim record: %w", err)
 	}
-	if r.PID <= 0 || r.Start == 0 {
-		return shimRecord{}, fmt.Errorf("shim: parse shim record: pid %d start %d out of range", r.PID, r.Start)
+	if r.Fenced && (r.PID != 0 || r.Start != 0) || !r.Fenced && (r.PID <= 0 || r.Start == 0) {
+		return shimRecord{}, fmt.Errorf("shim: parse shim record: pid %d start %d fenced %v is inconsistent", r.PID, r.Start, r.Fenced)
 	}
 	return r, nil
 }
@@ -153,7 +156,35 @@ func readShimRecord(dir string) (shimRecord, error) {
 	if err != nil {
 		return shimRecord{}, err
 	}
-	return parseShimRecord(data)
+	rec, err := parseShimRecord(data)
+	if err == nil && rec.Fenced {
+		return shimRecord{}, ErrNeverStarted
+	}
+	return rec, err
+}
+
+// Fence makes "never started" final for dir: it takes the shim record's place with a
+// fenced record, so a supervisor still on its way (its parent died while starting it) can
+// no longer create its record and will not run the command. It returns nil if dir is
+// fenced now (the command never ran and never will), or ErrAlreadyUsed if a supervisor
+// recorded itself first (adopt it instead). Without a fence, "no shim record" only means
+// "not yet".
+func Fence(dir string) error {
+	data, err := json.Marshal(shimRecord{Fenced: true})
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("shim: fence %s: %w", dir, err)
+	}
+	err = createFileExclusive(dir, ShimFile, data)
+	if !errors.Is(err, ErrAlreadyUsed) {
+		return err
+	}
+	if _, rerr := readShimRecord(dir); errors.Is(rerr, ErrNeverStarted) {
+		return nil // fenced already
+	}
+	return err
 }
 
 // readProcessRecord returns the command's process record, or the zero record if the command
