@@ -17,8 +17,10 @@ import (
 // interrupted (unknown outcome); a started marker with no shim record provably never ran and
 // becomes not_started. Nothing is ever run again here.
 func (e *Executor) Recover(ctx context.Context) error {
+	// Collect first: resolving a started marker can move it to running, and it must not be
+	// met twice.
+	var pending []*markers.Record
 	for _, state := range []markers.State{markers.Started, markers.Running} {
-		var pending []*markers.Record
 		q := markers.Query{State: state, Limit: 1000}
 		for {
 			recs, next, err := e.store.List(q)
@@ -31,10 +33,10 @@ func (e *Executor) Recover(ctx context.Context) error {
 			}
 			q.Cursor = next
 		}
-		for _, rec := range pending {
-			if err := e.recoverOne(ctx, rec); err != nil {
-				return err
-			}
+	}
+	for _, rec := range pending {
+		if err := e.recoverOne(ctx, rec); err != nil {
+			return err
 		}
 	}
 	return nil
