@@ -337,15 +337,18 @@ func (e *Executor) watch(x *execution) {
 	wctx, cancel := context.WithTimeout(e.ctx, runningDelay)
 	st, err := x.handle.Wait(wctx)
 	cancel()
+	marked := markers.Started // the marker's state as this watcher last wrote or saw it
 	if errors.Is(err, context.DeadlineExceeded) && e.ctx.Err() == nil {
 		p := x.handle.Process()
-		if _, err := e.store.Transition(e.ctx, x.id, markers.Started, markers.Running, "command started", func(r *markers.Record) error {
+		if rec, err := e.store.Transition(e.ctx, x.id, markers.Started, markers.Running, "command started", func(r *markers.Record) error {
 			r.PID, r.PIDStart = p.PID, p.PIDStart
 			return nil
 		}); err != nil {
 			// The command runs; the marker still says started with a shim record, which
 			// recovery treats as "may have run" — never as "not run".
 			e.log.Error("marker running write failed", "execution_id", x.id, "err", err)
+		} else {
+			marked = rec.State
 		}
 		st, err = x.handle.Wait(e.ctx)
 	}
@@ -354,12 +357,12 @@ func (e *Executor) watch(x *execution) {
 		x.handle.Close()
 		return
 	}
-	e.release(x, e.recordOutcome(x.id, x.handle.Process(), st, err))
+	e.release(x, e.recordOutcome(x.id, marked, x.handle.Process(), st, err))
 }
 
-// recordOutcome moves the marker from running (or from started, through running, in one
-// write) to how the command ended.
-func (e *Executor) recordOutcome(id string, p shim.Process, st shim.Status, waitErr error) *markers.Record {
+// recordOutcome moves the marker from running — or from started, through running, in one
+// write — to how the command ended. marked is the state the marker is expected in.
+func (e *Executor) recordOutcome(id string, marked markers.State, p shim.Process, st shim.Status, waitErr error) *markers.Record {
 	to, note := markers.Exited, "exited"
 	switch {
 	case errors.Is(waitErr, shim.ErrVanished):
@@ -391,9 +394,16 @@ func (e *Executor) recordOutcome(id string, p shim.Process, st shim.Status, wait
 		return nil
 	}
 	ctx := context.WithoutCancel(e.ctx)
-	rec, err := e.store.Transition(ctx, id, markers.Running, to, note, mutate)
-	if errors.Is(err, markers.ErrConflict) && rec != nil && rec.State == markers.Started {
-		rec, err = e.store.Advance(ctx, id, markers.Started, []markers.State{markers.Running, to}, note, mutate)
+	advance := func(from markers.State) (*markers.Record, error) {
+		path := []markers.State{to}
+		if from == markers.Started {
+			path = []markers.State{markers.Running, to}
+		}
+		return e.store.Advance(ctx, id, from, path, note, mutate)
+	}
+	rec, err := advance(marked)
+	if errors.Is(err, markers.ErrConflict) && rec != nil && (rec.State == markers.Started || rec.State == markers.Running) {
+		rec, err = advance(rec.State) // recovery wrote running meanwhile, or a write was lost
 	}
 	if err != nil {
 		e.log.Error("final marker write failed", "execution_id", id, "err", err)
