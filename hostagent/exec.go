@@ -415,36 +415,16 @@ func (e *Executor) recordOutcome(id string, marked markers.State, p shim.Process
 // duplicate answers a request whose marker already existed: nothing new is started unless
 // the marker proves the command never ran.
 func (e *Executor) duplicate(ctx context.Context, s gliderssh.Session, req ExecRequest, rec *markers.Record) {
-	if x, fresh := e.claim(rec.ID); !fresh {
+	x, fresh := e.claim(rec.ID)
+	if !fresh {
 		e.attach(ctx, s, x, req, true)
 		return
-	} else if rec.State != markers.NotStarted {
-		e.release(x, nil)
-	} else if !slices.Equal(rec.Command, e.markerCommand(req)) {
-		e.release(x, nil)
-		fmt.Fprintf(s.Stderr(), "postern: %s was created for another command; not started\n", rec.ID)
-		s.Exit(ExitRefused)
-		return
-	} else {
-		// Provably never ran: run it now, under the same marker, in a fresh spool dir (the
-		// old one is fenced).
-		x.dir = filepath.Join(e.spool, rec.ID+"."+strconv.FormatInt(time.Now().UnixNano(), 36))
-		restarted, err := e.store.Transition(ctx, rec.ID, markers.NotStarted, markers.Started, "restarted: it never ran", func(r *markers.Record) error {
-			r.SpoolDir = x.dir
-			return nil
-		})
-		if err != nil {
-			e.release(x, nil)
-			fmt.Fprintf(s.Stderr(), "postern: cannot restart %s: %v\n", rec.ID, err)
-			s.Exit(ExitRefused)
-			return
-		}
-		e.sendMarker(s, client.MarkerMessage{Marker: restarted, Replayed: true})
-		fmt.Fprintf(s.Stderr(), "postern: %s never ran; starting it now\n", rec.ID)
-		e.launch(x, req)
-		e.attach(ctx, s, x, req, false)
+	}
+	if rec.State == markers.NotStarted {
+		e.restart(ctx, s, x, req, rec)
 		return
 	}
+	e.release(x, nil)
 	e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true})
 	switch {
 	case markers.Host.Terminal(rec.State) && rec.State != markers.Interrupted:
@@ -457,6 +437,33 @@ func (e *Executor) duplicate(ctx context.Context, s gliderssh.Session, req ExecR
 			rec.ID, startedAt(rec), rec.State)
 		s.Exit(ExitUnknownOutcome)
 	}
+}
+
+// restart runs an execution whose marker proves it never ran, under the same marker, in a
+// fresh spool dir (the old one is fenced) — if the request is for the command the marker
+// recorded.
+func (e *Executor) restart(ctx context.Context, s gliderssh.Session, x *execution, req ExecRequest, rec *markers.Record) {
+	if !slices.Equal(rec.Command, e.markerCommand(req)) {
+		e.release(x, nil)
+		fmt.Fprintf(s.Stderr(), "postern: %s was created for another command; not started\n", rec.ID)
+		s.Exit(ExitRefused)
+		return
+	}
+	x.dir = filepath.Join(e.spool, rec.ID+"."+strconv.FormatInt(time.Now().UnixNano(), 36))
+	restarted, err := e.store.Transition(ctx, rec.ID, markers.NotStarted, markers.Started, "restarted: it never ran", func(r *markers.Record) error {
+		r.SpoolDir = x.dir
+		return nil
+	})
+	if err != nil {
+		e.release(x, nil)
+		fmt.Fprintf(s.Stderr(), "postern: cannot restart %s: %v\n", rec.ID, err)
+		s.Exit(ExitRefused)
+		return
+	}
+	e.sendMarker(s, client.MarkerMessage{Marker: restarted, Replayed: true})
+	fmt.Fprintf(s.Stderr(), "postern: %s never ran; starting it now\n", rec.ID)
+	e.launch(x, req)
+	e.attach(ctx, s, x, req, false)
 }
 
 // attach streams a live execution's output to s from the start and ends with its exit
