@@ -494,7 +494,13 @@ func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution
 	final := x.final
 	if final == nil {
 		rec, err := e.store.Get(x.id)
-		if err != nil {
+		switch {
+		case errors.Is(err, markers.ErrNotFound):
+			// The request this one joined was refused before its marker was written.
+			fmt.Fprintf(s.Stderr(), "postern: %s has no marker; not started\n", x.id)
+			s.Exit(ExitRefused)
+			return
+		case err != nil:
 			fmt.Fprintf(s.Stderr(), "postern: %s: %v\n", x.id, err)
 			s.Exit(ExitUnknownOutcome)
 			return
