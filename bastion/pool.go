@@ -1,0 +1,249 @@
+package bastion
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+)
+
+// Host is an enrolled fleet machine: where its hostagent listens, the account commands run
+// as, and the host key recorded once at enrollment.
+type Host struct {
+	Name    string
+	Addr    string // host:port of the hostagent
+	Account string
+	HostKey gossh.PublicKey
+}
+
+// ErrHostKeyMismatch: the host presented another key than the one enrolled. Nothing is sent
+// to it; re-enrolling is an explicit operator decision.
+var ErrHostKeyMismatch = errors.New("bastion: host key does not match the enrolled key")
+
+// PoolOptions configure a Pool. Zero values take the documented defaults.
+type PoolOptions struct {
+	// Signer authenticates the bastion to hostagents. Required.
+	Signer gossh.Signer
+	// DialTimeout bounds connecting and the SSH handshake. Default 10s.
+	DialTimeout time.Duration
+	// KeepaliveInterval is how often an idle connection is probed. Default 15s.
+	KeepaliveInterval time.Duration
+	// KeepaliveTimeout is how long a probe may take before the connection is dropped (and
+	// redialed on next use). Default 10s.
+	KeepaliveTimeout time.Duration
+	Logger           *slog.Logger
+}
+
+// Pool keeps one SSH connection per host, multiplexing sessions over it. A connection that
+// fails a keepalive or breaks is dropped and redialed on the next use; host keys are checked
+// strictly against the enrolled key on every dial.
+type Pool struct {
+	opts PoolOptions
+	log  *slog.Logger
+
+	ctx    context.Context // ended by Close; parent of the keepalive loops
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // keepalive loops
+
+	mu    sync.Mutex // guards conns and closed
+	conns map[string]*pooledConn
+	// dialing serializes dials per host, so concurrent callers share one connection.
+	dialing map[string]*sync.Mutex
+	closed  bool
+}
+
+type pooledConn struct {
+	client *gossh.Client
+	key    gossh.PublicKey
+}
+
+// NewPool returns an empty pool.
+func NewPool(opts PoolOptions) (*Pool, error) {
+	if opts.Signer == nil {
+		return nil, errors.New("bastion: pool needs a signer")
+	}
+	if opts.DialTimeout == 0 {
+		opts.DialTimeout = 10 * time.Second
+	}
+	if opts.KeepaliveInterval == 0 {
+		opts.KeepaliveInterval = 15 * time.Second
+	}
+	if opts.KeepaliveTimeout == 0 {
+		opts.KeepaliveTimeout = 10 * time.Second
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Pool{
+		opts: opts, log: opts.Logger.With("component", "ssh-pool"), ctx: ctx, cancel: cancel,
+		conns: map[string]*pooledConn{}, dialing: map[string]*sync.Mutex{},
+	}, nil
+}
+
+// Conn returns the pooled connection to h, dialing it if there is none. A connection made
+// with another host key than h's (h was re-enrolled) is not reused.
+func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
+	if h.HostKey == nil {
+		return nil, fmt.Errorf("bastion: host %s has no enrolled host key", h.Name)
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, errors.New("bastion: pool closed")
+	}
+	dial := p.dialing[h.Name]
+	if dial == nil {
+		dial = &sync.Mutex{}
+		p.dialing[h.Name] = dial
+	}
+	p.mu.Unlock()
+
+	dial.Lock()
+	defer dial.Unlock()
+	if c := p.current(h); c != nil {
+		return c, nil
+	}
+	client, err := p.dial(ctx, h)
+	if err != nil {
+		return nil, err
+	}
+	pc := &pooledConn{client: client, key: h.HostKey}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		client.Close()
+		return nil, errors.New("bastion: pool closed")
+	}
+	p.conns[h.Name] = pc
+	p.mu.Unlock()
+	p.wg.Add(1)
+	go p.keepalive(h.Name, pc)
+	return client, nil
+}
+
+// current returns the live pooled connection to h, if any.
+func (p *Pool) current(h Host) *gossh.Client {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	pc := p.conns[h.Name]
+	if pc == nil {
+		return nil
+	}
+	if !bytes.Equal(pc.key.Marshal(), h.HostKey.Marshal()) {
+		delete(p.conns, h.Name)
+		pc.client.Close()
+		return nil
+	}
+	return pc.client
+}
+
+func (p *Pool) dial(ctx context.Context, h Host) (*gossh.Client, error) {
+	ctx, cancel := context.WithTimeout(ctx, p.opts.DialTimeout)
+	defer cancel()
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, "tcp", h.Addr)
+	if err != nil {
+		return nil, fmt.Errorf("bastion: dial %s (%s): %w", h.Name, h.Addr, err)
+	}
+	if deadline, ok := ctx.Deadline(); ok {
+		raw.SetDeadline(deadline)
+	}
+	var presented gossh.PublicKey
+	conn, chans, reqs, err := gossh.NewClientConn(raw, h.Addr, &gossh.ClientConfig{
+		User: h.Account,
+		Auth: []gossh.AuthMethod{gossh.PublicKeys(p.opts.Signer)},
+		HostKeyCallback: func(_ string, _ net.Addr, key gossh.PublicKey) error {
+			presented = key
+			if !bytes.Equal(key.Marshal(), h.HostKey.Marshal()) {
+				return ErrHostKeyMismatch
+			}
+			return nil
+		},
+		HostKeyAlgorithms: []string{h.HostKey.Type()},
+	})
+	if err != nil {
+		raw.Close()
+		if errors.Is(err, ErrHostKeyMismatch) {
+			p.log.Error("host key mismatch: refusing the host", "host", h.Name,
+				"enrolled", gossh.FingerprintSHA256(h.HostKey), "presented", gossh.FingerprintSHA256(presented))
+			return nil, fmt.Errorf("%w: %s presented %s, enrolled %s", ErrHostKeyMismatch, h.Name,
+				gossh.FingerprintSHA256(presented), gossh.FingerprintSHA256(h.HostKey))
+		}
+		return nil, fmt.Errorf("bastion: ssh handshake with %s: %w", h.Name, err)
+	}
+	raw.SetDeadline(time.Time{})
+	return gossh.NewClient(conn, chans, reqs), nil
+}
+
+// keepalive probes the connection until it fails or the pool closes, then drops it.
+func (p *Pool) keepalive(name string, pc *pooledConn) {
+	defer p.wg.Done()
+	ticker := time.NewTicker(p.opts.KeepaliveInterval)
+	defer ticker.Stop()
+	broken := make(chan error, 1)
+	go func() { broken <- pc.client.Wait() }()
+	for {
+		select {
+		case <-p.ctx.Done():
+			pc.client.Close()
+			<-broken
+			return
+		case err := <-broken:
+			p.drop(name, pc, fmt.Errorf("connection ended: %v", err))
+			return
+		case <-ticker.C:
+			if err := p.probe(pc.client); err != nil {
+				p.drop(name, pc, err)
+				<-broken
+				return
+			}
+		}
+	}
+}
+
+// probe sends one keepalive request and waits for its reply, within KeepaliveTimeout.
+func (p *Pool) probe(c *gossh.Client) error {
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := c.SendRequest("keepalive@openssh.com", true, nil)
+		done <- err
+	}()
+	timer := time.NewTimer(p.opts.KeepaliveTimeout)
+	defer timer.Stop()
+	select {
+	case err := <-done:
+		return err
+	case <-timer.C:
+		c.Close() // unblocks SendRequest
+		<-done
+		return fmt.Errorf("keepalive unanswered after %s", p.opts.KeepaliveTimeout)
+	}
+}
+
+func (p *Pool) drop(name string, pc *pooledConn, why error) {
+	p.mu.Lock()
+	if p.conns[name] == pc {
+		delete(p.conns, name)
+	}
+	p.mu.Unlock()
+	pc.client.Close()
+	p.log.Warn("dropped connection", "host", name, "reason", why)
+}
+
+// Close closes every connection and waits for the keepalive loops.
+func (p *Pool) Close() error {
+	p.mu.Lock()
+	p.closed = true
+	p.conns = map[string]*pooledConn{}
+	p.mu.Unlock()
+	p.cancel()
+	p.wg.Wait()
+	return nil
+}

@@ -1,0 +1,71 @@
+package integration
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"testing"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/internal/testutil"
+)
+
+func newPool(t *testing.T, h *testutil.Hostagent) *bastion.Pool {
+	t.Helper()
+	p, err := bastion.NewPool(bastion.PoolOptions{Signer: h.ClientKey.Signer, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
+}
+
+func hostOf(h *testutil.Hostagent) bastion.Host {
+	return bastion.Host{Name: "local", Addr: h.Addr, Account: h.Account, HostKey: h.HostKey}
+}
+
+func TestPoolSharesOneConnectionAndRedials(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	p := newPool(t, h)
+	ctx := context.Background()
+	first, err := p.Conn(ctx, hostOf(h))
+	if err != nil {
+		t.Fatal(err)
+	}
+	again, err := p.Conn(ctx, hostOf(h))
+	if err != nil || again != first {
+		t.Fatalf("second Conn = %p, %v; want the pooled %p", again, err, first)
+	}
+	if got := execOn(t, first, client.Exec{ExecutionID: newID(t), Command: "echo pooled"}); got.err != nil || got.stdout != "pooled\n" {
+		t.Fatalf("exec over the pool = %+v", got)
+	}
+
+	h.Kill(t)
+	h.Start(t)
+	var redialed *gossh.Client
+	testutil.WaitFor(t, "a fresh connection after the agent restarted", func() bool {
+		c, err := p.Conn(ctx, hostOf(h))
+		if err != nil || c == first {
+			return false
+		}
+		redialed = c
+		return true
+	})
+	if got := execOn(t, redialed, client.Exec{ExecutionID: newID(t), Command: "echo again"}); got.err != nil || got.stdout != "again\n" {
+		t.Fatalf("exec after redial = %+v", got)
+	}
+}
+
+func TestPoolRefusesAChangedHostKey(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	p := newPool(t, h)
+	enrolled := hostOf(h)
+	enrolled.HostKey = testutil.NewSSHKey(t).Public() // the host was re-keyed (or is an impostor)
+	_, err := p.Conn(context.Background(), enrolled)
+	if !errors.Is(err, bastion.ErrHostKeyMismatch) {
+		t.Fatalf("Conn with a changed host key = %v; want ErrHostKeyMismatch", err)
+	}
+}
