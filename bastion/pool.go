@@ -128,6 +128,13 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 	return client, nil
 }
 
+// Connected reports whether the pool holds a live connection to the host named name.
+func (p *Pool) Connected(name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conns[name] != nil
+}
+
 // current returns the live pooled connection to h, if any.
 func (p *Pool) current(h Host) *gossh.Client {
 	p.mu.Lock()

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"testing"
+	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
@@ -67,5 +68,35 @@ func TestPoolRefusesAChangedHostKey(t *testing.T) {
 	_, err := p.Conn(context.Background(), enrolled)
 	if !errors.Is(err, bastion.ErrHostKeyMismatch) {
 		t.Fatalf("Conn with a changed host key = %v; want ErrHostKeyMismatch", err)
+	}
+}
+
+func TestPoolDropsASilentConnection(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	proxy := testutil.StartFaultProxy(t, h.Addr)
+	p, err := bastion.NewPool(bastion.PoolOptions{
+		Signer: h.ClientKey.Signer, Logger: slog.New(slog.DiscardHandler),
+		KeepaliveInterval: 50 * time.Millisecond, KeepaliveTimeout: 200 * time.Millisecond,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	host := hostOf(h)
+	host.Addr = proxy.Addr()
+	ctx := context.Background()
+	first, err := p.Conn(ctx, host)
+	if err != nil {
+		t.Fatal(err)
+	}
+	proxy.Freeze() // a black hole: the TCP connection stays open, nothing answers
+	testutil.WaitFor(t, "the keepalive to drop the silent connection", func() bool { return !p.Connected(host.Name) })
+	proxy.Thaw()
+	again, err := p.Conn(ctx, host)
+	if err != nil || again == first {
+		t.Fatalf("Conn after the drop = %p, %v; want a new connection", again, err)
+	}
+	if got := execOn(t, again, client.Exec{ExecutionID: newID(t), Command: "echo back"}); got.err != nil || got.stdout != "back\n" {
+		t.Fatalf("exec on the new connection = %+v", got)
 	}
 }
