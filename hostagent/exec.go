@@ -482,8 +482,9 @@ func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution
 	}
 	if x.handle != nil {
 		var wg sync.WaitGroup
-		wg.Go(func() { followSpool(ctx, filepath.Join(x.dir, shim.StdoutFile), 0, s, x.done) })
-		wg.Go(func() { followSpool(ctx, filepath.Join(x.dir, shim.StderrFile), 0, s.Stderr(), x.done) })
+		// An interrupted execution ends the copy with ErrVanished; the final marker says so.
+		wg.Go(func() { shim.Follow(ctx, x.dir, shim.StreamStdout, 0, s, x.done) })
+		wg.Go(func() { shim.Follow(ctx, x.dir, shim.StreamStderr, 0, s.Stderr(), x.done) })
 		wg.Wait()
 	}
 	select {
@@ -535,73 +536,6 @@ func (e *Executor) replay(s gliderssh.Session, rec *markers.Record) {
 	}
 	if rec.Output.Truncated {
 		fmt.Fprintf(s.Stderr(), "postern: output was truncated at %d bytes per stream\n", e.cfg.OutputCap)
-	}
-}
-
-// followSpool copies a growing spool file to w from offset until done is closed and the
-// file is drained, or ctx ends. It polls while the command runs; done ends it at once.
-func followSpool(ctx context.Context, path string, offset int64, w io.Writer, done <-chan struct{}) (int64, error) {
-	const minPoll, maxPoll = 5 * time.Millisecond, 200 * time.Millisecond
-	poll := minPoll
-	buf := make([]byte, 32<<10)
-	var f *os.File
-	defer func() {
-		if f != nil {
-			f.Close()
-		}
-	}()
-	for {
-		finished := false
-		select {
-		case <-done:
-			finished = true
-		default:
-		}
-		if f == nil {
-			var err error
-			if f, err = os.Open(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-				return offset, err
-			}
-		}
-		if f != nil {
-			n, err := copyFrom(f, offset, w, buf)
-			offset += n
-			if err != nil {
-				return offset, err
-			}
-			if n > 0 {
-				poll = minPoll
-			}
-		}
-		if finished {
-			return offset, nil
-		}
-		select {
-		case <-done:
-		case <-ctx.Done():
-			return offset, ctx.Err()
-		case <-time.After(poll):
-			poll = min(poll*2, maxPoll)
-		}
-	}
-}
-
-func copyFrom(f *os.File, offset int64, w io.Writer, buf []byte) (int64, error) {
-	var total int64
-	for {
-		n, err := f.ReadAt(buf, offset+total)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return total, werr
-			}
-			total += int64(n)
-		}
-		if errors.Is(err, io.EOF) {
-			return total, nil
-		}
-		if err != nil {
-			return total, err
-		}
 	}
 }
 

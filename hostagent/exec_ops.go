@@ -5,8 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/postern-dev/postern/hostagent/shim"
@@ -37,15 +35,14 @@ func (e *Executor) Attach(ctx context.Context, id string, stdoutOffset, stderrOf
 	if err != nil {
 		return nil, err
 	}
-	done := make(chan struct{})
-	close(done) // a finished execution: copy what is stored and stop
+	var ended <-chan struct{}
 	if x := e.lookupLive(id); x != nil {
 		select {
 		case <-x.started:
 		case <-ctx.Done():
 			return nil, ctx.Err()
 		}
-		done = x.done
+		ended = x.done
 	}
 	errs := make(chan error, 2)
 	for _, f := range []struct {
@@ -53,8 +50,10 @@ func (e *Executor) Attach(ctx context.Context, id string, stdoutOffset, stderrOf
 		offset int64
 	}{{shim.StreamStdout, stdoutOffset}, {shim.StreamStderr, stderrOffset}} {
 		go func() {
-			_, err := followSpool(ctx, filepath.Join(rec.SpoolDir, f.stream), f.offset, emitWriter{f.stream, emit}, done)
-			if errors.Is(err, os.ErrNotExist) {
+			_, err := shim.Follow(ctx, rec.SpoolDir, f.stream, f.offset, emitWriter{f.stream, emit}, ended)
+			// No supervisor, or one that vanished: whatever was stored is all there is, and
+			// the marker tells how the execution ended.
+			if errors.Is(err, shim.ErrNeverStarted) || errors.Is(err, shim.ErrVanished) {
 				err = nil
 			}
 			errs <- err

@@ -472,7 +472,7 @@ func TestKilledSupervisorVanishes(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 		defer cancel()
 		var buf bytes.Buffer
-		if _, err := Follow(ctx, dir, StreamStdout, 0, &buf); !errors.Is(err, ErrVanished) || buf.String() != "ready\n" {
+		if _, err := Follow(ctx, dir, StreamStdout, 0, &buf, nil); !errors.Is(err, ErrVanished) || buf.String() != "ready\n" {
 			t.Errorf("Follow %s = %q, %v; want the spooled output and ErrVanished", when, buf.String(), err)
 		}
 	}
@@ -532,7 +532,7 @@ func TestFollowFromOffsetWhileWriting(t *testing.T) {
 	var buf bytes.Buffer
 	done := make(chan result, 1)
 	go func() {
-		off, err := Follow(ctx, dir, StreamStdout, 3, &buf)
+		off, err := Follow(ctx, dir, StreamStdout, 3, &buf, nil)
 		done <- result{off, err}
 	}()
 	if err := os.WriteFile(filepath.Join(workDir, "proceed"), nil, 0o600); err != nil {
@@ -546,11 +546,11 @@ func TestFollowFromOffsetWhileWriting(t *testing.T) {
 
 	// Once finished, Follow returns at once with whatever is left.
 	buf.Reset()
-	off, err := Follow(ctx, dir, StreamStderr, 0, &buf)
+	off, err := Follow(ctx, dir, StreamStderr, 0, &buf, nil)
 	if err != nil || off != 0 || buf.Len() != 0 {
 		t.Errorf("Follow(stderr) after the end = %d, %q, %v; want 0, empty, nil", off, buf.String(), err)
 	}
-	if _, err := Follow(ctx, dir, "stdin", 0, &buf); err == nil {
+	if _, err := Follow(ctx, dir, "stdin", 0, &buf, nil); err == nil {
 		t.Error("Follow(stdin) = nil error; want unknown stream")
 	}
 }

@@ -278,7 +278,11 @@ func streamFile(stream string) (string, error) {
 // from there. It returns ErrVanished if the supervisor died without a status record, and
 // ErrNeverStarted for a directory without a shim record. Only stored bytes are copied: a
 // truncated stream ends at the output cap.
-func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer) (int64, error) {
+//
+// Follow polls while the execution runs. A caller that learns of the end another way (the
+// supervisor's exit) closes ended to make Follow look again at once instead of after its
+// current poll interval; nil means no such signal.
+func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer, ended <-chan struct{}) (int64, error) {
 	name, err := streamFile(stream)
 	if err != nil {
 		return offset, err
@@ -332,6 +336,9 @@ func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer) 
 		case <-ctx.Done():
 			t.Stop()
 			return offset, fmt.Errorf("shim: follow %s: %w", stream, context.Cause(ctx))
+		case <-ended:
+			t.Stop()
+			ended = nil // one immediate look; polling again after that
 		case <-t.C:
 		}
 	}
