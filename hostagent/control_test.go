@@ -1019,27 +1019,3 @@ func TestControlOverSSH(t *testing.T) {
 		t.Errorf("status over DialControl = %v, %v; want the exited marker", found, err)
 	}
 }
-
-// The client package cannot import the server, so the values both sides must agree on are
-// checked here.
-func TestClientAgreesWithServer(t *testing.T) {
-	if ControlSubsystem != client.ControlSubsystem {
-		t.Errorf("subsystem: server %q, client %q", ControlSubsystem, client.ControlSubsystem)
-	}
-	if maxOperationKeyLen != client.MaxOperationKeyLen {
-		t.Errorf("operation key bound: server %d, client %d", maxOperationKeyLen, client.MaxOperationKeyLen)
-	}
-	for _, sentinel := range []struct {
-		name           string
-		server, client error
-	}{
-		{"not running", ErrNotRunning, client.ErrNotRunning},
-		{"forbidden", ErrForbidden, client.ErrForbidden},
-		{"bad request", ErrBadControlRequest, client.ErrBadControlRequest},
-		{"busy", ErrControlBusy, client.ErrControlBusy},
-	} {
-		if sentinel.server != sentinel.client {
-			t.Errorf("%s: the server's sentinel is not the client's", sentinel.name)
-		}
-	}
-}

@@ -26,6 +26,7 @@ import (
 // Exit statuses the hostagent reports for an execution it did not run to an exit code.
 const (
 	// ExitRefused: the request was refused or the command could not start; nothing ran.
+	// The same status OpenSSH's client uses for its own errors.
 	ExitRefused = 255
 	// ExitUnknownOutcome: the execution was interrupted (its process vanished without an
 	// exit record); it is not run again.

@@ -20,7 +20,7 @@ const (
 )
 
 const (
-	maxOperationKeyLen = 256
+	maxOperationKeyLen = client.MaxOperationKeyLen
 	maxEnvNameBytes    = 256
 	maxTimeout         = 31 * 24 * time.Hour
 )

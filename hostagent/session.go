@@ -11,14 +11,12 @@ import (
 	"github.com/anmitsu/go-shlex"
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/hostagent/client"
 )
 
 // ControlSubsystem is the only SSH subsystem the hostagent serves.
-const ControlSubsystem = "postern-control"
-
-// refusalExitStatus is the exit status of a command the hostagent refused to start, the same
-// status OpenSSH's client uses for its own errors.
-const refusalExitStatus = 255
+const ControlSubsystem = client.ControlSubsystem
 
 // maxBufferedSignals bounds the signals kept while no handler listens.
 const maxBufferedSignals = 16
@@ -143,7 +141,7 @@ func (s *session) Exit(code int) error {
 func (s *session) refuse(err error) {
 	s.logger.Info("request refused", "err", err)
 	fmt.Fprintf(s.Stderr(), "postern: %v\n", err)
-	s.Exit(refusalExitStatus)
+	s.Exit(ExitRefused)
 }
 
 // finish closes a session whose handler returned without an exit status. The client sees no
