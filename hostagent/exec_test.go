@@ -6,7 +6,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -122,7 +121,7 @@ func BenchmarkExecTrue(b *testing.B) {
 		withM, without = append(withM, t1.Sub(t0)), append(without, time.Since(t1))
 	}
 	b.StopTimer()
-	p50on, p50off := p50(withM), p50(without)
+	p50on, p50off := testutil.Percentile(withM, 0.5), testutil.Percentile(without, 0.5)
 	b.ReportMetric(float64(p50on.Microseconds()), "markers-on-p50-µs")
 	b.ReportMetric(float64(p50off.Microseconds()), "markers-off-p50-µs")
 	b.ReportMetric(float64((p50on - p50off).Microseconds()), "marker-cost-µs")
@@ -158,10 +157,4 @@ func BenchmarkExecConcurrent(b *testing.B) {
 	after := store.Stats()
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "execs/s")
 	b.ReportMetric(float64(after.Commits-before.Commits)/float64(b.N), "fsyncs/exec")
-}
-
-func p50(ds []time.Duration) time.Duration {
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[len(s)/2]
 }

@@ -3,9 +3,6 @@ package integration
 import (
 	"os"
 	"path/filepath"
-	"sort"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -18,6 +15,7 @@ import (
 // idle.
 func BenchmarkHostagentStart(b *testing.B) {
 	testutil.Binary(b, "postern-hostagent") // build outside the timing
+	testutil.Binary(b, "postern-shim")
 	var total time.Duration
 	var rssKB int
 	for i := 0; i < b.N; i++ {
@@ -25,27 +23,15 @@ func BenchmarkHostagentStart(b *testing.B) {
 		h := testutil.StartHostagent(b)
 		total += time.Since(t0)
 		time.Sleep(time.Second)
-		rssKB = max(rssKB, procRSSKB(b, h.PID()))
+		kb, err := testutil.ProcStatusKB(h.PID(), "VmRSS")
+		if err != nil {
+			b.Fatal(err)
+		}
+		rssKB = max(rssKB, kb)
 		h.Kill(b)
 	}
 	b.ReportMetric(float64(total.Milliseconds())/float64(b.N), "start-ms")
 	b.ReportMetric(float64(rssKB)/1024, "idle-RSS-MB")
-}
-
-func procRSSKB(t testing.TB, pid int) int {
-	t.Helper()
-	status, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/status")
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, line := range strings.Split(string(status), "\n") {
-		if f := strings.Fields(line); len(f) >= 2 && f[0] == "VmRSS:" {
-			kb, _ := strconv.Atoi(f[1])
-			return kb
-		}
-	}
-	t.Fatal("no VmRSS")
-	return 0
 }
 
 // BenchmarkHostagentExecTrue runs `true` through the real agent over one SSH connection,
@@ -73,9 +59,8 @@ func BenchmarkHostagentExecTrue(b *testing.B) {
 				ds = append(ds, time.Since(t0))
 			}
 			b.StopTimer()
-			sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-			b.ReportMetric(float64(ds[len(ds)/2].Microseconds()), "p50-µs")
-			b.ReportMetric(float64(ds[len(ds)*99/100].Microseconds()), "p99-µs")
+			b.ReportMetric(float64(testutil.Percentile(ds, 0.5).Microseconds()), "p50-µs")
+			b.ReportMetric(float64(testutil.Percentile(ds, 0.99).Microseconds()), "p99-µs")
 		})
 	}
 }

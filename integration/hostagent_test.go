@@ -3,6 +3,7 @@ package integration
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"os"
 	"os/exec"
@@ -67,6 +68,15 @@ func execInBackground(t testing.TB, c *gossh.Client, x client.Exec) (wait func()
 	return func() outcome { return <-done }
 }
 
+// ranOnce checks that the command's side effect (one line appended to effects) happened
+// exactly once.
+func ranOnce(t testing.TB, effects string) {
+	t.Helper()
+	if n := lines(t, effects); n != 1 {
+		t.Errorf("side effect happened %d times; want 1", n)
+	}
+}
+
 func lines(t testing.TB, path string) int {
 	t.Helper()
 	b, err := os.ReadFile(path)
@@ -112,9 +122,7 @@ func TestSameIDRunsOnce(t *testing.T) {
 	if !second.res.Replayed() || !strings.Contains(second.stderr, "already ran") {
 		t.Errorf("second run: replayed=%v stderr=%q; want a replay", second.res.Replayed(), second.stderr)
 	}
-	if n := lines(t, effects); n != 1 {
-		t.Errorf("side effect happened %d times; want 1", n)
-	}
+	ranOnce(t, effects)
 }
 
 func TestConcurrentDuplicatesRunOnce(t *testing.T) {
@@ -145,9 +153,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 	if replayed != n-1 {
 		t.Errorf("%d calls attached or replayed; want %d", replayed, n-1)
 	}
-	if got := lines(t, effects); got != 1 {
-		t.Errorf("side effect happened %d times; want 1", got)
-	}
+	ranOnce(t, effects)
 }
 
 func TestClientDisconnectDoesNotStopCommand(t *testing.T) {
@@ -166,9 +172,7 @@ func TestClientDisconnectDoesNotStopCommand(t *testing.T) {
 	if again.err != nil || again.res.ExitStatus != 0 || again.stdout != "finished\n" || !again.res.Replayed() {
 		t.Fatalf("re-issue = %+v; want the replayed result", again)
 	}
-	if n := lines(t, effects); n != 1 {
-		t.Errorf("side effect happened %d times; want 1", n)
-	}
+	ranOnce(t, effects)
 }
 
 func TestHostagentKilledMidCommand(t *testing.T) {
@@ -190,9 +194,7 @@ func TestHostagentKilledMidCommand(t *testing.T) {
 	if fm := again.res.Final; fm == nil || fm.Marker.State != markers.Exited || *fm.Marker.ExitCode != 7 {
 		t.Errorf("final marker = %+v; want exited 7", fm)
 	}
-	if n := lines(t, effects); n != 1 {
-		t.Errorf("side effect happened %d times; want 1", n)
-	}
+	ranOnce(t, effects)
 }
 
 func TestShimKilledIsInterrupted(t *testing.T) {
@@ -219,23 +221,14 @@ func TestShimKilledIsInterrupted(t *testing.T) {
 
 func readShimPID(t testing.TB, spool string) int {
 	t.Helper()
-	var pid int
+	var rec struct {
+		PID int `json:"pid"`
+	}
 	testutil.WaitFor(t, "the shim record", func() bool {
 		b, err := os.ReadFile(filepath.Join(spool, "shim.json"))
-		if err != nil {
-			return false
-		}
-		s := string(b)
-		i := strings.Index(s, `"pid":`)
-		if i < 0 {
-			return false
-		}
-		s = s[i+6:]
-		end := strings.IndexAny(s, ",}")
-		pid, err = strconv.Atoi(strings.TrimSpace(s[:end]))
-		return err == nil
+		return err == nil && json.Unmarshal(b, &rec) == nil && rec.PID > 0
 	})
-	return pid
+	return rec.PID
 }
 
 func TestOperationKey(t *testing.T) {
@@ -314,9 +307,7 @@ func TestOpenSSHClient(t *testing.T) {
 			t.Errorf("second run stderr %q; want the replay notice", errOut)
 		}
 	}
-	if n := lines(t, effects); n != 1 {
-		t.Errorf("side effect happened %d times; want 1", n)
-	}
+	ranOnce(t, effects)
 	if _, errOut, code := ssh("LANG=C", "true"); code != 255 || !strings.Contains(errOut, "POSTERN_EXECUTION_ID") {
 		t.Errorf("without an id: exit %d, stderr %q; want 255 and the reason", code, errOut)
 	}
@@ -462,9 +453,7 @@ func TestNeverStartedRunsOnRetry(t *testing.T) {
 	if got.res.ExitStatus != 0 || !strings.Contains(got.stderr, "never ran") || got.res.Final.Marker.State != markers.Exited {
 		t.Errorf("retry of the never-started execution = %+v; want it run now", got)
 	}
-	if n := lines(t, effects); n != 1 {
-		t.Errorf("side effect happened %d times; want 1", n)
-	}
+	ranOnce(t, effects)
 	if got := execOn(t, c, client.Exec{ExecutionID: other, Command: "echo something else"}); got.res.ExitStatus != 255 || !strings.Contains(got.stderr, "another command") {
 		t.Errorf("another command under a never-started id = %+v; want 255", got)
 	}

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sort"
 	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -53,18 +51,12 @@ func BenchmarkDurableWrite(b *testing.B) {
 		raw, create, transition = append(raw, t1.Sub(t0)), append(create, t2.Sub(t1)), append(transition, t3.Sub(t2))
 	}
 	b.StopTimer()
-	r, c, tr := p50(raw), p50(create), p50(transition)
+	r, c, tr := testutil.Percentile(raw, 0.5), testutil.Percentile(create, 0.5), testutil.Percentile(transition, 0.5)
 	b.ReportMetric(float64(r.Microseconds()), "raw-fsync-p50-µs")
 	b.ReportMetric(float64(c.Microseconds()), "create-p50-µs")
 	b.ReportMetric(float64(tr.Microseconds()), "transition-p50-µs")
 	b.ReportMetric(float64(c)/float64(r), "create/raw")
 	b.ReportMetric(float64(tr)/float64(r), "transition/raw")
-}
-
-func p50(ds []time.Duration) time.Duration {
-	s := append([]time.Duration(nil), ds...)
-	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
-	return s[len(s)/2]
 }
 
 // BenchmarkConcurrentWriters measures group commit: records/s and fsyncs per record with
@@ -228,21 +220,20 @@ func rssProbe() int {
 		})
 	}
 	wg.Wait()
-	anon := procStatusKB("RssAnon:")
+	anon, err := testutil.ProcStatusKB(0, "RssAnon")
+	if err != nil {
+		fmt.Println(err)
+		return 2
+	}
 	if err := s.Close(); err != nil {
 		fmt.Println(err)
 		return 2
 	}
-	fmt.Println(procStatusKB("VmHWM:"), anon)
-	return 0
-}
-
-func procStatusKB(field string) string {
-	status, _ := os.ReadFile("/proc/self/status")
-	for _, line := range strings.Split(string(status), "\n") {
-		if strings.HasPrefix(line, field) {
-			return strings.Fields(line)[1]
-		}
+	hwm, err := testutil.ProcStatusKB(0, "VmHWM")
+	if err != nil {
+		fmt.Println(err)
+		return 2
 	}
-	return "0"
+	fmt.Println(hwm, anon)
+	return 0
 }
