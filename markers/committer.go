@@ -148,11 +148,14 @@ func (s *Store) commitGroup(group []*commitReq) {
 		s.sealedSeq = head.Seq
 		s.lastSealAt = now
 	}
+	var created [][]byte
 	for _, r := range committed {
 		if r.prev == nil && r.rec != nil {
-			s.present.add(recordKey(r.rec.ID))
-			s.present.add(pointerKeys(r.rec)...)
+			created = append(append(created, recordKey(r.rec.ID)), pointerKeys(r.rec)...)
 		}
+	}
+	if len(created) > 0 {
+		s.present.add(created...)
 	}
 	s.commits.Add(1)
 	s.events.Add(staged)

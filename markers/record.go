@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 )
 
@@ -148,17 +149,16 @@ func (r *Record) validateIdentity() error {
 	if r.ID == "" {
 		return errors.New("empty execution id")
 	}
-	for name, v := range map[string]string{
-		"id": r.ID, "actor": r.Actor, "intent_scope": r.IntentScope, "fingerprint": r.Fingerprint,
-		"idempotency_key": r.IdempotencyKey, "operation_key": r.OperationKey,
+	// An array, not a map: this runs on every decode and every create.
+	for _, f := range [...]struct{ name, v string }{
+		{"id", r.ID}, {"actor", r.Actor}, {"intent_scope", r.IntentScope}, {"fingerprint", r.Fingerprint},
+		{"idempotency_key", r.IdempotencyKey}, {"operation_key", r.OperationKey},
 	} {
-		if len(v) > maxKeyField {
-			return fmt.Errorf("%s is %d bytes, more than %d", name, len(v), maxKeyField)
+		if len(f.v) > maxKeyField {
+			return fmt.Errorf("%s is %d bytes, more than %d", f.name, len(f.v), maxKeyField)
 		}
-		for i := 0; i < len(v); i++ {
-			if v[i] == 0 {
-				return fmt.Errorf("%s contains a NUL byte", name)
-			}
+		if strings.IndexByte(f.v, 0) >= 0 {
+			return fmt.Errorf("%s contains a NUL byte", f.name)
 		}
 	}
 	return nil

@@ -117,43 +117,35 @@ func (s *Store) change(ctx context.Context, id string, kind EventKind, from Stat
 	}
 	now := s.now()
 	next.UpdatedAt = now
-	var steps []step
 	if kind == KindUpdate {
 		path = []State{cur.State}
 	}
-	// Every step but the last records the state as it was reached; the last carries the
-	// mutated record.
-	inter := cur.Clone()
-	inter.UpdatedAt = now
+	// Each step's event carries the record as that step left it: intermediate steps show the
+	// state reached without mutate's changes (cloned only for multi-step paths); the last
+	// carries the mutated record that is stored.
+	steps := make([]step, 0, len(path))
+	var base *Record
+	last := len(path) - 1
 	for i, to := range path {
-		rec := inter
-		if i == len(path)-1 {
-			rec = next
+		stepFrom := cur.State
+		if i > 0 {
+			stepFrom = path[i-1]
 		}
+		rec := next
 		if kind == KindTransition {
-			inter.State = to
-			rec.State = to
-			if rec.StateTimes == nil {
-				rec.StateTimes = map[State]time.Time{}
-			}
-			rec.StateTimes[to] = now
-			if i < len(path)-1 {
-				if next.StateTimes == nil {
-					next.StateTimes = map[State]time.Time{}
+			advanceState(next, to, now)
+			if i < last {
+				if base == nil {
+					base = cur.Clone()
+					base.UpdatedAt = now
 				}
-				next.StateTimes[to] = now
+				advanceState(base, to, now)
+				rec = base
 			}
 		}
 		encoded, err := EncodeRecord(rec)
 		if err != nil {
 			return nil, err
-		}
-		stepFrom := from
-		if i > 0 {
-			stepFrom = path[i-1]
-		}
-		if kind == KindUpdate {
-			stepFrom = cur.State
 		}
 		steps = append(steps, step{from: stepFrom, to: to, record: encoded})
 	}
@@ -162,6 +154,14 @@ func (s *Store) change(ctx context.Context, id string, kind EventKind, from Stat
 		return nil, err
 	}
 	return next.Clone(), nil
+}
+
+func advanceState(r *Record, to State, at time.Time) {
+	r.State = to
+	if r.StateTimes == nil {
+		r.StateTimes = map[State]time.Time{}
+	}
+	r.StateTimes[to] = at
 }
 
 func (s *Store) now() time.Time { return s.opts.Now().UTC() }
