@@ -306,7 +306,9 @@ func (e *Executor) launch(x *execution, req ExecRequest) {
 }
 
 // recordStartFailure records a command that did not run: not_started when the shim proves
-// it (start failed, or no shim record), interrupted otherwise.
+// it (start failed, or no shim record), interrupted otherwise. If that write fails it returns
+// nil: the marker stays started, so every caller is told the outcome is unknown (254) and
+// nothing runs again — never "not run" on a claim the store did not keep.
 func (e *Executor) recordStartFailure(x *execution, startErr error) *markers.Record {
 	to, note := markers.NotStarted, "command did not start: "+startErr.Error()
 	if !errors.Is(startErr, shim.ErrStartFailed) && shim.Fence(x.dir) != nil {
@@ -362,7 +364,9 @@ func (e *Executor) watch(x *execution) {
 }
 
 // recordOutcome moves the marker from running — or from started, through running, in one
-// write — to how the command ended. marked is the state the marker is expected in.
+// write — to how the command ended. marked is the state the marker is expected in. If the
+// write fails it returns nil and callers report the outcome unknown; recovery records it from
+// the shim's status at the next start.
 func (e *Executor) recordOutcome(id string, marked markers.State, p shim.Process, st shim.Status, waitErr error) *markers.Record {
 	to, note := markers.Exited, "exited"
 	switch {
