@@ -193,6 +193,9 @@ func (s *Store) stage(b *pebble.Batch, head chainPos, r *commitReq) (chainPos, e
 		head = chainPos{Seq: ev.Seq, Hash: ev.ThisHash}
 	}
 	set(recordKey(r.rec.ID), r.encoded)
+	if r.result != nil {
+		set(resultKey(r.rec.ID), r.result)
+	}
 	if r.prev == nil {
 		for _, e := range indexEntries(r.rec) {
 			set(e.key, e.value)

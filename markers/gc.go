@@ -88,7 +88,7 @@ func (s *Store) removeIfExpired(id string, now time.Time) (bool, error) {
 	}
 	b := s.db.NewBatch()
 	defer b.Close()
-	err = b.Delete(recordKey(id), nil)
+	err = errors.Join(b.Delete(recordKey(id), nil), b.Delete(resultKey(id), nil))
 	for _, e := range indexEntries(rec) {
 		if e.value != nil && !s.pointsTo(e.key, id) {
 			continue // a newer execution took this key over

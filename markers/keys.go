@@ -17,6 +17,7 @@ import (
 //	o<operation key>                         → id
 //	s<state>\0<id>
 //	t<created unix nanos:8><id>
+//	b<id>                                stored result of an execution (capped output, response)
 //	m<name>                              store metadata (head, base, graph)
 const (
 	pRecord     = 'r'
@@ -29,6 +30,7 @@ const (
 	pState      = 's'
 	pTime       = 't'
 	pMeta       = 'm'
+	pResult     = 'b'
 )
 
 var (
@@ -54,6 +56,8 @@ func joinKey(prefix byte, parts ...string) []byte {
 }
 
 func recordKey(id string) []byte { return joinKey(pRecord, id) }
+
+func resultKey(id string) []byte { return joinKey(pResult, id) }
 
 func seqKey(prefix byte, seq uint64) []byte {
 	return binary.BigEndian.AppendUint64([]byte{prefix}, seq)

@@ -38,6 +38,24 @@ func (s *Store) getLocked(id string) (*Record, error) {
 	return DecodeRecord(v)
 }
 
+// Result returns the result stored with execution id by AdvanceWithResult, or ErrNotFound.
+func (s *Store) Result(id string) ([]byte, error) {
+	unlock := s.locks.lock(id)
+	defer unlock()
+	if err := s.readable(); err != nil {
+		return nil, err
+	}
+	v, closer, err := s.db.Get(resultKey(id))
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, fmt.Errorf("%w: no result for %s", ErrNotFound, id)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("markers: result %s: %w", id, err)
+	}
+	defer closer.Close()
+	return bytes.Clone(v), nil
+}
+
 func (s *Store) readable() error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()

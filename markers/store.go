@@ -89,8 +89,10 @@ type commitReq struct {
 	note    string
 	// steps are the events of the write, in order; the last one carries rec.
 	steps []step
-	seal  bool // a checkpoint-only request
-	done  chan error
+	// result, if set, is stored under the record's result key in the same batch.
+	result []byte
+	seal   bool // a checkpoint-only request
+	done   chan error
 }
 
 // step is one state change of a write and the record right after it (versioned encoding).

@@ -459,3 +459,33 @@ func TestFailedCommitFailsClosed(t *testing.T) {
 		t.Errorf("ex_1 = %v, %v; want unchanged", rec, err)
 	}
 }
+
+func TestResultIsStoredWithTheOutcome(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Journal)
+	ctx := context.Background()
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_r"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Result("ex_r"); !errors.Is(err, markers.ErrNotFound) {
+		t.Fatalf("result before the outcome: %v; want ErrNotFound", err)
+	}
+	path := []markers.State{markers.Authorized, markers.Dispatched, markers.Completed}
+	if _, err := s.AdvanceWithResult(ctx, "ex_r", markers.Accepted, path, "exit 0", []byte("out"), nil); err != nil {
+		t.Fatal(err)
+	}
+	s.Reopen(t)
+	got, err := s.Result("ex_r")
+	if err != nil || string(got) != "out" {
+		t.Fatalf("result after reopen = %q, %v; want \"out\"", got, err)
+	}
+	big := make([]byte, markers.MaxResultBytes+1)
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_big"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.AdvanceWithResult(ctx, "ex_big", markers.Accepted, path, "", big, nil); err == nil {
+		t.Fatal("an oversized result was accepted")
+	}
+	if rec, _ := s.Get("ex_big"); rec.State != markers.Accepted {
+		t.Fatalf("state after a refused result = %s; want accepted", rec.State)
+	}
+}

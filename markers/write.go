@@ -71,26 +71,38 @@ func (s *Store) Transition(ctx context.Context, id string, from, to State, note 
 // command observed running and exited before its running state was written). mutate applies
 // to the final record. The same idempotence and conflict rules hold for the final state.
 func (s *Store) Advance(ctx context.Context, id string, from State, path []State, note string, mutate func(*Record) error) (*Record, error) {
-	if len(path) == 0 {
-		return nil, fmt.Errorf("%w: empty path", ErrIllegalTransition)
+	if err := s.opts.Graph.checkPath(from, path); err != nil {
+		return nil, err
 	}
-	prev := from
-	for _, to := range path {
-		if err := s.opts.Graph.checkEdge(prev, to); err != nil {
-			return nil, err
-		}
-		prev = to
+	return s.change(ctx, id, KindTransition, from, path, note, nil, mutate)
+}
+
+// MaxResultBytes bounds a stored result.
+const MaxResultBytes = 1 << 20
+
+// AdvanceWithResult is Advance that also stores result — an execution's capped output or
+// response, read back with Result — in the same durable write, so a record never claims an
+// outcome whose stored result is missing. A later call replaces the result.
+func (s *Store) AdvanceWithResult(ctx context.Context, id string, from State, path []State, note string, result []byte, mutate func(*Record) error) (*Record, error) {
+	if len(result) > MaxResultBytes {
+		return nil, fmt.Errorf("markers: result of %s is %d bytes, more than %d", id, len(result), MaxResultBytes)
 	}
-	return s.change(ctx, id, KindTransition, from, path, note, mutate)
+	if result == nil {
+		result = []byte{}
+	}
+	if err := s.opts.Graph.checkPath(from, path); err != nil {
+		return nil, err
+	}
+	return s.change(ctx, id, KindTransition, from, path, note, result, mutate)
 }
 
 // Update applies mutate to execution id without changing its state (checkpoints, delivery
 // time, evidence) and journals it as an update event with note.
 func (s *Store) Update(ctx context.Context, id, note string, mutate func(*Record) error) (*Record, error) {
-	return s.change(ctx, id, KindUpdate, "", nil, note, mutate)
+	return s.change(ctx, id, KindUpdate, "", nil, note, nil, mutate)
 }
 
-func (s *Store) change(ctx context.Context, id string, kind EventKind, from State, path []State, note string, mutate func(*Record) error) (*Record, error) {
+func (s *Store) change(ctx context.Context, id string, kind EventKind, from State, path []State, note string, result []byte, mutate func(*Record) error) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -150,10 +162,24 @@ func (s *Store) change(ctx context.Context, id string, kind EventKind, from Stat
 		steps = append(steps, step{from: stepFrom, to: to, record: encoded})
 	}
 	final := steps[len(steps)-1].record
-	if err := s.submit(&commitReq{rec: next, prev: cur, encoded: final, kind: kind, note: note, steps: steps}); err != nil {
+	if err := s.submit(&commitReq{rec: next, prev: cur, encoded: final, kind: kind, note: note, steps: steps, result: result}); err != nil {
 		return nil, err
 	}
 	return next.Clone(), nil
+}
+
+func (g Graph) checkPath(from State, path []State) error {
+	if len(path) == 0 {
+		return fmt.Errorf("%w: empty path", ErrIllegalTransition)
+	}
+	prev := from
+	for _, to := range path {
+		if err := g.checkEdge(prev, to); err != nil {
+			return err
+		}
+		prev = to
+	}
+	return nil
 }
 
 func advanceState(r *Record, to State, at time.Time) {
