@@ -258,7 +258,7 @@ func (e *Executor) createMarker(ctx context.Context, req ExecRequest) (*markers.
 		Channel:      "ssh",
 		Account:      req.Account.Name,
 		Command:      e.markerCommand(req),
-		Cwd:          req.Account.Home,
+		Cwd:          req.Cwd,
 		SpoolDir:     filepath.Join(e.spool, req.ExecutionID),
 	})
 }
@@ -288,7 +288,7 @@ func (e *Executor) launch(x *execution, req ExecRequest) {
 		ExecutionID: req.ExecutionID,
 		Command:     req.Command,
 		Shell:       e.shell(req),
-		Dir:         req.Account.Home,
+		Dir:         req.Cwd,
 		Env:         e.commandEnv(req),
 		Credential:  req.Account.Credential,
 		Timeout:     req.Timeout,

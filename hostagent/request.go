@@ -3,6 +3,7 @@ package hostagent
 import (
 	"errors"
 	"fmt"
+	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
@@ -17,6 +18,7 @@ const (
 	EnvExecutionID  = client.EnvExecutionID
 	EnvOperationKey = client.EnvOperationKey
 	EnvTimeout      = client.EnvTimeout
+	EnvCwd          = client.EnvCwd
 )
 
 const (
@@ -115,6 +117,22 @@ func parseOperationKey(key string) (string, error) {
 		}
 	}
 	return key, nil
+}
+
+// maxCwdBytes bounds POSTERN_CWD (PATH_MAX).
+const maxCwdBytes = 4096
+
+// parseCwd validates POSTERN_CWD: an absolute, clean path; "" means home.
+func parseCwd(s, home string) (string, error) {
+	switch {
+	case s == "":
+		return home, nil
+	case len(s) > maxCwdBytes:
+		return "", fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalidRequest, EnvCwd, maxCwdBytes)
+	case !filepath.IsAbs(s) || filepath.Clean(s) != s:
+		return "", fmt.Errorf("%w: %s must be an absolute, clean path", ErrInvalidRequest, EnvCwd)
+	}
+	return s, nil
 }
 
 // parseTimeout validates POSTERN_TIMEOUT_S: a positive number of seconds up to 31 days;

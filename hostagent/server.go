@@ -53,7 +53,9 @@ type ExecRequest struct {
 	Assigned     bool
 	OperationKey string        // POSTERN_OPERATION_KEY, "" if none
 	Timeout      time.Duration // POSTERN_TIMEOUT_S, 0 if none
-	RemoteAddr   net.Addr
+	// Cwd is the working directory: POSTERN_CWD, or the account's home.
+	Cwd        string
+	RemoteAddr net.Addr
 	// KeyFingerprint is the SHA256 fingerprint of the key that signed the login (for a
 	// certificate, of the certified key).
 	KeyFingerprint string
@@ -412,6 +414,9 @@ func (srv *Server) execRequest(s *session) (ExecRequest, error) {
 		return ExecRequest{}, err
 	}
 	if req.Timeout, err = parseTimeout(vars[EnvTimeout]); err != nil {
+		return ExecRequest{}, err
+	}
+	if req.Cwd, err = parseCwd(vars[EnvCwd], account.Home); err != nil {
 		return ExecRequest{}, err
 	}
 	req.Env = s.env.environ()

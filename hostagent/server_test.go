@@ -310,7 +310,7 @@ func TestExecutionIDAssigned(t *testing.T) {
 	}
 }
 
-func TestOperationKeyAndTimeout(t *testing.T) {
+func TestOperationKeyTimeoutCwd(t *testing.T) {
 	ts := startServer(t, nil)
 	client := ts.client(t)
 	tests := []struct {
@@ -319,6 +319,7 @@ func TestOperationKeyAndTimeout(t *testing.T) {
 		wantStatus int
 		wantKey    string
 		wantTO     time.Duration
+		wantCwd    string
 	}{
 		{name: "none", env: withID()},
 		{name: "both", env: withID([2]string{"POSTERN_OPERATION_KEY", "migration:2026_07_22"}, [2]string{"POSTERN_TIMEOUT_S", "90"}),
@@ -328,6 +329,9 @@ func TestOperationKeyAndTimeout(t *testing.T) {
 		{name: "timeout zero", env: withID([2]string{"POSTERN_TIMEOUT_S", "0"}), wantStatus: 255},
 		{name: "timeout negative", env: withID([2]string{"POSTERN_TIMEOUT_S", "-5"}), wantStatus: 255},
 		{name: "timeout not a number", env: withID([2]string{"POSTERN_TIMEOUT_S", "10s"}), wantStatus: 255},
+		{name: "cwd", env: withID([2]string{"POSTERN_CWD", "/tmp"}), wantCwd: "/tmp"},
+		{name: "cwd relative", env: withID([2]string{"POSTERN_CWD", "tmp"}), wantStatus: 255},
+		{name: "cwd unclean", env: withID([2]string{"POSTERN_CWD", "/tmp/../etc"}), wantStatus: 255},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -342,8 +346,12 @@ func TestOperationKeyAndTimeout(t *testing.T) {
 				}
 				return
 			}
-			if req := ts.handler.lastExec(t); req.OperationKey != tt.wantKey || req.Timeout != tt.wantTO {
+			req := ts.handler.lastExec(t)
+			if req.OperationKey != tt.wantKey || req.Timeout != tt.wantTO {
 				t.Errorf("OperationKey, Timeout = %q, %v; want %q, %v", req.OperationKey, req.Timeout, tt.wantKey, tt.wantTO)
+			}
+			if tt.wantCwd != "" && req.Cwd != tt.wantCwd {
+				t.Errorf("Cwd = %q; want %q", req.Cwd, tt.wantCwd)
 			}
 		})
 	}

@@ -33,6 +33,8 @@ const (
 	EnvOperationKey = "POSTERN_OPERATION_KEY"
 	EnvTimeout      = "POSTERN_TIMEOUT_S"
 	EnvFingerprint  = "POSTERN_FINGERPRINT"
+	// EnvCwd is the absolute working directory (default: the account's home).
+	EnvCwd = "POSTERN_CWD"
 )
 
 // MarkerMessage is the payload of a MarkerRequest.
@@ -55,6 +57,8 @@ type Exec struct {
 	OperationKey string
 	Timeout      time.Duration
 	Fingerprint  string
+	// Cwd is the absolute working directory; "" means the account's home.
+	Cwd string
 	// Env holds extra variables (the hostagent accepts only its allowlist).
 	Env map[string]string
 	// Stdout and Stderr receive the output; nil discards it.
@@ -148,6 +152,9 @@ func Run(ctx context.Context, conn gossh.Conn, x Exec) (Result, error) {
 	}
 	if x.Fingerprint != "" {
 		env[EnvFingerprint] = x.Fingerprint
+	}
+	if x.Cwd != "" {
+		env[EnvCwd] = x.Cwd
 	}
 	names := make([]string, 0, len(env))
 	for k := range env {
