@@ -1,0 +1,19 @@
+// Package transport owns how agents reach the bastion and who they are: the Streamable HTTP
+// front end (bearer tokens), the local unix-socket front end (kernel credentials), and the
+// stdio bridge (`postern mcp`) that carries a stdio MCP client onto the unix socket. Each
+// front end wraps the bastion's MCP http.Handler and attaches a [Caller] to every request,
+// which go-sdk tool handlers read with [CallerFromTokenInfo](req.Extra.TokenInfo).
+//
+// # Invariants
+//
+//   - The actor and the local intent scope come from a bearer-token hash match (HTTP) or
+//     from the kernel (SO_PEERCRED and /proc, unix socket), never from the request body or
+//     headers. A client's Authorization header on the unix socket is discarded, and the
+//     Authorization header is removed before the MCP handler sees any request.
+//   - The only caller-supplied value in a Caller is RunID (the Postern-Run header of remote
+//     callers), bounded and validated; it narrows a remote caller's scope, it names no actor.
+//   - Every request body is bounded (default 1 MiB) before the MCP handler reads it; a larger
+//     body is answered 413 and never reaches it. The bridge bounds every line and response.
+//   - Nothing logs a token: tokens are hashed on arrival and only hashes are compared, in
+//     constant time against every configured hash.
+package transport

@@ -1,0 +1,224 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+)
+
+// DefaultMaxBodyBytes bounds a request body when the options leave it zero. MCP requests are
+// small JSON; 1 MiB leaves room for large tool arguments without letting a client pin memory.
+const DefaultMaxBodyBytes = 1 << 20
+
+// RunHeader is the header a remote agent may send to name its run (the intent scope).
+const RunHeader = "Postern-Run"
+
+// maxRunIDBytes bounds a Postern-Run value.
+const maxRunIDBytes = 128
+
+// HTTPOptions configures HTTPHandler.
+type HTTPOptions struct {
+	// Actors are the remote agents and their token hashes. Names and hashes must be unique.
+	Actors []Actor
+	// MaxBodyBytes bounds a request body; a larger one is answered 413 and the MCP handler
+	// never sees it. Default (zero or negative) DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// AllowedHosts are extra Host header values accepted (host, any port; or host:port).
+	// Loopback names (localhost, 127.0.0.1, ::1) and the local address the connection
+	// arrived on are always accepted: a DNS-rebinding page can send neither.
+	AllowedHosts []string
+	// AllowedOrigins lists the Origin values accepted (scheme://host[:port]). A request with
+	// an Origin header not listed is refused 403; no Origin header is fine (non-browser
+	// clients send none).
+	AllowedOrigins []string
+	// Logger receives refusals at debug level (never a token). Default: discard.
+	Logger *slog.Logger
+}
+
+// HTTPHandler wraps mcpHandler for remote agents: a DNS-rebinding guard (Host and Origin),
+// Postern-Run validation (400), bearer-token auth (401 with WWW-Authenticate: Bearer), a
+// body bound (413), then the MCP handler, with the Caller reachable from tool handlers via
+// CallerFromTokenInfo(req.Extra.TokenInfo). The Authorization header is removed before
+// mcpHandler runs, so tool handlers cannot log it from req.Extra.Header.
+func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error) {
+	actors, err := newActorTable(opts.Actors)
+	if err != nil {
+		return nil, err
+	}
+	hosts, err := newHostAllowlist(opts.AllowedHosts)
+	if err != nil {
+		return nil, err
+	}
+	origins := map[string]bool{}
+	for _, o := range opts.AllowedOrigins {
+		origins[normalizeOrigin(o)] = true
+	}
+	logger := loggerOrDiscard(opts.Logger)
+
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Authenticated: the challenge set for the 401 path does not belong on this response.
+		w.Header().Del("WWW-Authenticate")
+		r.Header.Del("Authorization")
+		mcpHandler.ServeHTTP(w, r)
+	})
+	authenticated := auth.RequireBearerToken(actors.verifier(), &auth.RequireBearerTokenOptions{
+		AllowMissingExpiration: true,
+	})(limitBody(inner, maxBodyOrDefault(opts.MaxBodyBytes), logger))
+
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		refuse := func(code int, reason string) {
+			logger.Debug("refused request", "remote", r.RemoteAddr, "status", code, "reason", reason)
+			http.Error(w, reason, code)
+		}
+		if !hosts.allows(r) {
+			refuse(http.StatusForbidden, "host not allowed")
+			return
+		}
+		if origin := r.Header.Get("Origin"); origin != "" && !origins[normalizeOrigin(origin)] {
+			refuse(http.StatusForbidden, "origin not allowed")
+			return
+		}
+		if _, err := runIDFromHeader(r.Header); err != nil {
+			refuse(http.StatusBadRequest, err.Error())
+			return
+		}
+		w.Header().Set("WWW-Authenticate", `Bearer realm="postern"`)
+		authenticated.ServeHTTP(w, r)
+	}), nil
+}
+
+// limitBody reads the whole body, up to max bytes, before next runs: a larger body is
+// answered 413 here, so the MCP handler never sees a partial or oversize body whatever the
+// framing (Content-Length, chunked).
+func limitBody(next http.Handler, max int64, logger *slog.Logger) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tooLarge := func() {
+			logger.Debug("refused request", "remote", r.RemoteAddr, "status", http.StatusRequestEntityTooLarge, "reason", "body too large")
+			http.Error(w, fmt.Sprintf("request body exceeds %d bytes", max), http.StatusRequestEntityTooLarge)
+		}
+		if r.ContentLength > max {
+			tooLarge()
+			return
+		}
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
+		if err != nil {
+			if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
+				tooLarge()
+				return
+			}
+			http.Error(w, "reading request body failed", http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		r.ContentLength = int64(len(body))
+		next.ServeHTTP(w, r)
+	})
+}
+
+func maxBodyOrDefault(n int64) int64 {
+	if n <= 0 {
+		return DefaultMaxBodyBytes
+	}
+	return n
+}
+
+// errBadRunID is the client-visible reason for a 400 on Postern-Run.
+var errBadRunID = fmt.Errorf("%s header must be one value of 1 to %d printable ASCII characters without spaces", RunHeader, maxRunIDBytes)
+
+// runIDFromHeader returns the Postern-Run value, "" if absent, or errBadRunID.
+func runIDFromHeader(h http.Header) (string, error) {
+	values := h.Values(RunHeader)
+	switch len(values) {
+	case 0:
+		return "", nil
+	case 1:
+		if !ValidRunID(values[0]) {
+			return "", errBadRunID
+		}
+		return values[0], nil
+	default:
+		return "", errBadRunID
+	}
+}
+
+// ValidRunID reports whether s is an acceptable Postern-Run value: 1 to 128 bytes of
+// printable ASCII without spaces (it becomes part of a scope key and of logs).
+func ValidRunID(s string) bool {
+	if len(s) == 0 || len(s) > maxRunIDBytes {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] <= ' ' || s[i] >= 0x7f {
+			return false
+		}
+	}
+	return true
+}
+
+// hostAllowlist decides whether a Host header is acceptable (see HTTPOptions.AllowedHosts).
+type hostAllowlist struct {
+	anyPort  map[string]bool // host names/IPs accepted with any port
+	withPort map[string]bool // exact host:port values
+}
+
+func newHostAllowlist(extra []string) (*hostAllowlist, error) {
+	l := &hostAllowlist{
+		anyPort:  map[string]bool{"localhost": true, "127.0.0.1": true, "::1": true},
+		withPort: map[string]bool{},
+	}
+	for _, h := range extra {
+		host, port := splitHost(h)
+		if host == "" {
+			return nil, fmt.Errorf("transport: allowed host %q: empty host", h)
+		}
+		if port == "" {
+			l.anyPort[host] = true
+		} else {
+			l.withPort[net.JoinHostPort(host, port)] = true
+		}
+	}
+	return l, nil
+}
+
+func (l *hostAllowlist) allows(r *http.Request) bool {
+	host, port := splitHost(r.Host)
+	if host == "" {
+		return false
+	}
+	if l.anyPort[host] || (port != "" && l.withPort[net.JoinHostPort(host, port)]) {
+		return true
+	}
+	// The address the client connected to, as an IP literal, cannot be a rebinding.
+	if local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && local != nil {
+		lhost, lport := splitHost(local.String())
+		return host == lhost && (port == "" || port == lport)
+	}
+	return false
+}
+
+// splitHost splits host[:port] (IPv6 in brackets) into a lower-case host and a port.
+func splitHost(hostport string) (host, port string) {
+	hostport = strings.ToLower(strings.TrimSpace(hostport))
+	if h, p, err := net.SplitHostPort(hostport); err == nil {
+		return h, p
+	}
+	return strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]"), ""
+}
+
+func normalizeOrigin(o string) string {
+	return strings.TrimSuffix(strings.ToLower(strings.TrimSpace(o)), "/")
+}
+
+func loggerOrDiscard(l *slog.Logger) *slog.Logger {
+	if l == nil {
+		return slog.New(slog.DiscardHandler)
+	}
+	return l
+}

@@ -1,0 +1,187 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"syscall"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/auth"
+	"golang.org/x/sys/unix"
+)
+
+// ErrSocketInUse is returned by ListenUnix when a live server already listens on the path.
+var ErrSocketInUse = errors.New("socket in use by a running server")
+
+// ListenUnix creates the socket at path and returns the listener: the parent directory is
+// created 0700 if missing, a stale socket (nothing listening) is removed, anything else at
+// path is left alone and reported, and the socket is made 0600.
+func ListenUnix(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("transport: socket dir: %w", err)
+	}
+	if err := removeStaleSocket(path); err != nil {
+		return nil, err
+	}
+	l, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("transport: listen %s: %w", path, err)
+	}
+	// The socket exists with umask permissions until this chmod; the 0700 directory is what
+	// keeps other users out during that window.
+	if err := os.Chmod(path, 0o600); err != nil {
+		l.Close()
+		return nil, fmt.Errorf("transport: chmod %s: %w", path, err)
+	}
+	return l, nil
+}
+
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("transport: %s: %w", path, err)
+	}
+	if fi.Mode().Type() != fs.ModeSocket {
+		return fmt.Errorf("transport: %s exists and is not a socket; not removing it", path)
+	}
+	conn, err := net.DialTimeout("unix", path, time.Second)
+	if err == nil {
+		conn.Close()
+		return fmt.Errorf("transport: %s: %w", path, ErrSocketInUse)
+	}
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("transport: probing %s: %w", path, err)
+	}
+	if err := os.Remove(path); err != nil {
+		return fmt.Errorf("transport: removing stale socket: %w", err)
+	}
+	return nil
+}
+
+// UnixOptions configures UnixServer.
+type UnixOptions struct {
+	// LocalActor names the actor for a peer uid. Default "local:<user name>" from os/user,
+	// falling back to "local:uid<N>".
+	LocalActor func(uid int) string
+	// MaxBodyBytes bounds a request body (413 above it). Default DefaultMaxBodyBytes.
+	MaxBodyBytes int64
+	// Logger receives connection and refusal events (never a token). Default: discard.
+	Logger *slog.Logger
+}
+
+// peerKey is the context key of the peer facts recorded for a unix connection.
+type peerKey struct{}
+
+// peer is what the kernel says about a unix-socket connection, read once when it is accepted.
+type peer struct {
+	caller Caller
+	err    error // why the peer could not be identified; its requests are refused
+}
+
+// localBearer is the synthetic token injected so that go-sdk's bearer middleware carries the
+// kernel-derived Caller into tool handlers. It proves nothing: the verifier ignores it and
+// reads the connection's credentials from the request context.
+const localBearer = "unix-peer-credentials"
+
+// UnixServer returns an *http.Server for the unix socket. Its ConnContext records each
+// connection's peer credentials (SO_PEERCRED) and resolves the agent process from /proc; its
+// handler attaches the Caller for every request from those kernel facts alone. Any
+// Authorization header the client sends is discarded. Serve it with srv.Serve(ListenUnix(..)).
+func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
+	logger := loggerOrDiscard(opts.Logger)
+	actorFor := opts.LocalActor
+	if actorFor == nil {
+		actorFor = defaultLocalActor
+	}
+	procs := procFS{root: "/proc"}
+
+	verifier := func(ctx context.Context, _ string, _ *http.Request) (*auth.TokenInfo, error) {
+		p, ok := ctx.Value(peerKey{}).(*peer)
+		if !ok || p.err != nil {
+			return nil, fmt.Errorf("%w: peer credentials unavailable", auth.ErrInvalidToken)
+		}
+		return tokenInfoFor(p.caller), nil
+	}
+	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Del("Authorization")
+		mcpHandler.ServeHTTP(w, r)
+	})
+	authenticated := auth.RequireBearerToken(verifier, &auth.RequireBearerTokenOptions{
+		AllowMissingExpiration: true,
+	})(limitBody(inner, maxBodyOrDefault(opts.MaxBodyBytes), logger))
+
+	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		r.Header.Set("Authorization", "Bearer "+localBearer)
+		authenticated.ServeHTTP(w, r)
+	})
+	return &http.Server{
+		Handler:           handler,
+		ReadHeaderTimeout: 10 * time.Second,
+		MaxHeaderBytes:    64 << 10,
+		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			p := identifyPeer(c, procs, actorFor)
+			if p.err != nil {
+				logger.Warn("unix peer not identified; its requests are refused", "error", p.err)
+			} else {
+				logger.Debug("unix peer", "actor", p.caller.Actor, "pid", p.caller.PID, "scope", p.caller.Scope)
+			}
+			return context.WithValue(ctx, peerKey{}, p)
+		},
+	}
+}
+
+// identifyPeer reads SO_PEERCRED and resolves the agent process. Done at accept time, while
+// the peer is connected, so the pid names the process that opened the connection.
+func identifyPeer(c net.Conn, procs procFS, actorFor func(uid int) string) *peer {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return &peer{err: fmt.Errorf("transport: %T is not a unix connection", c)}
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return &peer{err: fmt.Errorf("transport: peer credentials: %w", err)}
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return &peer{err: fmt.Errorf("transport: peer credentials: %w", err)}
+	}
+	if credErr != nil {
+		return &peer{err: fmt.Errorf("transport: SO_PEERCRED: %w", credErr)}
+	}
+	agent, err := procs.resolveAgent(int(cred.Pid))
+	if err != nil {
+		return &peer{err: err}
+	}
+	uid := int(cred.Uid)
+	return &peer{caller: Caller{
+		Actor: actorFor(uid),
+		Scope: agent.Scope,
+		Local: true,
+		PID:   agent.PID,
+		UID:   uid,
+		Exe:   agent.Exe,
+	}}
+}
+
+func defaultLocalActor(uid int) string {
+	if u, err := user.LookupId(strconv.Itoa(uid)); err == nil && u.Username != "" {
+		return "local:" + u.Username
+	}
+	return "local:uid" + strconv.Itoa(uid)
+}
