@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"time"
 )
@@ -32,6 +33,12 @@ type Record struct {
 	Command []string `json:"command,omitempty"`
 	Cwd     string   `json:"cwd,omitempty"`
 	Class   string   `json:"class,omitempty"`
+	// Host is the inventory name of the target host (SSH executions).
+	Host string `json:"host,omitempty"`
+	// Env and TimeoutSeconds complete what the bastion needs to dispatch the execution again
+	// after a restart (never secrets: secrets are resolved at dispatch, not stored).
+	Env            map[string]string `json:"env,omitempty"`
+	TimeoutSeconds int               `json:"timeout_s,omitempty"`
 
 	CreatedAt  time.Time           `json:"created_at"`
 	UpdatedAt  time.Time           `json:"updated_at"`
@@ -120,6 +127,9 @@ func (r *Record) Clone() *Record {
 	c.Command = append([]string(nil), r.Command...)
 	c.Evidence = append([]string(nil), r.Evidence...)
 	c.Checkpoints = append([]Checkpoint(nil), r.Checkpoints...)
+	if r.Env != nil {
+		c.Env = maps.Clone(r.Env)
+	}
 	if r.StateTimes != nil {
 		c.StateTimes = make(map[State]time.Time, len(r.StateTimes))
 		for k, v := range r.StateTimes {
