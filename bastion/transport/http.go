@@ -62,15 +62,15 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 	}
 	logger := loggerOrDiscard(opts.Logger)
 
-	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	bounded := limitBody(mcpHandler, maxBodyOrDefault(opts.MaxBodyBytes), logger)
+	authenticated := auth.RequireBearerToken(actors.verifier(), &auth.RequireBearerTokenOptions{
+		AllowMissingExpiration: true,
+	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		// Authenticated: the challenge set for the 401 path does not belong on this response.
 		w.Header().Del("WWW-Authenticate")
 		r.Header.Del("Authorization")
-		mcpHandler.ServeHTTP(w, r)
-	})
-	authenticated := auth.RequireBearerToken(actors.verifier(), &auth.RequireBearerTokenOptions{
-		AllowMissingExpiration: true,
-	})(limitBody(inner, maxBodyOrDefault(opts.MaxBodyBytes), logger))
+		bounded.ServeHTTP(w, r)
+	}))
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		refuse := func(code int, reason string) {

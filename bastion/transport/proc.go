@@ -54,21 +54,31 @@ type procFS struct {
 	root string
 }
 
-// self is this process's own executable, compared by device and inode: /proc/self/exe is
-// the running image even if the file at os.Executable's path was replaced by an upgrade.
-func (p procFS) self() (os.FileInfo, error) {
-	fi, err := os.Stat(filepath.Join(p.root, "self", "exe"))
+// self returns this process's pid (the /proc/self link) and executable, compared by device
+// and inode: /proc/<pid>/exe is the running image even if the file at os.Executable's path
+// was replaced by an upgrade.
+func (p procFS) self() (int, os.FileInfo, error) {
+	link, err := os.Readlink(filepath.Join(p.root, "self"))
 	if err != nil {
-		return nil, fmt.Errorf("transport: own executable: %w", err)
+		return 0, nil, fmt.Errorf("transport: own pid: %w", err)
 	}
-	return fi, nil
+	pid, err := strconv.Atoi(link)
+	if err != nil {
+		return 0, nil, fmt.Errorf("transport: own pid: /proc/self -> %q", link)
+	}
+	fi, err := os.Stat(filepath.Join(p.root, link, "exe"))
+	if err != nil {
+		return 0, nil, fmt.Errorf("transport: own executable: %w", err)
+	}
+	return pid, fi, nil
 }
 
 // resolveAgent applies the local scope rule to a peer pid: the agent is the peer, unless the
-// peer runs our own executable (it is the `postern mcp` stdio bridge), in which case the
-// agent is the bridge's parent. It fails closed when /proc cannot say which case holds.
+// peer is another process running our own executable (the `postern mcp` stdio bridge), in
+// which case the agent is the bridge's parent. It fails closed when /proc cannot say which
+// case holds.
 func (p procFS) resolveAgent(peerPID int) (agentProcess, error) {
-	self, err := p.self()
+	selfPID, selfExe, err := p.self()
 	if err != nil {
 		return agentProcess{}, err
 	}
@@ -77,7 +87,8 @@ func (p procFS) resolveAgent(peerPID int) (agentProcess, error) {
 		return agentProcess{}, fmt.Errorf("transport: peer %d executable: %w", peerPID, err)
 	}
 	agentPID := peerPID
-	if os.SameFile(self, peerExe) {
+	// A process connecting to its own socket is not a bridge: the bridge is a separate process.
+	if peerPID != selfPID && os.SameFile(selfExe, peerExe) {
 		st, err := p.stat(peerPID)
 		if err != nil {
 			return agentProcess{}, err
