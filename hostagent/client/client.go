@@ -50,6 +50,10 @@ type MarkerMessage struct {
 // killed): whether and how the command ran is unknown until the marker is asked for.
 var ErrExitMissing = errors.New("hostagent client: channel closed without exit status")
 
+// ErrRefused: the hostagent refused the session's env or exec request, so the command was
+// never started.
+var ErrRefused = errors.New("hostagent client: request refused")
+
 // Exec describes one command to run under a marker.
 type Exec struct {
 	ExecutionID  string
@@ -166,14 +170,14 @@ func Run(ctx context.Context, conn gossh.Conn, x Exec) (Result, error) {
 		if ok, err := ch.SendRequest("env", true, gossh.Marshal(&msg)); err != nil {
 			return fail(fmt.Errorf("send env %s: %w", k, err))
 		} else if !ok {
-			return fail(fmt.Errorf("hostagent refused env %s", k))
+			return fail(fmt.Errorf("%w: env %s (not accepted by the host's accept_env)", ErrRefused, k))
 		}
 	}
 	cmd := struct{ Command string }{x.Command}
 	if ok, err := ch.SendRequest("exec", true, gossh.Marshal(&cmd)); err != nil {
 		return fail(fmt.Errorf("send exec: %w", err))
 	} else if !ok {
-		return fail(errors.New("hostagent refused the exec request"))
+		return fail(fmt.Errorf("%w: exec", ErrRefused))
 	}
 	ch.CloseWrite()
 
