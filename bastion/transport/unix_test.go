@@ -1,0 +1,265 @@
+package transport
+
+import (
+	"errors"
+	"io/fs"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+)
+
+func TestUnixCallerFromKernel(t *testing.T) {
+	ts := newTestServer(t, nil)
+	sock := serveUnix(t, ts)
+	exe, err := os.Readlink("/proc/self/exe")
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Caller{
+		Actor: defaultLocalActor(os.Getuid()),
+		Scope: selfScope(t),
+		Local: true,
+		PID:   os.Getpid(),
+		UID:   os.Getuid(),
+		Exe:   exe,
+	}
+	tests := []struct {
+		name   string
+		header http.Header
+	}{
+		{name: "no headers"},
+		{name: "forged bearer and run id", header: http.Header{"Authorization": {"Bearer x"}, RunHeader: {"forged"}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "0"}, nil)
+			cs, err := c.Connect(t.Context(), &mcp.StreamableClientTransport{
+				Endpoint:   "http://localhost/mcp",
+				HTTPClient: unixHTTPClient(sock, tt.header),
+			}, nil)
+			if err != nil {
+				t.Fatalf("connect: %v", err)
+			}
+			defer cs.Close()
+			got := callWhoami(t, cs)
+			if !got.OK || got.Caller != want {
+				t.Errorf("whoami = %+v; want ok and %+v", got, want)
+			}
+			if got.SawAuthorization {
+				t.Error("an Authorization header reached the tool handler")
+			}
+		})
+	}
+}
+
+func TestUnixBodyBound(t *testing.T) {
+	ts := newTestServer(t, nil)
+	sock := serveUnix(t, ts)
+	body := `{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{"pad":"` + strings.Repeat("x", DefaultMaxBodyBytes) + `"}}`
+	req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, "http://localhost/mcp", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := unixHTTPClient(sock, nil).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusRequestEntityTooLarge {
+		t.Errorf("status = %d; want 413", resp.StatusCode)
+	}
+}
+
+func TestListenUnix(t *testing.T) {
+	dir := shortTempDir(t)
+	path := filepath.Join(dir, "sub", "p.sock")
+
+	l, err := ListenUnix(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	assertMode(t, filepath.Dir(path), fs.ModeDir|0o700)
+	assertMode(t, path, fs.ModeSocket|0o600)
+
+	if _, err := ListenUnix(path); !errors.Is(err, ErrSocketInUse) {
+		t.Errorf("second ListenUnix err = %v; want ErrSocketInUse", err)
+	}
+
+	// A crashed daemon leaves its socket behind; the next start replaces it.
+	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Close()
+	l2, err := ListenUnix(path)
+	if err != nil {
+		t.Fatalf("ListenUnix over a stale socket: %v", err)
+	}
+	l2.Close()
+	if _, err := os.Lstat(path); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("socket still present after Close: %v", err)
+	}
+
+	notSocket := filepath.Join(dir, "file")
+	if err := os.WriteFile(notSocket, []byte("keep me"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := ListenUnix(notSocket); err == nil {
+		t.Error("ListenUnix over a regular file succeeded; want an error")
+	}
+	if data, err := os.ReadFile(notSocket); err != nil || string(data) != "keep me" {
+		t.Errorf("regular file after refused ListenUnix = %q, %v; want it untouched", data, err)
+	}
+}
+
+func assertMode(t *testing.T, path string, want fs.FileMode) {
+	t.Helper()
+	fi, err := os.Lstat(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fi.Mode() & (fs.ModeType | fs.ModePerm); got != want {
+		t.Errorf("mode of %s = %v; want %v", path, got, want)
+	}
+}
+
+// fakeProc builds a /proc tree: self -> selfPID, and per pid an exe symlink and a stat file.
+type fakeProc struct {
+	t    *testing.T
+	root string
+}
+
+func newFakeProc(t *testing.T, selfPID int, selfExe string) fakeProc {
+	p := fakeProc{t: t, root: t.TempDir()}
+	p.add(selfPID, 1, 500, selfExe)
+	if err := os.Symlink(strconv.Itoa(selfPID), filepath.Join(p.root, "self")); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+func (p fakeProc) add(pid, ppid int, start uint64, exe string) {
+	dir := filepath.Join(p.root, strconv.Itoa(pid))
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		p.t.Fatal(err)
+	}
+	if exe != "" {
+		if err := os.Symlink(exe, filepath.Join(dir, "exe")); err != nil {
+			p.t.Fatal(err)
+		}
+	}
+	stat := strconv.Itoa(pid) + " (we(i)rd) comm) S " + strconv.Itoa(ppid) +
+		" 1 1 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 " + strconv.FormatUint(start, 10) + " 1000 100 18446744073709551615\n"
+	if err := os.WriteFile(filepath.Join(dir, "stat"), []byte(stat), 0o644); err != nil {
+		p.t.Fatal(err)
+	}
+}
+
+func TestResolveAgent(t *testing.T) {
+	bin := t.TempDir()
+	postern := filepath.Join(bin, "postern")
+	agentBin := filepath.Join(bin, "claude")
+	for _, f := range []string{postern, agentBin} {
+		if err := os.WriteFile(f, []byte("#!"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hardlink := filepath.Join(bin, "postern-hardlink")
+	if err := os.Link(postern, hardlink); err != nil {
+		t.Fatal(err)
+	}
+	p := newFakeProc(t, 10, postern)
+	p.add(20, 1, 2000, agentBin)  // an agent on the socket
+	p.add(30, 20, 3000, postern)  // our bridge, launched by agent 20
+	p.add(31, 20, 3100, hardlink) // our bridge by another name, same inode
+	p.add(40, 1, 4000, "")        // exe unreadable (other user's process)
+	p.add(50, 99, 5000, postern)  // bridge whose parent is gone
+	p.add(60, 1, 6000, agentBin)  // malformed stat, written below
+	if err := os.WriteFile(filepath.Join(p.root, "60", "stat"), []byte("60 (x"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		peer    int
+		want    agentProcess
+		wantErr bool
+	}{
+		{name: "agent itself", peer: 20, want: agentProcess{PID: 20, Exe: agentBin, Scope: "run:20-2000"}},
+		{name: "bridge means its parent", peer: 30, want: agentProcess{PID: 20, Exe: agentBin, Scope: "run:20-2000"}},
+		{name: "bridge compared by inode", peer: 31, want: agentProcess{PID: 20, Exe: agentBin, Scope: "run:20-2000"}},
+		{name: "the bastion itself is no bridge", peer: 10, want: agentProcess{PID: 10, Exe: postern, Scope: "run:10-500"}},
+		{name: "unreadable exe fails closed", peer: 40, wantErr: true},
+		{name: "orphaned bridge fails closed", peer: 50, wantErr: true},
+		{name: "malformed stat", peer: 60, wantErr: true},
+		{name: "no such process", peer: 70, wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := procFS{root: p.root}.resolveAgent(tt.peer)
+			if (err != nil) != tt.wantErr {
+				t.Fatalf("resolveAgent(%d) err = %v; want error: %v", tt.peer, err, tt.wantErr)
+			}
+			if got != tt.want {
+				t.Errorf("resolveAgent(%d) = %+v; want %+v", tt.peer, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseProcStat(t *testing.T) {
+	tail := " 1 1 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 777 1000 100"
+	tests := []struct {
+		name    string
+		stat    string
+		want    procStat
+		wantErr bool
+	}{
+		{name: "plain", stat: "12 (bash) S 5" + tail, want: procStat{PPID: 5, StartTicks: 777}},
+		{name: "comm with spaces and parens", stat: "12 (a) b (c)) R 6" + tail, want: procStat{PPID: 6, StartTicks: 777}},
+		{name: "comm that looks like fields", stat: "12 (x) S 1 2 3) S 7" + tail, want: procStat{PPID: 7, StartTicks: 777}},
+		{name: "no comm", stat: "12 bash S 5" + tail, wantErr: true},
+		{name: "truncated", stat: "12 (bash) S 5 1 1", wantErr: true},
+		{name: "non-numeric start", stat: "12 (bash) S 5 1 1 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 x", wantErr: true},
+		{name: "empty", stat: "", wantErr: true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := parseProcStat([]byte(tt.stat))
+			if (err != nil) != tt.wantErr || got != tt.want {
+				t.Errorf("parseProcStat = %+v, %v; want %+v, error: %v", got, err, tt.want, tt.wantErr)
+			}
+		})
+	}
+}
+
+func FuzzParseProcStat(f *testing.F) {
+	f.Add([]byte("12 (bash) S 5 1 1 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 777 1000 100"))
+	f.Add([]byte("12 (a) b (c)) R 6 1 1 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 777"))
+	f.Add([]byte("1 ()) S 0"))
+	if self, err := os.ReadFile("/proc/self/stat"); err == nil {
+		f.Add(self)
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		got, err := parseProcStat(data)
+		if err != nil {
+			if got != (procStat{}) {
+				t.Fatalf("error %v with non-zero result %+v", err, got)
+			}
+			return
+		}
+		// Whatever comm holds, the fields come from after the last ')'.
+		end := strings.LastIndexByte(string(data), ')')
+		fields := strings.Fields(string(data[end+1:]))
+		if n, err := strconv.Atoi(fields[1]); err != nil || n != got.PPID {
+			t.Fatalf("ppid %d does not come from field 4 %q", got.PPID, fields[1])
+		}
+		if n, _ := strconv.ParseUint(fields[19], 10, 64); n != got.StartTicks {
+			t.Fatalf("start %d does not come from field 22 %q", got.StartTicks, fields[19])
+		}
+	})
+}
