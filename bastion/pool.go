@@ -20,6 +20,10 @@ type Host struct {
 	Addr    string // host:port of the hostagent
 	Account string
 	HostKey gossh.PublicKey
+	// Cwd is where commands run when a call names none ("" = the account's home).
+	Cwd string
+	// Groups name sets of hosts for class rules.
+	Groups []string
 }
 
 // ErrHostKeyMismatch: the host presented another key than the one enrolled. Nothing is sent
@@ -126,6 +130,20 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 	p.wg.Add(1)
 	go p.keepalive(h.Name, pc)
 	return client, nil
+}
+
+// Invalidate drops c if it is still the pooled connection to the host named name: a call on
+// it failed in a way that suggests the connection is gone, so the next use redials.
+func (p *Pool) Invalidate(name string, c *gossh.Client) {
+	p.mu.Lock()
+	pc := p.conns[name]
+	if pc == nil || pc.client != c {
+		p.mu.Unlock()
+		return
+	}
+	delete(p.conns, name)
+	p.mu.Unlock()
+	c.Close()
 }
 
 // Connected reports whether the pool holds a live connection to the host named name.

@@ -1,0 +1,270 @@
+package bastion
+
+import (
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/internal/durable"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Options configure Open.
+type Options struct {
+	Config Config
+	Logger *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// Bastion turns tool calls into executions: it owns the journal (one process, one owner),
+// the SSH pool, and the drivers that carry each execution across the dispatch boundary.
+//
+// Invariants: a lifecycle step is journaled (synced) before the next boundary is crossed; a
+// failed journal write stops the execution where it is (nothing is dispatched); at most one
+// driver acts on an execution at a time; nothing is dispatched twice except an execution
+// whose host marker is absent, under the same execution id (the host refuses duplicates).
+type Bastion struct {
+	cfg     Config
+	log     *slog.Logger
+	now     func() time.Time
+	journal *markers.Store
+	fp      *Fingerprinter
+	inv     *Inventory
+	pool    *Pool
+	classes *classes
+	metrics *metrics
+	clientK gossh.Signer
+
+	ctx    context.Context // ended by Close: drivers stop waiting, the hosts go on
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // drivers and the reconcile loop
+
+	intake keyLocks // serializes match-and-create per intent and per idempotency key
+
+	mu      sync.Mutex // guards drivers and closed
+	drivers map[string]*driver
+	closed  bool
+}
+
+// Open opens the state dir (journal, keys, inventory) and returns a bastion that does not
+// serve yet: call Recover, then hand it to the transports.
+func Open(opts Options) (*Bastion, error) {
+	cfg := opts.Config
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
+		return nil, fmt.Errorf("bastion: state dir: %w", err)
+	}
+	fp, err := LoadOrCreateFingerprintKey(cfg.fingerprintPath())
+	if err != nil {
+		return nil, err
+	}
+	clientKey, err := LoadOrCreateClientKey(cfg.clientKeyPath())
+	if err != nil {
+		return nil, err
+	}
+	inv, err := OpenInventory(cfg.inventoryPath())
+	if err != nil {
+		return nil, err
+	}
+	signer, _, err := markers.LoadOrCreateAuditKey(cfg.auditKeyPath(), "postern-bastion")
+	if err != nil {
+		return nil, err
+	}
+	cls := newClasses(cfg)
+	journal, err := markers.Open(cfg.journalDir(), markers.Options{
+		Graph:         markers.Journal,
+		Signer:        signer,
+		Origin:        "postern bastion journal",
+		MemTableBytes: markers.JournalMemTableBytes,
+		CacheBytes:    markers.JournalCacheBytes,
+		MaxOpenFiles:  1000,
+		Retention:     cls.retention(),
+		Logger:        opts.Logger.With("component", "journal"),
+		Now:           opts.Now,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bastion: open journal: %w", err)
+	}
+	pool, err := NewPool(PoolOptions{Signer: clientKey, Logger: opts.Logger})
+	if err != nil {
+		journal.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &Bastion{
+		cfg: cfg, log: opts.Logger, now: opts.Now, journal: journal, fp: fp, inv: inv, pool: pool,
+		classes: cls, metrics: newMetrics(), clientK: clientKey,
+		ctx: ctx, cancel: cancel, drivers: map[string]*driver{},
+	}
+	b.metrics.registry.MustRegister(inFlight{b})
+	return b, nil
+}
+
+// Config returns the configuration the bastion runs with.
+func (b *Bastion) Config() Config { return b.cfg }
+
+// ClientPublicKey is the key hostagents must authorize (authorized_keys line).
+func (b *Bastion) ClientPublicKey() gossh.PublicKey { return b.clientK.PublicKey() }
+
+// Inventory returns the enrolled hosts.
+func (b *Bastion) Inventory() *Inventory { return b.inv }
+
+// Journal exposes the journal to the operator API (reads, export).
+func (b *Bastion) Journal() *markers.Store { return b.journal }
+
+// Close stops the drivers (commands go on on their hosts; the next start reconciles them),
+// closes the SSH connections and the journal.
+func (b *Bastion) Close() error {
+	b.mu.Lock()
+	b.closed = true
+	b.mu.Unlock()
+	b.cancel()
+	b.wg.Wait()
+	b.pool.Close()
+	return b.journal.Close()
+}
+
+// Recover reconciles every execution the journal shows in flight (dispatched, running,
+// unknown — and accepted or authorized ones a crash stopped before dispatch) with its host,
+// before the bastion serves. It waits until each has been asked about once (or ctx ends);
+// commands still running stay attached in the background. It never re-dispatches except an
+// execution whose host has no marker for it.
+func (b *Bastion) Recover(ctx context.Context) error {
+	var pending []*driver
+	for _, st := range []markers.State{markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running, markers.Unknown} {
+		cursor := ""
+		for {
+			recs, next, err := b.journal.List(markers.Query{State: st, Limit: 500, Cursor: cursor})
+			if err != nil {
+				return fmt.Errorf("bastion: list %s executions: %w", st, err)
+			}
+			for _, r := range recs {
+				if d := b.startDriver(r); d != nil {
+					pending = append(pending, d)
+				}
+			}
+			if next == "" {
+				break
+			}
+			cursor = next
+		}
+	}
+	if len(pending) > 0 {
+		b.log.Info("reconciling executions in flight", "count", len(pending))
+	}
+	for _, d := range pending {
+		select {
+		case <-d.asked:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	b.wg.Go(b.reconcileLoop)
+	return nil
+}
+
+// reconcileLoop asks the hosts again about executions whose outcome is unknown (their host
+// was unreachable), until the bastion closes.
+func (b *Bastion) reconcileLoop() {
+	t := time.NewTicker(b.cfg.ReconcileInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-b.ctx.Done():
+			return
+		case <-t.C:
+		}
+		recs, _, err := b.journal.List(markers.Query{State: markers.Unknown, Limit: 100})
+		if err != nil {
+			b.log.Error("list unknown executions", "err", err)
+			continue
+		}
+		for _, r := range recs {
+			b.startDriver(r)
+		}
+	}
+}
+
+// LoadOrCreateClientKey reads the bastion's ed25519 SSH key at path (OpenSSH PEM),
+// generating it on first use.
+func LoadOrCreateClientKey(path string) (gossh.Signer, error) {
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		_, priv, gerr := ed25519.GenerateKey(rand.Reader)
+		if gerr != nil {
+			return nil, fmt.Errorf("bastion: generate client key: %w", gerr)
+		}
+		block, merr := gossh.MarshalPrivateKey(priv, "postern bastion")
+		if merr != nil {
+			return nil, fmt.Errorf("bastion: encode client key: %w", merr)
+		}
+		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+			return nil, fmt.Errorf("bastion: client key dir: %w", err)
+		}
+		if err := durable.CreateFile(path, pem.EncodeToMemory(block), 0o600); err != nil && !errors.Is(err, os.ErrExist) {
+			return nil, fmt.Errorf("bastion: write client key: %w", err)
+		}
+		data, err = os.ReadFile(path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("bastion: read client key: %w", err)
+	}
+	signer, err := gossh.ParsePrivateKey(data)
+	if err != nil {
+		return nil, fmt.Errorf("bastion: client key %s: %w", path, err)
+	}
+	return signer, nil
+}
+
+// keyLocks is a set of mutexes by key, created on demand and dropped when unused.
+type keyLocks struct {
+	mu    sync.Mutex
+	locks map[string]*keyLock
+}
+
+type keyLock struct {
+	sync.Mutex
+	users int
+}
+
+func (k *keyLocks) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = map[string]*keyLock{}
+	}
+	l := k.locks[key]
+	if l == nil {
+		l = &keyLock{}
+		k.locks[key] = l
+	}
+	l.users++
+	k.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		k.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
+}

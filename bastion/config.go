@@ -1,0 +1,250 @@
+package bastion
+
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"time"
+
+	"github.com/BurntSushi/toml"
+)
+
+// Config is the bastion's configuration file (TOML). Durations are strings in
+// time.ParseDuration syntax ("30s", "24h"). Paths left empty live under StateDir.
+type Config struct {
+	// StateDir holds the journal, the keys, the inventory and the sockets. Required.
+	StateDir string `toml:"state_dir"`
+	// Listen is the Streamable HTTP address. Default "127.0.0.1:7410"; "" disables HTTP.
+	Listen string `toml:"listen"`
+	// TLSCertFile and TLSKeyFile serve HTTPS; required when Listen is not a loopback address.
+	TLSCertFile string `toml:"tls_cert_file"`
+	TLSKeyFile  string `toml:"tls_key_file"`
+	// AllowedHosts and AllowedOrigins guard against DNS rebinding: Host headers and browser
+	// origins accepted besides the loopback names.
+	AllowedHosts   []string `toml:"allowed_hosts"`
+	AllowedOrigins []string `toml:"allowed_origins"`
+	// Socket is the local MCP endpoint, where the kernel names the caller. Default
+	// <state_dir>/mcp.sock.
+	Socket string `toml:"socket"`
+	// OperatorSocket serves the operator CLI (executions, hosts, markers, audit). Default
+	// <state_dir>/operator.sock; only the bastion's own user and root may connect.
+	OperatorSocket string `toml:"operator_socket"`
+	// InventoryFile lists the enrolled hosts. Default <state_dir>/hosts.toml.
+	InventoryFile string `toml:"inventory_file"`
+	// ClientKeyFile is the bastion's SSH key for hostagents. Default
+	// <state_dir>/bastion_ed25519 (generated on first start).
+	ClientKeyFile string `toml:"client_key_file"`
+
+	// Actors may call over HTTP with a bearer token; the config stores its SHA-256.
+	Actors []ActorConfig `toml:"actors"`
+	// Classes override the built-in action classes' windows and retention, or add classes.
+	Classes []ClassConfig `toml:"classes"`
+	// Rules map hosts and command patterns to action classes; the first match wins.
+	Rules []RuleConfig `toml:"rules"`
+
+	// DefaultWait is how long a tool call waits for a command before returning it as
+	// running. Default 30s; a call's wait_s may ask for up to MaxWait (default 5m).
+	DefaultWait time.Duration `toml:"default_wait"`
+	MaxWait     time.Duration `toml:"max_wait"`
+	// MaxCommandBytes bounds a command string. Default 64 KiB.
+	MaxCommandBytes int `toml:"max_command_bytes"`
+	// OutputTailBytes is how much of each stream a result carries and the journal stores.
+	// Default 64 KiB.
+	OutputTailBytes int `toml:"output_tail_bytes"`
+	// MaxBodyBytes bounds an MCP request body. Default 1 MiB.
+	MaxBodyBytes int64 `toml:"max_body_bytes"`
+	// ReconcileInterval is how often executions with an unknown outcome are reconciled
+	// with their hosts again. Default 15s.
+	ReconcileInterval time.Duration `toml:"reconcile_interval"`
+}
+
+// ActorConfig is one remote caller.
+type ActorConfig struct {
+	Name string `toml:"name"`
+	// TokenSHA256 is the hex SHA-256 of the bearer token (`postern token` prints both).
+	TokenSHA256 string `toml:"token_sha256"`
+}
+
+// ClassConfig sets an action class's attach window (how long a retry joins a prior
+// execution of the same intent) and retention (how long a finished record is kept).
+type ClassConfig struct {
+	Name         string        `toml:"name"`
+	AttachWindow time.Duration `toml:"attach_window"`
+	Retention    time.Duration `toml:"retention"`
+}
+
+// RuleConfig assigns a class to commands on hosts. Patterns use * for any run of
+// characters and match the whole command; an empty list matches everything.
+type RuleConfig struct {
+	Class    string   `toml:"class"`
+	Hosts    []string `toml:"hosts"`
+	Commands []string `toml:"commands"`
+}
+
+// DefaultConfig returns the defaults for state dir dir.
+func DefaultConfig(dir string) Config {
+	return Config{
+		StateDir:          dir,
+		Listen:            "127.0.0.1:7410",
+		DefaultWait:       30 * time.Second,
+		MaxWait:           5 * time.Minute,
+		MaxCommandBytes:   64 << 10,
+		OutputTailBytes:   64 << 10,
+		MaxBodyBytes:      1 << 20,
+		ReconcileInterval: 15 * time.Second,
+	}
+}
+
+// Paths under the state dir.
+func (c Config) socketPath() string   { return c.orState(c.Socket, "mcp.sock") }
+func (c Config) operatorPath() string { return c.orState(c.OperatorSocket, "operator.sock") }
+func (c Config) inventoryPath() string {
+	return c.orState(c.InventoryFile, "hosts.toml")
+}
+func (c Config) clientKeyPath() string    { return c.orState(c.ClientKeyFile, "bastion_ed25519") }
+func (c Config) journalDir() string       { return filepath.Join(c.StateDir, "journal") }
+func (c Config) auditKeyPath() string     { return filepath.Join(c.StateDir, "audit.key") }
+func (c Config) fingerprintPath() string  { return filepath.Join(c.StateDir, "fingerprint.key") }
+func (c Config) orState(p, name string) string {
+	if p != "" {
+		return p
+	}
+	return filepath.Join(c.StateDir, name)
+}
+
+// SocketPath is where the local MCP endpoint listens (what `postern mcp` connects to).
+func (c Config) SocketPath() string { return c.socketPath() }
+
+// OperatorSocketPath is where the operator API listens.
+func (c Config) OperatorSocketPath() string { return c.operatorPath() }
+
+// InventoryPath is the enrolled-hosts file.
+func (c Config) InventoryPath() string { return c.inventoryPath() }
+
+// ClientKeyPath is the bastion's SSH private key.
+func (c Config) ClientKeyPath() string { return c.clientKeyPath() }
+
+// JournalDir is the journal's Pebble data dir.
+func (c Config) JournalDir() string { return c.journalDir() }
+
+// AuditKeyPath is the journal's Ed25519 audit key.
+func (c Config) AuditKeyPath() string { return c.auditKeyPath() }
+
+var durationKeys = []string{"default_wait", "max_wait", "reconcile_interval"}
+
+// ParseConfig reads TOML on top of DefaultConfig(""). Unknown keys are errors: a misspelt
+// limit must not fall back to its default silently.
+func ParseConfig(r io.Reader) (Config, error) {
+	cfg := DefaultConfig("")
+	md, err := toml.NewDecoder(io.LimitReader(r, 1<<20)).Decode(&cfg)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	var errs []error
+	for _, key := range md.Undecoded() {
+		errs = append(errs, fmt.Errorf("config: %s: unknown key", key))
+	}
+	for _, key := range durationKeys {
+		if md.IsDefined(key) && md.Type(key) != "String" {
+			errs = append(errs, fmt.Errorf(`config: %s: must be a duration string such as "30s"`, key))
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return Config{}, err
+	}
+	return cfg, nil
+}
+
+// LoadConfig reads, parses and validates the file at path.
+func LoadConfig(path string) (Config, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return Config{}, fmt.Errorf("config: %w", err)
+	}
+	defer f.Close()
+	cfg, err := ParseConfig(f)
+	if err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := cfg.Validate(); err != nil {
+		return Config{}, fmt.Errorf("%s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+var actorName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$`)
+
+// Validate reports every problem at once.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("config: "+format, args...)) }
+	if !filepath.IsAbs(c.StateDir) {
+		bad("state_dir must be an absolute path, got %q", c.StateDir)
+	}
+	if c.Listen != "" {
+		host, _, err := net.SplitHostPort(c.Listen)
+		if err != nil {
+			bad("listen: want host:port: %v", err)
+		} else if ip := net.ParseIP(host); (ip == nil || !ip.IsLoopback()) && host != "localhost" && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
+			bad("listen: %s is not a loopback address; set tls_cert_file and tls_key_file to serve it", c.Listen)
+		}
+	}
+	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
+		bad("tls_cert_file and tls_key_file go together")
+	}
+	seen := map[string]bool{}
+	for i, a := range c.Actors {
+		if !actorName.MatchString(a.Name) {
+			bad("actors[%d]: name %q: want 1-64 of [A-Za-z0-9_.-]", i, a.Name)
+		}
+		if seen[a.Name] {
+			bad("actors[%d]: duplicate name %q", i, a.Name)
+		}
+		seen[a.Name] = true
+		if b, err := hex.DecodeString(a.TokenSHA256); err != nil || len(b) != 32 {
+			bad("actors[%d] (%s): token_sha256 must be 64 hex characters (the token itself never goes in the config)", i, a.Name)
+		}
+	}
+	classes := map[string]bool{}
+	for _, cl := range builtinClasses {
+		classes[cl.Name] = true
+	}
+	for i, cl := range c.Classes {
+		if !actorName.MatchString(cl.Name) {
+			bad("classes[%d]: invalid name %q", i, cl.Name)
+		}
+		if cl.AttachWindow < 0 || cl.Retention < 0 {
+			bad("classes[%d] (%s): attach_window and retention must not be negative", i, cl.Name)
+		}
+		if cl.Retention != 0 && cl.AttachWindow > cl.Retention {
+			bad("classes[%d] (%s): attach_window %v is longer than retention %v", i, cl.Name, cl.AttachWindow, cl.Retention)
+		}
+		classes[cl.Name] = true
+	}
+	for i, r := range c.Rules {
+		if !classes[r.Class] {
+			bad("rules[%d]: unknown class %q", i, r.Class)
+		}
+	}
+	if c.DefaultWait < 0 || c.MaxWait <= 0 || c.DefaultWait > c.MaxWait {
+		bad("default_wait (%v) must be in 0..max_wait (%v)", c.DefaultWait, c.MaxWait)
+	}
+	if c.MaxCommandBytes <= 0 || c.MaxCommandBytes > 1<<20 {
+		bad("max_command_bytes must be in 1..1048576, got %d", c.MaxCommandBytes)
+	}
+	if c.OutputTailBytes <= 0 || c.OutputTailBytes > 256<<10 {
+		bad("output_tail_bytes must be in 1..262144, got %d", c.OutputTailBytes)
+	}
+	if c.MaxBodyBytes < 4<<10 || c.MaxBodyBytes > 64<<20 {
+		bad("max_body_bytes must be in 4096..67108864, got %d", c.MaxBodyBytes)
+	}
+	if c.ReconcileInterval <= 0 {
+		bad("reconcile_interval must be positive")
+	}
+	return errors.Join(errs...)
+}

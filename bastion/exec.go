@@ -1,0 +1,341 @@
+package bastion
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/markers"
+)
+
+// ExecArgs are the arguments of ssh_exec.
+type ExecArgs struct {
+	Host           string            `json:"host" jsonschema:"inventory name of the host (see hosts_list)"`
+	Command        string            `json:"command" jsonschema:"command line, run by the account's shell on the host"`
+	Cwd            string            `json:"cwd,omitempty" jsonschema:"absolute working directory; default: the host's configured directory or the account's home"`
+	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables to set (the host accepts LANG, LC_* and its accept_env list)"`
+	TimeoutS       int               `json:"timeout_s,omitempty" jsonschema:"kill the command after this many seconds (exit 124); 0 means no timeout"`
+	WaitS          *int              `json:"wait_s,omitempty" jsonschema:"how long to wait for the command before returning it as running (default 30)"`
+	RunID          string            `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to; retries with the same run_id join the same execution"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution; the same key with other arguments is an error"`
+	OperationKey   string            `json:"operation_key,omitempty" jsonschema:"host-scoped key such as migration:2026_07_22: the host refuses a second execution of the operation"`
+}
+
+// ToolError is an error a caller can act on; Code is stable.
+type ToolError struct {
+	Code    string
+	Message string
+	// ExecutionID is set when the error concerns an existing execution.
+	ExecutionID string
+}
+
+func (e *ToolError) Error() string { return e.Code + ": " + e.Message }
+
+// Error codes.
+const (
+	CodeInvalidArgument      = "invalid_argument"
+	CodeUnknownHost          = "unknown_host"
+	CodeIdempotencyKeyReused = "idempotency_key_reused"
+	CodeNotFound             = "not_found"
+	CodeJournalUnavailable   = "journal_unavailable"
+)
+
+func invalid(format string, args ...any) error {
+	return &ToolError{Code: CodeInvalidArgument, Message: fmt.Sprintf(format, args...)}
+}
+
+// Bounds on arguments, besides the configured command size.
+const (
+	maxCwdBytes      = 4096
+	maxEnvVars       = 32
+	maxEnvValueBytes = 4096
+	maxTimeoutS      = 31 * 24 * 3600
+	maxKeyBytes      = 255
+)
+
+var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
+
+// validate checks every argument before anything is journaled.
+func (b *Bastion) validate(a *ExecArgs) error {
+	switch {
+	case a.Host == "":
+		return invalid("host is required")
+	case len(a.Host) > 64:
+		return invalid("host is longer than 64 bytes")
+	case a.Command == "" || strings.TrimSpace(a.Command) == "":
+		return invalid("command is required")
+	case len(a.Command) > b.cfg.MaxCommandBytes:
+		return invalid("command is %d bytes; the limit is %d", len(a.Command), b.cfg.MaxCommandBytes)
+	case !utf8.ValidString(a.Command) || strings.IndexByte(a.Command, 0) >= 0:
+		return invalid("command must be UTF-8 text without NUL bytes")
+	case a.Cwd != "" && (len(a.Cwd) > maxCwdBytes || !filepath.IsAbs(a.Cwd) || filepath.Clean(a.Cwd) != a.Cwd || !utf8.ValidString(a.Cwd)):
+		return invalid("cwd must be an absolute, clean path of at most %d bytes", maxCwdBytes)
+	case len(a.Env) > maxEnvVars:
+		return invalid("at most %d env variables", maxEnvVars)
+	case a.TimeoutS < 0 || a.TimeoutS > maxTimeoutS:
+		return invalid("timeout_s must be in 0..%d", maxTimeoutS)
+	case a.WaitS != nil && (*a.WaitS < 0 || time.Duration(*a.WaitS)*time.Second > b.cfg.MaxWait):
+		return invalid("wait_s must be in 0..%d", int(b.cfg.MaxWait/time.Second))
+	case a.RunID != "" && !transport.ValidRunID(a.RunID):
+		return invalid("run_id must be 1-128 printable ASCII characters")
+	case !validKey(a.IdempotencyKey):
+		return invalid("idempotency_key must be at most %d printable ASCII characters", maxKeyBytes)
+	case !validKey(a.OperationKey) || strings.Contains(a.OperationKey, " "):
+		return invalid("operation_key must be at most %d visible ASCII characters", maxKeyBytes)
+	}
+	for k, v := range a.Env {
+		switch {
+		case !envNamePattern.MatchString(k):
+			return invalid("env name %q is not a valid variable name", k)
+		case strings.HasPrefix(k, "POSTERN_"):
+			return invalid("env %s: POSTERN_* variables are set by the bastion", k)
+		case len(v) > maxEnvValueBytes || strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v):
+			return invalid("env %s: values are UTF-8 without NUL, at most %d bytes", k, maxEnvValueBytes)
+		}
+	}
+	return nil
+}
+
+func validKey(k string) bool {
+	if len(k) > maxKeyBytes {
+		return false
+	}
+	for i := 0; i < len(k); i++ {
+		if k[i] < 0x20 || k[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// scope is the intent scope of a call (DESIGN.md, "Intent scope"): the kernel-derived agent
+// run for local callers; run_id or the Postern-Run header for remote ones; otherwise the
+// actor's attach window, which the matching rule bounds by time.
+func scope(c transport.Caller, runID string) string {
+	switch {
+	case c.Local && c.Scope != "":
+		return c.Scope
+	case runID != "":
+		return "run:" + runID
+	case c.RunID != "":
+		return "run:" + c.RunID
+	}
+	return "window"
+}
+
+// intent is one call resolved to its identity.
+type intent struct {
+	caller      transport.Caller
+	args        ExecArgs
+	host        Host
+	class       ClassConfig
+	scope       string
+	fingerprint string
+	cwd         string
+}
+
+func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*intent, error) {
+	if c.Actor == "" {
+		return nil, &ToolError{Code: "unauthenticated", Message: "no caller identity"}
+	}
+	if err := b.validate(&a); err != nil {
+		return nil, err
+	}
+	host, err := b.inv.Host(a.Host)
+	if errors.Is(err, ErrUnknownHost) {
+		return nil, &ToolError{Code: CodeUnknownHost, Message: err.Error()}
+	}
+	if err != nil {
+		return nil, err
+	}
+	in := &intent{caller: c, args: a, host: host, scope: scope(c, a.RunID)}
+	in.class = b.classes.forCommand(host.Name, host.Groups, a.Command)
+	in.cwd = a.Cwd
+	if in.cwd == "" {
+		in.cwd = host.Cwd
+	}
+	materializedCwd := in.cwd
+	if materializedCwd == "" {
+		materializedCwd = "~"
+	}
+	env := a.Env
+	if env == nil {
+		env = map[string]string{}
+	}
+	in.fingerprint, err = b.fp.Fingerprint(ActionRecord{
+		Actor:   c.Actor,
+		Tool:    "ssh_exec",
+		Channel: "ssh",
+		Target:  SSHTarget(host.Name, host.HostKey.Type(), fingerprintSHA256(host)),
+		Account: host.Account,
+		Command: shellCommand(a.Command),
+		Cwd:     materializedCwd,
+		Env:     env,
+		Arguments: map[string]any{
+			"timeout_s":     a.TimeoutS,
+			"operation_key": a.OperationKey,
+		},
+		IntentScope: in.scope,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return in, nil
+}
+
+// Exec runs ssh_exec: it finds the execution this call belongs to — a prior one of the
+// same intent, by the matching rule or the idempotency key — or accepts a new one, and waits
+// up to wait_s for it. progress, if set, is told about output as it arrives.
+func (b *Bastion) Exec(ctx context.Context, c transport.Caller, a ExecArgs, progress func(*Execution)) (*Execution, error) {
+	in, err := b.resolve(c, a)
+	if err != nil {
+		b.metrics.rejected.WithLabelValues(errorCode(err)).Inc()
+		return nil, err
+	}
+	wait := b.waitFor(a.WaitS)
+	if a.IdempotencyKey != "" {
+		unlock := b.intake.lock("k\x00" + c.Actor + "\x00" + a.IdempotencyKey)
+		defer unlock()
+		prior, err := b.journal.FindByIdempotencyKey(c.Actor, a.IdempotencyKey)
+		switch {
+		case err == nil && prior.Fingerprint != in.fingerprint:
+			b.metrics.rejected.WithLabelValues(CodeIdempotencyKeyReused).Inc()
+			return nil, &ToolError{Code: CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
+				"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", a.IdempotencyKey, prior.ID)}
+		case err == nil:
+			b.metrics.dedup.WithLabelValues("idempotency_key").Inc()
+			return b.join(ctx, prior, wait, progress)
+		case !errors.Is(err, markers.ErrNotFound):
+			return nil, journalError(err)
+		}
+	}
+	unlock := b.intake.lock("f\x00" + c.Actor + "\x00" + in.scope + "\x00" + in.fingerprint)
+	prior, err := b.journal.FindByFingerprint(c.Actor, in.scope, in.fingerprint)
+	switch {
+	case err == nil && b.matches(prior):
+		unlock()
+		b.metrics.dedup.WithLabelValues("fingerprint").Inc()
+		return b.join(ctx, prior, wait, progress)
+	case err != nil && !errors.Is(err, markers.ErrNotFound):
+		unlock()
+		return nil, journalError(err)
+	}
+	rec, err := b.accept(ctx, in)
+	unlock()
+	if err != nil {
+		return nil, err
+	}
+	d := b.startDriver(rec)
+	if d == nil {
+		return nil, &ToolError{Code: "shutting_down", Message: "the bastion is shutting down; " + rec.ID + " was accepted and will be dispatched after restart"}
+	}
+	return b.await(ctx, d, wait, false, progress), nil
+}
+
+// accept journals a new execution (synced) before anything else happens to it.
+func (b *Bastion) accept(ctx context.Context, in *intent) (*markers.Record, error) {
+	id, err := markers.NewExecutionID(b.now())
+	if err != nil {
+		return nil, err
+	}
+	rec, err := b.journal.Create(ctx, &markers.Record{
+		ID:             id,
+		Actor:          in.caller.Actor,
+		IntentScope:    in.scope,
+		Fingerprint:    in.fingerprint,
+		IdempotencyKey: in.args.IdempotencyKey,
+		OperationKey:   in.args.OperationKey,
+		Tool:           "ssh_exec",
+		Channel:        "ssh",
+		Target:         SSHTarget(in.host.Name, in.host.HostKey.Type(), fingerprintSHA256(in.host)),
+		Account:        in.host.Account,
+		Command:        shellCommand(in.args.Command),
+		Cwd:            in.cwd,
+		Class:          in.class.Name,
+		Host:           in.host.Name,
+		Env:            in.args.Env,
+		TimeoutSeconds: in.args.TimeoutS,
+	})
+	if err != nil {
+		return nil, journalError(err)
+	}
+	b.metrics.accepted.Inc()
+	return rec, nil
+}
+
+// matches is the matching rule's state and window test (DESIGN.md); the index lookup
+// already matched fingerprint, actor and scope.
+func (b *Bastion) matches(prior *markers.Record) bool {
+	switch prior.State {
+	case markers.Accepted, markers.Authorized, markers.AwaitingApproval, markers.Rejected,
+		markers.Dispatched, markers.Running, markers.Unknown:
+	case markers.Completed:
+		if prior.ResultDeliveredAt != nil {
+			return false
+		}
+	default:
+		return false
+	}
+	return b.now().Sub(prior.CreatedAt) <= b.classes.get(prior.Class).AttachWindow
+}
+
+// join answers a call that belongs to an existing execution: never a second dispatch.
+func (b *Bastion) join(ctx context.Context, prior *markers.Record, wait time.Duration, progress func(*Execution)) (*Execution, error) {
+	if markers.Journal.Terminal(prior.State) || prior.State == markers.AwaitingApproval || prior.State == markers.Rejected {
+		x := b.stored(prior)
+		x.Replayed = true
+		return x, nil
+	}
+	d := b.startDriver(prior)
+	if d == nil {
+		x := b.stored(prior)
+		x.Replayed = true
+		return x, nil
+	}
+	return b.await(ctx, d, wait, true, progress), nil
+}
+
+// shellCommand is the argv an ssh_exec command line runs as: the account's shell on the
+// host runs it with -c. Records keep this form; commandLine recovers the line.
+func shellCommand(line string) []string { return []string{"sh", "-c", line} }
+
+func commandLine(rec *markers.Record) string {
+	if len(rec.Command) == 0 {
+		return ""
+	}
+	return rec.Command[len(rec.Command)-1]
+}
+
+func fingerprintSHA256(h Host) string { return gossh.FingerprintSHA256(h.HostKey) }
+
+func (b *Bastion) waitFor(waitS *int) time.Duration {
+	if waitS == nil {
+		return b.cfg.DefaultWait
+	}
+	return time.Duration(*waitS) * time.Second
+}
+
+// journalError reports a failed journal read or write: the call fails closed.
+func journalError(err error) error {
+	var te *ToolError
+	if errors.As(err, &te) {
+		return err
+	}
+	return &ToolError{Code: CodeJournalUnavailable, Message: "the journal could not record this call, so nothing was dispatched: " + err.Error()}
+}
+
+func errorCode(err error) string {
+	var te *ToolError
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	return "internal"
+}

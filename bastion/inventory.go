@@ -1,0 +1,264 @@
+package bastion
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/BurntSushi/toml"
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/internal/durable"
+)
+
+// inventoryFile is the TOML form of the enrolled hosts. Enrollment writes it; operators may
+// edit it; the bastion reloads it when it changes.
+type inventoryFile struct {
+	Hosts []hostEntry `toml:"hosts"`
+}
+
+type hostEntry struct {
+	Name    string   `toml:"name"`
+	Addr    string   `toml:"addr"`
+	Account string   `toml:"account"`
+	HostKey string   `toml:"host_key"` // authorized_keys form: "ssh-ed25519 AAAA…"
+	Cwd     string   `toml:"cwd,omitempty"`
+	Groups  []string `toml:"groups,omitempty"`
+}
+
+// ErrUnknownHost: the name is not in the inventory.
+var ErrUnknownHost = errors.New("bastion: unknown host")
+
+// Inventory is the set of enrolled hosts, read from its file and re-read when the file
+// changes, so `postern hosts enroll` takes effect without a restart.
+type Inventory struct {
+	path string
+
+	mu    sync.Mutex // guards hosts and stamp
+	hosts map[string]Host
+	stamp fileStamp
+}
+
+type fileStamp struct {
+	mod  time.Time
+	size int64
+}
+
+// OpenInventory reads the inventory at path; a missing file is an empty inventory.
+func OpenInventory(path string) (*Inventory, error) {
+	inv := &Inventory{path: path}
+	if err := inv.reload(); err != nil {
+		return nil, err
+	}
+	return inv, nil
+}
+
+// Host returns the enrolled host named name.
+func (inv *Inventory) Host(name string) (Host, error) {
+	if err := inv.reload(); err != nil {
+		return Host{}, err
+	}
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	h, ok := inv.hosts[name]
+	if !ok {
+		return Host{}, fmt.Errorf("%w %q: enroll it with `postern hosts enroll`", ErrUnknownHost, name)
+	}
+	return h, nil
+}
+
+// Hosts returns every enrolled host, sorted by name.
+func (inv *Inventory) Hosts() ([]Host, error) {
+	if err := inv.reload(); err != nil {
+		return nil, err
+	}
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	out := make([]Host, 0, len(inv.hosts))
+	for _, h := range inv.hosts {
+		out = append(out, h)
+	}
+	slices.SortFunc(out, func(a, b Host) int { return cmpString(a.Name, b.Name) })
+	return out, nil
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+func (inv *Inventory) reload() error {
+	info, err := os.Stat(inv.path)
+	var stamp fileStamp
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+	case err != nil:
+		return fmt.Errorf("bastion: inventory: %w", err)
+	default:
+		stamp = fileStamp{mod: info.ModTime(), size: info.Size()}
+	}
+	inv.mu.Lock()
+	defer inv.mu.Unlock()
+	if inv.hosts != nil && stamp == inv.stamp {
+		return nil
+	}
+	hosts, err := readInventory(inv.path)
+	if err != nil {
+		return err
+	}
+	inv.hosts, inv.stamp = hosts, stamp
+	return nil
+}
+
+func readInventory(path string) (map[string]Host, error) {
+	f, err := readInventoryFile(path)
+	if err != nil {
+		return nil, err
+	}
+	hosts := map[string]Host{}
+	for i, e := range f.Hosts {
+		h, err := e.host()
+		if err != nil {
+			return nil, fmt.Errorf("bastion: inventory %s: hosts[%d]: %w", path, i, err)
+		}
+		if _, dup := hosts[h.Name]; dup {
+			return nil, fmt.Errorf("bastion: inventory %s: host %q listed twice", path, h.Name)
+		}
+		hosts[h.Name] = h
+	}
+	return hosts, nil
+}
+
+func readInventoryFile(path string) (inventoryFile, error) {
+	var f inventoryFile
+	data, err := os.ReadFile(path)
+	if errors.Is(err, os.ErrNotExist) {
+		return f, nil
+	}
+	if err != nil {
+		return f, fmt.Errorf("bastion: inventory: %w", err)
+	}
+	md, err := toml.Decode(string(data), &f)
+	if err != nil {
+		return f, fmt.Errorf("bastion: inventory %s: %w", path, err)
+	}
+	if und := md.Undecoded(); len(und) > 0 {
+		return f, fmt.Errorf("bastion: inventory %s: unknown key %s", path, und[0])
+	}
+	return f, nil
+}
+
+func (e hostEntry) host() (Host, error) {
+	if !actorName.MatchString(e.Name) {
+		return Host{}, fmt.Errorf("name %q: want 1-64 of [A-Za-z0-9_.-]", e.Name)
+	}
+	if _, _, err := net.SplitHostPort(e.Addr); err != nil {
+		return Host{}, fmt.Errorf("host %s: addr: %w", e.Name, err)
+	}
+	if e.Account == "" {
+		return Host{}, fmt.Errorf("host %s: account is required", e.Name)
+	}
+	if e.Cwd != "" && (!filepath.IsAbs(e.Cwd) || filepath.Clean(e.Cwd) != e.Cwd) {
+		return Host{}, fmt.Errorf("host %s: cwd must be an absolute, clean path", e.Name)
+	}
+	key, _, _, _, err := gossh.ParseAuthorizedKey([]byte(e.HostKey))
+	if err != nil {
+		return Host{}, fmt.Errorf("host %s: host_key: %w", e.Name, err)
+	}
+	return Host{Name: e.Name, Addr: e.Addr, Account: e.Account, HostKey: key, Cwd: e.Cwd, Groups: e.Groups}, nil
+}
+
+// Enrollment is what `postern hosts enroll` shows before it records a host.
+type Enrollment struct {
+	Host        Host
+	Fingerprint string // SHA256:… of the presented host key
+	// Replaces is the previously enrolled key's fingerprint when the host is re-enrolled.
+	Replaces string
+}
+
+// ScanHostKey connects to addr and returns the host key it presents, without
+// authenticating: enrollment shows its fingerprint to the operator before recording it.
+func ScanHostKey(ctx context.Context, addr string) (gossh.PublicKey, error) {
+	var d net.Dialer
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	raw, err := d.DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("bastion: dial %s: %w", addr, err)
+	}
+	defer raw.Close()
+	if deadline, ok := ctx.Deadline(); ok {
+		raw.SetDeadline(deadline)
+	}
+	var presented gossh.PublicKey
+	errScanned := errors.New("host key scanned")
+	_, _, _, err = gossh.NewClientConn(raw, addr, &gossh.ClientConfig{
+		User: "postern-enroll",
+		HostKeyCallback: func(_ string, _ net.Addr, key gossh.PublicKey) error {
+			presented = key
+			return errScanned
+		},
+	})
+	if presented == nil {
+		return nil, fmt.Errorf("bastion: %s presented no host key: %w", addr, err)
+	}
+	return presented, nil
+}
+
+// PlanEnrollment describes recording h (whose HostKey was scanned) in the inventory at path.
+// Enrolling a name again with the same key is a no-op; with another key it replaces the
+// old one — a decision the operator must confirm (`--replace`).
+func PlanEnrollment(path string, h Host) (Enrollment, error) {
+	e := Enrollment{Host: h, Fingerprint: gossh.FingerprintSHA256(h.HostKey)}
+	hosts, err := readInventory(path)
+	if err != nil {
+		return e, err
+	}
+	if old, ok := hosts[h.Name]; ok && !bytes.Equal(old.HostKey.Marshal(), h.HostKey.Marshal()) {
+		e.Replaces = gossh.FingerprintSHA256(old.HostKey)
+	}
+	return e, nil
+}
+
+// Enroll records h in the inventory at path (created 0600 if missing), replacing an entry of
+// the same name. The write is atomic and durable.
+func Enroll(path string, h Host) error {
+	entry := hostEntry{
+		Name: h.Name, Addr: h.Addr, Account: h.Account, Cwd: h.Cwd, Groups: h.Groups,
+		HostKey: string(bytes.TrimSpace(gossh.MarshalAuthorizedKey(h.HostKey))),
+	}
+	if _, err := entry.host(); err != nil {
+		return fmt.Errorf("bastion: enroll: %w", err)
+	}
+	f, err := readInventoryFile(path)
+	if err != nil {
+		return err
+	}
+	f.Hosts = slices.DeleteFunc(f.Hosts, func(e hostEntry) bool { return e.Name == h.Name })
+	f.Hosts = append(f.Hosts, entry)
+	slices.SortFunc(f.Hosts, func(a, b hostEntry) int { return cmpString(a.Name, b.Name) })
+	var buf bytes.Buffer
+	buf.WriteString("# Enrolled hosts: written by `postern hosts enroll`. Each host_key was shown to the\n# operator and recorded once; a host presenting another key is refused.\n\n")
+	if err := toml.NewEncoder(&buf).Encode(f); err != nil {
+		return fmt.Errorf("bastion: encode inventory: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return fmt.Errorf("bastion: inventory dir: %w", err)
+	}
+	if err := durable.WriteFile(path, buf.Bytes(), 0o600); err != nil {
+		return fmt.Errorf("bastion: write inventory: %w", err)
+	}
+	return nil
+}

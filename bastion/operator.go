@@ -1,0 +1,226 @@
+package bastion
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/markers"
+)
+
+// The operator API: JSON over the operator socket (mode 0600, so only the bastion's user and
+// root reach it). It exists because the journal has one owner — the daemon — and operators
+// must be able to read it while the daemon runs. Every endpoint is a read, except none.
+//
+//	GET /v1/executions?state=&actor=&host=&since=&limit=&cursor=   records, newest first
+//	GET /v1/executions/{id}                                        record, events, stored output
+//	GET /v1/hosts                                                  enrolled hosts
+//	GET /v1/markers/{host}?state=&limit=                           the host's markers (asks it)
+//	GET /v1/markers/{host}/{id}                                    one marker on the host
+//	GET /v1/audit/export                                           the journal's event log, JSONL
+//	GET /v1/audit/key                                              the audit verifier key
+
+// ExecutionDetail is one execution for operators: the record, its event story and output.
+type ExecutionDetail struct {
+	Record *markers.Record  `json:"record"`
+	Events []markers.Event  `json:"events"`
+	Output *storedResultOut `json:"output,omitempty"`
+}
+
+type storedResultOut struct {
+	Stdout       string `json:"stdout"`
+	StdoutOffset int64  `json:"stdout_offset"`
+	Stderr       string `json:"stderr"`
+	StderrOffset int64  `json:"stderr_offset"`
+}
+
+// ExecutionPage is one page of executions.
+type ExecutionPage struct {
+	Executions []*markers.Record `json:"executions"`
+	Next       string            `json:"next,omitempty"`
+}
+
+// MarkerPage is a host's answer to a markers query.
+type MarkerPage struct {
+	Host    string            `json:"host"`
+	Markers []*markers.Record `json:"markers"`
+	Next    string            `json:"next,omitempty"`
+}
+
+func (b *Bastion) operatorHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/executions", b.opListExecutions)
+	mux.HandleFunc("GET /v1/executions/{id}", b.opShowExecution)
+	mux.HandleFunc("GET /v1/hosts", func(w http.ResponseWriter, _ *http.Request) {
+		out, err := b.Hosts()
+		writeJSON(w, out, err)
+	})
+	mux.HandleFunc("GET /v1/markers/{host}", b.opListMarkers)
+	mux.HandleFunc("GET /v1/markers/{host}/{id}", b.opShowMarker)
+	mux.HandleFunc("GET /v1/audit/export", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/jsonl")
+		if err := b.journal.Export(w); err != nil {
+			b.log.Error("audit export", "err", err)
+		}
+	})
+	mux.HandleFunc("GET /v1/audit/key", func(w http.ResponseWriter, _ *http.Request) {
+		_, key, err := markers.LoadOrCreateAuditKey(b.cfg.auditKeyPath(), "postern-bastion")
+		if err != nil {
+			writeJSON(w, nil, err)
+			return
+		}
+		w.Write([]byte(key + "\n"))
+	})
+	return mux
+}
+
+func (b *Bastion) opListExecutions(w http.ResponseWriter, r *http.Request) {
+	q := markers.Query{Newest: true, Limit: 100, Actor: r.FormValue("actor"), Cursor: r.FormValue("cursor")}
+	if st := r.FormValue("state"); st != "" {
+		if !markers.Journal.Has(markers.State(st)) {
+			writeJSON(w, nil, invalid("unknown state %q", st))
+			return
+		}
+		q.State = markers.State(st)
+	}
+	if s := r.FormValue("since"); s != "" {
+		t, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			writeJSON(w, nil, invalid("since: %v", err))
+			return
+		}
+		q.Since = t
+	}
+	if l := r.FormValue("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 10000 {
+			writeJSON(w, nil, invalid("limit must be in 1..10000"))
+			return
+		}
+		q.Limit = n
+	}
+	host := r.FormValue("host")
+	page := ExecutionPage{Executions: []*markers.Record{}}
+	recs, next, err := b.journal.List(q)
+	if err != nil {
+		writeJSON(w, nil, err)
+		return
+	}
+	for _, rec := range recs {
+		if host == "" || rec.Host == host {
+			page.Executions = append(page.Executions, rec)
+		}
+	}
+	page.Next = next
+	writeJSON(w, page, nil)
+}
+
+func (b *Bastion) opShowExecution(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	rec, err := b.journal.Get(id)
+	if err != nil {
+		writeJSON(w, nil, err)
+		return
+	}
+	events, err := b.journal.Events(id)
+	if err != nil {
+		writeJSON(w, nil, err)
+		return
+	}
+	detail := ExecutionDetail{Record: rec, Events: events}
+	if raw, err := b.journal.Result(id); err == nil {
+		var sr storedResult
+		if json.Unmarshal(raw, &sr) == nil {
+			detail.Output = &storedResultOut{Stdout: string(sr.Stdout), StdoutOffset: sr.StdoutOffset, Stderr: string(sr.Stderr), StderrOffset: sr.StderrOffset}
+		}
+	}
+	writeJSON(w, detail, nil)
+}
+
+func (b *Bastion) hostControl(ctx context.Context, name string) (*client.ControlClient, error) {
+	host, err := b.inv.Host(name)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := b.pool.Conn(ctx, host)
+	if err != nil {
+		return nil, err
+	}
+	return client.DialControl(conn)
+}
+
+func (b *Bastion) opListMarkers(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	cc, err := b.hostControl(ctx, r.PathValue("host"))
+	if err != nil {
+		writeJSON(w, nil, err)
+		return
+	}
+	defer cc.Close()
+	q := client.ControlListQuery{State: markers.State(r.FormValue("state")), Cursor: r.FormValue("cursor"), Newest: true}
+	if l := r.FormValue("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 1000 {
+			writeJSON(w, nil, invalid("limit must be in 1..1000"))
+			return
+		}
+		q.Limit = n
+	}
+	page, next, err := cc.List(ctx, q)
+	writeJSON(w, MarkerPage{Host: r.PathValue("host"), Markers: page, Next: next}, err)
+}
+
+func (b *Bastion) opShowMarker(w http.ResponseWriter, r *http.Request) {
+	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
+	defer cancel()
+	cc, err := b.hostControl(ctx, r.PathValue("host"))
+	if err != nil {
+		writeJSON(w, nil, err)
+		return
+	}
+	defer cc.Close()
+	found, _, err := cc.Status(ctx, []string{r.PathValue("id")})
+	if err == nil && len(found) == 0 {
+		err = fmt.Errorf("%w: host %s has no marker %s", markers.ErrNotFound, r.PathValue("host"), r.PathValue("id"))
+	}
+	if err != nil {
+		writeJSON(w, nil, err)
+		return
+	}
+	writeJSON(w, found[0], nil)
+}
+
+// OperatorError is the operator API's error body.
+type OperatorError struct {
+	Error string `json:"error"`
+	Code  string `json:"code"`
+}
+
+func writeJSON(w http.ResponseWriter, v any, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		status, code := http.StatusInternalServerError, "internal"
+		var te *ToolError
+		switch {
+		case errors.As(err, &te):
+			status, code = http.StatusBadRequest, te.Code
+			if te.Code == CodeNotFound {
+				status = http.StatusNotFound
+			}
+		case errors.Is(err, markers.ErrNotFound):
+			status, code = http.StatusNotFound, CodeNotFound
+		case errors.Is(err, ErrUnknownHost):
+			status, code = http.StatusNotFound, CodeUnknownHost
+		}
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(OperatorError{Error: err.Error(), Code: code})
+		return
+	}
+	json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,169 @@
+package bastion
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/markers"
+)
+
+// cancelWait is how long execution_cancel waits for the host to confirm.
+const cancelWait = 15 * time.Second
+
+// Cancel stops an execution: one not yet dispatched is cancelled in the journal; one on a
+// host is cancelled there (TERM, then KILL after the host's grace period) and its outcome
+// follows from the host's marker.
+func (b *Bastion) Cancel(ctx context.Context, c transport.Caller, id string) (*Execution, error) {
+	rec, err := b.own(c, id)
+	if err != nil {
+		return nil, err
+	}
+	switch rec.State {
+	case markers.Accepted, markers.Authorized:
+		path := []markers.State{markers.Cancelled}
+		if rec.State == markers.Accepted {
+			path = []markers.State{markers.Authorized, markers.Cancelled}
+		}
+		next, err := b.journal.Advance(ctx, id, rec.State, path, "cancelled by "+c.Actor+" before dispatch", nil)
+		if err == nil {
+			return b.view(next), nil
+		}
+		if !errors.Is(err, markers.ErrConflict) {
+			return nil, journalError(err)
+		}
+		rec = next // the driver dispatched it meanwhile: cancel it on the host
+	case markers.Dispatched, markers.Running, markers.Unknown:
+	default:
+		x := b.stored(rec)
+		x.Next = "It had already ended (" + string(rec.State) + "); nothing to cancel."
+		return x, nil
+	}
+	host, err := b.inv.Host(rec.Host)
+	if err != nil {
+		return nil, &ToolError{Code: CodeUnknownHost, Message: err.Error(), ExecutionID: id}
+	}
+	if err := b.cancelOnHost(ctx, host, id); err != nil {
+		x := b.stored(rec)
+		x.Next = fmt.Sprintf("The cancel could not be delivered to %s (%v); the command may still be running. Try again, or check execution_status.", host.Name, err)
+		return x, nil
+	}
+	d := b.startDriver(rec)
+	if d == nil {
+		return b.stored(rec), nil
+	}
+	return b.await(ctx, d, cancelWait, false, nil), nil
+}
+
+func (b *Bastion) cancelOnHost(ctx context.Context, host Host, id string) error {
+	ctx, cancel := context.WithTimeout(ctx, cancelWait)
+	defer cancel()
+	conn, err := b.pool.Conn(ctx, host)
+	if err != nil {
+		return err
+	}
+	cc, err := client.DialControl(conn)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	_, err = cc.Cancel(ctx, id)
+	if errors.Is(err, client.ErrNotRunning) {
+		return nil // it ended or never started; the driver reports which
+	}
+	return err
+}
+
+// ListArgs are the arguments of executions_list.
+type ListArgs struct {
+	State string `json:"state,omitempty" jsonschema:"only executions in this state (e.g. running, unknown, completed)"`
+	Host  string `json:"host,omitempty" jsonschema:"only executions on this host"`
+	Since string `json:"since,omitempty" jsonschema:"only executions accepted at or after this RFC 3339 time"`
+	Limit int    `json:"limit,omitempty" jsonschema:"at most this many (default 50, max 500)"`
+}
+
+// ListResult is the output of executions_list.
+type ListResult struct {
+	Executions []*Execution `json:"executions"`
+}
+
+// List returns the caller's executions, newest first.
+func (b *Bastion) List(c transport.Caller, a ListArgs) (*ListResult, error) {
+	q := markers.Query{Actor: c.Actor, Newest: true, Limit: 50}
+	if a.State != "" {
+		if !markers.Journal.Has(markers.State(a.State)) {
+			return nil, invalid("unknown state %q", a.State)
+		}
+		q.State = markers.State(a.State)
+	}
+	if a.Since != "" {
+		t, err := time.Parse(time.RFC3339, a.Since)
+		if err != nil {
+			return nil, invalid("since: want an RFC 3339 time: %v", err)
+		}
+		q.Since = t
+	}
+	if a.Limit < 0 || a.Limit > 500 {
+		return nil, invalid("limit must be in 0..500")
+	}
+	if a.Limit > 0 {
+		q.Limit = a.Limit
+	}
+	want := q.Limit
+	out := &ListResult{Executions: []*Execution{}}
+	for {
+		recs, next, err := b.journal.List(q)
+		if err != nil {
+			return nil, journalError(err)
+		}
+		for _, r := range recs {
+			if a.Host == "" || r.Host == a.Host {
+				out.Executions = append(out.Executions, b.view(r))
+			}
+		}
+		if next == "" || len(out.Executions) >= want {
+			break
+		}
+		q.Cursor = next
+	}
+	if len(out.Executions) > want {
+		out.Executions = out.Executions[:want]
+	}
+	return out, nil
+}
+
+// HostInfo describes one enrolled host.
+type HostInfo struct {
+	Name           string   `json:"name"`
+	Addr           string   `json:"addr"`
+	Account        string   `json:"account"`
+	HostKey        string   `json:"host_key_fingerprint"`
+	Groups         []string `json:"groups,omitempty"`
+	Connected      bool     `json:"connected"`
+	DefaultCwd     string   `json:"default_cwd,omitempty"`
+	HostKeyType    string   `json:"host_key_type"`
+}
+
+// HostsResult is the output of hosts_list.
+type HostsResult struct {
+	Hosts []HostInfo `json:"hosts"`
+}
+
+// Hosts lists the enrolled hosts.
+func (b *Bastion) Hosts() (*HostsResult, error) {
+	hosts, err := b.inv.Hosts()
+	if err != nil {
+		return nil, err
+	}
+	out := &HostsResult{Hosts: []HostInfo{}}
+	for _, h := range hosts {
+		out.Hosts = append(out.Hosts, HostInfo{
+			Name: h.Name, Addr: h.Addr, Account: h.Account, HostKey: fingerprintSHA256(h),
+			HostKeyType: h.HostKey.Type(), Groups: h.Groups, Connected: b.pool.Connected(h.Name), DefaultCwd: h.Cwd,
+		})
+	}
+	return out, nil
+}

@@ -1,0 +1,139 @@
+package bastion
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/postern-dev/postern/bastion/transport"
+)
+
+// Endpoints are where a serving bastion listens.
+type Endpoints struct {
+	// URL is the Streamable HTTP endpoint ("" if HTTP is disabled).
+	URL string
+	// Socket is the local MCP endpoint (unix socket; `postern mcp` bridges stdio to it).
+	Socket string
+	// OperatorSocket serves the operator CLI.
+	OperatorSocket string
+	// Metrics is the Prometheus endpoint ("" if HTTP is disabled).
+	Metrics string
+}
+
+// MCPPath is the URL path of the MCP endpoint on every transport.
+const MCPPath = "/mcp"
+
+// shutdownGrace bounds how long in-flight requests may finish when the bastion stops.
+const shutdownGrace = 5 * time.Second
+
+// Serve serves the MCP endpoints and the operator API until ctx ends; ready is called once
+// every listener is open. Call Recover first: nothing is served before the journal's
+// executions in flight were reconciled.
+func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
+	srv := b.MCPServer()
+	streamable := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
+		Stateless: true,
+		Logger:    b.log.With("component", "mcp"),
+	})
+	tracked := b.trackDelivery(streamable)
+
+	var servers []*http.Server
+	var listeners []net.Listener
+	closeAll := func() {
+		for _, l := range listeners {
+			l.Close()
+		}
+	}
+	var ep Endpoints
+	if b.cfg.Listen != "" {
+		actors := make([]transport.Actor, 0, len(b.cfg.Actors))
+		for _, a := range b.cfg.Actors {
+			actors = append(actors, transport.Actor{Name: a.Name, TokenSHA256: a.TokenSHA256})
+		}
+		mcpHTTP, err := transport.HTTPHandler(tracked, transport.HTTPOptions{
+			Actors: actors, MaxBodyBytes: b.cfg.MaxBodyBytes,
+			AllowedHosts: b.cfg.AllowedHosts, AllowedOrigins: b.cfg.AllowedOrigins,
+			Logger: b.log.With("component", "http"),
+		})
+		if err != nil {
+			return err
+		}
+		mux := http.NewServeMux()
+		mux.Handle(MCPPath, mcpHTTP)
+		mux.Handle("/metrics", b.MetricsHandler())
+		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
+		l, err := net.Listen("tcp", b.cfg.Listen)
+		if err != nil {
+			return fmt.Errorf("bastion: listen %s: %w", b.cfg.Listen, err)
+		}
+		scheme := "http"
+		if b.cfg.TLSCertFile != "" {
+			cert, err := tls.LoadX509KeyPair(b.cfg.TLSCertFile, b.cfg.TLSKeyFile)
+			if err != nil {
+				l.Close()
+				return fmt.Errorf("bastion: tls: %w", err)
+			}
+			l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
+			scheme = "https"
+		}
+		listeners = append(listeners, l)
+		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+		ep.URL = scheme + "://" + l.Addr().String() + MCPPath
+		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
+	}
+
+	local, err := transport.ListenUnix(b.cfg.socketPath())
+	if err != nil {
+		closeAll()
+		return err
+	}
+	listeners = append(listeners, local)
+	localMux := http.NewServeMux()
+	localMux.Handle(MCPPath, tracked)
+	servers = append(servers, transport.UnixServer(localMux, transport.UnixOptions{
+		MaxBodyBytes: b.cfg.MaxBodyBytes, Logger: b.log.With("component", "unix"),
+	}))
+	ep.Socket = b.cfg.socketPath()
+
+	op, err := transport.ListenUnix(b.cfg.operatorPath())
+	if err != nil {
+		closeAll()
+		return err
+	}
+	listeners = append(listeners, op)
+	servers = append(servers, &http.Server{Handler: b.operatorHandler(), ReadHeaderTimeout: 10 * time.Second})
+	ep.OperatorSocket = b.cfg.operatorPath()
+
+	errs := make(chan error, len(servers))
+	var wg sync.WaitGroup
+	for i, s := range servers {
+		wg.Go(func() {
+			if err := s.Serve(listeners[i]); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				errs <- err
+			}
+		})
+	}
+	b.log.Info("serving", "mcp_http", ep.URL, "mcp_socket", ep.Socket, "operator_socket", ep.OperatorSocket)
+	if ready != nil {
+		ready(ep)
+	}
+	var serveErr error
+	select {
+	case <-ctx.Done():
+	case serveErr = <-errs:
+	}
+	shutdownCtx, cancel := context.WithTimeout(context.Background(), shutdownGrace)
+	defer cancel()
+	for _, s := range servers {
+		s.Shutdown(shutdownCtx)
+	}
+	wg.Wait()
+	return serveErr
+}

@@ -1,0 +1,241 @@
+package bastion
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Version is reported to MCP clients.
+const Version = "0.4.0"
+
+// The replay contract every execution tool states: what happens when the caller loses a
+// response and calls again.
+const replayContract = `Replay contract: every call that starts work gets a server-made execution id, journaled before anything is sent. If you lose the response and call again with the same arguments (same actor and run), you get the SAME execution back (replayed: true) — it is never run twice; a finished one returns its stored result. If the connection to the host was lost, Postern asks the host before deciding: it re-sends only when the host proves the command never started, otherwise it attaches. state "unknown" means the outcome could not be proven: it is never hidden and never retried blindly.`
+
+func boolPtr(v bool) *bool { return &v }
+
+// MCPServer builds the MCP server with the bastion's tools.
+func (b *Bastion) MCPServer() *mcp.Server {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "postern", Title: "Postern SSH bastion", Version: Version}, &mcp.ServerOptions{
+		Instructions: "Postern runs commands on enrolled hosts over SSH with exactly-once execution: retries never run a command twice. Use hosts_list to see hosts, ssh_exec to run, execution_output to follow a long command.",
+	})
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:  "ssh_exec",
+		Title: "Run a command on a host",
+		Description: "Run a command on an enrolled host (the account's shell runs it with -c). Returns after the command ends or after wait_s seconds (default 30), then with state \"running\" and the execution id — use execution_output to follow it; it is never a timeout error. " +
+			"Pass idempotency_key to make a retry from another run return the same execution; operation_key makes the host refuse a second execution of one operation. " + replayContract,
+		Annotations: &mcp.ToolAnnotations{
+			ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: false, OpenWorldHint: boolPtr(true),
+		},
+	}, func(ctx context.Context, req *mcp.CallToolRequest, in ExecArgs) (*mcp.CallToolResult, *Execution, error) {
+		c, err := callerOf(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		x, err := b.Exec(ctx, c, in, progressFor(ctx, req))
+		return b.result(ctx, x, err)
+	})
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "execution_status",
+		Title:       "Status of an execution",
+		Description: "The journal's record of one of your executions: state, exit code, evidence, the last output. For an execution whose outcome is unknown it asks the host again first. Reading never changes anything.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
+	}, func(ctx context.Context, req *mcp.CallToolRequest, in struct {
+		ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec"`
+	}) (*mcp.CallToolResult, *Execution, error) {
+		c, err := callerOf(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		x, err := b.Status(ctx, c, in.ExecutionID, b.cfg.DefaultWait/3)
+		return b.result(ctx, x, err)
+	})
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "execution_output",
+		Title:       "Read or follow an execution's output",
+		Description: "Attach to one of your executions: returns its output from the given offsets (stdout offset, stderr_offset), waiting up to wait_s (default 30) for new output or the end. Call again with stdout_offset+len(stdout) to read on. Never starts anything.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
+	}, func(ctx context.Context, req *mcp.CallToolRequest, in OutputArgs) (*mcp.CallToolResult, *Execution, error) {
+		c, err := callerOf(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		x, err := b.Output(ctx, c, in)
+		return b.result(ctx, x, err)
+	})
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "execution_cancel",
+		Title:       "Cancel an execution",
+		Description: "Cancel one of your executions: not yet dispatched → cancelled, nothing runs; running on its host → TERM, then KILL after the host's grace period. Cancelling an execution that already ended changes nothing. Calling it twice is the same as once.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: true, OpenWorldHint: boolPtr(true)},
+	}, func(ctx context.Context, req *mcp.CallToolRequest, in struct {
+		ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec"`
+	}) (*mcp.CallToolResult, *Execution, error) {
+		c, err := callerOf(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		x, err := b.Cancel(ctx, c, in.ExecutionID)
+		return b.result(ctx, x, err)
+	})
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "executions_list",
+		Title:       "List your executions",
+		Description: "Your executions, newest first, optionally filtered by state (e.g. running, unknown), host and acceptance time. Reading never changes anything.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
+	}, func(ctx context.Context, req *mcp.CallToolRequest, in ListArgs) (*mcp.CallToolResult, *ListResult, error) {
+		c, err := callerOf(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		out, err := b.List(c, in)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: listSummary(out)}}}, out, nil
+	})
+	mcp.AddTool(srv, &mcp.Tool{
+		Name:        "hosts_list",
+		Title:       "List enrolled hosts",
+		Description: "The hosts you can run commands on, with their pinned host key fingerprints and whether a connection is open. Reading never changes anything.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
+	}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, *HostsResult, error) {
+		if _, err := callerOf(req); err != nil {
+			return nil, nil, err
+		}
+		out, err := b.Hosts()
+		if err != nil {
+			return nil, nil, err
+		}
+		var text string
+		for _, h := range out.Hosts {
+			text += fmt.Sprintf("%s (%s@%s, %s %s)\n", h.Name, h.Account, h.Addr, h.HostKeyType, h.HostKey)
+		}
+		if text == "" {
+			text = "No hosts are enrolled."
+		}
+		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
+	})
+	return srv
+}
+
+func callerOf(req *mcp.CallToolRequest) (transport.Caller, error) {
+	c, ok := transport.CallerFromTokenInfo(req.Extra.TokenInfo)
+	if !ok {
+		return transport.Caller{}, &ToolError{Code: "unauthenticated", Message: "the transport did not identify the caller"}
+	}
+	return c, nil
+}
+
+// result turns an execution into the tool result, and registers it for delivery tracking.
+func (b *Bastion) result(ctx context.Context, x *Execution, err error) (*mcp.CallToolResult, *Execution, error) {
+	if err != nil {
+		return nil, nil, err
+	}
+	if markers.Journal.Terminal(markers.State(x.State)) && !x.ResultDelivered {
+		if dl := deliveriesFrom(ctx); dl != nil {
+			dl.add(x.ExecutionID)
+		}
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: x.Summary()}}, IsError: x.IsError}, x, nil
+}
+
+func listSummary(out *ListResult) string {
+	if len(out.Executions) == 0 {
+		return "No executions."
+	}
+	var s string
+	for _, x := range out.Executions {
+		s += fmt.Sprintf("%s %s %s on %s: %s\n", x.ExecutionID, x.AcceptedAt.Format("2006-01-02T15:04:05Z"), x.State, x.Host, x.Command)
+	}
+	return s
+}
+
+// progressFor reports progress to the client if it asked for it (a progress token).
+func progressFor(ctx context.Context, req *mcp.CallToolRequest) func(*Execution) {
+	token := req.Params.GetProgressToken()
+	if token == nil {
+		return nil
+	}
+	return func(x *Execution) {
+		req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+			ProgressToken: token,
+			Progress:      float64(x.StdoutBytes + x.StderrBytes),
+			Message:       fmt.Sprintf("%s %s: %d bytes of output", x.ExecutionID, x.State, x.StdoutBytes+x.StderrBytes),
+		})
+	}
+}
+
+// deliveries collects the executions whose results a response carries, so they are marked
+// delivered only once the response was written to the transport.
+type deliveries struct {
+	mu  sync.Mutex
+	ids []string
+}
+
+func (d *deliveries) add(id string) {
+	d.mu.Lock()
+	d.ids = append(d.ids, id)
+	d.mu.Unlock()
+}
+
+type deliveriesKey struct{}
+
+func deliveriesFrom(ctx context.Context) *deliveries {
+	d, _ := ctx.Value(deliveriesKey{}).(*deliveries)
+	return d
+}
+
+// trackDelivery wraps the MCP handler: after a response has been flushed to the connection
+// and the client is still there, the executions it carried are marked delivered. A response
+// that could not be written leaves them completed-but-not-delivered, so a retry replays them.
+func (b *Bastion) trackDelivery(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		dl := &deliveries{}
+		r = r.WithContext(context.WithValue(r.Context(), deliveriesKey{}, dl))
+		tw := &trackingWriter{ResponseWriter: w}
+		next.ServeHTTP(tw, r)
+		if len(dl.ids) == 0 {
+			return
+		}
+		flushErr := http.NewResponseController(w).Flush()
+		if tw.err != nil || flushErr != nil || r.Context().Err() != nil {
+			b.log.Info("result not delivered; a retry will replay it", "executions", dl.ids)
+			return
+		}
+		for _, id := range dl.ids {
+			if err := b.Delivered(r.Context(), id); err != nil {
+				b.log.Error("journal result delivery", "execution_id", id, "err", err)
+			}
+		}
+	})
+}
+
+// trackingWriter remembers whether any write to the connection failed.
+type trackingWriter struct {
+	http.ResponseWriter
+	err error
+}
+
+func (t *trackingWriter) Write(p []byte) (int, error) {
+	n, err := t.ResponseWriter.Write(p)
+	if err != nil && t.err == nil {
+		t.err = err
+	}
+	return n, err
+}
+
+func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
+
+func (t *trackingWriter) Flush() {
+	if err := http.NewResponseController(t.ResponseWriter).Flush(); err != nil && t.err == nil {
+		t.err = err
+	}
+}

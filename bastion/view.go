@@ -1,0 +1,353 @@
+package bastion
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Execution is what every execution tool returns: the journal's record of one execution,
+// its output (or a window of it), and what the caller may do next.
+type Execution struct {
+	ExecutionID string `json:"execution_id"`
+	// State is the journal state; a completed execution whose result was never delivered
+	// shows as completed with result_delivered false.
+	State           string `json:"state"`
+	ResultDelivered bool   `json:"result_delivered"`
+	// Replayed: this call did not dispatch anything; it joined or replayed an execution
+	// that already existed (a retry, a duplicate, an idempotency key).
+	Replayed bool   `json:"replayed"`
+	Host     string `json:"host,omitempty"`
+	Command  string `json:"command,omitempty"`
+	Class    string `json:"class,omitempty"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	IsError  bool   `json:"is_error"`
+	// Stdout and Stderr are the returned window of each stream; *Offset is the stream offset
+	// of its first byte and *Bytes the stream's total size so far. Pass stdout_offset +
+	// len(stdout) to execution_output to read on.
+	Stdout       string `json:"stdout"`
+	StdoutOffset int64  `json:"stdout_offset"`
+	StdoutBytes  int64  `json:"stdout_bytes"`
+	Stderr       string `json:"stderr"`
+	StderrOffset int64  `json:"stderr_offset"`
+	StderrBytes  int64  `json:"stderr_bytes"`
+	// OutputSHA256 is the host's digest of the whole stdout, when the execution ended.
+	OutputSHA256 string     `json:"stdout_sha256,omitempty"`
+	AcceptedAt   time.Time  `json:"accepted_at"`
+	DispatchedAt *time.Time `json:"dispatched_at,omitempty"`
+	FinishedAt   *time.Time `json:"finished_at,omitempty"`
+	Evidence     []string   `json:"evidence,omitempty"`
+	// Next says what is safe to do now.
+	Next string `json:"next"`
+}
+
+// Summary is the one-paragraph text form of a result (the MCP text content).
+func (x *Execution) Summary() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%s on %s: %s", x.ExecutionID, x.Host, x.State)
+	if x.ExitCode != nil {
+		fmt.Fprintf(&sb, " (exit %d)", *x.ExitCode)
+	}
+	if x.Signal != "" {
+		fmt.Fprintf(&sb, " (%s)", x.Signal)
+	}
+	if x.Replayed {
+		sb.WriteString(" [replayed: no new dispatch]")
+	}
+	sb.WriteString(". ")
+	sb.WriteString(x.Next)
+	if x.Stdout != "" {
+		fmt.Fprintf(&sb, "\n--- stdout (from byte %d of %d) ---\n%s", x.StdoutOffset, x.StdoutBytes, x.Stdout)
+	}
+	if x.Stderr != "" {
+		fmt.Fprintf(&sb, "\n--- stderr (from byte %d of %d) ---\n%s", x.StderrOffset, x.StderrBytes, x.Stderr)
+	}
+	return sb.String()
+}
+
+// view builds the result from a record, without output.
+func (b *Bastion) view(rec *markers.Record) *Execution {
+	x := &Execution{
+		ExecutionID:     rec.ID,
+		State:           string(rec.State),
+		ResultDelivered: rec.ResultDeliveredAt != nil,
+		Host:            rec.Host,
+		Command:         commandLine(rec),
+		Class:           rec.Class,
+		Signal:          rec.Signal,
+		IsError:         rec.IsError,
+		StdoutBytes:     rec.Output.StdoutBytes,
+		StderrBytes:     rec.Output.StderrBytes,
+		OutputSHA256:    rec.Output.StdoutSHA256,
+		AcceptedAt:      rec.CreatedAt,
+		Evidence:        rec.Evidence,
+	}
+	if rec.ExitCode != nil {
+		code := *rec.ExitCode
+		x.ExitCode = &code
+	}
+	if t, ok := rec.StateTimes[markers.Dispatched]; ok {
+		x.DispatchedAt = &t
+	}
+	if markers.Journal.Terminal(rec.State) {
+		t := rec.UpdatedAt
+		x.FinishedAt = &t
+	}
+	x.Next = nextStep(rec)
+	return x
+}
+
+// nextStep tells the agent what is safe to do, by state.
+func nextStep(rec *markers.Record) string {
+	switch rec.State {
+	case markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running:
+		return fmt.Sprintf("Still in progress. Wait with execution_output {execution_id: %q} or execution_status; do not call ssh_exec again for this — a retry joins this execution anyway.", rec.ID)
+	case markers.Unknown:
+		return fmt.Sprintf("The outcome is NOT known: the command may or may not have run. Postern keeps asking the host; check execution_status {execution_id: %q} later. Do not re-run it as a new command unless you have verified on the host that it did not take effect.", rec.ID)
+	case markers.Completed:
+		return "Finished; the outcome above is final."
+	case markers.Failed:
+		return "It provably did not take effect; it is safe to fix the cause and call again."
+	case markers.Cancelled:
+		return "Cancelled; see the output for how far it got."
+	case markers.TimedOut:
+		return "Killed at its timeout; see the output for how far it got."
+	case markers.Rejected:
+		return "Rejected; it was not run. A retry returns this same rejection."
+	case markers.AwaitingApproval:
+		return "Waiting for an operator's approval; wait with execution_status."
+	}
+	return ""
+}
+
+// stored returns a finished (or not live) execution's view with its stored output.
+func (b *Bastion) stored(rec *markers.Record) *Execution {
+	x := b.view(rec)
+	raw, err := b.journal.Result(rec.ID)
+	if err != nil {
+		return x
+	}
+	var r storedResult
+	if json.Unmarshal(raw, &r) == nil {
+		x.Stdout, x.StdoutOffset = string(r.Stdout), r.StdoutOffset
+		x.Stderr, x.StderrOffset = string(r.Stderr), r.StderrOffset
+	}
+	return x
+}
+
+// live returns a driven execution's view with the last output it holds.
+func (b *Bastion) live(d *driver) *Execution {
+	rec := d.record()
+	if markers.Journal.Terminal(rec.State) {
+		return b.stored(rec)
+	}
+	x := b.view(rec)
+	out, outFrom := d.stdout.last(b.cfg.OutputTailBytes)
+	errb, errFrom := d.stderr.last(b.cfg.OutputTailBytes)
+	x.Stdout, x.StdoutOffset, x.StdoutBytes = string(out), outFrom, d.stdout.size()
+	x.Stderr, x.StderrOffset, x.StderrBytes = string(errb), errFrom, d.stderr.size()
+	return x
+}
+
+// progressEvery bounds how often a waiting call reports progress.
+const progressEvery = time.Second
+
+// await waits up to wait for the driver to end (or the caller to go away) and returns the
+// execution as it stands: finished, or still running with its output so far — never a
+// timeout error.
+func (b *Bastion) await(ctx context.Context, d *driver, wait time.Duration, joined bool, progress func(*Execution)) *Execution {
+	timer := time.NewTimer(wait)
+	defer timer.Stop()
+	var lastProgress time.Time
+	for {
+		select {
+		case <-d.done:
+		case <-timer.C:
+		case <-ctx.Done():
+		case <-d.changes():
+			if progress != nil && time.Since(lastProgress) >= progressEvery {
+				lastProgress = time.Now()
+				progress(b.live(d))
+			}
+			continue
+		}
+		break
+	}
+	x := b.live(d)
+	x.Replayed = joined
+	return x
+}
+
+// Delivered records that the result of execution id reached the caller's transport, so a
+// later identical call is a new intent. Only completed executions are marked.
+func (b *Bastion) Delivered(ctx context.Context, id string) error {
+	_, err := b.journal.Update(context.WithoutCancel(ctx), id, "result delivered", func(r *markers.Record) error {
+		if r.ResultDeliveredAt == nil && markers.Journal.Terminal(r.State) {
+			t := b.now().UTC()
+			r.ResultDeliveredAt = &t
+		}
+		return nil
+	})
+	return err
+}
+
+// own returns execution id if caller may see it: actors see only their own executions.
+func (b *Bastion) own(c transport.Caller, id string) (*markers.Record, error) {
+	notFound := &ToolError{Code: CodeNotFound, Message: "no execution " + id + " of yours"}
+	if !markers.ValidExecutionID(id) {
+		return nil, notFound
+	}
+	rec, err := b.journal.Get(id)
+	if errors.Is(err, markers.ErrNotFound) {
+		return nil, notFound
+	}
+	if err != nil {
+		return nil, journalError(err)
+	}
+	if rec.Actor != c.Actor {
+		return nil, notFound
+	}
+	return rec, nil
+}
+
+// Status returns an execution's record and last output. For one whose outcome is unknown it
+// asks the host again first (waiting up to wait).
+func (b *Bastion) Status(ctx context.Context, c transport.Caller, id string, wait time.Duration) (*Execution, error) {
+	rec, err := b.own(c, id)
+	if err != nil {
+		return nil, err
+	}
+	if d := b.liveDriver(id); d != nil {
+		return b.await(ctx, d, 0, false, nil), nil
+	}
+	if rec.State == markers.Unknown {
+		if d := b.startDriver(rec); d != nil {
+			return b.await(ctx, d, wait, false, nil), nil
+		}
+	}
+	return b.stored(rec), nil
+}
+
+// OutputArgs are the arguments of execution_output.
+type OutputArgs struct {
+	ExecutionID  string `json:"execution_id"`
+	Offset       int64  `json:"offset,omitempty" jsonschema:"stdout offset to read from (default 0)"`
+	StderrOffset int64  `json:"stderr_offset,omitempty" jsonschema:"stderr offset to read from (default 0)"`
+	WaitS        *int   `json:"wait_s,omitempty" jsonschema:"wait up to this many seconds for new output or the end (default 30)"`
+}
+
+// Output returns output from the given offsets, waiting up to wait_s for more output or the
+// end when there is nothing new yet. Output older than what the bastion keeps is read from
+// the host's spool.
+func (b *Bastion) Output(ctx context.Context, c transport.Caller, a OutputArgs) (*Execution, error) {
+	rec, err := b.own(c, a.ExecutionID)
+	if err != nil {
+		return nil, err
+	}
+	if a.Offset < 0 || a.StderrOffset < 0 {
+		return nil, invalid("offsets must not be negative")
+	}
+	if a.WaitS != nil && (*a.WaitS < 0 || time.Duration(*a.WaitS)*time.Second > b.cfg.MaxWait) {
+		return nil, invalid("wait_s must be in 0..%d", int(b.cfg.MaxWait/time.Second))
+	}
+	wait := b.waitFor(a.WaitS)
+	d := b.liveDriver(a.ExecutionID)
+	if d == nil && !markers.Journal.Terminal(rec.State) && rec.State != markers.AwaitingApproval && rec.State != markers.Rejected {
+		d = b.startDriver(rec) // attach: reconcile with the host and follow it
+	}
+	if d != nil {
+		deadline := time.NewTimer(wait)
+		defer deadline.Stop()
+		for d.stdout.size() <= a.Offset && d.stderr.size() <= a.StderrOffset {
+			select {
+			case <-d.changes():
+				continue
+			case <-d.done:
+			case <-deadline.C:
+			case <-ctx.Done():
+			}
+			break
+		}
+		if !markers.Journal.Terminal(d.record().State) {
+			x := b.view(d.record())
+			limit := b.cfg.OutputTailBytes
+			out, outFrom := d.stdout.read(a.Offset, limit)
+			errb, errFrom := d.stderr.read(a.StderrOffset, limit)
+			x.Stdout, x.StdoutOffset, x.StdoutBytes = string(out), outFrom, d.stdout.size()
+			x.Stderr, x.StderrOffset, x.StderrBytes = string(errb), errFrom, d.stderr.size()
+			return x, nil
+		}
+		rec = d.record()
+	}
+	return b.storedFrom(ctx, rec, a.Offset, a.StderrOffset), nil
+}
+
+// storedFrom returns a finished execution's output from the given offsets: from the stored
+// tail when it covers them, else from the host's spool.
+func (b *Bastion) storedFrom(ctx context.Context, rec *markers.Record, outOff, errOff int64) *Execution {
+	x := b.stored(rec)
+	limit := b.cfg.OutputTailBytes
+	window := func(s string, from, off int64) (string, int64) {
+		if off < from {
+			return s, from
+		}
+		skip := min(off-from, int64(len(s)))
+		s = s[skip:]
+		return s[:min(len(s), limit)], from + skip
+	}
+	if outOff < x.StdoutOffset || errOff < x.StderrOffset {
+		if out, errb, ok := b.fromSpool(ctx, rec, outOff, errOff, limit); ok {
+			x.Stdout, x.StdoutOffset, x.Stderr, x.StderrOffset = out, outOff, errb, errOff
+			return x
+		}
+	}
+	x.Stdout, x.StdoutOffset = window(x.Stdout, x.StdoutOffset, outOff)
+	x.Stderr, x.StderrOffset = window(x.Stderr, x.StderrOffset, errOff)
+	return x
+}
+
+// fromSpool reads output older than the stored tail from the host (its spool keeps the
+// whole capped output until the marker's retention).
+func (b *Bastion) fromSpool(ctx context.Context, rec *markers.Record, outOff, errOff int64, limit int) (string, string, bool) {
+	host, err := b.inv.Host(rec.Host)
+	if err != nil {
+		return "", "", false
+	}
+	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	conn, err := b.pool.Conn(ctx, host)
+	if err != nil {
+		return "", "", false
+	}
+	cc, err := client.DialControl(conn)
+	if err != nil {
+		return "", "", false
+	}
+	defer cc.Close()
+	var out, errb []byte
+	errEnough := errors.New("enough output")
+	_, err = cc.Attach(ctx, rec.ID, outOff, errOff, func(stream string, _ int64, data []byte) error {
+		switch stream {
+		case "stdout":
+			out = append(out, data[:min(len(data), limit-len(out))]...)
+		case "stderr":
+			errb = append(errb, data[:min(len(data), limit-len(errb))]...)
+		}
+		if len(out) >= limit && len(errb) >= limit {
+			return errEnough
+		}
+		return nil
+	})
+	if err != nil && !errors.Is(err, errEnough) {
+		return "", "", false
+	}
+	return string(out), string(errb), true
+}
