@@ -106,10 +106,10 @@ func (c Config) operatorPath() string { return c.orState(c.OperatorSocket, "oper
 func (c Config) inventoryPath() string {
 	return c.orState(c.InventoryFile, "hosts.toml")
 }
-func (c Config) clientKeyPath() string    { return c.orState(c.ClientKeyFile, "bastion_ed25519") }
-func (c Config) journalDir() string       { return filepath.Join(c.StateDir, "journal") }
-func (c Config) auditKeyPath() string     { return filepath.Join(c.StateDir, "audit.key") }
-func (c Config) fingerprintPath() string  { return filepath.Join(c.StateDir, "fingerprint.key") }
+func (c Config) clientKeyPath() string   { return c.orState(c.ClientKeyFile, "bastion_ed25519") }
+func (c Config) journalDir() string      { return filepath.Join(c.StateDir, "journal") }
+func (c Config) auditKeyPath() string    { return filepath.Join(c.StateDir, "audit.key") }
+func (c Config) fingerprintPath() string { return filepath.Join(c.StateDir, "fingerprint.key") }
 func (c Config) orState(p, name string) string {
 	if p != "" {
 		return p

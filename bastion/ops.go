@@ -137,14 +137,14 @@ func (b *Bastion) List(c transport.Caller, a ListArgs) (*ListResult, error) {
 
 // HostInfo describes one enrolled host.
 type HostInfo struct {
-	Name           string   `json:"name"`
-	Addr           string   `json:"addr"`
-	Account        string   `json:"account"`
-	HostKey        string   `json:"host_key_fingerprint"`
-	Groups         []string `json:"groups,omitempty"`
-	Connected      bool     `json:"connected"`
-	DefaultCwd     string   `json:"default_cwd,omitempty"`
-	HostKeyType    string   `json:"host_key_type"`
+	Name        string   `json:"name"`
+	Addr        string   `json:"addr"`
+	Account     string   `json:"account"`
+	HostKey     string   `json:"host_key_fingerprint"`
+	Groups      []string `json:"groups,omitempty"`
+	Connected   bool     `json:"connected"`
+	DefaultCwd  string   `json:"default_cwd,omitempty"`
+	HostKeyType string   `json:"host_key_type"`
 }
 
 // HostsResult is the output of hosts_list.
