@@ -1,0 +1,100 @@
+// Command postern is the Postern bastion and its operator CLI: `serve` runs the MCP server,
+// `up` runs a bastion and a local hostagent on a fresh machine, `mcp` bridges stdio MCP
+// clients to the running daemon, and the rest read the journal and the hosts through the
+// daemon's operator socket.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/postern-dev/postern/hostagent/shim"
+)
+
+// errUsage marks errors caused by how the command was invoked (exit status 2).
+var errUsage = errors.New("usage error")
+
+const mainUsage = `usage: postern COMMAND [flags]
+
+commands:
+  up          start a bastion and a local hostagent with generated keys (quick start)
+  serve       run the bastion (MCP over HTTP and a unix socket, operator API)
+  mcp         stdio MCP server for clients that launch one (bridges to the running bastion)
+  executions  list and show executions from the journal
+  markers     list and show the markers on a host (asks its hostagent)
+  hosts       list and enroll hosts
+  audit       export and verify the journal's hash-chained event log
+  token       make a bearer token for an actor and print its config hash
+
+Run 'postern COMMAND -h' for a command's flags.
+`
+
+func main() {
+	if len(os.Args) > 1 && os.Args[1] == "shim" {
+		// `postern up` runs a hostagent in this process, whose executor re-executes this
+		// binary to supervise each command (not for people).
+		os.Exit(shim.Main(os.Args[2:]))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(exitCode(err, os.Stderr))
+}
+
+// run dispatches to a subcommand.
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, mainUsage)
+		return errUsage
+	}
+	cmd, rest := args[0], args[1:]
+	switch cmd {
+	case "serve":
+		return serveCommand(ctx, rest, stdout, stderr)
+	case "up":
+		return upCommand(ctx, rest, stdout, stderr)
+	case "mcp":
+		return mcpCommand(ctx, rest, stdin, stdout, stderr)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, mainUsage)
+		return nil
+	}
+	if op, ok := operatorCommands[cmd]; ok {
+		return op(ctx, rest, stdin, stdout, stderr)
+	}
+	fmt.Fprintf(stderr, "postern: unknown command %q\n\n%s", cmd, mainUsage)
+	return errUsage
+}
+
+// operatorCommands are the read and enrollment commands (operator.go and friends).
+var operatorCommands = map[string]func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error{}
+
+func exitCode(err error, stderr io.Writer) int {
+	switch {
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
+	case errors.Is(err, errUsage):
+		return 2
+	default:
+		fmt.Fprintf(stderr, "postern: %v\n", err)
+		return 1
+	}
+}
+
+// parseFlags parses args, turning flag errors into errUsage (the flag package has already
+// printed the message and usage). Positional arguments are left in fs.Args().
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		return fmt.Errorf("%w: %w", errUsage, err)
+	}
+	return nil
+}

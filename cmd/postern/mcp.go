@@ -1,0 +1,35 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"path/filepath"
+
+	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/transport"
+)
+
+// mcpCommand is the stdio MCP server that clients such as Claude Desktop and Claude Code
+// launch: it forwards every message to the running bastion's unix socket, where the kernel
+// names the caller (this bridge's parent is the agent). The journal has one owner, the
+// daemon; the bridge holds no state.
+func mcpCommand(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	socket := fs.String("socket", "", "the bastion's MCP socket (default <state-dir>/mcp.sock)")
+	stateDir := fs.String("state-dir", defaultStateDir(), "the bastion's state dir")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: postern mcp [--socket PATH | --state-dir DIR]\n\nSpeaks MCP on stdin/stdout; a running `postern serve` or `postern up` does the work.\n\n")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	path := *socket
+	if path == "" {
+		path = bastion.DefaultConfig(filepath.Clean(*stateDir)).SocketPath()
+	}
+	return transport.Bridge(ctx, path, bastion.MCPPath, stdin, stdout)
+}

@@ -1,0 +1,90 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+
+	"github.com/postern-dev/postern/bastion"
+)
+
+// defaultConfigPath is where `postern serve` looks for its configuration.
+const defaultConfigPath = "/etc/postern/postern.toml"
+
+// defaultStateDir is the per-user state dir of `postern up` and of the operator commands:
+// $XDG_STATE_HOME/postern, else ~/.local/state/postern.
+func defaultStateDir() string {
+	if d := os.Getenv("XDG_STATE_HOME"); filepath.IsAbs(d) {
+		return filepath.Join(d, "postern")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "state", "postern")
+	}
+	return "/var/lib/postern"
+}
+
+func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	configPath := fs.String("config", defaultConfigPath, "config file (TOML)")
+	stateDir := fs.String("state-dir", "", "state dir, overrides state_dir")
+	listen := fs.String("listen", "", "Streamable HTTP address, overrides listen (\"off\" disables HTTP)")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: postern serve [--config FILE] [--state-dir DIR] [--listen ADDR]\n\n")
+		fs.PrintDefaults()
+	}
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	cfg, err := loadConfig(*configPath, *stateDir)
+	if err != nil {
+		return err
+	}
+	switch *listen {
+	case "":
+	case "off":
+		cfg.Listen = ""
+	default:
+		cfg.Listen = *listen
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	b, err := bastion.Open(bastion.Options{Config: cfg, Logger: logger})
+	if err != nil {
+		return err
+	}
+	defer b.Close()
+	if err := b.Recover(ctx); err != nil {
+		return err
+	}
+	return b.Serve(ctx, func(ep bastion.Endpoints) {
+		fmt.Fprintf(stdout, "postern: serving MCP at %s and %s (operator socket %s)\n", orNone(ep.URL), ep.Socket, ep.OperatorSocket)
+	})
+}
+
+// loadConfig reads the config file; with none at the default path and a state dir given,
+// the defaults apply.
+func loadConfig(path, stateDir string) (bastion.Config, error) {
+	cfg, err := bastion.LoadConfig(path)
+	if errors.Is(err, os.ErrNotExist) && path == defaultConfigPath && stateDir != "" {
+		cfg, err = bastion.DefaultConfig(stateDir), nil
+	}
+	if err != nil {
+		return bastion.Config{}, err
+	}
+	if stateDir != "" {
+		cfg.StateDir = stateDir
+	}
+	return cfg, cfg.Validate()
+}
+
+func orNone(s string) string {
+	if s == "" {
+		return "(HTTP disabled)"
+	}
+	return s
+}
