@@ -1,0 +1,222 @@
+package testutil
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/transport"
+)
+
+// Bastion is a `postern serve` process for tests, with two actors ("agent" and "other")
+// whose tokens it knows, and the SSH client key of the hostagents it enrolls.
+type Bastion struct {
+	Dir, ConfigPath, Addr string
+	// URL is the Streamable HTTP MCP endpoint; Socket the local one.
+	URL, Socket, OperatorSocket string
+	// Tokens are the bearer tokens by actor name.
+	Tokens map[string]string
+	// ClientKey is the bastion's SSH key (hostagents from NewHostagent authorize it).
+	ClientKey SSHKey
+
+	mu   sync.Mutex // guards cmd and logs
+	cmd  *exec.Cmd
+	logs bytes.Buffer
+}
+
+// NewBastion prepares a bastion (config, state dir, client key) without starting it. It
+// authenticates to hostagents with key, the ClientKey of the hostagents it will enroll.
+// extraConfig lines are appended to the TOML config.
+func NewBastion(t testing.TB, key SSHKey, extraConfig ...string) *Bastion {
+	t.Helper()
+	dir := t.TempDir()
+	b := &Bastion{
+		Dir: dir, ConfigPath: filepath.Join(dir, "postern.toml"), Addr: FreeAddr(t),
+		Tokens: map[string]string{}, ClientKey: key,
+	}
+	stateDir := filepath.Join(dir, "state")
+	if err := os.MkdirAll(stateDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	key.WritePrivateKey(t, filepath.Join(stateDir, "bastion_ed25519"))
+	var cfg strings.Builder
+	fmt.Fprintf(&cfg, "state_dir = %q\nlisten = %q\nreconcile_interval = \"1s\"\n", stateDir, b.Addr)
+	for _, name := range []string{"agent", "other"} {
+		tok, err := transport.NewToken()
+		if err != nil {
+			t.Fatal(err)
+		}
+		b.Tokens[name] = tok
+		fmt.Fprintf(&cfg, "[[actors]]\nname = %q\ntoken_sha256 = %q\n", name, transport.HashToken(tok))
+	}
+	cfg.WriteString(strings.Join(extraConfig, "\n") + "\n")
+	if err := os.WriteFile(b.ConfigPath, []byte(cfg.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	c := bastion.DefaultConfig(stateDir)
+	b.URL = "http://" + b.Addr + bastion.MCPPath
+	b.Socket, b.OperatorSocket = c.SocketPath(), c.OperatorSocketPath()
+	t.Cleanup(func() { b.Kill(t) })
+	return b
+}
+
+// StateDir is the bastion's state dir.
+func (b *Bastion) StateDir() string { return filepath.Join(b.Dir, "state") }
+
+// Enroll records h in the bastion's inventory under name, with the key h presents.
+func (b *Bastion) Enroll(t testing.TB, name string, h *Hostagent) {
+	t.Helper()
+	b.EnrollAt(t, name, h.Addr, h)
+}
+
+// EnrollAt enrolls h under name but reached at addr (a fault proxy in front of it).
+func (b *Bastion) EnrollAt(t testing.TB, name, addr string, h *Hostagent) {
+	t.Helper()
+	inv := bastion.DefaultConfig(b.StateDir()).InventoryPath()
+	if err := bastion.Enroll(inv, bastion.Host{Name: name, Addr: addr, Account: h.Account, HostKey: h.HostKey}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// Start runs `postern serve` (again) and waits until it serves.
+func (b *Bastion) Start(t testing.TB) {
+	t.Helper()
+	bin := Binary(t, "postern")
+	cmd := exec.Command(bin, "serve", "--config", b.ConfigPath)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = &lockedWriter{mu: &b.mu, w: &b.logs}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "postern: serving") {
+		cmd.Process.Kill()
+		cmd.Wait()
+		t.Fatalf("bastion did not start: %q %v\n%s", line, err, b.Logs())
+	}
+	go func() { // keep the pipe drained
+		buf := make([]byte, 4096)
+		for {
+			if _, err := stdout.Read(buf); err != nil {
+				return
+			}
+		}
+	}()
+	b.mu.Lock()
+	b.cmd = cmd
+	b.mu.Unlock()
+}
+
+// Kill SIGKILLs the bastion.
+func (b *Bastion) Kill(t testing.TB) {
+	t.Helper()
+	b.mu.Lock()
+	cmd := b.cmd
+	b.cmd = nil
+	b.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGKILL)
+	cmd.Wait()
+}
+
+// Logs is what the bastion wrote to stderr.
+func (b *Bastion) Logs() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.logs.String()
+}
+
+// bearer adds a bearer token (and optional extra headers) to every request.
+type bearer struct {
+	token  string
+	header http.Header
+	next   http.RoundTripper
+}
+
+func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context())
+	r.Header.Set("Authorization", "Bearer "+b.token)
+	for k, v := range b.header {
+		r.Header[k] = v
+	}
+	return b.next.RoundTrip(r)
+}
+
+// HTTPClient returns an HTTP client that authenticates as actor, adding header to every
+// request, over rt (nil: a fresh transport).
+func (b *Bastion) HTTPClient(actor string, header http.Header, rt http.RoundTripper) *http.Client {
+	if rt == nil {
+		rt = &http.Transport{}
+	}
+	return &http.Client{Transport: bearer{token: b.Tokens[actor], header: header, next: rt}}
+}
+
+// Connect opens an MCP client session (the go-sdk client, Streamable HTTP) as actor.
+func (b *Bastion) Connect(t testing.TB, actor string, header http.Header) *mcp.ClientSession {
+	t.Helper()
+	return ConnectMCP(t, b.URL, b.HTTPClient(actor, header, nil), nil)
+}
+
+// ConnectMCP opens a go-sdk client session to url over hc.
+func ConnectMCP(t testing.TB, url string, hc *http.Client, opts *mcp.ClientOptions) *mcp.ClientSession {
+	t.Helper()
+	client := mcp.NewClient(&mcp.Implementation{Name: "postern-test", Version: "0"}, opts)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: url, HTTPClient: hc, MaxRetries: -1}, nil)
+	if err != nil {
+		t.Fatalf("connect MCP %s: %v", url, err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
+}
+
+// CallTool calls a tool and decodes its structured result into out (if the call
+// succeeded). It returns the raw result and the call error.
+func CallTool(ctx context.Context, cs *mcp.ClientSession, name string, args any, out any) (*mcp.CallToolResult, error) {
+	res, err := cs.CallTool(ctx, &mcp.CallToolParams{Name: name, Arguments: args})
+	if err != nil {
+		return nil, err
+	}
+	if out != nil && res.StructuredContent != nil {
+		raw, err := json.Marshal(res.StructuredContent)
+		if err != nil {
+			return res, err
+		}
+		if err := json.Unmarshal(raw, out); err != nil {
+			return res, err
+		}
+	}
+	return res, nil
+}
+
+// ResultText joins a tool result's text content.
+func ResultText(res *mcp.CallToolResult) string {
+	var parts []string
+	for _, c := range res.Content {
+		if tc, ok := c.(*mcp.TextContent); ok {
+			parts = append(parts, tc.Text)
+		}
+	}
+	return strings.Join(parts, "\n")
+}
