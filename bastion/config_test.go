@@ -1,0 +1,118 @@
+package bastion
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/postern-dev/postern/bastion/transport"
+)
+
+func TestParseConfig(t *testing.T) {
+	hash := strings.Repeat("ab", 32)
+	tests := []struct {
+		name    string
+		toml    string
+		wantErr string
+	}{
+		{name: "minimal", toml: `state_dir = "/var/lib/postern"`},
+		{name: "full", toml: `state_dir = "/var/lib/postern"
+listen = "127.0.0.1:7410"
+default_wait = "10s"
+[[actors]]
+name = "deploy-bot"
+token_sha256 = "` + hash + `"
+[[classes]]
+name = "read_only"
+attach_window = "1m"
+[[rules]]
+class = "read_only"
+commands = ["df *"]`},
+		{name: "unknown key", toml: "state_dir = \"/x\"\nlisten_addr = \"x\"", wantErr: "unknown key"},
+		{name: "duration as number", toml: "state_dir = \"/x\"\ndefault_wait = 30", wantErr: "duration string"},
+		{name: "relative state dir", toml: `state_dir = "state"`, wantErr: "absolute"},
+		{name: "public listen without TLS", toml: "state_dir = \"/x\"\nlisten = \"0.0.0.0:7410\"", wantErr: "not a loopback"},
+		{name: "plain token in config", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"pst_secret\"", wantErr: "64 hex"},
+		{name: "duplicate actor", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"" + hash + "\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"" + hash + "\"", wantErr: "duplicate"},
+		{name: "rule with unknown class", toml: "state_dir = \"/x\"\n[[rules]]\nclass = \"yolo\"", wantErr: "unknown class"},
+		{name: "window longer than retention", toml: "state_dir = \"/x\"\n[[classes]]\nname = \"c\"\nattach_window = \"48h\"\nretention = \"1h\"", wantErr: "longer than retention"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := ParseConfig(strings.NewReader(tt.toml))
+			if err == nil {
+				err = cfg.Validate()
+			}
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("error = %v; want one containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestValidateExecArgs(t *testing.T) {
+	b := &Bastion{cfg: DefaultConfig("/x")}
+	b.cfg.MaxCommandBytes = 32
+	wait := func(n int) *int { return &n }
+	tests := []struct {
+		name    string
+		args    ExecArgs
+		wantErr string
+	}{
+		{name: "ok", args: ExecArgs{Host: "h", Command: "true", Cwd: "/srv", Env: map[string]string{"RAILS_ENV": "x"}, TimeoutS: 5, WaitS: wait(0)}},
+		{name: "no host", args: ExecArgs{Command: "true"}, wantErr: "host is required"},
+		{name: "blank command", args: ExecArgs{Host: "h", Command: "  "}, wantErr: "command is required"},
+		{name: "oversized command", args: ExecArgs{Host: "h", Command: strings.Repeat("x", 33)}, wantErr: "limit is 32"},
+		{name: "NUL in command", args: ExecArgs{Host: "h", Command: "a\x00b"}, wantErr: "NUL"},
+		{name: "invalid UTF-8", args: ExecArgs{Host: "h", Command: "a\xffb"}, wantErr: "UTF-8"},
+		{name: "relative cwd", args: ExecArgs{Host: "h", Command: "true", Cwd: "srv"}, wantErr: "cwd"},
+		{name: "unclean cwd", args: ExecArgs{Host: "h", Command: "true", Cwd: "/srv/../etc"}, wantErr: "cwd"},
+		{name: "env name", args: ExecArgs{Host: "h", Command: "true", Env: map[string]string{"A=B": "x"}}, wantErr: "variable name"},
+		{name: "reserved env", args: ExecArgs{Host: "h", Command: "true", Env: map[string]string{"POSTERN_EXECUTION_ID": "ex_x"}}, wantErr: "set by the bastion"},
+		{name: "negative timeout", args: ExecArgs{Host: "h", Command: "true", TimeoutS: -1}, wantErr: "timeout_s"},
+		{name: "wait too long", args: ExecArgs{Host: "h", Command: "true", WaitS: wait(3600)}, wantErr: "wait_s"},
+		{name: "run id with newline", args: ExecArgs{Host: "h", Command: "true", RunID: "a\nb"}, wantErr: "run_id"},
+		{name: "idempotency key control char", args: ExecArgs{Host: "h", Command: "true", IdempotencyKey: "k\x01"}, wantErr: "idempotency_key"},
+		{name: "operation key with space", args: ExecArgs{Host: "h", Command: "true", OperationKey: "a b"}, wantErr: "operation_key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := b.validate(&tt.args)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("error = %v; want one containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// FuzzExecArgs checks that whatever validate accepts can be fingerprinted, and that the
+// fingerprint does not depend on map order or on fields outside the intent.
+func FuzzExecArgs(f *testing.F) {
+	f.Add("h", "true", "/srv", "LANG", "C", 5, "run-1", "key")
+	f.Add("h", "migrate up; echo \"ok\"", "", "", "", 0, "", "")
+	f.Fuzz(func(t *testing.T, host, command, cwd, envName, envValue string, timeout int, runID, idemKey string) {
+		b := &Bastion{cfg: DefaultConfig("/x"), fp: &Fingerprinter{key: make([]byte, 32)}}
+		a := ExecArgs{Host: host, Command: command, Cwd: cwd, TimeoutS: timeout, RunID: runID, IdempotencyKey: idemKey}
+		if envName != "" {
+			a.Env = map[string]string{envName: envValue}
+		}
+		if b.validate(&a) != nil {
+			return
+		}
+		rec := ActionRecord{Actor: "token:a", Tool: "ssh_exec", Channel: "ssh", Target: "host:" + a.Host,
+			Command: shellCommand(a.Command), Cwd: a.Cwd, Env: a.Env, IntentScope: scope(transport.Caller{Actor: "token:a"}, a.RunID)}
+		fp1, err := b.fp.Fingerprint(rec)
+		if err != nil {
+			t.Fatalf("validated arguments cannot be fingerprinted: %v", err)
+		}
+		fp2, _ := b.fp.Fingerprint(rec)
+		if fp1 != fp2 || !strings.HasPrefix(fp1, FingerprintPrefix) {
+			t.Fatalf("fingerprint not deterministic: %s vs %s", fp1, fp2)
+		}
+	})
+}
