@@ -59,8 +59,27 @@ type Pool struct {
 	conns map[string]*pooledConn
 	// dialing serializes dials per host, so concurrent callers share one connection.
 	dialing map[string]*sync.Mutex
+	// failing holds the hosts whose last dial failed: callers get that error without a new
+	// dial until the backoff passes, so an unreachable host is not hammered.
+	failing map[string]dialFailure
 	closed  bool
 }
+
+type dialFailure struct {
+	err   error
+	fails int
+	until time.Time
+}
+
+// Backoff after failed dials: 250ms, doubling, at most 30s.
+const (
+	minRedialBackoff = 250 * time.Millisecond
+	maxRedialBackoff = 30 * time.Second
+)
+
+// ErrHostUnreachable: the host could not be reached recently; the pool waits before dialing
+// it again.
+var ErrHostUnreachable = errors.New("bastion: host unreachable")
 
 type pooledConn struct {
 	client *gossh.Client
@@ -87,7 +106,7 @@ func NewPool(opts PoolOptions) (*Pool, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Pool{
 		opts: opts, log: opts.Logger.With("component", "ssh-pool"), ctx: ctx, cancel: cancel,
-		conns: map[string]*pooledConn{}, dialing: map[string]*sync.Mutex{},
+		conns: map[string]*pooledConn{}, dialing: map[string]*sync.Mutex{}, failing: map[string]dialFailure{},
 	}, nil
 }
 
@@ -114,10 +133,28 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 	if c := p.current(h); c != nil {
 		return c, nil
 	}
+	p.mu.Lock()
+	failed, backingOff := p.failing[h.Name]
+	p.mu.Unlock()
+	if backingOff && time.Now().Before(failed.until) && !errors.Is(failed.err, ErrHostKeyMismatch) {
+		return nil, fmt.Errorf("%w: %s: %v (next dial in %s)", ErrHostUnreachable, h.Name, failed.err, time.Until(failed.until).Round(time.Millisecond))
+	}
 	client, err := p.dial(ctx, h)
 	if err != nil {
+		if ctx.Err() == nil {
+			p.mu.Lock()
+			f := p.failing[h.Name]
+			f.fails++
+			f.err = err
+			f.until = time.Now().Add(min(minRedialBackoff<<min(f.fails-1, 10), maxRedialBackoff))
+			p.failing[h.Name] = f
+			p.mu.Unlock()
+		}
 		return nil, err
 	}
+	p.mu.Lock()
+	delete(p.failing, h.Name)
+	p.mu.Unlock()
 	pc := &pooledConn{client: client, key: h.HostKey}
 	p.mu.Lock()
 	if p.closed {

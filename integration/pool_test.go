@@ -100,3 +100,22 @@ func TestPoolDropsASilentConnection(t *testing.T) {
 		t.Fatalf("exec on the new connection = %+v", got)
 	}
 }
+
+func TestPoolBacksOffAnUnreachableHost(t *testing.T) {
+	h := testutil.StartHostagent(t)
+	p := newPool(t, h)
+	host := hostOf(h)
+	h.Kill(t)
+	ctx := context.Background()
+	if _, err := p.Conn(ctx, host); err == nil || errors.Is(err, bastion.ErrHostUnreachable) {
+		t.Fatalf("first Conn to a stopped agent = %v; want a dial error", err)
+	}
+	if _, err := p.Conn(ctx, host); !errors.Is(err, bastion.ErrHostUnreachable) {
+		t.Fatalf("Conn right after a failed dial = %v; want ErrHostUnreachable without a dial", err)
+	}
+	h.Start(t)
+	testutil.WaitFor(t, "a connection once the backoff passed", func() bool {
+		_, err := p.Conn(ctx, host)
+		return err == nil
+	})
+}
