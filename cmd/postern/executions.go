@@ -1,0 +1,303 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/markers"
+)
+
+func init() {
+	operatorCommands["executions"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+		c := &executionsCommand{operatorIO{stdin, stdout, stderr}}
+		return c.Run(ctx, args)
+	}
+}
+
+// executionsCommand reads the journal through the daemon: the executions, newest first, and
+// one execution's story.
+type executionsCommand struct{ operatorIO }
+
+const executionsUsage = `usage: postern executions SUBCOMMAND [flags]
+
+subcommands:
+  list [--state S] [--actor A] [--host H] [--since RFC3339] [--limit N] [--cursor C] [--json]
+                 executions, newest first
+  show ID [--json]
+                 one execution: its record, the sequence of its events, its stored output
+
+common flags: --state-dir DIR, --config FILE (where the bastion is)
+`
+
+func (c *executionsCommand) Run(ctx context.Context, args []string) error {
+	return dispatch(ctx, "executions", executionsUsage, subcommands{"list": c.list, "show": c.show}, args, c.stdout, c.stderr)
+}
+
+// maxPageLimit is the most records the operator API returns per request.
+const maxPageLimit = 1000
+
+func (c *executionsCommand) list(ctx context.Context, args []string) error {
+	fs := newFlagSet("executions list", "executions list [flags]", c.stderr)
+	var loc locator
+	loc.register(fs)
+	state := fs.String("state", "", "only executions in this state ("+statesOf(markers.Journal)+")")
+	actor := fs.String("actor", "", "only this actor's executions")
+	host := fs.String("host", "", "only executions on this host")
+	since := fs.String("since", "", "only executions accepted at or after this time (RFC 3339)")
+	limit := fs.Int("limit", 50, "at most this many executions")
+	cursor := fs.String("cursor", "", "continue from where a previous list stopped")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
+		return err
+	}
+	if *state != "" && !markers.Journal.Has(markers.State(*state)) {
+		return fmt.Errorf("%w: unknown state %q (want one of %s)", errUsage, *state, statesOf(markers.Journal))
+	}
+	if *since != "" {
+		if _, err := time.Parse(time.RFC3339, *since); err != nil {
+			return fmt.Errorf("%w: --since: want an RFC 3339 time such as 2026-01-02T15:04:05Z: %v", errUsage, err)
+		}
+	}
+	if *limit < 1 {
+		return fmt.Errorf("%w: --limit must be at least 1", errUsage)
+	}
+	cfg, err := loc.config()
+	if err != nil {
+		return err
+	}
+	op := newOperatorClient(cfg.OperatorSocketPath())
+	q := url.Values{}
+	for k, v := range map[string]string{"state": *state, "actor": *actor, "host": *host, "since": *since} {
+		if v != "" {
+			q.Set(k, v)
+		}
+	}
+	// The API filters by host after it reads a page, so a page may come back short: read on
+	// until the limit is reached or the journal ends. Each request asks for no more than is
+	// left, so the cursor stays exact.
+	out := bastion.ExecutionPage{Executions: []*markers.Record{}, Next: *cursor}
+	for {
+		q.Set("limit", strconv.Itoa(min(*limit-len(out.Executions), maxPageLimit)))
+		if out.Next != "" {
+			q.Set("cursor", out.Next)
+		}
+		var page bastion.ExecutionPage
+		if err := op.getJSON(ctx, "/v1/executions", q, &page); err != nil {
+			return err
+		}
+		out.Executions = append(out.Executions, page.Executions...)
+		out.Next = page.Next
+		if out.Next == "" || len(out.Executions) >= *limit {
+			break
+		}
+	}
+	if *asJSON {
+		return writeJSON(c.stdout, out)
+	}
+	rows := make([][]string, 0, len(out.Executions))
+	for _, r := range out.Executions {
+		rows = append(rows, []string{r.ID, formatTime(r.CreatedAt), stateLabel(r), printable(dash(r.Actor)),
+			printable(dash(r.Host)), outcome(r), printable(commandText(r))})
+	}
+	if err := printTable(c.stdout, tableWidth(c.stdout), []string{"ID", "ACCEPTED", "STATE", "ACTOR", "HOST", "EXIT", "COMMAND"}, rows); err != nil {
+		return err
+	}
+	if out.Next != "" {
+		fmt.Fprintf(c.stderr, "more: --cursor %s\n", out.Next)
+	}
+	return nil
+}
+
+func (c *executionsCommand) show(ctx context.Context, args []string) error {
+	fs := newFlagSet("executions show", "executions show ID [flags]", c.stderr)
+	var loc locator
+	loc.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseInterleaved(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	id := pos[0]
+	if !markers.ValidExecutionID(id) {
+		return fmt.Errorf("%w: %q is not an execution id (ex_ and a 26-character ULID)", errUsage, id)
+	}
+	cfg, err := loc.config()
+	if err != nil {
+		return err
+	}
+	var detail bastion.ExecutionDetail
+	if err := newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/executions/"+url.PathEscape(id), nil, &detail); err != nil {
+		return err
+	}
+	if detail.Record == nil {
+		return fmt.Errorf("operator API: execution %s came back without its record", id)
+	}
+	if *asJSON {
+		return writeJSON(c.stdout, detail)
+	}
+	return writeExecution(c.stdout, &detail)
+}
+
+// writeExecution prints the record's fields, the sequence of its events and its stored
+// output.
+func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
+	r := d.Record
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", k, printable(v))
+		}
+	}
+	row("execution", r.ID)
+	row("state", stateLabel(r))
+	if markers.Journal.Terminal(r.State) || r.State == markers.Unknown {
+		row("outcome", outcomeText(r))
+	}
+	row("actor", r.Actor)
+	row("tool", r.Tool)
+	row("host", r.Host)
+	row("target", r.Target)
+	row("account", r.Account)
+	row("command", commandText(r))
+	row("cwd", r.Cwd)
+	if r.TimeoutSeconds > 0 {
+		row("timeout", (time.Duration(r.TimeoutSeconds) * time.Second).String())
+	}
+	row("class", r.Class)
+	row("intent scope", r.IntentScope)
+	row("fingerprint", r.Fingerprint)
+	row("idempotency key", r.IdempotencyKey)
+	row("operation key", r.OperationKey)
+	row("accepted", r.CreatedAt.Local().Format(time.RFC3339))
+	if r.ResultDeliveredAt != nil {
+		row("result delivered", r.ResultDeliveredAt.Local().Format(time.RFC3339))
+	}
+	if o := r.Output; o.StdoutBytes > 0 || o.StderrBytes > 0 || o.StdoutSHA256 != "" {
+		row("stdout", fmt.Sprintf("%d bytes  sha256 %s", o.StdoutBytes, dash(o.StdoutSHA256)))
+		row("stderr", fmt.Sprintf("%d bytes  sha256 %s", o.StderrBytes, dash(o.StderrSHA256)))
+		if o.Truncated {
+			row("output", "truncated at the host's output cap")
+		}
+	}
+	for i, e := range r.Evidence {
+		k := ""
+		if i == 0 {
+			k = "evidence"
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", k, printable(e))
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+
+	fmt.Fprintf(w, "\nevents (%d)\n", len(d.Events))
+	rows := make([][]string, 0, len(d.Events))
+	for _, ev := range d.Events {
+		rows = append(rows, []string{"  " + strconv.FormatUint(ev.Seq, 10), formatEventTime(ev.At), eventStep(ev), printable(ev.Note)})
+	}
+	if err := printTable(w, 0, []string{"  SEQ", "TIME", "STEP", "NOTE"}, rows); err != nil {
+		return err
+	}
+
+	if d.Output == nil {
+		_, err := fmt.Fprintln(w, "\nno stored output")
+		return err
+	}
+	writeStream(w, "stdout", d.Output.Stdout, d.Output.StdoutOffset, r.Output.StdoutBytes)
+	writeStream(w, "stderr", d.Output.Stderr, d.Output.StderrOffset, r.Output.StderrBytes)
+	return nil
+}
+
+// writeStream prints one stored output tail under a heading that says which bytes it is.
+func writeStream(w io.Writer, name, data string, offset, total int64) {
+	switch {
+	case data == "":
+		fmt.Fprintf(w, "\n%s: empty\n", name)
+		return
+	case offset > 0:
+		fmt.Fprintf(w, "\n%s (bytes %d..%d of %d; earlier output is on the host):\n", name, offset, offset+int64(len(data)), max(total, offset+int64(len(data))))
+	default:
+		fmt.Fprintf(w, "\n%s:\n", name)
+	}
+	text := printableBlock(data)
+	io.WriteString(w, text)
+	if !strings.HasSuffix(text, "\n") {
+		io.WriteString(w, "\n")
+	}
+}
+
+// eventStep is the event's place in the story: "→ accepted" for the creation,
+// "accepted → authorized" for a transition, "completed (update)" for an update.
+func eventStep(ev markers.Event) string {
+	switch ev.Kind {
+	case markers.KindCreate:
+		return "→ " + string(ev.To)
+	case markers.KindUpdate:
+		return string(ev.To) + " (update)"
+	}
+	return string(ev.From) + " → " + string(ev.To)
+}
+
+// stateLabel is the journal state, with a completed execution whose result never reached
+// its caller marked as such (DESIGN.md: completed_result_not_delivered).
+func stateLabel(r *markers.Record) string {
+	if r.State == markers.Completed && r.ResultDeliveredAt == nil {
+		return "completed (not delivered)"
+	}
+	return string(r.State)
+}
+
+// outcome is the short outcome of a table row: the exit code, signal or HTTP status.
+func outcome(r *markers.Record) string {
+	switch {
+	case r.ExitCode != nil:
+		return strconv.Itoa(*r.ExitCode)
+	case r.Signal != "":
+		return "sig " + printable(r.Signal)
+	case r.HTTPStatus != 0:
+		return "HTTP " + strconv.Itoa(r.HTTPStatus)
+	}
+	return "-"
+}
+
+// outcomeText is the outcome in words, for show.
+func outcomeText(r *markers.Record) string {
+	var parts []string
+	switch {
+	case r.ExitCode != nil:
+		parts = append(parts, "exit "+strconv.Itoa(*r.ExitCode))
+	case r.Signal != "":
+		parts = append(parts, "signal "+r.Signal)
+	case r.HTTPStatus != 0:
+		parts = append(parts, "HTTP "+strconv.Itoa(r.HTTPStatus))
+	default:
+		parts = append(parts, "no exit status observed")
+	}
+	if r.IsError {
+		parts = append(parts, "is an error")
+	}
+	return strings.Join(parts, ", ")
+}
+
+// commandText is the command as the agent wrote it: ssh_exec runs its line as `sh -c LINE`.
+func commandText(r *markers.Record) string {
+	if len(r.Command) == 3 && r.Command[0] == "sh" && r.Command[1] == "-c" {
+		return r.Command[2]
+	}
+	return strings.Join(r.Command, " ")
+}
+
+func statesOf(g markers.Graph) string {
+	var names []string
+	for _, s := range g.States() {
+		names = append(names, string(s))
+	}
+	return strings.Join(names, ", ")
+}

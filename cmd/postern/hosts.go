@@ -1,0 +1,260 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/bastion"
+)
+
+func init() {
+	operatorCommands["hosts"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+		c := &hostsCommand{operatorIO{stdin, stdout, stderr}}
+		return c.Run(ctx, args)
+	}
+}
+
+// hostsCommand lists the enrolled hosts and enrolls new ones. Enrollment writes the
+// inventory file, which the daemon re-reads on its next lookup, so it needs no daemon.
+type hostsCommand struct{ operatorIO }
+
+const hostsUsage = `usage: postern hosts SUBCOMMAND [flags]
+
+subcommands:
+  list [--json]  the enrolled hosts (from the inventory file when the bastion is down)
+  enroll NAME ADDR [--account USER] [--cwd DIR] [--group G]... [--yes] [--replace]
+                 scan the host's key, show it, and record it once confirmed
+
+common flags: --state-dir DIR, --config FILE (where the bastion is)
+`
+
+func (c *hostsCommand) Run(ctx context.Context, args []string) error {
+	return dispatch(ctx, "hosts", hostsUsage, subcommands{"list": c.list, "enroll": c.enroll}, args, c.stdout, c.stderr)
+}
+
+func (c *hostsCommand) list(ctx context.Context, args []string) error {
+	fs := newFlagSet("hosts list", "hosts list [flags]", c.stderr)
+	var loc locator
+	loc.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
+		return err
+	}
+	cfg, err := loc.config()
+	if err != nil {
+		return err
+	}
+	var res bastion.HostsResult
+	live := true
+	err = newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/hosts", nil, &res)
+	if errors.Is(err, errBastionDown) {
+		fmt.Fprintf(c.stderr, "note: %v; reading the inventory %s directly (connections unknown)\n", err, cfg.InventoryPath())
+		res, err = readInventoryHosts(cfg.InventoryPath())
+		live = false
+	}
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(c.stdout, res)
+	}
+	rows := make([][]string, 0, len(res.Hosts))
+	for _, h := range res.Hosts {
+		connected := "no"
+		switch {
+		case !live:
+			connected = "-"
+		case h.Connected:
+			connected = "yes"
+		}
+		rows = append(rows, []string{printable(h.Name), printable(h.Addr), printable(h.Account),
+			printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), connected, printable(strings.Join(h.Groups, ","))})
+	}
+	return printTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "CONNECTED", "GROUPS"}, rows)
+}
+
+// readInventoryHosts reads the inventory file as the daemon would list it, without
+// connection states.
+func readInventoryHosts(path string) (bastion.HostsResult, error) {
+	inv, err := bastion.OpenInventory(path)
+	if err != nil {
+		return bastion.HostsResult{}, err
+	}
+	hosts, err := inv.Hosts()
+	if err != nil {
+		return bastion.HostsResult{}, err
+	}
+	res := bastion.HostsResult{Hosts: []bastion.HostInfo{}}
+	for _, h := range hosts {
+		res.Hosts = append(res.Hosts, bastion.HostInfo{
+			Name: h.Name, Addr: h.Addr, Account: h.Account, HostKey: gossh.FingerprintSHA256(h.HostKey),
+			HostKeyType: h.HostKey.Type(), Groups: h.Groups, DefaultCwd: h.Cwd,
+		})
+	}
+	return res, nil
+}
+
+// stringList is a repeatable flag.
+type stringList []string
+
+func (l *stringList) String() string     { return strings.Join(*l, ",") }
+func (l *stringList) Set(s string) error { *l = append(*l, s); return nil }
+
+var _ flag.Value = (*stringList)(nil)
+
+// errNotConfirmed: the operator did not confirm the host key.
+var errNotConfirmed = errors.New("not enrolled: the host key was not confirmed")
+
+// maxAnswerBytes bounds the confirmation line read from stdin.
+const maxAnswerBytes = 1 << 10
+
+func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
+	fs := newFlagSet("hosts enroll", "hosts enroll NAME ADDR [flags]", c.stderr)
+	var loc locator
+	loc.register(fs)
+	account := fs.String("account", "", "the account commands run as on the host (default the current user)")
+	cwd := fs.String("cwd", "", "the default working directory on the host (absolute; default the account's home)")
+	var groups stringList
+	fs.Var(&groups, "group", "a group the host belongs to (repeatable)")
+	yes := fs.Bool("yes", false, "record the key without asking")
+	replace := fs.Bool("replace", false, "record the key even though the host was enrolled with another one")
+	pos, err := parseInterleaved(fs, args, 2)
+	if err != nil {
+		return err
+	}
+	name, addr := pos[0], pos[1]
+	if *account == "" {
+		u, err := user.Current()
+		if err != nil {
+			return fmt.Errorf("--account: no current user: %w", err)
+		}
+		*account = u.Username
+	}
+	cfg, err := loc.config()
+	if err != nil {
+		return err
+	}
+	if err := checkOwnState(cfg.StateDir); err != nil {
+		return err
+	}
+
+	key, err := bastion.ScanHostKey(ctx, addr)
+	if err != nil {
+		return err
+	}
+	h := bastion.Host{Name: name, Addr: addr, Account: *account, HostKey: key, Cwd: *cwd, Groups: groups}
+	plan, err := bastion.PlanEnrollment(cfg.InventoryPath(), h)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "host %s at %s presents %s %s\n", printable(name), printable(addr), key.Type(), plan.Fingerprint)
+	alreadyTrusted := false
+	switch {
+	case plan.Replaces != "" && !*replace:
+		fmt.Fprintf(c.stderr, "WARNING: host %s was enrolled with key %s, but %s now presents %s.\n"+
+			"This is a different machine, a reinstalled one, or someone in the middle. Check the new key\n"+
+			"out of band (on the host: ssh-keygen -lf <its host key>.pub) before re-enrolling with --replace.\n",
+			printable(name), plan.Replaces, printable(addr), plan.Fingerprint)
+		return fmt.Errorf("refusing to replace host %s's key %s with %s (use --replace once you have checked it)", printable(name), plan.Replaces, plan.Fingerprint)
+	case plan.Replaces != "":
+		fmt.Fprintf(c.stdout, "this replaces host %s's enrolled key %s\n", printable(name), plan.Replaces)
+	default:
+		alreadyTrusted, err = keyEnrolled(cfg.InventoryPath(), name)
+		if err != nil {
+			return err
+		}
+	}
+	switch {
+	case alreadyTrusted:
+		fmt.Fprintf(c.stdout, "the key is the one already enrolled for %s\n", printable(name))
+	case !*yes:
+		ok, err := confirm(c.stdin, c.stdout, "Record this key? [y/N] ")
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return errNotConfirmed
+		}
+	}
+	if err := bastion.Enroll(cfg.InventoryPath(), h); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "enrolled host %s (%s, account %s) in %s\n", printable(name), printable(addr), printable(*account), cfg.InventoryPath())
+	return c.printBastionKey(cfg, name)
+}
+
+// keyEnrolled reports whether name is already in the inventory (PlanEnrollment has found
+// its key to be the same one).
+func keyEnrolled(inventory, name string) (bool, error) {
+	inv, err := bastion.OpenInventory(inventory)
+	if err != nil {
+		return false, err
+	}
+	_, err = inv.Host(name)
+	if errors.Is(err, bastion.ErrUnknownHost) {
+		return false, nil
+	}
+	return err == nil, err
+}
+
+// confirm asks question and reads one line: only y or yes (any case) confirms.
+func confirm(stdin io.Reader, stdout io.Writer, question string) (bool, error) {
+	fmt.Fprint(stdout, question)
+	line, err := bufio.NewReaderSize(io.LimitReader(stdin, maxAnswerBytes), 64).ReadString('\n')
+	if err != nil && !errors.Is(err, io.EOF) {
+		return false, fmt.Errorf("read the answer: %w", err)
+	}
+	switch strings.ToLower(strings.TrimSpace(line)) {
+	case "y", "yes":
+		return true, nil
+	}
+	return false, nil
+}
+
+// printBastionKey prints the line the host's hostagent must authorize: the bastion's public
+// client key. A state dir without a key gets one now, as the daemon would on its first start.
+func (c *hostsCommand) printBastionKey(cfg bastion.Config, name string) error {
+	signer, err := bastion.LoadOrCreateClientKey(cfg.ClientKeyPath())
+	if err != nil {
+		return fmt.Errorf("the host is enrolled, but the bastion's client key cannot be read: %w", err)
+	}
+	fmt.Fprintf(c.stdout, "\nOn %s, add the bastion's key to the hostagent's authorized_keys file (its authorized_keys_file setting):\n\n", printable(name))
+	_, err = c.stdout.Write(gossh.MarshalAuthorizedKey(signer.PublicKey()))
+	return err
+}
+
+// checkOwnState refuses to write into a state dir that belongs to another user: the files
+// enrollment writes (the inventory, the client key) would become unreadable to the daemon.
+func checkOwnState(dir string) error {
+	info, err := os.Stat(dir)
+	if errors.Is(err, os.ErrNotExist) {
+		return nil // created by us, for us
+	}
+	if err != nil {
+		return fmt.Errorf("state dir: %w", err)
+	}
+	st, ok := info.Sys().(*syscall.Stat_t)
+	if !ok {
+		return nil
+	}
+	if uid := os.Getuid(); int(st.Uid) != uid {
+		owner := fmt.Sprint(st.Uid)
+		if u, err := user.LookupId(owner); err == nil {
+			owner = u.Username
+		}
+		return fmt.Errorf("state dir %s belongs to %s: run this as that user (e.g. sudo -u %s postern hosts enroll ...) so the bastion can read what it writes",
+			filepath.Clean(dir), owner, owner)
+	}
+	return nil
+}

@@ -1,0 +1,214 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net/url"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/markers"
+)
+
+func init() {
+	operatorCommands["markers"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+		c := &markersCommand{operatorIO: operatorIO{stdin, stdout, stderr}}
+		return c.Run(ctx, args)
+	}
+}
+
+// markersCommand reads a host's markers: the daemon asks the host's hostagent over its
+// pooled SSH connection, so this works only while the daemon runs.
+type markersCommand struct {
+	operatorIO
+	// loc and host may be given before the subcommand (`markers --host h1 list`) or after it.
+	loc  locator
+	host string
+}
+
+const markersUsage = `usage: postern markers --host H SUBCOMMAND [flags]
+
+subcommands:
+  list [--state S] [--limit N] [--cursor C] [--json]
+                 the host's markers, newest first
+  show ID [--json]
+                 one marker on the host
+
+common flags: --host H (the host, required), --state-dir DIR, --config FILE (where the bastion is)
+`
+
+func (c *markersCommand) Run(ctx context.Context, args []string) error {
+	fs := newFlagSet("markers", "markers --host H SUBCOMMAND [flags]", c.stderr)
+	fs.Usage = func() { fmt.Fprint(fs.Output(), markersUsage) }
+	c.registerGroupFlags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	return dispatch(ctx, "markers", markersUsage, subcommands{"list": c.list, "show": c.show}, fs.Args(), c.stdout, c.stderr)
+}
+
+// registerGroupFlags registers --host and the locator on fs; a value given before the
+// subcommand is the default after it.
+func (c *markersCommand) registerGroupFlags(fs *flag.FlagSet) {
+	fs.StringVar(&c.host, "host", c.host, "the host whose markers to read (its inventory name)")
+	c.loc.register(fs)
+}
+
+// client checks the group flags and returns the operator client.
+func (c *markersCommand) client() (*operatorClient, error) {
+	if c.host == "" {
+		return nil, fmt.Errorf("%w: --host is required", errUsage)
+	}
+	cfg, err := c.loc.config()
+	if err != nil {
+		return nil, err
+	}
+	return newOperatorClient(cfg.OperatorSocketPath()), nil
+}
+
+// onDaemonDown says what to do instead when the bastion is not running.
+func (c *markersCommand) onDaemonDown(err error) error {
+	if errors.Is(err, errBastionDown) {
+		return fmt.Errorf("%w; markers are read through it (on the host itself: postern-hostagent markers)", err)
+	}
+	return err
+}
+
+func (c *markersCommand) list(ctx context.Context, args []string) error {
+	fs := newFlagSet("markers list", "markers --host H list [flags]", c.stderr)
+	c.registerGroupFlags(fs)
+	state := fs.String("state", "", "only markers in this state ("+statesOf(markers.Host)+")")
+	limit := fs.Int("limit", 50, "at most this many markers (1..1000)")
+	cursor := fs.String("cursor", "", "continue from where a previous list stopped")
+	asJSON := fs.Bool("json", false, "print JSON")
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
+		return err
+	}
+	if *state != "" && !markers.Host.Has(markers.State(*state)) {
+		return fmt.Errorf("%w: unknown state %q (want one of %s)", errUsage, *state, statesOf(markers.Host))
+	}
+	if *limit < 1 || *limit > maxPageLimit {
+		return fmt.Errorf("%w: --limit must be in 1..%d", errUsage, maxPageLimit)
+	}
+	op, err := c.client()
+	if err != nil {
+		return err
+	}
+	q := url.Values{"limit": {strconv.Itoa(*limit)}}
+	if *state != "" {
+		q.Set("state", *state)
+	}
+	if *cursor != "" {
+		q.Set("cursor", *cursor)
+	}
+	var page bastion.MarkerPage
+	if err := op.getJSON(ctx, "/v1/markers/"+url.PathEscape(c.host), q, &page); err != nil {
+		return c.onDaemonDown(err)
+	}
+	if page.Markers == nil {
+		page.Markers = []*markers.Record{}
+	}
+	if *asJSON {
+		return writeJSON(c.stdout, page)
+	}
+	rows := make([][]string, 0, len(page.Markers))
+	for _, r := range page.Markers {
+		rows = append(rows, []string{r.ID, string(r.State), printable(dash(r.Account)), formatTime(r.CreatedAt),
+			outcome(r), printable(commandText(r))})
+	}
+	if err := printTable(c.stdout, tableWidth(c.stdout), []string{"ID", "STATE", "ACCOUNT", "CREATED", "EXIT", "COMMAND"}, rows); err != nil {
+		return err
+	}
+	if page.Next != "" {
+		fmt.Fprintf(c.stderr, "more: --cursor %s\n", page.Next)
+	}
+	return nil
+}
+
+func (c *markersCommand) show(ctx context.Context, args []string) error {
+	fs := newFlagSet("markers show", "markers --host H show ID [flags]", c.stderr)
+	c.registerGroupFlags(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	pos, err := parseInterleaved(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	id := pos[0]
+	if !markers.ValidExecutionID(id) {
+		return fmt.Errorf("%w: %q is not an execution id (ex_ and a 26-character ULID)", errUsage, id)
+	}
+	op, err := c.client()
+	if err != nil {
+		return err
+	}
+	var rec markers.Record
+	if err := op.getJSON(ctx, "/v1/markers/"+url.PathEscape(c.host)+"/"+url.PathEscape(id), nil, &rec); err != nil {
+		return c.onDaemonDown(err)
+	}
+	if *asJSON {
+		return writeJSON(c.stdout, &rec)
+	}
+	return writeMarker(c.stdout, c.host, &rec)
+}
+
+// writeMarker prints a host marker: what ran, when each state was reached, the outcome and
+// how it is known.
+func writeMarker(w io.Writer, host string, r *markers.Record) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	row := func(k, v string) {
+		if v != "" {
+			fmt.Fprintf(tw, "%s\t%s\n", k, printable(v))
+		}
+	}
+	row("marker", r.ID)
+	row("host", host)
+	row("state", string(r.State))
+	row("account", r.Account)
+	row("command", commandText(r))
+	row("cwd", r.Cwd)
+	row("operation key", r.OperationKey)
+	row("fingerprint", r.Fingerprint)
+	row("created", r.CreatedAt.Local().Format(time.RFC3339))
+	for _, s := range markers.Host.States() {
+		if at, ok := r.StateTimes[s]; ok && s != r.Graph.Initial() {
+			row(string(s), at.Local().Format(time.RFC3339))
+		}
+	}
+	if r.State != markers.Started && r.State != markers.Running {
+		row("outcome", outcomeText(r))
+	}
+	if r.PID > 0 {
+		row("pid", strconv.Itoa(r.PID))
+	}
+	if o := r.Output; o.StdoutBytes > 0 || o.StderrBytes > 0 || o.StdoutSHA256 != "" {
+		row("stdout", fmt.Sprintf("%d bytes  sha256 %s", o.StdoutBytes, dash(o.StdoutSHA256)))
+		row("stderr", fmt.Sprintf("%d bytes  sha256 %s", o.StderrBytes, dash(o.StderrSHA256)))
+		if o.Truncated {
+			row("output", "truncated at the output cap")
+		}
+	}
+	if r.Validated {
+		row("validated", "yes")
+	}
+	for i, cp := range r.Checkpoints {
+		k := ""
+		if i == 0 {
+			k = "checkpoints"
+		}
+		fmt.Fprintf(tw, "%s\t%s  %s\n", k, cp.At.Local().Format(time.RFC3339), printable(cp.Note))
+	}
+	for i, e := range r.Evidence {
+		k := ""
+		if i == 0 {
+			k = "evidence"
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", k, printable(strings.TrimSpace(e)))
+	}
+	return tw.Flush()
+}

@@ -1,0 +1,374 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+	"unicode"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/bastion"
+)
+
+// The operator commands (executions, hosts, markers, audit, token) read what the daemon owns
+// through its operator socket (bastion/operator.go). The journal has one owner, so while the
+// daemon runs they never open its files; while it is down, the commands that can (hosts
+// list, audit export and verify, hosts enroll) read the files directly and say so on stderr.
+
+// errBastionDown: nothing serves the operator socket (no socket file, or nobody listening).
+var errBastionDown = errors.New("the bastion is not running")
+
+// bastionDownError names the socket that nobody serves.
+type bastionDownError struct {
+	socket string
+	absent bool // no socket file at all (never started, or cleaned up)
+}
+
+func (e *bastionDownError) Error() string {
+	if e.absent {
+		return fmt.Sprintf("%v (no socket at %s)", errBastionDown, e.socket)
+	}
+	return fmt.Sprintf("%v (nothing listening on %s)", errBastionDown, e.socket)
+}
+
+func (e *bastionDownError) Unwrap() error { return errBastionDown }
+
+// apiError is an error the operator API answered with (its OperatorError body).
+type apiError struct {
+	Status  int
+	Code    string
+	Message string
+}
+
+func (e *apiError) Error() string { return e.Message }
+
+// Bounds on what the operator API may send back: a page of records or one execution with
+// its events and output tails is far smaller; an error body is a line.
+const (
+	maxJSONResponseBytes  = 64 << 20
+	maxErrorResponseBytes = 64 << 10
+)
+
+// operatorTimeout bounds one JSON request; the bastion itself gives a host 30s to answer a
+// markers query.
+const operatorTimeout = time.Minute
+
+// operatorClient speaks HTTP to the daemon's operator socket.
+type operatorClient struct {
+	socket string
+	hc     *http.Client
+}
+
+func newOperatorClient(socket string) *operatorClient {
+	c := &operatorClient{socket: socket}
+	c.hc = &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			conn, err := d.DialContext(ctx, "unix", socket)
+			switch {
+			case err == nil:
+				return conn, nil
+			case errors.Is(err, fs.ErrNotExist):
+				return nil, &bastionDownError{socket: socket, absent: true}
+			case errors.Is(err, syscall.ECONNREFUSED):
+				return nil, &bastionDownError{socket: socket}
+			case errors.Is(err, fs.ErrPermission):
+				return nil, fmt.Errorf("operator socket %s: permission denied (it admits only the bastion's user and root)", socket)
+			}
+			return nil, fmt.Errorf("operator socket %s: %w", socket, err)
+		},
+		DisableKeepAlives: true,
+	}}
+	return c
+}
+
+// do sends GET path?query and returns the response when it is 200 OK; any other status is
+// decoded into an *apiError.
+func (c *operatorClient) do(ctx context.Context, path string, query url.Values) (*http.Response, error) {
+	u := "http://postern" + path
+	if len(query) > 0 {
+		u += "?" + query.Encode()
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := c.hc.Do(req)
+	if err != nil {
+		// The dialer's errors say everything; the URL wrapper would only add noise.
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		return nil, err
+	}
+	if resp.StatusCode == http.StatusOK {
+		return resp, nil
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorResponseBytes))
+	var oe bastion.OperatorError
+	if json.Unmarshal(body, &oe) == nil && oe.Error != "" {
+		return nil, &apiError{Status: resp.StatusCode, Code: oe.Code, Message: oe.Error}
+	}
+	return nil, &apiError{Status: resp.StatusCode, Message: fmt.Sprintf("operator API %s: %s: %s",
+		path, resp.Status, printable(truncate(strings.TrimSpace(string(body)), 200)))}
+}
+
+// getJSON decodes the JSON answer to GET path?query into out.
+func (c *operatorClient) getJSON(ctx context.Context, path string, query url.Values, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, operatorTimeout)
+	defer cancel()
+	resp, err := c.do(ctx, path, query)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxJSONResponseBytes)).Decode(out); err != nil {
+		return fmt.Errorf("operator API %s: decode answer: %w", path, err)
+	}
+	return nil
+}
+
+// locator finds the bastion: its config file, or its state dir with the default layout.
+type locator struct {
+	stateDir   string
+	configPath string
+}
+
+func (l *locator) register(fs *flag.FlagSet) {
+	fs.StringVar(&l.stateDir, "state-dir", l.stateDir, "the bastion's state dir (default $XDG_STATE_HOME/postern, else ~/.local/state/postern)")
+	fs.StringVar(&l.configPath, "config", l.configPath, "the bastion's config file (TOML); its paths win over the defaults")
+}
+
+// config returns the bastion's configuration: the file's when --config is given (with
+// --state-dir overriding its state_dir), else the defaults for the state dir.
+func (l *locator) config() (bastion.Config, error) {
+	var cfg bastion.Config
+	if l.configPath != "" {
+		loaded, err := bastion.LoadConfig(l.configPath)
+		if err != nil {
+			return bastion.Config{}, err
+		}
+		cfg = loaded
+	}
+	if l.stateDir != "" || l.configPath == "" {
+		dir := l.stateDir
+		if dir == "" {
+			dir = defaultStateDir()
+		}
+		abs, err := filepath.Abs(dir)
+		if err != nil {
+			return bastion.Config{}, fmt.Errorf("state dir: %w", err)
+		}
+		if l.configPath == "" {
+			cfg = bastion.DefaultConfig(abs)
+		}
+		cfg.StateDir = abs
+	}
+	return cfg, nil
+}
+
+// operatorIO is where an operator command reads and writes.
+type operatorIO struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
+}
+
+// subcommands maps a group's subcommand names to their runners.
+type subcommands map[string]func(ctx context.Context, args []string) error
+
+// dispatch runs the subcommand named by args[0] of group, printing usage for none or an
+// unknown one.
+func dispatch(ctx context.Context, group, usage string, subs subcommands, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return errUsage
+	}
+	switch args[0] {
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return nil
+	}
+	sub, ok := subs[args[0]]
+	if !ok {
+		fmt.Fprintf(stderr, "postern %s: unknown subcommand %q\n\n%s", group, args[0], usage)
+		return errUsage
+	}
+	return sub(ctx, args[1:])
+}
+
+func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: postern %s\n\nflags:\n", usage)
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseInterleaved parses flags that may come before or after the positional arguments and
+// returns exactly n positional arguments.
+func parseInterleaved(fs *flag.FlagSet, args []string, n int) ([]string, error) {
+	var positional []string
+	for {
+		if err := parseFlags(fs, args); err != nil {
+			return nil, err
+		}
+		if fs.NArg() == 0 {
+			break
+		}
+		positional = append(positional, fs.Arg(0))
+		args = fs.Args()[1:]
+	}
+	if len(positional) != n {
+		fmt.Fprintf(fs.Output(), "want %d argument(s), got %q\n", n, positional)
+		fs.Usage()
+		return nil, errUsage
+	}
+	return positional, nil
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// printTable writes header and rows in aligned columns two spaces apart. The last column is
+// cut to what is left of width (0: no limit), so a long command never wraps a row.
+func printTable(w io.Writer, width int, header []string, rows [][]string) error {
+	widths := make([]int, len(header))
+	for _, row := range append([][]string{header}, rows...) {
+		for i, cell := range row[:len(row)-1] {
+			widths[i] = max(widths[i], utf8.RuneCountInString(cell))
+		}
+	}
+	lastWidth := 0 // no limit
+	if width > 0 {
+		used := 0
+		for _, wd := range widths[:len(widths)-1] {
+			used += wd + 2
+		}
+		lastWidth = max(width-used, 20)
+	}
+	var b strings.Builder
+	for _, row := range append([][]string{header}, rows...) {
+		b.Reset()
+		for i, cell := range row {
+			if i == len(row)-1 {
+				if lastWidth > 0 {
+					cell = truncate(cell, lastWidth)
+				}
+				b.WriteString(cell)
+				break
+			}
+			b.WriteString(cell)
+			b.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(cell)+2))
+		}
+		b.WriteByte('\n')
+		if _, err := io.WriteString(w, b.String()); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// defaultTableWidth is the width tables fit when the output is not a terminal and
+// $COLUMNS is unset.
+const defaultTableWidth = 120
+
+// tableWidth is the terminal's width when w is one, else $COLUMNS, else defaultTableWidth.
+func tableWidth(w io.Writer) int {
+	if f, ok := w.(*os.File); ok {
+		if ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ); err == nil && ws.Col > 0 {
+			return int(ws.Col)
+		}
+	}
+	if n, err := strconv.Atoi(os.Getenv("COLUMNS")); err == nil && n > 0 {
+		return n
+	}
+	return defaultTableWidth
+}
+
+// truncate cuts s to at most n runes, marking the cut with an ellipsis.
+func truncate(s string, n int) string {
+	if utf8.RuneCountInString(s) <= n {
+		return s
+	}
+	runes := []rune(s)
+	return string(runes[:max(n-1, 0)]) + "…"
+}
+
+// printable escapes control characters and invalid UTF-8 in s: commands, notes and names
+// come from agents and hosts, and must not drive the operator's terminal.
+func printable(s string) string { return escapeControls(s, false) }
+
+// printableBlock is printable for multi-line text (command output): newlines and tabs stay.
+func printableBlock(s string) string { return escapeControls(s, true) }
+
+func escapeControls(s string, keepLayout bool) string {
+	clean := true
+	for _, r := range s {
+		if r == utf8.RuneError || (unicode.IsControl(r) && !(keepLayout && (r == '\n' || r == '\t'))) {
+			clean = false
+			break
+		}
+	}
+	if clean {
+		return s
+	}
+	var b strings.Builder
+	for i := 0; i < len(s); {
+		r, size := utf8.DecodeRuneInString(s[i:])
+		switch {
+		case r == utf8.RuneError && size <= 1:
+			fmt.Fprintf(&b, `\x%02x`, s[i])
+		case keepLayout && (r == '\n' || r == '\t'):
+			b.WriteRune(r)
+		case unicode.IsControl(r):
+			q := strconv.QuoteRune(r)
+			b.WriteString(q[1 : len(q)-1])
+		default:
+			b.WriteRune(r)
+		}
+		i += size
+	}
+	return b.String()
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// formatTime is how tables show a time: local, to the second.
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return t.Local().Format(time.DateTime)
+}
+
+// formatEventTime shows the milliseconds too: a story's steps are often in the same second.
+func formatEventTime(t time.Time) string {
+	return t.Local().Format("2006-01-02 15:04:05.000")
+}

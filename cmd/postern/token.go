@@ -1,0 +1,51 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"regexp"
+
+	"github.com/postern-dev/postern/bastion/transport"
+)
+
+func init() {
+	operatorCommands["token"] = tokenCommand
+}
+
+// actorNamePattern is what the bastion's config accepts as an actor name.
+var actorNamePattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$`)
+
+// tokenCommand makes a bearer token for an actor and prints it once, with the config lines
+// that let the actor in: the config holds the token's SHA-256, never the token.
+func tokenCommand(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
+	fs := newFlagSet("token", "token NAME", stderr)
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), "usage: postern token NAME\n\nMakes a bearer token for actor NAME and prints it once, with the lines to add to the bastion's config.\n")
+	}
+	pos, err := parseInterleaved(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	name := pos[0]
+	if !actorNamePattern.MatchString(name) {
+		return fmt.Errorf("%w: actor name %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", errUsage, printable(name))
+	}
+	tok, err := transport.NewToken()
+	if err != nil {
+		return err
+	}
+	_, err = fmt.Fprintf(stdout, `Bearer token for actor %[1]s (shown once: give it to the client, which sends it as
+"Authorization: Bearer <token>"):
+
+%[2]s
+
+Add the actor to the bastion's config. The config holds only the token's SHA-256; the token
+itself must not go in it:
+
+[[actors]]
+name = %[1]q
+token_sha256 = %[3]q
+`, name, tok, transport.HashToken(tok))
+	return err
+}
