@@ -162,6 +162,11 @@ func (b bearer) RoundTrip(r *http.Request) (*http.Response, error) {
 	return b.next.RoundTrip(r)
 }
 
+// BearerClient returns an HTTP client that sends token as its bearer token.
+func BearerClient(token string) *http.Client {
+	return &http.Client{Transport: bearer{token: token, next: &http.Transport{}}}
+}
+
 // HTTPClient returns an HTTP client that authenticates as actor, adding header to every
 // request, over rt (nil: a fresh transport).
 func (b *Bastion) HTTPClient(actor string, header http.Header, rt http.RoundTripper) *http.Client {
