@@ -37,7 +37,9 @@ func startFleet(t *testing.T, bastionConfig ...string) *fleet {
 	b := testutil.NewBastion(t, h.ClientKey, bastionConfig...)
 	b.Enroll(t, "h1", h)
 	b.Start(t)
-	return &fleet{bastion: b, host: h}
+	f := &fleet{bastion: b, host: h}
+	f.logOnFailure(t)
+	return f
 }
 
 // startFleetBehindProxy is startFleet with the bastion reaching "h1" through a fault proxy.
@@ -48,7 +50,18 @@ func startFleetBehindProxy(t *testing.T, bastionConfig ...string) *fleet {
 	b := testutil.NewBastion(t, h.ClientKey, bastionConfig...)
 	b.EnrollAt(t, "h1", p.Addr(), h)
 	b.Start(t)
-	return &fleet{bastion: b, host: h, proxy: p}
+	f := &fleet{bastion: b, host: h, proxy: p}
+	f.logOnFailure(t)
+	return f
+}
+
+// logOnFailure shows the bastion's and the hostagent's logs when the test fails.
+func (f *fleet) logOnFailure(t *testing.T) {
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("bastion log:\n%s\nhostagent log:\n%s", f.bastion.Logs(), f.host.Logs())
+		}
+	})
 }
 
 // session connects to the bastion over Streamable HTTP as actor, in agent run run ("" sends
