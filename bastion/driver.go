@@ -31,6 +31,9 @@ type driver struct {
 	mu      sync.Mutex // guards rec and changed
 	rec     *markers.Record
 	changed chan struct{} // closed and replaced when rec or the output changes
+	// started is the host's latest start confirmation (its marker), journaled as running
+	// after runningDelay or together with the outcome.
+	started *markers.Record
 
 	asked chan struct{} // closed once the host was asked (or dispatched to) once
 	done  chan struct{} // closed when the driver ends
@@ -230,6 +233,11 @@ func (b *Bastion) askHost(host Host, id string) (present bool, marker *markers.R
 	return true, found[0], nil
 }
 
+// runningDelay is how long a host-confirmed start waits before `running` is journaled on its
+// own: a command that ends sooner gets running and its outcome in one write (two events, one
+// fsync), as the hostagent does with its markers.
+const runningDelay = 20 * time.Millisecond
+
 // execOnce sends the execution to its host under its execution id (a new dispatch, a
 // re-dispatch, or an attach: the host decides by its marker) and returns how it ended.
 func (b *Bastion) execOnce(d *driver, host Host) (client.Result, error) {
@@ -241,6 +249,7 @@ func (b *Bastion) execOnce(d *driver, host Host) (client.Result, error) {
 	d.stdout.restart()
 	d.stderr.restart()
 	start := time.Now()
+	var running runningWriter
 	res, err := client.Run(b.ctx, conn, client.Exec{
 		ExecutionID:  rec.ID,
 		Command:      commandLine(rec),
@@ -252,28 +261,82 @@ func (b *Bastion) execOnce(d *driver, host Host) (client.Result, error) {
 		Stdout:       notifyingWriter{d.stdout, d},
 		Stderr:       notifyingWriter{d.stderr, d},
 		OnMarker: func(m client.MarkerMessage) {
-			if m.Final || m.Marker.ID != rec.ID {
-				return
+			if m.Final || m.Marker.ID != rec.ID || (m.Marker.State != markers.Started && m.Marker.State != markers.Running) {
+				return // another execution's marker (operation key taken), or a finished one: the outcome follows
 			}
 			b.metrics.dispatchLatency.Observe(time.Since(start).Seconds())
-			b.markRunning(d, m.Marker)
+			d.setStarted(m.Marker)
+			running.after(runningDelay, func() { b.markRunning(d) })
 		},
 	})
+	running.stop()
 	if err != nil && !errors.Is(err, client.ErrRefused) && !errors.Is(err, client.ErrExitMissing) {
 		b.pool.Invalidate(host.Name, conn)
 	}
 	return res, err
 }
 
-// markRunning journals that the host started the command (its marker exists and is live).
-func (b *Bastion) markRunning(d *driver, m *markers.Record) {
-	rec := d.record()
-	if m.State != markers.Started && m.State != markers.Running {
-		return // a finished marker: the outcome follows
-	}
-	if rec.State != markers.Dispatched && rec.State != markers.Unknown {
+// runningWriter runs the delayed `running` write; stop cancels it or waits for it, so it
+// never outlives the exec that scheduled it.
+type runningWriter struct {
+	mu    sync.Mutex
+	timer *time.Timer
+	done  chan struct{}
+}
+
+func (r *runningWriter) after(delay time.Duration, write func()) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.timer != nil {
 		return
 	}
+	done := make(chan struct{})
+	r.done = done
+	r.timer = time.AfterFunc(delay, func() {
+		defer close(done)
+		write()
+	})
+}
+
+func (r *runningWriter) stop() {
+	r.mu.Lock()
+	timer, done := r.timer, r.done
+	r.mu.Unlock()
+	if timer == nil {
+		return
+	}
+	if timer.Stop() {
+		close(done)
+		return
+	}
+	<-done
+}
+
+// setStarted notes the host's confirmation that the command started; markRunning or the
+// outcome's write journals it.
+func (d *driver) setStarted(m *markers.Record) {
+	d.mu.Lock()
+	d.started = m
+	d.mu.Unlock()
+}
+
+// unjournaledStart returns the host's start confirmation if the journal does not show it yet.
+func (d *driver) unjournaledStart() *markers.Record {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.started == nil || (d.rec.State != markers.Dispatched && d.rec.State != markers.Unknown) {
+		return nil
+	}
+	return d.started
+}
+
+// markRunning journals that the host started the command (its marker exists and is live).
+func (b *Bastion) markRunning(d *driver) {
+	m := d.unjournaledStart()
+	if m == nil {
+		return
+	}
+	rec := d.record()
 	next, err := b.journal.Transition(b.ctx, rec.ID, rec.State, markers.Running, "host marker "+string(m.State), func(r *markers.Record) error {
 		r.PID, r.PIDStart = m.PID, m.PIDStart
 		return nil
@@ -382,10 +445,14 @@ func (b *Bastion) finish(d *driver, to markers.State, note string, mutate func(*
 		return
 	}
 	path := []markers.State{to}
-	if rec.State == markers.Accepted && to == markers.Failed {
-		path = []markers.State{markers.Failed}
+	started := d.unjournaledStart()
+	if started != nil && to != markers.Failed {
+		path = []markers.State{markers.Running, to}
 	}
 	next, err := b.journal.AdvanceWithResult(b.ctx, rec.ID, rec.State, path, note, result, func(r *markers.Record) error {
+		if started != nil && r.PID == 0 {
+			r.PID, r.PIDStart = started.PID, started.PIDStart
+		}
 		if mutate != nil {
 			mutate(r)
 		}
@@ -413,9 +480,13 @@ func (b *Bastion) toUnknown(d *driver, note string) bool {
 	rec := d.record()
 	var next *markers.Record
 	var err error
-	if rec.State == markers.Unknown {
+	switch {
+	case rec.State == markers.Unknown:
 		next, err = b.journal.Update(b.ctx, rec.ID, note, addEvidence(note))
-	} else {
+	case d.unjournaledStart() != nil:
+		// The host had confirmed the start: the journal says so before it says unknown.
+		next, err = b.journal.Advance(b.ctx, rec.ID, rec.State, []markers.State{markers.Running, markers.Unknown}, note, addEvidence(note))
+	default:
 		next, err = b.journal.Transition(b.ctx, rec.ID, rec.State, markers.Unknown, note, addEvidence(note))
 	}
 	if err != nil {
