@@ -128,6 +128,17 @@ func (b *Bastion) drive(d *driver, asked func()) {
 	}
 	switch rec.State {
 	case markers.Accepted, markers.Authorized:
+		// Connect before the dispatch boundary: a host that cannot be reached (or presents
+		// another key) was sent nothing, so the execution provably failed.
+		ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+		_, err := b.pool.Conn(ctx, host)
+		cancel()
+		if err != nil {
+			if b.ctx.Err() == nil {
+				b.finish(d, markers.Failed, fmt.Sprintf("could not connect to %s, nothing was sent: %v", host.Name, err), nil)
+			}
+			return
+		}
 		path := []markers.State{markers.Dispatched}
 		if rec.State == markers.Accepted {
 			path = []markers.State{markers.Authorized, markers.Dispatched}
