@@ -48,7 +48,7 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 	var loc locator
 	loc.register(fs)
 	state := fs.String("state", "", "only executions in this state ("+statesOf(markers.Journal)+")")
-	actor := fs.String("actor", "", "only this actor's executions")
+	actor := fs.String("actor", "", "only this actor's executions, named as the journal names it (token:NAME, local:USER)")
 	host := fs.String("host", "", "only executions on this host")
 	since := fs.String("since", "", "only executions accepted at or after this time (RFC 3339)")
 	limit := fs.Int("limit", 50, "at most this many executions")

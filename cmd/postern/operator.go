@@ -282,8 +282,7 @@ func printTable(w io.Writer, width int, header []string, rows [][]string) error 
 			b.WriteString(cell)
 			b.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(cell)+2))
 		}
-		b.WriteByte('\n')
-		if _, err := io.WriteString(w, b.String()); err != nil {
+		if _, err := io.WriteString(w, strings.TrimRight(b.String(), " ")+"\n"); err != nil {
 			return err
 		}
 	}

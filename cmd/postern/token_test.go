@@ -1,0 +1,58 @@
+package main
+
+import (
+	"errors"
+	"regexp"
+	"strings"
+	"testing"
+
+	"github.com/postern-dev/postern/bastion/transport"
+)
+
+var printedToken = regexp.MustCompile(`(?m)^(pst_\S+)$`)
+
+func TestToken(t *testing.T) {
+	tests := []struct {
+		name    string
+		args    []string
+		wantErr error
+	}{
+		{name: "name", args: []string{"ci-bot.prod_1"}},
+		{name: "no name", args: nil, wantErr: errUsage},
+		{name: "two names", args: []string{"a", "b"}, wantErr: errUsage},
+		{name: "leading dash", args: []string{"--", "-bot"}, wantErr: errUsage},
+		{name: "space", args: []string{"a bot"}, wantErr: errUsage},
+		{name: "quote", args: []string{`a"b`}, wantErr: errUsage},
+		{name: "too long", args: []string{strings.Repeat("a", 65)}, wantErr: errUsage},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			res := runCLI(t, "", append([]string{"token"}, tt.args...)...)
+			if tt.wantErr != nil {
+				if !errors.Is(res.err, tt.wantErr) || res.stdout != "" {
+					t.Fatalf("err = %v, stdout %q; want %v and no token", res.err, res.stdout, tt.wantErr)
+				}
+				return
+			}
+			if res.err != nil {
+				t.Fatal(res.err)
+			}
+			m := printedToken.FindStringSubmatch(res.stdout)
+			if m == nil {
+				t.Fatalf("no token line in:\n%s", res.stdout)
+			}
+			snippet := "[[actors]]\nname = \"" + tt.args[0] + "\"\ntoken_sha256 = \"" + transport.HashToken(m[1]) + "\"\n"
+			if !strings.HasSuffix(res.stdout, snippet) {
+				t.Fatalf("output does not end with the config snippet %q:\n%s", snippet, res.stdout)
+			}
+			if strings.Count(res.stdout, m[1]) != 1 || !strings.Contains(res.stdout, "the token\nitself must not go in it") {
+				t.Fatalf("want the token exactly once and the warning to keep it out of the config:\n%s", res.stdout)
+			}
+		})
+	}
+	// Tokens are fresh every time.
+	a, b := runCLI(t, "", "token", "x"), runCLI(t, "", "token", "x")
+	if printedToken.FindString(a.stdout) == printedToken.FindString(b.stdout) {
+		t.Fatal("two runs printed the same token")
+	}
+}
