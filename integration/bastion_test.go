@@ -33,24 +33,47 @@ type fleet struct {
 
 func startFleet(t *testing.T, bastionConfig ...string) *fleet {
 	t.Helper()
-	h := testutil.StartHostagent(t)
-	b := testutil.NewBastion(t, h.ClientKey, bastionConfig...)
-	b.Enroll(t, "h1", h)
-	b.Start(t)
-	f := &fleet{bastion: b, host: h}
-	f.logOnFailure(t)
-	return f
+	return newFleet(t, fleetOptions{tables: bastionConfig})
 }
 
 // startFleetBehindProxy is startFleet with the bastion reaching "h1" through a fault proxy.
-func startFleetBehindProxy(t *testing.T, bastionConfig ...string) *fleet {
+func startFleetBehindProxy(t *testing.T) *fleet {
+	t.Helper()
+	return newFleet(t, fleetOptions{proxy: true})
+}
+
+type fleetOptions struct {
+	// proxy puts a fault proxy between the bastion and the hostagent.
+	proxy bool
+	// settings are top-level bastion config lines (key = value); tables are TOML tables
+	// appended after the generated ones.
+	settings, tables []string
+}
+
+func newFleet(t *testing.T, opts fleetOptions) *fleet {
 	t.Helper()
 	h := testutil.StartHostagent(t)
-	p := testutil.StartFaultProxy(t, h.Addr)
-	b := testutil.NewBastion(t, h.ClientKey, bastionConfig...)
-	b.EnrollAt(t, "h1", p.Addr(), h)
+	b := testutil.NewBastion(t, h.ClientKey, opts.tables...)
+	if len(opts.settings) > 0 {
+		// NewBastion appends its extra lines after the [[actors]] tables, where a plain key
+		// would belong to the last actor: top-level settings go first.
+		cfg, err := os.ReadFile(b.ConfigPath)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg = append([]byte(strings.Join(opts.settings, "\n")+"\n"), cfg...)
+		if err := os.WriteFile(b.ConfigPath, cfg, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	f := &fleet{bastion: b, host: h}
+	addr := h.Addr
+	if opts.proxy {
+		f.proxy = testutil.StartFaultProxy(t, h.Addr)
+		addr = f.proxy.Addr()
+	}
+	b.EnrollAt(t, "h1", addr, h)
 	b.Start(t)
-	f := &fleet{bastion: b, host: h, proxy: p}
 	f.logOnFailure(t)
 	return f
 }
