@@ -89,11 +89,9 @@ func TestChangedHostKeyIsRefused(t *testing.T) {
 
 	cmd, file := appendCommand(t, "rekeyed")
 	x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": cmd, "wait_s": 30})
-	if x.State == "running" || x.State == "dispatched" {
-		x = waitForState(t, ctx, cs, x.ExecutionID, "failed", "unknown", "completed")
-	}
-	if x.State != "failed" && x.State != "unknown" {
-		t.Fatalf("call = %+v; want failed or unknown", x)
+	// The handshake fails before anything is sent: provably no effect.
+	if x.State != "failed" || !x.IsError {
+		t.Fatalf("call = %+v; want failed", x)
 	}
 	if !strings.Contains(strings.Join(x.Evidence, "\n"), "host key") {
 		t.Errorf("evidence %q does not mention the host key", x.Evidence)
