@@ -212,7 +212,7 @@ func (c *auditCommand) verify(ctx context.Context, args []string) error {
 		return err
 	}
 	if *file != "" && *dir != "" {
-		return fmt.Errorf("%w: --file and --dir exclude each other", errUsage)
+		return usageErrorf(c.stderr, "--file and --dir exclude each other")
 	}
 	cfg, err := loc.config()
 	if err != nil {

@@ -58,15 +58,15 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 		return err
 	}
 	if *state != "" && !markers.Journal.Has(markers.State(*state)) {
-		return fmt.Errorf("%w: unknown state %q (want one of %s)", errUsage, *state, statesOf(markers.Journal))
+		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, statesOf(markers.Journal))
 	}
 	if *since != "" {
 		if _, err := time.Parse(time.RFC3339, *since); err != nil {
-			return fmt.Errorf("%w: --since: want an RFC 3339 time such as 2026-01-02T15:04:05Z: %v", errUsage, err)
+			return usageErrorf(c.stderr, "--since: want an RFC 3339 time such as 2026-01-02T15:04:05Z: %v", err)
 		}
 	}
 	if *limit < 1 {
-		return fmt.Errorf("%w: --limit must be at least 1", errUsage)
+		return usageErrorf(c.stderr, "--limit must be at least 1")
 	}
 	cfg, err := loc.config()
 	if err != nil {
@@ -126,7 +126,7 @@ func (c *executionsCommand) show(ctx context.Context, args []string) error {
 	}
 	id := pos[0]
 	if !markers.ValidExecutionID(id) {
-		return fmt.Errorf("%w: %q is not an execution id (ex_ and a 26-character ULID)", errUsage, id)
+		return usageErrorf(c.stderr, "%q is not an execution id (ex_ and a 26-character ULID)", id)
 	}
 	cfg, err := loc.config()
 	if err != nil {

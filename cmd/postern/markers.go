@@ -63,7 +63,7 @@ func (c *markersCommand) registerGroupFlags(fs *flag.FlagSet) {
 // client checks the group flags and returns the operator client.
 func (c *markersCommand) client() (*operatorClient, error) {
 	if c.host == "" {
-		return nil, fmt.Errorf("%w: --host is required", errUsage)
+		return nil, usageErrorf(c.stderr, "--host is required")
 	}
 	cfg, err := c.loc.config()
 	if err != nil {
@@ -91,10 +91,10 @@ func (c *markersCommand) list(ctx context.Context, args []string) error {
 		return err
 	}
 	if *state != "" && !markers.Host.Has(markers.State(*state)) {
-		return fmt.Errorf("%w: unknown state %q (want one of %s)", errUsage, *state, statesOf(markers.Host))
+		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, statesOf(markers.Host))
 	}
 	if *limit < 1 || *limit > maxPageLimit {
-		return fmt.Errorf("%w: --limit must be in 1..%d", errUsage, maxPageLimit)
+		return usageErrorf(c.stderr, "--limit must be in 1..%d", maxPageLimit)
 	}
 	op, err := c.client()
 	if err != nil {
@@ -141,7 +141,7 @@ func (c *markersCommand) show(ctx context.Context, args []string) error {
 	}
 	id := pos[0]
 	if !markers.ValidExecutionID(id) {
-		return fmt.Errorf("%w: %q is not an execution id (ex_ and a 26-character ULID)", errUsage, id)
+		return usageErrorf(c.stderr, "%q is not an execution id (ex_ and a 26-character ULID)", id)
 	}
 	op, err := c.client()
 	if err != nil {

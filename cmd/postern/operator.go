@@ -213,6 +213,14 @@ func dispatch(ctx context.Context, group, usage string, subs subcommands, args [
 	return sub(ctx, args[1:])
 }
 
+// usageErrorf prints what is wrong with the invocation (main prints nothing for usage
+// errors) and returns it as an errUsage.
+func usageErrorf(stderr io.Writer, format string, args ...any) error {
+	msg := fmt.Sprintf(format, args...)
+	fmt.Fprintf(stderr, "postern: %s\n", msg)
+	return fmt.Errorf("%w: %s", errUsage, msg)
+}
+
 func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet(name, flag.ContinueOnError)
 	fs.SetOutput(stderr)

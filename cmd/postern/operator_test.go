@@ -181,8 +181,8 @@ func TestOperatorCommands(t *testing.T) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
 				res := runCLI(t, "", f.at(append([]string{"executions", "list"}, tt.flags...)...)...)
-				if !errors.Is(res.err, errUsage) {
-					t.Fatalf("err = %v; want a usage error", res.err)
+				if !errors.Is(res.err, errUsage) || res.stderr == "" {
+					t.Fatalf("err = %v, stderr %q; want a usage error that says what is wrong", res.err, res.stderr)
 				}
 			})
 		}

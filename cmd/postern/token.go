@@ -29,7 +29,7 @@ func tokenCommand(_ context.Context, args []string, _ io.Reader, stdout, stderr 
 	}
 	name := pos[0]
 	if !actorNamePattern.MatchString(name) {
-		return fmt.Errorf("%w: actor name %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", errUsage, printable(name))
+		return usageErrorf(stderr, "actor name %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", printable(name))
 	}
 	tok, err := transport.NewToken()
 	if err != nil {
