@@ -134,6 +134,13 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 		return err
 	}
 	name, addr := pos[0], pos[1]
+	// Checked before the operator is asked about the key, not after.
+	if !namePattern.MatchString(name) {
+		return usageErrorf(c.stderr, "host name %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", name)
+	}
+	if *cwd != "" && (!filepath.IsAbs(*cwd) || filepath.Clean(*cwd) != *cwd) {
+		return usageErrorf(c.stderr, "--cwd %q: want an absolute, clean path", *cwd)
+	}
 	if *account == "" {
 		u, err := user.Current()
 		if err != nil {

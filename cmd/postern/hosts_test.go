@@ -131,7 +131,8 @@ func TestHostsEnroll(t *testing.T) {
 	})
 
 	t.Run("usage errors", func(t *testing.T) {
-		for _, args := range [][]string{enroll("web"), enroll("web", first.Addr, "extra"), enroll()} {
+		for _, args := range [][]string{enroll("web"), enroll("web", first.Addr, "extra"), enroll(),
+			enroll("bad name", first.Addr, "--yes"), enroll("web", first.Addr, "--cwd", "relative", "--yes")} {
 			if res := runCLI(t, "", args...); !errors.Is(res.err, errUsage) {
 				t.Errorf("%v: err = %v; want a usage error", args, res.err)
 			}

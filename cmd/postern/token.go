@@ -13,8 +13,8 @@ func init() {
 	operatorCommands["token"] = tokenCommand
 }
 
-// actorNamePattern is what the bastion's config accepts as an actor name.
-var actorNamePattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$`)
+// namePattern is what the bastion accepts as an actor or host name.
+var namePattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$`)
 
 // tokenCommand makes a bearer token for an actor and prints it once, with the config lines
 // that let the actor in: the config holds the token's SHA-256, never the token.
@@ -28,7 +28,7 @@ func tokenCommand(_ context.Context, args []string, _ io.Reader, stdout, stderr 
 		return err
 	}
 	name := pos[0]
-	if !actorNamePattern.MatchString(name) {
+	if !namePattern.MatchString(name) {
 		return usageErrorf(stderr, "actor name %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", printable(name))
 	}
 	tok, err := transport.NewToken()
