@@ -13,13 +13,17 @@ import (
 // Export writes the event log as JSONL, one line per event in sequence order, each followed
 // by the signed checkpoints that cover it. An export of a log pruned by retention starts with
 // a base line and the checkpoint that attests it. The chain is sealed first, so an export
-// always ends with a checkpoint. Only durable events are exported.
+// always ends with a checkpoint — except from a store opened ReadOnly, which cannot sign:
+// its export ends where the log ends, and verification reports any unsealed tail. Only
+// durable events are exported.
 func (s *Store) Export(w io.Writer) error {
 	if err := s.readable(); err != nil {
 		return err
 	}
-	if err := s.submit(&commitReq{seal: true}); err != nil {
-		return fmt.Errorf("markers: seal before export: %w", err)
+	if !s.opts.ReadOnly {
+		if err := s.submit(&commitReq{seal: true}); err != nil {
+			return fmt.Errorf("markers: seal before export: %w", err)
+		}
 	}
 	s.commitMu.Lock()
 	snap := s.db.NewSnapshot()

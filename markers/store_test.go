@@ -1,6 +1,7 @@
 package markers_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -346,6 +347,10 @@ func TestReadOnly(t *testing.T) {
 	}
 	if _, err := ro.Create(ctx, &markers.Record{ID: "ex_2"}); !errors.Is(err, markers.ErrReadOnly) {
 		t.Errorf("create: %v; want ErrReadOnly", err)
+	}
+	var export bytes.Buffer
+	if err := ro.Export(&export); err != nil || !bytes.Contains(export.Bytes(), []byte(`"ex_1"`)) {
+		t.Errorf("read-only export = %q, %v; want the log (unsealed if need be)", export.String(), err)
 	}
 	if _, err := markers.Open(t.TempDir(), markers.Options{Graph: markers.Host, ReadOnly: true}); err == nil {
 		t.Error("read-only open of an empty dir succeeded")

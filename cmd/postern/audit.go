@@ -41,10 +41,6 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 // errVerifyFailed: the log did not verify (the report says where and why).
 var errVerifyFailed = errors.New("verification failed")
 
-// journalOrigin names the bastion's log in its checkpoints. It must equal the Origin that
-// bastion.Open gives the journal: an offline export seals with it.
-const journalOrigin = "postern bastion journal"
-
 func (c *auditCommand) Run(ctx context.Context, args []string) error {
 	return dispatch(ctx, "audit", auditUsage, subcommands{"export": c.export, "verify": c.verify}, args, c.stdout, c.stderr)
 }
@@ -118,10 +114,8 @@ func fetchExport(ctx context.Context, cfg bastion.Config, w io.Writer) error {
 	return nil
 }
 
-// exportOffline exports the journal dir while no daemon holds it. A read-only store is
-// tried first; a store that cannot export read-only (Export seals the chain first) is opened
-// for writing with the audit key, which appends the checkpoint the daemon would have
-// written when it stopped.
+// exportOffline exports the journal dir while no daemon holds it, read-only: the export ends
+// where the log ends (the daemon seals the chain when it stops, so normally with a checkpoint).
 func exportOffline(cfg bastion.Config, w io.Writer) error {
 	if _, err := os.Stat(cfg.JournalDir()); err != nil {
 		return fmt.Errorf("no journal to export: %w", err)
@@ -130,29 +124,7 @@ func exportOffline(cfg bastion.Config, w io.Writer) error {
 	if err != nil {
 		return err
 	}
-	var buf bytes.Buffer
-	err = store.Export(&buf)
-	store.Close()
-	if err == nil {
-		_, err = buf.WriteTo(w)
-		return err
-	}
-	if !errors.Is(err, markers.ErrReadOnly) {
-		return err
-	}
-	if _, err := os.Stat(cfg.AuditKeyPath()); err != nil {
-		return fmt.Errorf("sealing the journal for export needs the audit key: %w", err)
-	}
-	signer, _, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-bastion")
-	if err != nil {
-		return err
-	}
-	store, err = markers.Open(cfg.JournalDir(), markers.Options{Graph: markers.Journal, Signer: signer, Origin: journalOrigin, Logger: quiet})
-	if err != nil {
-		return err
-	}
-	err = store.Export(w)
-	return errors.Join(err, store.Close())
+	return errors.Join(store.Export(w), store.Close())
 }
 
 // quiet drops the store's and Pebble's log lines: the command reports its errors itself.
