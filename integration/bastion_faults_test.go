@@ -7,6 +7,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -386,9 +387,16 @@ func TestResponseLostAfterItWasWritten(t *testing.T) {
 	marker := waitForRunningMarker(t, ctx, cc)
 	proxy.Freeze()
 	g.open(t)
-	testutil.WaitFor(t, "the bastion to write the result into the frozen link", func() bool {
+	testutil.WaitFor(t, "the command to complete", func() bool {
 		return journaled(t, f.bastion, marker.ID).State == markers.Completed
 	})
+	// The bastion writes the result right after: today it journals that as delivered; a
+	// bastion that waits for proof of delivery never will, so this wait is bounded.
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(20 * time.Millisecond) {
+		if journaled(t, f.bastion, marker.ID).ResultDeliveredAt != nil {
+			break
+		}
+	}
 	proxy.Cut()
 	if err := <-lost; err == nil {
 		t.Fatal("the call whose response was lost returned a result")
