@@ -138,6 +138,7 @@ type intent struct {
 	host        Host
 	class       ClassConfig
 	scope       string
+	action      ActionRecord
 	fingerprint string
 	cwd         string
 }
@@ -170,7 +171,7 @@ func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*intent, error) {
 	if env == nil {
 		env = map[string]string{}
 	}
-	in.fingerprint, err = b.fp.Fingerprint(ActionRecord{
+	in.action = ActionRecord{
 		Actor:   c.Actor,
 		Tool:    "ssh_exec",
 		Channel: "ssh",
@@ -184,11 +185,24 @@ func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*intent, error) {
 			"operation_key": a.OperationKey,
 		},
 		IntentScope: in.scope,
-	})
-	if err != nil {
+	}
+	if in.fingerprint, err = b.fp.Fingerprint(in.action); err != nil {
 		return nil, err
 	}
 	return in, nil
+}
+
+// sameRequest reports whether prior was made for the same request as in, whatever the
+// scope: an idempotency key is matched across scopes, so the comparison recomputes in's
+// fingerprint in prior's scope.
+func (b *Bastion) sameRequest(prior *markers.Record, in *intent) (bool, error) {
+	if prior.IntentScope == in.scope {
+		return prior.Fingerprint == in.fingerprint, nil
+	}
+	a := in.action
+	a.IntentScope = prior.IntentScope
+	fp, err := b.fp.Fingerprint(a)
+	return fp == prior.Fingerprint, err
 }
 
 // Exec runs ssh_exec: it finds the execution this call belongs to — a prior one of the
@@ -205,8 +219,12 @@ func (b *Bastion) Exec(ctx context.Context, c transport.Caller, a ExecArgs, prog
 		unlock := b.intake.lock("k\x00" + c.Actor + "\x00" + a.IdempotencyKey)
 		defer unlock()
 		prior, err := b.journal.FindByIdempotencyKey(c.Actor, a.IdempotencyKey)
+		same := false
+		if err == nil {
+			same, err = b.sameRequest(prior, in)
+		}
 		switch {
-		case err == nil && prior.Fingerprint != in.fingerprint:
+		case err == nil && !same:
 			b.metrics.rejected.WithLabelValues(CodeIdempotencyKeyReused).Inc()
 			return nil, &ToolError{Code: CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
 				"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", a.IdempotencyKey, prior.ID)}

@@ -36,7 +36,6 @@ func TestIdempotencyKey(t *testing.T) {
 	}
 
 	t.Run("same key and request from another run", func(t *testing.T) {
-		t.Skip("BUG: the intent scope is part of the fingerprint the idempotency key is checked against (bastion/exec.go:186, :209), so a keyed retry from another run is refused as idempotency_key_reused")
 		x := mustCall(t, ctx, f.session(t, "agent", "run-b"), "ssh_exec", keyed(cmd))
 		if x.ExecutionID != first.ExecutionID || !x.Replayed || x.State != "completed" || x.Stdout != "done\n" {
 			t.Fatalf("call = %+v; want %s replayed with its result", x, first.ExecutionID)
