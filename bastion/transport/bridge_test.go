@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/postern-dev/postern/internal/testutil"
 )
 
 // bridgeFixture runs Bridge in-process with pipes for its stdin and stdout.
@@ -80,7 +79,7 @@ func TestBridgeWithGoSDKClient(t *testing.T) {
 func TestBridgeProcessScopeIsItsParent(t *testing.T) {
 	ts := newTestServer(t, nil)
 	sock := serveUnix(t, ts)
-	cmd := testutil.Reexec(t, bridgeRole, "POSTERN_TEST_SOCKET="+sock)
+	cmd := reexecBridge(t, sock)
 	cmd.Stderr = os.Stderr
 	c := mcp.NewClient(&mcp.Implementation{Name: "agent", Version: "0"}, nil)
 	cs, err := c.Connect(t.Context(), &mcp.CommandTransport{Command: cmd}, nil)

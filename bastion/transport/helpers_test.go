@@ -7,20 +7,21 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"sync"
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
-	"github.com/postern-dev/postern/internal/testutil"
 )
 
-// bridgeRole re-executes the test binary as `postern mcp` would run: the stdio bridge.
-const bridgeRole = "transport-bridge"
+// bridgeRoleEnv, when set, makes the test binary run as `postern mcp` does: the stdio bridge
+// (see reexecBridge). internal/testutil.Reexec would do, but testutil imports this package.
+const bridgeRoleEnv = "POSTERN_TRANSPORT_TEST_BRIDGE"
 
 func TestMain(m *testing.M) {
-	if testutil.Role() == bridgeRole {
+	if os.Getenv(bridgeRoleEnv) != "" {
 		err := Bridge(context.Background(), os.Getenv("POSTERN_TEST_SOCKET"), "/mcp", os.Stdin, os.Stdout)
 		if err != nil {
 			os.Stderr.WriteString(err.Error() + "\n")
@@ -29,6 +30,18 @@ func TestMain(m *testing.M) {
 		os.Exit(0)
 	}
 	os.Exit(m.Run())
+}
+
+// reexecBridge returns a command that runs this test binary as the bridge to socketPath.
+func reexecBridge(t testing.TB, socketPath string) *exec.Cmd {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe, "-test.run=^$")
+	cmd.Env = append(os.Environ(), bridgeRoleEnv+"=1", "POSTERN_TEST_SOCKET="+socketPath)
+	return cmd
 }
 
 // whoami is the structured output of the test server's whoami tool.
