@@ -84,7 +84,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 			scheme = "https"
 		}
 		listeners = append(listeners, l)
-		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second})
+		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ConnContext: rememberConn(nil)})
 		ep.URL = scheme + "://" + l.Addr().String() + MCPPath
 		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
 	}
@@ -97,9 +97,11 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	listeners = append(listeners, local)
 	localMux := http.NewServeMux()
 	localMux.Handle(MCPPath, tracked)
-	servers = append(servers, transport.UnixServer(localMux, transport.UnixOptions{
+	unixServer := transport.UnixServer(localMux, transport.UnixOptions{
 		MaxBodyBytes: b.cfg.MaxBodyBytes, Logger: b.log.With("component", "unix"),
-	}))
+	})
+	unixServer.ConnContext = rememberConn(unixServer.ConnContext)
+	servers = append(servers, unixServer)
 	ep.Socket = b.cfg.socketPath()
 
 	op, err := transport.ListenUnix(b.cfg.operatorPath())

@@ -193,9 +193,10 @@ func deliveriesFrom(ctx context.Context) *deliveries {
 	return d
 }
 
-// trackDelivery wraps the MCP handler: after a response has been flushed to the connection
-// and the client is still there, the executions it carried are marked delivered. A response
-// that could not be written leaves them completed-but-not-delivered, so a retry replays them.
+// trackDelivery wraps the MCP handler: after a response has been flushed to the connection,
+// acknowledged by the client (delivery.go) and the client is still there, the executions it
+// carried are marked delivered. A response that could not be written or was not acknowledged
+// leaves them completed-but-not-delivered, so a retry replays them.
 func (b *Bastion) trackDelivery(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		dl := &deliveries{}
@@ -206,7 +207,7 @@ func (b *Bastion) trackDelivery(next http.Handler) http.Handler {
 			return
 		}
 		flushErr := http.NewResponseController(w).Flush()
-		if tw.err != nil || flushErr != nil || r.Context().Err() != nil {
+		if tw.err != nil || flushErr != nil || r.Context().Err() != nil || !acknowledged(r.Context()) {
 			b.log.Info("result not delivered; a retry will replay it", "executions", dl.ids)
 			return
 		}
