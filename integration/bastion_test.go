@@ -45,27 +45,14 @@ func startFleetBehindProxy(t *testing.T) *fleet {
 type fleetOptions struct {
 	// proxy puts a fault proxy between the bastion and the hostagent.
 	proxy bool
-	// settings are top-level bastion config lines (key = value); tables are TOML tables
-	// appended after the generated ones.
+	// settings are top-level bastion config lines (key = value); tables are TOML tables.
 	settings, tables []string
 }
 
 func newFleet(t *testing.T, opts fleetOptions) *fleet {
 	t.Helper()
 	h := testutil.StartHostagent(t)
-	b := testutil.NewBastion(t, h.ClientKey, opts.tables...)
-	if len(opts.settings) > 0 {
-		// NewBastion appends its extra lines after the [[actors]] tables, where a plain key
-		// would belong to the last actor: top-level settings go first.
-		cfg, err := os.ReadFile(b.ConfigPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg = append([]byte(strings.Join(opts.settings, "\n")+"\n"), cfg...)
-		if err := os.WriteFile(b.ConfigPath, cfg, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
+	b := testutil.NewBastion(t, h.ClientKey, append(opts.settings, opts.tables...)...)
 	f := &fleet{bastion: b, host: h}
 	addr := h.Addr
 	if opts.proxy {

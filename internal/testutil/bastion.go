@@ -40,7 +40,7 @@ type Bastion struct {
 
 // NewBastion prepares a bastion (config, state dir, client key) without starting it. It
 // authenticates to hostagents with key, the ClientKey of the hostagents it will enroll.
-// extraConfig lines are appended to the TOML config.
+// extraConfig lines (settings, then any tables) are added to the TOML config.
 func NewBastion(t testing.TB, key SSHKey, extraConfig ...string) *Bastion {
 	t.Helper()
 	dir := t.TempDir()
@@ -55,6 +55,8 @@ func NewBastion(t testing.TB, key SSHKey, extraConfig ...string) *Bastion {
 	key.WritePrivateKey(t, filepath.Join(stateDir, "bastion_ed25519"))
 	var cfg strings.Builder
 	fmt.Fprintf(&cfg, "state_dir = %q\nlisten = %q\nreconcile_interval = \"1s\"\n", stateDir, b.Addr)
+	// The extra lines go before the generated tables, so that plain settings stay top-level.
+	cfg.WriteString(strings.Join(extraConfig, "\n") + "\n")
 	for _, name := range []string{"agent", "other"} {
 		tok, err := transport.NewToken()
 		if err != nil {
@@ -63,7 +65,6 @@ func NewBastion(t testing.TB, key SSHKey, extraConfig ...string) *Bastion {
 		b.Tokens[name] = tok
 		fmt.Fprintf(&cfg, "[[actors]]\nname = %q\ntoken_sha256 = %q\n", name, transport.HashToken(tok))
 	}
-	cfg.WriteString(strings.Join(extraConfig, "\n") + "\n")
 	if err := os.WriteFile(b.ConfigPath, []byte(cfg.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
