@@ -157,29 +157,33 @@ func (b *Bastion) live(d *driver) *Execution {
 	return x
 }
 
-// progressEvery bounds how often a waiting call reports progress.
+// progressEvery is how often a waiting call reports progress.
 const progressEvery = time.Second
 
 // await waits up to wait for the driver to end (or the caller to go away) and returns the
 // execution as it stands: finished, or still running with its output so far — never a
-// timeout error.
+// timeout error. progress, if set, hears about the execution every progressEvery.
 func (b *Bastion) await(ctx context.Context, d *driver, wait time.Duration, joined bool, progress func(*Execution)) *Execution {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
-	var lastProgress time.Time
+	var tick <-chan time.Time
+	if progress != nil {
+		t := time.NewTicker(progressEvery)
+		defer t.Stop()
+		tick = t.C
+	}
+wait:
 	for {
 		select {
 		case <-d.done:
+			break wait
 		case <-timer.C:
+			break wait
 		case <-ctx.Done():
-		case <-d.changes():
-			if progress != nil && time.Since(lastProgress) >= progressEvery {
-				lastProgress = time.Now()
-				progress(b.live(d))
-			}
-			continue
+			break wait
+		case <-tick:
+			progress(b.live(d))
 		}
-		break
 	}
 	x := b.live(d)
 	x.Replayed = joined
