@@ -119,14 +119,8 @@ func Open(opts Options) (*Bastion, error) {
 	return b, nil
 }
 
-// Config returns the configuration the bastion runs with.
-func (b *Bastion) Config() Config { return b.cfg }
-
 // ClientPublicKey is the key hostagents must authorize (authorized_keys line).
 func (b *Bastion) ClientPublicKey() gossh.PublicKey { return b.clientK.PublicKey() }
-
-// Inventory returns the enrolled hosts.
-func (b *Bastion) Inventory() *Inventory { return b.inv }
 
 // Journal exposes the journal to the operator API (reads, export).
 func (b *Bastion) Journal() *markers.Store { return b.journal }

@@ -1,12 +1,12 @@
-// Package bastion is the MCP server agents talk to. This file owns execution identity: the
-// canonical action record and its intent fingerprint (DESIGN.md, "Three identifiers" and
-// "Canonical action record").
+// Execution identity: the canonical action record and its intent fingerprint (DESIGN.md,
+// "Three identifiers" and "Canonical action record").
 //
 // The fingerprint is HMAC-SHA256, keyed by a per-installation secret, over the RFC 8785
 // canonical JSON of the action record — never over request bytes, so formatting, key order,
 // JSON-RPC ids and progress tokens cannot make one intent look like two. Every field is
 // always present (defaults materialized), and no secret ever enters the record: credentials
 // appear only as references.
+
 package bastion
 
 import (

@@ -1,0 +1,28 @@
+// Package bastion is the MCP server agents talk to. It turns every tool call into an
+// execution with an identity and carries it across the SSH boundary to a hostagent, journaling
+// each lifecycle step before the next boundary is crossed, and answers retries from the
+// journal instead of sending again.
+//
+// Where things are:
+//
+//	identity.go   canonical action record (RFC 8785) and intent fingerprint (HMAC-SHA256)
+//	exec.go       ssh_exec: argument bounds, intent scope, the matching rule, acceptance
+//	driver.go     one driver per execution: dispatch, outcome, reconciliation with the host
+//	view.go       what tools return; status, output and delivery
+//	ops.go        cancel, list, hosts
+//	tools.go      the MCP tools and their replay contracts; delivery tracking
+//	delivery.go   when a result counts as delivered (the client acknowledged it)
+//	server.go     the endpoints: Streamable HTTP, the unix socket, the operator socket
+//	operator.go   the operator API the `postern` CLI reads
+//	pool.go       one SSH connection per host, strict host keys, keepalives, backoff
+//	inventory.go  enrolled hosts and enrollment
+//	classes.go    action classes and the rules that pick them
+//	config.go     the TOML configuration
+//	metrics.go    Prometheus series
+//
+// Invariants: the journal has one owner (this process); a failed journal write stops an
+// execution where it is and nothing further is sent; at most one driver acts on an execution
+// at a time; nothing is dispatched twice except an execution whose host has no marker for it,
+// under the same execution id (the host refuses duplicates); actors see only their own
+// executions; secrets never enter records, fingerprints or logs.
+package bastion
