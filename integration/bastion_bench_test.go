@@ -68,73 +68,84 @@ func execTrue(ctx context.Context, cs *mcp.ClientSession, run string) error {
 // BenchmarkBastionExecTrue (P1) is the latency of one `true` end to end: a go-sdk MCP client
 // over Streamable HTTP → `postern serve` (journal writes, pooled SSH connection) → the real
 // hostagent (marker write, shim) and back; against OpenSSH's multiplexed client (`ssh -o
-// ControlPath=…`, master already up) running `true` on a local sshd.
+// ControlPath=…`, master already up) running `true` on a local sshd. The same hostagent
+// reached directly (client.Run over one SSH connection) shows what the bastion adds.
 func BenchmarkBastionExecTrue(b *testing.B) {
 	sshd := testutil.StartSSHD(b)
 	sshArgs := append(sshd.Multiplexed(b), "true")
-	bs, _ := benchFleet(b)
+	bs, h := benchFleet(b)
 	cs := bs.Connect(b, "agent", nil)
+	conn := h.Dial(b)
 	ctx := context.Background()
 
 	calls := 0
-	postern := func() (time.Duration, error) {
+	postern := func() error {
 		calls++
-		t0 := time.Now()
-		err := execTrue(ctx, cs, "p1-"+strconv.Itoa(calls))
-		return time.Since(t0), err
+		return execTrue(ctx, cs, "p1-"+strconv.Itoa(calls))
 	}
-	openssh := func() (time.Duration, error) {
+	direct := func() error {
+		if got := execOn(b, conn, client.Exec{ExecutionID: newID(b), Command: "true"}); got.err != nil || got.res.ExitStatus != 0 {
+			return fmt.Errorf("hostagent exec: %+v", got)
+		}
+		return nil
+	}
+	openssh := func() error {
 		var stderr bytes.Buffer
 		cmd := exec.Command("ssh", sshArgs...)
 		cmd.Stderr = &stderr
-		t0 := time.Now()
-		err := cmd.Run()
-		d := time.Since(t0)
-		if err != nil {
-			return d, fmt.Errorf("ssh true: %w: %s", err, stderr.String())
+		if err := cmd.Run(); err != nil {
+			return fmt.Errorf("ssh true: %w: %s", err, stderr.String())
 		}
-		return d, nil
+		return nil
 	}
-	// Warm up both: the bastion's pooled connection, the page cache, the sshd session path.
+	sides := []struct {
+		name string
+		call func() error
+		took []time.Duration
+	}{
+		{name: "postern (MCP → bastion → hostagent)", call: postern},
+		{name: "hostagent direct (client.Run, one SSH conn)", call: direct},
+		{name: "openssh (multiplexed ssh → sshd)", call: openssh},
+	}
+	// Warm up: the bastion's pooled connection, the page cache, the sshd session path.
 	for range 10 {
-		for _, f := range []func() (time.Duration, error){postern, openssh} {
-			if _, err := f(); err != nil {
+		for _, side := range sides {
+			if err := side.call(); err != nil {
 				b.Fatal(err)
 			}
 		}
 	}
-	var p, o []time.Duration
 	b.ResetTimer()
-	for len(p) < execSamples {
-		for _, side := range []struct {
-			f   func() (time.Duration, error)
-			out *[]time.Duration
-		}{{postern, &p}, {openssh, &o}} {
+	for done := 0; done < execSamples; done += execBlock {
+		for i := range sides {
 			for range execBlock {
-				d, err := side.f()
-				if err != nil {
+				t0 := time.Now()
+				if err := sides[i].call(); err != nil {
 					b.Fatalf("%v\nbastion log:\n%s", err, bs.Logs())
 				}
-				*side.out = append(*side.out, d)
+				sides[i].took = append(sides[i].took, time.Since(t0))
 			}
 		}
 	}
 	b.StopTimer()
 
-	pp50, pp99 := testutil.Percentile(p, 0.5), testutil.Percentile(p, 0.99)
-	op50, op99 := testutil.Percentile(o, 0.5), testutil.Percentile(o, 0.99)
-	b.ReportMetric(ms(pp50), "postern-p50-ms")
-	b.ReportMetric(ms(pp99), "postern-p99-ms")
-	b.ReportMetric(ms(op50), "openssh-p50-ms")
-	b.ReportMetric(ms(op99), "openssh-p99-ms")
-	b.ReportMetric(float64(pp50)/float64(op50), "p50-postern/openssh")
-	b.ReportMetric(float64(pp99)/float64(op99), "p99-postern/openssh")
-	table(b, fmt.Sprintf("ssh_exec `true`, %d samples each, alternating blocks of %d (goal: postern ≤ 0.2× openssh)", execSamples, execBlock),
-		[]string{"", "p50 ms", "p99 ms"},
-		[]string{"postern (MCP → bastion → hostagent)", f2(ms(pp50)), f2(ms(pp99))},
-		[]string{"openssh (multiplexed ssh → sshd)", f2(ms(op50)), f2(ms(op99))},
-		[]string{"postern / openssh", f2(float64(pp50) / float64(op50)), f2(float64(pp99) / float64(op99))},
-	)
+	p50 := func(i int) time.Duration { return testutil.Percentile(sides[i].took, 0.5) }
+	p99 := func(i int) time.Duration { return testutil.Percentile(sides[i].took, 0.99) }
+	const posternSide, directSide, opensshSide = 0, 1, 2
+	b.ReportMetric(ms(p50(posternSide)), "postern-p50-ms")
+	b.ReportMetric(ms(p99(posternSide)), "postern-p99-ms")
+	b.ReportMetric(ms(p50(directSide)), "hostagent-p50-ms")
+	b.ReportMetric(ms(p50(opensshSide)), "openssh-p50-ms")
+	b.ReportMetric(ms(p99(opensshSide)), "openssh-p99-ms")
+	b.ReportMetric(float64(p50(posternSide))/float64(p50(opensshSide)), "p50-postern/openssh")
+	b.ReportMetric(float64(p99(posternSide))/float64(p99(opensshSide)), "p99-postern/openssh")
+	rows := [][]string{{"", "p50 ms", "p99 ms", "p50 / openssh", "p99 / openssh"}}
+	for i, side := range sides {
+		rows = append(rows, []string{side.name, f2(ms(p50(i))), f2(ms(p99(i))),
+			f2(float64(p50(i)) / float64(p50(opensshSide))), f2(float64(p99(i)) / float64(p99(opensshSide)))})
+	}
+	rows = append(rows, []string{"bastion's share (postern − hostagent direct)", f2(ms(p50(posternSide) - p50(directSide))), f2(ms(p99(posternSide) - p99(directSide)))})
+	table(b, fmt.Sprintf("ssh_exec `true`, %d samples each, alternating blocks of %d (goal: postern ≤ 0.2× openssh)", execSamples, execBlock), rows...)
 }
 
 // BenchmarkBastionConcurrent64 (P3) is throughput under load: 64 MCP callers (one session
@@ -178,9 +189,14 @@ func BenchmarkBastionConcurrent64(b *testing.B) {
 			f   func(int) error
 			out *load
 		}{{direct, &baseline}, {viaBastion, &bastion}} {
+			before := cpuOf(b, pid, h.PID(), 0)
 			got, err := hammer(concurrentCallers, concurrentCalls/concurrentRounds, side.f)
 			if err != nil {
 				b.Fatalf("%v\nbastion log:\n%s", err, bs.Logs())
+			}
+			after := cpuOf(b, pid, h.PID(), 0)
+			for i := range got.cpu {
+				got.cpu[i] = after[i] - before[i]
 			}
 			side.out.add(got)
 		}
@@ -195,9 +211,9 @@ func BenchmarkBastionConcurrent64(b *testing.B) {
 	b.ReportMetric(bastion.rate()/baseline.rate(), "postern/hostagent")
 	b.ReportMetric(float64(hwm)/1024, "postern-peak-RSS-MB")
 	table(b, fmt.Sprintf("%d concurrent callers, %d calls of `true` each side, in %d alternating rounds (goal: postern ≥ 500 execs/s)", concurrentCallers, concurrentCalls, concurrentRounds),
-		[]string{"", "execs/s", "p50 ms", "p99 ms"},
-		[]string{"postern (64 MCP sessions → bastion → hostagent)", f0(bastion.rate()), f2(ms(bastion.p(0.5))), f2(ms(bastion.p(0.99)))},
-		[]string{"hostagent direct (64 client.Run, one SSH conn)", f0(baseline.rate()), f2(ms(baseline.p(0.5))), f2(ms(baseline.p(0.99)))},
+		[]string{"", "execs/s", "p50 ms", "p99 ms", "CPU ms/exec: bastion", "hostagent+shims", "callers"},
+		append([]string{"postern (64 MCP sessions → bastion → hostagent)", f0(bastion.rate()), f2(ms(bastion.p(0.5))), f2(ms(bastion.p(0.99)))}, bastion.cpuPerCall()...),
+		append([]string{"hostagent direct (64 client.Run, one SSH conn)", f0(baseline.rate()), f2(ms(baseline.p(0.5))), f2(ms(baseline.p(0.99)))}, baseline.cpuPerCall()...),
 		[]string{"postern / hostagent", f2(bastion.rate() / baseline.rate()), f2(float64(bastion.p(0.5)) / float64(baseline.p(0.5))), f2(float64(bastion.p(0.99)) / float64(baseline.p(0.99)))},
 	)
 	b.Logf("postern peak RSS (VmHWM) after the run: %.1f MB", float64(hwm)/1024)
@@ -208,12 +224,57 @@ type load struct {
 	calls   int
 	elapsed time.Duration
 	latency []time.Duration
+	// cpu is the CPU time the bastion, the hostagent (with its shims and commands) and this
+	// process (the callers) used during the run.
+	cpu [3]time.Duration
 }
 
 func (l *load) add(o load) {
 	l.calls += o.calls
 	l.elapsed += o.elapsed
 	l.latency = append(l.latency, o.latency...)
+	for i := range l.cpu {
+		l.cpu[i] += o.cpu[i]
+	}
+}
+
+func (l *load) cpuPerCall() []string {
+	out := make([]string, len(l.cpu))
+	for i, c := range l.cpu {
+		out[i] = f2(ms(c) / float64(l.calls))
+	}
+	return out
+}
+
+// clockTick is USER_HZ, the unit of /proc/<pid>/stat times: 100 on every Linux ABI Go runs on.
+const clockTick = 10 * time.Millisecond
+
+// cpuOf returns the user+system CPU time of each process so far, including its waited-for
+// children (a hostagent's shims and their commands); pid 0 is this process.
+func cpuOf(b *testing.B, pids ...int) [3]time.Duration {
+	b.Helper()
+	var out [3]time.Duration
+	for i, pid := range pids {
+		path := "/proc/self/stat"
+		if pid != 0 {
+			path = "/proc/" + strconv.Itoa(pid) + "/stat"
+		}
+		stat, err := os.ReadFile(path)
+		if err != nil {
+			b.Fatal(err)
+		}
+		// Fields after the command name (which may hold spaces) start at field 3 (state);
+		// utime, stime, cutime, cstime are fields 14-17.
+		f := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+		for _, v := range f[11:15] {
+			ticks, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				b.Fatalf("%s: %v", path, err)
+			}
+			out[i] += time.Duration(ticks) * clockTick
+		}
+	}
+	return out
 }
 
 func (l *load) rate() float64 { return float64(l.calls) / l.elapsed.Seconds() }
