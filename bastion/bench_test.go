@@ -18,6 +18,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -212,6 +213,47 @@ func fillJournal(b *testing.B, j *markers.Store, n int) {
 	if b.Failed() {
 		b.FailNow()
 	}
+}
+
+// BenchmarkExecTrue is one caller's Exec of `true` as a new intent, interleaved with the
+// same command sent straight to the hostagent (client.Run over its own connection): the
+// difference is the engine's latency without MCP — its synced journal writes, the driver, the
+// pool. It reports the journal's fsyncs per execution too.
+func BenchmarkExecTrue(b *testing.B) {
+	h := startHostagent(b)
+	bs := openBastion(b, h)
+	conn := h.Dial(b)
+	ctx := context.Background()
+	if err := execTrue(ctx, bs, "warm"); err != nil { // the pooled connection
+		b.Fatal(err)
+	}
+	var engine, direct []time.Duration
+	before := bs.Journal().Stats()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		t0 := time.Now()
+		if err := execTrue(ctx, bs, fmt.Sprintf("p1-%d", i)); err != nil {
+			b.Fatal(err)
+		}
+		t1 := time.Now()
+		id, err := markers.NewExecutionID(t1)
+		if err != nil {
+			b.Fatal(err)
+		}
+		res, err := client.Run(ctx, conn, client.Exec{ExecutionID: id, Command: "true", Stdout: io.Discard, Stderr: io.Discard})
+		if err != nil || res.ExitStatus != 0 {
+			b.Fatalf("hostagent exec: %+v, %v", res, err)
+		}
+		engine, direct = append(engine, t1.Sub(t0)), append(direct, time.Since(t1))
+	}
+	b.StopTimer()
+	after := bs.Journal().Stats()
+	e50, d50 := testutil.Percentile(engine, 0.5), testutil.Percentile(direct, 0.5)
+	b.ReportMetric(float64(e50.Microseconds())/1000, "exec-p50-ms")
+	b.ReportMetric(float64(d50.Microseconds())/1000, "hostagent-p50-ms")
+	b.ReportMetric(float64(e50-d50)/float64(time.Millisecond), "engine-added-p50-ms")
+	b.ReportMetric(float64(after.Commits-before.Commits)/float64(b.N), "fsyncs/exec")
+	b.ReportMetric(float64(after.Events-before.Events)/float64(b.N), "events/exec")
 }
 
 // BenchmarkExecConcurrent64 is BenchmarkBastionConcurrent64 (integration) without the MCP
