@@ -5,15 +5,18 @@ import "sync"
 // tail keeps the last cap bytes of one output stream, addressed by absolute offset, so a
 // command streaming a gigabyte costs the bastion cap bytes of memory.
 type tail struct {
-	mu    sync.Mutex
+	mu sync.Mutex
+	// ring grows as output arrives (most commands print little) up to limit bytes, then
+	// wraps: it holds [total-len(ring), total).
 	ring  []byte
-	total int64 // bytes ever written; the ring holds [total-len(held), total)
+	limit int
+	total int64 // bytes ever written
 	// skip discards this many bytes of the next writes: a re-attach streams the output
 	// again from offset zero, and what was already received must not be counted twice.
 	skip int64
 }
 
-func newTail(capacity int) *tail { return &tail{ring: make([]byte, 0, capacity)} }
+func newTail(limit int) *tail { return &tail{limit: limit} }
 
 func (t *tail) Write(p []byte) (int, error) {
 	t.mu.Lock()
@@ -24,16 +27,15 @@ func (t *tail) Write(p []byte) (int, error) {
 		t.skip -= drop
 		p = p[drop:]
 	}
-	capacity := cap(t.ring)
 	for len(p) > 0 {
-		if len(t.ring) < capacity {
-			k := min(capacity-len(t.ring), len(p))
+		if len(t.ring) < t.limit {
+			k := min(t.limit-len(t.ring), len(p))
 			t.ring = append(t.ring, p[:k]...)
 			p = p[k:]
 			t.total += int64(k)
 			continue
 		}
-		at := int(t.total % int64(capacity))
+		at := int(t.total % int64(t.limit))
 		k := copy(t.ring[at:], p)
 		p = p[k:]
 		t.total += int64(k)
@@ -57,10 +59,9 @@ func (t *tail) read(from int64, limit int) ([]byte, int64) {
 	from = min(max(from, oldest), t.total)
 	n := min(t.total-from, int64(limit))
 	out := make([]byte, n)
-	capacity := int64(cap(t.ring))
 	for i := int64(0); i < n; {
-		at := (from + i) % capacity
-		if len(t.ring) < cap(t.ring) {
+		at := (from + i) % int64(t.limit)
+		if len(t.ring) < t.limit {
 			at = from + i // not wrapped yet: ring index is the offset
 		}
 		k := copy(out[i:], t.ring[at:])
