@@ -96,6 +96,7 @@ func Open(opts Options) (*Bastion, error) {
 		Origin:        "postern bastion journal",
 		MemTableBytes: markers.JournalMemTableBytes,
 		CacheBytes:    markers.JournalCacheBytes,
+		PresenceKeys:  markers.JournalPresenceKeys,
 		MaxOpenFiles:  1000,
 		Retention:     cls.retention(),
 		Logger:        opts.Logger.With("component", "journal"),

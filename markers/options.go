@@ -29,6 +29,10 @@ type Options struct {
 	CacheBytes int64
 	// MemTableBytes is the size of one Pebble memtable. Default 2 MiB.
 	MemTableBytes uint64
+	// PresenceKeys sizes the in-memory presence filter's first layer (about 1.2 bytes per
+	// key): a store expected to hold many keys gets fewer layers to test per lookup. Default
+	// 16384; the filter grows past it as needed.
+	PresenceKeys uint
 	// MaxOpenFiles bounds Pebble's table cache. Default 64.
 	MaxOpenFiles int
 	// Retention is how long a terminal record of each action class is kept, keyed by
@@ -57,6 +61,9 @@ type Options struct {
 const (
 	JournalMemTableBytes = 64 << 20
 	JournalCacheBytes    = 32 << 20
+	// JournalPresenceKeys: a million executions' keys (~3 per record) in the first layer of
+	// the presence filter, about 3.6 MB.
+	JournalPresenceKeys = 3 << 20
 )
 
 // EnsureDefaults fills zero fields with their defaults.

@@ -18,13 +18,16 @@ import (
 // commit adds its keys before any writer is told the commit happened. Removed keys stay in
 // it (false positives, which fall through to Pebble) until the next Open.
 //
-// It grows as a scalable Bloom filter: when one filter holds its capacity, a new one twice
-// the size is added, keeping the false-positive rate of each near fpRate.
+// It grows as a scalable Bloom filter: when one filter holds its capacity, a new one four
+// times the size is added, keeping the false-positive rate of each near fpRate (and the
+// number of filters a lookup tests small). All filters share k, so a lookup hashes the key
+// once and tests the same locations in each.
 type presence struct {
 	mu      sync.RWMutex // guards filters and n
 	filters []*bloom.BloomFilter
 	n       uint // keys in the last filter
 	cap     uint // capacity of the last filter
+	minCap  uint // capacity of the first filter
 }
 
 // presenceMinCap is the capacity of the first filter (a variable so tests can make it grow).
@@ -33,8 +36,9 @@ var presenceMinCap uint = 1 << 14
 const presenceFPRate = 0.01
 
 // loadPresence scans the keys a lookup may ask for.
-func loadPresence(r pebble.Reader) (*presence, error) {
-	p := &presence{}
+// minKeys sizes the first filter (at least presenceMinCap).
+func loadPresence(r pebble.Reader, minKeys uint) (*presence, error) {
+	p := &presence{minCap: max(minKeys, presenceMinCap)}
 	var keys [][]byte
 	for _, prefix := range []byte{pRecord, pFinger, pIdemKey, pOpKey} {
 		it, err := r.NewIter(&pebble.IterOptions{LowerBound: []byte{prefix}, UpperBound: []byte{prefix + 1}})
@@ -56,14 +60,14 @@ func loadPresence(r pebble.Reader) (*presence, error) {
 }
 
 func (p *presence) grow(capacity uint) {
-	p.cap = max(capacity, presenceMinCap)
+	p.cap = max(capacity, p.minCap)
 	p.n = 0
 	p.filters = append(p.filters, bloom.NewWithEstimates(p.cap, presenceFPRate))
 }
 
 func (p *presence) addLocked(key []byte) {
 	if p.n >= p.cap {
-		p.grow(p.cap * 2)
+		p.grow(p.cap * 4)
 	}
 	p.filters[len(p.filters)-1].Add(key)
 	p.n++
@@ -82,8 +86,9 @@ func (p *presence) add(keys ...[]byte) {
 func (p *presence) mayContain(key []byte) bool {
 	p.mu.RLock()
 	defer p.mu.RUnlock()
+	locs := bloom.Locations(key, p.filters[0].K())
 	for _, f := range p.filters {
-		if f.Test(key) {
+		if f.TestLocations(locs) {
 			return true
 		}
 	}

@@ -177,7 +177,7 @@ func (s *Store) load() error {
 		return err
 	}
 	s.lastSealAt = s.opts.Now()
-	s.present, err = loadPresence(s.db)
+	s.present, err = loadPresence(s.db, s.opts.PresenceKeys)
 	return err
 }
 
