@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -154,7 +153,7 @@ func BenchmarkBastionExecTrue(b *testing.B) {
 // bastion's own cost: MCP, the journal, the drivers. Peak RSS of the bastion follows.
 func BenchmarkBastionConcurrent64(b *testing.B) {
 	bs, h := benchFleet(b)
-	pid := pidByArg(b, bs.ConfigPath)
+	pid := bs.PID()
 	ssh := h.Dial(b)
 	// Keep a connection per caller instead of churning through the default two idle ones.
 	rt := &http.Transport{MaxIdleConns: concurrentCallers, MaxIdleConnsPerHost: concurrentCallers}
@@ -309,33 +308,6 @@ func hammer(workers, n int, call func(worker int) error) (load, error) {
 	}
 	wg.Wait()
 	return load{calls: n, elapsed: time.Since(start), latency: latency}, firstErr
-}
-
-// pidByArg finds the process whose command line has arg (a config path unique to the test):
-// the harness starts the bastion and keeps its process to itself.
-func pidByArg(b *testing.B, arg string) int {
-	b.Helper()
-	dirs, err := filepath.Glob("/proc/[0-9]*/cmdline")
-	if err != nil {
-		b.Fatal(err)
-	}
-	for _, path := range dirs {
-		cmdline, err := os.ReadFile(path)
-		if err != nil {
-			continue // exited meanwhile
-		}
-		for _, a := range bytes.Split(cmdline, []byte{0}) {
-			if string(a) == arg {
-				pid, err := strconv.Atoi(filepath.Base(filepath.Dir(path)))
-				if err != nil {
-					b.Fatal(err)
-				}
-				return pid
-			}
-		}
-	}
-	b.Fatalf("no process has %s on its command line", arg)
-	return 0
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

@@ -1,18 +1,13 @@
 package testutil
 
 import (
-	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -33,9 +28,7 @@ type Bastion struct {
 	// ClientKey is the bastion's SSH key (hostagents from NewHostagent authorize it).
 	ClientKey SSHKey
 
-	mu   sync.Mutex // guards cmd and logs
-	cmd  *exec.Cmd
-	logs bytes.Buffer
+	daemon
 }
 
 // NewBastion prepares a bastion (config, state dir, client key) without starting it. It
@@ -46,7 +39,7 @@ func NewBastion(t testing.TB, key SSHKey, extraConfig ...string) *Bastion {
 	dir := t.TempDir()
 	b := &Bastion{
 		Dir: dir, ConfigPath: filepath.Join(dir, "postern.toml"), Addr: FreeAddr(t),
-		Tokens: map[string]string{}, ClientKey: key,
+		Tokens: map[string]string{}, ClientKey: key, daemon: daemon{what: "bastion"},
 	}
 	stateDir := filepath.Join(dir, "state")
 	if err := os.MkdirAll(stateDir, 0o700); err != nil {
@@ -97,54 +90,7 @@ func (b *Bastion) EnrollAt(t testing.TB, name, addr string, h *Hostagent) {
 func (b *Bastion) Start(t testing.TB) {
 	t.Helper()
 	bin := Binary(t, "postern")
-	cmd := exec.Command(bin, "serve", "--config", b.ConfigPath)
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	cmd.Stderr = &lockedWriter{mu: &b.mu, w: &b.logs}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "postern: serving") {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("bastion did not start: %q %v\n%s", line, err, b.Logs())
-	}
-	go func() { // keep the pipe drained
-		buf := make([]byte, 4096)
-		for {
-			if _, err := stdout.Read(buf); err != nil {
-				return
-			}
-		}
-	}()
-	b.mu.Lock()
-	b.cmd = cmd
-	b.mu.Unlock()
-}
-
-// Kill SIGKILLs the bastion.
-func (b *Bastion) Kill(t testing.TB) {
-	t.Helper()
-	b.mu.Lock()
-	cmd := b.cmd
-	b.cmd = nil
-	b.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Signal(syscall.SIGKILL)
-	cmd.Wait()
-}
-
-// Logs is what the bastion wrote to stderr.
-func (b *Bastion) Logs() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.logs.String()
+	b.start(t, "postern: serving", bin, "serve", "--config", b.ConfigPath)
 }
 
 // bearer adds a bearer token (and optional extra headers) to every request.

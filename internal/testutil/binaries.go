@@ -1,7 +1,6 @@
 package testutil
 
 import (
-	"bufio"
 	"bytes"
 	"fmt"
 	"net"
@@ -11,7 +10,6 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -84,9 +82,7 @@ type Hostagent struct {
 	ClientKey                               SSHKey
 	HostKey                                 gossh.PublicKey
 
-	mu   sync.Mutex // guards cmd and logs
-	cmd  *exec.Cmd
-	logs bytes.Buffer
+	daemon
 }
 
 // StartHostagent writes a config (extra TOML lines appended) and starts the agent; it is
@@ -109,6 +105,7 @@ func NewHostagent(t testing.TB, extraConfig ...string) *Hostagent {
 	h := &Hostagent{
 		Addr: FreeAddr(t), Dir: dir, DataDir: filepath.Join(dir, "data"),
 		ConfigPath: filepath.Join(dir, "hostagent.toml"), Account: u.Username, ClientKey: NewSSHKey(t),
+		daemon: daemon{what: "hostagent"},
 	}
 	WriteAuthorizedKeys(t, filepath.Join(dir, "authorized_keys"), h.ClientKey.AuthorizedLine())
 	cfg := fmt.Sprintf("listen = %q\ndata_dir = %q\nauthorized_keys_file = %q\nallowed_accounts = [%q]\nkill_grace = \"1s\"\n%s\n",
@@ -129,36 +126,7 @@ func (h *Hostagent) Start(t testing.TB) {
 		Binary(t, "postern-shim")
 		bin = Binary(t, "postern-hostagent")
 	}
-	cmd := exec.Command(bin, "serve", "--config", h.ConfigPath)
-	// Its own process group, like under systemd: killing a test's client never reaches it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdout, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.mu.Lock()
-	cmd.Stderr = &lockedWriter{mu: &h.mu, w: &h.logs}
-	h.mu.Unlock()
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil || !strings.HasPrefix(line, "listening on") {
-		cmd.Process.Kill()
-		cmd.Wait()
-		t.Fatalf("hostagent did not start: %q %v\n%s", line, err, h.Logs())
-	}
-	go func() { // keep the pipe drained
-		b := make([]byte, 4096)
-		for {
-			if _, err := stdout.Read(b); err != nil {
-				return
-			}
-		}
-	}()
-	h.mu.Lock()
-	h.cmd = cmd
-	h.mu.Unlock()
+	h.start(t, "listening on", bin, "serve", "--config", h.ConfigPath)
 	key, err := os.ReadFile(filepath.Join(h.DataDir, "host_ed25519_key"))
 	if err != nil {
 		t.Fatal(err)
@@ -168,37 +136,6 @@ func (h *Hostagent) Start(t testing.TB) {
 		t.Fatal(err)
 	}
 	h.HostKey = signer.PublicKey()
-}
-
-// Kill SIGKILLs the agent (its shims, in their own sessions, live on).
-func (h *Hostagent) Kill(t testing.TB) {
-	t.Helper()
-	h.mu.Lock()
-	cmd := h.cmd
-	h.cmd = nil
-	h.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Signal(syscall.SIGKILL)
-	cmd.Wait()
-}
-
-// PID is the running agent's process id (0 when stopped).
-func (h *Hostagent) PID() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.cmd == nil {
-		return 0
-	}
-	return h.cmd.Process.Pid
-}
-
-// Logs is what the agent wrote to stderr.
-func (h *Hostagent) Logs() string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.logs.String()
 }
 
 // Dial connects as the allowed account with the client key.
