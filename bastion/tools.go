@@ -34,57 +34,33 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Annotations: &mcp.ToolAnnotations{
 			ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: false, OpenWorldHint: boolPtr(true),
 		},
-	}, func(ctx context.Context, req *mcp.CallToolRequest, in ExecArgs) (*mcp.CallToolResult, *Execution, error) {
-		c, err := callerOf(req)
-		if err != nil {
-			return nil, nil, err
-		}
-		x, err := b.Exec(ctx, c, in, progressFor(ctx, req))
-		return b.result(ctx, x, err)
-	})
+	}, executionTool(b, func(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, in ExecArgs) (*Execution, error) {
+		return b.Exec(ctx, c, in, progressFor(ctx, req))
+	}))
 	mcp.AddTool(srv, &mcp.Tool{
 		Name:        "execution_status",
 		Title:       "Status of an execution",
 		Description: "The journal's record of one of your executions: state, exit code, evidence, the last output. For an execution whose outcome is unknown it asks the host again first. Reading never changes anything.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
-	}, func(ctx context.Context, req *mcp.CallToolRequest, in struct {
-		ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec"`
-	}) (*mcp.CallToolResult, *Execution, error) {
-		c, err := callerOf(req)
-		if err != nil {
-			return nil, nil, err
-		}
-		x, err := b.Status(ctx, c, in.ExecutionID, b.cfg.DefaultWait/3)
-		return b.result(ctx, x, err)
-	})
+	}, executionTool(b, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in executionRef) (*Execution, error) {
+		return b.Status(ctx, c, in.ExecutionID, b.cfg.DefaultWait/3)
+	}))
 	mcp.AddTool(srv, &mcp.Tool{
 		Name:        "execution_output",
 		Title:       "Read or follow an execution's output",
 		Description: "Attach to one of your executions: returns its output from the given offsets (stdout offset, stderr_offset), waiting up to wait_s (default 30) for new output or the end. Call again with stdout_offset+len(stdout) to read on. Never starts anything.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
-	}, func(ctx context.Context, req *mcp.CallToolRequest, in OutputArgs) (*mcp.CallToolResult, *Execution, error) {
-		c, err := callerOf(req)
-		if err != nil {
-			return nil, nil, err
-		}
-		x, err := b.Output(ctx, c, in)
-		return b.result(ctx, x, err)
-	})
+	}, executionTool(b, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in OutputArgs) (*Execution, error) {
+		return b.Output(ctx, c, in)
+	}))
 	mcp.AddTool(srv, &mcp.Tool{
 		Name:        "execution_cancel",
 		Title:       "Cancel an execution",
 		Description: "Cancel one of your executions: not yet dispatched → cancelled, nothing runs; running on its host → TERM, then KILL after the host's grace period. Cancelling an execution that already ended changes nothing. Calling it twice is the same as once.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: true, OpenWorldHint: boolPtr(true)},
-	}, func(ctx context.Context, req *mcp.CallToolRequest, in struct {
-		ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec"`
-	}) (*mcp.CallToolResult, *Execution, error) {
-		c, err := callerOf(req)
-		if err != nil {
-			return nil, nil, err
-		}
-		x, err := b.Cancel(ctx, c, in.ExecutionID)
-		return b.result(ctx, x, err)
-	})
+	}, executionTool(b, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in executionRef) (*Execution, error) {
+		return b.Cancel(ctx, c, in.ExecutionID)
+	}))
 	mcp.AddTool(srv, &mcp.Tool{
 		Name:        "executions_list",
 		Title:       "List your executions",
@@ -124,6 +100,24 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
 	})
 	return srv
+}
+
+// executionRef is the argument of the tools that name one execution.
+type executionRef struct {
+	ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec"`
+}
+
+// executionTool is the handler of a tool that returns one execution: the caller comes from
+// the transport, the result is tracked for delivery.
+func executionTool[In any](b *Bastion, do func(context.Context, *mcp.CallToolRequest, transport.Caller, In) (*Execution, error)) mcp.ToolHandlerFor[In, *Execution] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, *Execution, error) {
+		c, err := callerOf(req)
+		if err != nil {
+			return nil, nil, err
+		}
+		x, err := do(ctx, req, c, in)
+		return b.result(ctx, x, err)
+	}
 }
 
 func callerOf(req *mcp.CallToolRequest) (transport.Caller, error) {
