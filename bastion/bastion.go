@@ -17,6 +17,7 @@ import (
 
 	"github.com/postern-dev/postern/internal/durable"
 	"github.com/postern-dev/postern/markers"
+	"github.com/postern-dev/postern/plugins"
 )
 
 // Options configure Open.
@@ -45,6 +46,7 @@ type Bastion struct {
 	classes *classes
 	metrics *metrics
 	clientK gossh.Signer
+	plugin  *plugins.Manager // nil when no HTTP plugin is configured
 
 	ctx    context.Context // ended by Close: drivers stop waiting, the hosts go on
 	cancel context.CancelFunc
@@ -110,10 +112,19 @@ func Open(opts Options) (*Bastion, error) {
 		journal.Close()
 		return nil, err
 	}
+	var plugin *plugins.Manager
+	if cfg.HTTPPlugin.Path != "" {
+		plugin, err = plugins.NewManager(plugins.ManagerOptions{Path: cfg.HTTPPlugin.Path, SHA256: cfg.HTTPPlugin.SHA256, Logger: opts.Logger.With("component", "http-plugin")})
+		if err != nil {
+			pool.Close()
+			journal.Close()
+			return nil, fmt.Errorf("bastion: http plugin: %w", err)
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Bastion{
 		cfg: cfg, log: opts.Logger, now: opts.Now, journal: journal, fp: fp, inv: inv, pool: pool,
-		classes: cls, metrics: newMetrics(), clientK: clientKey,
+		classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin,
 		ctx: ctx, cancel: cancel, drivers: map[string]*driver{},
 	}
 	b.metrics.registry.MustRegister(inFlight{b})
@@ -135,6 +146,9 @@ func (b *Bastion) Close() error {
 	b.cancel()
 	b.wg.Wait()
 	b.pool.Close()
+	if b.plugin != nil {
+		b.plugin.Close()
+	}
 	return b.journal.Close()
 }
 

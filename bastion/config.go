@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/postern-dev/postern/markers"
 )
 
 // Config is the bastion's configuration file (TOML). Durations are strings in
@@ -46,6 +48,16 @@ type Config struct {
 	Classes []ClassConfig `toml:"classes"`
 	// Rules map hosts and command patterns to action classes; the first match wins.
 	Rules []RuleConfig `toml:"rules"`
+
+	// HTTPPlugin is the plugin binary that performs http_request (pinned by its SHA-256).
+	HTTPPlugin PluginConfig `toml:"http_plugin"`
+	// Endpoints are the HTTP APIs agents may call, by name.
+	Endpoints []EndpointConfig `toml:"endpoints"`
+	// Credentials are the secrets endpoints use, by reference; their values are read at
+	// dispatch from a file or an environment variable, never stored.
+	Credentials []CredentialConfig `toml:"credentials"`
+	// MaxRequestBodyBytes bounds an http_request body. Default 256 KiB.
+	MaxRequestBodyBytes int `toml:"max_request_body_bytes"`
 
 	// DefaultWait is how long a tool call waits for a command before returning it as
 	// running. Default 30s; a call's wait_s may ask for up to MaxWait (default 5m).
@@ -86,17 +98,60 @@ type RuleConfig struct {
 	Commands []string `toml:"commands"`
 }
 
+// PluginConfig locates a plugin binary and pins it.
+type PluginConfig struct {
+	Path   string `toml:"path"`
+	SHA256 string `toml:"sha256"`
+}
+
+// EndpointConfig is one HTTP API agents may call through http_request.
+type EndpointConfig struct {
+	Name    string `toml:"name"`
+	BaseURL string `toml:"base_url"`
+	// Methods allowed (upper case). Default ["GET"].
+	Methods []string `toml:"methods"`
+	// PathPrefixes the request path must start with. Default ["/"].
+	PathPrefixes []string `toml:"path_prefixes"`
+	// Class decides what an unknown outcome allows (DESIGN.md). Default idempotent_write.
+	Class string `toml:"class"`
+	// Credential names a [[credentials]] entry ("" = none).
+	Credential string `toml:"credential"`
+	// Timeout bounds one request. Default 30s.
+	Timeout time.Duration `toml:"timeout"`
+	// KeepHeaders are the response headers results carry. Default Content-Type, Location,
+	// Idempotent-Replayed, Retry-After.
+	KeepHeaders []string `toml:"keep_headers"`
+	// StatusCheck is the path (under BaseURL) a conditional_write endpoint answers "did
+	// execution {execution_id} take effect?" on: 2xx yes, 404 no.
+	StatusCheck string `toml:"status_check"`
+	// MaxResponseBytes bounds a stored response body. Default 256 KiB.
+	MaxResponseBytes int64 `toml:"max_response_bytes"`
+}
+
+// CredentialConfig is a secret by reference.
+type CredentialConfig struct {
+	Name string `toml:"name"`
+	// Kind is bearer (Authorization: Bearer), basic (with Username) or header (Header: value).
+	Kind     string `toml:"kind"`
+	Header   string `toml:"header"`
+	Username string `toml:"username"`
+	// File or Env holds the secret; exactly one.
+	File string `toml:"file"`
+	Env  string `toml:"env"`
+}
+
 // DefaultConfig returns the defaults for state dir dir.
 func DefaultConfig(dir string) Config {
 	return Config{
-		StateDir:          dir,
-		Listen:            "127.0.0.1:7410",
-		DefaultWait:       30 * time.Second,
-		MaxWait:           5 * time.Minute,
-		MaxCommandBytes:   64 << 10,
-		OutputTailBytes:   64 << 10,
-		MaxBodyBytes:      1 << 20,
-		ReconcileInterval: 15 * time.Second,
+		StateDir:            dir,
+		Listen:              "127.0.0.1:7410",
+		DefaultWait:         30 * time.Second,
+		MaxWait:             5 * time.Minute,
+		MaxCommandBytes:     64 << 10,
+		OutputTailBytes:     64 << 10,
+		MaxBodyBytes:        1 << 20,
+		ReconcileInterval:   15 * time.Second,
+		MaxRequestBodyBytes: 256 << 10,
 	}
 }
 
@@ -246,5 +301,9 @@ func (c Config) Validate() error {
 	if c.ReconcileInterval <= 0 {
 		bad("reconcile_interval must be positive")
 	}
+	if c.MaxRequestBodyBytes <= 0 || c.MaxRequestBodyBytes > markers.MaxResultBytes/2 {
+		bad("max_request_body_bytes must be in 1..%d, got %d", markers.MaxResultBytes/2, c.MaxRequestBodyBytes)
+	}
+	errs = append(errs, c.validateHTTP(classes)...)
 	return errors.Join(errs...)
 }

@@ -105,6 +105,10 @@ func (b *Bastion) startDriver(rec *markers.Record) *driver {
 		var once sync.Once
 		asked := func() { once.Do(func() { close(d.asked) }) }
 		defer asked()
+		if rec.Channel == "http" {
+			b.driveHTTP(d, asked)
+			return
+		}
 		b.drive(d, asked)
 	})
 	return d
@@ -445,38 +449,58 @@ func copyOutcome(r, m *markers.Record) {
 	r.Validated = m.Validated
 }
 
-// finish journals a terminal outcome with the captured output tail in the same write.
+// finish journals a terminal outcome of an SSH execution with the captured output tail in
+// the same write.
 func (b *Bastion) finish(d *driver, to markers.State, note string, mutate func(*markers.Record)) {
-	rec := d.record()
 	out, outFrom := d.stdout.last(b.cfg.OutputTailBytes)
 	errb, errFrom := d.stderr.last(b.cfg.OutputTailBytes)
 	result, err := json.Marshal(storedResult{Stdout: out, StdoutOffset: outFrom, Stderr: errb, StderrOffset: errFrom})
 	if err != nil {
-		b.log.Error("encode result", "execution_id", rec.ID, "err", err)
+		b.log.Error("encode result", "execution_id", d.id, "err", err)
 		return
 	}
-	path := []markers.State{to}
-	started := d.unjournaledStart()
-	if started != nil && to != markers.Failed {
-		path = []markers.State{markers.Running, to}
-	}
-	next, err := b.journal.AdvanceWithResult(b.ctx, rec.ID, rec.State, path, note, result, func(r *markers.Record) error {
-		if started != nil && r.PID == 0 {
-			r.PID, r.PIDStart = started.PID, started.PIDStart
-		}
+	b.record(d, to, note, result, func(r *markers.Record) {
 		if mutate != nil {
 			mutate(r)
 		}
 		if r.Output.StdoutBytes == 0 && r.Output.StdoutSHA256 == "" {
 			r.Output = markers.Output{StdoutBytes: d.stdout.size(), StderrBytes: d.stderr.size()}
 		}
+	})
+}
+
+// record journals a terminal outcome and its stored result (if any) in one write. A start
+// the host confirmed but the journal does not show yet is written as running first.
+func (b *Bastion) record(d *driver, to markers.State, note string, result []byte, mutate func(*markers.Record)) {
+	rec := d.record()
+	path := []markers.State{to}
+	started := d.unjournaledStart()
+	if started != nil && to != markers.Failed {
+		path = []markers.State{markers.Running, to}
+	}
+	apply := func(r *markers.Record) error {
+		if started != nil && r.PID == 0 {
+			r.PID, r.PIDStart = started.PID, started.PIDStart
+		}
+		if mutate != nil {
+			mutate(r)
+		}
 		if to == markers.Failed {
 			r.IsError = true
 		}
-		r.ResultRef = "journal:" + rec.ID
+		if result != nil {
+			r.ResultRef = "journal:" + rec.ID
+		}
 		r.Evidence = appendBounded(r.Evidence, note)
 		return nil
-	})
+	}
+	var next *markers.Record
+	var err error
+	if result != nil {
+		next, err = b.journal.AdvanceWithResult(b.ctx, rec.ID, rec.State, path, note, result, apply)
+	} else {
+		next, err = b.journal.Advance(b.ctx, rec.ID, rec.State, path, note, apply)
+	}
 	if err != nil {
 		b.journalFailed(d, b.log, string(to), err)
 		return

@@ -131,22 +131,19 @@ func scope(c transport.Caller, runID string) string {
 	return "window"
 }
 
-// intent is one call resolved to its identity.
-type intent struct {
+// claim is one call resolved to its identity, whatever its channel: who, in which scope,
+// the canonical action and its fingerprint, and the record to journal if it is new.
+type claim struct {
 	caller      transport.Caller
-	args        ExecArgs
-	host        Host
-	class       ClassConfig
 	scope       string
 	action      ActionRecord
 	fingerprint string
-	cwd         string
+	// record is the execution to accept (identity and what it does); the journal sets the
+	// rest.
+	record markers.Record
 }
 
-func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*intent, error) {
-	if c.Actor == "" {
-		return nil, &ToolError{Code: "unauthenticated", Message: "no caller identity"}
-	}
+func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*claim, error) {
 	if err := b.validate(&a); err != nil {
 		return nil, err
 	}
@@ -157,13 +154,11 @@ func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*intent, error) {
 	if err != nil {
 		return nil, err
 	}
-	in := &intent{caller: c, args: a, host: host, scope: scope(c, a.RunID)}
-	in.class = b.classes.forCommand(host.Name, host.Groups, a.Command)
-	in.cwd = a.Cwd
-	if in.cwd == "" {
-		in.cwd = host.Cwd
+	cwd := a.Cwd
+	if cwd == "" {
+		cwd = host.Cwd
 	}
-	materializedCwd := in.cwd
+	materializedCwd := cwd
 	if materializedCwd == "" {
 		materializedCwd = "~"
 	}
@@ -171,11 +166,13 @@ func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*intent, error) {
 	if env == nil {
 		env = map[string]string{}
 	}
-	in.action = ActionRecord{
+	target := SSHTarget(host.Name, host.HostKey.Type(), fingerprintSHA256(host))
+	cl := &claim{caller: c, scope: scope(c, a.RunID)}
+	cl.action = ActionRecord{
 		Actor:   c.Actor,
 		Tool:    "ssh_exec",
 		Channel: "ssh",
-		Target:  SSHTarget(host.Name, host.HostKey.Type(), fingerprintSHA256(host)),
+		Target:  target,
 		Account: host.Account,
 		Command: shellCommand(a.Command),
 		Cwd:     materializedCwd,
@@ -184,18 +181,29 @@ func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*intent, error) {
 			"timeout_s":     a.TimeoutS,
 			"operation_key": a.OperationKey,
 		},
-		IntentScope: in.scope,
+		IntentScope: cl.scope,
 	}
-	if in.fingerprint, err = b.fp.Fingerprint(in.action); err != nil {
-		return nil, err
+	cl.record = markers.Record{
+		IdempotencyKey: a.IdempotencyKey,
+		OperationKey:   a.OperationKey,
+		Tool:           "ssh_exec",
+		Channel:        "ssh",
+		Target:         target,
+		Account:        host.Account,
+		Command:        shellCommand(a.Command),
+		Cwd:            cwd,
+		Class:          b.classes.forCommand(host.Name, host.Groups, a.Command).Name,
+		Host:           host.Name,
+		Env:            a.Env,
+		TimeoutSeconds: a.TimeoutS,
 	}
-	return in, nil
+	return cl, nil
 }
 
 // sameRequest reports whether prior was made for the same request as in, whatever the
 // scope: an idempotency key is matched across scopes, so the comparison recomputes in's
 // fingerprint in prior's scope.
-func (b *Bastion) sameRequest(prior *markers.Record, in *intent) (bool, error) {
+func (b *Bastion) sameRequest(prior *markers.Record, in *claim) (bool, error) {
 	if prior.IntentScope == in.scope {
 		return prior.Fingerprint == in.fingerprint, nil
 	}
@@ -207,27 +215,41 @@ func (b *Bastion) sameRequest(prior *markers.Record, in *intent) (bool, error) {
 
 // Exec runs ssh_exec: it finds the execution this call belongs to — a prior one of the
 // same intent, by the matching rule or the idempotency key — or accepts a new one, and waits
-// up to wait_s for it. progress, if set, is told about output as it arrives.
+// up to wait_s for it. progress, if set, is told about the execution while it waits.
 func (b *Bastion) Exec(ctx context.Context, c transport.Caller, a ExecArgs, progress func(*Execution)) (*Execution, error) {
-	in, err := b.resolve(c, a)
+	cl, err := b.resolve(c, a)
 	if err != nil {
 		b.metrics.rejected.WithLabelValues(errorCode(err)).Inc()
 		return nil, err
 	}
-	wait := b.waitFor(a.WaitS)
-	if a.IdempotencyKey != "" {
-		unlock := b.intake.lock("k\x00" + c.Actor + "\x00" + a.IdempotencyKey)
+	return b.submit(ctx, cl, b.waitFor(a.WaitS), progress)
+}
+
+// submit fingerprints a claim and answers it: the prior execution it matches (by
+// idempotency key, then by the matching rule), or a new one, accepted (journaled) and
+// handed to a driver.
+func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, progress func(*Execution)) (*Execution, error) {
+	c := cl.caller
+	if c.Actor == "" {
+		return nil, &ToolError{Code: "unauthenticated", Message: "no caller identity"}
+	}
+	var err error
+	if cl.fingerprint, err = b.fp.Fingerprint(cl.action); err != nil {
+		return nil, err
+	}
+	if key := cl.record.IdempotencyKey; key != "" {
+		unlock := b.intake.lock("k\x00" + c.Actor + "\x00" + key)
 		defer unlock()
-		prior, err := b.journal.FindByIdempotencyKey(c.Actor, a.IdempotencyKey)
+		prior, err := b.journal.FindByIdempotencyKey(c.Actor, key)
 		same := false
 		if err == nil {
-			same, err = b.sameRequest(prior, in)
+			same, err = b.sameRequest(prior, cl)
 		}
 		switch {
 		case err == nil && !same:
 			b.metrics.rejected.WithLabelValues(CodeIdempotencyKeyReused).Inc()
 			return nil, &ToolError{Code: CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
-				"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", a.IdempotencyKey, prior.ID)}
+				"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", key, prior.ID)}
 		case err == nil:
 			b.metrics.dedup.WithLabelValues("idempotency_key").Inc()
 			return b.join(ctx, prior, wait, progress)
@@ -235,8 +257,8 @@ func (b *Bastion) Exec(ctx context.Context, c transport.Caller, a ExecArgs, prog
 			return nil, journalError(err)
 		}
 	}
-	unlock := b.intake.lock("f\x00" + c.Actor + "\x00" + in.scope + "\x00" + in.fingerprint)
-	prior, err := b.journal.FindByFingerprint(c.Actor, in.scope, in.fingerprint)
+	unlock := b.intake.lock("f\x00" + c.Actor + "\x00" + cl.scope + "\x00" + cl.fingerprint)
+	prior, err := b.journal.FindByFingerprint(c.Actor, cl.scope, cl.fingerprint)
 	switch {
 	case err == nil && b.matches(prior):
 		unlock()
@@ -246,7 +268,7 @@ func (b *Bastion) Exec(ctx context.Context, c transport.Caller, a ExecArgs, prog
 		unlock()
 		return nil, journalError(err)
 	}
-	rec, err := b.accept(ctx, in)
+	rec, err := b.accept(ctx, cl)
 	unlock()
 	if err != nil {
 		return nil, err
@@ -259,29 +281,14 @@ func (b *Bastion) Exec(ctx context.Context, c transport.Caller, a ExecArgs, prog
 }
 
 // accept journals a new execution (synced) before anything else happens to it.
-func (b *Bastion) accept(ctx context.Context, in *intent) (*markers.Record, error) {
+func (b *Bastion) accept(ctx context.Context, cl *claim) (*markers.Record, error) {
 	id, err := markers.NewExecutionID(b.now())
 	if err != nil {
 		return nil, err
 	}
-	rec, err := b.journal.Create(ctx, &markers.Record{
-		ID:             id,
-		Actor:          in.caller.Actor,
-		IntentScope:    in.scope,
-		Fingerprint:    in.fingerprint,
-		IdempotencyKey: in.args.IdempotencyKey,
-		OperationKey:   in.args.OperationKey,
-		Tool:           "ssh_exec",
-		Channel:        "ssh",
-		Target:         SSHTarget(in.host.Name, in.host.HostKey.Type(), fingerprintSHA256(in.host)),
-		Account:        in.host.Account,
-		Command:        shellCommand(in.args.Command),
-		Cwd:            in.cwd,
-		Class:          in.class.Name,
-		Host:           in.host.Name,
-		Env:            in.args.Env,
-		TimeoutSeconds: in.args.TimeoutS,
-	})
+	r := cl.record
+	r.ID, r.Actor, r.IntentScope, r.Fingerprint = id, cl.caller.Actor, cl.scope, cl.fingerprint
+	rec, err := b.journal.Create(ctx, &r)
 	if err != nil {
 		return nil, journalError(err)
 	}

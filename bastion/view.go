@@ -40,11 +40,18 @@ type Execution struct {
 	StderrOffset int64  `json:"stderr_offset"`
 	StderrBytes  int64  `json:"stderr_bytes"`
 	// OutputSHA256 is the host's digest of the whole stdout, when the execution ended.
-	OutputSHA256 string     `json:"stdout_sha256,omitempty"`
-	AcceptedAt   time.Time  `json:"accepted_at"`
-	DispatchedAt *time.Time `json:"dispatched_at,omitempty"`
-	FinishedAt   *time.Time `json:"finished_at,omitempty"`
-	Evidence     []string   `json:"evidence,omitempty"`
+	OutputSHA256 string `json:"stdout_sha256,omitempty"`
+	// HTTP executions: the response (status, kept headers, body up to the endpoint's cap).
+	HTTPStatus         int                 `json:"http_status,omitempty"`
+	ResponseHeader     map[string][]string `json:"response_headers,omitempty"`
+	ResponseBody       string              `json:"response_body,omitempty"`
+	ResponseBytes      int64               `json:"response_bytes,omitempty"`
+	ResponseTruncated  bool                `json:"response_truncated,omitempty"`
+	IdempotentReplayed bool                `json:"idempotent_replayed,omitempty"`
+	AcceptedAt         time.Time           `json:"accepted_at"`
+	DispatchedAt       *time.Time          `json:"dispatched_at,omitempty"`
+	FinishedAt         *time.Time          `json:"finished_at,omitempty"`
+	Evidence           []string            `json:"evidence,omitempty"`
 	// Next says what is safe to do now.
 	Next string `json:"next"`
 }
@@ -59,6 +66,9 @@ func (x *Execution) Summary() string {
 	if x.Signal != "" {
 		fmt.Fprintf(&sb, " (%s)", x.Signal)
 	}
+	if x.HTTPStatus != 0 {
+		fmt.Fprintf(&sb, " (HTTP %d)", x.HTTPStatus)
+	}
 	if x.Replayed {
 		sb.WriteString(" [replayed: no new dispatch]")
 	}
@@ -69,6 +79,13 @@ func (x *Execution) Summary() string {
 	}
 	if x.Stderr != "" {
 		fmt.Fprintf(&sb, "\n--- stderr (from byte %d of %d) ---\n%s", x.StderrOffset, x.StderrBytes, x.Stderr)
+	}
+	if x.ResponseBody != "" {
+		truncated := ""
+		if x.ResponseTruncated {
+			truncated = fmt.Sprintf(", truncated from %d bytes", x.ResponseBytes)
+		}
+		fmt.Fprintf(&sb, "\n--- response body%s ---\n%s", truncated, x.ResponseBody)
 	}
 	return sb.String()
 }
@@ -82,6 +99,7 @@ func (b *Bastion) view(rec *markers.Record) *Execution {
 		Host:            rec.Host,
 		Command:         commandLine(rec),
 		Class:           rec.Class,
+		HTTPStatus:      rec.HTTPStatus,
 		Signal:          rec.Signal,
 		IsError:         rec.IsError,
 		StdoutBytes:     rec.Output.StdoutBytes,
@@ -111,6 +129,9 @@ func nextStep(rec *markers.Record) string {
 	case markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running:
 		return fmt.Sprintf("Still in progress. Wait with execution_output {execution_id: %q} or execution_status; do not call ssh_exec again for this — a retry joins this execution anyway.", rec.ID)
 	case markers.Unknown:
+		if rec.Channel == "http" {
+			return fmt.Sprintf("The outcome is NOT known: the request may or may not have taken effect at %s. What Postern does depends on the endpoint's class (%s): read_only and idempotent_write are sent again with the same Idempotency-Key, conditional_write is checked first, irreversible is never re-sent and needs an operator's review. Check execution_status {execution_id: %q}; do not send it as a new request unless you verified it did not take effect.", rec.Host, rec.Class, rec.ID)
+		}
 		return fmt.Sprintf("The outcome is NOT known: the command may or may not have run. Postern keeps asking the host; check execution_status {execution_id: %q} later. Do not re-run it as a new command unless you have verified on the host that it did not take effect.", rec.ID)
 	case markers.Completed:
 		return "Finished; the outcome above is final."
@@ -133,6 +154,14 @@ func (b *Bastion) stored(rec *markers.Record) *Execution {
 	x := b.view(rec)
 	raw, err := b.journal.Result(rec.ID)
 	if err != nil {
+		return x
+	}
+	if rec.Channel == "http" {
+		var r storedResponse
+		if json.Unmarshal(raw, &r) == nil {
+			x.HTTPStatus, x.ResponseHeader, x.ResponseBody = r.Status, r.Header, string(r.Body)
+			x.ResponseBytes, x.ResponseTruncated, x.IdempotentReplayed = r.BodyBytes, r.BodyTruncated, r.IdempotentReplayed
+		}
 		return x
 	}
 	var r storedResult

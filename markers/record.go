@@ -33,8 +33,11 @@ type Record struct {
 	Command []string `json:"command,omitempty"`
 	Cwd     string   `json:"cwd,omitempty"`
 	Class   string   `json:"class,omitempty"`
-	// Host is the inventory name of the target host (SSH executions).
+	// Host is the inventory name of the target host (SSH) or the endpoint's name (HTTP).
 	Host string `json:"host,omitempty"`
+	// Request is what an HTTP execution sends (method, URL, headers, body — never the
+	// credential), kept so the same request can be sent again under the same id.
+	Request json.RawMessage `json:"request,omitempty"`
 	// Env and TimeoutSeconds complete what the bastion needs to dispatch the execution again
 	// after a restart (never secrets: secrets are resolved at dispatch, not stored).
 	Env            map[string]string `json:"env,omitempty"`
@@ -130,6 +133,7 @@ func (r *Record) Clone() *Record {
 	if r.Env != nil {
 		c.Env = maps.Clone(r.Env)
 	}
+	c.Request = append(json.RawMessage(nil), r.Request...)
 	if r.StateTimes != nil {
 		c.StateTimes = make(map[State]time.Time, len(r.StateTimes))
 		for k, v := range r.StateTimes {

@@ -1,0 +1,649 @@
+package bastion
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"net/url"
+	"os"
+	"path"
+	"regexp"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/gowebpki/jcs"
+
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/markers"
+	"github.com/postern-dev/postern/plugins"
+)
+
+// HTTPArgs are the arguments of http_request.
+type HTTPArgs struct {
+	Endpoint       string              `json:"endpoint" jsonschema:"name of a configured endpoint"`
+	Method         string              `json:"method" jsonschema:"HTTP method, allowed by the endpoint"`
+	Path           string              `json:"path" jsonschema:"path under the endpoint's base URL, within its allowed prefixes"`
+	Query          map[string][]string `json:"query,omitempty" jsonschema:"query parameters"`
+	JSON           any                 `json:"json,omitempty" jsonschema:"JSON request body (sent in RFC 8785 canonical form)"`
+	Text           *string             `json:"text,omitempty" jsonschema:"text request body (instead of json)"`
+	Headers        map[string]string   `json:"headers,omitempty" jsonschema:"extra request headers (never Authorization or the credential's header: the bastion injects the credential)"`
+	RunID          string              `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to"`
+	IdempotencyKey string              `json:"idempotency_key,omitempty" jsonschema:"client-made key: the same key and request return the same execution; the same key with another request is an error"`
+	WaitS          *int                `json:"wait_s,omitempty" jsonschema:"how long to wait for the response (default 30)"`
+}
+
+// httpRequest is what an HTTP execution sends, as journaled (Record.Request): never the
+// credential, which is resolved at each dispatch.
+type httpRequest struct {
+	Method string              `json:"method"`
+	URL    string              `json:"url"`
+	Header map[string][]string `json:"header,omitempty"`
+	Body   []byte              `json:"body,omitempty"`
+}
+
+// storedResponse is the journaled result of an HTTP execution.
+type storedResponse struct {
+	Status             int                 `json:"status"`
+	Header             map[string][]string `json:"header,omitempty"`
+	Body               []byte              `json:"body,omitempty"`
+	BodyBytes          int64               `json:"body_bytes"`
+	BodyTruncated      bool                `json:"body_truncated,omitempty"`
+	IdempotentReplayed bool                `json:"idempotent_replayed,omitempty"`
+}
+
+// Defaults and bounds of endpoints and requests.
+const (
+	defaultEndpointTimeout  = 30 * time.Second
+	defaultMaxResponseBytes = 256 << 10
+	maxQueryKeys            = 64
+	maxQueryBytes           = 16 << 10
+	maxHeaders              = 32
+	maxHeaderValueBytes     = 4096
+	maxSecretBytes          = 16 << 10
+)
+
+var defaultKeepHeaders = []string{"Content-Type", "Location", "Idempotent-Replayed", "Retry-After"}
+
+// forbiddenHeaders are set by the bastion or the transport, never by an agent.
+var forbiddenHeaders = map[string]bool{
+	"Authorization": true, "Proxy-Authorization": true, "Cookie": true, "Host": true,
+	"Content-Length": true, "Transfer-Encoding": true, "Connection": true, "Upgrade": true,
+	"Te": true, "Trailer": true, "Keep-Alive": true, "Proxy-Connection": true, "Idempotency-Key": true,
+	"Expect": true,
+}
+
+var headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
+
+// validateHTTP checks the endpoints, credentials and plugin of a config.
+func (c Config) validateHTTP(classes map[string]bool) []error {
+	var errs []error
+	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("config: "+format, args...)) }
+	if (c.HTTPPlugin.Path == "") != (c.HTTPPlugin.SHA256 == "") {
+		bad("http_plugin: path and sha256 go together (sha256sum the binary to pin it)")
+	}
+	if len(c.Endpoints) > 0 && c.HTTPPlugin.Path == "" {
+		bad("endpoints need an [http_plugin] path and sha256")
+	}
+	creds := map[string]bool{}
+	for i, cr := range c.Credentials {
+		switch {
+		case !actorName.MatchString(cr.Name):
+			bad("credentials[%d]: invalid name %q", i, cr.Name)
+		case creds[cr.Name]:
+			bad("credentials[%d]: duplicate name %q", i, cr.Name)
+		case cr.Kind != "bearer" && cr.Kind != "basic" && cr.Kind != "header":
+			bad("credentials[%d] (%s): kind must be bearer, basic or header", i, cr.Name)
+		case cr.Kind == "header" && (!headerName.MatchString(cr.Header) || forbiddenHeaders[http.CanonicalHeaderKey(cr.Header)] && http.CanonicalHeaderKey(cr.Header) != "Authorization"):
+			bad("credentials[%d] (%s): header must be a valid header name", i, cr.Name)
+		case cr.Kind == "basic" && cr.Username == "":
+			bad("credentials[%d] (%s): basic needs a username", i, cr.Name)
+		case (cr.File == "") == (cr.Env == ""):
+			bad("credentials[%d] (%s): exactly one of file and env holds the secret", i, cr.Name)
+		case cr.File != "" && !strings.HasPrefix(cr.File, "/"):
+			bad("credentials[%d] (%s): file must be an absolute path", i, cr.Name)
+		}
+		creds[cr.Name] = true
+	}
+	names := map[string]bool{}
+	for i, e := range c.Endpoints {
+		if !actorName.MatchString(e.Name) || names[e.Name] {
+			bad("endpoints[%d]: invalid or duplicate name %q", i, e.Name)
+		}
+		names[e.Name] = true
+		u, err := url.Parse(e.BaseURL)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
+			bad("endpoints[%d] (%s): base_url must be an http(s) URL without credentials, query or fragment", i, e.Name)
+		}
+		for _, m := range e.Methods {
+			if m != strings.ToUpper(m) || !headerName.MatchString(m) {
+				bad("endpoints[%d] (%s): method %q must be an upper-case token", i, e.Name, m)
+			}
+		}
+		for _, p := range e.PathPrefixes {
+			if !strings.HasPrefix(p, "/") || path.Clean(p) != strings.TrimSuffix(p, "/") && p != "/" {
+				bad("endpoints[%d] (%s): path prefix %q must be a clean absolute path", i, e.Name, p)
+			}
+		}
+		if e.Class != "" && !classes[e.Class] {
+			bad("endpoints[%d] (%s): unknown class %q", i, e.Name, e.Class)
+		}
+		if e.Credential != "" && !creds[e.Credential] {
+			bad("endpoints[%d] (%s): unknown credential %q", i, e.Name, e.Credential)
+		}
+		if e.Timeout < 0 || e.MaxResponseBytes < 0 || e.MaxResponseBytes > markers.MaxResultBytes/2 {
+			bad("endpoints[%d] (%s): timeout and max_response_bytes (≤ %d) must not be negative", i, e.Name, markers.MaxResultBytes/2)
+		}
+		if e.Class == ClassConditionalWrite && e.StatusCheck == "" {
+			bad("endpoints[%d] (%s): a conditional_write endpoint needs a status_check path", i, e.Name)
+		}
+	}
+	return errs
+}
+
+// endpoint returns the configured endpoint with defaults applied.
+func (b *Bastion) endpoint(name string) (EndpointConfig, bool) {
+	for _, e := range b.cfg.Endpoints {
+		if e.Name == name {
+			if len(e.Methods) == 0 {
+				e.Methods = []string{"GET"}
+			}
+			if len(e.PathPrefixes) == 0 {
+				e.PathPrefixes = []string{"/"}
+			}
+			if e.Class == "" {
+				e.Class = ClassIdempotentWrite
+			}
+			if e.Timeout == 0 {
+				e.Timeout = defaultEndpointTimeout
+			}
+			if e.MaxResponseBytes == 0 {
+				e.MaxResponseBytes = defaultMaxResponseBytes
+			}
+			if len(e.KeepHeaders) == 0 {
+				e.KeepHeaders = defaultKeepHeaders
+			}
+			return e, true
+		}
+	}
+	return EndpointConfig{}, false
+}
+
+func (b *Bastion) credential(name string) (CredentialConfig, bool) {
+	for _, c := range b.cfg.Credentials {
+		if c.Name == name {
+			return c, true
+		}
+	}
+	return CredentialConfig{}, false
+}
+
+// resolveHTTP validates an http_request and reduces it to its claim. Nothing here reads a
+// secret: the credential enters only by its reference.
+func (b *Bastion) resolveHTTP(c transport.Caller, a HTTPArgs) (*claim, error) {
+	ep, ok := b.endpoint(a.Endpoint)
+	if !ok {
+		return nil, &ToolError{Code: "unknown_endpoint", Message: fmt.Sprintf("no endpoint %q is configured", a.Endpoint)}
+	}
+	if b.plugin == nil {
+		return nil, &ToolError{Code: "http_unavailable", Message: "no HTTP plugin is configured"}
+	}
+	switch {
+	case a.RunID != "" && !transport.ValidRunID(a.RunID):
+		return nil, invalid("run_id must be 1-128 printable ASCII characters")
+	case !validKey(a.IdempotencyKey):
+		return nil, invalid("idempotency_key must be at most %d printable ASCII characters", maxKeyBytes)
+	case a.WaitS != nil && (*a.WaitS < 0 || time.Duration(*a.WaitS)*time.Second > b.cfg.MaxWait):
+		return nil, invalid("wait_s must be in 0..%d", int(b.cfg.MaxWait/time.Second))
+	}
+	method := a.Method
+	if !containsString(ep.Methods, method) {
+		return nil, invalid("method %q is not allowed on endpoint %s (allowed: %s)", method, ep.Name, strings.Join(ep.Methods, ", "))
+	}
+	if err := checkPath(a.Path, ep.PathPrefixes); err != nil {
+		return nil, err
+	}
+	query, err := normalizeQuery(a.Query)
+	if err != nil {
+		return nil, err
+	}
+	header, err := b.checkHeaders(a.Headers, ep)
+	if err != nil {
+		return nil, err
+	}
+	body, bodyArg, contentType, err := b.requestBody(a)
+	if err != nil {
+		return nil, err
+	}
+	if contentType != "" {
+		header["Content-Type"] = []string{contentType}
+	}
+	base, _ := url.Parse(ep.BaseURL) // validated with the config
+	target := *base
+	target.Path = strings.TrimSuffix(base.Path, "/") + a.Path
+	target.RawQuery = query.Encode()
+	request, err := json.Marshal(httpRequest{Method: method, URL: target.String(), Header: header, Body: body})
+	if err != nil {
+		return nil, err
+	}
+	headerArg := map[string]any{}
+	for k, v := range header {
+		headerArg[strings.ToLower(k)] = v
+	}
+	queryArg := map[string]any{}
+	for k, v := range query {
+		queryArg[k] = v
+	}
+	targetName := "endpoint:" + ep.Name + " " + base.Scheme + "://" + base.Host + target.Path
+	cl := &claim{caller: c, scope: scope(c, a.RunID)}
+	cl.action = ActionRecord{
+		Actor:         c.Actor,
+		Tool:          "http_request",
+		Channel:       "http",
+		Target:        targetName,
+		CredentialRef: ep.Credential,
+		Method:        method,
+		Arguments:     map[string]any{"query": queryArg, "body": bodyArg, "headers": headerArg},
+		IntentScope:   cl.scope,
+	}
+	cl.record = markers.Record{
+		IdempotencyKey: a.IdempotencyKey,
+		Tool:           "http_request",
+		Channel:        "http",
+		Target:         targetName,
+		Command:        []string{method, target.String()},
+		Class:          ep.Class,
+		Host:           ep.Name,
+		TimeoutSeconds: int(ep.Timeout / time.Second),
+		Request:        request,
+	}
+	return cl, nil
+}
+
+// HTTPRequest runs http_request: the same identity, matching rule and lifecycle as ssh_exec,
+// performed by the HTTP plugin.
+func (b *Bastion) HTTPRequest(ctx context.Context, c transport.Caller, a HTTPArgs, progress func(*Execution)) (*Execution, error) {
+	cl, err := b.resolveHTTP(c, a)
+	if err != nil {
+		b.metrics.rejected.WithLabelValues(errorCode(err)).Inc()
+		return nil, err
+	}
+	return b.submit(ctx, cl, b.waitFor(a.WaitS), progress)
+}
+
+func containsString(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}
+
+// checkPath accepts a clean absolute path under one of the prefixes (on a segment boundary).
+func checkPath(p string, prefixes []string) error {
+	if p == "" || p[0] != '/' || len(p) > 2048 || !utf8.ValidString(p) || strings.ContainsAny(p, "?#\\\x00\r\n") || path.Clean(p) != p && path.Clean(p)+"/" != p {
+		return invalid("path must be a clean absolute path without query or fragment (use query)")
+	}
+	for _, pre := range prefixes {
+		pre = strings.TrimSuffix(pre, "/")
+		if pre == "" || p == pre || strings.HasPrefix(p, pre+"/") {
+			return nil
+		}
+	}
+	return invalid("path %q is not under the endpoint's allowed prefixes (%s)", p, strings.Join(prefixes, ", "))
+}
+
+// normalizeQuery bounds the query; url.Values.Encode sorts it by key.
+func normalizeQuery(q map[string][]string) (url.Values, error) {
+	if len(q) > maxQueryKeys {
+		return nil, invalid("at most %d query keys", maxQueryKeys)
+	}
+	out := url.Values{}
+	size := 0
+	for k, vs := range q {
+		for _, v := range vs {
+			size += len(k) + len(v)
+			if !utf8.ValidString(k) || !utf8.ValidString(v) || strings.ContainsRune(k+v, 0) {
+				return nil, invalid("query must be UTF-8 text")
+			}
+		}
+		out[k] = append([]string(nil), vs...)
+	}
+	if size > maxQueryBytes {
+		return nil, invalid("query is longer than %d bytes", maxQueryBytes)
+	}
+	return out, nil
+}
+
+// checkHeaders refuses headers the bastion sets itself (credentials above all) and values
+// that could split a header (CR, LF, NUL).
+func (b *Bastion) checkHeaders(h map[string]string, ep EndpointConfig) (map[string][]string, error) {
+	if len(h) > maxHeaders {
+		return nil, invalid("at most %d headers", maxHeaders)
+	}
+	credHeader := ""
+	if cr, ok := b.credential(ep.Credential); ok && cr.Kind == "header" {
+		credHeader = http.CanonicalHeaderKey(cr.Header)
+	}
+	out := map[string][]string{}
+	for k, v := range h {
+		name := http.CanonicalHeaderKey(k)
+		switch {
+		case !headerName.MatchString(k):
+			return nil, invalid("header name %q is not a valid token", k)
+		case forbiddenHeaders[name] || name == credHeader:
+			return nil, invalid("header %s is set by the bastion, not by the caller (credentials are injected from the endpoint's credential_ref)", name)
+		case len(v) > maxHeaderValueBytes || strings.ContainsAny(v, "\r\n\x00") || !utf8.ValidString(v):
+			return nil, invalid("header %s: the value must be one line of UTF-8 text, at most %d bytes", name, maxHeaderValueBytes)
+		}
+		out[name] = []string{v}
+	}
+	return out, nil
+}
+
+// requestBody returns the bytes to send, the body as it enters the fingerprint, and its
+// content type. A JSON body is sent in its RFC 8785 canonical form, so what is fingerprinted
+// is exactly what is sent.
+func (b *Bastion) requestBody(a HTTPArgs) (body []byte, arg any, contentType string, err error) {
+	switch {
+	case a.JSON != nil && a.Text != nil:
+		return nil, nil, "", invalid("give json or text, not both")
+	case a.JSON != nil:
+		raw, err := json.Marshal(a.JSON)
+		if err != nil {
+			return nil, nil, "", invalid("json body: %v", err)
+		}
+		if body, err = jcs.Transform(raw); err != nil {
+			return nil, nil, "", invalid("json body: %v", err)
+		}
+		arg = map[string]any{"json": a.JSON}
+		contentType = "application/json"
+	case a.Text != nil:
+		if !utf8.ValidString(*a.Text) {
+			return nil, nil, "", invalid("text body must be UTF-8")
+		}
+		body, arg, contentType = []byte(*a.Text), map[string]any{"text": *a.Text}, "text/plain; charset=utf-8"
+	}
+	if len(body) > b.cfg.MaxRequestBodyBytes {
+		return nil, nil, "", invalid("body is %d bytes; the limit is %d", len(body), b.cfg.MaxRequestBodyBytes)
+	}
+	return body, arg, contentType, nil
+}
+
+// secret reads a credential's value at dispatch. It is handed to the plugin over its mTLS
+// channel and never stored, logged or returned.
+func secret(cr CredentialConfig) (*plugins.Credential, error) {
+	var value string
+	if cr.File != "" {
+		data, err := os.ReadFile(cr.File)
+		if err != nil {
+			return nil, fmt.Errorf("credential %s: read its file: %w", cr.Name, errors.Unwrap(err))
+		}
+		if len(data) > maxSecretBytes {
+			return nil, fmt.Errorf("credential %s: its file is larger than %d bytes", cr.Name, maxSecretBytes)
+		}
+		value = strings.TrimRight(string(data), "\r\n")
+	} else {
+		value = os.Getenv(cr.Env)
+	}
+	if value == "" {
+		return nil, fmt.Errorf("credential %s is empty or unset", cr.Name)
+	}
+	return &plugins.Credential{Kind: cr.Kind, Header: cr.Header, Username: cr.Username, Secret: value}, nil
+}
+
+// driveHTTP carries an HTTP execution through the plugin. The plugin journals dispatched
+// just before the first request byte is written and the outcome after; a crash is judged by
+// the boundary the journal shows. An unknown outcome is handled by the endpoint's class.
+func (b *Bastion) driveHTTP(d *driver, asked func()) {
+	rec := d.record()
+	log := b.log.With("execution_id", rec.ID, "endpoint", rec.Host)
+	defer asked()
+	switch rec.State {
+	case markers.Accepted:
+		next, err := b.journal.Transition(b.ctx, rec.ID, markers.Accepted, markers.Authorized, "authorized", nil)
+		if err != nil {
+			b.journalFailed(d, log, "authorize", err)
+			return
+		}
+		d.set(next)
+	case markers.Dispatched, markers.Running:
+		// In flight when the bastion stopped: the request may have been written.
+		if !b.toUnknown(d, "the bastion stopped while the request was in flight; whether it reached the target is unknown") {
+			return
+		}
+	}
+	for attempt := 1; attempt <= 2; attempt++ {
+		rec = d.record()
+		if rec.State == markers.Unknown {
+			if !b.resolveUnknownHTTP(d, log) {
+				return
+			}
+			asked()
+		}
+		if markers.Journal.Terminal(d.record().State) {
+			return
+		}
+		b.performHTTP(d, log)
+		if d.record().State != markers.Unknown || b.ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// resolveUnknownHTTP decides, by the endpoint's class, whether an unknown HTTP execution
+// may be sent again (DESIGN.md, "Action classes"). It returns true to send it again.
+func (b *Bastion) resolveUnknownHTTP(d *driver, log interface{ Info(string, ...any) }) bool {
+	rec := d.record()
+	ep, ok := b.endpoint(rec.Host)
+	if !ok {
+		b.toUnknown(d, "endpoint "+rec.Host+" is no longer configured; review required")
+		return false
+	}
+	switch ep.Class {
+	case ClassReadOnly, ClassIdempotentWrite:
+		note := "outcome unknown; " + ep.Class + ": sending the same request again with the same Idempotency-Key"
+		log.Info("re-sending", "why", note)
+		b.toUnknown(d, note)
+		return true
+	case ClassConditionalWrite:
+		return b.statusCheck(d, ep)
+	default:
+		b.toUnknown(d, "outcome unknown and the endpoint is "+ep.Class+": it is not sent again — review required")
+		return false
+	}
+}
+
+// statusCheck asks a conditional_write endpoint whether the execution took effect: 2xx yes
+// (completed, with the check's response), 404 no (send again), anything else stays unknown.
+func (b *Bastion) statusCheck(d *driver, ep EndpointConfig) bool {
+	rec := d.record()
+	base, _ := url.Parse(ep.BaseURL)
+	check := *base
+	check.Path = strings.TrimSuffix(base.Path, "/") + strings.ReplaceAll(ep.StatusCheck, "{execution_id}", rec.ID)
+	action, err := b.httpAction(rec, ep, httpRequest{Method: http.MethodGet, URL: check.String()})
+	if err != nil {
+		b.toUnknown(d, "status check not possible: "+err.Error())
+		return false
+	}
+	out, err := b.plugin.Perform(b.ctx, action, readOnlyJournal{id: rec.ID})
+	switch {
+	case err != nil || out.Response == nil:
+		b.toUnknown(d, fmt.Sprintf("status check failed (%v %s); the outcome stays unknown", err, out.Reason))
+		return false
+	case out.Response.Status/100 == 2:
+		b.finishHTTP(d, markers.Completed, fmt.Sprintf("status check %s answered %d: it took effect", check.Path, out.Response.Status), out.Response)
+		return false
+	case out.Response.Status == http.StatusNotFound:
+		b.toUnknown(d, "status check answered 404: it did not take effect; sending it again with the same Idempotency-Key")
+		return true
+	}
+	b.toUnknown(d, fmt.Sprintf("status check answered %d; the outcome stays unknown — review required", out.Response.Status))
+	return false
+}
+
+// httpAction builds what the plugin sends, with the credential resolved now.
+func (b *Bastion) httpAction(rec *markers.Record, ep EndpointConfig, req httpRequest) (plugins.HTTPAction, error) {
+	action := plugins.HTTPAction{
+		ExecutionID: rec.ID, Method: req.Method, URL: req.URL, Header: req.Header, Body: req.Body,
+		Timeout: ep.Timeout, MaxResponseBytes: ep.MaxResponseBytes, KeepHeaders: ep.KeepHeaders,
+	}
+	if ep.Credential != "" {
+		cr, ok := b.credential(ep.Credential)
+		if !ok {
+			return action, fmt.Errorf("credential %s is not configured", ep.Credential)
+		}
+		s, err := secret(cr)
+		if err != nil {
+			return action, err
+		}
+		action.Credential = s
+	}
+	return action, nil
+}
+
+// performHTTP sends the execution's request once through the plugin.
+func (b *Bastion) performHTTP(d *driver, log interface{ Warn(string, ...any) }) {
+	rec := d.record()
+	ep, ok := b.endpoint(rec.Host)
+	var req httpRequest
+	if ok {
+		ok = json.Unmarshal(rec.Request, &req) == nil
+	}
+	if !ok {
+		b.settleNotSent(d, "endpoint "+rec.Host+" or the journaled request is gone; nothing was sent")
+		return
+	}
+	action, err := b.httpAction(rec, ep, req)
+	if err != nil {
+		b.settleNotSent(d, err.Error()+"; nothing was sent")
+		return
+	}
+	_, err = b.plugin.Perform(b.ctx, action, httpJournal{b: b, d: d})
+	if err == nil || b.ctx.Err() != nil {
+		return
+	}
+	// The plugin did not see it through (crashed, or a journal call failed): the journal
+	// says which boundary it reached.
+	cur, gerr := b.journal.Get(rec.ID)
+	if gerr != nil {
+		b.journalFailed(d, b.log, "read after plugin error", gerr)
+		return
+	}
+	d.set(cur)
+	log.Warn("http plugin call ended without an outcome", "execution_id", rec.ID, "state", cur.State, "err", err)
+	switch cur.State {
+	case markers.Authorized:
+		b.finishHTTP(d, markers.Failed, fmt.Sprintf("the plugin failed before the request was written (%v); nothing was sent", err), nil)
+	case markers.Dispatched:
+		b.toUnknown(d, fmt.Sprintf("the plugin failed after the request was dispatched (%v); whether it reached the target is unknown", err))
+	}
+}
+
+// settleNotSent ends an execution that was not sent: failed from authorized, unknown if an
+// earlier attempt may have been sent.
+func (b *Bastion) settleNotSent(d *driver, note string) {
+	if d.record().State == markers.Unknown {
+		b.toUnknown(d, note)
+		return
+	}
+	b.finishHTTP(d, markers.Failed, note, nil)
+}
+
+// finishHTTP journals an HTTP outcome with the stored response in the same write.
+func (b *Bastion) finishHTTP(d *driver, to markers.State, note string, resp *plugins.HTTPResponse) {
+	var result []byte
+	var err error
+	if resp != nil {
+		result, err = json.Marshal(storedResponse{
+			Status: resp.Status, Header: resp.Header, Body: resp.Body, BodyBytes: resp.BodyBytes,
+			BodyTruncated: resp.BodyTruncated, IdempotentReplayed: resp.IdempotentReplayed,
+		})
+		if err != nil {
+			b.log.Error("encode response", "execution_id", d.id, "err", err)
+			return
+		}
+	}
+	b.record(d, to, note, result, func(r *markers.Record) {
+		if resp != nil {
+			r.HTTPStatus = resp.Status
+			r.IsError = resp.Status >= 400
+		}
+	})
+}
+
+// httpJournal is the journal the plugin reports to for one execution (served to it through
+// the go-plugin broker). Each call returns once the step is durable.
+type httpJournal struct {
+	b *Bastion
+	d *driver
+}
+
+func (j httpJournal) check(id string) error {
+	if id != j.d.id {
+		return fmt.Errorf("bastion: the plugin reported on %s while performing %s", id, j.d.id)
+	}
+	return nil
+}
+
+func (j httpJournal) Dispatched(ctx context.Context, id string) error {
+	if err := j.check(id); err != nil {
+		return err
+	}
+	rec := j.d.record()
+	next, err := j.b.journal.Transition(ctx, id, rec.State, markers.Dispatched, "request bytes handed to the OS", nil)
+	if err != nil {
+		return err
+	}
+	j.d.set(next)
+	j.b.metrics.dispatched.Inc()
+	return nil
+}
+
+func (j httpJournal) Completed(_ context.Context, id string, resp plugins.HTTPResponse) error {
+	if err := j.check(id); err != nil {
+		return err
+	}
+	note := fmt.Sprintf("HTTP %d", resp.Status)
+	if resp.IdempotentReplayed {
+		note += " (the target replayed its stored response: Idempotent-Replayed)"
+	}
+	j.b.finishHTTP(j.d, markers.Completed, note, &resp)
+	return j.outcomeErr(markers.Completed)
+}
+
+func (j httpJournal) Failed(_ context.Context, id, reason string) error {
+	if err := j.check(id); err != nil {
+		return err
+	}
+	j.b.finishHTTP(j.d, markers.Failed, "no request byte was written: "+reason, nil)
+	return j.outcomeErr(markers.Failed)
+}
+
+func (j httpJournal) Unknown(_ context.Context, id, reason string) error {
+	if err := j.check(id); err != nil {
+		return err
+	}
+	j.b.toUnknown(j.d, "the request was written and then "+reason)
+	return j.outcomeErr(markers.Unknown)
+}
+
+// outcomeErr tells the plugin whether the outcome it reported is durable.
+func (j httpJournal) outcomeErr(want markers.State) error {
+	if got := j.d.record().State; got != want {
+		return fmt.Errorf("bastion: journal did not record %s (execution is %s)", want, got)
+	}
+	return nil
+}
+
+// readOnlyJournal serves a status check: it is not an execution of its own, so nothing is
+// journaled for it (its answer is journaled as evidence of the execution it checks).
+type readOnlyJournal struct{ id string }
+
+func (readOnlyJournal) Dispatched(context.Context, string) error                      { return nil }
+func (readOnlyJournal) Completed(context.Context, string, plugins.HTTPResponse) error { return nil }
+func (readOnlyJournal) Failed(context.Context, string, string) error                  { return nil }
+func (readOnlyJournal) Unknown(context.Context, string, string) error                 { return nil }
