@@ -83,7 +83,14 @@ type HTTPAction struct {
 // String describes the action without its credential secret, header values or body.
 func (a HTTPAction) String() string {
 	return fmt.Sprintf("HTTPAction{execution_id=%s method=%s url=%s headers=%d body_bytes=%d credential=%s timeout=%s}",
-		a.ExecutionID, a.Method, a.URL, len(a.Header), len(a.Body), a.Credential, a.Timeout)
+		a.ExecutionID, a.Method, a.URL, len(a.Header), len(a.Body), a.credentialString(), a.Timeout)
+}
+
+func (a HTTPAction) credentialString() string {
+	if a.Credential == nil {
+		return "none"
+	}
+	return a.Credential.String()
 }
 
 // GoString is String: %#v must not dump the credential.
@@ -99,7 +106,7 @@ func (a HTTPAction) LogValue() slog.Value {
 		slog.String("method", a.Method),
 		slog.String("url", a.URL),
 		slog.Int("body_bytes", len(a.Body)),
-		slog.Any("credential", a.Credential),
+		slog.String("credential", a.credentialString()),
 		slog.Duration("timeout", a.Timeout),
 	)
 }
@@ -112,11 +119,8 @@ type Credential struct {
 	Secret   string `json:"secret"`
 }
 
-// String describes the credential without its secret. A nil credential prints "none".
-func (c *Credential) String() string {
-	if c == nil {
-		return "none"
-	}
+// String describes the credential without its secret.
+func (c Credential) String() string {
 	switch c.Kind {
 	case CredentialHeader:
 		return fmt.Sprintf("Credential{kind=%s header=%s secret=REDACTED}", c.Kind, c.Header)
@@ -128,13 +132,13 @@ func (c *Credential) String() string {
 }
 
 // GoString is String: %#v must not dump the secret.
-func (c *Credential) GoString() string { return c.String() }
+func (c Credential) GoString() string { return c.String() }
 
 // Format makes every fmt verb print String.
-func (c *Credential) Format(f fmt.State, _ rune) { _, _ = fmt.Fprint(f, c.String()) }
+func (c Credential) Format(f fmt.State, _ rune) { _, _ = fmt.Fprint(f, c.String()) }
 
 // LogValue gives slog the redacted form.
-func (c *Credential) LogValue() slog.Value { return slog.StringValue(c.String()) }
+func (c Credential) LogValue() slog.Value { return slog.StringValue(c.String()) }
 
 // HTTPResponse is what the target answered, reduced to what may be stored.
 type HTTPResponse struct {

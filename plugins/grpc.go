@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"sync"
 
 	"github.com/hashicorp/go-plugin"
 	"google.golang.org/grpc"
@@ -209,7 +210,12 @@ var _ Channel = (*channelClient)(nil)
 // action was invalid), as opposed to a broken connection.
 var errPerformRejected = errors.New("plugin rejected the action")
 
+// Perform serves journal to the plugin for the duration of the call. When it returns, no journal
+// method is running or will run for this call, so what the journal holds then is final for the
+// caller to judge.
 func (c *channelClient) Perform(ctx context.Context, action HTTPAction, journal Journal) (Outcome, error) {
+	gated := &callJournal{journal: journal}
+	defer gated.close()
 	brokerID := c.broker.NextId()
 	servers := make(chan *grpc.Server, 1)
 	served := make(chan struct{})
@@ -218,7 +224,7 @@ func (c *channelClient) Perform(ctx context.Context, action HTTPAction, journal 
 		c.broker.AcceptAndServe(brokerID, func(opts []grpc.ServerOption) *grpc.Server {
 			opts = append(opts, grpc.MaxRecvMsgSize(maxMessageBytes), grpc.MaxSendMsgSize(maxMessageBytes))
 			s := grpc.NewServer(opts...)
-			s.RegisterService(&journalServiceDesc, journal)
+			s.RegisterService(&journalServiceDesc, gated)
 			servers <- s
 			return s
 		})
@@ -245,4 +251,65 @@ func (c *channelClient) Perform(ctx context.Context, action HTTPAction, journal 
 		return Outcome{}, fmt.Errorf("plugins: perform %s: %w: %s", action.ExecutionID, errPerformRejected, st.Message())
 	}
 	return Outcome{}, fmt.Errorf("plugins: perform %s: %w: %w", action.ExecutionID, ErrPluginCrashed, err)
+}
+
+var errCallEnded = errors.New("the Perform call this journal served has returned")
+
+// callJournal is one Perform call's Journal: it refuses calls once the call has returned, and
+// close waits for calls in flight.
+type callJournal struct {
+	journal Journal
+
+	// mu is held for reading across each journal call and for writing by close.
+	mu     sync.RWMutex
+	closed bool
+}
+
+var _ Journal = (*callJournal)(nil)
+
+func (g *callJournal) enter() error {
+	g.mu.RLock()
+	if g.closed {
+		g.mu.RUnlock()
+		return errCallEnded
+	}
+	return nil
+}
+
+func (g *callJournal) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.closed = true
+}
+
+func (g *callJournal) Dispatched(ctx context.Context, executionID string) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.mu.RUnlock()
+	return g.journal.Dispatched(ctx, executionID)
+}
+
+func (g *callJournal) Completed(ctx context.Context, executionID string, resp HTTPResponse) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.mu.RUnlock()
+	return g.journal.Completed(ctx, executionID, resp)
+}
+
+func (g *callJournal) Failed(ctx context.Context, executionID, reason string) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.mu.RUnlock()
+	return g.journal.Failed(ctx, executionID, reason)
+}
+
+func (g *callJournal) Unknown(ctx context.Context, executionID, reason string) error {
+	if err := g.enter(); err != nil {
+		return err
+	}
+	defer g.mu.RUnlock()
+	return g.journal.Unknown(ctx, executionID, reason)
 }
