@@ -706,3 +706,145 @@ func TestHTTPDuplicateWhileInFlight(t *testing.T) {
 	}
 	f.assertSecretNowhere(t)
 }
+
+// processGone reports whether pid has exited (gone, or a zombie nobody reaped yet).
+func processGone(pid int) bool {
+	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
+	if err != nil {
+		return true
+	}
+	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
+	return len(fields) > 0 && (fields[0] == "Z" || fields[0] == "X")
+}
+
+// TestHTTPBastionKilledMidRequest: the bastion is SIGKILLed while the target holds a
+// request (which took effect). The plugin dies with it; on restart the journal shows the
+// request dispatched, and the class decides: idempotent_write is sent again with the same
+// Idempotency-Key (the target replays it), irreversible stays unknown for review. The agent's
+// retry gets the same execution either way.
+func TestHTTPBastionKilledMidRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name, endpoint, wantState string
+		wantSent                  int
+	}{
+		{name: "idempotent_write", endpoint: epIdempotent, wantState: "completed", wantSent: 2},
+		{name: "irreversible", endpoint: epIrreversible, wantState: "unknown", wantSent: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newHTTPFleet(t, httpFleetOptions{})
+			ctx := testContext(t)
+			const path = "/v1/payments/crash"
+			f.target.Arm(path, testutil.FaultHold)
+			args := payment(tc.endpoint, path, 11)
+
+			lost := make(chan error, 1)
+			go func() {
+				_, err := f.call(ctx, f.bastion.Connect(t, "agent", runHeader("run-crash")), "http_request", args)
+				lost <- err
+			}()
+			f.target.WaitHeld(t, path)
+			plugin := pluginPID(t, f.bastion.PID())
+			if plugin == 0 {
+				t.Fatal("no postern-plugin-http child of the bastion")
+			}
+			f.bastion.Kill(t)
+			if err := <-lost; err == nil {
+				t.Fatal("the call returned a result from a killed bastion")
+			}
+			testutil.WaitFor(t, "the plugin to die with the bastion", func() bool { return processGone(plugin) })
+			f.target.Release(path) // the effect is stored under its key
+
+			f.bastion.Start(t)
+			x := f.mustCall(t, ctx, f.bastion.Connect(t, "agent", runHeader("run-crash")), args)
+			if x.State != tc.wantState || !x.Replayed {
+				t.Fatalf("retry after restart = %+v; want the execution, replayed, %s", x, tc.wantState)
+			}
+			reqs := f.target.RequestsTo(path)
+			if len(reqs) != tc.wantSent || f.target.Effects(x.ExecutionID) != 1 {
+				t.Fatalf("target saw %d requests, %d effects for %s; want %d, 1", len(reqs), f.target.Effects(x.ExecutionID), x.ExecutionID, tc.wantSent)
+			}
+			f.assertIdempotencyKeys(t, reqs, x.ExecutionID)
+			if tc.wantState == "completed" && !x.IdempotentReplayed {
+				t.Errorf("re-sent request = %+v; want the target's replay noted (idempotent_replayed)", x)
+			}
+			if tc.wantState == "unknown" && !hasEvidence(journaled(t, f.bastion, x.ExecutionID), "review required") {
+				t.Errorf("evidence %q; want review required", journaled(t, f.bastion, x.ExecutionID).Evidence)
+			}
+			f.assertSecretNowhere(t)
+		})
+	}
+}
+
+// TestHTTPIdempotencyKeyArgument: a client-made idempotency_key returns the same execution
+// for the same request, even in another run; reused for another request it is refused and
+// nothing is sent.
+func TestHTTPIdempotencyKeyArgument(t *testing.T) {
+	f := newHTTPFleet(t, httpFleetOptions{})
+	ctx := testContext(t)
+	args := payment(epIrreversible, "/v1/payments/keyed", 50)
+	args["idempotency_key"] = "order-1234"
+
+	first := f.mustCall(t, ctx, f.bastion.Connect(t, "agent", runHeader("run-a")), args)
+	again := f.mustCall(t, ctx, f.bastion.Connect(t, "agent", runHeader("run-b")), args)
+	if first.State != "completed" || again.ExecutionID != first.ExecutionID || !again.Replayed {
+		t.Fatalf("first %+v, again %+v; want one execution, the second replayed", first, again)
+	}
+	other := payment(epIrreversible, "/v1/payments/keyed", 51)
+	other["idempotency_key"] = "order-1234"
+	msg := f.mustRefuse(t, ctx, f.bastion.Connect(t, "agent", runHeader("run-c")), other)
+	if !strings.Contains(msg, "idempotency_key") || !strings.Contains(msg, first.ExecutionID) {
+		t.Fatalf("reused key refused with %q; want it to name the key and %s", msg, first.ExecutionID)
+	}
+	if n := len(f.target.RequestsTo("/v1/payments/keyed")); n != 1 {
+		t.Fatalf("target saw %d requests; want 1", n)
+	}
+	// The client's key never replaces the execution id on the wire.
+	f.assertIdempotencyKeys(t, f.target.RequestsTo("/v1/payments/keyed"), first.ExecutionID)
+	f.assertSecretNowhere(t)
+}
+
+// TestHTTPCredentialKinds: each kind of credential reaches the target in its own header, and
+// an agent cannot set a named credential header itself.
+func TestHTTPCredentialKinds(t *testing.T) {
+	target := testutil.StartHTTPTarget(t, testutil.HTTPTargetOptions{})
+	dir := t.TempDir()
+	secret := "kind-s3cr3t-" + newID(t)[3:]
+	if err := os.WriteFile(filepath.Join(dir, "s"), []byte(secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	endpoint := func(name, cred string) string {
+		return fmt.Sprintf("[[endpoints]]\nname = %q\nbase_url = %q\nmethods = [\"POST\"]\npath_prefixes = [\"/v1\"]\nclass = \"idempotent_write\"\ncredential = %q\n", name, target.URL, cred)
+	}
+	f := newHTTPFleet(t, httpFleetOptions{endpoints: []string{
+		fmt.Sprintf("[[credentials]]\nname = \"basic\"\nkind = \"basic\"\nusername = \"bot\"\nfile = %q", filepath.Join(dir, "s")),
+		fmt.Sprintf("[[credentials]]\nname = \"key\"\nkind = \"header\"\nheader = \"X-Api-Key\"\nfile = %q", filepath.Join(dir, "s")),
+		endpoint("with-basic", "basic"), endpoint("with-key", "key"),
+	}})
+	ctx := testContext(t)
+	cs := f.bastion.Connect(t, "agent", runHeader("run-kinds"))
+	for _, tc := range []struct {
+		endpoint, header, want string
+	}{
+		{"with-basic", "Authorization", "Basic " + base64.StdEncoding.EncodeToString([]byte("bot:"+secret))},
+		{"with-key", "X-Api-Key", secret},
+	} {
+		t.Run(tc.endpoint, func(t *testing.T) {
+			path := "/v1/" + tc.endpoint
+			x := f.mustCall(t, ctx, cs, payment(tc.endpoint, path, 1))
+			reqs := target.RequestsTo(path)
+			if x.State != "completed" || len(reqs) != 1 {
+				t.Fatalf("http_request = %+v, target saw %d requests; want completed, 1", x, len(reqs))
+			}
+			if got := reqs[0].Header.Get(tc.header); got != tc.want {
+				t.Fatalf("%s = %q; want the configured credential", tc.header, redact(got, secret))
+			}
+		})
+	}
+	args := payment("with-key", "/v1/with-key", 2)
+	args["headers"] = map[string]any{"x-api-key": "mine"}
+	if msg := f.mustRefuse(t, ctx, cs, args); !strings.Contains(msg, "set by the bastion") {
+		t.Fatalf("agent-set credential header refused with %q", msg)
+	}
+	f.secret = secret
+	f.assertSecretNowhere(t)
+}
