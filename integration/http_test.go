@@ -848,3 +848,63 @@ func TestHTTPCredentialKinds(t *testing.T) {
 	f.secret = secret
 	f.assertSecretNowhere(t)
 }
+
+// blackHole accepts connections, reads a request and closes without answering: every request
+// is written and none answered. It returns its address and a count of connections.
+func blackHole(t *testing.T) (string, func() int64) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var conns int64
+	var wg sync.WaitGroup
+	t.Cleanup(func() { ln.Close(); wg.Wait() })
+	wg.Go(func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns++
+			mu.Unlock()
+			_, _ = c.Read(make([]byte, 64<<10))
+			c.Close()
+		}
+	})
+	return ln.Addr().String(), func() int64 { mu.Lock(); defer mu.Unlock(); return conns }
+}
+
+// TestHTTPUnknownIsLeftAloneInBackground: once a call has settled an execution as unknown
+// (its class decided), nobody asking means nothing happens to it: no request is sent again
+// and no evidence is added, however many reconcile intervals pass (the fleet's is 1s).
+func TestHTTPUnknownIsLeftAloneInBackground(t *testing.T) {
+	t.Skip("BUG: bastion.reconcileLoop (bastion/bastion.go:196-213) restarts a driver for every unknown execution each reconcile_interval, and driveHTTP re-runs resolveUnknownHTTP: an idempotent_write/read_only execution whose target never answers is re-sent twice per tick forever; an irreversible one gets the same 'review required' evidence (a synced journal write and an event) appended every tick")
+	hole, sent := blackHole(t)
+	f := newHTTPFleet(t, httpFleetOptions{endpoints: []string{endpointTable("hole", "http://"+hole, bastion.ClassIdempotentWrite)}})
+	ctx := testContext(t)
+	cs := f.bastion.Connect(t, "agent", runHeader("run-background"))
+
+	f.target.Arm("/v1/irrev", testutil.FaultDropAfterRead)
+	irreversible := f.mustCall(t, ctx, cs, payment(epIrreversible, "/v1/irrev", 1))
+	resent := f.mustCall(t, ctx, cs, payment("hole", "/v1/hole", 1))
+	if irreversible.State != "unknown" || resent.State != "unknown" {
+		t.Fatalf("calls = %+v, %+v; want both unknown", irreversible, resent)
+	}
+	before := operatorDetail(t, f.bastion, irreversible.ExecutionID)
+	sentBefore := sent()
+	// Absence can only be observed over time: several reconcile intervals.
+	deadline := time.Now().Add(4 * time.Second)
+	for time.Now().Before(deadline) {
+		after := operatorDetail(t, f.bastion, irreversible.ExecutionID)
+		if len(after.Events) != len(before.Events) || len(after.Record.Evidence) != len(before.Record.Evidence) {
+			t.Fatalf("irreversible unknown execution changed in the background: %d → %d events, evidence %q", len(before.Events), len(after.Events), after.Record.Evidence)
+		}
+		if n := sent(); n != sentBefore {
+			t.Fatalf("idempotent_write unknown execution re-sent in the background: %d → %d requests", sentBefore, n)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
