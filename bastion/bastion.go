@@ -191,8 +191,8 @@ func (b *Bastion) Recover(ctx context.Context) error {
 	return nil
 }
 
-// reconcileLoop asks the hosts again about executions whose outcome is unknown (their host
-// was unreachable), until the bastion closes.
+// reconcileLoop asks the hosts again about SSH executions whose outcome is unknown (their
+// host was unreachable), until the bastion closes.
 func (b *Bastion) reconcileLoop() {
 	t := time.NewTicker(b.cfg.ReconcileInterval)
 	defer t.Stop()
@@ -208,7 +208,12 @@ func (b *Bastion) reconcileLoop() {
 			continue
 		}
 		for _, r := range recs {
-			b.startDriver(r)
+			// HTTP executions are not asked about on a timer: their class already decided
+			// (re-send once, status check, or review), and a target is not a host with
+			// markers to ask. An agent's retry or status call reconciles them again.
+			if r.Channel != "http" {
+				b.startDriver(r)
+			}
 		}
 	}
 }

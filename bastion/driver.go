@@ -516,6 +516,8 @@ func (b *Bastion) toUnknown(d *driver, note string) bool {
 	var next *markers.Record
 	var err error
 	switch {
+	case rec.State == markers.Unknown && len(rec.Evidence) > 0 && rec.Evidence[len(rec.Evidence)-1] == note:
+		return true // nothing new to record
 	case rec.State == markers.Unknown:
 		next, err = b.journal.Update(b.ctx, rec.ID, note, addEvidence(note))
 	case d.unjournaledStart() != nil:
