@@ -34,6 +34,13 @@ func (jsonCodec) Name() string                       { return jsonCodecName }
 // capped by the bastion (request) or MaxResponseBytes (response), far below this.
 const maxMessageBytes = 64 << 20
 
+// NewGRPCServer is the plugin binary's go-plugin ServeConfig.GRPCServer: go-plugin's default
+// server with the message limit raised from gRPC's 4 MiB to maxMessageBytes, so an action with
+// a large request body is accepted.
+func NewGRPCServer(opts []grpc.ServerOption) *grpc.Server {
+	return plugin.DefaultGRPCServer(append(opts, grpc.MaxRecvMsgSize(maxMessageBytes), grpc.MaxSendMsgSize(maxMessageBytes)))
+}
+
 var callOptions = []grpc.CallOption{
 	grpc.CallContentSubtype(jsonCodecName),
 	grpc.MaxCallRecvMsgSize(maxMessageBytes),

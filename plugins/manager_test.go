@@ -510,3 +510,76 @@ func TestManagerConcurrentPerforms(t *testing.T) {
 		t.Error(err)
 	}
 }
+
+func TestManagerLargeBodies(t *testing.T) {
+	const size = 6 << 20 // above gRPC's default 4 MiB message limit, both ways
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		n, _ := io.Copy(io.Discard, r.Body)
+		w.Header().Set("X-Received", fmt.Sprint(n))
+		_, _ = w.Write(bytes.Repeat([]byte("r"), size))
+	}))
+	t.Cleanup(target.Close)
+	m, _ := newManager(t, pluginBinary)
+	a := httpAction("ex_large", target.URL)
+	a.Body = bytes.Repeat([]byte("q"), size)
+	a.MaxResponseBytes = 8 << 20
+	a.KeepHeaders = []string{"X-Received"}
+	out, err := m.Perform(context.Background(), a, &hostJournal{})
+	if err != nil {
+		t.Fatalf("Perform: %v", err)
+	}
+	if got := out.Response.Header["X-Received"]; len(got) != 1 || got[0] != fmt.Sprint(size) {
+		t.Errorf("target received %v bytes; want %d", got, size)
+	}
+	if len(out.Response.Body) != size || out.Response.BodyTruncated {
+		t.Errorf("response body %d bytes, truncated %v; want %d, not truncated", len(out.Response.Body), out.Response.BodyTruncated, size)
+	}
+}
+
+func TestManagerCallerCancels(t *testing.T) {
+	arrived := make(chan struct{}, 1)
+	target := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// Reading the body lets the server notice the client going away (r.Context ends).
+		_, _ = io.ReadAll(r.Body)
+		if r.URL.Path == "/hold" {
+			arrived <- struct{}{}
+			<-r.Context().Done()
+		}
+	}))
+	t.Cleanup(target.Close)
+	m, _ := newManager(t, pluginBinary)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	journal := &hostJournal{}
+	done := make(chan error, 1)
+	go func() {
+		_, err := m.Perform(ctx, httpAction("ex_cancel", target.URL+"/hold"), journal)
+		done <- err
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(60 * time.Second):
+		t.Fatal("the request never reached the target")
+	}
+	cancel()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(60 * time.Second):
+		t.Fatal("Perform did not return after its context was canceled")
+	}
+	if !errors.Is(err, context.Canceled) || errors.Is(err, plugins.ErrPluginCrashed) {
+		t.Errorf("err = %v; want context.Canceled, not a crash", err)
+	}
+	// Perform has returned, so the journal is final: dispatched, and no later point arrives.
+	if k := journal.kinds(); k != "dispatched" {
+		t.Errorf("journal = %q; want dispatched", k)
+	}
+	pid := m.PID()
+	if _, err := m.Perform(context.Background(), httpAction("ex_after_cancel", target.URL+"/ok"), &hostJournal{}); err != nil {
+		t.Fatalf("Perform after a canceled call: %v", err)
+	}
+	if again := m.PID(); again != pid {
+		t.Errorf("pid changed from %d to %d after a cancel; want the same plugin", pid, again)
+	}
+}

@@ -22,7 +22,7 @@ func main() {
 		Plugins: map[string]plugin.Plugin{
 			plugins.ChannelHTTP: &plugins.ChannelPlugin{Impl: httpchannel.New(httpchannel.Options{Logger: newLogger()})},
 		},
-		GRPCServer: plugin.DefaultGRPCServer,
+		GRPCServer: plugins.NewGRPCServer,
 		Logger:     hclog.New(&hclog.LoggerOptions{Name: "postern-plugin-http", Output: os.Stderr, JSONFormat: true, Level: hclog.Info}),
 	})
 }
