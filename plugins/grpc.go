@@ -155,20 +155,41 @@ func (p *ChannelPlugin) GRPCClient(_ context.Context, broker *plugin.GRPCBroker,
 	return &channelClient{conn: conn, broker: broker}, nil
 }
 
-// channelServer runs in the plugin: it dials the host's Journal for the call and performs.
+// channelServer runs in the plugin: it performs each call, reporting to the host's Journal
+// over one connection per broker id, dialed on first use and kept (a TLS handshake per call
+// would cost more than the request).
 type channelServer struct {
 	impl   Channel
 	broker *plugin.GRPCBroker
+
+	mu    sync.Mutex // guards conns
+	conns map[uint32]*grpc.ClientConn
+}
+
+func (s *channelServer) journalConn(id uint32) (*grpc.ClientConn, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if c := s.conns[id]; c != nil {
+		return c, nil
+	}
+	c, err := s.broker.Dial(id)
+	if err != nil {
+		return nil, err
+	}
+	if s.conns == nil {
+		s.conns = map[uint32]*grpc.ClientConn{}
+	}
+	s.conns[id] = c
+	return c, nil
 }
 
 func (s *channelServer) perform(ctx context.Context, req *performRequest) (*Outcome, error) {
-	conn, err := s.broker.Dial(req.JournalBrokerID)
+	conn, err := s.journalConn(req.JournalBrokerID)
 	if err != nil {
 		// Nothing was sent and nothing could be journaled: the host sees the error and its
 		// journal has no dispatched point, so it records failed.
 		return nil, status.Errorf(codes.Aborted, "dial the journal on broker id %d: %v", req.JournalBrokerID, err)
 	}
-	defer func() { _ = conn.Close() }()
 	out, err := s.impl.Perform(ctx, req.Action, &journalClient{conn: conn})
 	if err != nil {
 		return nil, status.Error(codes.Aborted, err.Error())
@@ -204,11 +225,18 @@ func (j *journalClient) Unknown(ctx context.Context, executionID, reason string)
 	return j.call(ctx, "Unknown", &journalRequest{ExecutionID: executionID, Reason: reason})
 }
 
-// channelClient is the host's view of the plugin's Channel. For each call it serves the given
-// Journal on a fresh broker id and stops that server once the call returns.
+// channelClient is the host's view of the plugin's Channel. It serves one Journal service on
+// one broker id for the plugin's lifetime, routing each report to the Perform call in flight
+// for that execution id.
 type channelClient struct {
 	conn   *grpc.ClientConn
 	broker *plugin.GRPCBroker
+
+	once      sync.Once
+	journalID uint32
+	router    *journalRouter
+	server    chan *grpc.Server // the journal server, once built
+	served    chan struct{}     // closed when the journal server stopped
 }
 
 var _ Channel = (*channelClient)(nil)
@@ -217,37 +245,53 @@ var _ Channel = (*channelClient)(nil)
 // action was invalid), as opposed to a broken connection.
 var errPerformRejected = errors.New("plugin rejected the action")
 
+// serveJournal starts the journal server on first use.
+func (c *channelClient) serveJournal() {
+	c.once.Do(func() {
+		c.router = &journalRouter{calls: map[string]*callJournal{}}
+		c.journalID = c.broker.NextId()
+		c.server = make(chan *grpc.Server, 1)
+		c.served = make(chan struct{})
+		go func() {
+			defer close(c.served)
+			c.broker.AcceptAndServe(c.journalID, func(opts []grpc.ServerOption) *grpc.Server {
+				opts = append(opts, grpc.MaxRecvMsgSize(maxMessageBytes), grpc.MaxSendMsgSize(maxMessageBytes))
+				s := grpc.NewServer(opts...)
+				s.RegisterService(&journalServiceDesc, c.router)
+				c.server <- s
+				return s
+			})
+		}()
+	})
+}
+
+// close stops the journal server and waits for it (the plugin is being discarded).
+func (c *channelClient) close() {
+	if c.served == nil {
+		return
+	}
+	select {
+	case s := <-c.server:
+		s.Stop()
+		<-c.served
+	case <-c.served:
+	}
+}
+
 // Perform serves journal to the plugin for the duration of the call. When it returns, no journal
 // method is running or will run for this call, so what the journal holds then is final for the
 // caller to judge.
 func (c *channelClient) Perform(ctx context.Context, action HTTPAction, journal Journal) (Outcome, error) {
+	c.serveJournal()
 	gated := &callJournal{journal: journal}
-	defer gated.close()
-	brokerID := c.broker.NextId()
-	servers := make(chan *grpc.Server, 1)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		c.broker.AcceptAndServe(brokerID, func(opts []grpc.ServerOption) *grpc.Server {
-			opts = append(opts, grpc.MaxRecvMsgSize(maxMessageBytes), grpc.MaxSendMsgSize(maxMessageBytes))
-			s := grpc.NewServer(opts...)
-			s.RegisterService(&journalServiceDesc, gated)
-			servers <- s
-			return s
-		})
-	}()
-	defer func() {
-		select {
-		case s := <-servers:
-			s.Stop()
-			<-served
-		case <-served:
-		}
-	}()
+	if err := c.router.add(action.ExecutionID, gated); err != nil {
+		return Outcome{}, err
+	}
+	defer c.router.remove(action.ExecutionID, gated)
 
 	var out Outcome
 	err := c.conn.Invoke(ctx, "/"+channelService+"/Perform",
-		&performRequest{Action: action, JournalBrokerID: brokerID}, &out, callOptions...)
+		&performRequest{Action: action, JournalBrokerID: c.journalID}, &out, callOptions...)
 	if err == nil {
 		return out, nil
 	}
@@ -258,6 +302,76 @@ func (c *channelClient) Perform(ctx context.Context, action HTTPAction, journal 
 		return Outcome{}, fmt.Errorf("plugins: perform %s: %w: %s", action.ExecutionID, errPerformRejected, st.Message())
 	}
 	return Outcome{}, fmt.Errorf("plugins: perform %s: %w: %w", action.ExecutionID, ErrPluginCrashed, err)
+}
+
+// journalRouter is the Journal the plugin reaches: it hands each report to the call in
+// flight for its execution id, and refuses reports for any other.
+type journalRouter struct {
+	mu    sync.Mutex
+	calls map[string]*callJournal
+}
+
+var _ Journal = (*journalRouter)(nil)
+
+func (r *journalRouter) add(id string, g *callJournal) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.calls[id] != nil {
+		return fmt.Errorf("plugins: %s is already being performed", id)
+	}
+	r.calls[id] = g
+	return nil
+}
+
+// remove ends the call: later reports are refused and reports in flight are waited for.
+func (r *journalRouter) remove(id string, g *callJournal) {
+	r.mu.Lock()
+	if r.calls[id] == g {
+		delete(r.calls, id)
+	}
+	r.mu.Unlock()
+	g.close()
+}
+
+func (r *journalRouter) call(id string) (*callJournal, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if g := r.calls[id]; g != nil {
+		return g, nil
+	}
+	return nil, fmt.Errorf("%w: no call in flight for %s", errCallEnded, id)
+}
+
+func (r *journalRouter) Dispatched(ctx context.Context, id string) error {
+	g, err := r.call(id)
+	if err != nil {
+		return err
+	}
+	return g.Dispatched(ctx, id)
+}
+
+func (r *journalRouter) Completed(ctx context.Context, id string, resp HTTPResponse) error {
+	g, err := r.call(id)
+	if err != nil {
+		return err
+	}
+	return g.Completed(ctx, id, resp)
+}
+
+func (r *journalRouter) Failed(ctx context.Context, id, reason string) error {
+	g, err := r.call(id)
+	if err != nil {
+		return err
+	}
+	return g.Failed(ctx, id, reason)
+}
+
+func (r *journalRouter) Unknown(ctx context.Context, id, reason string) error {
+	g, err := r.call(id)
+	if err != nil {
+		return err
+	}
+	return g.Unknown(ctx, id, reason)
 }
 
 var errCallEnded = errors.New("the Perform call this journal served has returned")

@@ -131,7 +131,7 @@ func (m *Manager) running() (*plugin.Client, Channel, error) {
 		return m.client, m.channel, nil
 	}
 	if m.client != nil {
-		m.client.Kill() // reap and clean up the exited one
+		kill(m.client, m.channel) // reap and clean up the exited one
 		m.client, m.channel = nil, nil
 	}
 	client, channel, err := m.startLocked()
@@ -190,12 +190,21 @@ func (m *Manager) startLocked() (*plugin.Client, Channel, error) {
 // replaced it).
 func (m *Manager) discard(client *plugin.Client) {
 	m.mu.Lock()
-	current := m.client == client
-	if current {
+	var channel Channel
+	if m.client == client {
+		channel = m.channel
 		m.client, m.channel = nil, nil
 	}
 	m.mu.Unlock()
+	kill(client, channel)
+}
+
+// kill stops a plugin process and the journal server its calls reported to.
+func kill(client *plugin.Client, channel Channel) {
 	client.Kill()
+	if cc, ok := channel.(*channelClient); ok {
+		cc.close()
+	}
 }
 
 // PID returns the running plugin's process id, 0 if none.
@@ -214,11 +223,11 @@ func (m *Manager) PID() int {
 // Close kills the plugin and refuses further Performs.
 func (m *Manager) Close() error {
 	m.mu.Lock()
-	client := m.client
+	client, channel := m.client, m.channel
 	m.client, m.channel, m.closed = nil, nil, true
 	m.mu.Unlock()
 	if client != nil {
-		client.Kill()
+		kill(client, channel)
 	}
 	return nil
 }
