@@ -97,36 +97,12 @@ func BenchmarkBastionExecTrue(b *testing.B) {
 		}
 		return nil
 	}
-	sides := []struct {
-		name string
-		call func() error
-		took []time.Duration
-	}{
+	sides := []*benchSide{
 		{name: "postern (MCP → bastion → hostagent)", call: postern},
 		{name: "hostagent direct (client.Run, one SSH conn)", call: direct},
 		{name: "openssh (multiplexed ssh → sshd)", call: openssh},
 	}
-	// Warm up: the bastion's pooled connection, the page cache, the sshd session path.
-	for range 10 {
-		for _, side := range sides {
-			if err := side.call(); err != nil {
-				b.Fatal(err)
-			}
-		}
-	}
-	b.ResetTimer()
-	for done := 0; done < execSamples; done += execBlock {
-		for i := range sides {
-			for range execBlock {
-				t0 := time.Now()
-				if err := sides[i].call(); err != nil {
-					b.Fatalf("%v\nbastion log:\n%s", err, bs.Logs())
-				}
-				sides[i].took = append(sides[i].took, time.Since(t0))
-			}
-		}
-	}
-	b.StopTimer()
+	sampleInterleaved(b, sides, execSamples, execBlock, func() string { return "bastion log:\n" + bs.Logs() })
 
 	p50 := func(i int) time.Duration { return testutil.Percentile(sides[i].took, 0.5) }
 	p99 := func(i int) time.Duration { return testutil.Percentile(sides[i].took, 0.99) }

@@ -146,11 +146,7 @@ func BenchmarkHTTPRequest(b *testing.B) {
 			return nil
 		}
 	}
-	sides := []struct {
-		name string
-		call func() error
-		took []time.Duration
-	}{
+	sides := []*benchSide{
 		{name: "postern (MCP → bastion → plugin → target)", call: viaMCP},
 		{name: "bastion in-process (journal → plugin → target)", call: inProcess},
 		{name: "plugin direct (Manager.Perform, no journal)", call: pluginDirect},
@@ -158,27 +154,7 @@ func BenchmarkHTTPRequest(b *testing.B) {
 		{name: "net/http direct, keep-alive", call: direct(keepAlive)},
 	}
 	const mcpSide, inprocSide, pluginSide, freshSide, keepAliveSide = 0, 1, 2, 3, 4
-	// Warm up: the plugin processes, the MCP session's connection, the page cache.
-	for range 10 {
-		for _, side := range sides {
-			if err := side.call(); err != nil {
-				b.Fatalf("%v\nbastion log:\n%s", err, bs.Logs())
-			}
-		}
-	}
-	b.ResetTimer()
-	for done := 0; done < httpSamples; done += httpBlock {
-		for i := range sides {
-			for range httpBlock {
-				t0 := time.Now()
-				if err := sides[i].call(); err != nil {
-					b.Fatalf("%v\nbastion log:\n%s", err, bs.Logs())
-				}
-				sides[i].took = append(sides[i].took, time.Since(t0))
-			}
-		}
-	}
-	b.StopTimer()
+	sampleInterleaved(b, sides, httpSamples, httpBlock, func() string { return "bastion log:\n" + bs.Logs() })
 
 	p50 := func(i int) time.Duration { return testutil.Percentile(sides[i].took, 0.5) }
 	p99 := func(i int) time.Duration { return testutil.Percentile(sides[i].took, 0.99) }
