@@ -4,7 +4,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,10 +12,11 @@ import (
 	"syscall"
 
 	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/internal/cli"
 )
 
 // errUsage marks errors caused by how the command was invoked (exit status 2).
-var errUsage = errors.New("usage error")
+var errUsage = cli.ErrUsage
 
 const mainUsage = `usage: postern-hostagent COMMAND [flags]
 
@@ -65,26 +65,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	}
 }
 
-func exitCode(err error, stderr io.Writer) int {
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, errUsage):
-		return 2
-	default:
-		fmt.Fprintf(stderr, "postern-hostagent: %v\n", err)
-		return 1
-	}
-}
+func exitCode(err error, stderr io.Writer) int { return cli.ExitCode("postern-hostagent", err, stderr) }
 
-// parseFlags parses args, turning flag errors into errUsage (the flag package has already
-// printed the message and usage).
+// parseFlags parses args (cli.ParseFlags); these commands take no positional arguments.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %w", errUsage, err)
+	if err := cli.ParseFlags(fs, args); err != nil {
+		return err
 	}
 	if fs.NArg() > 0 {
 		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())

@@ -6,7 +6,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -15,10 +14,11 @@ import (
 	"syscall"
 
 	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/internal/cli"
 )
 
 // errUsage marks errors caused by how the command was invoked (exit status 2).
-var errUsage = errors.New("usage error")
+var errUsage = cli.ErrUsage
 
 const mainUsage = `usage: postern COMMAND [flags]
 
@@ -75,26 +75,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 // operatorCommands are the read and enrollment commands (operator.go and friends).
 var operatorCommands = map[string]func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error{}
 
-func exitCode(err error, stderr io.Writer) int {
-	switch {
-	case err == nil, errors.Is(err, flag.ErrHelp):
-		return 0
-	case errors.Is(err, errUsage):
-		return 2
-	default:
-		fmt.Fprintf(stderr, "postern: %v\n", err)
-		return 1
-	}
-}
+func exitCode(err error, stderr io.Writer) int { return cli.ExitCode("postern", err, stderr) }
 
-// parseFlags parses args, turning flag errors into errUsage (the flag package has already
-// printed the message and usage). Positional arguments are left in fs.Args().
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return err
-		}
-		return fmt.Errorf("%w: %w", errUsage, err)
-	}
-	return nil
-}
+// parseFlags is cli.ParseFlags: positional arguments are left in fs.Args().
+func parseFlags(fs *flag.FlagSet, args []string) error { return cli.ParseFlags(fs, args) }
