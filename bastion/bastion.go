@@ -202,6 +202,7 @@ func (b *Bastion) reconcileLoop() {
 			return
 		case <-t.C:
 		}
+		b.expireApprovals()
 		recs, _, err := b.journal.List(markers.Query{State: markers.Unknown, Limit: 100})
 		if err != nil {
 			b.log.Error("list unknown executions", "err", err)

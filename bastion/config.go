@@ -71,8 +71,11 @@ type Config struct {
 	// MaxBodyBytes bounds an MCP request body. Default 1 MiB.
 	MaxBodyBytes int64 `toml:"max_body_bytes"`
 	// ReconcileInterval is how often executions with an unknown outcome are reconciled
-	// with their hosts again. Default 15s.
+	// with their hosts again (and expired approvals rejected). Default 15s.
 	ReconcileInterval time.Duration `toml:"reconcile_interval"`
+	// ApprovalTimeout rejects an execution that waited this long for an operator's
+	// decision. Default 1h; "0s" waits forever.
+	ApprovalTimeout time.Duration `toml:"approval_timeout"`
 }
 
 // ActorConfig is one remote caller.
@@ -152,6 +155,7 @@ func DefaultConfig(dir string) Config {
 		MaxBodyBytes:        1 << 20,
 		ReconcileInterval:   15 * time.Second,
 		MaxRequestBodyBytes: 256 << 10,
+		ApprovalTimeout:     time.Hour,
 	}
 }
 
@@ -190,7 +194,7 @@ func (c Config) JournalDir() string { return c.journalDir() }
 // AuditKeyPath is the journal's Ed25519 audit key.
 func (c Config) AuditKeyPath() string { return c.auditKeyPath() }
 
-var durationKeys = []string{"default_wait", "max_wait", "reconcile_interval"}
+var durationKeys = []string{"default_wait", "max_wait", "reconcile_interval", "approval_timeout"}
 
 // ParseConfig reads TOML on top of DefaultConfig(""). Unknown keys are errors: a misspelt
 // limit must not fall back to its default silently.
@@ -300,6 +304,9 @@ func (c Config) Validate() error {
 	}
 	if c.ReconcileInterval <= 0 {
 		bad("reconcile_interval must be positive")
+	}
+	if c.ApprovalTimeout < 0 {
+		bad("approval_timeout must not be negative")
 	}
 	if c.MaxRequestBodyBytes <= 0 || c.MaxRequestBodyBytes > markers.MaxResultBytes/2 {
 		bad("max_request_body_bytes must be in 1..%d, got %d", markers.MaxResultBytes/2, c.MaxRequestBodyBytes)

@@ -21,7 +21,8 @@ type metrics struct {
 	finished        *prometheus.CounterVec // outcomes journaled, by state
 	reconciled      *prometheus.CounterVec // host answers during reconciliation
 	journalErrors   prometheus.Counter
-	dispatchLatency prometheus.Histogram // dispatch to the host's start confirmation
+	approvals       *prometheus.CounterVec // operator decisions and timeouts, by resulting state
+	dispatchLatency prometheus.Histogram   // dispatch to the host's start confirmation
 }
 
 func newMetrics() *metrics {
@@ -39,6 +40,8 @@ func newMetrics() *metrics {
 			Name: "postern_execution_outcomes_total", Help: "Outcomes journaled, by state."}, []string{"state"}),
 		reconciled: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postern_reconcile_outcomes_total", Help: "What hosts answered when asked about an execution in flight."}, []string{"answer"}),
+		approvals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postern_approval_decisions_total", Help: "Approvals decided (authorized) or rejected, by resulting state."}, []string{"state"}),
 		journalErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postern_journal_errors_total", Help: "Journal writes that failed (the execution stopped where it was)."}),
 		dispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -46,7 +49,7 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 	}
 	m.registry.MustRegister(m.accepted, m.dispatched, m.dedup, m.rejected, m.finished, m.reconciled,
-		m.journalErrors, m.dispatchLatency,
+		m.journalErrors, m.approvals, m.dispatchLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

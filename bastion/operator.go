@@ -5,9 +5,13 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
+	"os/user"
 	"strconv"
 	"time"
+
+	"golang.org/x/sys/unix"
 
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
@@ -15,7 +19,8 @@ import (
 
 // The operator API: JSON over the operator socket (mode 0600, so only the bastion's user and
 // root reach it). It exists because the journal has one owner — the daemon — and operators
-// must be able to read it while the daemon runs. Every endpoint is a read, except none.
+// must be able to read it while the daemon runs. Decisions (approve, deny, review) are
+// journaled with the operator's identity, taken from the connection's peer credentials.
 //
 //	GET /v1/executions?state=&actor=&host=&since=&limit=&cursor=   records, newest first
 //	GET /v1/executions/{id}                                        record, events, stored output
@@ -24,6 +29,10 @@ import (
 //	GET /v1/markers/{host}/{id}                                    one marker on the host
 //	GET /v1/audit/export                                           the journal's event log, JSONL
 //	GET /v1/audit/key                                              the audit verifier key
+//	GET /v1/approvals                                              executions awaiting approval
+//	POST /v1/approvals/{id}/approve  {"note"}                      authorize and dispatch
+//	POST /v1/approvals/{id}/deny     {"reason"}                    reject
+//	POST /v1/executions/{id}/review  {"outcome","note"}            an unknown outcome, verified
 
 // ExecutionDetail is one execution for operators: the record, its event story and output.
 type ExecutionDetail struct {
@@ -67,6 +76,34 @@ func (b *Bastion) operatorHandler() http.Handler {
 		if err := b.journal.Export(w); err != nil {
 			b.log.Error("audit export", "err", err)
 		}
+	})
+	mux.HandleFunc("GET /v1/approvals", func(w http.ResponseWriter, _ *http.Request) {
+		recs, err := b.PendingApprovals(1000)
+		writeJSON(w, ExecutionPage{Executions: nonNil(recs)}, err)
+	})
+	mux.HandleFunc("POST /v1/approvals/{id}/approve", func(w http.ResponseWriter, r *http.Request) {
+		var body struct{ Note string }
+		if !readBody(w, r, &body) {
+			return
+		}
+		rec, err := b.Approve(r.Context(), operatorOf(r), r.PathValue("id"), body.Note)
+		writeJSON(w, rec, err)
+	})
+	mux.HandleFunc("POST /v1/approvals/{id}/deny", func(w http.ResponseWriter, r *http.Request) {
+		var body struct{ Reason string }
+		if !readBody(w, r, &body) {
+			return
+		}
+		rec, err := b.Deny(r.Context(), operatorOf(r), r.PathValue("id"), body.Reason)
+		writeJSON(w, rec, err)
+	})
+	mux.HandleFunc("POST /v1/executions/{id}/review", func(w http.ResponseWriter, r *http.Request) {
+		var body struct{ Outcome, Note string }
+		if !readBody(w, r, &body) {
+			return
+		}
+		rec, err := b.Review(r.Context(), operatorOf(r), r.PathValue("id"), body.Outcome, body.Note)
+		writeJSON(w, rec, err)
 	})
 	mux.HandleFunc("GET /v1/audit/key", func(w http.ResponseWriter, _ *http.Request) {
 		_, key, err := markers.LoadOrCreateAuditKey(b.cfg.auditKeyPath(), "postern-bastion")
@@ -196,6 +233,53 @@ func (b *Bastion) opShowMarker(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, found[0], nil)
 }
 
+func nonNil(recs []*markers.Record) []*markers.Record {
+	if recs == nil {
+		return []*markers.Record{}
+	}
+	return recs
+}
+
+// maxOperatorBody bounds a decision's JSON body.
+const maxOperatorBody = 16 << 10
+
+func readBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxOperatorBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeJSON(w, nil, invalid("request body: %v", err))
+		return false
+	}
+	return true
+}
+
+type operatorKey struct{}
+
+// operatorConnContext names the operator on a connection from its peer credentials.
+func operatorConnContext(ctx context.Context, c net.Conn) context.Context {
+	name := "operator:unknown"
+	if uc, ok := c.(*net.UnixConn); ok {
+		if raw, err := uc.SyscallConn(); err == nil {
+			var cred *unix.Ucred
+			raw.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
+			if cred != nil {
+				name = "operator:uid" + strconv.Itoa(int(cred.Uid))
+				if u, err := user.LookupId(strconv.Itoa(int(cred.Uid))); err == nil {
+					name = "operator:" + u.Username
+				}
+			}
+		}
+	}
+	return context.WithValue(ctx, operatorKey{}, name)
+}
+
+func operatorOf(r *http.Request) string {
+	if name, ok := r.Context().Value(operatorKey{}).(string); ok {
+		return name
+	}
+	return "operator:unknown"
+}
+
 // OperatorError is the operator API's error body.
 type OperatorError struct {
 	Error string `json:"error"`
@@ -217,6 +301,10 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 			status, code = http.StatusNotFound, CodeNotFound
 		case errors.Is(err, ErrUnknownHost):
 			status, code = http.StatusNotFound, CodeUnknownHost
+		case errors.Is(err, ErrNotAwaitingApproval):
+			status, code = http.StatusConflict, "not_awaiting_approval"
+		case errors.Is(err, ErrNotUnknown):
+			status, code = http.StatusConflict, "not_unknown"
 		}
 		w.WriteHeader(status)
 		json.NewEncoder(w).Encode(OperatorError{Error: err.Error(), Code: code})

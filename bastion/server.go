@@ -110,7 +110,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		return err
 	}
 	listeners = append(listeners, op)
-	servers = append(servers, &http.Server{Handler: b.operatorHandler(), ReadHeaderTimeout: 10 * time.Second})
+	servers = append(servers, &http.Server{Handler: b.operatorHandler(), ReadHeaderTimeout: 10 * time.Second, ConnContext: operatorConnContext})
 	ep.OperatorSocket = b.cfg.operatorPath()
 
 	errs := make(chan error, len(servers))

@@ -30,6 +30,8 @@ commands:
   markers     list and show the markers on a host (asks its hostagent)
   hosts       list and enroll hosts
   audit       export and verify the journal's hash-chained event log
+  approvals   list executions awaiting approval; approve ID, deny ID --reason
+  review      record what an operator verified about an unknown outcome
   token       make a bearer token for an actor and print its config hash
 
 Run 'postern COMMAND -h' for a command's flags.

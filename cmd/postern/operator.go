@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -100,13 +101,44 @@ func newOperatorClient(socket string) *operatorClient {
 // do sends GET path?query and returns the response when it is 200 OK; any other status is
 // decoded into an *apiError.
 func (c *operatorClient) do(ctx context.Context, path string, query url.Values) (*http.Response, error) {
+	return c.send(ctx, http.MethodGet, path, query, nil)
+}
+
+// postJSON sends body as JSON to path and decodes the answer into out.
+func (c *operatorClient) postJSON(ctx context.Context, path string, body, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, operatorTimeout)
+	defer cancel()
+	raw, err := json.Marshal(body)
+	if err != nil {
+		return err
+	}
+	resp, err := c.send(ctx, http.MethodPost, path, nil, raw)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	if err := json.NewDecoder(io.LimitReader(resp.Body, maxJSONResponseBytes)).Decode(out); err != nil {
+		return fmt.Errorf("operator API %s: decode answer: %w", path, err)
+	}
+	return nil
+}
+
+// send is one request to the operator API; see do.
+func (c *operatorClient) send(ctx context.Context, method, path string, query url.Values, body []byte) (*http.Response, error) {
 	u := "http://postern" + path
 	if len(query) > 0 {
 		u += "?" + query.Encode()
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	var rd io.Reader
+	if body != nil {
+		rd = bytes.NewReader(body)
+	}
+	req, err := http.NewRequestWithContext(ctx, method, u, rd)
 	if err != nil {
 		return nil, err
+	}
+	if body != nil {
+		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.hc.Do(req)
 	if err != nil {
@@ -121,13 +153,13 @@ func (c *operatorClient) do(ctx context.Context, path string, query url.Values) 
 		return resp, nil
 	}
 	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorResponseBytes))
+	answer, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorResponseBytes))
 	var oe bastion.OperatorError
-	if json.Unmarshal(body, &oe) == nil && oe.Error != "" {
+	if json.Unmarshal(answer, &oe) == nil && oe.Error != "" {
 		return nil, &apiError{Status: resp.StatusCode, Code: oe.Code, Message: oe.Error}
 	}
 	return nil, &apiError{Status: resp.StatusCode, Message: fmt.Sprintf("operator API %s: %s: %s",
-		path, resp.Status, printable(truncate(strings.TrimSpace(string(body)), 200)))}
+		path, resp.Status, printable(truncate(strings.TrimSpace(string(answer)), 200)))}
 }
 
 // getJSON decodes the JSON answer to GET path?query into out.

@@ -1,0 +1,137 @@
+package bastion
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+	"unicode/utf8"
+
+	"github.com/postern-dev/postern/markers"
+)
+
+// Approval is evidence, not idempotency (DESIGN.md): an operator's decision is journaled on
+// the execution it concerns, with the operator's identity, and a retry of that execution
+// shows the record — it never opens a second approval.
+
+// ErrNotAwaitingApproval: the execution is not waiting for a decision (it was decided, timed
+// out, or never needed one).
+var ErrNotAwaitingApproval = errors.New("bastion: execution is not awaiting approval")
+
+// ErrNotUnknown: only an execution whose outcome is unknown can be reviewed.
+var ErrNotUnknown = errors.New("bastion: execution's outcome is not unknown")
+
+// maxNoteBytes bounds an operator's note or reason.
+const maxNoteBytes = 1024
+
+func checkNote(what, s string, required bool) error {
+	switch {
+	case required && strings.TrimSpace(s) == "":
+		return invalid("%s is required", what)
+	case len(s) > maxNoteBytes || !utf8.ValidString(s) || strings.ContainsAny(s, "\x00\r"):
+		return invalid("%s must be UTF-8 text of at most %d bytes", what, maxNoteBytes)
+	}
+	return nil
+}
+
+// Approve authorizes an execution awaiting approval and dispatches it.
+func (b *Bastion) Approve(ctx context.Context, operator, id, note string) (*markers.Record, error) {
+	if err := checkNote("note", note, false); err != nil {
+		return nil, err
+	}
+	msg := "approved by " + operator
+	if note != "" {
+		msg += ": " + note
+	}
+	rec, err := b.decideApproval(ctx, id, markers.Authorized, msg)
+	if err != nil {
+		return nil, err
+	}
+	b.startDriver(rec)
+	return rec, nil
+}
+
+// Deny rejects an execution awaiting approval; a retry of it returns this rejection.
+func (b *Bastion) Deny(ctx context.Context, operator, id, reason string) (*markers.Record, error) {
+	if err := checkNote("reason", reason, true); err != nil {
+		return nil, err
+	}
+	return b.decideApproval(ctx, id, markers.Rejected, "denied by "+operator+": "+reason)
+}
+
+func (b *Bastion) decideApproval(ctx context.Context, id string, to markers.State, msg string) (*markers.Record, error) {
+	rec, err := b.journal.Transition(ctx, id, markers.AwaitingApproval, to, msg, addEvidence(msg))
+	switch {
+	case errors.Is(err, markers.ErrConflict):
+		return rec, fmt.Errorf("%w: %s is %s", ErrNotAwaitingApproval, id, rec.State)
+	case errors.Is(err, markers.ErrNotFound):
+		return nil, &ToolError{Code: CodeNotFound, Message: "no execution " + id}
+	case err != nil:
+		return nil, journalError(err)
+	}
+	b.metrics.approvals.WithLabelValues(string(to)).Inc()
+	return rec, nil
+}
+
+// PendingApprovals lists the executions awaiting an operator's decision, oldest first.
+func (b *Bastion) PendingApprovals(limit int) ([]*markers.Record, error) {
+	recs, _, err := b.journal.List(markers.Query{State: markers.AwaitingApproval, Limit: limit})
+	return recs, err
+}
+
+// Review records what an operator verified about an execution whose outcome is unknown:
+// "completed" (it took effect) or "not-run" (it did not: only this permits a new execution of
+// the same intent, since a failed execution no longer matches).
+func (b *Bastion) Review(ctx context.Context, operator, id, outcome, note string) (*markers.Record, error) {
+	if err := checkNote("note", note, true); err != nil {
+		return nil, err
+	}
+	var to markers.State
+	var msg string
+	switch outcome {
+	case "completed":
+		to, msg = markers.Completed, "reviewed by "+operator+": it took effect: "+note
+	case "not-run":
+		to, msg = markers.Failed, "reviewed by "+operator+": it did not run: "+note
+	default:
+		return nil, invalid("outcome must be completed or not-run")
+	}
+	rec, err := b.journal.Transition(ctx, id, markers.Unknown, to, msg, func(r *markers.Record) error {
+		r.Evidence = appendBounded(r.Evidence, msg)
+		r.IsError = to == markers.Failed
+		return nil
+	})
+	switch {
+	case errors.Is(err, markers.ErrConflict):
+		return rec, fmt.Errorf("%w: %s is %s", ErrNotUnknown, id, rec.State)
+	case errors.Is(err, markers.ErrNotFound):
+		return nil, &ToolError{Code: CodeNotFound, Message: "no execution " + id}
+	case err != nil:
+		return nil, journalError(err)
+	}
+	return rec, nil
+}
+
+// expireApprovals rejects executions that waited longer than the approval timeout.
+func (b *Bastion) expireApprovals() {
+	if b.cfg.ApprovalTimeout <= 0 {
+		return
+	}
+	recs, err := b.PendingApprovals(500)
+	if err != nil {
+		b.log.Error("list pending approvals", "err", err)
+		return
+	}
+	now := b.now()
+	for _, r := range recs {
+		since, ok := r.StateTimes[markers.AwaitingApproval]
+		if !ok || now.Sub(since) < b.cfg.ApprovalTimeout {
+			continue
+		}
+		msg := fmt.Sprintf("rejected: no decision within the approval timeout (%s)", b.cfg.ApprovalTimeout.Round(time.Second))
+		if _, err := b.decideApproval(b.ctx, r.ID, markers.Rejected, msg); err != nil && !errors.Is(err, ErrNotAwaitingApproval) {
+			b.log.Error("expire approval", "execution_id", r.ID, "err", err)
+		}
+	}
+}

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+
+	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/markers"
+)
+
+func init() {
+	operatorCommands["approvals"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+		c := &approvalsCommand{operatorIO{stdin, stdout, stderr}}
+		return dispatch(ctx, "approvals", approvalsUsage, subcommands{"list": c.list}, args, stdout, stderr)
+	}
+	operatorCommands["approve"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+		return (&approvalsCommand{operatorIO{stdin, stdout, stderr}}).decide(ctx, "approve", args)
+	}
+	operatorCommands["deny"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+		return (&approvalsCommand{operatorIO{stdin, stdout, stderr}}).decide(ctx, "deny", args)
+	}
+	operatorCommands["review"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+		return (&approvalsCommand{operatorIO{stdin, stdout, stderr}}).review(ctx, args)
+	}
+}
+
+// approvalsCommand is the operator's side of approvals and reviews. Every decision is
+// journaled by the daemon with the operator's identity (from the socket's peer credentials).
+type approvalsCommand struct{ operatorIO }
+
+const approvalsUsage = `usage: postern approvals list [--json]
+       postern approve ID [--note TEXT]
+       postern deny ID --reason TEXT
+       postern review ID --outcome completed|not-run --note TEXT
+
+  approvals list  executions waiting for an operator's decision, oldest first
+  approve         authorize it: it is dispatched now
+  deny            reject it: a retry of it returns this rejection
+  review          record what you verified about an execution whose outcome is unknown;
+                  only not-run lets the same intent run again
+
+common flags: --state-dir DIR, --config FILE (where the bastion is)
+`
+
+func (c *approvalsCommand) list(ctx context.Context, args []string) error {
+	fs := newFlagSet("approvals list", "approvals list [flags]", c.stderr)
+	var loc locator
+	loc.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
+		return err
+	}
+	cfg, err := loc.config()
+	if err != nil {
+		return err
+	}
+	var page bastion.ExecutionPage
+	if err := newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/approvals", nil, &page); err != nil {
+		return err
+	}
+	if *asJSON {
+		return writeJSON(c.stdout, page)
+	}
+	if len(page.Executions) == 0 {
+		fmt.Fprintln(c.stdout, "No executions are awaiting approval.")
+		return nil
+	}
+	rows := make([][]string, 0, len(page.Executions))
+	for _, r := range page.Executions {
+		rows = append(rows, []string{r.ID, formatTime(r.StateTimes[markers.AwaitingApproval]), r.Actor, dash(r.Host), dash(r.Class), printable(commandOf(r))})
+	}
+	return printTable(c.stdout, tableWidth(c.stdout), []string{"ID", "WAITING SINCE", "ACTOR", "HOST", "CLASS", "COMMAND"}, rows)
+}
+
+// commandOf is what an execution does, as one line.
+func commandOf(r *markers.Record) string {
+	if len(r.Command) == 0 {
+		return ""
+	}
+	return r.Command[len(r.Command)-1]
+}
+
+func (c *approvalsCommand) decide(ctx context.Context, verb string, args []string) error {
+	fs := newFlagSet(verb, verb+" ID [flags]", c.stderr)
+	var loc locator
+	loc.register(fs)
+	note := fs.String("note", "", "why (journaled with your name)")
+	reason := fs.String("reason", "", "why it is denied (required for deny)")
+	pos, err := parseInterleaved(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	id := pos[0]
+	if !markers.ValidExecutionID(id) {
+		return usageErrorf(c.stderr, "%q is not an execution id", id)
+	}
+	body := map[string]string{"note": *note}
+	if verb == "deny" {
+		if *reason == "" {
+			return usageErrorf(c.stderr, "deny needs --reason")
+		}
+		body = map[string]string{"reason": *reason}
+	}
+	cfg, err := loc.config()
+	if err != nil {
+		return err
+	}
+	var rec markers.Record
+	if err := newOperatorClient(cfg.OperatorSocketPath()).postJSON(ctx, "/v1/approvals/"+url.PathEscape(id)+"/"+verb, body, &rec); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "%s is %s\n", rec.ID, rec.State)
+	return nil
+}
+
+func (c *approvalsCommand) review(ctx context.Context, args []string) error {
+	fs := newFlagSet("review", "review ID --outcome completed|not-run --note TEXT", c.stderr)
+	var loc locator
+	loc.register(fs)
+	outcome := fs.String("outcome", "", "what you verified: completed (it took effect) or not-run")
+	note := fs.String("note", "", "how you know (required; journaled with your name)")
+	pos, err := parseInterleaved(fs, args, 1)
+	if err != nil {
+		return err
+	}
+	id := pos[0]
+	switch {
+	case !markers.ValidExecutionID(id):
+		return usageErrorf(c.stderr, "%q is not an execution id", id)
+	case *outcome != "completed" && *outcome != "not-run":
+		return usageErrorf(c.stderr, "--outcome must be completed or not-run")
+	case *note == "":
+		return usageErrorf(c.stderr, "review needs --note: what you checked")
+	}
+	cfg, err := loc.config()
+	if err != nil {
+		return err
+	}
+	var rec markers.Record
+	if err := newOperatorClient(cfg.OperatorSocketPath()).postJSON(ctx, "/v1/executions/"+url.PathEscape(id)+"/review",
+		map[string]string{"outcome": *outcome, "note": *note}, &rec); err != nil {
+		return err
+	}
+	fmt.Fprintf(c.stdout, "%s is %s\n", rec.ID, rec.State)
+	return nil
+}
