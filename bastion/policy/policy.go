@@ -1,6 +1,14 @@
 package policy
 
-import "errors"
+import (
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"path"
+	"regexp"
+	"slices"
+	"strings"
+)
 
 // Tools the ladder knows the targets of.
 const (
@@ -16,6 +24,26 @@ const (
 	ClassRemoteCommand    = "remote_command"
 	ClassReadOnly         = "read_only"
 )
+
+// Strictness ranks: higher is stricter. Operator-defined classes rank between
+// remote_command and idempotent_write: stricter than a plain remote command, looser than
+// the write classes whose recovery the bastion knows.
+const (
+	rankReadOnly = iota
+	rankRemoteCommand
+	rankCustom
+	rankIdempotentWrite
+	rankConditionalWrite
+	rankIrreversible
+)
+
+var builtinRanks = map[string]int{
+	ClassReadOnly:         rankReadOnly,
+	ClassRemoteCommand:    rankRemoteCommand,
+	ClassIdempotentWrite:  rankIdempotentWrite,
+	ClassConditionalWrite: rankConditionalWrite,
+	ClassIrreversible:     rankIrreversible,
+}
 
 // Rule decisions.
 const (
@@ -64,7 +92,8 @@ type Request struct {
 	Host    string
 	Groups  []string
 	Command string
-	// http_request: the endpoint name, the method, the path and the endpoint's configured class.
+	// http_request: the endpoint name, the method, the path and the endpoint's configured
+	// class ("" = idempotent_write, the bastion's default).
 	Endpoint      string
 	Method        string
 	Path          string
@@ -85,8 +114,8 @@ const (
 	CodeActorUnknown  = "actor_unknown"  // no configured actor by that name
 	CodeTargetUnknown = "target_unknown" // the request names no host (ssh_exec) or endpoint (http_request)
 	CodeNotAllowed    = "not_allowed"    // the actor may not use this tool, host or endpoint
-	CodeDenied        = "denied"         // a deny rule matched a command of the request
-	CodeUnparsable    = "unparsable"     // the command is not plain literal words and a deny rule could apply
+	CodeDenied        = "denied"         // a deny rule matched a command (or endpoint) of the request
+	CodeUnparsable    = "unparsable"     // the command is not plain literal words and a deny rule's patterns could match it
 )
 
 // Decision is the ladder's answer with its explanation.
@@ -98,29 +127,169 @@ type Decision struct {
 	Code    string   // rejections only
 }
 
-// ErrInvalid wraps every validation problem New reports.
+// ErrInvalid is wrapped by every validation problem New reports.
 var ErrInvalid = errors.New("invalid policy")
 
 // Policy is a validated, immutable set of actors and rules; safe for concurrent use.
 type Policy struct {
-	actors  []Actor
-	byName  map[string]int
-	rules   []compiledRule
-	classes map[string]int // class name → strictness rank (higher = stricter)
+	actors []Actor
+	byName map[string]int
+	rules  []compiledRule
+	ranks  map[string]int // class name → strictness (higher = stricter)
 }
 
-type compiledRule struct{ Rule }
+type compiledRule struct {
+	Rule
+	label string // `rules[2] "no-prod-drops"`
+}
 
-// New validates actors and rules and compiles them. knownClasses are the class names rules
-// may use besides the built-in ones. Every problem is reported (errors.Join), each wrapping
-// ErrInvalid.
+func (r compiledRule) forCommands() bool  { return len(r.Commands) > 0 }
+func (r compiledRule) forEndpoints() bool { return len(r.Endpoints) > 0 || len(r.Methods) > 0 }
+
+var (
+	namePattern   = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$`)
+	methodPattern = regexp.MustCompile(`^[A-Za-z]{1,16}$`)
+)
+
+// New validates actors and rules and compiles them. knownClasses are the class names
+// rules may use besides the built-in ones (the bastion's [[classes]]). Every problem is
+// reported at once (errors.Join), each wrapping ErrInvalid. The slices are copied.
 func New(actors []Actor, rules []Rule, knownClasses []string) (*Policy, error) {
-	return &Policy{}, nil // TODO
-}
+	p := &Policy{byName: map[string]int{}, ranks: map[string]int{}}
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: "+format, append([]any{ErrInvalid}, args...)...))
+	}
+	for name, rank := range builtinRanks {
+		p.ranks[name] = rank
+	}
+	for _, c := range knownClasses {
+		if !namePattern.MatchString(c) {
+			bad("class %q: want 1-64 of [A-Za-z0-9_.-]", c)
+		}
+		if _, builtin := builtinRanks[c]; !builtin {
+			p.ranks[c] = rankCustom
+		}
+	}
 
-// Decide walks the ladder for r. Pure: no I/O, no clock.
-func (p *Policy) Decide(r Request) Decision {
-	return Decision{Outcome: Rejected, Code: CodeActorUnknown} // TODO
+	for i, a := range actors {
+		at := fmt.Sprintf("actors[%d] (%s)", i, a.Name)
+		if !namePattern.MatchString(a.Name) {
+			bad("actors[%d]: name %q: want 1-64 of [A-Za-z0-9_.-]", i, a.Name)
+		} else if _, dup := p.byName[a.Name]; dup {
+			bad("%s: duplicate name", at)
+		} else {
+			p.byName[a.Name] = i
+		}
+		local := a.UID != nil || a.Exe != ""
+		switch {
+		case a.TokenSHA256 != "" && local:
+			bad("%s: token_sha256 (remote) and uid/exe (local) are exclusive", at)
+		case a.TokenSHA256 == "" && !local:
+			bad("%s: set token_sha256 (remote actor) or uid and/or exe (local actor)", at)
+		case a.TokenSHA256 != "":
+			if b, err := hex.DecodeString(a.TokenSHA256); err != nil || len(b) != 32 {
+				bad("%s: token_sha256 must be 64 hex characters (the token itself never goes in the config)", at)
+			}
+		}
+		if a.UID != nil && *a.UID < 0 {
+			bad("%s: uid %d is negative", at, *a.UID)
+		}
+		if a.Exe != "" && (!path.IsAbs(a.Exe) || path.Clean(a.Exe) != a.Exe) {
+			bad("%s: exe %q must be a clean absolute path (it is compared exactly)", at, a.Exe)
+		}
+		for _, h := range a.Hosts {
+			if err := validateGlob("host", h); err != nil {
+				bad("%s: %v", at, err)
+			}
+		}
+		for _, t := range a.Tools {
+			if !namePattern.MatchString(t) {
+				bad("%s: tool %q: not a tool name", at, t)
+			}
+		}
+		for _, e := range a.Endpoints {
+			if err := validateGlob("endpoint", e); err != nil {
+				bad("%s: %v", at, err)
+			}
+		}
+		if a.MaxConcurrent < 0 || a.DailyQuota < 0 {
+			bad("%s: max_concurrent and daily_quota must not be negative (0 = unlimited)", at)
+		}
+		a.Hosts, a.Tools, a.Endpoints = slices.Clone(a.Hosts), slices.Clone(a.Tools), slices.Clone(a.Endpoints)
+		if a.UID != nil {
+			uid := *a.UID
+			a.UID = &uid
+		}
+		p.actors = append(p.actors, a)
+	}
+
+	ruleNames := map[string]bool{}
+	for i, r := range rules {
+		label := fmt.Sprintf("rules[%d]", i)
+		if r.Name != "" {
+			label += fmt.Sprintf(" %q", r.Name)
+			if !namePattern.MatchString(r.Name) {
+				bad("%s: name: want 1-64 of [A-Za-z0-9_.-]", label)
+			} else if ruleNames[r.Name] {
+				bad("%s: duplicate name", label)
+			}
+			ruleNames[r.Name] = true
+		}
+		if _, ok := p.ranks[r.Class]; r.Class != "" && !ok {
+			bad("%s: unknown class %q", label, r.Class)
+		}
+		switch r.Decision {
+		case "", DecisionApprove:
+		case DecisionDeny:
+			if r.Class != "" {
+				bad("%s: a deny rule's class would never apply; drop class or decision", label)
+			}
+		default:
+			bad("%s: decision %q: want \"deny\", \"approve\" or none", label, r.Decision)
+		}
+		if r.Class == "" && r.Decision == "" {
+			bad("%s: sets neither class nor decision, so it does nothing", label)
+		}
+		for _, a := range r.Actors {
+			if _, ok := p.byName[a]; !ok {
+				bad("%s: unknown actor %q", label, a)
+			}
+		}
+		for _, h := range r.Hosts {
+			if err := validateGlob("host", h); err != nil {
+				bad("%s: %v", label, err)
+			}
+		}
+		for _, c := range r.Commands {
+			if err := validatePattern(c); err != nil {
+				bad("%s: %v", label, err)
+			}
+		}
+		for _, e := range r.Endpoints {
+			if err := validateGlob("endpoint", e); err != nil {
+				bad("%s: %v", label, err)
+			}
+		}
+		methods := make([]string, 0, len(r.Methods))
+		for _, m := range r.Methods {
+			if !methodPattern.MatchString(m) {
+				bad("%s: method %q: not an HTTP method", label, m)
+			}
+			methods = append(methods, strings.ToUpper(m))
+		}
+		cr := compiledRule{Rule: r, label: label}
+		cr.Actors, cr.Hosts, cr.Commands, cr.Endpoints = slices.Clone(r.Actors), slices.Clone(r.Hosts), slices.Clone(r.Commands), slices.Clone(r.Endpoints)
+		cr.Methods = methods
+		if cr.forCommands() && cr.forEndpoints() {
+			bad("%s: commands (ssh_exec) and endpoints/methods (http_request) are exclusive", label)
+		}
+		p.rules = append(p.rules, cr)
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // Actor returns the actor configured under name.
@@ -132,22 +301,14 @@ func (p *Policy) Actor(name string) (Actor, bool) {
 	return p.actors[i], true
 }
 
-// LocalActor returns the first local actor (in config order) whose uid and exe conditions
-// (each only if set) hold for the peer.
+// LocalActor returns the first local actor (in config order) whose conditions hold for
+// the peer: its uid if set, and its exe if set (exact path).
 func (p *Policy) LocalActor(uid int, exe string) (Actor, bool) {
-	return Actor{}, false // TODO
-}
-
-// ParseCommand parses command as a shell script and returns every simple command's argv
-// with its words' literal values. safe is false when anything in the script is not a plain
-// literal word or it does not parse; argvs are then partial and must not be trusted.
-func ParseCommand(command string) (argvs [][]string, safe bool) {
-	return nil, false // TODO
-}
-
-// MatchArgv reports whether argv matches pattern: space-separated word globs ('*' any run
-// within one word, '?' one character), the last word may be "**" (any remaining arguments,
-// zero or more).
-func MatchArgv(pattern string, argv []string) bool {
-	return false // TODO
+	for _, a := range p.actors {
+		if !a.Local() || (a.UID != nil && *a.UID != uid) || (a.Exe != "" && a.Exe != exe) {
+			continue
+		}
+		return a, true
+	}
+	return Actor{}, false
 }
