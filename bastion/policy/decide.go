@@ -74,6 +74,7 @@ func (p *Policy) Decide(r Request) Decision {
 		if rule.Decision == DecisionApprove && cmd.anyMatches(rule) {
 			d.Outcome, d.Rule = AwaitingApproval, rule.label
 			step("approval: %s requires approval", rule.label)
+			step("awaiting_approval")
 			return d
 		}
 	}
