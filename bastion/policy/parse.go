@@ -10,6 +10,11 @@ import (
 // MaxCommandBytes bounds what ParseCommand reads; a longer command is never safe.
 const MaxCommandBytes = 64 << 10
 
+// maxOpeners bounds the bytes that can open a nested construct — ( { [ ` — before the
+// parser sees them: its cost grows faster than linearly with nesting depth (60000 '('
+// take seconds), and no plain command needs that many.
+const maxOpeners = 1024
+
 // reinterpreting are builtins that run their arguments as shell code or change what a
 // command name means (eval "rm -rf /", hash -p /bin/rm df; df): their argv says nothing
 // about what will run.
@@ -26,9 +31,12 @@ var reinterpreting = map[string]bool{
 // than to /dev/null or to a file descriptor, subshells, blocks, functions, compound and
 // declaration commands, coprocesses, builtins that reinterpret their arguments (eval,
 // source, exec, command, hash, alias, ...), and a command name that is empty, not ASCII or
-// holds a control character. When safe is false argvs are partial and must not be trusted.
+// holds a control character. Commands over MaxCommandBytes, with a NUL byte, invalid
+// UTF-8 or more than 1024 of the bytes ( { [ ` are not parsed and not safe. When safe is
+// false argvs are partial and must not be trusted.
 func ParseCommand(command string) (argvs [][]string, safe bool) {
-	if len(command) > MaxCommandBytes || !utf8.ValidString(command) || strings.ContainsRune(command, 0) {
+	if len(command) > MaxCommandBytes || !utf8.ValidString(command) || strings.ContainsRune(command, 0) ||
+		countOpeners(command) > maxOpeners {
 		return nil, false
 	}
 	f, err := syntax.NewParser(syntax.Variant(syntax.LangBash)).Parse(strings.NewReader(command), "")
@@ -40,6 +48,17 @@ func ParseCommand(command string) (argvs [][]string, safe bool) {
 		w.stmt(st)
 	}
 	return w.argvs, w.safe
+}
+
+func countOpeners(s string) int {
+	n := 0
+	for i := 0; i < len(s); i++ {
+		switch s[i] {
+		case '(', '{', '[', '`':
+			n++
+		}
+	}
+	return n
 }
 
 type scriptWalker struct {

@@ -77,6 +77,8 @@ func TestParseCommand(t *testing.T) {
 		{"NUL byte", "df\x00; rm", nil, false},
 		{"invalid UTF-8", "df \xff", nil, false},
 		{"too long", "df " + strings.Repeat("a", MaxCommandBytes), nil, false},
+		{"deeply nested", strings.Repeat("(", 60000), nil, false},
+		{"many quoted parentheses", "echo '" + strings.Repeat("(", maxOpeners+1) + "'", nil, false},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
