@@ -15,6 +15,7 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/durable"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
@@ -47,6 +48,7 @@ type Bastion struct {
 	metrics *metrics
 	clientK gossh.Signer
 	plugin  *plugins.Manager // nil when no HTTP plugin is configured
+	policy  *policy.Policy
 
 	ctx    context.Context // ended by Close: drivers stop waiting, the hosts go on
 	cancel context.CancelFunc
@@ -92,6 +94,10 @@ func Open(opts Options) (*Bastion, error) {
 		return nil, err
 	}
 	cls := newClasses(cfg)
+	pol, err := cfg.policy()
+	if err != nil {
+		return nil, err
+	}
 	journal, err := markers.Open(cfg.journalDir(), markers.Options{
 		Graph:         markers.Journal,
 		Signer:        signer,
@@ -124,7 +130,7 @@ func Open(opts Options) (*Bastion, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Bastion{
 		cfg: cfg, log: opts.Logger, now: opts.Now, journal: journal, fp: fp, inv: inv, pool: pool,
-		classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin,
+		classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin, policy: pol,
 		ctx: ctx, cancel: cancel, drivers: map[string]*driver{},
 	}
 	b.metrics.registry.MustRegister(inFlight{b})

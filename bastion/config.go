@@ -13,6 +13,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -42,12 +43,15 @@ type Config struct {
 	// <state_dir>/bastion_ed25519 (generated on first start).
 	ClientKeyFile string `toml:"client_key_file"`
 
-	// Actors may call over HTTP with a bearer token; the config stores its SHA-256.
-	Actors []ActorConfig `toml:"actors"`
+	// Actors are the callers: remote ones by bearer token (the config stores its SHA-256),
+	// local ones by process (uid, executable), each with the hosts, tools and endpoints it
+	// may use and its limits. Local callers of the bastion's own uid need no entry.
+	Actors []policy.Actor `toml:"actors"`
 	// Classes override the built-in action classes' windows and retention, or add classes.
 	Classes []ClassConfig `toml:"classes"`
-	// Rules map hosts and command patterns to action classes; the first match wins.
-	Rules []RuleConfig `toml:"rules"`
+	// Rules map actors, hosts and command patterns (or endpoints and methods) to action
+	// classes, denials and approval requirements (bastion/policy: deny wins).
+	Rules []policy.Rule `toml:"rules"`
 
 	// HTTPPlugin is the plugin binary that performs http_request (pinned by its SHA-256).
 	HTTPPlugin PluginConfig `toml:"http_plugin"`
@@ -78,27 +82,12 @@ type Config struct {
 	ApprovalTimeout time.Duration `toml:"approval_timeout"`
 }
 
-// ActorConfig is one remote caller.
-type ActorConfig struct {
-	Name string `toml:"name"`
-	// TokenSHA256 is the hex SHA-256 of the bearer token (`postern token` prints both).
-	TokenSHA256 string `toml:"token_sha256"`
-}
-
 // ClassConfig sets an action class's attach window (how long a retry joins a prior
 // execution of the same intent) and retention (how long a finished record is kept).
 type ClassConfig struct {
 	Name         string        `toml:"name"`
 	AttachWindow time.Duration `toml:"attach_window"`
 	Retention    time.Duration `toml:"retention"`
-}
-
-// RuleConfig assigns a class to commands on hosts. Patterns use * for any run of
-// characters and match the whole command; an empty list matches everything.
-type RuleConfig struct {
-	Class    string   `toml:"class"`
-	Hosts    []string `toml:"hosts"`
-	Commands []string `toml:"commands"`
 }
 
 // PluginConfig locates a plugin binary and pins it.
@@ -142,6 +131,34 @@ type CredentialConfig struct {
 	File string `toml:"file"`
 	Env  string `toml:"env"`
 }
+
+// policy compiles the actors and rules, with the implicit local actor of the bastion's own
+// user (its agents reach the 0600 socket anyway) when no configured local actor claims that
+// uid.
+func (c Config) policy() (*policy.Policy, error) {
+	actors := append([]policy.Actor(nil), c.Actors...)
+	uid := os.Geteuid()
+	claimed := false
+	for _, a := range actors {
+		if a.UID != nil && *a.UID == uid {
+			claimed = true
+		}
+	}
+	if !claimed {
+		actors = append(actors, policy.Actor{Name: selfActor, UID: &uid})
+	}
+	classes := make([]string, 0, len(builtinClasses)+len(c.Classes))
+	for _, cl := range builtinClasses {
+		classes = append(classes, cl.Name)
+	}
+	for _, cl := range c.Classes {
+		classes = append(classes, cl.Name)
+	}
+	return policy.New(actors, c.Rules, classes)
+}
+
+// selfActor is the policy name of local callers running as the bastion's own user.
+const selfActor = "self"
 
 // DefaultConfig returns the defaults for state dir dir.
 func DefaultConfig(dir string) Config {
@@ -265,8 +282,15 @@ func (c Config) Validate() error {
 			bad("actors[%d]: duplicate name %q", i, a.Name)
 		}
 		seen[a.Name] = true
-		if b, err := hex.DecodeString(a.TokenSHA256); err != nil || len(b) != 32 {
-			bad("actors[%d] (%s): token_sha256 must be 64 hex characters (the token itself never goes in the config)", i, a.Name)
+		switch {
+		case a.TokenSHA256 == "" && a.UID == nil && a.Exe == "":
+			bad("actors[%d] (%s): give token_sha256 (a remote actor) or uid/exe (a local one)", i, a.Name)
+		case a.TokenSHA256 != "" && (a.UID != nil || a.Exe != ""):
+			bad("actors[%d] (%s): an actor is remote (token_sha256) or local (uid/exe), not both", i, a.Name)
+		case a.TokenSHA256 != "":
+			if b, err := hex.DecodeString(a.TokenSHA256); err != nil || len(b) != 32 {
+				bad("actors[%d] (%s): token_sha256 must be 64 hex characters (the token itself never goes in the config)", i, a.Name)
+			}
 		}
 	}
 	classes := map[string]bool{}
@@ -285,10 +309,8 @@ func (c Config) Validate() error {
 		}
 		classes[cl.Name] = true
 	}
-	for i, r := range c.Rules {
-		if !classes[r.Class] {
-			bad("rules[%d]: unknown class %q", i, r.Class)
-		}
+	if _, err := c.policy(); err != nil {
+		errs = append(errs, fmt.Errorf("config: %w", err))
 	}
 	if c.DefaultWait < 0 || c.MaxWait <= 0 || c.DefaultWait > c.MaxWait {
 		bad("default_wait (%v) must be in 0..max_wait (%v)", c.DefaultWait, c.MaxWait)

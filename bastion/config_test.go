@@ -3,6 +3,7 @@ package bastion
 import (
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/postern-dev/postern/bastion/transport"
 )
@@ -115,4 +116,22 @@ func FuzzExecArgs(f *testing.F) {
 			t.Fatalf("fingerprint not deterministic: %s vs %s", fp1, fp2)
 		}
 	})
+}
+
+func TestClassWindows(t *testing.T) {
+	c := newClasses(Config{Classes: []ClassConfig{{Name: ClassReadOnly, AttachWindow: time.Minute}, {Name: "batch"}}})
+	tests := []struct {
+		name              string
+		window, retention time.Duration
+	}{
+		{ClassReadOnly, time.Minute, 7 * day}, // configured window, built-in retention
+		{ClassIrreversible, 7 * day, 90 * day},
+		{"batch", day, 30 * day},              // a new class without windows
+		{"from-an-old-config", day, 30 * day}, // unknown: remote_command's
+	}
+	for _, tt := range tests {
+		if got := c.get(tt.name); got.AttachWindow != tt.window || got.Retention != tt.retention {
+			t.Errorf("class %s = %v / %v; want %v / %v", tt.name, got.AttachWindow, got.Retention, tt.window, tt.retention)
+		}
+	}
 }

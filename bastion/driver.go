@@ -123,6 +123,9 @@ func (b *Bastion) liveDriver(id string) *driver {
 // drive moves the execution to an outcome: dispatch a new one; for one already in flight,
 // ask its host first and dispatch again only if the host has no marker for it.
 func (b *Bastion) drive(d *driver, asked func()) {
+	if b.finishDecision(d) {
+		return
+	}
 	rec := d.record()
 	log := b.log.With("execution_id", rec.ID, "host", rec.Host)
 	host, err := b.inv.Host(rec.Host)

@@ -12,6 +12,7 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
 )
@@ -141,6 +142,10 @@ type claim struct {
 	// record is the execution to accept (identity and what it does); the journal sets the
 	// rest.
 	record markers.Record
+	// ask is what the policy decides on (the actor is filled in by submit).
+	ask policy.Request
+	// defaultClass applies when no rule sets one.
+	defaultClass string
 }
 
 func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*claim, error) {
@@ -192,11 +197,12 @@ func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*claim, error) {
 		Account:        host.Account,
 		Command:        shellCommand(a.Command),
 		Cwd:            cwd,
-		Class:          b.classes.forCommand(host.Name, host.Groups, a.Command).Name,
 		Host:           host.Name,
 		Env:            a.Env,
 		TimeoutSeconds: a.TimeoutS,
 	}
+	cl.ask = policy.Request{Tool: policy.ToolSSHExec, Host: host.Name, Groups: host.Groups, Command: a.Command}
+	cl.defaultClass = ClassRemoteCommand
 	return cl, nil
 }
 
@@ -268,10 +274,21 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		unlock()
 		return nil, journalError(err)
 	}
+	dec, err := b.decide(c, cl)
+	if err != nil {
+		unlock()
+		return nil, err
+	}
 	rec, err := b.accept(ctx, cl)
 	unlock()
 	if err != nil {
 		return nil, err
+	}
+	if dec.Outcome != policy.Authorized {
+		if rec, err = b.applyDecision(ctx, rec, dec); err != nil {
+			return nil, err
+		}
+		return b.view(rec), nil
 	}
 	d := b.startDriver(rec)
 	if d == nil {

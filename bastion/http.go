@@ -16,6 +16,7 @@ import (
 
 	"github.com/gowebpki/jcs"
 
+	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
@@ -254,11 +255,12 @@ func (b *Bastion) resolveHTTP(c transport.Caller, a HTTPArgs) (*claim, error) {
 		Channel:        "http",
 		Target:         targetName,
 		Command:        []string{method, target.String()},
-		Class:          ep.Class,
 		Host:           ep.Name,
 		TimeoutSeconds: int(ep.Timeout / time.Second),
 		Request:        request,
 	}
+	cl.ask = policy.Request{Tool: policy.ToolHTTPRequest, Endpoint: ep.Name, Method: method, Path: a.Path, EndpointClass: ep.Class}
+	cl.defaultClass = ep.Class
 	return cl, nil
 }
 
@@ -399,6 +401,9 @@ func secret(cr CredentialConfig) (*plugins.Credential, error) {
 // just before the first request byte is written and the outcome after; a crash is judged by
 // the boundary the journal shows. An unknown outcome is handled by the endpoint's class.
 func (b *Bastion) driveHTTP(d *driver, asked func()) {
+	if b.finishDecision(d) {
+		return
+	}
 	rec := d.record()
 	log := b.log.With("execution_id", rec.ID, "endpoint", rec.Host)
 	defer asked()

@@ -55,7 +55,9 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	if b.cfg.Listen != "" {
 		actors := make([]transport.Actor, 0, len(b.cfg.Actors))
 		for _, a := range b.cfg.Actors {
-			actors = append(actors, transport.Actor{Name: a.Name, TokenSHA256: a.TokenSHA256})
+			if !a.Local() {
+				actors = append(actors, transport.Actor{Name: a.Name, TokenSHA256: a.TokenSHA256})
+			}
 		}
 		mcpHTTP, err := transport.HTTPHandler(tracked, transport.HTTPOptions{
 			Actors: actors, MaxBodyBytes: b.cfg.MaxBodyBytes,

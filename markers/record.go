@@ -33,6 +33,9 @@ type Record struct {
 	Command []string `json:"command,omitempty"`
 	Cwd     string   `json:"cwd,omitempty"`
 	Class   string   `json:"class,omitempty"`
+	// Decision is the policy's outcome for the execution (authorized, awaiting_approval or
+	// rejected), fixed when it is accepted: a restart never re-decides.
+	Decision string `json:"decision,omitempty"`
 	// Host is the inventory name of the target host (SSH) or the endpoint's name (HTTP).
 	Host string `json:"host,omitempty"`
 	// Request is what an HTTP execution sends (method, URL, headers, body — never the

@@ -74,7 +74,7 @@ func FuzzDecide(f *testing.F) {
 	f.Add("df -h", uint8(12), "rm -rf /")
 	f.Fuzz(func(t *testing.T, prefix string, sep uint8, suffix string) {
 		base := p.Decide(Request{Actor: "agent", Tool: ToolSSHExec, Host: "h", Command: prefix})
-		if _, safe := ParseCommand(prefix); !safe {
+		if !parseForPolicy(prefix).safe {
 			return
 		}
 		command := prefix + separators[int(sep)%len(separators)] + suffix

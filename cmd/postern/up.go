@@ -20,6 +20,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/internal/durable"
@@ -115,7 +116,7 @@ func upConfig(dir, listen string) (bastion.Config, error) {
 	token := strings.TrimSpace(string(data))
 	cfg := bastion.DefaultConfig(dir)
 	cfg.Listen = listen
-	cfg.Actors = []bastion.ActorConfig{{Name: "local-agent", TokenSHA256: transport.HashToken(token)}}
+	cfg.Actors = []policy.Actor{{Name: "local-agent", TokenSHA256: transport.HashToken(token)}}
 	if err := cfg.Validate(); err != nil {
 		return bastion.Config{}, err
 	}

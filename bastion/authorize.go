@@ -1,0 +1,128 @@
+package bastion
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/policy"
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Authorization decides whether a caller may start an execution (bastion/policy), before it
+// is accepted; the decision and the ladder's steps are journaled with the execution. The
+// journal being unavailable is the ladder's first step: acceptance fails closed.
+
+// Codes of calls refused by an actor's limits (nothing is journaled for them).
+const (
+	CodeQuotaExceeded     = "quota_exceeded"
+	CodeConcurrencyLimit  = "concurrency_limit"
+	CodeActorNotPermitted = "actor_unknown"
+)
+
+// policyActor resolves the caller to its configured actor: by token name for remote
+// callers, by process (uid, executable) for local ones.
+func (b *Bastion) policyActor(c transport.Caller) (policy.Actor, bool) {
+	if c.Local {
+		return b.policy.LocalActor(c.UID, c.Exe)
+	}
+	return b.policy.Actor(strings.TrimPrefix(c.Actor, "token:"))
+}
+
+// decide runs the ladder for a new execution and checks the actor's limits. A rejection by
+// the ladder is journaled (the caller and an operator can see it and why); exceeding a limit
+// is a plain error and journals nothing.
+func (b *Bastion) decide(c transport.Caller, cl *claim) (policy.Decision, error) {
+	actor, ok := b.policyActor(c)
+	ask := cl.ask
+	if ok {
+		ask.Actor = actor.Name
+	}
+	dec := b.policy.Decide(ask)
+	cl.record.Class = dec.Class
+	if cl.record.Class == "" {
+		cl.record.Class = cl.defaultClass
+	}
+	cl.record.Decision = string(dec.Outcome)
+	steps := append([]string(nil), dec.Steps...)
+	steps = append(steps, fmt.Sprintf("policy: %s (%s)", dec.Outcome, dec.Rule))
+	for _, s := range steps {
+		cl.record.Evidence = appendBounded(cl.record.Evidence, s)
+	}
+	if dec.Outcome == policy.Rejected || !ok {
+		return dec, nil
+	}
+	if err := b.checkLimits(c, actor); err != nil {
+		return dec, err
+	}
+	return dec, nil
+}
+
+// checkLimits enforces an actor's concurrency and daily quota.
+func (b *Bastion) checkLimits(c transport.Caller, actor policy.Actor) error {
+	if actor.MaxConcurrent > 0 {
+		n := 0
+		b.mu.Lock()
+		for _, d := range b.drivers {
+			if d.record().Actor == c.Actor {
+				n++
+			}
+		}
+		b.mu.Unlock()
+		if n >= actor.MaxConcurrent {
+			b.metrics.rejected.WithLabelValues(CodeConcurrencyLimit).Inc()
+			return &ToolError{Code: CodeConcurrencyLimit, Message: fmt.Sprintf(
+				"actor %s has %d executions in flight, its limit; wait for one to end (nothing was started)", actor.Name, n)}
+		}
+	}
+	if actor.DailyQuota > 0 {
+		now := b.now().UTC()
+		midnight := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
+		recs, _, err := b.journal.List(markers.Query{Actor: c.Actor, Since: midnight, Limit: actor.DailyQuota})
+		if err != nil {
+			return journalError(err)
+		}
+		if len(recs) >= actor.DailyQuota {
+			b.metrics.rejected.WithLabelValues(CodeQuotaExceeded).Inc()
+			return &ToolError{Code: CodeQuotaExceeded, Message: fmt.Sprintf(
+				"actor %s used its daily quota of %d executions (resets at 00:00 UTC); nothing was started", actor.Name, actor.DailyQuota)}
+		}
+	}
+	return nil
+}
+
+// applyDecision journals a decision other than authorized: the execution waits for an
+// operator, or is rejected. Neither ever dispatches.
+func (b *Bastion) applyDecision(ctx context.Context, rec *markers.Record, dec policy.Decision) (*markers.Record, error) {
+	to, note := markers.Rejected, fmt.Sprintf("rejected by policy: %s", dec.Rule)
+	if dec.Outcome == policy.AwaitingApproval {
+		to, note = markers.AwaitingApproval, fmt.Sprintf("approval required by policy: %s", dec.Rule)
+	}
+	next, err := b.journal.Transition(ctx, rec.ID, rec.State, to, note, addEvidence(note))
+	if err != nil {
+		return nil, journalError(err)
+	}
+	if to == markers.Rejected {
+		b.metrics.finished.WithLabelValues(string(markers.Rejected)).Inc()
+	}
+	return next, nil
+}
+
+// finishDecision completes the journaling of a decision a crash interrupted: an execution
+// accepted with a decision other than authorized never dispatches. It reports whether the
+// driver must stop here.
+func (b *Bastion) finishDecision(d *driver) bool {
+	rec := d.record()
+	if rec.State != markers.Accepted || rec.Decision == "" || rec.Decision == string(policy.Authorized) {
+		return false
+	}
+	next, err := b.applyDecision(b.ctx, rec, policy.Decision{Outcome: policy.Outcome(rec.Decision), Rule: "as decided when it was accepted"})
+	if err != nil {
+		b.journalFailed(d, b.log, "decision", err)
+		return true
+	}
+	d.set(next)
+	return true
+}
