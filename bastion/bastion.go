@@ -94,7 +94,7 @@ func Open(opts Options) (*Bastion, error) {
 		return nil, err
 	}
 	cls := newClasses(cfg)
-	pol, err := cfg.policy()
+	pol, err := cfg.Policy()
 	if err != nil {
 		return nil, err
 	}

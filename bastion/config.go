@@ -132,10 +132,10 @@ type CredentialConfig struct {
 	Env  string `toml:"env"`
 }
 
-// policy compiles the actors and rules, with the implicit local actor of the bastion's own
+// Policy compiles the actors and rules, with the implicit local actor of the bastion's own
 // user (its agents reach the 0600 socket anyway) when no configured local actor claims that
 // uid.
-func (c Config) policy() (*policy.Policy, error) {
+func (c Config) Policy() (*policy.Policy, error) {
 	actors := append([]policy.Actor(nil), c.Actors...)
 	uid := os.Geteuid()
 	claimed := false
@@ -309,7 +309,7 @@ func (c Config) Validate() error {
 		}
 		classes[cl.Name] = true
 	}
-	if _, err := c.policy(); err != nil {
+	if _, err := c.Policy(); err != nil {
 		errs = append(errs, fmt.Errorf("config: %w", err))
 	}
 	if c.DefaultWait < 0 || c.MaxWait <= 0 || c.DefaultWait > c.MaxWait {

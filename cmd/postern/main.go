@@ -32,6 +32,7 @@ commands:
   audit       export and verify the journal's hash-chained event log
   approvals   list executions awaiting approval; approve ID, deny ID --reason
   review      record what an operator verified about an unknown outcome
+  policy      check: which rule decides a call, without running it
   token       make a bearer token for an actor and print its config hash
 
 Run 'postern COMMAND -h' for a command's flags.

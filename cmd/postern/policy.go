@@ -1,0 +1,111 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/policy"
+)
+
+func init() {
+	operatorCommands["policy"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+		c := &policyCommand{operatorIO{stdin, stdout, stderr}}
+		return dispatch(ctx, "policy", policyUsage, subcommands{"check": c.check}, args, stdout, stderr)
+	}
+}
+
+// policyCommand explains the policy without running anything: it reads the config, not the
+// daemon.
+type policyCommand struct{ operatorIO }
+
+const policyUsage = `usage: postern policy check --actor NAME --host H [--json] -- COMMAND...
+       postern policy check --actor NAME --endpoint E --method M --path P [--json]
+
+  check  walk the decision ladder for a call and say which rule decides (nothing runs)
+
+common flags: --state-dir DIR, --config FILE (the bastion's config)
+`
+
+func (c *policyCommand) check(ctx context.Context, args []string) error {
+	fs := newFlagSet("policy check", "policy check [flags] -- COMMAND...", c.stderr)
+	var loc locator
+	loc.register(fs)
+	actor := fs.String("actor", "self", `the actor, as named in the config ("self": local callers of the bastion's own user)`)
+	host := fs.String("host", "", "the host (ssh_exec)")
+	endpoint := fs.String("endpoint", "", "the endpoint (http_request)")
+	method := fs.String("method", "GET", "the HTTP method (http_request)")
+	path := fs.String("path", "/", "the HTTP path (http_request)")
+	asJSON := fs.Bool("json", false, "print JSON")
+	var command []string
+	for i, a := range args {
+		if a == "--" {
+			args, command = args[:i], args[i+1:]
+			break
+		}
+	}
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
+		return err
+	}
+	if (*host == "") == (*endpoint == "") {
+		return usageErrorf(c.stderr, "give --host H -- COMMAND (ssh_exec) or --endpoint E (http_request)")
+	}
+	if *host != "" && len(command) == 0 {
+		return usageErrorf(c.stderr, "give the command after --")
+	}
+	cfg, err := loc.config()
+	if err != nil {
+		return err
+	}
+	pol, err := cfg.Policy()
+	if err != nil {
+		return err
+	}
+	req := policy.Request{Actor: *actor}
+	if *host != "" {
+		req.Tool, req.Host, req.Command = policy.ToolSSHExec, *host, strings.Join(command, " ")
+		inv, err := bastion.OpenInventory(cfg.InventoryPath())
+		if err != nil {
+			return err
+		}
+		h, err := inv.Host(*host)
+		switch {
+		case err == nil:
+			req.Groups = h.Groups
+		case errors.Is(err, bastion.ErrUnknownHost):
+			fmt.Fprintf(c.stderr, "note: host %s is not enrolled; group rules are not applied\n", *host)
+		default:
+			return err
+		}
+	} else {
+		req.Tool, req.Endpoint, req.Method, req.Path = policy.ToolHTTPRequest, *endpoint, *method, *path
+		for _, e := range cfg.Endpoints {
+			if e.Name == *endpoint {
+				req.EndpointClass = e.Class
+			}
+		}
+	}
+	if _, ok := pol.Actor(*actor); !ok {
+		fmt.Fprintf(c.stderr, "note: no actor %q is configured\n", *actor)
+	}
+	dec := pol.Decide(req)
+	if *asJSON {
+		return writeJSON(c.stdout, dec)
+	}
+	fmt.Fprintf(c.stdout, "decision: %s\n", dec.Outcome)
+	if dec.Class != "" {
+		fmt.Fprintf(c.stdout, "class:    %s\n", dec.Class)
+	}
+	fmt.Fprintf(c.stdout, "rule:     %s\n", printable(dec.Rule))
+	if dec.Code != "" {
+		fmt.Fprintf(c.stdout, "code:     %s\n", dec.Code)
+	}
+	fmt.Fprintln(c.stdout, "ladder:")
+	for _, s := range dec.Steps {
+		fmt.Fprintf(c.stdout, "  %s\n", printable(s))
+	}
+	return nil
+}
