@@ -17,7 +17,7 @@ const Version = "0.4.0"
 
 // The replay contract every execution tool states: what happens when the caller loses a
 // response and calls again.
-const replayContract = `Replay contract: every call that starts work gets a server-made execution id, journaled before anything is sent. If you lose the response and call again with the same arguments (same actor and run), you get the SAME execution back (replayed: true) — it is never run twice; a finished one returns its stored result. If the connection to the host was lost, Postern asks the host before deciding: it re-sends only when the host proves the command never started, otherwise it attaches. state "unknown" means the outcome could not be proven: it is never hidden and never retried blindly.`
+const replayContract = `Replay contract: every call that starts work gets a server-made execution id, journaled before anything is sent. If you lose the response and call again with the same arguments (same actor and run), you get the SAME execution back (replayed: true) — it is never run twice; a finished one returns its stored result. If the connection to the host was lost, Postern asks the host before deciding: it re-sends only when the host proves the command never started, otherwise it attaches. state "unknown" means the outcome could not be proven: it is never hidden and never retried blindly. If policy requires an operator's approval, the call returns at once with state "awaiting_approval" and the execution id; a retry returns that same pending (or decided) execution and never asks for approval twice. A "rejected" execution stays rejected: a retry returns the same rejection.`
 
 func boolPtr(v bool) *bool { return &v }
 
