@@ -25,7 +25,8 @@ type policyCommand struct{ operatorIO }
 const policyUsage = `usage: postern policy check --actor NAME --host H [--json] -- COMMAND...
        postern policy check --actor NAME --endpoint E --method M --path P [--json]
 
-  check  walk the decision ladder for a call and say which rule decides (nothing runs)
+  check  walk the decision ladder for a call and say which rule decides (nothing runs);
+         like ssh, the words after -- are joined with spaces into the command line
 
 common flags: --state-dir DIR, --config FILE (the bastion's config)
 `
