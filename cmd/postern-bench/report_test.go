@@ -1,0 +1,101 @@
+package main
+
+import (
+	"strings"
+	"testing"
+)
+
+// sampleOutput is go test -bench output in the shapes the report meets: a plain result line,
+// a name whose figures come on a later line (the benchmark printed while it ran), a result
+// followed by its logged table, a failed sub-benchmark, a skipped benchmark.
+const sampleOutput = `goos: linux
+pkg: github.com/postern-dev/postern/integration
+BenchmarkStream1GiB-2   	       1	45470337666 ns/op	       140.6 hostagent-MB/s	       176.5 openssh-MB/s	       148.3 postern-MB/s	        54.74 postern-peak-RSS-MB	         0.8405 postern/openssh
+--- BENCH: BenchmarkStream1GiB-2
+    stream_bench_test.go:132: 1073741824 bytes of stdout
+                                                     seconds  MB/s  / openssh
+        postern (MCP → bastion → hostagent)          7.24     148   0.84
+BenchmarkDedupLookup/records=1000/replay-2         	records=1000: journal filled in 1.2s
+   10000	    108000 ns/op
+BenchmarkDedupLookup/records=1000000/replay-2      	    5000	    165000 ns/op	         1.528 ×records=1000
+--- FAIL: BenchmarkHTTPRequest
+    http_bench_test.go:157: in-process HTTPRequest 2: rejected
+--- FAIL: BenchmarkBastionExecTrue/sub
+    bastion_bench_test.go:12: first exec: rejected
+--- FAIL: BenchmarkBastionExecTrue
+--- SKIP: BenchmarkHostagentStart
+    sshd.go:50: sshd needs root for privilege separation
+FAIL
+`
+
+func TestParseResults(t *testing.T) {
+	res, err := parseResults(strings.NewReader(sampleOutput))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, bench, unit string
+		want              float64
+		wantWhy           string
+	}{
+		{name: "result line", bench: "BenchmarkStream1GiB", unit: "postern/openssh", want: 0.8405},
+		{name: "figures after a print", bench: "BenchmarkDedupLookup/records=1000/replay", unit: "ns/op", want: 108000},
+		{name: "unit with ×", bench: "BenchmarkDedupLookup/records=1000000/replay", unit: "×records=1000", want: 1.528},
+		{name: "unit not reported", bench: "BenchmarkStream1GiB", unit: "start-ms", wantWhy: "BenchmarkStream1GiB: no start-ms reported"},
+		{name: "failed, with its log", bench: "BenchmarkHTTPRequest", unit: "postern-p50-ms", wantWhy: "BenchmarkHTTPRequest: failed: in-process HTTPRequest 2: rejected"},
+		{name: "parent failed first", bench: "BenchmarkBastionExecTrue/sub/x", unit: "ns/op", wantWhy: "BenchmarkBastionExecTrue/sub: failed: first exec: rejected"},
+		{name: "failed without a log", bench: "BenchmarkBastionExecTrue", unit: "ns/op", wantWhy: "BenchmarkBastionExecTrue: failed"},
+		{name: "skipped", bench: "BenchmarkHostagentStart", unit: "start-ms", wantWhy: "BenchmarkHostagentStart: skipped: sshd needs root for privilege separation"},
+		{name: "not run", bench: "BenchmarkExecTrue", unit: "on/off", wantWhy: "BenchmarkExecTrue: not run"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, why := res.metric(tc.bench, tc.unit)
+			if got != tc.want || why != tc.wantWhy {
+				t.Errorf("metric(%q, %q) = %v, %q; want %v, %q", tc.bench, tc.unit, got, why, tc.want, tc.wantWhy)
+			}
+		})
+	}
+}
+
+func TestEvaluateVerdicts(t *testing.T) {
+	res := results{metrics: map[string]map[string]float64{
+		"BenchmarkA": {"ms": 0.4, "ratio": 2.5, "rate": 600},
+	}, notMeasured: map[string]string{}}
+	ms := figure{bench: "BenchmarkA", unit: "ms", suffix: " ms", digits: 1}
+	tests := []struct {
+		name, wantVerdict, wantMeasured string
+		r                               row
+	}{
+		{name: "at most, met", wantVerdict: pass, wantMeasured: "0.4 ms", r: row{measured: ms, goal: &goal{limit: 0.5}}},
+		{name: "goal on the ratio, missed", wantVerdict: miss, wantMeasured: "0.4 ms",
+			r: row{measured: ms, ratio: &figure{bench: "BenchmarkA", unit: "ratio"}, goal: &goal{limit: 2}}},
+		{name: "at least, met", wantVerdict: pass, wantMeasured: "600/s",
+			r: row{measured: figure{bench: "BenchmarkA", unit: "rate", suffix: "/s"}, goal: &goal{atLeast: true, limit: 500}}},
+		{name: "scaled", wantVerdict: miss, wantMeasured: "400 µs",
+			r: row{measured: figure{bench: "BenchmarkA", unit: "ms", scale: 1000, suffix: " µs"}, goal: &goal{limit: 300}}},
+		{name: "no goal", wantVerdict: "", wantMeasured: "0.4 ms", r: row{measured: ms}},
+		{name: "missing figure", wantVerdict: notMeasured, wantMeasured: "—",
+			r: row{measured: figure{bench: "BenchmarkB", unit: "ms"}, goal: &goal{limit: 1}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := evaluate([]row{tc.r}, res)[0]
+			if got.verdict != tc.wantVerdict || got.measured != tc.wantMeasured {
+				t.Errorf("verdict %q, measured %q; want %q, %q", got.verdict, got.measured, tc.wantVerdict, tc.wantMeasured)
+			}
+		})
+	}
+}
+
+func TestPower10(t *testing.T) {
+	tests := []struct {
+		n    int
+		want string
+	}{{1_000, "10³"}, {1_000_000, "10⁶"}, {100_000, "10⁵"}, {1_500, "1500"}, {10_000_000_000, "10¹⁰"}}
+	for _, tc := range tests {
+		if got := power10(tc.n); got != tc.want {
+			t.Errorf("power10(%d) = %q; want %q", tc.n, got, tc.want)
+		}
+	}
+}
