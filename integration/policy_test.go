@@ -5,15 +5,20 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -421,6 +426,149 @@ func TestActorLimits(t *testing.T) {
 		})
 		if x.State != string(markers.Completed) || x.Stdout != "second\n" {
 			t.Fatalf("second call = %+v; want completed", x)
+		}
+	})
+}
+
+// TestReviewUnknownOutcome: irreversible executions whose host vanished mid-run stay
+// unknown — a retry joins them, never runs them again — until an operator reviews them:
+// not-run lets the same intent run as a new execution, completed makes the retry return it.
+// Only an unknown outcome can be reviewed.
+func TestReviewUnknownOutcome(t *testing.T) {
+	f := startPolicyFleet(t, fleetOptions{proxy: true, tables: []string{`[[rules]]
+name = "all-irreversible"
+class = "irreversible"`}})
+	ctx := testContext(t)
+	cc := hostControl(t, f.host)
+	notRun, tookEffect := newGatedCommand(t), newGatedCommand(t)
+	// The shims outlive the hostagent: let their commands end with the test.
+	t.Cleanup(func() { notRun.open(t); tookEffect.open(t) })
+	cs := f.session(t, "agent", "run-review")
+	argsNotRun := map[string]any{"host": "h1", "command": notRun.cmd, "wait_s": 0}
+	argsTookEffect := map[string]any{"host": "h1", "command": tookEffect.cmd, "wait_s": 0}
+	a := mustCall(t, ctx, cs, "ssh_exec", argsNotRun)
+	b := mustCall(t, ctx, cs, "ssh_exec", argsTookEffect)
+	testutil.WaitFor(t, "both commands to run on the host", func() bool {
+		page, _, err := cc.List(ctx, client.ControlListQuery{State: markers.Running})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(page) == 2
+	})
+	// The host goes away while both run, so nothing can tell the bastion how they ended.
+	f.host.Kill(t)
+	f.proxy.Cut()
+	for _, id := range []string{a.ExecutionID, b.ExecutionID} {
+		if rec := waitJournaled(t, f.bastion, id, markers.Unknown); rec.Class != "irreversible" {
+			t.Fatalf("%s: class %q; want irreversible", id, rec.Class)
+		}
+	}
+	if x := mustCall(t, ctx, cs, "ssh_exec", argsNotRun); x.ExecutionID != a.ExecutionID || !x.Replayed || x.State != string(markers.Unknown) {
+		t.Fatalf("retry while unknown = %+v; want %s replayed, unknown", x, a.ExecutionID)
+	}
+
+	t.Run("not-run", func(t *testing.T) {
+		if out := mustCLI(t, ctx, f.bastion, "review", a.ExecutionID, "--outcome", "not-run", "--note", "checked"); !strings.Contains(out, "failed") {
+			t.Fatalf("review printed %q; want the failed state", out)
+		}
+		rec := journaled(t, f.bastion, a.ExecutionID)
+		if rec.State != markers.Failed || !hasEvidence(rec, "reviewed by "+operatorName(t)+": it did not run: checked") {
+			t.Fatalf("after review: state %s, evidence %q; want failed with the operator's note", rec.State, rec.Evidence)
+		}
+		x := mustCall(t, ctx, cs, "ssh_exec", argsNotRun)
+		if x.ExecutionID == a.ExecutionID || x.Replayed {
+			t.Fatalf("the same intent after review not-run = %+v; want a new execution", x)
+		}
+		// It is dispatched for real: with the host still down, it provably fails to connect.
+		waitJournaled(t, f.bastion, x.ExecutionID, markers.Failed)
+	})
+
+	t.Run("completed", func(t *testing.T) {
+		if out := mustCLI(t, ctx, f.bastion, "review", b.ExecutionID, "--outcome", "completed", "--note", "the effects file has its line"); !strings.Contains(out, "completed") {
+			t.Fatalf("review printed %q; want the completed state", out)
+		}
+		x := mustCall(t, ctx, cs, "ssh_exec", argsTookEffect)
+		if x.ExecutionID != b.ExecutionID || !x.Replayed || x.State != string(markers.Completed) {
+			t.Fatalf("retry after review completed = %+v; want %s replayed, completed", x, b.ExecutionID)
+		}
+	})
+
+	t.Run("not unknown", func(t *testing.T) {
+		res := operatorCLI(t, ctx, f.bastion, "review", b.ExecutionID, "--outcome", "not-run", "--note", "second thoughts")
+		if res.code != 1 || !strings.Contains(res.stderr, "completed") {
+			t.Fatalf("review of a completed execution: exit %d, stderr %q; want exit 1 naming its state", res.code, res.stderr)
+		}
+		if rec := journaled(t, f.bastion, b.ExecutionID); rec.State != markers.Completed {
+			t.Fatalf("after a refused review: %s; want completed", rec.State)
+		}
+	})
+
+	// The orphaned commands end under a restarted hostagent, which adopts their shims, so
+	// that nothing writes to the host's state dir once the test is over.
+	notRun.open(t)
+	tookEffect.open(t)
+	f.host.Start(t)
+	cc = hostControl(t, f.host)
+	for _, id := range []string{a.ExecutionID, b.ExecutionID} {
+		testutil.WaitFor(t, "the host to see "+id+" exit", func() bool {
+			m := hostMarker(t, ctx, cc, id)
+			return m != nil && m.State == markers.Exited
+		})
+	}
+}
+
+// TestActorLimitsUnderConcurrentCalls: an actor's limits hold when its calls arrive at once
+// (different intents, so no fingerprint lock serializes them).
+func TestActorLimitsUnderConcurrentCalls(t *testing.T) {
+	t.Skip("BUG: actor limits are checked, not reserved: bastion/authorize.go:64 checkLimits counts live drivers " +
+		"(max_concurrent) and today's journaled executions (daily_quota), but bastion/exec.go:277-293 accepts the " +
+		"execution and starts its driver after the check under a lock that is per fingerprint only, so calls arriving " +
+		"together all pass: 4-8 of 8 admitted with daily_quota = 2, 2-8 of 8 with max_concurrent = 1")
+	f := startPolicyFleet(t, fleetOptions{},
+		testutil.ActorSpec{Name: "frugal", DailyQuota: 2},
+		testutil.ActorSpec{Name: "serial", MaxConcurrent: 1},
+	)
+	ctx := testContext(t)
+	const calls = 8
+	// admitted makes calls distinct calls at once as actor, each in its own run, and returns
+	// how many were admitted; the others must be refused with code.
+	admitted := func(t *testing.T, actor, code string) int {
+		g := newGatedCommand(t)
+		t.Cleanup(func() { g.open(t) })
+		sessions := make([]*mcp.ClientSession, calls)
+		for i := range sessions {
+			sessions[i] = f.session(t, actor, fmt.Sprintf("run-%d", i))
+		}
+		errs := make(chan error, calls)
+		var wg sync.WaitGroup
+		for i, cs := range sessions {
+			wg.Go(func() {
+				_, err := callExecution(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": fmt.Sprintf("%s; echo %d", g.cmd, i), "wait_s": 0})
+				errs <- err
+			})
+		}
+		wg.Wait()
+		close(errs)
+		n := 0
+		for err := range errs {
+			switch {
+			case err == nil:
+				n++
+			case !strings.Contains(err.Error(), code):
+				t.Errorf("refused call: %v; want %s", err, code)
+			}
+		}
+		return n
+	}
+
+	t.Run("daily quota", func(t *testing.T) {
+		if n := admitted(t, "frugal", bastion.CodeQuotaExceeded); n != 2 {
+			t.Errorf("%d of %d concurrent calls admitted; want the quota, 2", n, calls)
+		}
+	})
+	t.Run("concurrency", func(t *testing.T) {
+		if n := admitted(t, "serial", bastion.CodeConcurrencyLimit); n != 1 {
+			t.Errorf("%d of %d concurrent calls admitted; want max_concurrent, 1", n, calls)
 		}
 	})
 }
