@@ -116,11 +116,33 @@ func (s *soak) waitSettled(t *testing.T, within time.Duration) map[string]*marke
 	}
 }
 
+// waitReconciled gives the bastion's reconcile loop time to ask the hosts (all up again)
+// about every SSH execution left unknown because its host could not be asked, and returns
+// those it did not resolve on its own.
+func (s *soak) waitReconciled(t *testing.T, j map[string]*markers.Record) []string {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var left []string
+		for id, r := range j {
+			if r.Channel != "http" && r.State == markers.Unknown && strings.Contains(lastEvidence(r), "could not be asked") {
+				left = append(left, id)
+			}
+		}
+		if len(left) == 0 || time.Now().After(deadline) {
+			return left
+		}
+		time.Sleep(time.Second)
+		j = journalRecords(t, s.fleet.bastion)
+	}
+}
+
 // settle lets the bastion finish what is in flight, asks once more about every unknown
 // execution (execution_status, as its actor: it reconciles), and reads the history.
 func (s *soak) settle(t *testing.T, ctx context.Context) *soakHistory {
 	t.Helper()
 	j := s.waitSettled(t, 2*time.Minute)
+	s.backgroundUnresolved = s.waitReconciled(t, j)
 	sessions := map[string]*mcp.ClientSession{}
 	for _, r := range j {
 		if r.State != markers.Unknown {
@@ -293,6 +315,7 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 	var stats soakStats
 	stats.unknownReasons = map[string]int{}
 	stats.states = map[string]int{}
+	stats.failedReasons = map[string]int{}
 	for _, c := range s.calls {
 		o := s.obs[c.tag]
 		recs := byTag[c.tag]
@@ -315,6 +338,14 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 		}
 		if len(recs) > 1 {
 			stats.multiExecution++
+			if os.Getenv("POSTERN_SOAK_DEBUG") != "" {
+				for _, r := range recs {
+					t.Logf("DEBUG %s keyed=%v dup=%v %s %s created %s delivered %v effect %v evidence %q", c.tag, c.keyed, c.dup, r.ID, r.State, r.CreatedAt.Format("15:04:05.000"), r.ResultDeliveredAt, h.tookEffect(r.ID), r.Evidence)
+				}
+				for id, x := range o.views {
+					t.Logf("DEBUG   client saw %s %s", id, x.State)
+				}
+			}
 		}
 		// Nothing lost: what the client saw is journaled, and its final view holds.
 		seen := map[string]bool{}
@@ -347,12 +378,14 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 			case inFlight(r.State):
 				stats.lost++
 				v.fail("nothing lost", "%s: %s is still %s after the bastion settled", c.tag, r.ID, r.State)
+			case r.State == markers.Failed:
+				stats.failedReasons[r.Channel+": "+reasonOf(lastEvidence(r))]++
 			case r.State == markers.Unknown:
 				stats.unknown++
 				if len(r.Evidence) == 0 {
 					v.fail("unknown has evidence", "%s: %s is unknown without evidence", c.tag, r.ID)
 				} else {
-					stats.unknownReasons[reasonOf(r.Evidence[len(r.Evidence)-1])]++
+					stats.unknownReasons[r.Channel+": "+reasonOf(lastEvidence(r))]++
 				}
 			}
 		}
@@ -366,6 +399,9 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 		for _, r := range o.refusals {
 			stats.addErr("refused: "+reasonOf(r), 1)
 		}
+	}
+	for _, id := range s.backgroundUnresolved {
+		v.fail("unknown executions are reconciled in the background", "%s stayed unknown (host could not be asked) for 20s after its host was back", id)
 	}
 	s.checkAgentLists(t, ctx, v, h)
 	s.checkMarkers(v, h)
@@ -468,6 +504,13 @@ func reasonOf(s string) string {
 	return s
 }
 
+func lastEvidence(r *markers.Record) string {
+	if len(r.Evidence) == 0 {
+		return ""
+	}
+	return r.Evidence[len(r.Evidence)-1]
+}
+
 func sameExit(a, b *int) bool { return (a == nil) == (b == nil) && (a == nil || *a == *b) }
 
 func deref(p *int) any {
@@ -486,10 +529,10 @@ func describeMarker(m *markers.Record) string {
 
 type soakStats struct {
 	executions, unseen, multiExecution, neverAccepted, clientSettled, attempts int
-	duplicates, newIntentAfterDelivery, lost, unknown                      int
-	states                                                                 map[string]int
-	unknownReasons                                                         map[string]int
-	clientErrors                                                           map[string]int
+	duplicates, newIntentAfterDelivery, lost, unknown                          int
+	states                                                                     map[string]int
+	unknownReasons, failedReasons                                              map[string]int
+	clientErrors                                                               map[string]int
 }
 
 func (st *soakStats) addErr(kind string, n int) {
@@ -525,6 +568,10 @@ func (s *soak) summary(t *testing.T, h *soakHistory, st soakStats, v *soakVerdic
 	row("lost (must be 0)", st.lost)
 	row("unknown", st.unknown)
 	for _, kv := range sortedByCount(st.unknownReasons) {
+		fmt.Fprintf(&b, "    %4d × %s\n", kv.n, kv.k)
+	}
+	row("failed (provably no effect)", st.states[string(markers.Failed)])
+	for _, kv := range sortedByCount(st.failedReasons) {
 		fmt.Fprintf(&b, "    %4d × %s\n", kv.n, kv.k)
 	}
 	row("violations", sortedCounts(v.violations))

@@ -159,6 +159,9 @@ type soak struct {
 	faults  soakCounter
 	reads   soakCounter
 	started time.Time
+	// backgroundUnresolved are SSH executions the reconcile loop left unknown although their
+	// host was reachable again (see waitReconciled).
+	backgroundUnresolved []string
 }
 
 func runOf(actor string) string { return "run-" + actor }
@@ -188,7 +191,9 @@ func TestSoak(t *testing.T) {
 	}
 	seed := testutil.Seed(t)
 	rng := rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	setup := time.Now()
 	s := newSoak(t, seed, soakCalls(t), rng)
+	t.Logf("setup %v", time.Since(setup).Round(time.Millisecond))
 
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Minute)
 	defer cancel()
@@ -205,7 +210,9 @@ func TestSoak(t *testing.T) {
 	load := time.Since(s.started)
 
 	s.restoreAll(t)
+	settle := time.Now()
 	h := s.settle(t, ctx)
+	t.Logf("settle %v", time.Since(settle).Round(time.Millisecond))
 	s.check(t, ctx, h, load)
 }
 
@@ -466,7 +473,7 @@ func (s *soak) injectFaults(t *testing.T, rng *rand.Rand, done <-chan struct{}) 
 		kind   string
 		weight int
 	}{
-		{faultHostCut, 4}, {faultHostFreeze, 1}, {faultBastionKill, 1}, {faultHostagentKill, 2},
+		{faultHostCut, 4}, {faultHostFreeze, 1}, {faultBastionKill, 2}, {faultHostagentKill, 2},
 		{faultShimKill, 3}, {faultPluginKill, 2},
 	}
 	total := 0
@@ -478,7 +485,7 @@ func (s *soak) injectFaults(t *testing.T, rng *rand.Rand, done <-chan struct{}) 
 		select {
 		case <-done:
 			return
-		case <-time.After(time.Duration(200+rng.IntN(800)) * time.Millisecond):
+		case <-time.After(time.Duration(100+rng.IntN(400)) * time.Millisecond):
 		}
 		pick := rng.IntN(total)
 		kind := kinds[0].kind
