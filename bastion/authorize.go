@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/postern-dev/postern/bastion/policy"
@@ -33,8 +34,10 @@ func (b *Bastion) policyActor(c transport.Caller) (policy.Actor, bool) {
 
 // decide runs the ladder for a new execution and checks the actor's limits. A rejection by
 // the ladder is journaled (the caller and an operator can see it and why); exceeding a limit
-// is a plain error and journals nothing.
-func (b *Bastion) decide(c transport.Caller, cl *claim) (policy.Decision, error) {
+// is a plain error and journals nothing. The returned release must be called once the
+// execution is accepted and its driver started: an actor with limits is admitted one call at
+// a time, so concurrent calls cannot all pass the same count.
+func (b *Bastion) decide(c transport.Caller, cl *claim) (policy.Decision, func(), error) {
 	actor, ok := b.policyActor(c)
 	ask := cl.ask
 	if ok {
@@ -51,13 +54,15 @@ func (b *Bastion) decide(c transport.Caller, cl *claim) (policy.Decision, error)
 	for _, s := range steps {
 		cl.record.Evidence = appendBounded(cl.record.Evidence, s)
 	}
-	if dec.Outcome == policy.Rejected || !ok {
-		return dec, nil
+	if dec.Outcome == policy.Rejected || !ok || (actor.MaxConcurrent == 0 && actor.DailyQuota == 0) {
+		return dec, func() {}, nil
 	}
+	release := sync.OnceFunc(b.intake.lock("a\x00" + c.Actor))
 	if err := b.checkLimits(c, actor); err != nil {
-		return dec, err
+		release()
+		return dec, nil, err
 	}
-	return dec, nil
+	return dec, release, nil
 }
 
 // checkLimits enforces an actor's concurrency and daily quota.

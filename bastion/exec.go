@@ -266,7 +266,7 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	unlock := b.intake.lock("f\x00" + c.Actor + "\x00" + cl.scope + "\x00" + cl.fingerprint)
 	prior, err := b.journal.FindByFingerprint(c.Actor, cl.scope, cl.fingerprint)
 	switch {
-	case err == nil && b.matches(prior):
+	case err == nil && b.matches(prior) && prior.IdempotencyKey == cl.record.IdempotencyKey:
 		unlock()
 		b.metrics.dedup.WithLabelValues("fingerprint").Inc()
 		return b.join(ctx, prior, wait, progress)
@@ -274,11 +274,12 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		unlock()
 		return nil, journalError(err)
 	}
-	dec, err := b.decide(c, cl)
+	dec, admitted, err := b.decide(c, cl)
 	if err != nil {
 		unlock()
 		return nil, err
 	}
+	defer admitted()
 	rec, err := b.accept(ctx, cl)
 	unlock()
 	if err != nil {
@@ -291,6 +292,7 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		return b.view(rec), nil
 	}
 	d := b.startDriver(rec)
+	admitted() // the driver counts towards the actor's limits now
 	if d == nil {
 		return nil, &ToolError{Code: "shutting_down", Message: "the bastion is shutting down; " + rec.ID + " was accepted and will be dispatched after restart"}
 	}

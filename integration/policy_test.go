@@ -520,10 +520,6 @@ class = "irreversible"`}})
 // TestActorLimitsUnderConcurrentCalls: an actor's limits hold when its calls arrive at once
 // (different intents, so no fingerprint lock serializes them).
 func TestActorLimitsUnderConcurrentCalls(t *testing.T) {
-	t.Skip("BUG: actor limits are checked, not reserved: bastion/authorize.go:64 checkLimits counts live drivers " +
-		"(max_concurrent) and today's journaled executions (daily_quota), but bastion/exec.go:277-293 accepts the " +
-		"execution and starts its driver after the check under a lock that is per fingerprint only, so calls arriving " +
-		"together all pass: 4-8 of 8 admitted with daily_quota = 2, 2-8 of 8 with max_concurrent = 1")
 	f := startPolicyFleet(t, fleetOptions{},
 		testutil.ActorSpec{Name: "frugal", DailyQuota: 2},
 		testutil.ActorSpec{Name: "serial", MaxConcurrent: 1},
