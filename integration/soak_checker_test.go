@@ -555,6 +555,7 @@ func (s *soak) summary(t *testing.T, h *soakHistory, st soakStats, v *soakVerdic
 	row("reads", sortedCounts(s.reads.snapshot()))
 	row("client errors (retried)", sortedCounts(st.clientErrors))
 	row("executions", fmt.Sprintf("%d %s", st.executions, sortedCounts(st.states)))
+	row("calls the client saw end", fmt.Sprintf("%d (the rest: unknown, or gave up after %d attempts)", st.clientSettled, soakAttempts))
 	row("calls with >1 execution", st.multiExecution)
 	row("calls never accepted", st.neverAccepted)
 	row("executions the client never saw", fmt.Sprintf("%d (all found via the journal)", st.unseen))

@@ -417,8 +417,8 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 
 // read makes one read-only call now and then (status of the call just made, the client's
 // list, the hosts), on a session of its own; failures are only counted.
-func (cl *soakClient) read(ctx context.Context, c *soakCall, client uint64) {
-	rng := rand.New(rand.NewPCG(cl.s.seed^uint64(c.index), client+100))
+func (cl *soakClient) read(ctx context.Context, c *soakCall, clientIndex uint64) {
+	rng := rand.New(rand.NewPCG(cl.s.seed^uint64(c.index), clientIndex+100))
 	if rng.Float64() > 0.3 {
 		return
 	}
