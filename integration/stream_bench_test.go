@@ -42,10 +42,15 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 // receive 64 MiB and a truncation notice. The result's stdout_bytes is checked to be the
 // whole GiB. The same hostagent reached directly (client.Run, output counted and dropped)
 // shows what the bastion adds; OpenSSH is the multiplexed client against a local sshd with
-// stdout on /dev/null. The bastion's peak RSS (VmHWM) after the run is reported too.
+// stdout on /dev/null, and once more with the cipher Go's SSH uses. The bastion's peak RSS (VmHWM) after the run is reported too.
 func BenchmarkStream1GiB(b *testing.B) {
 	sshd := testutil.StartSSHD(b)
 	sshArgs := append(sshd.Multiplexed(b), streamCommand)
+	// Go's SSH (both ends of bastion → hostagent) picks AES-128-GCM; OpenSSH's default is
+	// ChaCha20-Poly1305. A second OpenSSH side with AES-GCM tells the cipher's share of the
+	// ratio; it opens its own connection, a few ms against seconds of streaming.
+	aesArgs := append(testutil.OpenSSHArgs(sshd.KnownHosts, sshd.Identity, sshd.Port),
+		"-o", "Ciphers=aes128-gcm@openssh.com", sshd.Account+"@127.0.0.1", streamCommand)
 	testutil.Binary(b, "postern") // build outside any timing
 	h := testutil.StartHostagent(b, "output_cap = "+strconv.Itoa(streamBytes))
 	bs := testutil.NewBastion(b, h.ClientKey)
@@ -83,14 +88,16 @@ func BenchmarkStream1GiB(b *testing.B) {
 		}
 		return nil
 	}
-	openssh := func() error {
-		var stderr bytes.Buffer
-		cmd := exec.Command("ssh", sshArgs...)
-		cmd.Stdout, cmd.Stderr = devNull, &stderr
-		if err := cmd.Run(); err != nil {
-			return fmt.Errorf("ssh %s: %w: %s", streamCommand, err, stderr.String())
+	openssh := func(args []string) func() error {
+		return func() error {
+			var stderr bytes.Buffer
+			cmd := exec.Command("ssh", args...)
+			cmd.Stdout, cmd.Stderr = devNull, &stderr
+			if err := cmd.Run(); err != nil {
+				return fmt.Errorf("ssh %s: %w: %s", streamCommand, err, stderr.String())
+			}
+			return nil
 		}
-		return nil
 	}
 	sides := []struct {
 		name string
@@ -99,7 +106,8 @@ func BenchmarkStream1GiB(b *testing.B) {
 	}{
 		{name: "postern (MCP → bastion → hostagent)", call: postern},
 		{name: "hostagent direct (client.Run, one SSH conn)", call: direct},
-		{name: "openssh (multiplexed ssh → sshd)", call: openssh},
+		{name: "openssh (multiplexed ssh → sshd, default cipher)", call: openssh(sshArgs)},
+		{name: "openssh (new connection, aes128-gcm)", call: openssh(aesArgs)},
 	}
 	b.ResetTimer()
 	for range streamRounds {
@@ -119,11 +127,13 @@ func BenchmarkStream1GiB(b *testing.B) {
 		b.Fatal(err)
 	}
 	mbps := func(i int) float64 { return streamBytes / 1e6 / sides[i].best.Seconds() }
-	const posternSide, directSide, opensshSide = 0, 1, 2
+	const posternSide, directSide, opensshSide, aesSide = 0, 1, 2, 3
 	b.ReportMetric(mbps(posternSide), "postern-MB/s")
 	b.ReportMetric(mbps(directSide), "hostagent-MB/s")
 	b.ReportMetric(mbps(opensshSide), "openssh-MB/s")
+	b.ReportMetric(mbps(aesSide), "openssh-aes128gcm-MB/s")
 	b.ReportMetric(mbps(posternSide)/mbps(opensshSide), "postern/openssh")
+	b.ReportMetric(mbps(posternSide)/mbps(aesSide), "postern/openssh-aes128gcm")
 	b.ReportMetric(float64(hwm)/1024, "postern-peak-RSS-MB")
 	rows := [][]string{{"", "seconds", "MB/s", "/ openssh"}}
 	for i, side := range sides {
