@@ -102,7 +102,7 @@ var errBenchmarksFailed = errors.New("some benchmarks failed (see the rows marke
 func run(ctx context.Context, quick, markdown bool, rawPath, from string) error {
 	var raw []byte
 	var runErr error
-	started := time.Now()
+	started, measuredAt := time.Now(), time.Now()
 	plan := steps(quick)
 	if from != "" {
 		data, err := readBounded(from)
@@ -110,6 +110,9 @@ func run(ctx context.Context, quick, markdown bool, rawPath, from string) error 
 			return err
 		}
 		raw = data
+		if st, err := os.Stat(from); err == nil {
+			measuredAt = st.ModTime()
+		}
 		// A saved run says itself whether it stopped at 10⁵ records.
 		quick = quickDedup.Match(raw)
 		plan = steps(quick)
@@ -144,7 +147,7 @@ func run(ctx context.Context, quick, markdown bool, rawPath, from string) error 
 	lines := evaluate(reportRows(records), res)
 
 	out := os.Stdout
-	fmt.Fprintf(out, "\nPostern benchmark report, %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(out, "\nPostern benchmark report, %s\n", measuredAt.UTC().Format("2006-01-02 15:04 MST"))
 	fmt.Fprintf(out, "machine: %s\n", describeMachine(ctx))
 	if quick {
 		fmt.Fprintf(out, "QUICK MODE: P4 compares 10⁵ with 10³ journal records, not 10⁶ (the goal's size)\n")
