@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"time"
 
@@ -209,20 +210,39 @@ func (b *Bastion) reconcileLoop() {
 		case <-t.C:
 		}
 		b.expireApprovals()
-		recs, _, err := b.journal.List(markers.Query{State: markers.Unknown, Limit: 100})
+		b.reconcileUnknown()
+	}
+}
+
+// reconcileUnknown asks the hosts again about every SSH execution whose outcome is unknown
+// because its host could not be asked. Unknowns that asking cannot change — the host's
+// marker says the process vanished, or an HTTP class decided — wait for a review (or an
+// agent's retry) instead of being re-sent on every tick.
+func (b *Bastion) reconcileUnknown() {
+	cursor := ""
+	for {
+		recs, next, err := b.journal.List(markers.Query{State: markers.Unknown, Limit: 500, Cursor: cursor})
 		if err != nil {
 			b.log.Error("list unknown executions", "err", err)
-			continue
+			return
 		}
 		for _, r := range recs {
-			// HTTP executions are not asked about on a timer: their class already decided
-			// (re-send once, status check, or review), and a target is not a host with
-			// markers to ask. An agent's retry or status call reconciles them again.
-			if r.Channel != "http" {
+			if r.Channel != "http" && !awaitsReview(r) {
 				b.startDriver(r)
 			}
 		}
+		if next == "" || b.ctx.Err() != nil {
+			return
+		}
+		cursor = next
 	}
+}
+
+// reviewRequired ends the evidence of an unknown outcome that only an operator can settle.
+const reviewRequired = "review required"
+
+func awaitsReview(r *markers.Record) bool {
+	return len(r.Evidence) > 0 && strings.HasSuffix(r.Evidence[len(r.Evidence)-1], reviewRequired)
 }
 
 // LoadOrCreateClientKey reads the bastion's ed25519 SSH key at path (OpenSSH PEM),

@@ -403,7 +403,7 @@ func (b *Bastion) settle(d *driver, log *slog.Logger, res client.Result, runErr 
 		b.finish(d, markers.Failed, "the host refused the command before writing a marker, nothing was started: "+lastLine(d.stderr), nil)
 		return false
 	case final == nil && first != nil && (first.State == markers.Interrupted || res.ExitStatus == 254):
-		b.toUnknown(d, fmt.Sprintf("host marker is %s: the command started and its process vanished without an exit record; it is not run again — review required", first.State))
+		b.toUnknown(d, fmt.Sprintf("host marker is %s: the command started and its process vanished without an exit record; it is not run again — "+reviewRequired, first.State))
 		return false
 	case final == nil:
 		code := res.ExitStatus
@@ -424,7 +424,7 @@ func (b *Bastion) settle(d *driver, log *slog.Logger, res client.Result, runErr 
 	case markers.NotStarted:
 		b.finish(d, markers.Failed, "the host could not start it: "+joinEvidence(final.Evidence), nil)
 	default:
-		b.toUnknown(d, fmt.Sprintf("host marker is %s: its outcome is unknown; it is not run again — review required", final.State))
+		b.toUnknown(d, fmt.Sprintf("host marker is %s: its outcome is unknown; it is not run again — "+reviewRequired, final.State))
 	}
 	log.Info("execution ended", "state", d.record().State)
 	return false

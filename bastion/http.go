@@ -445,7 +445,7 @@ func (b *Bastion) resolveUnknownHTTP(d *driver, log interface{ Info(string, ...a
 	rec := d.record()
 	ep, ok := b.endpoint(rec.Host)
 	if !ok {
-		b.toUnknown(d, "endpoint "+rec.Host+" is no longer configured; review required")
+		b.toUnknown(d, "endpoint "+rec.Host+" is no longer configured; "+reviewRequired)
 		return false
 	}
 	switch ep.Class {
@@ -457,7 +457,7 @@ func (b *Bastion) resolveUnknownHTTP(d *driver, log interface{ Info(string, ...a
 	case ClassConditionalWrite:
 		return b.statusCheck(d, ep)
 	default:
-		b.toUnknown(d, "outcome unknown and the endpoint is "+ep.Class+": it is not sent again — review required")
+		b.toUnknown(d, "outcome unknown and the endpoint is "+ep.Class+": it is not sent again — "+reviewRequired)
 		return false
 	}
 }
@@ -486,7 +486,7 @@ func (b *Bastion) statusCheck(d *driver, ep EndpointConfig) bool {
 		b.toUnknown(d, "status check answered 404: it did not take effect; sending it again with the same Idempotency-Key")
 		return true
 	}
-	b.toUnknown(d, fmt.Sprintf("status check answered %d; the outcome stays unknown — review required", out.Response.Status))
+	b.toUnknown(d, fmt.Sprintf("status check answered %d; the outcome stays unknown — "+reviewRequired, out.Response.Status))
 	return false
 }
 
