@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
@@ -54,6 +55,7 @@ func openBastion(b *testing.B, h *testutil.Hostagent) *bastion.Bastion {
 	b.Helper()
 	cfg := bastion.DefaultConfig(b.TempDir())
 	cfg.Listen = ""
+	cfg.Actors = []policy.Actor{{Name: "bench", TokenSHA256: transport.HashToken("bench")}}
 	h.ClientKey.WritePrivateKey(b, cfg.ClientKeyPath())
 	if err := bastion.Enroll(cfg.InventoryPath(), bastion.Host{Name: "h1", Addr: h.Addr, Account: h.Account, HostKey: h.HostKey}); err != nil {
 		b.Fatal(err)

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/plugins"
@@ -64,6 +65,7 @@ func BenchmarkHTTPRequest(b *testing.B) {
 	// The same bastion code in this process, on its own state dir: no MCP, no HTTP transport.
 	cfg := bastion.DefaultConfig(filepath.Join(b.TempDir(), "state"))
 	cfg.Listen = ""
+	cfg.Actors = []policy.Actor{{Name: "bench", TokenSHA256: transport.HashToken("bench")}}
 	cfg.HTTPPlugin = bastion.PluginConfig{Path: pluginPath, SHA256: sum}
 	cfg.Credentials = []bastion.CredentialConfig{{Name: "api", Kind: "bearer", File: secretFile}}
 	cfg.Endpoints = []bastion.EndpointConfig{{Name: endpoint, BaseURL: target.URL, Methods: []string{"POST"}, PathPrefixes: []string{"/v1"},
