@@ -25,7 +25,9 @@ func newGatedCommand(t *testing.T) gatedCommand {
 	t.Helper()
 	dir := t.TempDir()
 	g := gatedCommand{gate: filepath.Join(dir, "gate"), file: filepath.Join(dir, "effects")}
-	g.cmd = "while [ ! -e " + g.gate + " ]; do sleep 0.05; done; echo x >> " + g.file + "; echo done"
+	// The loop also ends when the test's temp dir is gone, so a command the test left
+	// behind never spins forever.
+	g.cmd = "while [ ! -e " + g.gate + " ] && [ -d " + dir + " ]; do sleep 0.05; done; echo x >> " + g.file + "; echo done"
 	return g
 }
 
