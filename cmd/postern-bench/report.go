@@ -247,7 +247,7 @@ func renderText(w io.Writer, lines []line) error {
 
 // renderMarkdown writes the lines as a GitHub table, for the README.
 func renderMarkdown(w io.Writer, lines []line) error {
-	fmt.Fprintf(w, "|%s|\n|%s|\n", strings.Join(header, " | "), strings.Repeat("---|", len(header)))
+	fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(header, " | "), strings.Repeat("---|", len(header)))
 	for _, l := range lines {
 		cells := l.cells()
 		if l.verdict != "" {
