@@ -81,30 +81,15 @@ func (b *Bastion) operatorHandler() http.Handler {
 		recs, err := b.PendingApprovals(1000)
 		writeJSON(w, ExecutionPage{Executions: nonNil(recs)}, err)
 	})
-	mux.HandleFunc("POST /v1/approvals/{id}/approve", func(w http.ResponseWriter, r *http.Request) {
-		var body struct{ Note string }
-		if !readBody(w, r, &body) {
-			return
-		}
-		rec, err := b.Approve(r.Context(), operatorOf(r), r.PathValue("id"), body.Note)
-		writeJSON(w, rec, err)
-	})
-	mux.HandleFunc("POST /v1/approvals/{id}/deny", func(w http.ResponseWriter, r *http.Request) {
-		var body struct{ Reason string }
-		if !readBody(w, r, &body) {
-			return
-		}
-		rec, err := b.Deny(r.Context(), operatorOf(r), r.PathValue("id"), body.Reason)
-		writeJSON(w, rec, err)
-	})
-	mux.HandleFunc("POST /v1/executions/{id}/review", func(w http.ResponseWriter, r *http.Request) {
-		var body struct{ Outcome, Note string }
-		if !readBody(w, r, &body) {
-			return
-		}
-		rec, err := b.Review(r.Context(), operatorOf(r), r.PathValue("id"), body.Outcome, body.Note)
-		writeJSON(w, rec, err)
-	})
+	mux.HandleFunc("POST /v1/approvals/{id}/approve", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
+		return b.Approve(r.Context(), operatorOf(r), r.PathValue("id"), body.Note)
+	}))
+	mux.HandleFunc("POST /v1/approvals/{id}/deny", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
+		return b.Deny(r.Context(), operatorOf(r), r.PathValue("id"), body.Reason)
+	}))
+	mux.HandleFunc("POST /v1/executions/{id}/review", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
+		return b.Review(r.Context(), operatorOf(r), r.PathValue("id"), body.Outcome, body.Note)
+	}))
 	mux.HandleFunc("GET /v1/audit/key", func(w http.ResponseWriter, _ *http.Request) {
 		_, key, err := markers.LoadOrCreateAuditKey(b.cfg.auditKeyPath(), "postern-bastion")
 		if err != nil {
@@ -238,6 +223,27 @@ func nonNil(recs []*markers.Record) []*markers.Record {
 		return []*markers.Record{}
 	}
 	return recs
+}
+
+// operatorDecision is the body of approve ({"note"}), deny ({"reason"}) and review
+// ({"outcome","note"}).
+type operatorDecision struct {
+	Note    string `json:"note"`
+	Reason  string `json:"reason"`
+	Outcome string `json:"outcome"`
+}
+
+// decision serves an operator's decision: the body is read, the decision journaled, the
+// record returned.
+func decision(decide func(*http.Request, operatorDecision) (*markers.Record, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var body operatorDecision
+		if !readBody(w, r, &body) {
+			return
+		}
+		rec, err := decide(r, body)
+		writeJSON(w, rec, err)
+	}
 }
 
 // maxOperatorBody bounds a decision's JSON body.
