@@ -360,7 +360,7 @@ func (b *Bastion) markRunning(d *driver) {
 		return nil
 	})
 	if err != nil {
-		b.log.Error("journal running", "execution_id", rec.ID, "err", err)
+		b.journalFailed(d, b.log, "running", err)
 		return
 	}
 	d.set(next)
