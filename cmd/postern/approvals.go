@@ -88,13 +88,9 @@ func (c *approvalsCommand) decide(ctx context.Context, verb string, args []strin
 	loc.register(fs)
 	note := fs.String("note", "", "why (journaled with your name)")
 	reason := fs.String("reason", "", "why it is denied (required for deny)")
-	pos, err := parseInterleaved(fs, args, 1)
+	id, err := parseExecutionID(fs, args, c.stderr)
 	if err != nil {
 		return err
-	}
-	id := pos[0]
-	if !markers.ValidExecutionID(id) {
-		return usageErrorf(c.stderr, "%q is not an execution id", id)
 	}
 	body := map[string]string{"note": *note}
 	if verb == "deny" {
@@ -121,14 +117,11 @@ func (c *approvalsCommand) review(ctx context.Context, args []string) error {
 	loc.register(fs)
 	outcome := fs.String("outcome", "", "what you verified: completed (it took effect) or not-run")
 	note := fs.String("note", "", "how you know (required; journaled with your name)")
-	pos, err := parseInterleaved(fs, args, 1)
+	id, err := parseExecutionID(fs, args, c.stderr)
 	if err != nil {
 		return err
 	}
-	id := pos[0]
 	switch {
-	case !markers.ValidExecutionID(id):
-		return usageErrorf(c.stderr, "%q is not an execution id", id)
 	case *outcome != "completed" && *outcome != "not-run":
 		return usageErrorf(c.stderr, "--outcome must be completed or not-run")
 	case *note == "":

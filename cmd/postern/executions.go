@@ -120,13 +120,9 @@ func (c *executionsCommand) show(ctx context.Context, args []string) error {
 	var loc locator
 	loc.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parseInterleaved(fs, args, 1)
+	id, err := parseExecutionID(fs, args, c.stderr)
 	if err != nil {
 		return err
-	}
-	id := pos[0]
-	if !markers.ValidExecutionID(id) {
-		return usageErrorf(c.stderr, "%q is not an execution id (ex_ and a 26-character ULID)", id)
 	}
 	cfg, err := loc.config()
 	if err != nil {

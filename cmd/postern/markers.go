@@ -135,13 +135,9 @@ func (c *markersCommand) show(ctx context.Context, args []string) error {
 	fs := newFlagSet("markers show", "markers --host H show ID [flags]", c.stderr)
 	c.registerGroupFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parseInterleaved(fs, args, 1)
+	id, err := parseExecutionID(fs, args, c.stderr)
 	if err != nil {
 		return err
-	}
-	id := pos[0]
-	if !markers.ValidExecutionID(id) {
-		return usageErrorf(c.stderr, "%q is not an execution id (ex_ and a 26-character ULID)", id)
 	}
 	op, err := c.client()
 	if err != nil {

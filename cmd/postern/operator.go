@@ -24,6 +24,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/markers"
 )
 
 // The operator commands (executions, hosts, markers, audit, token) read what the daemon owns
@@ -283,6 +284,18 @@ func parseInterleaved(fs *flag.FlagSet, args []string, n int) ([]string, error) 
 		return nil, errUsage
 	}
 	return positional, nil
+}
+
+// parseExecutionID parses flags and the one positional argument, an execution id.
+func parseExecutionID(fs *flag.FlagSet, args []string, stderr io.Writer) (string, error) {
+	pos, err := parseInterleaved(fs, args, 1)
+	if err != nil {
+		return "", err
+	}
+	if !markers.ValidExecutionID(pos[0]) {
+		return "", usageErrorf(stderr, "%q is not an execution id (ex_ and a 26-character ULID)", printable(pos[0]))
+	}
+	return pos[0], nil
 }
 
 func writeJSON(w io.Writer, v any) error {
