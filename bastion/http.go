@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -200,7 +201,7 @@ func (b *Bastion) resolveHTTP(c transport.Caller, a HTTPArgs) (*claim, error) {
 		return nil, invalid("wait_s must be in 0..%d", int(b.cfg.MaxWait/time.Second))
 	}
 	method := a.Method
-	if !containsString(ep.Methods, method) {
+	if !slices.Contains(ep.Methods, method) {
 		return nil, invalid("method %q is not allowed on endpoint %s (allowed: %s)", method, ep.Name, strings.Join(ep.Methods, ", "))
 	}
 	if err := checkPath(a.Path, ep.PathPrefixes); err != nil {
@@ -273,15 +274,6 @@ func (b *Bastion) HTTPRequest(ctx context.Context, c transport.Caller, a HTTPArg
 		return nil, err
 	}
 	return b.submit(ctx, cl, b.waitFor(a.WaitS), progress)
-}
-
-func containsString(list []string, s string) bool {
-	for _, v := range list {
-		if v == s {
-			return true
-		}
-	}
-	return false
 }
 
 // checkPath accepts a clean absolute path under one of the prefixes (on a segment boundary).

@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -85,18 +86,8 @@ func (inv *Inventory) Hosts() ([]Host, error) {
 	for _, h := range inv.hosts {
 		out = append(out, h)
 	}
-	slices.SortFunc(out, func(a, b Host) int { return cmpString(a.Name, b.Name) })
+	slices.SortFunc(out, func(a, b Host) int { return strings.Compare(a.Name, b.Name) })
 	return out, nil
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 func (inv *Inventory) reload() error {
@@ -248,7 +239,7 @@ func Enroll(path string, h Host) error {
 	}
 	f.Hosts = slices.DeleteFunc(f.Hosts, func(e hostEntry) bool { return e.Name == h.Name })
 	f.Hosts = append(f.Hosts, entry)
-	slices.SortFunc(f.Hosts, func(a, b hostEntry) int { return cmpString(a.Name, b.Name) })
+	slices.SortFunc(f.Hosts, func(a, b hostEntry) int { return strings.Compare(a.Name, b.Name) })
 	var buf bytes.Buffer
 	buf.WriteString("# Enrolled hosts: written by `postern hosts enroll`. Each host_key was shown to the\n# operator and recorded once; a host presenting another key is refused.\n\n")
 	if err := toml.NewEncoder(&buf).Encode(f); err != nil {
