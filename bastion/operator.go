@@ -36,16 +36,11 @@ import (
 
 // ExecutionDetail is one execution for operators: the record, its event story and output.
 type ExecutionDetail struct {
-	Record *markers.Record  `json:"record"`
-	Events []markers.Event  `json:"events"`
-	Output *storedResultOut `json:"output,omitempty"`
-}
-
-type storedResultOut struct {
-	Stdout       string `json:"stdout"`
-	StdoutOffset int64  `json:"stdout_offset"`
-	Stderr       string `json:"stderr"`
-	StderrOffset int64  `json:"stderr_offset"`
+	Record *markers.Record `json:"record"`
+	Events []markers.Event `json:"events"`
+	// Output is the stored result as agents see it (an SSH output tail or an HTTP response),
+	// when the execution has one.
+	Output *Execution `json:"output,omitempty"`
 }
 
 // ExecutionPage is one page of executions.
@@ -155,11 +150,8 @@ func (b *Bastion) opShowExecution(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	detail := ExecutionDetail{Record: rec, Events: events}
-	if raw, err := b.journal.Result(id); err == nil {
-		var sr storedResult
-		if json.Unmarshal(raw, &sr) == nil {
-			detail.Output = &storedResultOut{Stdout: string(sr.Stdout), StdoutOffset: sr.StdoutOffset, Stderr: string(sr.Stderr), StderrOffset: sr.StderrOffset}
-		}
+	if rec.ResultRef != "" {
+		detail.Output = b.stored(rec)
 	}
 	writeJSON(w, detail, nil)
 }

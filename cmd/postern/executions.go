@@ -206,6 +206,14 @@ func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
 		_, err := fmt.Fprintln(w, "\nno stored output")
 		return err
 	}
+	if x := d.Output; x.HTTPStatus != 0 {
+		fmt.Fprintf(w, "\nresponse: HTTP %d, %d bytes", x.HTTPStatus, x.ResponseBytes)
+		if x.ResponseTruncated {
+			fmt.Fprint(w, " (body truncated)")
+		}
+		fmt.Fprintf(w, "\n%s\n", printableBlock(x.ResponseBody))
+		return nil
+	}
 	writeStream(w, "stdout", d.Output.Stdout, d.Output.StdoutOffset, r.Output.StdoutBytes)
 	writeStream(w, "stderr", d.Output.Stderr, d.Output.StderrOffset, r.Output.StderrBytes)
 	return nil
