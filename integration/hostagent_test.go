@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -467,4 +468,31 @@ func loginShell(t testing.TB, h *testutil.Hostagent) string {
 		t.Fatalf("no marker: %+v", got)
 	}
 	return got.res.First.Marker.Command[0]
+}
+
+// TestHarnessReapsDetachedCommands: a hostagent's test cleanup ends the commands its shims
+// still run (and their children) before the temp dir is removed, so nothing outlives the
+// test or writes into a directory being deleted.
+func TestHarnessReapsDetachedCommands(t *testing.T) {
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	t.Run("leaves a command running", func(t *testing.T) {
+		h := testutil.StartHostagent(t)
+		c := h.Dial(t)
+		// The grandchild writes its pid, then outlives the shell's exec window.
+		execInBackground(t, c, client.Exec{ExecutionID: newID(t), Command: "sleep 300 & echo $! > " + pidFile + "; wait"})
+		testutil.WaitFor(t, "the command's child to start", func() bool { return lines(t, pidFile) == 1 })
+	})
+	data, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(data)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Gone, or a zombie waiting for init to reap it.
+	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err == nil && !strings.Contains(string(stat), ") Z ") {
+		t.Errorf("the command's child %d outlived its test: %s", pid, stat)
+	}
 }

@@ -113,7 +113,9 @@ func NewHostagent(t testing.TB, extraConfig ...string) *Hostagent {
 	if err := os.WriteFile(h.ConfigPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() { h.Kill(t) })
+	// The agent first, so it starts nothing more; then what it detached, before the temp
+	// dir goes.
+	t.Cleanup(func() { h.Kill(t); reapShims(t, h.DataDir) })
 	return h
 }
 

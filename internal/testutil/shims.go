@@ -1,0 +1,91 @@
+package testutil
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/hostagent/shim"
+)
+
+// reapGrace bounds how long a killed shim or command may take to disappear.
+const reapGrace = 30 * time.Second
+
+// reapShims ends what a hostagent detached under dataDir and waits until it is gone: every
+// spool directory's command (its whole process group) and its supervisor. Shims outlive the
+// hostagent by design, so without this they keep writing into the test's temp dir while it
+// is being removed. Call it after the hostagent was stopped.
+func reapShims(t testing.TB, dataDir string) {
+	t.Helper()
+	dirs, err := filepath.Glob(filepath.Join(dataDir, "spool", "*"))
+	if err != nil {
+		t.Errorf("reap shims: %v", err)
+		return
+	}
+	var pidfds []int
+	for _, dir := range dirs {
+		// The command first: it leads its own process group, which may hold grandchildren
+		// that the supervisor's death would not reach.
+		if fd, pid := openSpooled(filepath.Join(dir, shim.ProcessFile)); fd >= 0 {
+			unix.Kill(-pid, unix.SIGKILL)
+			pidfds = append(pidfds, fd)
+		}
+		if fd, _ := openSpooled(filepath.Join(dir, shim.ShimFile)); fd >= 0 {
+			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+			pidfds = append(pidfds, fd)
+		}
+	}
+	deadline := time.Now().Add(reapGrace)
+	for _, fd := range pidfds {
+		for !pidfdExited(fd) {
+			if time.Now().After(deadline) {
+				t.Errorf("reap shims: a process under %s is still alive %v after SIGKILL", dataDir, reapGrace)
+				break
+			}
+			time.Sleep(5 * time.Millisecond)
+		}
+		unix.Close(fd)
+	}
+}
+
+// openSpooled opens a pidfd on the process a spool record (pid + start time) names, if that
+// process still runs. It returns -1 when there is none.
+func openSpooled(path string) (pidfd, pid int) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return -1, 0
+	}
+	var p struct {
+		PID   int    `json:"pid"`
+		Start uint64 `json:"start"`
+	}
+	if json.Unmarshal(data, &p) != nil || p.PID <= 0 {
+		return -1, 0
+	}
+	fd, err := unix.PidfdOpen(p.PID, 0)
+	if err != nil {
+		return -1, 0
+	}
+	// The pidfd pins the process it was opened on; another start time means the pid now
+	// belongs to a process that is not ours.
+	if start, err := shim.ProcessStartTime(p.PID); err != nil || start != p.Start {
+		unix.Close(fd)
+		return -1, 0
+	}
+	return fd, p.PID
+}
+
+// pidfdExited reports whether the process of a pidfd has exited (the pidfd is readable).
+func pidfdExited(fd int) bool {
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	if errors.Is(err, unix.EINTR) {
+		return false
+	}
+	return err != nil || n > 0
+}
