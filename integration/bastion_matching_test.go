@@ -144,3 +144,32 @@ func TestOperationKeyConflictNamesOnlyYourOwnExecution(t *testing.T) {
 		t.Errorf("operation ran %d times; want once", n)
 	}
 }
+
+// TestKeyedCallDoesNotHideAnUnkeyedOne: a keyed call of the same command in the same run is
+// another request (matched by its key only); it must not hide the unkeyed execution from a
+// retry of the unkeyed call, which joins it rather than running the command again.
+func TestKeyedCallDoesNotHideAnUnkeyedOne(t *testing.T) {
+	f := startFleet(t)
+	ctx := testContext(t)
+	g := newGatedCommand(t)
+	cs := f.session(t, "agent", "run-a")
+	unkeyed := map[string]any{"host": "h1", "command": g.cmd, "wait_s": 0}
+	keyed := map[string]any{"host": "h1", "command": g.cmd, "wait_s": 0, "idempotency_key": "matching-hide-1"}
+
+	first := mustCall(t, ctx, cs, "ssh_exec", unkeyed)
+	withKey := mustCall(t, ctx, cs, "ssh_exec", keyed)
+	if withKey.ExecutionID == first.ExecutionID {
+		t.Fatalf("keyed call joined the unkeyed execution %s; want its own", first.ExecutionID)
+	}
+	retry := mustCall(t, ctx, cs, "ssh_exec", unkeyed)
+	if retry.ExecutionID != first.ExecutionID || !retry.Replayed {
+		t.Fatalf("retry of the unkeyed call = %+v; want %s joined", retry, first.ExecutionID)
+	}
+	g.open(t)
+	for _, id := range []string{first.ExecutionID, withKey.ExecutionID} {
+		waitForState(t, ctx, cs, id, "completed")
+	}
+	if n := effects(t, g.file); n != 2 {
+		t.Errorf("command ran %d times; want twice (the unkeyed and the keyed execution)", n)
+	}
+}

@@ -166,19 +166,24 @@ func TestLookups(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	mk("ex_00", "alice", "run:1", "fpA", "")
 	mk("ex_01", "alice", "run:1", "fpA", "k1")
 	mk("ex_02", "alice", "run:1", "fpA", "k2")
 	mk("ex_03", "bob", "run:1", "fpA", "k1")
 	mk("ex_04", "alice", "run:2", "fpA", "")
+	mk("ex_05", "bob", "run:1", "fpA", "")
+	mk("ex_06", "alice", "run:1", "fpA", "")
+	mk("ex_07", "carol", "run:1", "fpA", "k3")
 
 	tests := []struct {
 		name   string
 		find   func() (*markers.Record, error)
 		wantID string
 	}{
-		{"fingerprint newest in scope", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:1", "fpA") }, "ex_02"},
+		{"fingerprint newest in scope", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:1", "fpA") }, "ex_06"},
 		{"fingerprint other scope", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:2", "fpA") }, "ex_04"},
-		{"fingerprint other actor", func() (*markers.Record, error) { return s.FindByFingerprint("bob", "run:1", "fpA") }, "ex_03"},
+		{"fingerprint other actor", func() (*markers.Record, error) { return s.FindByFingerprint("bob", "run:1", "fpA") }, "ex_05"},
+		{"keyed executions are found by key only", func() (*markers.Record, error) { return s.FindByFingerprint("carol", "run:1", "fpA") }, ""},
 		{"fingerprint no prefix match", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:1", "fp") }, ""},
 		{"idempotency key per actor", func() (*markers.Record, error) { return s.FindByIdempotencyKey("alice", "k1") }, "ex_01"},
 		{"idempotency key bob", func() (*markers.Record, error) { return s.FindByIdempotencyKey("bob", "k1") }, "ex_03"},
