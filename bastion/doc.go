@@ -6,7 +6,8 @@
 // Where things are:
 //
 //	identity.go   canonical action record (RFC 8785) and intent fingerprint (HMAC-SHA256)
-//	exec.go       ssh_exec: argument bounds, intent scope, the matching rule, acceptance
+//	exec.go       ssh_exec: argument bounds, intent scope, acceptance
+//	match.go      the matching rule and recover_or_attach, one pure function for every channel
 //	driver.go     one driver per execution: dispatch, outcome, reconciliation with the host
 //	view.go       what tools return; status, output and delivery
 //	ops.go        cancel, list, hosts

@@ -397,7 +397,7 @@ func (b *Bastion) settle(d *driver, log *slog.Logger, res client.Result, runErr 
 		}
 		return b.toUnknown(d, note)
 	case first != nil && first.ID != rec.ID:
-		b.finish(d, markers.Failed, fmt.Sprintf("operation key %s belongs to %s (%s); this execution was not started", rec.OperationKey, first.ID, first.State), nil)
+		b.operationTaken(d, first)
 		return false
 	case final == nil && first == nil && res.ExitStatus == 255:
 		b.finish(d, markers.Failed, "the host refused the command before writing a marker, nothing was started: "+lastLine(d.stderr), nil)

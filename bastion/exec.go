@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -26,7 +27,7 @@ type ExecArgs struct {
 	TimeoutS       int               `json:"timeout_s,omitempty" jsonschema:"kill the command after this many seconds (exit 124); 0 means no timeout"`
 	WaitS          *int              `json:"wait_s,omitempty" jsonschema:"how long to wait for the command before returning it as running (default 30)"`
 	RunID          string            `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to; retries with the same run_id join the same execution"`
-	IdempotencyKey string            `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution; the same key with other arguments is an error"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution, from any run; if that execution failed without effect (nothing ran), the retry is a new attempt linked to it (previous_attempt); the same key with other arguments is an error (idempotency_key_reused)"`
 	OperationKey   string            `json:"operation_key,omitempty" jsonschema:"host-scoped key such as migration:2026_07_22: the host refuses a second execution of the operation"`
 }
 
@@ -231,9 +232,9 @@ func (b *Bastion) Exec(ctx context.Context, c transport.Caller, a ExecArgs, prog
 	return b.submit(ctx, cl, b.waitFor(a.WaitS), progress)
 }
 
-// submit fingerprints a claim and answers it: the prior execution it matches (by
-// idempotency key, then by the matching rule), or a new one, accepted (journaled) and
-// handed to a driver.
+// submit fingerprints a claim and answers it by the matching rule (match.go): the prior
+// execution it belongs to — found by its idempotency key if it has one, else by its
+// fingerprint in its scope — or a new execution, accepted (journaled) and handed to a driver.
 func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, progress func(*Execution)) (*Execution, error) {
 	c := cl.caller
 	if c.Actor == "" {
@@ -243,40 +244,54 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	if cl.fingerprint, err = b.fp.Fingerprint(cl.action); err != nil {
 		return nil, err
 	}
-	if key := cl.record.IdempotencyKey; key != "" {
-		unlock := b.intake.lock("k\x00" + c.Actor + "\x00" + key)
-		defer unlock()
-		prior, err := b.journal.FindByIdempotencyKey(c.Actor, key)
-		same := false
-		if err == nil {
-			same, err = b.sameRequest(prior, cl)
-		}
-		switch {
-		case err == nil && !same:
-			b.metrics.rejected.WithLabelValues(CodeIdempotencyKeyReused).Inc()
-			return nil, &ToolError{Code: CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
-				"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", key, prior.ID)}
-		case err == nil:
-			b.metrics.dedup.WithLabelValues("idempotency_key").Inc()
-			return b.join(ctx, prior, wait, progress)
-		case !errors.Is(err, markers.ErrNotFound):
-			return nil, journalError(err)
+	key := cl.record.IdempotencyKey
+	// The lookup and the acceptance of a new execution happen under one intake lock, so two
+	// concurrent calls of one intent cannot both create.
+	lockKey, by := "f\x00"+c.Actor+"\x00"+cl.scope+"\x00"+cl.fingerprint, "fingerprint"
+	if key != "" {
+		lockKey, by = "k\x00"+c.Actor+"\x00"+key, "idempotency_key"
+	}
+	unlock := sync.OnceFunc(b.intake.lock(lockKey))
+	defer unlock()
+	var prior *markers.Record
+	if key != "" {
+		prior, err = b.journal.FindByIdempotencyKey(c.Actor, key)
+	} else {
+		prior, err = b.journal.FindByFingerprint(c.Actor, cl.scope, cl.fingerprint)
+	}
+	switch {
+	case errors.Is(err, markers.ErrNotFound):
+		prior = nil
+	case err != nil:
+		return nil, journalError(err)
+	}
+	facts := callFacts{Actor: c.Actor, Scope: cl.scope, Fingerprint: cl.fingerprint, IdempotencyKey: key}
+	class := ClassConfig{}
+	if prior != nil {
+		class = b.classes.get(prior.Class)
+		if key != "" {
+			if facts.SameRequest, err = b.sameRequest(prior, cl); err != nil {
+				return nil, err
+			}
 		}
 	}
-	unlock := b.intake.lock("f\x00" + c.Actor + "\x00" + cl.scope + "\x00" + cl.fingerprint)
-	prior, err := b.journal.FindByFingerprint(c.Actor, cl.scope, cl.fingerprint)
+	outcome := matchRule(prior, facts, b.now(), class)
 	switch {
-	case err == nil && b.matches(prior) && prior.IdempotencyKey == cl.record.IdempotencyKey:
+	case outcome == matchKeyReused:
+		b.metrics.rejected.WithLabelValues(CodeIdempotencyKeyReused).Inc()
+		return nil, &ToolError{Code: CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
+			"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", key, prior.ID)}
+	case outcome.joins():
 		unlock()
-		b.metrics.dedup.WithLabelValues("fingerprint").Inc()
-		return b.join(ctx, prior, wait, progress)
-	case err != nil && !errors.Is(err, markers.ErrNotFound):
-		unlock()
-		return nil, journalError(err)
+		b.metrics.dedup.WithLabelValues(by).Inc()
+		return b.join(ctx, prior, outcome, wait, progress)
+	case outcome == matchNewAttempt:
+		cl.record.PreviousAttempt = prior.ID
+		cl.record.Evidence = appendBounded(cl.record.Evidence, fmt.Sprintf(
+			"new attempt of %s, which failed without effect (same idempotency_key, same request)", prior.ID))
 	}
 	dec, admitted, err := b.decide(c, cl)
 	if err != nil {
-		unlock()
 		return nil, err
 	}
 	defer admitted()
@@ -315,36 +330,30 @@ func (b *Bastion) accept(ctx context.Context, cl *claim) (*markers.Record, error
 	return rec, nil
 }
 
-// matches is the matching rule's state and window test (DESIGN.md); the index lookup
-// already matched fingerprint, actor and scope.
-func (b *Bastion) matches(prior *markers.Record) bool {
-	switch prior.State {
-	case markers.Accepted, markers.Authorized, markers.AwaitingApproval, markers.Rejected,
-		markers.Dispatched, markers.Running, markers.Unknown:
-	case markers.Completed:
-		if prior.ResultDeliveredAt != nil {
-			return false
+// join answers a call that belongs to an existing execution (recover_or_attach): never a
+// second dispatch. A live execution is followed by its driver — continued, attached to or
+// reconciled — for up to wait; any other is returned as journaled.
+func (b *Bastion) join(ctx context.Context, prior *markers.Record, outcome matchOutcome, wait time.Duration, progress func(*Execution)) (*Execution, error) {
+	switch outcome {
+	case matchContinue, matchAttach, matchReconcile:
+		if d := b.startDriver(prior); d != nil {
+			return b.await(ctx, d, wait, true, progress), nil
 		}
-	default:
-		return false
 	}
-	return b.now().Sub(prior.CreatedAt) <= b.classes.get(prior.Class).AttachWindow
+	x := b.stored(prior)
+	x.Replayed = true
+	return x, nil
 }
 
-// join answers a call that belongs to an existing execution: never a second dispatch.
-func (b *Bastion) join(ctx context.Context, prior *markers.Record, wait time.Duration, progress func(*Execution)) (*Execution, error) {
-	if markers.Journal.Terminal(prior.State) || prior.State == markers.AwaitingApproval || prior.State == markers.Rejected {
-		x := b.stored(prior)
-		x.Replayed = true
-		return x, nil
-	}
-	d := b.startDriver(prior)
-	if d == nil {
-		x := b.stored(prior)
-		x.Replayed = true
-		return x, nil
-	}
-	return b.await(ctx, d, wait, true, progress), nil
+// operationTaken journals that the host refused the execution because its operation key
+// belongs to holder (the marker the host sent instead of starting it). The holder may be
+// another actor's, so neither the evidence nor the stored result names it — the host's own
+// refusal on stderr does, and is not kept; the id goes to OperationTakenBy, for operators,
+// and the view shows it only to its owner.
+func (b *Bastion) operationTaken(d *driver, holder *markers.Record) {
+	rec := d.record()
+	note := fmt.Sprintf("operation key %s is taken by another execution on %s; this execution was not started", rec.OperationKey, rec.Host)
+	b.record(d, markers.Failed, note, nil, func(r *markers.Record) { r.OperationTakenBy = holder.ID })
 }
 
 // shellCommand is the argv an ssh_exec command line runs as: the account's shell on the

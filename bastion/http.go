@@ -33,7 +33,7 @@ type HTTPArgs struct {
 	Text           *string             `json:"text,omitempty" jsonschema:"text request body (instead of json)"`
 	Headers        map[string]string   `json:"headers,omitempty" jsonschema:"extra request headers (never Authorization or the credential's header: the bastion injects the credential)"`
 	RunID          string              `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to"`
-	IdempotencyKey string              `json:"idempotency_key,omitempty" jsonschema:"client-made key: the same key and request return the same execution; the same key with another request is an error"`
+	IdempotencyKey string              `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution, from any run; if that execution failed without effect (nothing ran), the retry is a new attempt linked to it (previous_attempt); the same key with other arguments is an error (idempotency_key_reused)"`
 	WaitS          *int                `json:"wait_s,omitempty" jsonschema:"how long to wait for the response (default 30)"`
 }
 

@@ -34,7 +34,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Annotations: &mcp.ToolAnnotations{
 			ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: false, OpenWorldHint: boolPtr(true),
 		},
-	}, executionTool(b, func(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, in ExecArgs) (*Execution, error) {
+	}, executionTool(b, startsWork, func(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, in ExecArgs) (*Execution, error) {
 		return b.Exec(ctx, c, in, progressFor(ctx, req))
 	}))
 	if b.plugin != nil {
@@ -46,7 +46,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 			Annotations: &mcp.ToolAnnotations{
 				ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: false, OpenWorldHint: boolPtr(true),
 			},
-		}, executionTool(b, func(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, in HTTPArgs) (*Execution, error) {
+		}, executionTool(b, startsWork, func(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, in HTTPArgs) (*Execution, error) {
 			return b.HTTPRequest(ctx, c, in, progressFor(ctx, req))
 		}))
 	}
@@ -55,7 +55,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Title:       "Status of an execution",
 		Description: "The journal's record of one of your executions: state, exit code, evidence, the last output. For an execution whose outcome is unknown it asks the host again first. Reading never changes anything.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
-	}, executionTool(b, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in executionRef) (*Execution, error) {
+	}, executionTool(b, operatesOnOne, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in executionRef) (*Execution, error) {
 		return b.Status(ctx, c, in.ExecutionID, b.cfg.DefaultWait/3)
 	}))
 	mcp.AddTool(srv, &mcp.Tool{
@@ -63,7 +63,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Title:       "Read or follow an execution's output",
 		Description: "Attach to one of your executions: returns its output from the given offsets (stdout offset, stderr_offset), waiting up to wait_s (default 30) for new output or the end. Call again with stdout_offset+len(stdout) to read on. Never starts anything.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
-	}, executionTool(b, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in OutputArgs) (*Execution, error) {
+	}, executionTool(b, operatesOnOne, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in OutputArgs) (*Execution, error) {
 		return b.Output(ctx, c, in)
 	}))
 	mcp.AddTool(srv, &mcp.Tool{
@@ -71,7 +71,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Title:       "Cancel an execution",
 		Description: "Cancel one of your executions: not yet dispatched → cancelled, nothing runs; running on its host → TERM, then KILL after the host's grace period. Cancelling an execution that already ended changes nothing. Calling it twice is the same as once.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: true, OpenWorldHint: boolPtr(true)},
-	}, executionTool(b, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in executionRef) (*Execution, error) {
+	}, executionTool(b, operatesOnOne, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in executionRef) (*Execution, error) {
 		return b.Cancel(ctx, c, in.ExecutionID)
 	}))
 	mcp.AddTool(srv, &mcp.Tool{
@@ -120,16 +120,27 @@ type executionRef struct {
 	ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec"`
 }
 
+// toolRole is what an execution tool does, which decides what its isError means.
+type toolRole int
+
+const (
+	// startsWork: ssh_exec, http_request — isError when the command or request failed.
+	startsWork toolRole = iota
+	// operatesOnOne: execution_status, execution_output, execution_cancel — the call
+	// succeeded when it returns the execution, whatever state that is in.
+	operatesOnOne
+)
+
 // executionTool is the handler of a tool that returns one execution: the caller comes from
 // the transport, the result is tracked for delivery.
-func executionTool[In any](b *Bastion, do func(context.Context, *mcp.CallToolRequest, transport.Caller, In) (*Execution, error)) mcp.ToolHandlerFor[In, *Execution] {
+func executionTool[In any](b *Bastion, role toolRole, do func(context.Context, *mcp.CallToolRequest, transport.Caller, In) (*Execution, error)) mcp.ToolHandlerFor[In, *Execution] {
 	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, *Execution, error) {
 		c, err := callerOf(req)
 		if err != nil {
 			return nil, nil, err
 		}
 		x, err := do(ctx, req, c, in)
-		return b.result(ctx, x, err)
+		return b.result(ctx, role, x, err)
 	}
 }
 
@@ -142,7 +153,10 @@ func callerOf(req *mcp.CallToolRequest) (transport.Caller, error) {
 }
 
 // result turns an execution into the tool result, and registers it for delivery tracking.
-func (b *Bastion) result(ctx context.Context, x *Execution, err error) (*mcp.CallToolResult, *Execution, error) {
+// isError says the call failed: for a tool that starts work, that the command or request
+// failed (callFailed); reading or cancelling an execution that returns it succeeded — its
+// state and is_error say how the execution went.
+func (b *Bastion) result(ctx context.Context, role toolRole, x *Execution, err error) (*mcp.CallToolResult, *Execution, error) {
 	if err != nil {
 		return nil, nil, err
 	}
@@ -151,7 +165,8 @@ func (b *Bastion) result(ctx context.Context, x *Execution, err error) (*mcp.Cal
 			dl.add(x.ExecutionID)
 		}
 	}
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: x.Summary()}}, IsError: x.IsError}, x, nil
+	isError := role == startsWork && x.callFailed()
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: x.Summary()}}, IsError: isError}, x, nil
 }
 
 func listSummary(out *ListResult) string {

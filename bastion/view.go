@@ -50,13 +50,21 @@ type Execution struct {
 	IdempotentReplayed bool                `json:"idempotent_replayed,omitempty"`
 	AcceptedAt         time.Time           `json:"accepted_at"`
 	DispatchedAt       *time.Time          `json:"dispatched_at,omitempty"`
-	FinishedAt         *time.Time          `json:"finished_at,omitempty"`
-	Evidence           []string            `json:"evidence,omitempty"`
+	// FinishedAt is when the outcome was observed (the execution's terminal state was
+	// journaled), not when its record last changed.
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	Evidence   []string   `json:"evidence,omitempty"`
+	// Cause says why a failed or unknown execution is so (its latest evidence, one line).
+	Cause string `json:"cause,omitempty"`
+	// PreviousAttempt is the failed execution this one retries: a call with the same
+	// idempotency_key and the same request after that one provably did not take effect.
+	PreviousAttempt string `json:"previous_attempt,omitempty"`
 	// Next says what is safe to do now.
 	Next string `json:"next"`
 }
 
-// Summary is the one-paragraph text form of a result (the MCP text content).
+// Summary is the text form of a result (the MCP text content): what happened, why (for a
+// failed or unknown execution), what to do next, then the output.
 func (x *Execution) Summary() string {
 	var sb strings.Builder
 	fmt.Fprintf(&sb, "%s on %s: %s", x.ExecutionID, x.Host, x.State)
@@ -72,7 +80,14 @@ func (x *Execution) Summary() string {
 	if x.Replayed {
 		sb.WriteString(" [replayed: no new dispatch]")
 	}
-	sb.WriteString(". ")
+	sb.WriteString(".")
+	if x.PreviousAttempt != "" {
+		fmt.Fprintf(&sb, " New attempt after %s, which failed without effect.", x.PreviousAttempt)
+	}
+	if x.Cause != "" {
+		fmt.Fprintf(&sb, "\nCause: %s", x.Cause)
+	}
+	sb.WriteString("\nNext: ")
 	sb.WriteString(x.Next)
 	if x.Stdout != "" {
 		fmt.Fprintf(&sb, "\n--- stdout (from byte %d of %d) ---\n%s", x.StdoutOffset, x.StdoutBytes, x.Stdout)
@@ -88,6 +103,18 @@ func (x *Execution) Summary() string {
 		fmt.Fprintf(&sb, "\n--- response body%s ---\n%s", truncated, x.ResponseBody)
 	}
 	return sb.String()
+}
+
+// callFailed reports whether a call that started (or joined) this execution failed: the
+// command or request failed (non-zero exit, signal, HTTP error status), was refused, did not
+// take effect, was killed at its timeout or cancelled, or its outcome cannot be proven. A
+// running or pending execution has not failed.
+func (x *Execution) callFailed() bool {
+	switch markers.State(x.State) {
+	case markers.Failed, markers.Rejected, markers.Unknown, markers.TimedOut, markers.Cancelled:
+		return true
+	}
+	return x.IsError
 }
 
 // view builds the result from a record, without output.
@@ -107,6 +134,7 @@ func (b *Bastion) view(rec *markers.Record) *Execution {
 		OutputSHA256:    rec.Output.StdoutSHA256,
 		AcceptedAt:      rec.CreatedAt,
 		Evidence:        rec.Evidence,
+		PreviousAttempt: rec.PreviousAttempt,
 	}
 	if rec.ExitCode != nil {
 		code := *rec.ExitCode
@@ -115,16 +143,56 @@ func (b *Bastion) view(rec *markers.Record) *Execution {
 	if t, ok := rec.StateTimes[markers.Dispatched]; ok {
 		x.DispatchedAt = &t
 	}
-	if markers.Journal.Terminal(rec.State) {
-		t := rec.UpdatedAt
+	if t := finishedAt(rec); !t.IsZero() {
 		x.FinishedAt = &t
 	}
-	x.Next = nextStep(rec)
+	holder := b.ownHolder(rec)
+	if rec.State == markers.Failed || rec.State == markers.Unknown {
+		x.Cause = cause(rec, holder)
+	}
+	x.Next = nextStep(rec, holder)
 	return x
 }
 
-// nextStep tells the agent what is safe to do, by state.
-func nextStep(rec *markers.Record) string {
+// ownHolder returns the execution the host named as holding rec's operation key when it
+// refused rec, if it is rec's actor's own: an agent never learns another actor's execution
+// ids (the bastion reaches every host with one SSH identity, so the host names it to us).
+func (b *Bastion) ownHolder(rec *markers.Record) *markers.Record {
+	if rec.OperationTakenBy == "" {
+		return nil
+	}
+	h, err := b.journal.Get(rec.OperationTakenBy)
+	if err != nil || h.Actor != rec.Actor {
+		return nil
+	}
+	return h
+}
+
+// maxCauseBytes bounds the cause line of a result.
+const maxCauseBytes = 512
+
+// cause is why a failed or unknown execution is so: an operation key held by another
+// execution (named only if holder, the caller's own, is given), else the latest evidence,
+// its first line.
+func cause(rec *markers.Record, holder *markers.Record) string {
+	switch {
+	case rec.OperationTakenBy != "" && holder != nil:
+		return fmt.Sprintf("operation key %s already ran as %s (%s); the host did not start this execution", rec.OperationKey, holder.ID, holder.State)
+	case rec.OperationTakenBy != "":
+		return fmt.Sprintf("operation key %s is taken by another execution on %s; the host did not start this one", rec.OperationKey, rec.Host)
+	case len(rec.Evidence) == 0:
+		return "no reason was recorded"
+	}
+	line, _, _ := strings.Cut(rec.Evidence[len(rec.Evidence)-1], "\n")
+	if len(line) > maxCauseBytes {
+		line = strings.ToValidUTF8(line[:maxCauseBytes], "") + "…"
+	}
+	return line
+}
+
+// nextStep tells the agent what is safe to do, by state. holder is the execution that holds
+// rec's operation key, if the host refused rec for it and it is the caller's own.
+func nextStep(rec *markers.Record, holder *markers.Record) string {
 	switch rec.State {
 	case markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running:
 		return fmt.Sprintf("Still in progress. Wait with execution_output {execution_id: %q} or execution_status; do not call ssh_exec again for this — a retry joins this execution anyway.", rec.ID)
@@ -136,7 +204,15 @@ func nextStep(rec *markers.Record) string {
 	case markers.Completed:
 		return "Finished; the outcome above is final."
 	case markers.Failed:
-		return "It provably did not take effect; it is safe to fix the cause and call again."
+		switch {
+		case rec.OperationTakenBy != "" && holder != nil:
+			return fmt.Sprintf("The operation already ran as %s: do not run it again (the host refuses operation key %s to every other execution). Read its outcome with execution_status {execution_id: %q}.", holder.ID, rec.OperationKey, holder.ID)
+		case rec.OperationTakenBy != "":
+			return fmt.Sprintf("Do not retry: the host refuses operation key %s to every execution but the one holding it. If the operation must run again, ask an operator.", rec.OperationKey)
+		case rec.IdempotencyKey != "":
+			return "Nothing ran: it provably did not take effect. Fix the cause, then call again — the same idempotency_key with the same request starts a new attempt linked to this one (previous_attempt); another request needs a new key."
+		}
+		return "Nothing ran: it provably did not take effect. Fix the cause, then call again."
 	case markers.Cancelled:
 		return "Cancelled; see the output for how far it got."
 	case markers.TimedOut:

@@ -95,6 +95,13 @@ func (s *Store) removeIfExpired(id string, now time.Time) (bool, error) {
 		}
 		err = errors.Join(err, b.Delete(e.key, nil))
 	}
+	// Keyed executions written before they left the fingerprint index out may still have an
+	// entry there.
+	if rec.IdempotencyKey != "" && rec.Fingerprint != "" {
+		if k := fingerprintKey(rec.Actor, rec.IntentScope, rec.Fingerprint); s.pointsTo(k, id) {
+			err = errors.Join(err, b.Delete(k, nil))
+		}
+	}
 	prefix := append(joinKey(pExecEvents, id), 0)
 	err = errors.Join(err, b.DeleteRange(prefix, prefixEnd(prefix), nil))
 	if err == nil {

@@ -12,8 +12,8 @@ import (
 //	e<seq:8>                             event (JSON line as exported)
 //	c<seq:8>                             signed checkpoint covering events 1..seq
 //	x<id>\0<seq:8>                       events of one execution
-//	f<actor>\0<scope>\0<fingerprint>       → id of the newest such execution
-//	k<actor>\0<idempotency key>             → id
+//	f<actor>\0<scope>\0<fingerprint>       → id of the newest such execution without a key
+//	k<actor>\0<idempotency key>             → id of the newest execution with the key
 //	o<operation key>                         → id
 //	s<state>\0<id>
 //	t<created unix nanos:8><id>
@@ -91,9 +91,12 @@ func indexEntries(r *Record) []indexEntry {
 	return e
 }
 
+// An execution with an idempotency key is found by its key only: a keyed request is another
+// request than an unkeyed one of the same fingerprint, so it must not take the fingerprint
+// entry over from the unkeyed execution a retry has to find.
 func pointerKeys(r *Record) [][]byte {
 	var keys [][]byte
-	if r.Fingerprint != "" {
+	if r.Fingerprint != "" && r.IdempotencyKey == "" {
 		keys = append(keys, fingerprintKey(r.Actor, r.IntentScope, r.Fingerprint))
 	}
 	if r.IdempotencyKey != "" {

@@ -65,8 +65,9 @@ func (s *Store) readable() error {
 	return nil
 }
 
-// FindByFingerprint returns the newest execution of actor with fingerprint in intent scope,
-// or ErrNotFound. The caller applies the matching rule (state, attach window) to it.
+// FindByFingerprint returns the newest execution of actor with fingerprint in intent scope
+// and no idempotency key (keyed executions are found by FindByIdempotencyKey), or
+// ErrNotFound. The caller applies the matching rule (state, attach window) to it.
 func (s *Store) FindByFingerprint(actor, scope, fingerprint string) (*Record, error) {
 	return s.follow(fingerprintKey(actor, scope, fingerprint))
 }

@@ -11,8 +11,8 @@ import (
 
 // Record is one execution: the bastion's journal entry or a host's marker. Fields that a graph
 // does not use stay empty. Identity fields (ID, Graph, Actor, IntentScope, Fingerprint,
-// IdempotencyKey, OperationKey, CreatedAt) are fixed at creation: the secondary indexes are
-// built from them.
+// IdempotencyKey, OperationKey, PreviousAttempt, CreatedAt) are fixed at creation: the
+// secondary indexes are built from them.
 type Record struct {
 	ID    string `json:"id"`
 	Graph Graph  `json:"graph"`
@@ -23,6 +23,10 @@ type Record struct {
 	Fingerprint    string `json:"fingerprint,omitempty"`
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
 	OperationKey   string `json:"operation_key,omitempty"`
+	// PreviousAttempt is the execution this one is a new attempt of: a keyed request whose
+	// execution ended failed (provably no effect) starts a new execution linked to it, and the
+	// idempotency-key index then names the new one.
+	PreviousAttempt string `json:"previous_attempt,omitempty"`
 
 	// What the execution does, as a summary for operators (the fingerprint covers the full
 	// canonical action record; secrets never appear here).
@@ -60,6 +64,10 @@ type Record struct {
 	// Evidence are human-readable notes on how the outcome is known (or why it is not).
 	Evidence          []string   `json:"evidence,omitempty"`
 	ResultDeliveredAt *time.Time `json:"result_delivered_at,omitempty"`
+	// OperationTakenBy is the execution the host named as the holder of this execution's
+	// operation key when it refused to start this one. It may belong to another actor: it is
+	// for operators, and shown to an agent only when the agent owns that execution.
+	OperationTakenBy string `json:"operation_taken_by,omitempty"`
 
 	// Host process (hostagent markers).
 	PID         int          `json:"pid,omitempty"`
@@ -170,6 +178,7 @@ func (r *Record) validateIdentity() error {
 	for _, f := range [...]struct{ name, v string }{
 		{"id", r.ID}, {"actor", r.Actor}, {"intent_scope", r.IntentScope}, {"fingerprint", r.Fingerprint},
 		{"idempotency_key", r.IdempotencyKey}, {"operation_key", r.OperationKey},
+		{"previous_attempt", r.PreviousAttempt},
 	} {
 		if len(f.v) > maxKeyField {
 			return fmt.Errorf("%s is %d bytes, more than %d", f.name, len(f.v), maxKeyField)
@@ -184,5 +193,6 @@ func (r *Record) validateIdentity() error {
 func (r *Record) sameIdentity(o *Record) bool {
 	return r.ID == o.ID && r.Graph == o.Graph && r.Actor == o.Actor && r.IntentScope == o.IntentScope &&
 		r.Fingerprint == o.Fingerprint && r.IdempotencyKey == o.IdempotencyKey &&
-		r.OperationKey == o.OperationKey && r.CreatedAt.Equal(o.CreatedAt)
+		r.OperationKey == o.OperationKey && r.PreviousAttempt == o.PreviousAttempt &&
+		r.CreatedAt.Equal(o.CreatedAt)
 }

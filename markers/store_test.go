@@ -166,19 +166,24 @@ func TestLookups(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
+	mk("ex_00", "alice", "run:1", "fpA", "")
 	mk("ex_01", "alice", "run:1", "fpA", "k1")
 	mk("ex_02", "alice", "run:1", "fpA", "k2")
 	mk("ex_03", "bob", "run:1", "fpA", "k1")
 	mk("ex_04", "alice", "run:2", "fpA", "")
+	mk("ex_05", "bob", "run:1", "fpA", "")
+	mk("ex_06", "alice", "run:1", "fpA", "")
+	mk("ex_07", "carol", "run:1", "fpA", "k3")
 
 	tests := []struct {
 		name   string
 		find   func() (*markers.Record, error)
 		wantID string
 	}{
-		{"fingerprint newest in scope", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:1", "fpA") }, "ex_02"},
+		{"fingerprint newest in scope", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:1", "fpA") }, "ex_06"},
 		{"fingerprint other scope", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:2", "fpA") }, "ex_04"},
-		{"fingerprint other actor", func() (*markers.Record, error) { return s.FindByFingerprint("bob", "run:1", "fpA") }, "ex_03"},
+		{"fingerprint other actor", func() (*markers.Record, error) { return s.FindByFingerprint("bob", "run:1", "fpA") }, "ex_05"},
+		{"keyed executions are found by key only", func() (*markers.Record, error) { return s.FindByFingerprint("carol", "run:1", "fpA") }, ""},
 		{"fingerprint no prefix match", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:1", "fp") }, ""},
 		{"idempotency key per actor", func() (*markers.Record, error) { return s.FindByIdempotencyKey("alice", "k1") }, "ex_01"},
 		{"idempotency key bob", func() (*markers.Record, error) { return s.FindByIdempotencyKey("bob", "k1") }, "ex_03"},
@@ -492,5 +497,43 @@ func TestResultIsStoredWithTheOutcome(t *testing.T) {
 	}
 	if rec, _ := s.Get("ex_big"); rec.State != markers.Accepted {
 		t.Fatalf("state after a refused result = %s; want accepted", rec.State)
+	}
+}
+
+// TestNewAttemptTakesOverTheIdempotencyKey: a new attempt of a keyed execution (linked by
+// PreviousAttempt) is what the key names from then on, also after retention removed the
+// failed attempt; the link is fixed at creation.
+func TestNewAttemptTakesOverTheIdempotencyKey(t *testing.T) {
+	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	s := testutil.OpenStore(t, markers.Journal, func(o *markers.Options) {
+		o.Now = func() time.Time { return clock }
+		o.DefaultRetention = time.Hour
+	})
+	ctx := context.Background()
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_01", Actor: "alice", IdempotencyKey: "deploy-1"}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.Transition(ctx, "ex_01", markers.Accepted, markers.Failed, "host unreachable", nil); err != nil {
+		t.Fatal(err)
+	}
+	clock = clock.Add(30 * time.Minute)
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_02", Actor: "alice", IdempotencyKey: "deploy-1", PreviousAttempt: "ex_01"}); err != nil {
+		t.Fatal(err)
+	}
+	if rec, err := s.FindByIdempotencyKey("alice", "deploy-1"); err != nil || rec.ID != "ex_02" || rec.PreviousAttempt != "ex_01" {
+		t.Fatalf("key names %+v, %v; want ex_02 with previous_attempt ex_01", rec, err)
+	}
+	if _, err := s.Update(ctx, "ex_02", "relink", func(r *markers.Record) error {
+		r.PreviousAttempt = "ex_99"
+		return nil
+	}); !errors.Is(err, markers.ErrImmutable) {
+		t.Errorf("changing previous_attempt: err = %v; want ErrImmutable", err)
+	}
+	clock = clock.Add(time.Hour)
+	if res, err := s.GC(ctx); err != nil || res.Records != 1 {
+		t.Fatalf("gc = %+v, %v; want the failed attempt removed", res, err)
+	}
+	if rec, err := s.FindByIdempotencyKey("alice", "deploy-1"); err != nil || rec.ID != "ex_02" {
+		t.Fatalf("after gc the key names %v, %v; want ex_02", rec, err)
 	}
 }

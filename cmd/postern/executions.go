@@ -170,7 +170,9 @@ func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
 	row("intent scope", r.IntentScope)
 	row("fingerprint", r.Fingerprint)
 	row("idempotency key", r.IdempotencyKey)
+	row("previous attempt", r.PreviousAttempt)
 	row("operation key", r.OperationKey)
+	row("operation taken by", r.OperationTakenBy)
 	row("accepted", r.CreatedAt.Local().Format(time.RFC3339))
 	if r.ResultDeliveredAt != nil {
 		row("result delivered", r.ResultDeliveredAt.Local().Format(time.RFC3339))

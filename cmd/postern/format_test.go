@@ -8,6 +8,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -147,5 +148,24 @@ func TestLastLineWriter(t *testing.T) {
 				t.Fatal("the writes were not passed through")
 			}
 		})
+	}
+}
+
+// TestShowNamesThePreviousAttempt: `executions show` of a new attempt links it to the failed
+// execution it retries, and a refused execution to the holder of its operation key.
+func TestShowNamesThePreviousAttempt(t *testing.T) {
+	r := &markers.Record{
+		ID: "ex_01K0000000000000000000000B", State: markers.Failed, IdempotencyKey: "deploy-1",
+		PreviousAttempt: "ex_01K0000000000000000000000A", OperationKey: "migration:7",
+		OperationTakenBy: "ex_01K0000000000000000000000H",
+	}
+	var out strings.Builder
+	if err := writeExecution(&out, &bastion.ExecutionDetail{Record: r}); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"previous attempt    ex_01K0000000000000000000000A", "operation taken by  ex_01K0000000000000000000000H"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("show does not print %q:\n%s", want, out.String())
+		}
 	}
 }
