@@ -35,6 +35,11 @@ commands = ["df *"]`},
 		{name: "plain token in config", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"pst_secret\"", wantErr: "64 hex"},
 		{name: "duplicate actor", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"" + hash + "\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"" + hash + "\"", wantErr: "duplicate"},
 		{name: "rule with unknown class", toml: "state_dir = \"/x\"\n[[rules]]\nclass = \"yolo\"", wantErr: "unknown class"},
+		{name: "local actor of another uid, socket in state_dir", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"ci\"\nuid = 4242", wantErr: "set socket outside state_dir"},
+		{name: "local actor of another uid, socket outside", toml: "state_dir = \"/x\"\nsocket = \"/run/postern/mcp.sock\"\n[[actors]]\nname = \"ci\"\nuid = 4242"},
+		{name: "local actor of root, socket in state_dir", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"admin\"\nuid = 0"},
+		{name: "too few local conns", toml: "state_dir = \"/x\"\nmax_local_conns = 4", wantErr: "max_local_conns must be"},
+		{name: "per-uid above total", toml: "state_dir = \"/x\"\nmax_local_conns = 64\nmax_local_conns_per_uid = 65", wantErr: "max_local_conns_per_uid must be"},
 		{name: "window longer than retention", toml: "state_dir = \"/x\"\n[[classes]]\nname = \"c\"\nattach_window = \"48h\"\nretention = \"1h\"", wantErr: "longer than retention"},
 	}
 	for _, tt := range tests {
