@@ -118,7 +118,7 @@ func (g *guardedListener) Accept() (net.Conn, error) {
 func (g *guardedListener) admit(c net.Conn, uid int) (refusal string) {
 	owner := isOwner(uid)
 	if !owner && !g.allowed[uid] {
-		return "uid is not a configured local actor"
+		return "the uid is neither root, the daemon's user nor a configured local actor"
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
