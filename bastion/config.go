@@ -5,15 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"time"
 
 	"github.com/BurntSushi/toml"
 
 	"github.com/postern-dev/postern/bastion/policy"
+	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -32,8 +35,16 @@ type Config struct {
 	AllowedHosts   []string `toml:"allowed_hosts"`
 	AllowedOrigins []string `toml:"allowed_origins"`
 	// Socket is the local MCP endpoint, where the kernel names the caller. Default
-	// <state_dir>/mcp.sock.
+	// <state_dir>/mcp.sock. Only root, the bastion's own user and the uids of [[actors]] may
+	// connect (checked at accept); when actors name other uids it is made 0666 and must be
+	// outside state_dir, in a directory they can search (e.g. /run/postern/mcp.sock).
 	Socket string `toml:"socket"`
+	// MaxLocalConns bounds the open connections of each local socket; the last 1/16 of them
+	// are kept for root and the bastion's own user. Default 1024.
+	MaxLocalConns int `toml:"max_local_conns"`
+	// MaxLocalConnsPerUID bounds the open connections of one other uid on the MCP socket.
+	// Default 128.
+	MaxLocalConnsPerUID int `toml:"max_local_conns_per_uid"`
 	// OperatorSocket serves the operator CLI (executions, hosts, markers, audit). Default
 	// <state_dir>/operator.sock; only the bastion's own user and root may connect.
 	OperatorSocket string `toml:"operator_socket"`
@@ -173,7 +184,26 @@ func DefaultConfig(dir string) Config {
 		ReconcileInterval:   15 * time.Second,
 		MaxRequestBodyBytes: 256 << 10,
 		ApprovalTimeout:     time.Hour,
+		MaxLocalConns:       transport.DefaultMaxLocalConns,
+		MaxLocalConnsPerUID: transport.DefaultMaxLocalConnsPerUID,
 	}
+}
+
+// localUIDs are the uids of the configured local actors: they may connect to the MCP socket.
+func (c Config) localUIDs() []int {
+	var uids []int
+	for _, a := range c.Actors {
+		if a.UID != nil && !slices.Contains(uids, *a.UID) {
+			uids = append(uids, *a.UID)
+		}
+	}
+	return uids
+}
+
+// socketAccess is who may connect to the MCP socket (uids = the local actors' uids) or to
+// the operator socket (uids = nil: the owners only).
+func (c Config) socketAccess(uids []int, log *slog.Logger) transport.UnixAccess {
+	return transport.UnixAccess{UIDs: uids, MaxConns: c.MaxLocalConns, MaxConnsPerUID: c.MaxLocalConnsPerUID, Logger: log}
 }
 
 // Paths under the state dir.
@@ -329,6 +359,15 @@ func (c Config) Validate() error {
 	}
 	if c.ApprovalTimeout < 0 {
 		bad("approval_timeout must not be negative")
+	}
+	if c.MaxLocalConns < 16 || c.MaxLocalConns > 1<<16 {
+		bad("max_local_conns must be in 16..65536, got %d", c.MaxLocalConns)
+	}
+	if c.MaxLocalConnsPerUID <= 0 || c.MaxLocalConnsPerUID > c.MaxLocalConns {
+		bad("max_local_conns_per_uid must be in 1..max_local_conns (%d), got %d", c.MaxLocalConns, c.MaxLocalConnsPerUID)
+	}
+	if c.socketAccess(c.localUIDs(), nil).Shared() && filepath.Clean(filepath.Dir(c.socketPath())) == filepath.Clean(c.StateDir) {
+		bad("actors name other uids, who must reach the MCP socket: set socket outside state_dir (which stays 0700), e.g. socket = \"/run/postern/mcp.sock\"")
 	}
 	if c.MaxRequestBodyBytes <= 0 || c.MaxRequestBodyBytes > markers.MaxResultBytes/2 {
 		bad("max_request_body_bytes must be in 1..%d, got %d", markers.MaxResultBytes/2, c.MaxRequestBodyBytes)

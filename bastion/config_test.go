@@ -1,9 +1,14 @@
 package bastion
 
 import (
+	"crypto/ed25519"
+	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion/transport"
 )
@@ -35,6 +40,11 @@ commands = ["df *"]`},
 		{name: "plain token in config", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"pst_secret\"", wantErr: "64 hex"},
 		{name: "duplicate actor", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"" + hash + "\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"" + hash + "\"", wantErr: "duplicate"},
 		{name: "rule with unknown class", toml: "state_dir = \"/x\"\n[[rules]]\nclass = \"yolo\"", wantErr: "unknown class"},
+		{name: "local actor of another uid, socket in state_dir", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"ci\"\nuid = 4242", wantErr: "set socket outside state_dir"},
+		{name: "local actor of another uid, socket outside", toml: "state_dir = \"/x\"\nsocket = \"/run/postern/mcp.sock\"\n[[actors]]\nname = \"ci\"\nuid = 4242"},
+		{name: "local actor of root, socket in state_dir", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"admin\"\nuid = 0"},
+		{name: "too few local conns", toml: "state_dir = \"/x\"\nmax_local_conns = 4", wantErr: "max_local_conns must be"},
+		{name: "per-uid above total", toml: "state_dir = \"/x\"\nmax_local_conns = 64\nmax_local_conns_per_uid = 65", wantErr: "max_local_conns_per_uid must be"},
 		{name: "window longer than retention", toml: "state_dir = \"/x\"\n[[classes]]\nname = \"c\"\nattach_window = \"48h\"\nretention = \"1h\"", wantErr: "longer than retention"},
 	}
 	for _, tt := range tests {
@@ -72,6 +82,8 @@ func TestValidateExecArgs(t *testing.T) {
 		{name: "unclean cwd", args: ExecArgs{Host: "h", Command: "true", Cwd: "/srv/../etc"}, wantErr: "cwd"},
 		{name: "env name", args: ExecArgs{Host: "h", Command: "true", Env: map[string]string{"A=B": "x"}}, wantErr: "variable name"},
 		{name: "reserved env", args: ExecArgs{Host: "h", Command: "true", Env: map[string]string{"POSTERN_EXECUTION_ID": "ex_x"}}, wantErr: "set by the bastion"},
+		{name: "LD_PRELOAD", args: ExecArgs{Host: "h", Command: "true", Env: map[string]string{"LD_PRELOAD": "/x.so"}}, wantErr: "no host accepts it"},
+		{name: "PATH", args: ExecArgs{Host: "h", Command: "true", Env: map[string]string{"PATH": "/tmp"}}, wantErr: "no host accepts it"},
 		{name: "negative timeout", args: ExecArgs{Host: "h", Command: "true", TimeoutS: -1}, wantErr: "timeout_s"},
 		{name: "wait too long", args: ExecArgs{Host: "h", Command: "true", WaitS: wait(3600)}, wantErr: "wait_s"},
 		{name: "run id with newline", args: ExecArgs{Host: "h", Command: "true", RunID: "a\nb"}, wantErr: "run_id"},
@@ -88,6 +100,55 @@ func TestValidateExecArgs(t *testing.T) {
 				t.Fatalf("error = %v; want one containing %q", err, tt.wantErr)
 			}
 		})
+	}
+}
+
+func TestCheckHostEnv(t *testing.T) {
+	configured := Host{Name: "db-1", AcceptEnv: []string{"RAILS_ENV", "APP_*"}}
+	bare := Host{Name: "web-1"}
+	tests := []struct {
+		name    string
+		host    Host
+		env     map[string]string
+		wantErr string
+	}{
+		{name: "none", host: bare},
+		{name: "locale everywhere", host: bare, env: map[string]string{"LANG": "C", "LC_ALL": "C"}},
+		{name: "accept_env exact and prefix", host: configured, env: map[string]string{"RAILS_ENV": "production", "APP_X": "1"}},
+		{name: "not on this host", host: bare, env: map[string]string{"RAILS_ENV": "production"}, wantErr: "env RAILS_ENV: host web-1 would drop it, since it accepts only POSTERN_*, LANG, LC_* (its accept_env is empty)"},
+		{name: "every dropped name, sorted", host: configured, env: map[string]string{"ZED": "", "APP_OK": "", "ALPHA": ""}, wantErr: "env ALPHA, ZED: host db-1 would drop it, since it accepts only POSTERN_*, LANG, LC_* and its accept_env RAILS_ENV, APP_*"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkHostEnv(tt.env, tt.host)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("error = %v; want one containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestInventoryAcceptEnv(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hosts.toml")
+	key, err := gossh.NewPublicKey(ed25519.PublicKey(make([]byte, ed25519.PublicKeySize)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := Enroll(path, Host{Name: "db-1", Addr: "127.0.0.1:2222", Account: "deploy", HostKey: key, AcceptEnv: []string{"APP_*"}}); err != nil {
+		t.Fatal(err)
+	}
+	inv, err := OpenInventory(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := inv.Host("db-1"); err != nil || !slices.Equal(h.AcceptEnv, []string{"APP_*"}) {
+		t.Fatalf("Host = %+v, %v; want accept_env [APP_*]", h, err)
+	}
+	if err := Enroll(path, Host{Name: "db-2", Addr: "127.0.0.1:2222", Account: "deploy", HostKey: key, AcceptEnv: []string{"L*"}}); err == nil || !strings.Contains(err.Error(), "LD_*") {
+		t.Fatalf("Enroll with accept_env L* = %v; want it refused (it would cover LD_*)", err)
 	}
 }
 

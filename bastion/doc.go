@@ -25,5 +25,6 @@
 // execution where it is and nothing further is sent; at most one driver acts on an execution
 // at a time; nothing is dispatched twice except an execution whose host has no marker for it,
 // under the same execution id (the host refuses duplicates); actors see only their own
-// executions; secrets never enter records, fingerprints or logs.
+// executions; secrets never enter records, fingerprints or logs, and what a target sends back
+// is redacted of its credential before it is journaled (plugins.Redactor).
 package bastion

@@ -4,8 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"path/filepath"
-	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -15,6 +16,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/internal/envpolicy"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -23,7 +25,7 @@ type ExecArgs struct {
 	Host           string            `json:"host" jsonschema:"inventory name of the host (see hosts_list)"`
 	Command        string            `json:"command" jsonschema:"command line, run by the account's shell on the host"`
 	Cwd            string            `json:"cwd,omitempty" jsonschema:"absolute working directory; default: the host's configured directory or the account's home"`
-	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables to set (the host accepts LANG, LC_* and its accept_env list)"`
+	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables to set: LANG, LC_* and the host's accept_env list (others are refused)"`
 	TimeoutS       int               `json:"timeout_s,omitempty" jsonschema:"kill the command after this many seconds (exit 124); 0 means no timeout"`
 	WaitS          *int              `json:"wait_s,omitempty" jsonschema:"how long to wait for the command before returning it as running (default 30)"`
 	RunID          string            `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to; retries with the same run_id join the same execution"`
@@ -63,8 +65,6 @@ const (
 	maxKeyBytes      = 255
 )
 
-var envNamePattern = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]{0,127}$`)
-
 // validate checks every argument before anything is journaled.
 func (b *Bastion) validate(a *ExecArgs) error {
 	switch {
@@ -95,15 +95,38 @@ func (b *Bastion) validate(a *ExecArgs) error {
 	}
 	for k, v := range a.Env {
 		switch {
-		case !envNamePattern.MatchString(k):
+		case !envpolicy.ValidName(k):
 			return invalid("env name %q is not a valid variable name", k)
 		case strings.HasPrefix(k, "POSTERN_"):
 			return invalid("env %s: POSTERN_* variables are set by the bastion", k)
+		case envpolicy.IsForbidden(k):
+			return invalid("env %s: no host accepts it (it can make the command run other code); hosts accept LANG, LC_* and their accept_env", k)
 		case len(v) > maxEnvValueBytes || strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v):
 			return invalid("env %s: values are UTF-8 without NUL, at most %d bytes", k, maxEnvValueBytes)
 		}
 	}
 	return nil
+}
+
+// checkHostEnv refuses the env names host would drop (internal/envpolicy, with the host's
+// accept_env as the inventory records it), all of them at once, so a command never runs
+// without a variable its caller was told it had.
+func checkHostEnv(env map[string]string, host Host) error {
+	allow, err := envpolicy.New(host.AcceptEnv)
+	if err != nil {
+		return err
+	}
+	var dropped []string
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		if !allow.Allows(k) {
+			dropped = append(dropped, k)
+		}
+	}
+	if len(dropped) == 0 {
+		return nil
+	}
+	return invalid("env %s: host %s would drop it, since it accepts only %s. Leave it out, or ask the operator to add it to accept_env in the hostagent's config on %s and in %s's inventory entry",
+		strings.Join(dropped, ", "), host.Name, allow, host.Name, host.Name)
 }
 
 func validKey(k string) bool {
@@ -158,6 +181,9 @@ func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*claim, error) {
 		return nil, &ToolError{Code: CodeUnknownHost, Message: err.Error()}
 	}
 	if err != nil {
+		return nil, err
+	}
+	if err := checkHostEnv(a.Env, host); err != nil {
 		return nil, err
 	}
 	cwd := a.Cwd

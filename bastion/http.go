@@ -368,7 +368,9 @@ func (b *Bastion) requestBody(a HTTPArgs) (body []byte, arg any, contentType str
 }
 
 // secret reads a credential's value at dispatch. It is handed to the plugin over its mTLS
-// channel and never stored, logged or returned.
+// channel and never stored, logged or returned: whatever comes back from the plugin (a
+// response that echoes it, an error that quotes it) is redacted with its Redactor before it
+// is journaled (httpJournal, statusCheck, performHTTP).
 func secret(cr CredentialConfig) (*plugins.Credential, error) {
 	var value string
 	if cr.File != "" {
@@ -386,7 +388,7 @@ func secret(cr CredentialConfig) (*plugins.Credential, error) {
 	if value == "" {
 		return nil, fmt.Errorf("credential %s is empty or unset", cr.Name)
 	}
-	return &plugins.Credential{Kind: cr.Kind, Header: cr.Header, Username: cr.Username, Secret: value}, nil
+	return &plugins.Credential{Ref: cr.Name, Kind: cr.Kind, Header: cr.Header, Username: cr.Username, Secret: value}, nil
 }
 
 // driveHTTP carries an HTTP execution through the plugin. The plugin journals dispatched
@@ -467,12 +469,14 @@ func (b *Bastion) statusCheck(d *driver, ep EndpointConfig) bool {
 		return false
 	}
 	out, err := b.plugin.Perform(b.ctx, action, readOnlyJournal{id: rec.ID})
+	redact := action.Credential.Redactor()
 	switch {
 	case err != nil || out.Response == nil:
-		b.toUnknown(d, fmt.Sprintf("status check failed (%v %s); the outcome stays unknown", err, out.Reason))
+		b.toUnknown(d, redact.String(fmt.Sprintf("status check failed (%v %s); the outcome stays unknown", err, out.Reason)))
 		return false
 	case out.Response.Status/100 == 2:
-		b.finishHTTP(d, markers.Completed, fmt.Sprintf("status check %s answered %d: it took effect", check.Path, out.Response.Status), out.Response)
+		resp := redact.Response(*out.Response)
+		b.finishHTTP(d, markers.Completed, fmt.Sprintf("status check %s answered %d: it took effect", check.Path, out.Response.Status), &resp)
 		return false
 	case out.Response.Status == http.StatusNotFound:
 		b.toUnknown(d, "status check answered 404: it did not take effect; sending it again with the same Idempotency-Key")
@@ -519,10 +523,12 @@ func (b *Bastion) performHTTP(d *driver, log interface{ Warn(string, ...any) }) 
 		b.settleNotSent(d, err.Error()+"; nothing was sent")
 		return
 	}
-	_, err = b.plugin.Perform(b.ctx, action, httpJournal{b: b, d: d})
+	redact := action.Credential.Redactor()
+	_, err = b.plugin.Perform(b.ctx, action, httpJournal{b: b, d: d, redact: redact})
 	if err == nil || b.ctx.Err() != nil {
 		return
 	}
+	err = errors.New(redact.String(err.Error()))
 	// The plugin did not see it through (crashed, or a journal call failed): the journal
 	// says which boundary it reached.
 	cur, gerr := b.journal.Get(rec.ID)
@@ -573,10 +579,12 @@ func (b *Bastion) finishHTTP(d *driver, to markers.State, note string, resp *plu
 }
 
 // httpJournal is the journal the plugin reports to for one execution (served to it through
-// the go-plugin broker). Each call returns once the step is durable.
+// the go-plugin broker). Each call returns once the step is durable. What the plugin reports
+// is redacted here, where it first touches the journal, whatever the plugin did.
 type httpJournal struct {
-	b *Bastion
-	d *driver
+	b      *Bastion
+	d      *driver
+	redact *plugins.Redactor // the execution's credential; nil without one
 }
 
 func (j httpJournal) check(id string) error {
@@ -608,6 +616,7 @@ func (j httpJournal) Completed(_ context.Context, id string, resp plugins.HTTPRe
 	if resp.IdempotentReplayed {
 		note += " (the target replayed its stored response: Idempotent-Replayed)"
 	}
+	resp = j.redact.Response(resp)
 	j.b.finishHTTP(j.d, markers.Completed, note, &resp)
 	return j.outcomeErr(markers.Completed)
 }
@@ -616,7 +625,7 @@ func (j httpJournal) Failed(_ context.Context, id, reason string) error {
 	if err := j.check(id); err != nil {
 		return err
 	}
-	j.b.finishHTTP(j.d, markers.Failed, "no request byte was written: "+reason, nil)
+	j.b.finishHTTP(j.d, markers.Failed, "no request byte was written: "+j.redact.String(reason), nil)
 	return j.outcomeErr(markers.Failed)
 }
 
@@ -624,7 +633,7 @@ func (j httpJournal) Unknown(_ context.Context, id, reason string) error {
 	if err := j.check(id); err != nil {
 		return err
 	}
-	j.b.toUnknown(j.d, "the request was written and then "+reason)
+	j.b.toUnknown(j.d, "the request was written and then "+j.redact.String(reason))
 	return j.outcomeErr(markers.Unknown)
 }
 

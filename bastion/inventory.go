@@ -17,6 +17,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/internal/durable"
+	"github.com/postern-dev/postern/internal/envpolicy"
 )
 
 // inventoryFile is the TOML form of the enrolled hosts. Enrollment writes it; operators may
@@ -32,6 +33,8 @@ type hostEntry struct {
 	HostKey string   `toml:"host_key"` // authorized_keys form: "ssh-ed25519 AAAA…"
 	Cwd     string   `toml:"cwd,omitempty"`
 	Groups  []string `toml:"groups,omitempty"`
+	// AcceptEnv is the host's accept_env, as its hostagent is configured.
+	AcceptEnv []string `toml:"accept_env,omitempty"`
 }
 
 // ErrUnknownHost: the name is not in the inventory.
@@ -164,11 +167,14 @@ func (e hostEntry) host() (Host, error) {
 	if e.Cwd != "" && (!filepath.IsAbs(e.Cwd) || filepath.Clean(e.Cwd) != e.Cwd) {
 		return Host{}, fmt.Errorf("host %s: cwd must be an absolute, clean path", e.Name)
 	}
+	if _, err := envpolicy.New(e.AcceptEnv); err != nil {
+		return Host{}, fmt.Errorf("host %s: %w", e.Name, err)
+	}
 	key, _, _, _, err := gossh.ParseAuthorizedKey([]byte(e.HostKey))
 	if err != nil {
 		return Host{}, fmt.Errorf("host %s: host_key: %w", e.Name, err)
 	}
-	return Host{Name: e.Name, Addr: e.Addr, Account: e.Account, HostKey: key, Cwd: e.Cwd, Groups: e.Groups}, nil
+	return Host{Name: e.Name, Addr: e.Addr, Account: e.Account, HostKey: key, Cwd: e.Cwd, Groups: e.Groups, AcceptEnv: e.AcceptEnv}, nil
 }
 
 // Enrollment is what `postern hosts enroll` shows before it records a host.
@@ -227,7 +233,7 @@ func PlanEnrollment(path string, h Host) (Enrollment, error) {
 // the same name. The write is atomic and durable.
 func Enroll(path string, h Host) error {
 	entry := hostEntry{
-		Name: h.Name, Addr: h.Addr, Account: h.Account, Cwd: h.Cwd, Groups: h.Groups,
+		Name: h.Name, Addr: h.Addr, Account: h.Account, Cwd: h.Cwd, Groups: h.Groups, AcceptEnv: h.AcceptEnv,
 		HostKey: string(bytes.TrimSpace(gossh.MarshalAuthorizedKey(h.HostKey))),
 	}
 	if _, err := entry.host(); err != nil {

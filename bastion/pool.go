@@ -24,6 +24,10 @@ type Host struct {
 	Cwd string
 	// Groups name sets of hosts for class rules.
 	Groups []string
+	// AcceptEnv mirrors the accept_env of the host's hostagent: the variables, besides LANG
+	// and LC_*, an ssh_exec may set there (internal/envpolicy). The bastion refuses any other
+	// name, which the host would drop.
+	AcceptEnv []string
 }
 
 // ErrHostKeyMismatch: the host presented another key than the one enrolled. Nothing is sent

@@ -91,7 +91,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
 	}
 
-	local, err := transport.ListenUnix(b.cfg.socketPath())
+	local, err := transport.ListenUnix(b.cfg.socketPath(), b.cfg.socketAccess(b.cfg.localUIDs(), b.log.With("component", "unix")))
 	if err != nil {
 		closeAll()
 		return err
@@ -106,7 +106,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	servers = append(servers, unixServer)
 	ep.Socket = b.cfg.socketPath()
 
-	op, err := transport.ListenUnix(b.cfg.operatorPath())
+	op, err := transport.ListenUnix(b.cfg.operatorPath(), b.cfg.socketAccess(nil, b.log.With("component", "operator")))
 	if err != nil {
 		closeAll()
 		return err

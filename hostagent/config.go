@@ -8,10 +8,11 @@ import (
 	"os"
 	"os/user"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/BurntSushi/toml"
+
+	"github.com/postern-dev/postern/internal/envpolicy"
 )
 
 // MissingExecutionID policies: what the server does with an exec request that carries no
@@ -220,7 +221,7 @@ func (c Config) Validate() error {
 		}
 	}
 	for _, pattern := range c.AcceptEnv {
-		if err := checkAcceptEnvPattern(pattern); err != nil {
+		if err := envpolicy.CheckPattern(pattern); err != nil {
 			bad("accept_env", "%q: %w", pattern, err)
 		}
 	}
@@ -266,50 +267,4 @@ func validAccountName(name string) bool {
 		}
 	}
 	return true
-}
-
-// dangerousEnv are variables that make the dynamic linker or a shell execute code chosen by
-// whoever sets them; no configuration may accept them from a client.
-var dangerousEnv = []string{"LD_*", "DYLD_*", "BASH_ENV", "ENV", "BASH_FUNC_*", "SHELLOPTS", "BASHOPTS", "PS4", "IFS", "PATH", "GCONV_PATH", "HOSTALIASES", "LOCPATH", "NLSPATH"}
-
-func checkAcceptEnvPattern(pattern string) error {
-	name := strings.TrimSuffix(pattern, "*")
-	if name == "" {
-		return errors.New("must name a variable or a non-empty prefix")
-	}
-	if !validEnvName(name) {
-		return errors.New("not a valid environment variable name")
-	}
-	for _, d := range dangerousEnv {
-		// Refuse the pattern if it could match a dangerous name or a dangerous name could
-		// match it (e.g. "L*" would cover "LD_PRELOAD").
-		if envPatternMatch(d, name) || envPatternMatch(pattern, strings.TrimSuffix(d, "*")) {
-			return fmt.Errorf("would accept %s, which can make the child run arbitrary code", d)
-		}
-	}
-	return nil
-}
-
-// validEnvName accepts [A-Za-z_][A-Za-z0-9_]*.
-func validEnvName(name string) bool {
-	if name == "" {
-		return false
-	}
-	for i, r := range name {
-		switch {
-		case r == '_', r >= 'A' && r <= 'Z', r >= 'a' && r <= 'z':
-		case r >= '0' && r <= '9' && i > 0:
-		default:
-			return false
-		}
-	}
-	return true
-}
-
-// envPatternMatch matches name against an exact name or a "PREFIX*" pattern.
-func envPatternMatch(pattern, name string) bool {
-	if prefix, ok := strings.CutSuffix(pattern, "*"); ok {
-		return strings.HasPrefix(name, prefix)
-	}
-	return pattern == name
 }

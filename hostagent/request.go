@@ -4,13 +4,13 @@ import (
 	"errors"
 	"fmt"
 	"path/filepath"
-	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/internal/envpolicy"
 )
 
 // Environment variables with a meaning to the hostagent.
@@ -23,12 +23,8 @@ const (
 
 const (
 	maxOperationKeyLen = client.MaxOperationKeyLen
-	maxEnvNameBytes    = 256
 	maxTimeout         = 31 * 24 * time.Hour
 )
-
-// builtinAcceptEnv is accepted from every client: the Postern variables and the locale.
-var builtinAcceptEnv = []string{"POSTERN_*", "LANG", "LC_*"}
 
 // Refusal reasons a client can branch on via errors.Is; the text goes to the client's stderr.
 var (
@@ -37,28 +33,22 @@ var (
 	ErrInvalidRequest     = errors.New("invalid request")
 )
 
-// envFilter applies the allowlist and the size limits to a session's env requests.
+// envFilter applies the allowlist (internal/envpolicy: the builtin variables and accept_env)
+// and the size limits to a session's env requests.
 type envFilter struct {
-	patterns    []string
+	allow       envpolicy.Allowlist
 	maxVars     int
 	maxValueLen int
 }
 
+// newEnvFilter returns the filter of a validated cfg (Validate checked accept_env).
 func newEnvFilter(cfg Config) envFilter {
-	return envFilter{
-		patterns:    append(slices.Clone(builtinAcceptEnv), cfg.AcceptEnv...),
-		maxVars:     cfg.MaxEnvVars,
-		maxValueLen: cfg.MaxEnvValueBytes,
+	allow, err := envpolicy.New(cfg.AcceptEnv)
+	if err != nil {
+		// Unreachable after Validate; refusing every extra variable is the safe reading.
+		allow, _ = envpolicy.New(nil)
 	}
-}
-
-func (f envFilter) allowed(name string) bool {
-	for _, p := range f.patterns {
-		if envPatternMatch(p, name) {
-			return true
-		}
-	}
-	return false
+	return envFilter{allow: allow, maxVars: cfg.MaxEnvVars, maxValueLen: cfg.MaxEnvValueBytes}
 }
 
 // sessionEnv collects a session's environment as env requests arrive. It keeps only
@@ -78,13 +68,13 @@ func (e *sessionEnv) add(name, value string) (accepted bool) {
 		return false
 	case e.requests > e.filter.maxVars:
 		e.problem = fmt.Errorf("%w: more than %d environment variables", ErrInvalidRequest, e.filter.maxVars)
-	case len(name) > maxEnvNameBytes || !validEnvName(name):
+	case !envpolicy.ValidName(name):
 		e.problem = fmt.Errorf("%w: invalid environment variable name", ErrInvalidRequest)
 	case len(value) > e.filter.maxValueLen:
 		e.problem = fmt.Errorf("%w: environment variable %s is longer than %d bytes", ErrInvalidRequest, name, e.filter.maxValueLen)
 	case strings.IndexByte(value, 0) >= 0:
 		e.problem = fmt.Errorf("%w: environment variable %s contains a NUL byte", ErrInvalidRequest, name)
-	case !e.filter.allowed(name):
+	case !e.filter.allow.Allows(name):
 		return false
 	default:
 		if e.vars == nil {

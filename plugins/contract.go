@@ -8,6 +8,9 @@
 //   - A credential crosses the process boundary only inside an HTTPAction over the AutoMTLS
 //     channel; String, GoString, Format and LogValue of Credential and HTTPAction never print the
 //     secret.
+//   - A response or message that may carry the secret back (an echoing target, an error) goes
+//     through the credential's Redactor before it is journaled, logged or returned: the plugin
+//     redacts what it reports, and the bastion redacts again at the journal.
 //   - Every Journal method returns only once the point is durable; a plugin that cannot journal
 //     Dispatched sends nothing.
 //   - The plugin depends on nothing of the bastion but the Journal it is handed per call.
@@ -113,6 +116,9 @@ func (a HTTPAction) LogValue() slog.Value {
 
 // Credential is a resolved secret and how to present it.
 type Credential struct {
+	// Ref is the credential's name in the bastion's config (credential_ref): it names the
+	// secret in redaction markers, "[REDACTED:<ref>]".
+	Ref      string `json:"ref,omitempty"`
 	Kind     string `json:"kind"`               // CredentialBearer, CredentialBasic or CredentialHeader
 	Header   string `json:"header,omitempty"`   // for CredentialHeader: the header name (e.g. X-Api-Key)
 	Username string `json:"username,omitempty"` // for CredentialBasic

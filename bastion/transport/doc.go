@@ -16,4 +16,8 @@
 //     body is answered 413 and never reaches it. The bridge bounds every line and response.
 //   - Nothing logs a token: tokens are hashed on arrival and only hashes are compared, in
 //     constant time against every configured hash.
+//   - A local socket admits a peer by its kernel uid at accept, before reading a byte: root,
+//     the daemon's own uid and the uids it was given (UnixAccess); every other connection is
+//     closed and logged. Each uid's open connections are bounded, and the last slots of each
+//     socket are kept for root and the daemon's uid.
 package transport

@@ -154,7 +154,7 @@ func shortTempDir(t testing.TB) string {
 func serveUnix(t testing.TB, ts *testServer) string {
 	t.Helper()
 	path := filepath.Join(shortTempDir(t), "run", "postern.sock")
-	l, err := ListenUnix(path)
+	l, err := ListenUnix(path, UnixAccess{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -22,12 +22,23 @@ import (
 // ErrSocketInUse is returned by ListenUnix when a live server already listens on the path.
 var ErrSocketInUse = errors.New("socket in use by a running server")
 
-// ListenUnix creates the socket at path and returns the listener: the parent directory is
-// created 0700 if missing, a stale socket (nothing listening) is removed, anything else at
-// path is left alone and reported, and the socket is made 0600.
-func ListenUnix(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+// ListenUnix creates the socket at path and returns its listener, which admits peers by
+// access (see UnixAccess): a stale socket (nothing listening) is removed, anything else at
+// path is left alone and reported. A socket only the owners may use is made 0600 in a
+// directory created 0700 if missing; one that other uids may use is made 0666 in a directory
+// created 0755 if missing, and every directory above it must let other users search it.
+func ListenUnix(path string, access UnixAccess) (net.Listener, error) {
+	mode, dirMode := os.FileMode(0o600), os.FileMode(0o700)
+	if access.Shared() {
+		mode, dirMode = 0o666, 0o755
+	}
+	if err := os.MkdirAll(filepath.Dir(path), dirMode); err != nil {
 		return nil, fmt.Errorf("transport: socket dir: %w", err)
+	}
+	if access.Shared() {
+		if err := checkReachable(path); err != nil {
+			return nil, err
+		}
 	}
 	if err := removeStaleSocket(path); err != nil {
 		return nil, err
@@ -36,13 +47,14 @@ func ListenUnix(path string) (net.Listener, error) {
 	if err != nil {
 		return nil, fmt.Errorf("transport: listen %s: %w", path, err)
 	}
-	// The socket exists with umask permissions until this chmod; the 0700 directory is what
-	// keeps other users out during that window.
-	if err := os.Chmod(path, 0o600); err != nil {
+	// The socket exists with umask permissions until this chmod; for a private socket the
+	// 0700 directory keeps other users out during that window, for a shared one the uid check
+	// at accept does.
+	if err := os.Chmod(path, mode); err != nil {
 		l.Close()
 		return nil, fmt.Errorf("transport: chmod %s: %w", path, err)
 	}
-	return l, nil
+	return newGuardedListener(l, path, access), nil
 }
 
 func removeStaleSocket(path string) error {

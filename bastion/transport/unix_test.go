@@ -82,21 +82,21 @@ func TestListenUnix(t *testing.T) {
 	dir := shortTempDir(t)
 	path := filepath.Join(dir, "sub", "p.sock")
 
-	l, err := ListenUnix(path)
+	l, err := ListenUnix(path, UnixAccess{})
 	if err != nil {
 		t.Fatal(err)
 	}
 	assertMode(t, filepath.Dir(path), fs.ModeDir|0o700)
 	assertMode(t, path, fs.ModeSocket|0o600)
 
-	if _, err := ListenUnix(path); !errors.Is(err, ErrSocketInUse) {
+	if _, err := ListenUnix(path, UnixAccess{}); !errors.Is(err, ErrSocketInUse) {
 		t.Errorf("second ListenUnix err = %v; want ErrSocketInUse", err)
 	}
 
 	// A crashed daemon leaves its socket behind; the next start replaces it.
-	l.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.(*guardedListener).Listener.(*net.UnixListener).SetUnlinkOnClose(false)
 	l.Close()
-	l2, err := ListenUnix(path)
+	l2, err := ListenUnix(path, UnixAccess{})
 	if err != nil {
 		t.Fatalf("ListenUnix over a stale socket: %v", err)
 	}
@@ -109,7 +109,7 @@ func TestListenUnix(t *testing.T) {
 	if err := os.WriteFile(notSocket, []byte("keep me"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := ListenUnix(notSocket); err == nil {
+	if _, err := ListenUnix(notSocket, UnixAccess{}); err == nil {
 		t.Error("ListenUnix over a regular file succeeded; want an error")
 	}
 	if data, err := os.ReadFile(notSocket); err != nil || string(data) != "keep me" {

@@ -16,6 +16,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/envpolicy"
 )
 
 func init() {
@@ -33,7 +34,7 @@ const hostsUsage = `usage: postern hosts SUBCOMMAND [flags]
 
 subcommands:
   list [--json]  the enrolled hosts (from the inventory file when the bastion is down)
-  enroll NAME ADDR [--account USER] [--cwd DIR] [--group G]... [--yes] [--replace]
+  enroll NAME ADDR [--account USER] [--cwd DIR] [--group G]... [--accept-env NAME]... [--yes] [--replace]
                  scan the host's key, show it, and record it once confirmed
 
 common flags: --state-dir DIR, --config FILE (where the bastion is)
@@ -127,6 +128,8 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	cwd := fs.String("cwd", "", "the default working directory on the host (absolute; default the account's home)")
 	var groups stringList
 	fs.Var(&groups, "group", "a group the host belongs to (repeatable)")
+	var acceptEnv stringList
+	fs.Var(&acceptEnv, "accept-env", "a variable (or PREFIX*) the host's hostagent accepts in accept_env, so agents may set it (repeatable)")
 	yes := fs.Bool("yes", false, "record the key without asking")
 	replace := fs.Bool("replace", false, "record the key even though the host was enrolled with another one")
 	pos, err := parseInterleaved(fs, args, 2)
@@ -140,6 +143,9 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	}
 	if *cwd != "" && (!filepath.IsAbs(*cwd) || filepath.Clean(*cwd) != *cwd) {
 		return usageErrorf(c.stderr, "--cwd %q: want an absolute, clean path", *cwd)
+	}
+	if _, err := envpolicy.New(acceptEnv); err != nil {
+		return usageErrorf(c.stderr, "--accept-env: %v", err)
 	}
 	if *account == "" {
 		u, err := user.Current()
@@ -160,7 +166,7 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	h := bastion.Host{Name: name, Addr: addr, Account: *account, HostKey: key, Cwd: *cwd, Groups: groups}
+	h := bastion.Host{Name: name, Addr: addr, Account: *account, HostKey: key, Cwd: *cwd, Groups: groups, AcceptEnv: acceptEnv}
 	plan, err := bastion.PlanEnrollment(cfg.InventoryPath(), h)
 	if err != nil {
 		return err

@@ -8,6 +8,8 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -64,7 +66,9 @@ type ReceivedRequest struct {
 //
 // Every other request performs one side effect and answers 200 with a JSON body. GET
 // /status/{key} answers 200 if that key performed an effect, else 404 (a conditional_write
-// endpoint's status check); it performs nothing. The target never echoes request headers.
+// endpoint's status check); it performs nothing. A request to a path ending in /echo performs
+// nothing and reflects the request, as an API that echoes what it got would (see echo); no
+// other route echoes request headers.
 type HTTPTarget struct {
 	// URL is the base URL (http://127.0.0.1:port); Addr its host:port.
 	URL, Addr string
@@ -240,6 +244,10 @@ func (h *HTTPTarget) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.status(w, r, body)
 		return
 	}
+	if strings.HasSuffix(r.URL.Path, "/echo") {
+		h.echo(w, r, body)
+		return
+	}
 	rawKey, hasKey := r.Header["Idempotency-Key"]
 	key := ""
 	if hasKey && !h.opts.IgnoreKeys {
@@ -334,6 +342,43 @@ func (h *HTTPTarget) status(w http.ResponseWriter, r *http.Request, body []byte)
 	}
 	b, _ := json.Marshal(map[string]any{"key": key, "effects": n})
 	writeJSON(w, b)
+}
+
+// echo reflects a request: every request header comes back as the response header
+// "Echo-<Name>", and the body is "?pad=N" bytes of 'x' followed by the values of the request
+// header "?header=Name" (one per line), or by every header as "Name: value" lines, or with
+// "?format=json" by {"headers": {...}} as encoding/json writes it. It performs nothing.
+func (h *HTTPTarget) echo(w http.ResponseWriter, r *http.Request, body []byte) {
+	h.record(r, body, "", "")
+	q := r.URL.Query()
+	pad, _ := strconv.Atoi(q.Get("pad"))
+	var out bytes.Buffer
+	out.WriteString(strings.Repeat("x", min(max(pad, 0), maxTargetBody)))
+	names := make([]string, 0, len(r.Header))
+	for name, values := range r.Header {
+		names = append(names, name)
+		for _, v := range values {
+			w.Header().Add("Echo-"+name, v)
+		}
+	}
+	sort.Strings(names)
+	switch {
+	case q.Get("header") != "":
+		for _, v := range r.Header.Values(q.Get("header")) {
+			out.WriteString(v + "\n")
+		}
+	case q.Get("format") == "json":
+		b, _ := json.Marshal(map[string]any{"headers": r.Header})
+		out.Write(b)
+	default:
+		for _, name := range names {
+			for _, v := range r.Header[name] {
+				out.WriteString(name + ": " + v + "\n")
+			}
+		}
+	}
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	_, _ = w.Write(out.Bytes())
 }
 
 func (h *HTTPTarget) record(r *http.Request, body []byte, key string, fault HTTPFault) {

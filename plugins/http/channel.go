@@ -13,7 +13,9 @@
 //   - Every request carries Idempotency-Key: "<execution id>" (RFC 8941 sf-string); agent
 //     headers that carry authority (Authorization, Proxy-Authorization, Cookie, the credential's
 //     header, Idempotency-Key) are dropped and the credential injected. The secret is never
-//     logged and never returned (credential-bearing response headers are dropped too).
+//     logged and never returned: credential-bearing response headers are dropped, and every
+//     form of the secret in the kept headers, the body and every reason is replaced by
+//     "[REDACTED:<ref>]" (plugins.Redactor) before it is journaled.
 //   - Redirects are not followed and no proxy is used: the request goes to the URL the bastion
 //     authorized, once.
 package httpchannel
@@ -91,10 +93,13 @@ func New(opts Options) *Channel {
 // action is then whatever the journal last recorded.
 func (c *Channel) Perform(ctx context.Context, action plugins.HTTPAction, journal plugins.Journal) (plugins.Outcome, error) {
 	logger := c.logger.With("execution_id", action.ExecutionID, "method", action.Method)
+	// Every reason reported or logged goes through redact: an error may quote what the
+	// target sent back.
+	redact := action.Credential.Redactor()
 	req, limits, err := c.buildRequest(action)
 	if err != nil {
 		// Nothing was dialed: provably no effect.
-		return c.fail(ctx, logger, journal, action.ExecutionID, fmt.Sprintf("invalid action: %v", err))
+		return c.fail(ctx, logger, journal, action.ExecutionID, redact.String(fmt.Sprintf("invalid action: %v", err)))
 	}
 	logger = logger.With("host", req.URL.Host, "path", req.URL.Path)
 
@@ -113,12 +118,12 @@ func (c *Channel) Perform(ctx context.Context, action plugins.HTTPAction, journa
 	if err != nil {
 		written, dispatchErr := ex.seal()
 		if dispatchErr != nil {
-			return c.fail(ctx, logger, journal, action.ExecutionID, fmt.Sprintf("not sent: %v", dispatchErr))
+			return c.fail(ctx, logger, journal, action.ExecutionID, redact.String(fmt.Sprintf("not sent: %v", dispatchErr)))
 		}
 		if written == 0 {
-			return c.fail(ctx, logger, journal, action.ExecutionID, fmt.Sprintf("not sent: %v", err))
+			return c.fail(ctx, logger, journal, action.ExecutionID, redact.String(fmt.Sprintf("not sent: %v", err)))
 		}
-		reason := fmt.Sprintf("request written (%d bytes), no response: %v", written, err)
+		reason := redact.String(fmt.Sprintf("request written (%d bytes), no response: %v", written, err))
 		jctx, jcancel := journalContext(ctx)
 		defer jcancel()
 		if jerr := journal.Unknown(jctx, action.ExecutionID, reason); jerr != nil {
@@ -134,7 +139,7 @@ func (c *Channel) Perform(ctx context.Context, action plugins.HTTPAction, journa
 	if bodyErr != nil {
 		// The target answered, so the request took effect as its status says; only the body is
 		// incomplete, and it is marked truncated.
-		reason = fmt.Sprintf("response body incomplete after %d bytes: %v", out.BodyBytes, bodyErr)
+		reason = redact.String(fmt.Sprintf("response body incomplete after %d bytes: %v", out.BodyBytes, bodyErr))
 	}
 	jctx, jcancel := journalContext(ctx)
 	defer jcancel()
@@ -470,10 +475,12 @@ func validHeaderValue(v string) bool {
 }
 
 // readResponse reduces resp to what may be stored: the kept headers and at most maxBody body
-// bytes (the rest read, counted and discarded). The error is a body read error, if any; the
-// returned response is still valid and marked truncated then.
+// bytes (the rest read, counted and discarded), with the credential's secret redacted from
+// both. The error is a body read error, if any; the returned response is still valid and
+// marked truncated then.
 func readResponse(resp *http.Response, maxBody int64, keep []string, cred *plugins.Credential) (plugins.HTTPResponse, error) {
 	out := plugins.HTTPResponse{Status: resp.StatusCode}
+	redactor := cred.Redactor()
 	credHeader := ""
 	if cred != nil && cred.Kind == plugins.CredentialHeader {
 		credHeader = http.CanonicalHeaderKey(cred.Header)
@@ -490,21 +497,27 @@ func readResponse(resp *http.Response, maxBody int64, keep []string, cred *plugi
 			out.Header[name] = append([]string(nil), values...)
 		}
 	}
+	out.Header = redactor.Header(out.Header)
 	out.IdempotentReplayed = isTrue(resp.Header.Get("Idempotent-Replayed"))
 
+	// Read past the cap by the longest form of the secret, so that a secret straddling the
+	// cap is redacted whole before the body is cut.
 	var body bytes.Buffer
-	n, err := io.Copy(&body, io.LimitReader(resp.Body, maxBody))
+	n, err := io.Copy(&body, io.LimitReader(resp.Body, maxBody+int64(redactor.Lookahead())))
 	out.BodyBytes = n
 	if err == nil {
 		var rest int64
 		rest, err = io.Copy(io.Discard, resp.Body)
 		out.BodyBytes += rest
-		out.BodyTruncated = rest > 0
 	}
-	if err != nil {
-		out.BodyTruncated = true
+	out.BodyTruncated = err != nil || out.BodyBytes > maxBody
+	out.Body = redactor.Bytes(body.Bytes())
+	if int64(len(out.Body)) > maxBody {
+		out.Body = out.Body[:maxBody]
 	}
-	out.Body = body.Bytes()
+	if out.BodyTruncated {
+		out.Body = redactor.TrimPartial(out.Body)
+	}
 	return out, err
 }
 

@@ -6,7 +6,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -18,6 +21,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/plugins"
 	httpchannel "github.com/postern-dev/postern/plugins/http"
 )
@@ -467,5 +471,64 @@ func TestRawRequestOnTheWire(t *testing.T) {
 	}
 	if out.Response.Status != http.StatusNoContent {
 		t.Errorf("status = %d; want 204", out.Response.Status)
+	}
+}
+
+// TestReflectedCredentialIsRedacted: a target that echoes the request's headers gets the
+// secret back to the plugin in headers and body; what the plugin journals and returns holds
+// the marker instead, in every form, also when the body cap falls inside the secret.
+func TestReflectedCredentialIsRedacted(t *testing.T) {
+	target := testutil.StartHTTPTarget(t, testutil.HTTPTargetOptions{})
+	bearer := &plugins.Credential{Ref: "api", Kind: plugins.CredentialBearer, Secret: secret}
+	basic := &plugins.Credential{Ref: "api", Kind: plugins.CredentialBasic, Username: "svc", Secret: secret}
+	named := &plugins.Credential{Ref: "api", Kind: plugins.CredentialHeader, Header: "X-Api-Key", Secret: secret}
+	basicValue := "Basic " + base64.StdEncoding.EncodeToString([]byte("svc:"+secret))
+	tests := []struct {
+		name  string
+		cred  *plugins.Credential
+		query string
+		cap   int64
+	}{
+		{name: "bearer, all headers", cred: bearer, cap: 1 << 20},
+		{name: "bearer, json", cred: bearer, query: "format=json", cap: 1 << 20},
+		{name: "basic, all headers", cred: basic, cap: 1 << 20},
+		{name: "named header", cred: named, query: "header=X-Api-Key", cap: 1 << 20},
+		// The cap falls in the middle of the echoed secret.
+		{name: "bearer cut in the secret", cred: bearer, query: "header=Authorization&pad=100", cap: 100 + int64(len("Bearer ")+len(secret)/2)},
+		{name: "basic cut in the value", cred: basic, query: "header=Authorization&pad=100", cap: 100 + int64(len(basicValue)/2)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			journal := &fakeJournal{}
+			a := action("ex_echo", target.URL+"/v1/echo?"+tt.query)
+			a.Credential = tt.cred
+			a.MaxResponseBytes = tt.cap
+			a.KeepHeaders = []string{"Echo-Authorization", "Echo-X-Api-Key", "Content-Type"}
+			out, err := newChannel(t, nil).Perform(context.Background(), a, journal)
+			if err != nil || out.Response == nil {
+				t.Fatalf("Perform = %+v, %v; want a response", out, err)
+			}
+			if n := len(target.RequestsTo("/v1/echo")); n == 0 {
+				t.Fatal("the target saw no request")
+			}
+			journal.mu.Lock()
+			events := append([]event(nil), journal.events...)
+			journal.mu.Unlock()
+			if len(events) != 2 || events[1].resp == nil {
+				t.Fatalf("journal = %+v; want dispatched, completed", events)
+			}
+			for where, resp := range map[string]plugins.HTTPResponse{"journal": *events[1].resp, "outcome": *out.Response} {
+				stored, _ := json.Marshal(resp)
+				raw := string(resp.Body) + fmt.Sprint(resp.Header)
+				for _, form := range []string{secret, secret[:len(secret)/2], base64.StdEncoding.EncodeToString([]byte("svc:" + secret)), basicValue[:len(basicValue)/2+1]} {
+					if strings.Contains(raw, form) || strings.Contains(string(stored), form) {
+						t.Errorf("%s: %q is in the stored response: %s", where, form, stored)
+					}
+				}
+				if !strings.Contains(raw, "[REDACTED:api]") && !resp.BodyTruncated {
+					t.Errorf("%s: no marker in %s", where, stored)
+				}
+			}
+		})
 	}
 }

@@ -1,0 +1,228 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// Who may connect to a local socket is decided at accept, from the kernel's word on the peer
+// (SO_PEERCRED), before a byte of the connection is read: the owners (root and the daemon's
+// own uid) always, the uids of configured local actors on the MCP socket, nobody else. Each
+// uid also has a bound on its open connections, and the last slots of the socket's total are
+// kept for the owners, so other users together cannot lock the operator out.
+
+// Defaults of UnixAccess.
+const (
+	DefaultMaxLocalConns       = 1024
+	DefaultMaxLocalConnsPerUID = 128
+)
+
+// UnixAccess says who may connect to a local socket and how many connections each may hold.
+type UnixAccess struct {
+	// UIDs may connect besides the owners (root and the daemon's effective uid). With any, the
+	// socket is made 0666 and the uid check at accept is what keeps other users out; without,
+	// it is 0600.
+	UIDs []int
+	// MaxConns bounds the socket's open connections. Default DefaultMaxLocalConns. The last
+	// MaxConns/16 of them (at least one) only the owners may take.
+	MaxConns int
+	// MaxConnsPerUID bounds the open connections of one uid other than the owners. Default
+	// DefaultMaxLocalConnsPerUID.
+	MaxConnsPerUID int
+	// Logger receives refusals (at most one line a second, with a count of the ones not
+	// logged). Default: discard.
+	Logger *slog.Logger
+}
+
+// ErrSocketDirClosed is returned by ListenUnix when other uids may connect but a directory
+// above the socket does not let them reach it.
+var ErrSocketDirClosed = errors.New("socket directory not searchable by other users")
+
+// Shared reports whether uids other than the owners may connect.
+func (a UnixAccess) Shared() bool {
+	return slices.ContainsFunc(a.UIDs, func(uid int) bool { return !isOwner(uid) })
+}
+
+func isOwner(uid int) bool { return uid == 0 || uid == os.Geteuid() }
+
+// guardedListener admits connections by peer uid and bounds them per uid.
+type guardedListener struct {
+	net.Listener
+	path     string
+	allowed  map[int]bool // besides the owners
+	max      int
+	reserved int // of max, for the owners
+	perUID   int
+	logger   *slog.Logger
+
+	mu    sync.Mutex // guards the fields below
+	open  map[net.Conn]int
+	byUID map[int]int
+	// refusals not logged yet, and when the last one was
+	lastLog    time.Time
+	suppressed int
+}
+
+func newGuardedListener(l net.Listener, path string, a UnixAccess) *guardedListener {
+	g := &guardedListener{
+		Listener: l, path: path, allowed: map[int]bool{}, max: a.MaxConns, perUID: a.MaxConnsPerUID,
+		logger: loggerOrDiscard(a.Logger), open: map[net.Conn]int{}, byUID: map[int]int{},
+	}
+	if g.max <= 0 {
+		g.max = DefaultMaxLocalConns
+	}
+	if g.perUID <= 0 {
+		g.perUID = DefaultMaxLocalConnsPerUID
+	}
+	g.reserved = max(1, g.max/16)
+	for _, uid := range a.UIDs {
+		g.allowed[uid] = true
+	}
+	return g
+}
+
+// Accept returns the next admitted connection. A refused one is closed before anything is
+// read from it, logged, and Accept waits for the next.
+func (g *guardedListener) Accept() (net.Conn, error) {
+	for {
+		c, err := g.Listener.Accept()
+		if err != nil {
+			return nil, err
+		}
+		cred, err := peerCredentials(c)
+		if err != nil {
+			c.Close()
+			g.refused(-1, -1, err.Error())
+			continue
+		}
+		uid := int(cred.Uid)
+		if reason := g.admit(c, uid); reason != "" {
+			c.Close()
+			g.refused(uid, int(cred.Pid), reason)
+			continue
+		}
+		return c, nil
+	}
+}
+
+// admit takes a slot for c, or says why not.
+func (g *guardedListener) admit(c net.Conn, uid int) (refusal string) {
+	owner := isOwner(uid)
+	if !owner && !g.allowed[uid] {
+		return "the uid is neither root, the daemon's user nor a configured local actor"
+	}
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	full := func() string {
+		switch {
+		case len(g.open) >= g.max:
+			return fmt.Sprintf("the socket has %d connections open", len(g.open))
+		case !owner && len(g.open) >= g.max-g.reserved:
+			return fmt.Sprintf("the last %d of %d connections are kept for root and the daemon's user", g.reserved, g.max)
+		case !owner && g.byUID[uid] >= g.perUID:
+			return fmt.Sprintf("the uid has %d connections open (max_local_conns_per_uid)", g.byUID[uid])
+		}
+		return ""
+	}
+	if full() != "" {
+		g.pruneLocked()
+	}
+	if reason := full(); reason != "" {
+		return reason
+	}
+	g.open[c] = uid
+	g.byUID[uid]++
+	return ""
+}
+
+// pruneLocked forgets the connections the server has closed. A closed connection refuses
+// Control, which is how they are told apart: slots are counted without wrapping the
+// connection (the server's handlers need the *net.UnixConn itself).
+func (g *guardedListener) pruneLocked() {
+	for c, uid := range g.open {
+		if !isOpen(c) {
+			delete(g.open, c)
+			if g.byUID[uid]--; g.byUID[uid] == 0 {
+				delete(g.byUID, uid)
+			}
+		}
+	}
+}
+
+func isOpen(c net.Conn) bool {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return false
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return false
+	}
+	return raw.Control(func(uintptr) {}) == nil
+}
+
+// refused logs a refusal, at most one line a second.
+func (g *guardedListener) refused(uid, pid int, reason string) {
+	g.mu.Lock()
+	now := time.Now()
+	if now.Sub(g.lastLog) < time.Second {
+		g.suppressed++
+		g.mu.Unlock()
+		return
+	}
+	suppressed := g.suppressed
+	g.lastLog, g.suppressed = now, 0
+	g.mu.Unlock()
+	g.logger.Warn("local connection refused", "socket", g.path, "uid", uid, "pid", pid, "reason", reason, "refusals_not_logged", suppressed)
+}
+
+// peerCredentials is the kernel's word on who is at the other end of a unix connection.
+func peerCredentials(c net.Conn) (*unix.Ucred, error) {
+	uc, ok := c.(*net.UnixConn)
+	if !ok {
+		return nil, fmt.Errorf("transport: %T is not a unix connection", c)
+	}
+	raw, err := uc.SyscallConn()
+	if err != nil {
+		return nil, fmt.Errorf("transport: peer credentials: %w", err)
+	}
+	var cred *unix.Ucred
+	var credErr error
+	if err := raw.Control(func(fd uintptr) {
+		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
+	}); err != nil {
+		return nil, fmt.Errorf("transport: peer credentials: %w", err)
+	}
+	if credErr != nil {
+		return nil, fmt.Errorf("transport: SO_PEERCRED: %w", credErr)
+	}
+	return cred, nil
+}
+
+// checkReachable verifies that other users can search every directory above path (the
+// execute bit for others or for the group): otherwise the uids the socket admits could not
+// reach it, and would be told only "permission denied".
+func checkReachable(path string) error {
+	for dir := filepath.Dir(path); ; dir = filepath.Dir(dir) {
+		fi, err := os.Stat(dir)
+		if err != nil {
+			return fmt.Errorf("transport: %s: %w", dir, err)
+		}
+		if fi.Mode().Perm()&0o011 == 0 {
+			return fmt.Errorf("transport: %s (mode %04o): %w: configured local actors of other uids cannot reach %s; use a directory they can search, such as /run/postern (0755)",
+				dir, fi.Mode().Perm(), ErrSocketDirClosed, path)
+		}
+		if dir == filepath.Dir(dir) {
+			return nil
+		}
+	}
+}
