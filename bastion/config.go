@@ -80,6 +80,11 @@ type Config struct {
 	// ApprovalTimeout rejects an execution that waited this long for an operator's
 	// decision. Default 1h; "0s" waits forever.
 	ApprovalTimeout time.Duration `toml:"approval_timeout"`
+	// DeliveryRevokeGrace is how long after a result was delivered a notifications/cancelled
+	// for its request still revokes the delivery (the client gave up on it), so a re-issue
+	// replays the result instead of running again. Default 30s; "0s" revokes nothing after
+	// delivery (a cancel before delivery still prevents it). At most 10m.
+	DeliveryRevokeGrace time.Duration `toml:"delivery_revoke_grace"`
 }
 
 // ClassConfig sets an action class's attach window (how long a retry joins a prior
@@ -157,6 +162,10 @@ func (c Config) Policy() (*policy.Policy, error) {
 	return policy.New(actors, c.Rules, classes)
 }
 
+// maxDeliveryRevokeGrace bounds delivery_revoke_grace: a cancel arrives within moments of the
+// response it abandons, and every delivered call is remembered for the grace window.
+const maxDeliveryRevokeGrace = 10 * time.Minute
+
 // selfActor is the policy name of local callers running as the bastion's own user.
 const selfActor = "self"
 
@@ -173,6 +182,7 @@ func DefaultConfig(dir string) Config {
 		ReconcileInterval:   15 * time.Second,
 		MaxRequestBodyBytes: 256 << 10,
 		ApprovalTimeout:     time.Hour,
+		DeliveryRevokeGrace: 30 * time.Second,
 	}
 }
 
@@ -211,7 +221,7 @@ func (c Config) JournalDir() string { return c.journalDir() }
 // AuditKeyPath is the journal's Ed25519 audit key.
 func (c Config) AuditKeyPath() string { return c.auditKeyPath() }
 
-var durationKeys = []string{"default_wait", "max_wait", "reconcile_interval", "approval_timeout"}
+var durationKeys = []string{"default_wait", "max_wait", "reconcile_interval", "approval_timeout", "delivery_revoke_grace"}
 
 // ParseConfig reads TOML on top of DefaultConfig(""). Unknown keys are errors: a misspelt
 // limit must not fall back to its default silently.
@@ -329,6 +339,9 @@ func (c Config) Validate() error {
 	}
 	if c.ApprovalTimeout < 0 {
 		bad("approval_timeout must not be negative")
+	}
+	if c.DeliveryRevokeGrace < 0 || c.DeliveryRevokeGrace > maxDeliveryRevokeGrace {
+		bad("delivery_revoke_grace must be in 0s..%v, got %v", maxDeliveryRevokeGrace, c.DeliveryRevokeGrace)
 	}
 	if c.MaxRequestBodyBytes <= 0 || c.MaxRequestBodyBytes > markers.MaxResultBytes/2 {
 		bad("max_request_body_bytes must be in 1..%d, got %d", markers.MaxResultBytes/2, c.MaxRequestBodyBytes)

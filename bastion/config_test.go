@@ -35,6 +35,11 @@ commands = ["df *"]`},
 		{name: "plain token in config", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"pst_secret\"", wantErr: "64 hex"},
 		{name: "duplicate actor", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"" + hash + "\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"" + hash + "\"", wantErr: "duplicate"},
 		{name: "rule with unknown class", toml: "state_dir = \"/x\"\n[[rules]]\nclass = \"yolo\"", wantErr: "unknown class"},
+		{name: "delivery revoke grace", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = \"45s\""},
+		{name: "delivery revoke grace off", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = \"0s\""},
+		{name: "negative delivery revoke grace", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = \"-1s\"", wantErr: "delivery_revoke_grace must be in"},
+		{name: "delivery revoke grace too long", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = \"1h\"", wantErr: "delivery_revoke_grace must be in"},
+		{name: "delivery revoke grace as number", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = 30", wantErr: "duration string"},
 		{name: "window longer than retention", toml: "state_dir = \"/x\"\n[[classes]]\nname = \"c\"\nattach_window = \"48h\"\nretention = \"1h\"", wantErr: "longer than retention"},
 	}
 	for _, tt := range tests {
