@@ -318,4 +318,3 @@ func sseResult(t *testing.T, body []byte) bastion.Execution {
 	t.Fatalf("no tool result in the response:\n%s", body)
 	return bastion.Execution{}
 }
-
