@@ -60,7 +60,9 @@ func newCancels(grace time.Duration, now func() time.Time) *cancels {
 }
 
 // begin registers a call in flight. A cancel that already came for its key (the notification
-// overtook the call on another connection) cancels it at once.
+// overtook the call on another connection) cancels it: its delivery will not be recorded. Its
+// handler is left to run, since a request id may be reused by another client of the same run,
+// and not recording a delivery is always safe where ending a wait early is not.
 func (cs *cancels) begin(key requestKey, abort func()) *trackedCall {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
@@ -74,9 +76,6 @@ func (cs *cancels) begin(key requestKey, abort func()) *trackedCall {
 		}
 	}
 	cs.calls[key] = append(cs.calls[key], c)
-	if c.cancelled && abort != nil {
-		abort()
-	}
 	return c
 }
 
@@ -99,9 +98,11 @@ func (cs *cancels) finish(c *trackedCall, delivered []string) (revoke []string) 
 		c.revoked = true
 		revoke = delivered
 		cs.removeLocked(c)
-	case len(delivered) == 0 || cs.grace <= 0:
+	case cs.grace <= 0:
 		cs.removeLocked(c)
 	default:
+		// Kept for the grace window even with nothing delivered: a late cancel then
+		// matches its call instead of waiting for one that will not come.
 		cs.finished = append(cs.finished, c)
 	}
 	cs.expireLocked(now)
@@ -129,10 +130,12 @@ func (cs *cancels) cancel(key requestKey) (revoke []string) {
 					c.abort()
 				}
 			}
-		case !c.revoked && now.Sub(c.finished) <= cs.grace:
+		case now.Sub(c.finished) <= cs.grace:
 			matched = true
-			c.revoked = true
-			revoke = append(revoke, c.delivered...)
+			if !c.revoked {
+				c.revoked = true
+				revoke = append(revoke, c.delivered...)
+			}
 		}
 	}
 	if !matched && cs.grace > 0 {

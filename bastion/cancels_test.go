@@ -15,12 +15,13 @@ func (c *fakeClock) now() time.Time { return c.t }
 func TestCancelRegistry(t *testing.T) {
 	key := requestKey{actor: "token:agent", scope: "run-1", id: "3"}
 	type step struct {
-		do          string // begin, finish, cancel, wait
-		delivered   []string
-		wait        time.Duration
-		wantRevoke  []string
-		wantAborted bool
-		wantCancel  bool
+		do            string // begin, finish, cancel, wait
+		delivered     []string
+		wait          time.Duration
+		wantRevoke    []string
+		wantAborted   bool
+		wantCancel    bool
+		wantNotCancel bool
 	}
 	tests := []struct {
 		name  string
@@ -48,7 +49,10 @@ func TestCancelRegistry(t *testing.T) {
 			{do: "cancel"},
 		}},
 		{name: "cancel overtaking its call cancels it at begin", steps: []step{
-			{do: "cancel"}, {do: "begin", wantAborted: true, wantCancel: true}, {do: "finish"},
+			{do: "cancel"}, {do: "begin", wantCancel: true}, {do: "finish", delivered: []string{"ex_1"}, wantRevoke: []string{"ex_1"}},
+		}},
+		{name: "late cancel of a call that delivered nothing is no orphan", steps: []step{
+			{do: "begin"}, {do: "finish"}, {do: "cancel"}, {do: "begin", wantNotCancel: true}, {do: "finish", delivered: []string{"ex_2"}},
 		}},
 		{name: "early cancel expires", steps: []step{
 			{do: "cancel"}, {do: "wait", wait: 31 * time.Second}, {do: "begin"}, {do: "finish", delivered: []string{"ex_1"}},
@@ -80,6 +84,9 @@ func TestCancelRegistry(t *testing.T) {
 				}
 				if s.wantCancel && !reg.isCancelled(call) {
 					t.Fatalf("step %d %s: the call is not cancelled", i, s.do)
+				}
+				if s.wantNotCancel && reg.isCancelled(call) {
+					t.Fatalf("step %d %s: the call is cancelled", i, s.do)
 				}
 			}
 		})
