@@ -73,10 +73,9 @@ func Bridge(ctx context.Context, socketPath, urlPath string, in io.Reader, out i
 		return fmt.Errorf("transport: bridge: connecting to %s: %w", socketPath, err)
 	}
 	probe.Close()
-	parent, err := BridgeParentClaim()
-	if err != nil {
-		return fmt.Errorf("transport: bridge: %w", err)
-	}
+	// A parent that cannot be named (outside this PID namespace) leaves the bridge its own
+	// agent: it still works, its scope is this process (cmd/postern warns).
+	parent, _ := BridgeParentClaim()
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -125,7 +124,7 @@ func Bridge(ctx context.Context, socketPath, urlPath string, in io.Reader, out i
 
 type bridge struct {
 	socketPath string
-	parent     string // the BridgeParentHeader value
+	parent     string // the BridgeParentHeader value ("" if the parent cannot be named)
 	url        string
 	client     *http.Client
 	fail       context.CancelCauseFunc // ends the bridge, e.g. when out is gone
@@ -298,7 +297,9 @@ func (b *bridge) roundTrip(ctx context.Context, env *envelope, line []byte, rela
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
-	req.Header.Set(BridgeParentHeader, b.parent)
+	if b.parent != "" {
+		req.Header.Set(BridgeParentHeader, b.parent)
+	}
 	b.setMCPHeaders(req.Header, env)
 	resp, err := b.client.Do(req)
 	if err != nil {

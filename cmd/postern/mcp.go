@@ -32,5 +32,8 @@ func mcpCommand(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	if path == "" {
 		path = bastion.DefaultConfig(filepath.Clean(*stateDir)).SocketPath()
 	}
+	if _, err := transport.BridgeParentClaim(); err != nil {
+		fmt.Fprintf(stderr, "postern mcp: warning: %v; this bridge is its own agent, so a call re-issued through another bridge is a new intent\n", err)
+	}
 	return transport.Bridge(ctx, path, bastion.MCPPath, stdin, stdout)
 }
