@@ -57,8 +57,8 @@ const (
 // is never left hanging. notifications/cancelled is forwarded to the daemon before the next
 // message is read (so a cancel the daemon revokes a delivery for is recorded before a
 // re-issued call arrives), then cancels the matching in-flight HTTP request. Every request
-// names this process's parent, the agent, in BridgeParentHeader; the daemon checks it
-// against the kernel. At EOF it waits for in-flight requests; when ctx ends it cancels them
+// names this process's parent, the agent, in BridgeParentHeader (when /proc shows it); the
+// daemon checks it against the kernel. At EOF it waits for in-flight requests; when ctx ends it cancels them
 // and closes in if it is an io.Closer, so a blocked read returns.
 func Bridge(ctx context.Context, socketPath, urlPath string, in io.Reader, out io.Writer) error {
 	if !strings.HasPrefix(urlPath, "/") {
