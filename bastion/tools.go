@@ -229,16 +229,19 @@ func (b *Bastion) trackDelivery(next http.Handler, reg *cancels) http.Handler {
 		}
 		ctx, abort := context.WithCancel(r.Context())
 		defer abort()
+		for _, m := range msgs {
+			if m.Cancelled == "" {
+				continue
+			}
+			if err := b.revokeDeliveries(ctx, reg.cancel(requestKey{caller.Actor, scope, m.Cancelled})); err != nil {
+				b.log.Error("journal delivery revocation", "actor", caller.Actor, "err", err)
+				http.Error(w, "the journal could not record the cancellation", http.StatusServiceUnavailable)
+				return
+			}
+		}
 		var calls []*trackedCall
 		for _, m := range msgs {
-			switch {
-			case m.Cancelled != "":
-				if err := b.revokeDeliveries(ctx, reg.cancel(requestKey{caller.Actor, scope, m.Cancelled})); err != nil {
-					b.log.Error("journal delivery revocation", "actor", caller.Actor, "err", err)
-					http.Error(w, "the journal could not record the cancellation", http.StatusServiceUnavailable)
-					return
-				}
-			case m.Call != "":
+			if m.Call != "" {
 				calls = append(calls, reg.begin(requestKey{caller.Actor, scope, m.Call}, abort))
 			}
 		}
