@@ -91,6 +91,11 @@ type Config struct {
 	// ApprovalTimeout rejects an execution that waited this long for an operator's
 	// decision. Default 1h; "0s" waits forever.
 	ApprovalTimeout time.Duration `toml:"approval_timeout"`
+	// DeliveryRevokeGrace is how long after a result was delivered a notifications/cancelled
+	// for its request still revokes the delivery (the client gave up on it), so a re-issue
+	// replays the result instead of running again. Default 30s; "0s" revokes nothing after
+	// delivery (a cancel before delivery still prevents it). At most 10m.
+	DeliveryRevokeGrace time.Duration `toml:"delivery_revoke_grace"`
 }
 
 // ClassConfig sets an action class's attach window (how long a retry joins a prior
@@ -168,6 +173,10 @@ func (c Config) Policy() (*policy.Policy, error) {
 	return policy.New(actors, c.Rules, classes)
 }
 
+// maxDeliveryRevokeGrace bounds delivery_revoke_grace: a cancel arrives within moments of the
+// response it abandons, and every delivered call is remembered for the grace window.
+const maxDeliveryRevokeGrace = 10 * time.Minute
+
 // selfActor is the policy name of local callers running as the bastion's own user.
 const selfActor = "self"
 
@@ -186,6 +195,7 @@ func DefaultConfig(dir string) Config {
 		ApprovalTimeout:     time.Hour,
 		MaxLocalConns:       transport.DefaultMaxLocalConns,
 		MaxLocalConnsPerUID: transport.DefaultMaxLocalConnsPerUID,
+		DeliveryRevokeGrace: 30 * time.Second,
 	}
 }
 
@@ -241,7 +251,7 @@ func (c Config) JournalDir() string { return c.journalDir() }
 // AuditKeyPath is the journal's Ed25519 audit key.
 func (c Config) AuditKeyPath() string { return c.auditKeyPath() }
 
-var durationKeys = []string{"default_wait", "max_wait", "reconcile_interval", "approval_timeout"}
+var durationKeys = []string{"default_wait", "max_wait", "reconcile_interval", "approval_timeout", "delivery_revoke_grace"}
 
 // ParseConfig reads TOML on top of DefaultConfig(""). Unknown keys are errors: a misspelt
 // limit must not fall back to its default silently.
@@ -368,6 +378,9 @@ func (c Config) Validate() error {
 	}
 	if c.socketAccess(c.localUIDs(), nil).Shared() && filepath.Clean(filepath.Dir(c.socketPath())) == filepath.Clean(c.StateDir) {
 		bad("actors name other uids, who must reach the MCP socket: set socket outside state_dir (which stays 0700), e.g. socket = \"/run/postern/mcp.sock\"")
+	}
+	if c.DeliveryRevokeGrace < 0 || c.DeliveryRevokeGrace > maxDeliveryRevokeGrace {
+		bad("delivery_revoke_grace must be in 0s..%v, got %v", maxDeliveryRevokeGrace, c.DeliveryRevokeGrace)
 	}
 	if c.MaxRequestBodyBytes <= 0 || c.MaxRequestBodyBytes > markers.MaxResultBytes/2 {
 		bad("max_request_body_bytes must be in 1..%d, got %d", markers.MaxResultBytes/2, c.MaxRequestBodyBytes)

@@ -45,6 +45,11 @@ commands = ["df *"]`},
 		{name: "local actor of root, socket in state_dir", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"admin\"\nuid = 0"},
 		{name: "too few local conns", toml: "state_dir = \"/x\"\nmax_local_conns = 4", wantErr: "max_local_conns must be"},
 		{name: "per-uid above total", toml: "state_dir = \"/x\"\nmax_local_conns = 64\nmax_local_conns_per_uid = 65", wantErr: "max_local_conns_per_uid must be"},
+		{name: "delivery revoke grace", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = \"45s\""},
+		{name: "delivery revoke grace off", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = \"0s\""},
+		{name: "negative delivery revoke grace", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = \"-1s\"", wantErr: "delivery_revoke_grace must be in"},
+		{name: "delivery revoke grace too long", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = \"1h\"", wantErr: "delivery_revoke_grace must be in"},
+		{name: "delivery revoke grace as number", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = 30", wantErr: "duration string"},
 		{name: "window longer than retention", toml: "state_dir = \"/x\"\n[[classes]]\nname = \"c\"\nattach_window = \"48h\"\nretention = \"1h\"", wantErr: "longer than retention"},
 	}
 	for _, tt := range tests {

@@ -12,7 +12,8 @@
 //	view.go       what tools return; status, output and delivery
 //	ops.go        cancel, list, hosts
 //	tools.go      the MCP tools and their replay contracts; delivery tracking
-//	delivery.go   when a result counts as delivered (the client acknowledged it)
+//	delivery.go   when a result counts as delivered (the kernel's evidence that the client has it)
+//	cancels.go    notifications/cancelled: matched to calls in flight, revokes recent deliveries
 //	server.go     the endpoints: Streamable HTTP, the unix socket, the operator socket
 //	operator.go   the operator API the `postern` CLI reads
 //	pool.go       one SSH connection per host, strict host keys, keepalives, backoff

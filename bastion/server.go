@@ -42,7 +42,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		Stateless: true,
 		Logger:    b.log.With("component", "mcp"),
 	})
-	tracked := b.trackDelivery(streamable)
+	tracked := b.trackDelivery(streamable, newCancels(b.cfg.DeliveryRevokeGrace, b.now))
 
 	var servers []*http.Server
 	var listeners []net.Listener

@@ -1,8 +1,11 @@
 package bastion
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
 	"net/http"
 	"sync"
 
@@ -215,30 +218,118 @@ func deliveriesFrom(ctx context.Context) *deliveries {
 	return d
 }
 
-// trackDelivery wraps the MCP handler: after a response has been flushed to the connection,
-// acknowledged by the client (delivery.go) and the client is still there, the executions it
-// carried are marked delivered. A response that could not be written or was not acknowledged
-// leaves them completed-but-not-delivered, so a retry replays them.
-func (b *Bastion) trackDelivery(next http.Handler) http.Handler {
+// trackDelivery wraps the MCP handler. It reads each POSTed body (already bounded by the
+// transport) for tools/call requests and notifications/cancelled (cancels.go). A tool call's
+// executions are marked delivered only on positive evidence (delivery.go): the response was
+// written and flushed, the request was not cancelled, and the client's end of the connection
+// has every byte while still connected. Anything else leaves them
+// completed-but-not-delivered, so a retry replays them. A cancel revokes a delivery recorded
+// within the grace window, before go-sdk answers the notification (202).
+func (b *Bastion) trackDelivery(next http.Handler, reg *cancels) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		caller, known := transport.CallerFromContext(r.Context())
+		var msgs []rpcPeek
+		if known && r.Method == http.MethodPost && r.Body != nil {
+			body, err := io.ReadAll(r.Body)
+			if err != nil {
+				http.Error(w, "reading request body failed", http.StatusBadRequest)
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+			msgs = peekMessages(body)
+		}
+		scope := caller.RunID
+		if caller.Local {
+			scope = caller.Scope
+		}
+		ctx, abort := context.WithCancel(r.Context())
+		defer abort()
+		for _, m := range msgs {
+			if m.Cancelled == "" {
+				continue
+			}
+			if err := b.revokeDeliveries(ctx, reg.cancel(requestKey{caller.Actor, scope, m.Cancelled})); err != nil {
+				b.log.Error("journal delivery revocation", "actor", caller.Actor, "err", err)
+				http.Error(w, "the journal could not record the cancellation", http.StatusServiceUnavailable)
+				return
+			}
+		}
+		var calls []*trackedCall
+		for _, m := range msgs {
+			if m.Call != "" {
+				calls = append(calls, reg.begin(requestKey{caller.Actor, scope, m.Call}, abort))
+			}
+		}
+
 		dl := &deliveries{}
-		r = r.WithContext(context.WithValue(r.Context(), deliveriesKey{}, dl))
+		r = r.WithContext(context.WithValue(ctx, deliveriesKey{}, dl))
 		tw := &trackingWriter{ResponseWriter: w}
 		next.ServeHTTP(tw, r)
-		if len(dl.ids) == 0 {
-			return
+		var delivered []string
+		if len(dl.ids) > 0 {
+			delivered = b.recordDelivery(ctx, tw, w, reg, calls, dl.ids)
 		}
-		flushErr := http.NewResponseController(w).Flush()
-		if tw.err != nil || flushErr != nil || r.Context().Err() != nil || !acknowledged(r.Context()) {
-			b.log.Info("result not delivered; a retry will replay it", "executions", dl.ids)
-			return
-		}
-		for _, id := range dl.ids {
-			if err := b.Delivered(r.Context(), id); err != nil {
-				b.log.Error("journal result delivery", "execution_id", id, "err", err)
+		for _, c := range calls {
+			if err := b.revokeDeliveries(ctx, reg.finish(c, delivered)); err != nil {
+				b.log.Error("journal delivery revocation", "actor", caller.Actor, "err", err)
 			}
 		}
 	})
+}
+
+// recordDelivery journals the executions of a response as delivered if the evidence holds,
+// and returns those it journaled.
+func (b *Bastion) recordDelivery(ctx context.Context, tw *trackingWriter, w http.ResponseWriter, reg *cancels, calls []*trackedCall, ids []string) []string {
+	flushErr := http.NewResponseController(w).Flush()
+	cancelled := func() bool {
+		for _, c := range calls {
+			if reg.isCancelled(c) {
+				return true
+			}
+		}
+		return false
+	}
+	why := ""
+	switch {
+	case tw.err != nil || flushErr != nil:
+		why = "the response could not be written"
+	case ctx.Err() != nil || cancelled():
+		why = "the client cancelled the request or went away"
+	case !received(ctx):
+		why = "the client's end did not acknowledge every byte while connected"
+	case cancelled():
+		why = "the client cancelled the request"
+	}
+	if why != "" {
+		b.log.Info("result not delivered; a retry will replay it", "executions", ids, "why", why)
+		return nil
+	}
+	var delivered []string
+	for _, id := range ids {
+		if err := b.Delivered(ctx, id); err != nil {
+			b.log.Error("journal result delivery", "execution_id", id, "err", err)
+			continue
+		}
+		delivered = append(delivered, id)
+	}
+	return delivered
+}
+
+// revokeDeliveries journals that the results of ids were not delivered after all: their
+// client cancelled the request that carried them.
+func (b *Bastion) revokeDeliveries(ctx context.Context, ids []string) error {
+	var errs []error
+	for _, id := range ids {
+		_, revoked, err := b.journal.RevokeDelivery(context.WithoutCancel(ctx), id, "the client cancelled the request that carried the result (notifications/cancelled)")
+		if err != nil {
+			errs = append(errs, fmt.Errorf("revoke delivery of %s: %w", id, err))
+			continue
+		}
+		if revoked {
+			b.log.Info("result delivery revoked: the client cancelled the request; a retry will replay it", "execution_id", id)
+		}
+	}
+	return errors.Join(errs...)
 }
 
 // trackingWriter remembers whether any write to the connection failed.

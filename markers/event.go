@@ -32,6 +32,10 @@ const (
 	KindCreate     EventKind = "create"
 	KindTransition EventKind = "transition"
 	KindUpdate     EventKind = "update"
+	// KindDeliveryRevoked clears a record's result_delivered_at: the client that was handed
+	// the result abandoned its request (notifications/cancelled), so the result counts as
+	// never delivered and a retry replays it.
+	KindDeliveryRevoked EventKind = "delivery_revoked"
 )
 
 // genesisHash is the prev_hash of the first event of a store.

@@ -537,3 +537,36 @@ func TestNewAttemptTakesOverTheIdempotencyKey(t *testing.T) {
 		t.Fatalf("after gc the key names %v, %v; want ex_02", rec, err)
 	}
 }
+
+func TestRevokeDeliveryIsAJournaledEvent(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Journal)
+	ctx := context.Background()
+	s.Create(ctx, &markers.Record{ID: "ex_1"})
+	if _, revoked, err := s.RevokeDelivery(ctx, "ex_1", "never delivered"); err != nil || revoked {
+		t.Fatalf("revoking a result never delivered = %v, %v; want nothing written", revoked, err)
+	}
+	s.Update(ctx, "ex_1", "result delivered", func(r *markers.Record) error {
+		now := time.Now()
+		r.ResultDeliveredAt = &now
+		return nil
+	})
+	rec, revoked, err := s.RevokeDelivery(ctx, "ex_1", "notifications/cancelled")
+	if err != nil || !revoked || rec.ResultDeliveredAt != nil {
+		t.Fatalf("RevokeDelivery = %+v, %v, %v; want the delivery time cleared", rec, revoked, err)
+	}
+	if got, _ := s.Get("ex_1"); got.ResultDeliveredAt != nil {
+		t.Errorf("stored record still delivered at %v", got.ResultDeliveredAt)
+	}
+	evs, err := s.Events("ex_1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for _, ev := range evs {
+		got = append(got, fmt.Sprintf("%s %s %s", ev.Kind, ev.To, ev.Note))
+	}
+	want := []string{"create accepted ", "update accepted result delivered", "delivery_revoked accepted notifications/cancelled"}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("events = %q; want %q", got, want)
+	}
+}

@@ -102,6 +102,27 @@ func (s *Store) Update(ctx context.Context, id, note string, mutate func(*Record
 	return s.change(ctx, id, KindUpdate, "", nil, note, nil, mutate)
 }
 
+// RevokeDelivery clears the result delivery time of execution id, journaled as a
+// delivery_revoked event with note, and reports whether it did: a record whose result is not
+// marked delivered is returned unchanged and nothing is written.
+func (s *Store) RevokeDelivery(ctx context.Context, id, note string) (*Record, bool, error) {
+	rec, err := s.change(ctx, id, KindDeliveryRevoked, "", nil, note, nil, func(r *Record) error {
+		if r.ResultDeliveredAt == nil {
+			return errUnchanged
+		}
+		r.ResultDeliveredAt = nil
+		return nil
+	})
+	if errors.Is(err, errUnchanged) {
+		return rec, false, nil
+	}
+	return rec, err == nil, err
+}
+
+// errUnchanged is returned by a mutate function that leaves the record as it is: nothing is
+// written and change returns the current record.
+var errUnchanged = errors.New("unchanged")
+
 func (s *Store) change(ctx context.Context, id string, kind EventKind, from State, path []State, note string, result []byte, mutate func(*Record) error) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
@@ -120,7 +141,9 @@ func (s *Store) change(ctx context.Context, id string, kind EventKind, from Stat
 	}
 	next := cur.Clone()
 	if mutate != nil {
-		if err := mutate(next); err != nil {
+		if err := mutate(next); errors.Is(err, errUnchanged) {
+			return cur, err
+		} else if err != nil {
 			return nil, fmt.Errorf("markers: %s %s: %w", kind, id, err)
 		}
 	}
@@ -129,7 +152,7 @@ func (s *Store) change(ctx context.Context, id string, kind EventKind, from Stat
 	}
 	now := s.now()
 	next.UpdatedAt = now
-	if kind == KindUpdate {
+	if kind != KindTransition {
 		path = []State{cur.State}
 	}
 	// Each step's event carries the record as that step left it: intermediate steps show the

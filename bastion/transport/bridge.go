@@ -15,6 +15,7 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"time"
 )
 
 // ErrDaemonNotRunning is returned by Bridge when nothing listens on the socket.
@@ -53,10 +54,12 @@ const (
 // reaches EOF or ctx ends. Requests are forwarded concurrently; messages written to out are
 // serialized, one per line. A call that gets no answer from the daemon (HTTP error, lost
 // connection, truncated stream) is answered with a JSON-RPC error for its id, so the client
-// is never left hanging; notifications/cancelled cancels the matching in-flight HTTP request
-// instead of being forwarded (each stateless POST is its own session). At EOF it waits for
-// in-flight requests; when ctx ends it cancels them and closes in if it is an io.Closer, so
-// a blocked read returns.
+// is never left hanging. notifications/cancelled is forwarded to the daemon before the next
+// message is read (so a cancel the daemon revokes a delivery for is recorded before a
+// re-issued call arrives), then cancels the matching in-flight HTTP request. Every request
+// names this process's parent, the agent, in BridgeParentHeader (when /proc shows it); the
+// daemon checks it against the kernel. At EOF it waits for in-flight requests; when ctx ends it cancels them
+// and closes in if it is an io.Closer, so a blocked read returns.
 func Bridge(ctx context.Context, socketPath, urlPath string, in io.Reader, out io.Writer) error {
 	if !strings.HasPrefix(urlPath, "/") {
 		return fmt.Errorf("transport: bridge: url path %q must start with /", urlPath)
@@ -70,6 +73,9 @@ func Bridge(ctx context.Context, socketPath, urlPath string, in io.Reader, out i
 		return fmt.Errorf("transport: bridge: connecting to %s: %w", socketPath, err)
 	}
 	probe.Close()
+	// A parent that cannot be named (outside this PID namespace) leaves the bridge its own
+	// agent: it still works, its scope is this process (cmd/postern warns).
+	parent, _ := BridgeParentClaim()
 
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -83,6 +89,7 @@ func Bridge(ctx context.Context, socketPath, urlPath string, in io.Reader, out i
 	defer httpTransport.CloseIdleConnections()
 	b := &bridge{
 		socketPath: socketPath,
+		parent:     parent,
 		url:        "http://localhost" + urlPath,
 		client:     &http.Client{Transport: httpTransport},
 		out:        out,
@@ -117,6 +124,7 @@ func Bridge(ctx context.Context, socketPath, urlPath string, in io.Reader, out i
 
 type bridge struct {
 	socketPath string
+	parent     string // the BridgeParentHeader value ("" if the parent cannot be named)
 	url        string
 	client     *http.Client
 	fail       context.CancelCauseFunc // ends the bridge, e.g. when out is gone
@@ -203,7 +211,8 @@ func (b *bridge) dispatch(ctx context.Context, line []byte, release func()) {
 		return
 	}
 	if env.Method == "notifications/cancelled" {
-		release()
+		defer release()
+		b.forwardCancel(ctx, &env, line)
 		b.cancelInFlight(env.Params)
 		return
 	}
@@ -231,6 +240,17 @@ func (b *bridge) dispatch(ctx context.Context, line []byte, release func()) {
 			b.mu.Unlock()
 		}
 	})
+}
+
+// cancelForwardTimeout bounds how long reading stdin waits for the daemon to take a cancel.
+const cancelForwardTimeout = 10 * time.Second
+
+// forwardCancel tells the daemon that the client abandoned a request, waiting for its answer:
+// a result the daemon already counted as delivered is revoked before anything else is sent.
+func (b *bridge) forwardCancel(ctx context.Context, env *envelope, line []byte) {
+	ctx, cancel := context.WithTimeout(ctx, cancelForwardTimeout)
+	defer cancel()
+	_ = b.roundTrip(ctx, env, line, func([]byte) {}) // a notification has no answer to relay
 }
 
 func (b *bridge) cancelInFlight(params json.RawMessage) {
@@ -277,6 +297,9 @@ func (b *bridge) roundTrip(ctx context.Context, env *envelope, line []byte, rela
 	}
 	req.Header.Set("Content-Type", "application/json")
 	req.Header.Set("Accept", "application/json, text/event-stream")
+	if b.parent != "" {
+		req.Header.Set(BridgeParentHeader, b.parent)
+	}
 	b.setMCPHeaders(req.Header, env)
 	resp, err := b.client.Do(req)
 	if err != nil {

@@ -2,10 +2,13 @@ package transport
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -61,10 +64,10 @@ func TestBridgeWithGoSDKClient(t *testing.T) {
 				t.Errorf("tools/list = %d tools; want 2", len(tools.Tools))
 			}
 			got := callWhoami(t, cs)
-			// The bridge runs inside the process that serves the socket, so it is no bridge
-			// to the scope rule: the agent is this process.
-			if !got.OK || !got.Caller.Local || got.Caller.Scope != selfScope(t) || got.Caller.PID != os.Getpid() {
-				t.Errorf("whoami = %+v; want a local caller with scope %s", got, selfScope(t))
+			// The bridge names its parent, whatever process it runs in: here the test
+			// binary's parent (go test), which the kernel confirms.
+			if want := parentScope(t); !got.OK || !got.Caller.Local || got.Caller.Scope != want || got.Caller.PID != os.Getppid() {
+				t.Errorf("whoami = %+v; want a local caller with scope %s", got, want)
 			}
 			cs.Close()
 			if err := <-b.errc; err != nil {
@@ -208,6 +211,54 @@ func TestBridgeCancelledCallIsNotAwaited(t *testing.T) {
 	// because the cancelled call's HTTP request ended.
 	if err := <-b.errc; err != nil {
 		t.Errorf("Bridge at EOF = %v; want nil", err)
+	}
+}
+
+// TestBridgeForwardsCancel: the daemon hears every notifications/cancelled the client sends,
+// for a call in flight and for one already answered (a delivery it may revoke), from the
+// bridge's agent, before the bridge reads on.
+func TestBridgeForwardsCancel(t *testing.T) {
+	ts := newTestServer(t, nil)
+	var mu sync.Mutex
+	var heard []string
+	inner := ts.handler
+	ts.handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if bytes.Contains(body, []byte("notifications/cancelled")) {
+			c, _ := CallerFromContext(r.Context())
+			mu.Lock()
+			heard = append(heard, c.Scope+" "+string(body))
+			mu.Unlock()
+		}
+		inner.ServeHTTP(w, r)
+	})
+	sock := serveUnix(t, ts)
+	b := startBridge(t, t.Context(), sock)
+	r := newRawLines(t, b)
+	r.send(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami","arguments":{}}}`)
+	if msg := r.next(); msg["id"] != float64(1) {
+		t.Fatalf("answer = %v; want the result of call 1", msg)
+	}
+	r.send(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}`)
+	r.send(`{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"wait","arguments":{},"_meta":{"progressToken":"p"}}}`)
+	if msg := r.next(); msg["method"] != "notifications/progress" {
+		t.Fatalf("message = %v; want progress of call 2", msg)
+	}
+	r.send(`{"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}`)
+	b.stdin.Close()
+	if err := <-b.errc; err != nil {
+		t.Errorf("Bridge at EOF = %v; want nil", err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	scope := parentScope(t)
+	want := []string{
+		scope + ` {"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":1}}`,
+		scope + ` {"jsonrpc":"2.0","method":"notifications/cancelled","params":{"requestId":2}}`,
+	}
+	if fmt.Sprint(heard) != fmt.Sprint(want) {
+		t.Errorf("the daemon heard %q; want %q", heard, want)
 	}
 }
 

@@ -10,6 +10,11 @@
 //     from the kernel (SO_PEERCRED and /proc, unix socket), never from the request body or
 //     headers. A client's Authorization header on the unix socket is discarded, and the
 //     Authorization header is removed before the MCP handler sees any request.
+//   - A stdio bridge names its parent (the agent) in the Postern-Bridge-Parent header, as
+//     pid and start time; it counts only if it equals the connecting process's real parent
+//     read from /proc, so any `postern mcp` binary or version of one agent process gets that
+//     process's scope, and a claim that does not match is refused. A peer that names no
+//     parent is the agent itself.
 //   - The only caller-supplied value in a Caller is RunID (the Postern-Run header of remote
 //     callers), bounded and validated; it narrows a remote caller's scope, it names no actor.
 //   - Every request body is bounded (default 1 MiB) before the MCP handler reads it; a larger

@@ -186,3 +186,13 @@ func selfScope(t testing.TB) string {
 	}
 	return "run:" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatUint(st.StartTicks, 10)
 }
+
+// parentScope is the scope the kernel gives this test process's parent.
+func parentScope(t testing.TB) string {
+	t.Helper()
+	claim, err := BridgeParentClaim()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return "run:" + claim
+}

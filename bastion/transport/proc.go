@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 )
 
 // errBadStat reports a /proc/<pid>/stat that does not parse.
@@ -42,6 +43,58 @@ func parseProcStat(data []byte) (procStat, error) {
 	return procStat{PPID: ppid, StartTicks: start}, nil
 }
 
+// BridgeParentHeader is the header in which the stdio bridge (`postern mcp`) names its
+// parent, the agent process, as "<pid>-<start time ticks>". The daemon checks the claim
+// against the connecting process's real parent; a claim that does not match is refused.
+const BridgeParentHeader = "Postern-Bridge-Parent"
+
+// errBadProcessRef reports a malformed BridgeParentHeader value.
+var errBadProcessRef = fmt.Errorf("%s must be <pid>-<start time ticks>, decimal", BridgeParentHeader)
+
+// maxProcessRefBytes bounds a BridgeParentHeader value (two 20-digit numbers and a dash).
+const maxProcessRefBytes = 41
+
+// processRef names one process for its lifetime: a pid and the process's start time after
+// boot, in clock ticks (pids are reused; the pair is not).
+type processRef struct {
+	PID        int
+	StartTicks uint64
+}
+
+func (r processRef) String() string { return fmt.Sprintf("%d-%d", r.PID, r.StartTicks) }
+
+// parseProcessRef parses "<pid>-<start ticks>": decimal digits only, pid positive.
+func parseProcessRef(s string) (processRef, error) {
+	if len(s) > maxProcessRefBytes {
+		return processRef{}, errBadProcessRef
+	}
+	pidText, startText, ok := strings.Cut(s, "-")
+	if !ok || !allDigits(pidText) || !allDigits(startText) {
+		return processRef{}, errBadProcessRef
+	}
+	pid, err := strconv.Atoi(pidText)
+	if err != nil || pid <= 0 {
+		return processRef{}, errBadProcessRef
+	}
+	start, err := strconv.ParseUint(startText, 10, 64)
+	if err != nil {
+		return processRef{}, errBadProcessRef
+	}
+	return processRef{PID: pid, StartTicks: start}, nil
+}
+
+func allDigits(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if s[i] < '0' || s[i] > '9' {
+			return false
+		}
+	}
+	return true
+}
+
 // agentProcess is the local agent behind a unix-socket peer.
 type agentProcess struct {
 	PID   int
@@ -49,65 +102,82 @@ type agentProcess struct {
 	Scope string // "run:<pid>-<start ticks>"
 }
 
+// peerProcess is the kernel's account of a unix-socket peer, read when it connects: the
+// process itself and its parent (the agent, when the peer is a stdio bridge).
+type peerProcess struct {
+	self agentProcess
+	// parentRef and parent are the peer's real parent; parentErr says why it could not be
+	// resolved (a bridge claim is then refused).
+	parentRef processRef
+	parent    agentProcess
+	parentErr error
+}
+
 // procFS resolves unix-socket peers to agent processes. root is "/proc" except in tests.
 type procFS struct {
 	root string
 }
 
-// self returns this process's pid (the /proc/self link) and executable, compared by device
-// and inode: /proc/<pid>/exe is the running image even if the file at os.Executable's path
-// was replaced by an upgrade.
-func (p procFS) self() (int, os.FileInfo, error) {
-	link, err := os.Readlink(filepath.Join(p.root, "self"))
+// resolvePeer reads the peer process and its parent from /proc. It fails closed when the
+// peer itself cannot be read; an unreadable parent only matters to a bridge's claim.
+func (p procFS) resolvePeer(peerPID int) (peerProcess, error) {
+	self, st, err := p.process(peerPID)
 	if err != nil {
-		return 0, nil, fmt.Errorf("transport: own pid: %w", err)
+		return peerProcess{}, err
 	}
-	pid, err := strconv.Atoi(link)
+	pp := peerProcess{self: self}
+	parent, parentStat, err := p.process(st.PPID)
 	if err != nil {
-		return 0, nil, fmt.Errorf("transport: own pid: /proc/self -> %q", link)
+		pp.parentErr = fmt.Errorf("the parent %d of process %d cannot be read: %w", st.PPID, peerPID, err)
+		return pp, nil
 	}
-	fi, err := os.Stat(filepath.Join(p.root, link, "exe"))
-	if err != nil {
-		return 0, nil, fmt.Errorf("transport: own executable: %w", err)
-	}
-	return pid, fi, nil
+	pp.parent, pp.parentRef = parent, processRef{PID: st.PPID, StartTicks: parentStat.StartTicks}
+	return pp, nil
 }
 
-// resolveAgent applies the local scope rule to a peer pid: the agent is the peer, unless the
-// peer is another process running our own executable (the `postern mcp` stdio bridge), in
-// which case the agent is the bridge's parent. It fails closed when /proc cannot say which
-// case holds.
-func (p procFS) resolveAgent(peerPID int) (agentProcess, error) {
-	selfPID, selfExe, err := p.self()
+// agent applies the local scope rule: a peer that names its parent (claim, the
+// BridgeParentHeader value; "" for none) is a stdio bridge and the agent is that parent, if
+// the claim matches the kernel's; a peer that names none is the agent itself.
+func (pp peerProcess) agent(claim string) (agentProcess, error) {
+	if claim == "" {
+		return pp.self, nil
+	}
+	ref, err := parseProcessRef(claim)
 	if err != nil {
 		return agentProcess{}, err
 	}
-	peerExe, err := os.Stat(filepath.Join(p.root, strconv.Itoa(peerPID), "exe"))
+	if pp.parentErr != nil {
+		return agentProcess{}, fmt.Errorf("%s %s refused: %w", BridgeParentHeader, claim, pp.parentErr)
+	}
+	if ref != pp.parentRef {
+		return agentProcess{}, fmt.Errorf("%s %s refused: the connecting process %d's parent is %s; a bridge names the agent that started it (was it re-parented after its agent exited?)",
+			BridgeParentHeader, claim, pp.self.PID, pp.parentRef)
+	}
+	return pp.parent, nil
+}
+
+// process reads pid's stat and executable.
+func (p procFS) process(pid int) (agentProcess, procStat, error) {
+	st, err := p.stat(pid)
 	if err != nil {
-		return agentProcess{}, fmt.Errorf("transport: peer %d executable: %w", peerPID, err)
+		return agentProcess{}, procStat{}, err
 	}
-	agentPID := peerPID
-	// A process connecting to its own socket is not a bridge: the bridge is a separate process.
-	if peerPID != selfPID && os.SameFile(selfExe, peerExe) {
-		st, err := p.stat(peerPID)
-		if err != nil {
-			return agentProcess{}, err
-		}
-		agentPID = st.PPID
-	}
-	st, err := p.stat(agentPID)
+	exe, err := os.Readlink(filepath.Join(p.root, strconv.Itoa(pid), "exe"))
 	if err != nil {
-		return agentProcess{}, err
+		return agentProcess{}, procStat{}, fmt.Errorf("transport: process %d executable: %w", pid, err)
 	}
-	exe, err := os.Readlink(filepath.Join(p.root, strconv.Itoa(agentPID), "exe"))
+	return agentProcess{PID: pid, Exe: exe, Scope: "run:" + processRef{PID: pid, StartTicks: st.StartTicks}.String()}, st, nil
+}
+
+// BridgeParentClaim is the BridgeParentHeader value of this process: its parent and the
+// parent's start time, from /proc.
+func BridgeParentClaim() (string, error) {
+	ppid := os.Getppid()
+	st, err := procFS{root: "/proc"}.stat(ppid)
 	if err != nil {
-		return agentProcess{}, fmt.Errorf("transport: agent %d executable: %w", agentPID, err)
+		return "", fmt.Errorf("transport: naming the bridge's parent: %w", err)
 	}
-	return agentProcess{
-		PID:   agentPID,
-		Exe:   exe,
-		Scope: fmt.Sprintf("run:%d-%d", agentPID, st.StartTicks),
-	}, nil
+	return processRef{PID: ppid, StartTicks: st.StartTicks}.String(), nil
 }
 
 func (p procFS) stat(pid int) (procStat, error) {

@@ -98,8 +98,10 @@ type peerKey struct{}
 
 // peer is what the kernel says about a unix-socket connection, read once when it is accepted.
 type peer struct {
-	caller Caller
-	err    error // why the peer could not be identified; its requests are refused
+	actor   string
+	uid     int
+	process peerProcess
+	err     error // why the peer could not be identified; its requests are refused
 }
 
 // localBearer is the synthetic token injected so that go-sdk's bearer middleware carries the
@@ -119,12 +121,16 @@ func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
 	}
 	procs := procFS{root: "/proc"}
 
-	verifier := func(ctx context.Context, _ string, _ *http.Request) (*auth.TokenInfo, error) {
+	verifier := func(ctx context.Context, _ string, r *http.Request) (*auth.TokenInfo, error) {
 		p, ok := ctx.Value(peerKey{}).(*peer)
 		if !ok || p.err != nil {
 			return nil, fmt.Errorf("%w: peer credentials unavailable", auth.ErrInvalidToken)
 		}
-		return tokenInfoFor(p.caller), nil
+		c, err := p.callerFor(r.Header.Values(BridgeParentHeader))
+		if err != nil {
+			return nil, fmt.Errorf("%w: %w", auth.ErrInvalidToken, err)
+		}
+		return tokenInfoFor(c), nil
 	}
 	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Header.Del("Authorization")
@@ -148,15 +154,16 @@ func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
 			if p.err != nil {
 				logger.Warn("unix peer not identified; its requests are refused", "error", p.err)
 			} else {
-				logger.Debug("unix peer", "actor", p.caller.Actor, "pid", p.caller.PID, "scope", p.caller.Scope)
+				logger.Debug("unix peer", "actor", p.actor, "pid", p.process.self.PID, "scope", p.process.self.Scope)
 			}
 			return context.WithValue(ctx, peerKey{}, p)
 		},
 	}
 }
 
-// identifyPeer reads SO_PEERCRED and resolves the agent process. Done at accept time, while
-// the peer is connected, so the pid names the process that opened the connection.
+// identifyPeer reads SO_PEERCRED and the peer process and its parent from /proc. Done at
+// accept time, while the peer is connected, so the pid names the process that opened the
+// connection.
 func identifyPeer(c net.Conn, procs procFS, actorFor func(uid int) string) *peer {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
@@ -176,19 +183,38 @@ func identifyPeer(c net.Conn, procs procFS, actorFor func(uid int) string) *peer
 	if credErr != nil {
 		return &peer{err: fmt.Errorf("transport: SO_PEERCRED: %w", credErr)}
 	}
-	agent, err := procs.resolveAgent(int(cred.Pid))
+	process, err := procs.resolvePeer(int(cred.Pid))
 	if err != nil {
 		return &peer{err: err}
 	}
 	uid := int(cred.Uid)
-	return &peer{caller: Caller{
-		Actor: actorFor(uid),
+	return &peer{actor: actorFor(uid), uid: uid, process: process}
+}
+
+// callerFor is the Caller of one request on the peer's connection. claims are the request's
+// BridgeParentHeader values: none, the peer is the agent; one, the peer is a stdio bridge
+// and the agent is its parent, if the kernel agrees.
+func (p *peer) callerFor(claims []string) (Caller, error) {
+	var claim string
+	switch len(claims) {
+	case 0:
+	case 1:
+		claim = claims[0]
+	default:
+		return Caller{}, fmt.Errorf("%s given %d times; a bridge names one parent", BridgeParentHeader, len(claims))
+	}
+	agent, err := p.process.agent(claim)
+	if err != nil {
+		return Caller{}, err
+	}
+	return Caller{
+		Actor: p.actor,
 		Scope: agent.Scope,
 		Local: true,
 		PID:   agent.PID,
-		UID:   uid,
+		UID:   p.uid,
 		Exe:   agent.Exe,
-	}}
+	}, nil
 }
 
 func defaultLocalActor(uid int) string {

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"errors"
+	"io"
 	"io/fs"
 	"net"
 	"net/http"
@@ -55,6 +56,31 @@ func TestUnixCallerFromKernel(t *testing.T) {
 				t.Error("an Authorization header reached the tool handler")
 			}
 		})
+	}
+}
+
+// TestUnixBridgeClaimRefused: a request that names a parent the connecting process does not
+// have is refused with the reason, and reaches no tool.
+func TestUnixBridgeClaimRefused(t *testing.T) {
+	ts := newTestServer(t, nil)
+	sock := serveUnix(t, ts)
+	for _, claim := range []string{"1-1", "not-a-process", strings.Repeat("9", 50)} {
+		hc := unixHTTPClient(sock, http.Header{BridgeParentHeader: {claim}})
+		req, err := http.NewRequest(http.MethodPost, "http://localhost/mcp", strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"whoami"}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusUnauthorized || !strings.Contains(string(body), BridgeParentHeader) {
+			t.Errorf("claim %q: HTTP %d %q; want 401 naming %s", claim, resp.StatusCode, body, BridgeParentHeader)
+		}
 	}
 }
 
@@ -134,13 +160,8 @@ type fakeProc struct {
 	root string
 }
 
-func newFakeProc(t *testing.T, selfPID int, selfExe string) fakeProc {
-	p := fakeProc{t: t, root: t.TempDir()}
-	p.add(selfPID, 1, 500, selfExe)
-	if err := os.Symlink(strconv.Itoa(selfPID), filepath.Join(p.root, "self")); err != nil {
-		t.Fatal(err)
-	}
-	return p
+func newFakeProc(t *testing.T) fakeProc {
+	return fakeProc{t: t, root: t.TempDir()}
 }
 
 func (p fakeProc) add(pid, ppid int, start uint64, exe string) {
@@ -160,55 +181,120 @@ func (p fakeProc) add(pid, ppid int, start uint64, exe string) {
 	}
 }
 
-func TestResolveAgent(t *testing.T) {
-	bin := t.TempDir()
-	postern := filepath.Join(bin, "postern")
-	agentBin := filepath.Join(bin, "claude")
-	for _, f := range []string{postern, agentBin} {
-		if err := os.WriteFile(f, []byte("#!"), 0o755); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hardlink := filepath.Join(bin, "postern-hardlink")
-	if err := os.Link(postern, hardlink); err != nil {
-		t.Fatal(err)
-	}
-	p := newFakeProc(t, 10, postern)
-	p.add(20, 1, 2000, agentBin)  // an agent on the socket
-	p.add(30, 20, 3000, postern)  // our bridge, launched by agent 20
-	p.add(31, 20, 3100, hardlink) // our bridge by another name, same inode
-	p.add(40, 1, 4000, "")        // exe unreadable (other user's process)
-	p.add(50, 99, 5000, postern)  // bridge whose parent is gone
-	p.add(60, 1, 6000, agentBin)  // malformed stat, written below
+// TestPeerAgent is the local scope rule: a peer that names no parent is the agent; a bridge
+// that names its real parent (whatever binary or version the bridge is) means that parent;
+// any other claim is refused.
+func TestPeerAgent(t *testing.T) {
+	const agentBin, otherAgentBin = "/usr/bin/claude", "/usr/bin/codex"
+	p := newFakeProc(t)
+	p.add(20, 1, 2000, agentBin)                 // an agent on the socket
+	p.add(21, 1, 2100, otherAgentBin)            // another agent
+	p.add(30, 20, 3000, "/usr/bin/postern")      // a bridge launched by agent 20
+	p.add(31, 20, 3100, "/tmp/go-build/postern") // another build of the bridge, same agent
+	p.add(32, 21, 3200, "/usr/bin/postern")      // a bridge of the other agent
+	p.add(40, 1, 4000, "")                       // exe unreadable (other user's process)
+	p.add(50, 99, 5000, "/usr/bin/postern")      // bridge whose parent is gone
+	p.add(51, 40, 5100, "/usr/bin/postern")      // bridge whose parent is unreadable
+	p.add(60, 1, 6000, agentBin)                 // malformed stat, written below
 	if err := os.WriteFile(filepath.Join(p.root, "60", "stat"), []byte("60 (x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	agent20 := agentProcess{PID: 20, Exe: agentBin, Scope: "run:20-2000"}
+	agent21 := agentProcess{PID: 21, Exe: otherAgentBin, Scope: "run:21-2100"}
 	tests := []struct {
-		name    string
-		peer    int
-		want    agentProcess
-		wantErr bool
+		name         string
+		peer         int
+		claim        string
+		want         agentProcess
+		wantErr      bool // the peer is refused
+		wantClaimErr bool // the claim is refused
 	}{
-		{name: "agent itself", peer: 20, want: agentProcess{PID: 20, Exe: agentBin, Scope: "run:20-2000"}},
-		{name: "bridge means its parent", peer: 30, want: agentProcess{PID: 20, Exe: agentBin, Scope: "run:20-2000"}},
-		{name: "bridge compared by inode", peer: 31, want: agentProcess{PID: 20, Exe: agentBin, Scope: "run:20-2000"}},
-		{name: "the bastion itself is no bridge", peer: 10, want: agentProcess{PID: 10, Exe: postern, Scope: "run:10-500"}},
+		{name: "agent itself", peer: 20, want: agent20},
+		{name: "bridge names its parent", peer: 30, claim: "20-2000", want: agent20},
+		{name: "another binary of the bridge, same agent", peer: 31, claim: "20-2000", want: agent20},
+		{name: "bridge of another agent", peer: 32, claim: "21-2100", want: agent21},
+		{name: "a process that names no parent is its own agent", peer: 30, want: agentProcess{PID: 30, Exe: "/usr/bin/postern", Scope: "run:30-3000"}},
+		{name: "claim of another process's parent", peer: 32, claim: "20-2000", wantClaimErr: true},
+		{name: "claim with a reused pid (other start time)", peer: 30, claim: "20-1999", wantClaimErr: true},
+		{name: "malformed claim", peer: 30, claim: "20", wantClaimErr: true},
+		{name: "orphaned bridge's claim", peer: 50, claim: "99-1", wantClaimErr: true},
+		{name: "unreadable parent", peer: 51, claim: "40-4000", wantClaimErr: true},
 		{name: "unreadable exe fails closed", peer: 40, wantErr: true},
-		{name: "orphaned bridge fails closed", peer: 50, wantErr: true},
 		{name: "malformed stat", peer: 60, wantErr: true},
 		{name: "no such process", peer: 70, wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := procFS{root: p.root}.resolveAgent(tt.peer)
+			pp, err := procFS{root: p.root}.resolvePeer(tt.peer)
 			if (err != nil) != tt.wantErr {
-				t.Fatalf("resolveAgent(%d) err = %v; want error: %v", tt.peer, err, tt.wantErr)
+				t.Fatalf("resolvePeer(%d) err = %v; want error: %v", tt.peer, err, tt.wantErr)
+			}
+			if err != nil {
+				return
+			}
+			got, err := pp.agent(tt.claim)
+			if (err != nil) != tt.wantClaimErr {
+				t.Fatalf("agent(%q) of peer %d err = %v; want error: %v", tt.claim, tt.peer, err, tt.wantClaimErr)
 			}
 			if got != tt.want {
-				t.Errorf("resolveAgent(%d) = %+v; want %+v", tt.peer, got, tt.want)
+				t.Errorf("agent(%q) of peer %d = %+v; want %+v", tt.claim, tt.peer, got, tt.want)
 			}
 		})
 	}
+}
+
+func TestParseProcessRef(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    processRef
+		wantErr bool
+	}{
+		{in: "20-2000", want: processRef{PID: 20, StartTicks: 2000}},
+		{in: "1-0", want: processRef{PID: 1, StartTicks: 0}},
+		{in: "0-5", wantErr: true},
+		{in: "-5", wantErr: true},
+		{in: "5-", wantErr: true},
+		{in: "5", wantErr: true},
+		{in: "+5-1", wantErr: true},
+		{in: "5-1-2", wantErr: true},
+		{in: " 5-1", wantErr: true},
+		{in: "5-18446744073709551616", wantErr: true},
+		{in: "99999999999999999999-1", wantErr: true},
+		{in: "", wantErr: true},
+	}
+	for _, tt := range tests {
+		got, err := parseProcessRef(tt.in)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("parseProcessRef(%q) = %+v, %v; want %+v, error: %v", tt.in, got, err, tt.want, tt.wantErr)
+		}
+	}
+}
+
+func FuzzParseProcessRef(f *testing.F) {
+	for _, seed := range []string{"20-2000", "1-0", "0-1", "-", "5-1-2", "99999999999999999999-1", "٣-1"} {
+		f.Add(seed)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		ref, err := parseProcessRef(s)
+		if err != nil {
+			if ref != (processRef{}) {
+				t.Fatalf("error %v with non-zero result %+v", err, ref)
+			}
+			return
+		}
+		if ref.PID <= 0 || ref.String() != strings.TrimLeft(strings.SplitN(s, "-", 2)[0], "0")+"-"+trimZeros(strings.SplitN(s, "-", 2)[1]) {
+			t.Fatalf("parseProcessRef(%q) = %+v does not round-trip", s, ref)
+		}
+	})
+}
+
+// trimZeros drops leading zeros of a decimal, keeping "0".
+func trimZeros(s string) string {
+	s = strings.TrimLeft(s, "0")
+	if s == "" {
+		return "0"
+	}
+	return s
 }
 
 func TestParseProcStat(t *testing.T) {

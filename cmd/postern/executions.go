@@ -240,13 +240,16 @@ func writeStream(w io.Writer, name, data string, offset, total int64) {
 }
 
 // eventStep is the event's place in the story: "→ accepted" for the creation,
-// "accepted → authorized" for a transition, "completed (update)" for an update.
+// "accepted → authorized" for a transition, "completed (update)" for an update,
+// "completed (delivery revoked)" when the caller abandoned the request that carried the result.
 func eventStep(ev markers.Event) string {
 	switch ev.Kind {
 	case markers.KindCreate:
 		return "→ " + string(ev.To)
 	case markers.KindUpdate:
 		return string(ev.To) + " (update)"
+	case markers.KindDeliveryRevoked:
+		return string(ev.To) + " (delivery revoked)"
 	}
 	return string(ev.From) + " → " + string(ev.To)
 }

@@ -169,3 +169,20 @@ func TestShowNamesThePreviousAttempt(t *testing.T) {
 		}
 	}
 }
+
+func TestEventStep(t *testing.T) {
+	tests := []struct {
+		ev   markers.Event
+		want string
+	}{
+		{markers.Event{Kind: markers.KindCreate, To: markers.Accepted}, "→ accepted"},
+		{markers.Event{Kind: markers.KindTransition, From: markers.Accepted, To: markers.Authorized}, "accepted → authorized"},
+		{markers.Event{Kind: markers.KindUpdate, From: markers.Completed, To: markers.Completed}, "completed (update)"},
+		{markers.Event{Kind: markers.KindDeliveryRevoked, From: markers.Completed, To: markers.Completed}, "completed (delivery revoked)"},
+	}
+	for _, tt := range tests {
+		if got := eventStep(tt.ev); got != tt.want {
+			t.Errorf("eventStep(%s) = %q; want %q", tt.ev.Kind, got, tt.want)
+		}
+	}
+}

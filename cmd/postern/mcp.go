@@ -13,8 +13,9 @@ import (
 
 // mcpCommand is the stdio MCP server that clients such as Claude Desktop and Claude Code
 // launch: it forwards every message to the running bastion's unix socket, where the kernel
-// names the caller (this bridge's parent is the agent). The journal has one owner, the
-// daemon; the bridge holds no state.
+// names the caller: the bridge names its parent, the agent, and the daemon checks that claim
+// against /proc, so any build or version of this binary gives one agent process one intent
+// scope. The journal has one owner, the daemon; the bridge holds no state.
 func mcpCommand(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -30,6 +31,9 @@ func mcpCommand(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	path := *socket
 	if path == "" {
 		path = bastion.DefaultConfig(filepath.Clean(*stateDir)).SocketPath()
+	}
+	if _, err := transport.BridgeParentClaim(); err != nil {
+		fmt.Fprintf(stderr, "postern mcp: warning: %v; this bridge is its own agent, so a call re-issued through another bridge is a new intent\n", err)
 	}
 	return transport.Bridge(ctx, path, bastion.MCPPath, stdin, stdout)
 }
