@@ -52,6 +52,9 @@ type Execution struct {
 	DispatchedAt       *time.Time          `json:"dispatched_at,omitempty"`
 	FinishedAt         *time.Time          `json:"finished_at,omitempty"`
 	Evidence           []string            `json:"evidence,omitempty"`
+	// ReviewRequired: the outcome is unknown and Postern will neither ask nor send again;
+	// only an operator's review (`postern review`) settles it.
+	ReviewRequired bool `json:"review_required,omitempty"`
 	// Next says what is safe to do now.
 	Next string `json:"next"`
 }
@@ -68,6 +71,9 @@ func (x *Execution) Summary() string {
 	}
 	if x.HTTPStatus != 0 {
 		fmt.Fprintf(&sb, " (HTTP %d)", x.HTTPStatus)
+	}
+	if x.ReviewRequired {
+		sb.WriteString(" [review required]")
 	}
 	if x.Replayed {
 		sb.WriteString(" [replayed: no new dispatch]")
@@ -107,6 +113,7 @@ func (b *Bastion) view(rec *markers.Record) *Execution {
 		OutputSHA256:    rec.Output.StdoutSHA256,
 		AcceptedAt:      rec.CreatedAt,
 		Evidence:        rec.Evidence,
+		ReviewRequired:  rec.ReviewRequired,
 	}
 	if rec.ExitCode != nil {
 		code := *rec.ExitCode
@@ -129,6 +136,9 @@ func nextStep(rec *markers.Record) string {
 	case markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running:
 		return fmt.Sprintf("Still in progress. Wait with execution_output {execution_id: %q} or execution_status; do not call ssh_exec again for this — a retry joins this execution anyway.", rec.ID)
 	case markers.Unknown:
+		if rec.ReviewRequired {
+			return fmt.Sprintf("The outcome is NOT known, and Postern will not send it again: an operator must review it (postern review %s). Do not run it as a new request unless you have verified it did not take effect; the evidence says why it is unresolved.", rec.ID)
+		}
 		if rec.Channel == "http" {
 			return fmt.Sprintf("The outcome is NOT known: the request may or may not have taken effect at %s. What Postern does depends on the endpoint's class (%s): read_only and idempotent_write are sent again with the same Idempotency-Key, conditional_write is checked first, irreversible is never re-sent and needs an operator's review. Check execution_status {execution_id: %q}; do not send it as a new request unless you verified it did not take effect.", rec.Host, rec.Class, rec.ID)
 		}
@@ -136,6 +146,9 @@ func nextStep(rec *markers.Record) string {
 	case markers.Completed:
 		return "Finished; the outcome above is final."
 	case markers.Failed:
+		if rec.StartError != "" {
+			return fmt.Sprintf("It did not run: %s on host %s. It is safe to fix that and call again.", rec.StartError, rec.Host)
+		}
 		return "It provably did not take effect; it is safe to fix the cause and call again."
 	case markers.Cancelled:
 		return "Cancelled; see the output for how far it got."
