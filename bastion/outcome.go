@@ -67,7 +67,7 @@ func markerVerdict(host string, m *markers.Record) verdict {
 	v := verdict{To: o.to, Review: o.review}
 	switch m.State {
 	case markers.Started, markers.Running:
-		v.Note = fmt.Sprintf("host %s marker is %s: attaching", host, m.State)
+		v.Note = fmt.Sprintf("host marker on %s is %s: attaching", host, m.State)
 	case markers.Exited:
 		v.Note, v.Outcome = outcomeNote(m), m
 	case markers.TimedOut:
@@ -84,7 +84,7 @@ func markerVerdict(host string, m *markers.Record) verdict {
 	case markers.NotStarted:
 		v.Note = fmt.Sprintf("host %s could not start it, the command did not run: %s", host, lastEvidence(m.Evidence))
 	case markers.Interrupted:
-		v.Note = fmt.Sprintf("host %s marker is interrupted: the command started and its process vanished without an exit record; it is not run again — review required", host)
+		v.Note = fmt.Sprintf("host marker on %s is interrupted: the command started and its process vanished without an exit record; it is not run again — review required", host)
 	}
 	return v
 }
@@ -118,7 +118,7 @@ func execVerdict(id, host string, a execAnswer) verdict {
 	case a.Final != nil && a.Final.ID == id:
 		// The host's final marker is its outcome, even if the exit status was lost after it.
 		if hostOutcomes[a.Final.State].live {
-			return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf("host %s ended the exec with its marker still %s; asking the host", host, a.Final.State)}
+			return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf("host %s ended the exec with its marker still %s; asking the host again", host, a.Final.State)}
 		}
 		return markerVerdict(host, a.Final)
 	case a.Err != nil && errors.Is(a.Err, client.ErrRefused) && a.First == nil:
@@ -185,7 +185,7 @@ func reconcileOn(rec *markers.Record, now time.Time, host string, st hostStatus,
 	if m := st.Marker; m != nil {
 		v := markerVerdict(host, m)
 		if hostOutcomes[m.State].live || v.Outcome != nil {
-			note := fmt.Sprintf("host %s marker is %s: attaching", host, m.State)
+			note := fmt.Sprintf("host marker on %s is %s: attaching", host, m.State)
 			return reconcileAction{Do: attach, Verdict: verdict{To: liveOrStay(rec.State, v.To), Note: note}}
 		}
 		return reconcileAction{Do: settle, Verdict: v}
