@@ -45,9 +45,9 @@ type Handle struct {
 // and returns once the command is running. exe is normally os.Executable().
 //
 // If the command could not be started the error is a *StartError (wrapping ErrStartFailed)
-// and the status file says why; the command provably did not run. If ctx ends before the command is reported
-// running, Start cancels the execution, waits for the supervisor to finish and returns
-// ctx's cause; the spool directory then tells whether anything ran. Other errors mean the
+// and the status file says why; the command provably did not run. If ctx ends before the
+// command is reported running, Start cancels the execution, waits for the supervisor to
+// finish and returns ctx's cause; the spool directory then tells whether anything ran. Other errors mean the
 // supervisor failed before it could start the command, or never started (no shim record).
 //
 // The returned handle's Wait must be called to reap the supervisor.
