@@ -19,8 +19,8 @@ import (
 // out, or never needed one).
 var ErrNotAwaitingApproval = errors.New("bastion: execution is not awaiting approval")
 
-// ErrNotUnknown: only an execution whose outcome is unknown can be reviewed.
-var ErrNotUnknown = errors.New("bastion: execution's outcome is not unknown")
+// ErrNotReviewable: the execution's outcome is known, or Postern is still finding it out.
+var ErrNotReviewable = errors.New("bastion: execution cannot be reviewed")
 
 // maxNoteBytes bounds an operator's note or reason.
 const maxNoteBytes = 1024
@@ -80,9 +80,23 @@ func (b *Bastion) PendingApprovals(limit int) ([]*markers.Record, error) {
 	return recs, err
 }
 
-// Review records what an operator verified about an execution whose outcome is unknown:
-// "completed" (it took effect) or "not-run" (it did not: only this permits a new execution of
-// the same intent, since a failed execution no longer matches).
+// reviewable reports whether an operator may record the outcome of an execution in state:
+// one whose outcome is unknown, or one in flight (dispatched, running) that no driver carries
+// any more — its driver stopped, for instance on a failed journal write, so nothing else
+// would ever settle it.
+func reviewable(state markers.State, driven bool) bool {
+	switch state {
+	case markers.Unknown:
+		return true
+	case markers.Dispatched, markers.Running:
+		return !driven
+	}
+	return false
+}
+
+// Review records what an operator verified about an execution whose outcome Postern cannot
+// settle (reviewable): "completed" (it took effect) or "not-run" (it did not: only this permits
+// a new execution of the same intent, since a failed execution no longer matches).
 func (b *Bastion) Review(ctx context.Context, operator, id, outcome, note string) (*markers.Record, error) {
 	if err := checkNote("note", note, true); err != nil {
 		return nil, err
@@ -97,16 +111,32 @@ func (b *Bastion) Review(ctx context.Context, operator, id, outcome, note string
 	default:
 		return nil, invalid("outcome must be completed or not-run")
 	}
-	rec, err := b.journal.Transition(ctx, id, markers.Unknown, to, msg, func(r *markers.Record) error {
+	cur, err := b.journal.Get(id)
+	switch {
+	case errors.Is(err, markers.ErrNotFound):
+		return nil, &ToolError{Code: CodeNotFound, Message: "no execution " + id}
+	case err != nil:
+		return nil, journalError(err)
+	}
+	driven := b.liveDriver(id) != nil
+	if !reviewable(cur.State, driven) {
+		why := "Postern is still carrying it to an outcome (cancel it, or wait)"
+		switch {
+		case markers.Journal.Terminal(cur.State):
+			why = "its outcome is known"
+		case cur.State == markers.AwaitingApproval:
+			why = "it awaits approval (approve or deny it)"
+		}
+		return cur, fmt.Errorf("%w: %s is %s: %s", ErrNotReviewable, id, cur.State, why)
+	}
+	rec, err := b.journal.Transition(ctx, id, cur.State, to, msg, func(r *markers.Record) error {
 		r.Evidence = appendBounded(r.Evidence, msg)
 		r.IsError = to == markers.Failed
 		return nil
 	})
 	switch {
 	case errors.Is(err, markers.ErrConflict):
-		return rec, fmt.Errorf("%w: %s is %s", ErrNotUnknown, id, rec.State)
-	case errors.Is(err, markers.ErrNotFound):
-		return nil, &ToolError{Code: CodeNotFound, Message: "no execution " + id}
+		return rec, fmt.Errorf("%w: %s is %s now", ErrNotReviewable, id, rec.State)
 	case err != nil:
 		return nil, journalError(err)
 	}

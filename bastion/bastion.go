@@ -10,7 +10,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"time"
 
@@ -57,8 +56,9 @@ type Bastion struct {
 
 	intake keyLocks // serializes match-and-create per intent and per idempotency key
 
-	mu      sync.Mutex // guards drivers and closed
+	mu      sync.Mutex // guards drivers, cancels and closed
 	drivers map[string]*driver
+	cancels map[string]bool // executions execution_cancel asked to stop (requestCancel)
 	closed  bool
 }
 
@@ -132,7 +132,7 @@ func Open(opts Options) (*Bastion, error) {
 	b := &Bastion{
 		cfg: cfg, log: opts.Logger, now: opts.Now, journal: journal, fp: fp, inv: inv, pool: pool,
 		classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin, policy: pol,
-		ctx: ctx, cancel: cancel, drivers: map[string]*driver{},
+		ctx: ctx, cancel: cancel, drivers: map[string]*driver{}, cancels: map[string]bool{},
 	}
 	b.metrics.registry.MustRegister(inFlight{b})
 	return b, nil
@@ -163,7 +163,8 @@ func (b *Bastion) Close() error {
 // unknown — and accepted or authorized ones a crash stopped before dispatch) with its host,
 // before the bastion serves. It waits until each has been asked about once (or ctx ends);
 // commands still running stay attached in the background. It never re-dispatches except an
-// execution whose host has no marker for it.
+// execution whose host has no marker for it and that is younger than the host's marker
+// retention (reconcileOn).
 func (b *Bastion) Recover(ctx context.Context) error {
 	var pending []*driver
 	for _, st := range []markers.State{markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running, markers.Unknown} {
@@ -215,9 +216,10 @@ func (b *Bastion) reconcileLoop() {
 }
 
 // reconcileUnknown asks the hosts again about every SSH execution whose outcome is unknown
-// because its host could not be asked. Unknowns that asking cannot change — the host's
-// marker says the process vanished, or an HTTP class decided — wait for a review (or an
-// agent's retry) instead of being re-sent on every tick.
+// because its host could not be asked. Unknowns that require review — asking cannot change
+// them: the host's marker says the process vanished, the execution is older than the host's
+// marker retention, or an HTTP class decided — wait for an operator (or an agent's retry)
+// instead of being asked about on every tick.
 func (b *Bastion) reconcileUnknown() {
 	cursor := ""
 	for {
@@ -227,7 +229,7 @@ func (b *Bastion) reconcileUnknown() {
 			return
 		}
 		for _, r := range recs {
-			if r.Channel != "http" && !awaitsReview(r) {
+			if r.Channel != "http" && !r.ReviewRequired {
 				b.startDriver(r)
 			}
 		}
@@ -236,13 +238,6 @@ func (b *Bastion) reconcileUnknown() {
 		}
 		cursor = next
 	}
-}
-
-// reviewRequired ends the evidence of an unknown outcome that only an operator can settle.
-const reviewRequired = "review required"
-
-func awaitsReview(r *markers.Record) bool {
-	return len(r.Evidence) > 0 && strings.HasSuffix(r.Evidence[len(r.Evidence)-1], reviewRequired)
 }
 
 // LoadOrCreateClientKey reads the bastion's ed25519 SSH key at path (OpenSSH PEM),

@@ -9,6 +9,7 @@
 //	exec.go       ssh_exec: argument bounds, intent scope, acceptance
 //	match.go      the matching rule and recover_or_attach, one pure function for every channel
 //	driver.go     one driver per execution: dispatch, outcome, reconciliation with the host
+//	outcome.go    what a host's answer means for the journal (pure decisions, testdata/decisions)
 //	view.go       what tools return; status, output and delivery
 //	ops.go        cancel, list, hosts
 //	tools.go      the MCP tools and their replay contracts; delivery tracking
@@ -18,14 +19,16 @@
 //	operator.go   the operator API the `postern` CLI reads
 //	pool.go       one SSH connection per host, strict host keys, keepalives, backoff
 //	inventory.go  enrolled hosts and enrollment
-//	classes.go    action classes and the rules that pick them
+//	classes.go    action classes: windows, retention, what each does with an unknown outcome
 //	config.go     the TOML configuration
 //	metrics.go    Prometheus series
 //
 // Invariants: the journal has one owner (this process); a failed journal write stops an
 // execution where it is and nothing further is sent; at most one driver acts on an execution
-// at a time; nothing is dispatched twice except an execution whose host has no marker for it,
-// under the same execution id (the host refuses duplicates); actors see only their own
+// at a time; nothing is dispatched twice except an execution whose host has no marker for it
+// and that is younger than the host's marker retention, under the same execution id (the host
+// refuses duplicates); no host answer moves the journal along an edge its graph lacks (one
+// table, hostOutcomes); review required is a field of the record; actors see only their own
 // executions; secrets never enter records, fingerprints or logs, and what a target sends back
 // is redacted of its credential before it is journaled (plugins.Redactor).
 package bastion

@@ -78,6 +78,22 @@ func (w notifyingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// requestCancel notes that execution_cancel asked to stop id. Until it ends, its drivers
+// cancel it on the host as soon as the host confirms a start, and cancel it in the journal
+// instead of re-dispatching it if the host never started it. The note lives as long as this
+// process (a restart forgets it; the host's marker still decides).
+func (b *Bastion) requestCancel(id string) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.cancels[id] = true
+}
+
+func (b *Bastion) cancelRequested(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.cancels[id]
+}
+
 // startDriver returns the driver of rec's execution, starting one if there is none. It
 // returns nil once the bastion is closing.
 func (b *Bastion) startDriver(rec *markers.Record) *driver {
@@ -130,7 +146,13 @@ func (b *Bastion) drive(d *driver, asked func()) {
 	log := b.log.With("execution_id", rec.ID, "host", rec.Host)
 	host, err := b.inv.Host(rec.Host)
 	if err != nil {
-		b.settleUnknown(d, log, "host "+rec.Host+" is no longer in the inventory: "+err.Error())
+		note := "host " + rec.Host + " is no longer in the inventory: " + err.Error()
+		if rec.State == markers.Accepted || rec.State == markers.Authorized {
+			b.conclude(d, verdict{To: markers.Failed, Note: note + "; nothing was dispatched"})
+			return
+		}
+		log.Warn("execution outcome unknown", "why", note)
+		b.conclude(d, verdict{To: markers.Unknown, Note: note})
 		return
 	}
 	switch rec.State {
@@ -142,7 +164,7 @@ func (b *Bastion) drive(d *driver, asked func()) {
 		cancel()
 		if err != nil {
 			if b.ctx.Err() == nil {
-				b.finish(d, markers.Failed, fmt.Sprintf("could not connect to %s, nothing was sent: %v", host.Name, err), nil)
+				b.conclude(d, verdict{To: markers.Failed, Note: fmt.Sprintf("could not connect to %s, nothing was sent: %v", host.Name, err)})
 			}
 			return
 		}
@@ -168,7 +190,7 @@ func (b *Bastion) drive(d *driver, asked func()) {
 		if b.ctx.Err() != nil {
 			return // shutting down: the host goes on; the next start reconciles
 		}
-		if !b.settle(d, log, res, err) {
+		if !b.settle(d, log, host, res, err) {
 			return
 		}
 		if attempt >= maxReconcileAttempts {
@@ -181,74 +203,56 @@ func (b *Bastion) drive(d *driver, asked func()) {
 	}
 }
 
-// reconcile asks the host for the execution's marker and prepares the journal for the
-// next exec: re-dispatch (no marker: it never started) or attach (a marker exists). It
-// returns false when the host cannot be asked; the execution is then unknown.
+// reconcile asks the host about the execution and carries out reconcileOn's decision. It
+// returns true when the driver is to exec: re-dispatch (the host has no marker, so it never
+// started) or attach (the host has a marker).
 func (b *Bastion) reconcile(d *driver, log *slog.Logger, host Host) bool {
 	rec := d.record()
-	present, marker, err := b.askHost(host, rec.ID)
+	st, err := b.askHost(host, rec.ID)
 	if err != nil {
 		b.metrics.reconciled.WithLabelValues("unreachable").Inc()
-		b.settleUnknown(d, b.log, fmt.Sprintf("hostagent on %s could not be asked (%v); the outcome stays unknown until it can be", host.Name, err))
+		note := fmt.Sprintf("hostagent on %s could not be asked (%v); the outcome stays unknown until it can be", host.Name, err)
+		log.Warn("execution outcome unknown", "why", note)
+		b.conclude(d, verdict{To: markers.Unknown, Note: note})
 		return false
 	}
-	var note string
-	var path []markers.State
-	switch {
-	case !present:
-		b.metrics.reconciled.WithLabelValues("absent").Inc()
-		note = "host has no marker: the command never started; dispatching the same execution id again"
-		switch rec.State {
-		case markers.Running:
-			path = []markers.State{markers.Unknown, markers.Dispatched}
-		case markers.Unknown:
-			path = []markers.State{markers.Dispatched}
-		}
-	default:
-		b.metrics.reconciled.WithLabelValues(string(marker.State)).Inc()
-		note = fmt.Sprintf("host marker is %s: attaching", marker.State)
-		if rec.State != markers.Running && (marker.State == markers.Started || marker.State == markers.Running) {
-			path = []markers.State{markers.Running}
-		}
+	act := reconcileOn(rec, b.now(), host.Name, st, b.cancelRequested(rec.ID))
+	answer := "absent"
+	if st.Marker != nil {
+		answer = string(st.Marker.State)
 	}
-	log.Info("reconciled with host", "note", note)
-	var next *markers.Record
-	if path != nil {
-		next, err = b.journal.Advance(b.ctx, rec.ID, rec.State, path, note, addEvidence(note))
-	} else {
-		next, err = b.journal.Update(b.ctx, rec.ID, note, addEvidence(note))
-	}
-	if err != nil {
-		b.journalFailed(d, b.log, "reconcile", err)
-		return false
-	}
-	d.set(next)
-	return true
+	b.metrics.reconciled.WithLabelValues(answer).Inc()
+	log.Info("reconciled with host", "marker", answer, "action", act.Do, "note", act.Verdict.Note)
+	return b.conclude(d, act.Verdict) && act.Do != settle
 }
 
-// askHost returns the host's marker for id, or present=false when it has none.
-func (b *Bastion) askHost(host Host, id string) (present bool, marker *markers.Record, err error) {
+// askHost returns the host's status answer about id: its marker (nil if it has none) and
+// how long it keeps markers.
+func (b *Bastion) askHost(host Host, id string) (hostStatus, error) {
 	ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
 	defer cancel()
 	conn, err := b.pool.Conn(ctx, host)
 	if err != nil {
-		return false, nil, err
+		return hostStatus{}, err
 	}
 	cc, err := client.DialControl(conn)
 	if err != nil {
 		b.pool.Invalidate(host.Name, conn)
-		return false, nil, err
+		return hostStatus{}, err
 	}
 	defer cc.Close()
-	found, _, err := cc.Status(ctx, []string{id})
+	report, err := cc.StatusReport(ctx, []string{id})
 	if err != nil {
 		b.pool.Invalidate(host.Name, conn)
-		return false, nil, err
+		return hostStatus{}, err
 	}
-	if len(found) == 0 {
-		return false, nil, nil
+	st := hostStatus{Retention: report.MarkerRetention}
+	for _, m := range report.Markers {
+		if m.ID == id {
+			st.Marker = m
+		}
 	}
-	return true, found[0], nil
+	return st, nil
 }
 
 // runningDelay is how long a host-confirmed start waits before `running` is journaled on its
@@ -285,6 +289,14 @@ func (b *Bastion) execOnce(d *driver, host Host) (client.Result, error) {
 			b.metrics.dispatchLatency.Observe(time.Since(start).Seconds())
 			d.setStarted(m.Marker)
 			running.after(runningDelay, func() { b.markRunning(d) })
+			if b.cancelRequested(rec.ID) {
+				// Cancelled while it was on its way: the host had nothing to cancel then.
+				b.wg.Go(func() {
+					if err := b.cancelOnHost(b.ctx, host, rec.ID); err != nil {
+						b.log.Warn("cancel after start", "execution_id", rec.ID, "err", err)
+					}
+				})
+			}
 		},
 	})
 	running.stop()
@@ -375,59 +387,24 @@ type storedResult struct {
 	StderrOffset int64  `json:"stderr_offset"`
 }
 
-// settle journals how an exec ended. It returns true when the outcome is unknown and
-// another reconcile may resolve it.
-func (b *Bastion) settle(d *driver, log *slog.Logger, res client.Result, runErr error) (again bool) {
-	rec := d.record()
-	var first, final *markers.Record
+// settle journals how an exec ended (execVerdict). It returns true when the outcome is
+// unknown because the answer was lost, so that asking the host again may settle it.
+func (b *Bastion) settle(d *driver, log *slog.Logger, host Host, res client.Result, runErr error) (again bool) {
+	a := execAnswer{Err: runErr, ExitStatus: res.ExitStatus, ExitSignal: res.ExitSignal, Stderr: lastLine(d.stderr)}
 	if res.First != nil {
-		first = res.First.Marker
+		a.First = res.First.Marker
 	}
 	if res.Final != nil {
-		final = res.Final.Marker
+		a.Final = res.Final.Marker
 	}
-	switch {
-	case runErr != nil && errors.Is(runErr, client.ErrRefused) && first == nil:
-		b.finish(d, markers.Failed, fmt.Sprintf("the host refused the request, nothing was started: %v", runErr), nil)
-		return false
-	case runErr != nil:
-		note := fmt.Sprintf("connection lost after dispatch (%v); asking the host", runErr)
-		if first == nil {
-			note = fmt.Sprintf("connection failed before the host confirmed the start (%v); asking the host", runErr)
-		}
-		return b.toUnknown(d, note)
-	case first != nil && first.ID != rec.ID:
-		b.operationTaken(d, first)
-		return false
-	case final == nil && first == nil && res.ExitStatus == 255:
-		b.finish(d, markers.Failed, "the host refused the command before writing a marker, nothing was started: "+lastLine(d.stderr), nil)
-		return false
-	case final == nil && first != nil && (first.State == markers.Interrupted || res.ExitStatus == 254):
-		b.toUnknown(d, fmt.Sprintf("host marker is %s: the command started and its process vanished without an exit record; it is not run again — "+reviewRequired, first.State))
-		return false
-	case final == nil:
-		code := res.ExitStatus
-		b.finish(d, markers.Completed, fmt.Sprintf("exit status %d (the host sent no final marker)", code), func(r *markers.Record) {
-			r.ExitCode = &code
-			r.Signal = res.ExitSignal
-			r.IsError = code != 0 || res.ExitSignal != ""
-		})
+	v := execVerdict(d.id, host.Name, a)
+	if !b.conclude(d, v) {
 		return false
 	}
-	switch final.State {
-	case markers.Exited:
-		b.finish(d, markers.Completed, outcomeNote(final), func(r *markers.Record) { copyOutcome(r, final) })
-	case markers.TimedOut:
-		b.finish(d, markers.TimedOut, "the host killed it at its timeout", func(r *markers.Record) { copyOutcome(r, final) })
-	case markers.Cancelled:
-		b.finish(d, markers.Cancelled, "cancelled on the host", func(r *markers.Record) { copyOutcome(r, final) })
-	case markers.NotStarted:
-		b.finish(d, markers.Failed, "the host could not start it: "+joinEvidence(final.Evidence), nil)
-	default:
-		b.toUnknown(d, fmt.Sprintf("host marker is %s: its outcome is unknown; it is not run again — "+reviewRequired, final.State))
+	if v.To != markers.Unknown {
+		log.Info("execution ended", "state", d.record().State)
 	}
-	log.Info("execution ended", "state", d.record().State)
-	return false
+	return v.Again
 }
 
 func outcomeNote(m *markers.Record) string {
@@ -452,34 +429,50 @@ func copyOutcome(r, m *markers.Record) {
 	r.Validated = m.Validated
 }
 
-// finish journals a terminal outcome of an SSH execution with the captured output tail in
-// the same write.
-func (b *Bastion) finish(d *driver, to markers.State, note string, mutate func(*markers.Record)) {
-	out, outFrom := d.stdout.last(b.cfg.OutputTailBytes)
-	errb, errFrom := d.stderr.last(b.cfg.OutputTailBytes)
-	result, err := json.Marshal(storedResult{Stdout: out, StdoutOffset: outFrom, Stderr: errb, StderrOffset: errFrom})
-	if err != nil {
-		b.log.Error("encode result", "execution_id", d.id, "err", err)
-		return
-	}
-	b.record(d, to, note, result, func(r *markers.Record) {
-		if mutate != nil {
-			mutate(r)
+// conclude journals an SSH execution's verdict: its state (along journalPath), evidence,
+// review flag, the host's outcome, and — for a terminal state — the captured output tail in
+// the same write. It returns false if the journal did not take it.
+func (b *Bastion) conclude(d *driver, v verdict) bool {
+	var result []byte
+	// A refusal for an operation key keeps no output: the host's stderr names the holder,
+	// which may be another actor's execution.
+	if markers.Journal.Terminal(v.To) && v.TakenBy == "" {
+		out, outFrom := d.stdout.last(b.cfg.OutputTailBytes)
+		errb, errFrom := d.stderr.last(b.cfg.OutputTailBytes)
+		var err error
+		result, err = json.Marshal(storedResult{Stdout: out, StdoutOffset: outFrom, Stderr: errb, StderrOffset: errFrom})
+		if err != nil {
+			b.log.Error("encode result", "execution_id", d.id, "err", err)
+			return false
 		}
-		if r.Output.StdoutBytes == 0 && r.Output.StdoutSHA256 == "" {
+	}
+	return b.advance(d, v.To, v.Note, v.Review, result, func(r *markers.Record) {
+		if v.Outcome != nil {
+			copyOutcome(r, v.Outcome)
+		}
+		if v.StartError != "" {
+			r.StartError = v.StartError
+		}
+		if v.TakenBy != "" {
+			r.OperationTakenBy = v.TakenBy
+		}
+		if result != nil && r.Output.StdoutBytes == 0 && r.Output.StdoutSHA256 == "" {
 			r.Output = markers.Output{StdoutBytes: d.stdout.size(), StderrBytes: d.stderr.size()}
 		}
 	})
 }
 
-// record journals a terminal outcome and its stored result (if any) in one write. A start
-// the host confirmed but the journal does not show yet is written as running first.
-func (b *Bastion) record(d *driver, to markers.State, note string, result []byte, mutate func(*markers.Record)) {
+// advance journals the driver's execution moving to `to` along journalPath — or, already
+// there, a note — with note as evidence, review as its ReviewRequired, and the stored result
+// (if any) and mutate in the same write. A start the host confirmed but the journal does not
+// show yet is written as running first. It returns false if the journal did not take it.
+func (b *Bastion) advance(d *driver, to markers.State, note string, review bool, result []byte, mutate func(*markers.Record)) bool {
 	rec := d.record()
-	path := []markers.State{to}
 	started := d.unjournaledStart()
-	if started != nil && to != markers.Failed {
-		path = []markers.State{markers.Running, to}
+	path := journalPath(rec.State, to, started != nil)
+	review = review && to == markers.Unknown
+	if path == nil && rec.ReviewRequired == review && len(rec.Evidence) > 0 && rec.Evidence[len(rec.Evidence)-1] == note {
+		return true // nothing new to record
 	}
 	apply := func(r *markers.Record) error {
 		if started != nil && r.PID == 0 {
@@ -491,61 +484,43 @@ func (b *Bastion) record(d *driver, to markers.State, note string, result []byte
 		if to == markers.Failed {
 			r.IsError = true
 		}
-		if result != nil {
+		if result != nil && path != nil {
 			r.ResultRef = "journal:" + rec.ID
 		}
 		r.Evidence = appendBounded(r.Evidence, note)
+		r.ReviewRequired = review
 		return nil
 	}
 	var next *markers.Record
 	var err error
-	if result != nil {
+	switch {
+	case path == nil:
+		next, err = b.journal.Update(b.ctx, rec.ID, note, apply)
+	case result != nil:
 		next, err = b.journal.AdvanceWithResult(b.ctx, rec.ID, rec.State, path, note, result, apply)
-	} else {
+	default:
 		next, err = b.journal.Advance(b.ctx, rec.ID, rec.State, path, note, apply)
 	}
 	if err != nil {
 		b.journalFailed(d, b.log, string(to), err)
-		return
-	}
-	d.set(next)
-	b.metrics.finished.WithLabelValues(string(to)).Inc()
-}
-
-// toUnknown journals that the outcome cannot be proven yet. It returns true if the caller
-// may reconcile again.
-func (b *Bastion) toUnknown(d *driver, note string) bool {
-	rec := d.record()
-	var next *markers.Record
-	var err error
-	switch {
-	case rec.State == markers.Unknown && len(rec.Evidence) > 0 && rec.Evidence[len(rec.Evidence)-1] == note:
-		return true // nothing new to record
-	case rec.State == markers.Unknown:
-		next, err = b.journal.Update(b.ctx, rec.ID, note, addEvidence(note))
-	case d.unjournaledStart() != nil:
-		// The host had confirmed the start: the journal says so before it says unknown.
-		next, err = b.journal.Advance(b.ctx, rec.ID, rec.State, []markers.State{markers.Running, markers.Unknown}, note, addEvidence(note))
-	default:
-		next, err = b.journal.Transition(b.ctx, rec.ID, rec.State, markers.Unknown, note, addEvidence(note))
-	}
-	if err != nil {
-		b.journalFailed(d, b.log, "unknown", err)
 		return false
 	}
 	d.set(next)
-	b.metrics.finished.WithLabelValues(string(markers.Unknown)).Inc()
+	if path != nil && (to == markers.Unknown || markers.Journal.Terminal(to)) {
+		b.metrics.finished.WithLabelValues(string(to)).Inc()
+	}
+	if markers.Journal.Terminal(to) {
+		b.mu.Lock()
+		delete(b.cancels, rec.ID)
+		b.mu.Unlock()
+	}
 	return true
 }
 
-func (b *Bastion) settleUnknown(d *driver, log *slog.Logger, note string) {
-	rec := d.record()
-	if rec.State == markers.Accepted || rec.State == markers.Authorized {
-		b.finish(d, markers.Failed, note+"; nothing was dispatched", nil)
-		return
-	}
-	log.Warn("execution outcome unknown", "execution_id", rec.ID, "why", note)
-	b.toUnknown(d, note)
+// toUnknown journals that the outcome cannot be proven yet (review: and only an operator can
+// settle it). It returns true if the journal took it.
+func (b *Bastion) toUnknown(d *driver, note string, review bool) bool {
+	return b.advance(d, markers.Unknown, note, review, nil, nil)
 }
 
 // journalFailed stops the driver: with the journal unable to record the next step, nothing
@@ -580,13 +555,6 @@ func appendBounded(ev []string, note string) []string {
 		ev = ev[len(ev)-maxEvidence:]
 	}
 	return ev
-}
-
-func joinEvidence(ev []string) string {
-	if len(ev) == 0 {
-		return "no reason recorded"
-	}
-	return ev[len(ev)-1]
 }
 
 func lastLine(t *tail) string {

@@ -371,17 +371,6 @@ func (b *Bastion) join(ctx context.Context, prior *markers.Record, outcome match
 	return x, nil
 }
 
-// operationTaken journals that the host refused the execution because its operation key
-// belongs to holder (the marker the host sent instead of starting it). The holder may be
-// another actor's, so neither the evidence nor the stored result names it — the host's own
-// refusal on stderr does, and is not kept; the id goes to OperationTakenBy, for operators,
-// and the view shows it only to its owner.
-func (b *Bastion) operationTaken(d *driver, holder *markers.Record) {
-	rec := d.record()
-	note := fmt.Sprintf("operation key %s is taken by another execution on %s; this execution was not started", rec.OperationKey, rec.Host)
-	b.record(d, markers.Failed, note, nil, func(r *markers.Record) { r.OperationTakenBy = holder.ID })
-}
-
 // shellCommand is the argv an ssh_exec command line runs as: the account's shell on the
 // host runs it with -c. Records keep this form; commandLine recovers the line.
 func shellCommand(line string) []string { return []string{"sh", "-c", line} }

@@ -411,7 +411,7 @@ func (b *Bastion) driveHTTP(d *driver, asked func()) {
 		d.set(next)
 	case markers.Dispatched, markers.Running:
 		// In flight when the bastion stopped: the request may have been written.
-		if !b.toUnknown(d, "the bastion stopped while the request was in flight; whether it reached the target is unknown") {
+		if !b.toUnknown(d, "the bastion stopped while the request was in flight; whether it reached the target is unknown", false) {
 			return
 		}
 	}
@@ -433,57 +433,50 @@ func (b *Bastion) driveHTTP(d *driver, asked func()) {
 	}
 }
 
-// resolveUnknownHTTP decides, by the endpoint's class, whether an unknown HTTP execution
-// may be sent again (DESIGN.md, "Action classes"). It returns true to send it again.
+// resolveUnknownHTTP carries out decideUnknownHTTP for an unknown HTTP execution, asking the
+// endpoint's status check when its class wants one. It returns true to send it again.
 func (b *Bastion) resolveUnknownHTTP(d *driver, log interface{ Info(string, ...any) }) bool {
 	rec := d.record()
-	ep, ok := b.endpoint(rec.Host)
-	if !ok {
-		b.toUnknown(d, "endpoint "+rec.Host+" is no longer configured; "+reviewRequired)
+	ep, configured := b.endpoint(rec.Host)
+	act := decideUnknownHTTP(rec, configured, nil)
+	var checked *plugins.HTTPResponse
+	if act.Do == statusCheck {
+		var answer statusAnswer
+		answer, checked = b.statusCheck(rec, ep)
+		act = decideUnknownHTTP(rec, configured, &answer)
+	}
+	if act.Verdict.To == markers.Completed {
+		b.finishHTTP(d, markers.Completed, act.Verdict.Note, checked)
 		return false
 	}
-	switch ep.Class {
-	case ClassReadOnly, ClassIdempotentWrite:
-		note := "outcome unknown; " + ep.Class + ": sending the same request again with the same Idempotency-Key"
-		log.Info("re-sending", "why", note)
-		b.toUnknown(d, note)
-		return true
-	case ClassConditionalWrite:
-		return b.statusCheck(d, ep)
-	default:
-		b.toUnknown(d, "outcome unknown and the endpoint is "+ep.Class+": it is not sent again — "+reviewRequired)
-		return false
+	if act.Do == resend {
+		log.Info("re-sending", "why", act.Verdict.Note)
 	}
+	return b.toUnknown(d, act.Verdict.Note, act.Verdict.Review) && act.Do == resend
 }
 
-// statusCheck asks a conditional_write endpoint whether the execution took effect: 2xx yes
-// (completed, with the check's response), 404 no (send again), anything else stays unknown.
-func (b *Bastion) statusCheck(d *driver, ep EndpointConfig) bool {
-	rec := d.record()
+// statusCheck asks a conditional_write endpoint whether the execution took effect, and
+// returns its answer (and response, to store when it proves the effect).
+func (b *Bastion) statusCheck(rec *markers.Record, ep EndpointConfig) (statusAnswer, *plugins.HTTPResponse) {
+	if ep.StatusCheck == "" {
+		return statusAnswer{Err: fmt.Errorf("endpoint %s has no status_check", ep.Name)}, nil
+	}
 	base, _ := url.Parse(ep.BaseURL)
 	check := *base
 	check.Path = strings.TrimSuffix(base.Path, "/") + strings.ReplaceAll(ep.StatusCheck, "{execution_id}", rec.ID)
 	action, err := b.httpAction(rec, ep, httpRequest{Method: http.MethodGet, URL: check.String()})
 	if err != nil {
-		b.toUnknown(d, "status check not possible: "+err.Error())
-		return false
+		return statusAnswer{Err: fmt.Errorf("status check not possible: %w", err)}, nil
 	}
 	out, err := b.plugin.Perform(b.ctx, action, readOnlyJournal{id: rec.ID})
 	redact := action.Credential.Redactor()
 	switch {
-	case err != nil || out.Response == nil:
-		b.toUnknown(d, redact.String(fmt.Sprintf("status check failed (%v %s); the outcome stays unknown", err, out.Reason)))
-		return false
-	case out.Response.Status/100 == 2:
-		resp := redact.Response(*out.Response)
-		b.finishHTTP(d, markers.Completed, fmt.Sprintf("status check %s answered %d: it took effect", check.Path, out.Response.Status), &resp)
-		return false
-	case out.Response.Status == http.StatusNotFound:
-		b.toUnknown(d, "status check answered 404: it did not take effect; sending it again with the same Idempotency-Key")
-		return true
+	case err != nil:
+		return statusAnswer{Err: errors.New(redact.String(err.Error()))}, nil
+	case out.Response == nil:
+		return statusAnswer{Err: fmt.Errorf("no response: %s", redact.String(out.Reason))}, nil
 	}
-	b.toUnknown(d, fmt.Sprintf("status check answered %d; the outcome stays unknown — "+reviewRequired, out.Response.Status))
-	return false
+	return statusAnswer{Status: out.Response.Status}, out.Response
 }
 
 // httpAction builds what the plugin sends, with the credential resolved now.
@@ -542,7 +535,7 @@ func (b *Bastion) performHTTP(d *driver, log interface{ Warn(string, ...any) }) 
 	case markers.Authorized:
 		b.finishHTTP(d, markers.Failed, fmt.Sprintf("the plugin failed before the request was written (%v); nothing was sent", err), nil)
 	case markers.Dispatched:
-		b.toUnknown(d, fmt.Sprintf("the plugin failed after the request was dispatched (%v); whether it reached the target is unknown", err))
+		b.toUnknown(d, fmt.Sprintf("the plugin failed after the request was dispatched (%v); whether it reached the target is unknown", err), false)
 	}
 }
 
@@ -550,7 +543,7 @@ func (b *Bastion) performHTTP(d *driver, log interface{ Warn(string, ...any) }) 
 // earlier attempt may have been sent.
 func (b *Bastion) settleNotSent(d *driver, note string) {
 	if d.record().State == markers.Unknown {
-		b.toUnknown(d, note)
+		b.toUnknown(d, note, false)
 		return
 	}
 	b.finishHTTP(d, markers.Failed, note, nil)
@@ -570,7 +563,7 @@ func (b *Bastion) finishHTTP(d *driver, to markers.State, note string, resp *plu
 			return
 		}
 	}
-	b.record(d, to, note, result, func(r *markers.Record) {
+	b.advance(d, to, note, false, result, func(r *markers.Record) {
 		if resp != nil {
 			r.HTTPStatus = resp.Status
 			r.IsError = resp.Status >= 400
@@ -633,7 +626,7 @@ func (j httpJournal) Unknown(_ context.Context, id, reason string) error {
 	if err := j.check(id); err != nil {
 		return err
 	}
-	j.b.toUnknown(j.d, "the request was written and then "+j.redact.String(reason))
+	j.b.toUnknown(j.d, "the request was written and then "+j.redact.String(reason), false)
 	return j.outcomeErr(markers.Unknown)
 }
 

@@ -22,7 +22,7 @@ import (
 // must be able to read it while the daemon runs. Decisions (approve, deny, review) are
 // journaled with the operator's identity, taken from the connection's peer credentials.
 //
-//	GET /v1/executions?state=&actor=&host=&since=&limit=&cursor=   records, newest first
+//	GET /v1/executions?state=&review_required=&actor=&host=&since=&limit=&cursor=   records, newest first
 //	GET /v1/executions/{id}                                        record, events, stored output
 //	GET /v1/hosts                                                  enrolled hosts
 //	GET /v1/markers/{host}?state=&limit=                           the host's markers (asks it)
@@ -32,7 +32,7 @@ import (
 //	GET /v1/approvals                                              executions awaiting approval
 //	POST /v1/approvals/{id}/approve  {"note"}                      authorize and dispatch
 //	POST /v1/approvals/{id}/deny     {"reason"}                    reject
-//	POST /v1/executions/{id}/review  {"outcome","note"}            an unknown outcome, verified
+//	POST /v1/executions/{id}/review  {"outcome","note"}            an unknown (or stuck) outcome, verified
 
 // ExecutionDetail is one execution for operators: the record, its event story and output.
 type ExecutionDetail struct {
@@ -122,6 +122,21 @@ func (b *Bastion) opListExecutions(w http.ResponseWriter, r *http.Request) {
 		q.Limit = n
 	}
 	host := r.FormValue("host")
+	review := false
+	if v := r.FormValue("review_required"); v != "" {
+		var err error
+		if review, err = strconv.ParseBool(v); err != nil {
+			writeJSON(w, nil, invalid("review_required must be true or false"))
+			return
+		}
+		if review && q.State != "" && q.State != markers.Unknown {
+			writeJSON(w, nil, invalid("review_required selects unknown executions, not %s", q.State))
+			return
+		}
+		if review {
+			q.State = markers.Unknown
+		}
+	}
 	page := ExecutionPage{Executions: []*markers.Record{}}
 	recs, next, err := b.journal.List(q)
 	if err != nil {
@@ -129,7 +144,7 @@ func (b *Bastion) opListExecutions(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	for _, rec := range recs {
-		if host == "" || rec.Host == host {
+		if (host == "" || rec.Host == host) && (!review || rec.ReviewRequired) {
 			page.Executions = append(page.Executions, rec)
 		}
 	}
@@ -301,8 +316,8 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 			status, code = http.StatusNotFound, CodeUnknownHost
 		case errors.Is(err, ErrNotAwaitingApproval):
 			status, code = http.StatusConflict, "not_awaiting_approval"
-		case errors.Is(err, ErrNotUnknown):
-			status, code = http.StatusConflict, "not_unknown"
+		case errors.Is(err, ErrNotReviewable):
+			status, code = http.StatusConflict, "not_reviewable"
 		}
 		w.WriteHeader(status)
 		json.NewEncoder(w).Encode(OperatorError{Error: err.Error(), Code: code})

@@ -16,7 +16,8 @@ const cancelWait = 15 * time.Second
 
 // Cancel stops an execution: one not yet dispatched is cancelled in the journal; one on a
 // host is cancelled there (TERM, then KILL after the host's grace period) and its outcome
-// follows from the host's marker.
+// follows from the host's marker; one its host never started (no marker) is cancelled in the
+// journal by its driver instead of being dispatched again. An HTTP request cannot be recalled.
 func (b *Bastion) Cancel(ctx context.Context, c transport.Caller, id string) (*Execution, error) {
 	rec, err := b.own(c, id)
 	if err != nil {
@@ -42,13 +43,19 @@ func (b *Bastion) Cancel(ctx context.Context, c transport.Caller, id string) (*E
 		x.Next = "It had already ended (" + string(rec.State) + "); nothing to cancel."
 		return x, nil
 	}
+	if rec.Channel == "http" {
+		x := b.stored(rec)
+		x.Next = "An HTTP request that was sent cannot be recalled; its outcome follows from the endpoint's answer. Check execution_status."
+		return x, nil
+	}
 	host, err := b.inv.Host(rec.Host)
 	if err != nil {
 		return nil, &ToolError{Code: CodeUnknownHost, Message: err.Error(), ExecutionID: id}
 	}
+	b.requestCancel(id)
 	if err := b.cancelOnHost(ctx, host, id); err != nil {
 		x := b.stored(rec)
-		x.Next = fmt.Sprintf("The cancel could not be delivered to %s (%v); the command may still be running. Try again, or check execution_status.", host.Name, err)
+		x.Next = fmt.Sprintf("The cancel could not be delivered to %s (%v); the command may still be running. If the host turns out never to have started it, it is cancelled instead of sent again. Try again, or check execution_status.", host.Name, err)
 		return x, nil
 	}
 	d := b.startDriver(rec)
@@ -71,8 +78,8 @@ func (b *Bastion) cancelOnHost(ctx context.Context, host Host, id string) error 
 	}
 	defer cc.Close()
 	_, err = cc.Cancel(ctx, id)
-	if errors.Is(err, client.ErrNotRunning) {
-		return nil // it ended or never started; the driver reports which
+	if errors.Is(err, client.ErrNotRunning) || errors.Is(err, markers.ErrNotFound) {
+		return nil // it ended, or never started (no marker): the driver reports which
 	}
 	return err
 }

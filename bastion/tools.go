@@ -20,7 +20,7 @@ const Version = "0.4.0"
 
 // The replay contract every execution tool states: what happens when the caller loses a
 // response and calls again.
-const replayContract = `Replay contract: every call that starts work gets a server-made execution id, journaled before anything is sent. If you lose the response and call again with the same arguments (same actor and run), you get the SAME execution back (replayed: true) — it is never run twice; a finished one returns its stored result. If the connection to the host was lost, Postern asks the host before deciding: it re-sends only when the host proves the command never started, otherwise it attaches. state "unknown" means the outcome could not be proven: it is never hidden and never retried blindly. If policy requires an operator's approval, the call returns at once with state "awaiting_approval" and the execution id; a retry returns that same pending (or decided) execution and never asks for approval twice. A "rejected" execution stays rejected: a retry returns the same rejection.`
+const replayContract = `Replay contract: every call that starts work gets a server-made execution id, journaled before anything is sent. If you lose the response and call again with the same arguments (same actor and run), you get the SAME execution back (replayed: true) — it is never run twice; a finished one returns its stored result. If the connection to the host was lost, Postern asks the host before deciding: it re-sends only when the host proves the command never started (no marker, for an execution younger than the host keeps markers), otherwise it attaches. A command that could not start (missing cwd or shell) ends "failed" with the cause in its evidence: it did not run. state "unknown" means the outcome could not be proven: it is never hidden and never retried blindly; with review_required: true, Postern will not ask or send again and only an operator's review settles it. If policy requires an operator's approval, the call returns at once with state "awaiting_approval" and the execution id; a retry returns that same pending (or decided) execution and never asks for approval twice. A "rejected" execution stays rejected: a retry returns the same rejection.`
 
 func boolPtr(v bool) *bool { return &v }
 
@@ -72,7 +72,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 	mcp.AddTool(srv, &mcp.Tool{
 		Name:        "execution_cancel",
 		Title:       "Cancel an execution",
-		Description: "Cancel one of your executions: not yet dispatched → cancelled, nothing runs; running on its host → TERM, then KILL after the host's grace period. Cancelling an execution that already ended changes nothing. Calling it twice is the same as once.",
+		Description: "Cancel one of your executions: not yet dispatched, or never started by its host → cancelled, nothing runs; running on its host → TERM, then KILL after the host's grace period. A sent HTTP request cannot be recalled. Cancelling an execution that already ended changes nothing. Calling it twice is the same as once.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: true, OpenWorldHint: boolPtr(true)},
 	}, executionTool(b, operatesOnOne, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in executionRef) (*Execution, error) {
 		return b.Cancel(ctx, c, in.ExecutionID)

@@ -59,6 +59,9 @@ type Execution struct {
 	// PreviousAttempt is the failed execution this one retries: a call with the same
 	// idempotency_key and the same request after that one provably did not take effect.
 	PreviousAttempt string `json:"previous_attempt,omitempty"`
+	// ReviewRequired: the outcome is unknown and Postern will neither ask nor send again;
+	// only an operator's review (`postern review`) settles it.
+	ReviewRequired bool `json:"review_required,omitempty"`
 	// Next says what is safe to do now.
 	Next string `json:"next"`
 }
@@ -76,6 +79,9 @@ func (x *Execution) Summary() string {
 	}
 	if x.HTTPStatus != 0 {
 		fmt.Fprintf(&sb, " (HTTP %d)", x.HTTPStatus)
+	}
+	if x.ReviewRequired {
+		sb.WriteString(" [review required]")
 	}
 	if x.Replayed {
 		sb.WriteString(" [replayed: no new dispatch]")
@@ -135,6 +141,7 @@ func (b *Bastion) view(rec *markers.Record) *Execution {
 		AcceptedAt:      rec.CreatedAt,
 		Evidence:        rec.Evidence,
 		PreviousAttempt: rec.PreviousAttempt,
+		ReviewRequired:  rec.ReviewRequired,
 	}
 	if rec.ExitCode != nil {
 		code := *rec.ExitCode
@@ -197,6 +204,9 @@ func nextStep(rec *markers.Record, holder *markers.Record) string {
 	case markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running:
 		return fmt.Sprintf("Still in progress. Wait with execution_output {execution_id: %q} or execution_status; do not call ssh_exec again for this — a retry joins this execution anyway.", rec.ID)
 	case markers.Unknown:
+		if rec.ReviewRequired {
+			return fmt.Sprintf("The outcome is NOT known, and Postern will not send it again: an operator must review it (postern review %s). Do not run it as a new request unless you have verified it did not take effect; the evidence says why it is unresolved.", rec.ID)
+		}
 		if rec.Channel == "http" {
 			return fmt.Sprintf("The outcome is NOT known: the request may or may not have taken effect at %s. What Postern does depends on the endpoint's class (%s): read_only and idempotent_write are sent again with the same Idempotency-Key, conditional_write is checked first, irreversible is never re-sent and needs an operator's review. Check execution_status {execution_id: %q}; do not send it as a new request unless you verified it did not take effect.", rec.Host, rec.Class, rec.ID)
 		}
@@ -209,6 +219,8 @@ func nextStep(rec *markers.Record, holder *markers.Record) string {
 			return fmt.Sprintf("The operation already ran as %s: do not run it again (the host refuses operation key %s to every other execution). Read its outcome with execution_status {execution_id: %q}.", holder.ID, rec.OperationKey, holder.ID)
 		case rec.OperationTakenBy != "":
 			return fmt.Sprintf("Do not retry: the host refuses operation key %s to every execution but the one holding it. If the operation must run again, ask an operator.", rec.OperationKey)
+		case rec.StartError != "":
+			return fmt.Sprintf("It did not run: %s on host %s. It is safe to fix that and call again (with the same idempotency_key, a new attempt linked to this one).", rec.StartError, rec.Host)
 		case rec.IdempotencyKey != "":
 			return "Nothing ran: it provably did not take effect. Fix the cause, then call again — the same idempotency_key with the same request starts a new attempt linked to this one (previous_attempt); another request needs a new key."
 		}

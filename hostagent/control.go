@@ -128,6 +128,9 @@ type controlBackend interface {
 	Checkpoint(ctx context.Context, id string, peerPID int, note string, validated bool) (*markers.Record, error)
 	// Export writes the marker store's hash-chained event log as JSONL (markers.Store.Export).
 	Export(w io.Writer) error
+	// MarkerRetention is how long a finished marker is kept: a status answer of "no marker"
+	// proves "never started" only for executions younger than this.
+	MarkerRetention() time.Duration
 }
 
 // controlCaller is who is on the other end of a control connection.
@@ -301,8 +304,9 @@ type (
 		Error client.ControlError `json:"error"`
 	}
 	statusReply struct {
-		Markers []*markers.Record `json:"markers"`
-		Missing []string          `json:"missing"`
+		Markers          []*markers.Record `json:"markers"`
+		Missing          []string          `json:"missing"`
+		MarkerRetentionS int64             `json:"marker_retention_s"`
 	}
 	listReply struct {
 		Markers []*markers.Record `json:"markers"`
@@ -411,7 +415,7 @@ func (cs *controlServer) visible(caller controlCaller, id string) (*markers.Reco
 }
 
 func (cs *controlServer) status(caller controlCaller, ids []string) (statusReply, error) {
-	reply := statusReply{Markers: []*markers.Record{}, Missing: []string{}}
+	reply := statusReply{Markers: []*markers.Record{}, Missing: []string{}, MarkerRetentionS: int64(cs.backend.MarkerRetention() / time.Second)}
 	seen := make(map[string]bool, len(ids))
 	for _, id := range ids {
 		if seen[id] {

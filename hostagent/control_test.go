@@ -120,6 +120,8 @@ func (f *fakeBackend) List(q markers.Query) ([]*markers.Record, string, error) {
 
 func (f *fakeBackend) Export(w io.Writer) error { return f.store.Export(w) }
 
+func (f *fakeBackend) MarkerRetention() time.Duration { return 720 * time.Hour }
+
 func (f *fakeBackend) Attach(ctx context.Context, id string, stdoutOffset, stderrOffset int64, emit func(string, []byte) error) (*markers.Record, error) {
 	if _, err := f.store.Get(id); err != nil {
 		return nil, err
@@ -422,6 +424,10 @@ func TestControlOperatorOverLocalSocket(t *testing.T) {
 		}
 		if !slices.Equal(ids, []string{a, b}) || !slices.Equal(missing, []string{absent}) {
 			t.Errorf("found %v missing %v; want [%s %s] and [%s]", ids, missing, a, b, absent)
+		}
+		report, err := c.StatusReport(ctx, []string{absent})
+		if err != nil || report.MarkerRetention != fb.MarkerRetention() {
+			t.Errorf("status report = %+v, %v; want the host's marker retention %v", report, err, fb.MarkerRetention())
 		}
 	})
 

@@ -278,7 +278,7 @@ func (e *Executor) shell(req ExecRequest) string {
 // provablyFailed: the execution ended without effect we need to protect — it never started,
 // or it exited non-zero.
 func provablyFailed(r *markers.Record) bool {
-	return r.State == markers.NotStarted ||
+	return r.State == markers.NotStarted || r.State == markers.StartFailed ||
 		r.State == markers.Exited && r.ExitCode != nil && *r.ExitCode != 0
 }
 
@@ -305,13 +305,18 @@ func (e *Executor) launch(x *execution, req ExecRequest) {
 	go e.watch(x)
 }
 
-// recordStartFailure records a command that did not run: not_started when the shim proves
-// it (start failed, or no shim record), interrupted otherwise. If that write fails it returns
-// nil: the marker stays started, so every caller is told the outcome is unknown (254) and
-// nothing runs again — never "not run" on a claim the store did not keep.
+// recordStartFailure records a command that did not run: start_failed with its cause when the
+// command could not be started, not_started when the shim never recorded itself (it may be
+// started again), interrupted otherwise. If that write fails it returns nil: the marker stays
+// started, so every caller is told the outcome is unknown (254) and nothing runs again — never
+// "not run" on a claim the store did not keep.
 func (e *Executor) recordStartFailure(x *execution, startErr error) *markers.Record {
-	to, note := markers.NotStarted, "command did not start: "+startErr.Error()
-	if !errors.Is(startErr, shim.ErrStartFailed) && shim.Fence(x.dir) != nil {
+	to, note, cause := markers.NotStarted, "command did not start: "+startErr.Error(), ""
+	var se *shim.StartError
+	switch {
+	case errors.As(startErr, &se):
+		to, note, cause = markers.StartFailed, "command did not start: "+se.Cause, se.Cause
+	case shim.Fence(x.dir) != nil:
 		// The supervisor recorded itself (or the fence failed): it may have started the
 		// command.
 		to, note = markers.Interrupted, "shim failed after it recorded itself: "+startErr.Error()
@@ -319,6 +324,7 @@ func (e *Executor) recordStartFailure(x *execution, startErr error) *markers.Rec
 	e.log.Warn("command did not start", "execution_id", x.id, "state", to, "err", startErr)
 	rec, err := e.store.Transition(e.ctx, x.id, markers.Started, to, note, func(r *markers.Record) error {
 		r.Evidence = append(r.Evidence, note)
+		r.StartError = cause
 		return nil
 	})
 	if err != nil {
@@ -432,6 +438,10 @@ func (e *Executor) duplicate(ctx context.Context, s gliderssh.Session, req ExecR
 	e.release(x, nil)
 	e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true})
 	switch {
+	case rec.State == markers.StartFailed:
+		fmt.Fprintf(s.Stderr(), "postern: %s did not start: %s; it did not run\n", rec.ID, rec.StartError)
+		e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true, Final: true})
+		s.Exit(exitStatus(rec))
 	case markers.Host.Terminal(rec.State) && rec.State != markers.Interrupted:
 		fmt.Fprintf(s.Stderr(), "postern: %s already ran at %s (%s), replaying\n", rec.ID, startedAt(rec), rec.State)
 		e.replay(s, rec)
@@ -518,7 +528,10 @@ func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution
 		}
 		final = rec
 	}
-	if final.State == markers.NotStarted {
+	switch final.State {
+	case markers.StartFailed:
+		fmt.Fprintf(s.Stderr(), "postern: %s did not start: %s; it did not run\n", final.ID, final.StartError)
+	case markers.NotStarted:
 		fmt.Fprintf(s.Stderr(), "postern: %s\n", strings.Join(final.Evidence, "; "))
 	}
 	e.sendMarker(s, client.MarkerMessage{Marker: final, Replayed: replayed, Final: true})
@@ -598,7 +611,7 @@ func exitStatus(r *markers.Record) int {
 	switch {
 	case r.State == markers.TimedOut:
 		return ExitTimedOut
-	case r.State == markers.NotStarted:
+	case r.State == markers.NotStarted || r.State == markers.StartFailed:
 		return ExitRefused
 	case r.State == markers.Interrupted || r.State == markers.Started || r.State == markers.Running:
 		return ExitUnknownOutcome

@@ -19,6 +19,9 @@ func (e *Executor) Get(id string) (*markers.Record, error) { return e.store.Get(
 // List pages through markers.
 func (e *Executor) List(q markers.Query) ([]*markers.Record, string, error) { return e.store.List(q) }
 
+// MarkerRetention is how long finished markers are kept (Config.MarkerRetention).
+func (e *Executor) MarkerRetention() time.Duration { return e.cfg.MarkerRetention }
+
 // Export writes the marker store's event log as JSONL.
 func (e *Executor) Export(w io.Writer) error { return e.store.Export(w) }
 

@@ -158,3 +158,39 @@ func BenchmarkExecConcurrent(b *testing.B) {
 	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "execs/s")
 	b.ReportMetric(float64(after.Commits-before.Commits)/float64(b.N), "fsyncs/exec")
 }
+
+// TestStartFailureIsFinal: a command that cannot start (its cwd is missing) ends in
+// start_failed with the real cause, exits 255 without running, and the same execution id
+// sent again is answered from the marker — it is not tried again.
+func TestStartFailureIsFinal(t *testing.T) {
+	store := testutil.OpenStore(t, markers.Host)
+	ea := startExecAgent(t, func(o *hostagent.ExecutorOptions) { o.Store = store.Store })
+	effects := filepath.Join(t.TempDir(), "effects")
+	id, _ := markers.NewExecutionID(time.Now())
+	const cwd = "/nonexistent/postern-driver"
+	for attempt := range 2 {
+		var stderr strings.Builder
+		res, err := client.Run(context.Background(), ea.client, client.Exec{ExecutionID: id, Command: "echo ran >> " + effects, Cwd: cwd, Stderr: &stderr})
+		if err != nil || res.ExitStatus != hostagent.ExitRefused || res.Final == nil {
+			t.Fatalf("attempt %d: exec = %+v, %v; want 255 with a final marker", attempt, res, err)
+		}
+		m := res.Final.Marker
+		want := "cwd " + cwd + " does not exist"
+		if m.State != markers.StartFailed || m.StartError != want || !strings.Contains(stderr.String(), want) {
+			t.Errorf("attempt %d: marker %s (%q), stderr %q; want start_failed: %q", attempt, m.State, m.StartError, stderr.String(), want)
+		}
+		if strings.Contains(stderr.String(), "/bin/") {
+			t.Errorf("attempt %d: stderr %q blames the shell", attempt, stderr.String())
+		}
+	}
+	if _, err := os.Stat(effects); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("the command ran")
+	}
+	events, err := store.Events(id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(events) != 2 {
+		t.Errorf("%d marker events; want 2 (created, start_failed): the second request must not restart it", len(events))
+	}
+}

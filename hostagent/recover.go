@@ -77,6 +77,17 @@ func (e *Executor) recoverOne(ctx context.Context, rec *markers.Record) error {
 		})
 		return err
 	}
+	if st, err := shim.ReadStatus(dir); err == nil && st.Outcome == shim.OutcomeStartFailed && rec.State == markers.Started {
+		// The supervisor recorded that the command could not start; this process did not.
+		h.Close()
+		note := "recovered: command did not start: " + st.Error
+		_, err := e.store.Transition(ctx, rec.ID, markers.Started, markers.StartFailed, note, func(r *markers.Record) error {
+			r.Evidence = append(r.Evidence, note)
+			r.StartError = st.Error
+			return nil
+		})
+		return err
+	}
 	if rec.State == markers.Started {
 		p := h.Process()
 		if _, err := e.store.Transition(ctx, rec.ID, markers.Started, markers.Running, "recovered: command started", func(r *markers.Record) error {

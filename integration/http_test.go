@@ -460,8 +460,11 @@ func TestHTTPResponseLostAfterWrite(t *testing.T) {
 			if n := len(f.target.RequestsTo(path)); n != 1 {
 				t.Fatalf("the retry of an irreversible unknown execution reached the target: %d requests", n)
 			}
-			if !strings.Contains(strings.ToLower(again.Next), "review") {
-				t.Errorf("next = %q; want it to say a review is required", again.Next)
+			if !strings.Contains(strings.ToLower(again.Next), "review") || !again.ReviewRequired {
+				t.Errorf("retry = %+v; want review_required and a next step that says so", again)
+			}
+			if !journaled(t, f.bastion, x.ExecutionID).ReviewRequired {
+				t.Errorf("journal record of %s does not require review", x.ExecutionID)
 			}
 		})
 	}
@@ -529,8 +532,8 @@ func TestHTTPPluginKilledMidRequest(t *testing.T) {
 		t.Fatalf("http_request with its plugin killed = %+v; want unknown", x)
 	}
 	rec := journaled(t, f.bastion, x.ExecutionID)
-	if !hasEvidence(rec, "plugin") || !hasEvidence(rec, "review required") {
-		t.Errorf("evidence %q; want it to name the plugin failure and require review", rec.Evidence)
+	if !hasEvidence(rec, "plugin") || !rec.ReviewRequired {
+		t.Errorf("evidence %q, review required %v; want it to name the plugin failure and require review", rec.Evidence, rec.ReviewRequired)
 	}
 	f.target.Release(path)
 	if n := len(f.target.RequestsTo(path)); n != 1 {
@@ -767,8 +770,8 @@ func TestHTTPBastionKilledMidRequest(t *testing.T) {
 			if tc.wantState == "completed" && !x.IdempotentReplayed {
 				t.Errorf("re-sent request = %+v; want the target's replay noted (idempotent_replayed)", x)
 			}
-			if tc.wantState == "unknown" && !hasEvidence(journaled(t, f.bastion, x.ExecutionID), "review required") {
-				t.Errorf("evidence %q; want review required", journaled(t, f.bastion, x.ExecutionID).Evidence)
+			if rec := journaled(t, f.bastion, x.ExecutionID); tc.wantState == "unknown" && !rec.ReviewRequired {
+				t.Errorf("record %+v; want review required", rec)
 			}
 			f.assertSecretNowhere(t)
 		})

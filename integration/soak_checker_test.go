@@ -457,7 +457,7 @@ func (s *soak) checkMarkers(v *soakVerdict, h *soakHistory) {
 				v.fail("journal agrees with effects", "%s completed; its command left %d lines", r.ID, lines)
 			}
 		case markers.Failed:
-			if m != nil && m.State != markers.NotStarted {
+			if m != nil && m.State != markers.NotStarted && m.State != markers.StartFailed {
 				v.fail("journal agrees with markers", "%s failed (provably not run); host marker %s", r.ID, describeMarker(m))
 			}
 			if lines != 0 {

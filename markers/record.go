@@ -62,7 +62,14 @@ type Record struct {
 	ResultRef  string `json:"result_ref,omitempty"`
 	Output     Output `json:"output,omitzero"`
 	// Evidence are human-readable notes on how the outcome is known (or why it is not).
-	Evidence          []string   `json:"evidence,omitempty"`
+	Evidence []string `json:"evidence,omitempty"`
+	// ReviewRequired (journal): the outcome is unknown and nothing Postern can ask or send
+	// will settle it — only an operator's review. It holds only while the record is unknown:
+	// the store clears it on every transition out of unknown.
+	ReviewRequired bool `json:"review_required,omitempty"`
+	// StartError says why the command provably did not start: a host marker in start_failed
+	// (e.g. "cwd /srv/app does not exist"), and the journal record of the failed execution.
+	StartError        string     `json:"start_error,omitempty"`
 	ResultDeliveredAt *time.Time `json:"result_delivered_at,omitempty"`
 	// OperationTakenBy is the execution the host named as the holder of this execution's
 	// operation key when it refused to start this one. It may belong to another actor: it is

@@ -33,9 +33,13 @@ const (
 	// Interrupted: the process vanished with no exit record — an unknown outcome.
 	Interrupted State = "interrupted"
 	// NotStarted: after a crash, a Started marker had no shim record, so the command provably
-	// never ran. The only state in which the host itself may say "not run"; the same execution
-	// may be started again from here.
+	// never ran; the same execution may be started again from here.
 	NotStarted State = "not_started"
+	// StartFailed: the command could not be started (its cwd or shell is missing or not
+	// accessible, the account cannot be switched to) and provably did not run. Record.StartError
+	// names the cause. Final: the same request would fail the same way, so it is not retried
+	// under the same execution id.
+	StartFailed State = "start_failed"
 )
 
 // Graph is a state machine: the journal's or the host's.
@@ -52,7 +56,10 @@ var edges = map[Graph]map[State][]State{
 		AwaitingApproval: {Authorized, Rejected},
 		Authorized:       {Dispatched, Failed, Cancelled},
 		Dispatched:       {Running, Completed, Unknown, Failed, Cancelled, TimedOut},
-		Running:          {Completed, Unknown, Cancelled, TimedOut},
+		// Running → Failed: running is journaled on the host's first marker, written before
+		// the process starts; the host's final marker can still prove it never ran
+		// (start_failed).
+		Running: {Completed, Unknown, Failed, Cancelled, TimedOut},
 		// Reconciliation resolves unknown: the host marker is absent (re-dispatch the same
 		// id), running (attach) or finished; an operator's review may record either outcome.
 		Unknown: {Dispatched, Running, Completed, Failed, Cancelled, TimedOut},
@@ -60,7 +67,7 @@ var edges = map[Graph]map[State][]State{
 	Host: {
 		// Started → Interrupted: after a crash the shim record exists (so the command may
 		// have started) but the shim is gone without an exit record.
-		Started:    {Running, NotStarted, Cancelled, Interrupted},
+		Started:    {Running, NotStarted, StartFailed, Cancelled, Interrupted},
 		Running:    {Exited, TimedOut, Cancelled, Interrupted},
 		NotStarted: {Started},
 	},
@@ -135,7 +142,7 @@ func (g Graph) States() []State {
 
 var stateOrder = []State{
 	Accepted, Authorized, AwaitingApproval, Rejected, Dispatched, Started, Running,
-	Completed, Exited, Unknown, Interrupted, NotStarted, Failed, Cancelled, TimedOut,
+	Completed, Exited, Unknown, Interrupted, NotStarted, StartFailed, Failed, Cancelled, TimedOut,
 }
 
 func (g Graph) checkEdge(from, to State) error {

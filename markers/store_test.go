@@ -570,3 +570,31 @@ func TestRevokeDeliveryIsAJournaledEvent(t *testing.T) {
 		t.Errorf("events = %q; want %q", got, want)
 	}
 }
+
+// TestReviewRequiredOnlyWhileUnknown: review required marks an unknown outcome; any way out
+// of unknown clears it, and it cannot be set on a record that is not unknown.
+func TestReviewRequiredOnlyWhileUnknown(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Journal)
+	ctx := context.Background()
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1", Actor: "alice"}); err != nil {
+		t.Fatal(err)
+	}
+	review := func(r *markers.Record) error { r.ReviewRequired = true; return nil }
+	if _, err := s.Update(ctx, "ex_1", "review", review); err == nil {
+		t.Fatal("review required set on an accepted record; want an error")
+	}
+	rec, err := s.Advance(ctx, "ex_1", markers.Accepted, []markers.State{markers.Authorized, markers.Dispatched, markers.Unknown}, "lost", review)
+	if err != nil || !rec.ReviewRequired {
+		t.Fatalf("unknown with review: %+v, %v; want review required", rec, err)
+	}
+	if rec, err = s.Update(ctx, "ex_1", "more evidence", review); err != nil || !rec.ReviewRequired {
+		t.Fatalf("update of an unknown record: %+v, %v; want review required kept", rec, err)
+	}
+	rec, err = s.Transition(ctx, "ex_1", markers.Unknown, markers.Failed, "reviewed", nil)
+	if err != nil || rec.ReviewRequired {
+		t.Fatalf("after review: %+v, %v; want review required cleared", rec, err)
+	}
+	if got, _ := s.Get("ex_1"); got.ReviewRequired {
+		t.Errorf("stored record still requires review: %+v", got)
+	}
+}

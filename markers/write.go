@@ -150,6 +150,13 @@ func (s *Store) change(ctx context.Context, id string, kind EventKind, from Stat
 	if !next.sameIdentity(cur) || next.State != cur.State {
 		return nil, fmt.Errorf("%w (%s)", ErrImmutable, id)
 	}
+	// Review required holds only while the outcome is unknown: a way out of unknown clears it.
+	switch {
+	case kind == KindUpdate && next.ReviewRequired && next.State != Unknown:
+		return nil, fmt.Errorf("markers: update %s: review required is for unknown outcomes, and it is %s", id, next.State)
+	case kind == KindTransition && path[len(path)-1] != Unknown:
+		next.ReviewRequired = false
+	}
 	now := s.now()
 	next.UpdatedAt = now
 	if kind != KindTransition {
@@ -175,6 +182,7 @@ func (s *Store) change(ctx context.Context, id string, kind EventKind, from Stat
 					base.UpdatedAt = now
 				}
 				advanceState(base, to, now)
+				base.ReviewRequired = base.ReviewRequired && to == Unknown
 				rec = base
 			}
 		}

@@ -38,6 +38,8 @@ func (b *storeBackend) Attach(_ context.Context, id string, stdoutOffset, _ int6
 	return b.Get(id)
 }
 
+func (b *storeBackend) MarkerRetention() time.Duration { return 720 * time.Hour }
+
 func (b *storeBackend) Cancel(context.Context, string) (*markers.Record, error) {
 	return nil, hostagent.ErrNotRunning
 }

@@ -38,8 +38,10 @@ const approvalsUsage = `usage: postern approvals list [--json]
   approvals list  executions waiting for an operator's decision, oldest first
   approve         authorize it: it is dispatched now
   deny            reject it: a retry of it returns this rejection
-  review          record what you verified about an execution whose outcome is unknown;
-                  only not-run lets the same intent run again
+  review          record what you verified about an execution whose outcome Postern cannot
+                  settle: unknown (see executions list --review-required), or dispatched or
+                  running with nothing carrying it any more; only not-run lets the same intent
+                  run again
 
 common flags: --state-dir DIR, --config FILE (where the bastion is)
 `

@@ -28,8 +28,9 @@ type executionsCommand struct{ operatorIO }
 const executionsUsage = `usage: postern executions SUBCOMMAND [flags]
 
 subcommands:
-  list [--state S] [--actor A] [--host H] [--since RFC3339] [--limit N] [--cursor C] [--json]
-                 executions, newest first
+  list [--state S] [--review-required] [--actor A] [--host H] [--since RFC3339] [--limit N] [--cursor C] [--json]
+                 executions, newest first; --review-required: the unknown outcomes only an
+                 operator can settle (postern review)
   show ID [--json]
                  one execution: its record, the sequence of its events, its stored output
 
@@ -50,6 +51,7 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 	state := fs.String("state", "", "only executions in this state ("+statesOf(markers.Journal)+")")
 	actor := fs.String("actor", "", "only this actor's executions, named as the journal names it (token:NAME, local:USER)")
 	host := fs.String("host", "", "only executions on this host")
+	review := fs.Bool("review-required", false, "only unknown outcomes that wait for an operator's review")
 	since := fs.String("since", "", "only executions accepted at or after this time (RFC 3339)")
 	limit := fs.Int("limit", 50, "at most this many executions")
 	cursor := fs.String("cursor", "", "continue from where a previous list stopped")
@@ -78,6 +80,12 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 		if v != "" {
 			q.Set(k, v)
 		}
+	}
+	if *review {
+		if *state != "" && *state != string(markers.Unknown) {
+			return usageErrorf(c.stderr, "--review-required selects unknown executions; drop --state %s", *state)
+		}
+		q.Set("review_required", "true")
 	}
 	// The API filters by host after it reads a page, so a page may come back short: read on
 	// until the limit is reached or the journal ends. Each request asks for no more than is
@@ -153,6 +161,7 @@ func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
 	}
 	row("execution", r.ID)
 	row("state", stateLabel(r))
+	row("did not start", r.StartError)
 	if markers.Journal.Terminal(r.State) || r.State == markers.Unknown {
 		row("outcome", outcomeText(r))
 	}
@@ -259,6 +268,9 @@ func eventStep(ev markers.Event) string {
 func stateLabel(r *markers.Record) string {
 	if r.State == markers.Completed && r.ResultDeliveredAt == nil {
 		return "completed (not delivered)"
+	}
+	if r.ReviewRequired {
+		return "unknown (review required)"
 	}
 	return string(r.State)
 }

@@ -21,7 +21,10 @@ package client
 //
 // Final lines, by op:
 //
-//	status      {"markers":[…],"missing":["ex_…",…]}
+//	status      {"markers":[…],"missing":["ex_…",…],"marker_retention_s":N}
+//
+// marker_retention_s is how long the host keeps a finished marker (seconds). A missing id
+// proves that the execution never started on this host only if it is younger than that.
 //	list        {"markers":[…],"next":"<cursor>"}         next is absent on the last page
 //	attach      {"final":<marker>}
 //	cancel      {"marker":<marker>}
@@ -340,6 +343,7 @@ type controlReply struct {
 	Error     *ControlError     `json:"error"`
 	Markers   []*markers.Record `json:"markers"`
 	Missing   []string          `json:"missing"`
+	Retention int64             `json:"marker_retention_s"`
 	Next      string            `json:"next"`
 	Marker    *markers.Record   `json:"marker"`
 	Stream    string            `json:"stream"`
@@ -416,12 +420,36 @@ func protocolError(op, format string, args ...any) error {
 
 // Status returns the markers of ids the caller may see, and the ids it got no marker for.
 func (c *ControlClient) Status(ctx context.Context, ids []string) (found []*markers.Record, missing []string, err error) {
-	err = c.roundTrip(ctx, ControlRequest{Op: OpStatus, IDs: ids}, func(r *controlReply) (bool, error) {
-		found, missing = r.Markers, r.Missing
+	r, err := c.StatusReport(ctx, ids)
+	return r.Markers, r.Missing, err
+}
+
+// StatusReport is a host's answer to a status request.
+type StatusReport struct {
+	// Markers are those of the requested ids the caller may see; Missing the ids without.
+	Markers []*markers.Record
+	Missing []string
+	// MarkerRetention is how long the host keeps a finished marker: a missing id proves the
+	// execution never started there only if it is younger than this. Zero if the host did not
+	// say.
+	MarkerRetention time.Duration
+}
+
+// StatusReport is Status with the host's marker retention.
+func (c *ControlClient) StatusReport(ctx context.Context, ids []string) (StatusReport, error) {
+	var out StatusReport
+	err := c.roundTrip(ctx, ControlRequest{Op: OpStatus, IDs: ids}, func(r *controlReply) (bool, error) {
+		if r.Retention < 0 {
+			return false, protocolError(OpStatus, "negative marker retention %d", r.Retention)
+		}
+		out = StatusReport{Markers: r.Markers, Missing: r.Missing, MarkerRetention: time.Duration(min(r.Retention, maxRetentionS)) * time.Second}
 		return true, nil
 	})
-	return found, missing, err
+	return out, err
 }
+
+// maxRetentionS bounds a reported retention (about 292 years fit a time.Duration).
+const maxRetentionS = 100 * 365 * 24 * 3600
 
 // ControlListQuery selects markers for List; see markers.Query. OperationKey filters on the
 // server.

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/postern-dev/postern/markers"
 )
@@ -86,6 +87,29 @@ func TestControlClientReplies(t *testing.T) {
 	want := []string{`{"op":"status","ids":["` + testID + `"]}`, `{"op":"cancel","id":"` + testID + `"}`}
 	if strings.Join(*got, "\n") != strings.Join(want, "\n") {
 		t.Errorf("requests = %q; want %q", *got, want)
+	}
+}
+
+func TestControlClientStatusReport(t *testing.T) {
+	tests := []struct {
+		name          string
+		reply         string
+		wantRetention time.Duration
+		wantErr       error
+	}{
+		{name: "reported", reply: `{"markers":[],"missing":["` + testID + `"],"marker_retention_s":3600}`, wantRetention: time.Hour},
+		{name: "not reported", reply: `{"markers":[],"missing":["` + testID + `"]}`, wantRetention: 0},
+		{name: "negative", reply: `{"markers":[],"missing":[],"marker_retention_s":-1}`, wantErr: ErrControlProtocol},
+		{name: "huge is bounded", reply: `{"markers":[],"missing":[],"marker_retention_s":9223372036854775807}`, wantRetention: maxRetentionS * time.Second},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c, _ := scriptedServer(t, []string{tt.reply})
+			got, err := c.StatusReport(context.Background(), []string{testID})
+			if !errors.Is(err, tt.wantErr) || got.MarkerRetention != tt.wantRetention {
+				t.Errorf("StatusReport = %+v, %v; want retention %v, err %v", got, err, tt.wantRetention, tt.wantErr)
+			}
+		})
 	}
 }
 

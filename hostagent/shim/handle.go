@@ -44,10 +44,10 @@ type Handle struct {
 // used before) under a detached supervisor, started as `exe shim dir` in its own session,
 // and returns once the command is running. exe is normally os.Executable().
 //
-// If the command could not be started the error wraps ErrStartFailed and the status file
-// says why; the command provably did not run. If ctx ends before the command is reported
-// running, Start cancels the execution, waits for the supervisor to finish and returns
-// ctx's cause; the spool directory then tells whether anything ran. Other errors mean the
+// If the command could not be started the error is a *StartError (wrapping ErrStartFailed)
+// and the status file says why; the command provably did not run. If ctx ends before the
+// command is reported running, Start cancels the execution, waits for the supervisor to
+// finish and returns ctx's cause; the spool directory then tells whether anything ran. Other errors mean the
 // supervisor failed before it could start the command, or never started (no shim record).
 //
 // The returned handle's Wait must be called to reap the supervisor.
@@ -112,7 +112,7 @@ func Start(ctx context.Context, exe, dir string, spec Spec) (*Handle, error) {
 	if err != nil || msg.Error != "" {
 		h.reap()
 		if st, serr := ReadStatus(dir); serr == nil && st.Outcome == OutcomeStartFailed {
-			return nil, fmt.Errorf("%w: %s", ErrStartFailed, st.Error)
+			return nil, &StartError{Cause: st.Error}
 		}
 		if err == nil {
 			err = errors.New(msg.Error)

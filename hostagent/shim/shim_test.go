@@ -229,15 +229,39 @@ func TestDirAndEnv(t *testing.T) {
 }
 
 func TestStartFailedNeverRuns(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	private := t.TempDir() // 0700, owned by this process's user
+	nobody := &syscall.Credential{Uid: 65534, Gid: 65534}
 	tests := []struct {
-		name   string
-		modify func(spec *Spec)
+		name      string
+		modify    func(spec *Spec)
+		wantCause string // the start error names the real cause, never the shell for a cwd
 	}{
-		{name: "missing cwd", modify: func(s *Spec) { s.Dir = "/nonexistent/postern" }},
-		{name: "missing shell", modify: func(s *Spec) { s.Shell = "/nonexistent/sh" }},
+		{name: "missing cwd", modify: func(s *Spec) { s.Dir = "/nonexistent/postern" },
+			wantCause: "cwd /nonexistent/postern does not exist"},
+		{name: "missing cwd as another user", modify: func(s *Spec) { s.Dir = "/nonexistent/postern"; s.Credential = nobody },
+			wantCause: "cwd /nonexistent/postern does not exist"},
+		{name: "cwd under a file", modify: func(s *Spec) { s.Dir = file + "/sub" },
+			wantCause: "cwd " + file + "/sub does not exist (a parent is not a directory)"},
+		{name: "cwd is a file", modify: func(s *Spec) { s.Dir = file },
+			wantCause: "cwd " + file + " is not a directory"},
+		{name: "cwd not accessible", modify: func(s *Spec) { s.Dir = private; s.Credential = nobody },
+			wantCause: "cwd " + private + " is not accessible to uid 65534 (no search permission on "},
+		{name: "missing shell", modify: func(s *Spec) { s.Shell = "/nonexistent/sh" },
+			wantCause: "shell /nonexistent/sh does not exist"},
+		{name: "shell not executable", modify: func(s *Spec) { s.Shell = file },
+			wantCause: "shell " + file + " is not executable by uid "},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			if spec := (Spec{}); os.Geteuid() != 0 {
+				if tt.modify(&spec); spec.Credential != nil {
+					t.Skip("needs root to run a command as another user")
+				}
+			}
 			witness := filepath.Join(t.TempDir(), "ran")
 			spec := testSpec("touch " + witness)
 			tt.modify(&spec)
@@ -245,12 +269,16 @@ func TestStartFailedNeverRuns(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 			defer cancel()
 			h, err := Start(ctx, testExe(t), dir, spec)
-			if !errors.Is(err, ErrStartFailed) {
-				t.Fatalf("Start = %v, %v; want ErrStartFailed", h, err)
+			var se *StartError
+			if !errors.Is(err, ErrStartFailed) || !errors.As(err, &se) {
+				t.Fatalf("Start = %v, %v; want a StartError", h, err)
+			}
+			if !strings.HasPrefix(se.Cause, tt.wantCause) {
+				t.Errorf("cause = %q; want %q", se.Cause, tt.wantCause)
 			}
 			st, err := ReadStatus(dir)
-			if err != nil || st.Outcome != OutcomeStartFailed || st.Error == "" || st.PID != 0 {
-				t.Errorf("ReadStatus = %+v, %v; want start_failed with an error and no pid", st, err)
+			if err != nil || st.Outcome != OutcomeStartFailed || st.Error != se.Cause || st.PID != 0 {
+				t.Errorf("ReadStatus = %+v, %v; want start_failed with the cause and no pid", st, err)
 			}
 			if _, err := os.Stat(witness); !errors.Is(err, fs.ErrNotExist) {
 				t.Errorf("witness file: %v; want it absent (the command must not run)", err)

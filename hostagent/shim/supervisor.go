@@ -187,7 +187,8 @@ func (s *supervisor) supervise(sigs <-chan os.Signal) Status {
 	if err != nil {
 		stdoutR.Close()
 		stderrR.Close()
-		return s.startFailed(fmt.Errorf("shim: start command: %w", err))
+		s.log.Info("start failed", "err", err)
+		return s.startFailed(errors.New(startCause(s.spec, err)))
 	}
 	pid := cmd.Process.Pid
 	startedAt := time.Now().UTC()

@@ -1,0 +1,382 @@
+package bastion
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/markers"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs of testdata/decisions/* from the current behaviour")
+
+// The drivers' decisions are pure functions; testdata/decisions holds their tables, one file
+// per DESIGN.md table, pebble style: a command with its inputs, "----", the decision. Run with
+// -rewrite to regenerate the decisions after a deliberate change, and read the diff.
+//
+// Commands (key=value inputs; durations in Go syntax; states by their names):
+//
+//	outcome   from= confirmed= marker=                 markerVerdict + journalPath
+//	exec      from= confirmed= [err=refused|lost] [first=STATE|other] [final=STATE]
+//	          [exit=N] [signal=S]                       execVerdict + journalPath
+//	reconcile from= age= retention= marker=STATE|absent [cancel]
+//	                                                    reconcileOn + journalPath
+//	http      class= [gone] [check=STATUS|error]        decideUnknownHTTP
+//	review    state= driven=                            reviewable
+//
+// Every journal path a decision produces is also checked against the journal graph.
+func TestDecisions(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "decisions", "*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no decision tables: %v", err)
+	}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) { runDecisionFile(t, file) })
+	}
+}
+
+// decisionCase is one block of a decision table.
+type decisionCase struct {
+	line    int
+	comment string // lines before the command (comments, blank lines)
+	cmd     string
+	args    map[string]string
+	flags   map[string]bool
+	want    string
+}
+
+func runDecisionFile(t *testing.T, file string) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases, tail := parseDecisions(t, file, string(data))
+	var out strings.Builder
+	for _, c := range cases {
+		got := decide(t, file, c)
+		if !*rewrite && got != c.want {
+			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", file, c.line, c.cmd, got, c.want)
+		}
+		fmt.Fprintf(&out, "%s%s\n----\n%s\n", c.comment, c.cmd, got)
+	}
+	out.WriteString(tail)
+	if *rewrite {
+		if err := os.WriteFile(file, []byte(out.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// parseDecisions reads blocks: comment lines (#) and blank lines, a command line, "----",
+// and the expected output up to the next blank line.
+func parseDecisions(t *testing.T, file, text string) (cases []decisionCase, tail string) {
+	lines := strings.Split(text, "\n")
+	var comment strings.Builder
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		if line == "" || strings.HasPrefix(line, "#") {
+			comment.WriteString(line + "\n")
+			continue
+		}
+		c := decisionCase{line: i + 1, comment: comment.String(), cmd: line, args: map[string]string{}, flags: map[string]bool{}}
+		comment.Reset()
+		fields := strings.Fields(line)
+		for _, f := range fields[1:] {
+			if k, v, ok := strings.Cut(f, "="); ok {
+				c.args[k] = v
+			} else {
+				c.flags[f] = true
+			}
+		}
+		if i+1 >= len(lines) || lines[i+1] != "----" {
+			t.Fatalf("%s:%d: want ---- after the command", file, i+1)
+		}
+		i += 2
+		var want []string
+		for ; i < len(lines) && lines[i] != ""; i++ {
+			want = append(want, lines[i])
+		}
+		c.want = strings.Join(want, "\n")
+		// The blank line that ends the block belongs to the next block's comment.
+		if i < len(lines) {
+			comment.WriteString("\n")
+		}
+		cases = append(cases, c)
+	}
+	return cases, strings.TrimSuffix(comment.String(), "\n")
+}
+
+// testHost names the host in every decision.
+const testHost = "h1"
+
+func decide(t *testing.T, file string, c decisionCase) string {
+	fail := func(format string, args ...any) string {
+		t.Fatalf("%s:%d: "+format, append([]any{file, c.line}, args...)...)
+		return ""
+	}
+	state := func(key string) markers.State {
+		s := markers.State(c.args[key])
+		if s == "" {
+			fail("missing %s=", key)
+		}
+		return s
+	}
+	boolean := func(key string) bool {
+		v, err := strconv.ParseBool(c.args[key])
+		if err != nil {
+			fail("%s=: %v", key, err)
+		}
+		return v
+	}
+	duration := func(key string) time.Duration {
+		d, err := time.ParseDuration(c.args[key])
+		if err != nil {
+			fail("%s=: %v", key, err)
+		}
+		return d
+	}
+	marker := func(key string) *markers.Record {
+		m := &markers.Record{ID: "ex_this", State: state(key), Evidence: []string{"host evidence"}}
+		switch m.State {
+		case markers.Exited:
+			code := 0
+			m.ExitCode = &code
+		case markers.StartFailed:
+			m.StartError = "cwd /srv/app does not exist"
+		}
+		return m
+	}
+	switch c.cmd[:strings.IndexByte(c.cmd+" ", ' ')] {
+	case "outcome":
+		from := state("from")
+		return renderVerdict(t, from, boolean("confirmed"), "", markerVerdict(testHost, marker("marker")))
+	case "exec":
+		from := state("from")
+		a := execAnswer{Stderr: "postern: refused"}
+		switch c.args["err"] {
+		case "refused":
+			a.Err = fmt.Errorf("%w: no such account", client.ErrRefused)
+		case "lost":
+			a.Err = errors.New("connection reset")
+		case "":
+		default:
+			fail("err=%s", c.args["err"])
+		}
+		switch v := c.args["first"]; v {
+		case "":
+		case "other":
+			a.First = &markers.Record{ID: "ex_other", State: markers.Running, OperationKey: "migration:1"}
+		default:
+			a.First = marker("first")
+		}
+		if c.args["final"] != "" {
+			a.Final = marker("final")
+		}
+		if v := c.args["exit"]; v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				fail("exit=: %v", err)
+			}
+			a.ExitStatus = n
+		}
+		a.ExitSignal = c.args["signal"]
+		return renderVerdict(t, from, boolean("confirmed"), "", execVerdict("ex_this", testHost, a))
+	case "reconcile":
+		from := state("from")
+		now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+		rec := &markers.Record{ID: "ex_this", State: from, CreatedAt: now.Add(-duration("age"))}
+		st := hostStatus{Retention: duration("retention")}
+		if c.args["marker"] != "absent" {
+			st.Marker = marker("marker")
+		}
+		act := reconcileOn(rec, now, testHost, st, c.flags["cancel"])
+		return renderVerdict(t, from, false, string(act.Do), act.Verdict)
+	case "http":
+		rec := &markers.Record{ID: "ex_this", State: markers.Unknown, Class: c.args["class"], Host: "payments", Channel: "http"}
+		var check *statusAnswer
+		switch v := c.args["check"]; v {
+		case "":
+		case "error":
+			check = &statusAnswer{Err: errors.New("connection refused")}
+		default:
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				fail("check=: %v", err)
+			}
+			check = &statusAnswer{Status: n}
+		}
+		act := decideUnknownHTTP(rec, !c.flags["gone"], check)
+		return renderVerdict(t, markers.Unknown, false, string(act.Do), act.Verdict)
+	case "review":
+		return strconv.FormatBool(reviewable(state("state"), boolean("driven")))
+	}
+	return fail("unknown command %q", c.cmd)
+}
+
+// renderVerdict prints a decision and checks that its journal path is legal.
+func renderVerdict(t *testing.T, from markers.State, confirmed bool, do string, v verdict) string {
+	t.Helper()
+	path := journalPath(from, v.To, confirmed)
+	checkJournalPath(t, from, path, v.To)
+	var sb strings.Builder
+	if do != "" {
+		sb.WriteString(do + ": ")
+	}
+	fmt.Fprintf(&sb, "%s", v.To)
+	if path != nil {
+		parts := make([]string, len(path))
+		for i, s := range path {
+			parts[i] = string(s)
+		}
+		fmt.Fprintf(&sb, " via %s → %s", from, strings.Join(parts, " → "))
+	}
+	for _, f := range []struct {
+		on   bool
+		name string
+	}{{v.Review, "review required"}, {v.Again, "ask again"}, {v.Outcome != nil, "host outcome copied"}} {
+		if f.on {
+			sb.WriteString(", " + f.name)
+		}
+	}
+	if v.StartError != "" {
+		fmt.Fprintf(&sb, ", start error %q", v.StartError)
+	}
+	sb.WriteString("\n" + v.Note)
+	return sb.String()
+}
+
+func checkJournalPath(t *testing.T, from markers.State, path []markers.State, to markers.State) {
+	t.Helper()
+	prev := from
+	for _, s := range path {
+		if !markers.Journal.Allows(prev, s) {
+			t.Errorf("journal path from %s to %s takes the illegal edge %s → %s", from, to, prev, s)
+		}
+		prev = s
+	}
+	if prev != to {
+		t.Errorf("journal path from %s ends in %s; want %s", from, prev, to)
+	}
+}
+
+// driverStates are the journal states a driver asks a host about an execution in.
+var driverStates = []markers.State{markers.Dispatched, markers.Running, markers.Unknown}
+
+// TestEveryHostAnswerIsLegal: every host marker state has a row in hostOutcomes, and every
+// answer a host can give — each marker state, and no marker at all — leads from every state a
+// driver can be in to a legal journal path, whatever the execution's age.
+func TestEveryHostAnswerIsLegal(t *testing.T) {
+	now := time.Now()
+	for _, ms := range markers.Host.States() {
+		if _, ok := hostOutcomes[ms]; !ok {
+			t.Errorf("host state %s has no row in hostOutcomes", ms)
+		}
+	}
+	answers := append([]markers.State{""}, markers.Host.States()...)
+	for _, from := range driverStates {
+		for _, ms := range answers {
+			for _, confirmed := range []bool{false, true} {
+				var m *markers.Record
+				if ms != "" {
+					m = &markers.Record{ID: "ex_this", State: ms}
+					v := markerVerdict(testHost, m)
+					checkJournalPath(t, from, journalPath(from, v.To, confirmed), v.To)
+					v = execVerdict("ex_this", testHost, execAnswer{First: m, Final: m})
+					checkJournalPath(t, from, journalPath(from, v.To, confirmed), v.To)
+				}
+				for _, age := range []time.Duration{time.Minute, 1000 * time.Hour} {
+					for _, cancel := range []bool{false, true} {
+						rec := &markers.Record{ID: "ex_this", State: from, CreatedAt: now.Add(-age)}
+						act := reconcileOn(rec, now, testHost, hostStatus{Marker: m, Retention: 720 * time.Hour}, cancel)
+						checkJournalPath(t, from, journalPath(from, act.Verdict.To, false), act.Verdict.To)
+						if act.Do == redispatch && (age > 720*time.Hour || cancel) {
+							t.Errorf("%s, marker %q, age %v, cancel %v: re-dispatched", from, ms, age, cancel)
+						}
+					}
+				}
+			}
+		}
+	}
+}
+
+// TestEveryClassHandlesAnUnknownOutcome: every built-in class has an answer to an unknown
+// outcome, and an SSH execution of any class asks its host.
+func TestEveryClassHandlesAnUnknownOutcome(t *testing.T) {
+	for _, cl := range builtinClasses {
+		if _, ok := unknownHandling[cl.Name]; !ok {
+			t.Errorf("class %s has no unknown handling", cl.Name)
+		}
+		if got := unknownHandlingFor("ssh", cl.Name); got != askHost {
+			t.Errorf("ssh execution of class %s: %s; want %s", cl.Name, got, askHost)
+		}
+	}
+	if got := unknownHandlingFor("http", "my_custom_class"); got != stopForReview {
+		t.Errorf("http execution of a configured class: %s; want %s", got, stopForReview)
+	}
+}
+
+// TestConcludeJournalsEveryHostAnswer carries every host answer out on a real journal, from
+// every state a driver asks a host in: the journal takes each verdict (no illegal transition,
+// no execution left where it was), with review required exactly when the verdict says so.
+func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
+	signer, _, err := markers.LoadOrCreateAuditKey(filepath.Join(t.TempDir(), "audit.key"), "test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	journal, err := markers.Open(filepath.Join(t.TempDir(), "journal"), markers.Options{Graph: markers.Journal, Signer: signer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { journal.Close() })
+	b := &Bastion{cfg: DefaultConfig(t.TempDir()), log: slog.New(slog.DiscardHandler), journal: journal, metrics: newMetrics(), ctx: t.Context(), cancels: map[string]bool{}}
+	walk := map[markers.State][]markers.State{
+		markers.Dispatched: {markers.Authorized, markers.Dispatched},
+		markers.Running:    {markers.Authorized, markers.Dispatched, markers.Running},
+		markers.Unknown:    {markers.Authorized, markers.Dispatched, markers.Unknown},
+	}
+	n := 0
+	for _, from := range driverStates {
+		for _, ms := range markers.Host.States() {
+			for _, confirmed := range []bool{false, true} {
+				n++
+				id := fmt.Sprintf("ex_%04d", n)
+				if _, err := journal.Create(t.Context(), &markers.Record{ID: id, Actor: "a", Channel: "ssh"}); err != nil {
+					t.Fatal(err)
+				}
+				rec, err := journal.Advance(t.Context(), id, markers.Accepted, walk[from], "", nil)
+				if err != nil {
+					t.Fatal(err)
+				}
+				d := &driver{id: id, rec: rec, changed: make(chan struct{}), stdout: newTail(1024), stderr: newTail(1024)}
+				if confirmed && from != markers.Running {
+					d.setStarted(&markers.Record{ID: id, State: markers.Started, PID: 42, PIDStart: 7})
+				}
+				m := &markers.Record{ID: id, State: ms, StartError: "cwd /x does not exist"}
+				v := execVerdict(id, testHost, execAnswer{First: m, Final: m})
+				if !b.conclude(d, v) {
+					t.Errorf("from %s, marker %s, confirmed %v: the journal refused %s", from, ms, confirmed, v.To)
+					continue
+				}
+				got, err := journal.Get(id)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got.State != v.To || got.ReviewRequired != v.Review || lastEvidence(got.Evidence) != v.Note {
+					t.Errorf("from %s, marker %s, confirmed %v: journal %s (review %v, evidence %q); want %s (review %v, %q)",
+						from, ms, confirmed, got.State, got.ReviewRequired, lastEvidence(got.Evidence), v.To, v.Review, v.Note)
+				}
+				if v.To == markers.Failed && (!got.IsError || got.StartError != v.StartError) {
+					t.Errorf("from %s, marker %s: failed record %+v; want is_error and start error %q", from, ms, got, v.StartError)
+				}
+			}
+		}
+	}
+}

@@ -1,0 +1,244 @@
+package bastion
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/markers"
+)
+
+// What a host's answer means for the journal, as pure functions the SSH driver carries out
+// (tested from testdata/outcomes and testdata/reconcile):
+//
+//	hostOutcomes   host marker state → journal state: the one table both read
+//	execVerdict    how one exec ended (markers, exit status, transport error) → verdict
+//	reconcileOn    the host's status answer (marker or none, its retention) → action
+//	journalPath    the legal way from the driver's journal state to a verdict's state
+
+// verdict is what the journal concludes from a host's answer.
+type verdict struct {
+	// To is the journal state the execution moves to (its current state: evidence only).
+	To markers.State
+	// Note is the evidence written with it.
+	Note string
+	// Review: the outcome is unknown and only an operator can settle it.
+	Review bool
+	// Again: the outcome is unknown because the answer was lost, not because the host said
+	// so; asking the host again may settle it.
+	Again bool
+	// Outcome is the host marker whose outcome (exit code, signal, output, checkpoints) the
+	// record takes; nil if none.
+	Outcome *markers.Record
+	// StartError is why the command provably did not start, if that is the verdict.
+	StartError string
+	// TakenBy is the execution holding the operation key the host refused this one for. It
+	// goes to the record for operators, never into the evidence: the holder may be another
+	// actor's.
+	TakenBy string
+}
+
+// hostOutcome is what one host marker state means for the journal.
+type hostOutcome struct {
+	to     markers.State
+	review bool
+	// live: the command is starting or running; the driver attaches to it.
+	live bool
+}
+
+// hostOutcomes maps every host marker state to the journal (DESIGN.md, "The hostagent":
+// marker lifecycle). A marker absent altogether is not here: what that proves depends on the
+// execution's age (reconcileOn).
+var hostOutcomes = map[markers.State]hostOutcome{
+	markers.Started:     {to: markers.Running, live: true},
+	markers.Running:     {to: markers.Running, live: true},
+	markers.Exited:      {to: markers.Completed},
+	markers.TimedOut:    {to: markers.TimedOut},
+	markers.Cancelled:   {to: markers.Cancelled},
+	markers.StartFailed: {to: markers.Failed},
+	markers.NotStarted:  {to: markers.Failed},
+	markers.Interrupted: {to: markers.Unknown, review: true},
+}
+
+// markerVerdict is the journal's verdict on a host marker for the execution.
+func markerVerdict(host string, m *markers.Record) verdict {
+	o, ok := hostOutcomes[m.State]
+	if !ok {
+		return verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"host %s answered with a marker in state %q, which this bastion does not know; it is not sent again — review required", host, m.State)}
+	}
+	v := verdict{To: o.to, Review: o.review}
+	switch m.State {
+	case markers.Started, markers.Running:
+		v.Note = fmt.Sprintf("host marker on %s is %s: attaching", host, m.State)
+	case markers.Exited:
+		v.Note, v.Outcome = outcomeNote(m), m
+	case markers.TimedOut:
+		v.Note, v.Outcome = "the host killed it at its timeout", m
+	case markers.Cancelled:
+		v.Note, v.Outcome = "cancelled on the host", m
+	case markers.StartFailed:
+		cause := m.StartError
+		if cause == "" {
+			cause = lastEvidence(m.Evidence)
+		}
+		v.StartError = cause
+		v.Note = fmt.Sprintf("%s on host %s; the command did not run", cause, host)
+	case markers.NotStarted:
+		v.Note = fmt.Sprintf("host %s could not start it, the command did not run: %s", host, lastEvidence(m.Evidence))
+	case markers.Interrupted:
+		v.Note = fmt.Sprintf("host marker on %s is interrupted: the command started and its process vanished without an exit record; it is not run again — review required", host)
+	}
+	return v
+}
+
+// execAnswer is how one exec of the execution ended, as the SSH client saw it.
+type execAnswer struct {
+	// Err is the transport's error; client.ErrRefused means the host refused the request
+	// before anything ran.
+	Err error
+	// First and Final are the host's markers: at the start (or the one it found) and just
+	// before the exit status.
+	First, Final *markers.Record
+	ExitStatus   int
+	ExitSignal   string
+	// Stderr is the last line of the command's stderr (the host's reason when it refused).
+	Stderr string
+}
+
+// Exit statuses the hostagent reports for executions it did not run to an exit code
+// (hostagent.ExitRefused, hostagent.ExitUnknownOutcome).
+const (
+	exitRefused        = 255
+	exitUnknownOutcome = 254
+)
+
+// execVerdict is the journal's verdict on one exec of execution id on host.
+func execVerdict(id, host string, a execAnswer) verdict {
+	switch {
+	case a.First != nil && a.First.ID != id:
+		return verdict{To: markers.Failed, TakenBy: a.First.ID, Note: fmt.Sprintf("operation key %s is taken by another execution on host %s; this execution was not started", a.First.OperationKey, host)}
+	case a.Final != nil && a.Final.ID == id:
+		// The host's final marker is its outcome, even if the exit status was lost after it.
+		if hostOutcomes[a.Final.State].live {
+			return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf("host %s ended the exec with its marker still %s; asking the host again", host, a.Final.State)}
+		}
+		return markerVerdict(host, a.Final)
+	case a.Err != nil && errors.Is(a.Err, client.ErrRefused) && a.First == nil:
+		return verdict{To: markers.Failed, Note: fmt.Sprintf("host %s refused the request, nothing was started: %v", host, a.Err)}
+	case a.Err != nil && a.First == nil:
+		return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf("connection to %s failed before the host confirmed the start (%v); asking the host", host, a.Err)}
+	case a.Err != nil:
+		return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf("connection to %s lost after dispatch (%v); asking the host", host, a.Err)}
+	case a.First == nil && a.ExitStatus == exitRefused:
+		return verdict{To: markers.Failed, Note: fmt.Sprintf("host %s refused the command before writing a marker, nothing was started: %s", host, a.Stderr)}
+	case a.First != nil && (a.First.State == markers.Interrupted || a.ExitStatus == exitUnknownOutcome):
+		return markerVerdict(host, &markers.Record{State: markers.Interrupted})
+	}
+	// An exit status without a final marker (a hostagent that sends none).
+	code := a.ExitStatus
+	m := &markers.Record{State: markers.Exited, ExitCode: &code, Signal: a.ExitSignal}
+	if a.ExitSignal != "" {
+		m.ExitCode = nil
+	}
+	v := markerVerdict(host, m)
+	v.Note += " (the host sent no final marker)"
+	return v
+}
+
+// reconcileDo is what a driver does after asking the host about an execution in flight.
+type reconcileDo string
+
+const (
+	// redispatch: send the execution again under its id; the host has no marker, so it
+	// never started.
+	redispatch reconcileDo = "redispatch"
+	// attach: exec under the same id; the host attaches to the running command or replays
+	// the finished one, and the outcome follows.
+	attach reconcileDo = "attach"
+	// settle: journal the verdict; nothing is sent.
+	settle reconcileDo = "settle"
+)
+
+// reconcileAction is reconcileOn's decision.
+type reconcileAction struct {
+	Do      reconcileDo
+	Verdict verdict
+}
+
+// horizonMargin is taken off a host's marker retention before "no marker" counts as "never
+// started": it covers clock skew between the bastion and the host.
+const horizonMargin = 10 * time.Minute
+
+// hostStatus is a host's answer to a status request about one execution.
+type hostStatus struct {
+	// Marker is the host's marker; nil when it has none.
+	Marker *markers.Record
+	// Retention is how long the host keeps finished markers; 0 when it did not say.
+	Retention time.Duration
+}
+
+// reconcileOn decides what to do with an SSH execution in flight (dispatched, running or
+// unknown) from its host's status answer (DESIGN.md, "Action classes", remote_command: check
+// the host marker; absent → re-dispatch the same execution id; present → attach; else stop for
+// review). A missing marker proves "never started" only while the host still keeps markers of
+// the execution's age: older executions are never re-dispatched. cancel: an operator or agent
+// asked to cancel it, so one that never started is cancelled instead of sent again.
+func reconcileOn(rec *markers.Record, now time.Time, host string, st hostStatus, cancel bool) reconcileAction {
+	if m := st.Marker; m != nil {
+		v := markerVerdict(host, m)
+		if hostOutcomes[m.State].live || v.Outcome != nil {
+			note := fmt.Sprintf("host marker on %s is %s: attaching", host, m.State)
+			return reconcileAction{Do: attach, Verdict: verdict{To: liveOrStay(rec.State, v.To), Note: note}}
+		}
+		return reconcileAction{Do: settle, Verdict: v}
+	}
+	age := now.Sub(rec.CreatedAt).Round(time.Second)
+	horizon := st.Retention - horizonMargin
+	switch {
+	case st.Retention <= 0:
+		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"host %s has no marker for it but did not say how long it keeps markers, so that does not prove it never started; it is not sent again — review required", host)}}
+	case age >= horizon:
+		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"host %s has no marker for it, but it keeps markers for %s and this execution is %s old, so that does not prove it never started; it is not sent again — review required", host, st.Retention, age)}}
+	case cancel:
+		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Cancelled, Note: fmt.Sprintf(
+			"cancelled: host %s has no marker for it, so it never started; it is not sent", host)}}
+	}
+	return reconcileAction{Do: redispatch, Verdict: verdict{To: markers.Dispatched, Note: fmt.Sprintf(
+		"host %s has no marker: the command never started; dispatching the same execution id again", host)}}
+}
+
+// liveOrStay is the journal state an attach starts from: running for a live marker; for a
+// finished one the state stays as it is until the replayed outcome arrives.
+func liveOrStay(from, to markers.State) markers.State {
+	if to == markers.Running {
+		return markers.Running
+	}
+	return from
+}
+
+// journalPath is the way from the driver's journal state to a verdict's state through the
+// journal graph; nil when there is nothing to transition. confirmed: the host confirmed the
+// start (a live marker) and the journal does not show it yet, so the path goes through
+// running — except to failed, which the host's marker proves never ran.
+func journalPath(from, to markers.State, confirmed bool) []markers.State {
+	switch {
+	case from == to:
+		return nil
+	case to == markers.Dispatched && from == markers.Running:
+		return []markers.State{markers.Unknown, markers.Dispatched}
+	case confirmed && from != markers.Running && to != markers.Running && to != markers.Failed && to != markers.Dispatched:
+		return []markers.State{markers.Running, to}
+	}
+	return []markers.State{to}
+}
+
+func lastEvidence(ev []string) string {
+	if len(ev) == 0 {
+		return "no reason recorded"
+	}
+	return ev[len(ev)-1]
+}
