@@ -193,6 +193,6 @@ func (e *Executor) removeOrphanSpools(cutoff time.Time) (int, error) {
 }
 
 // Control serves the postern-control subsystem.
-func (e *Executor) Control(ctx context.Context, s gliderssh.Session, account Account) {
-	ServeControlSession(ctx, s, account, e, e.log)
+func (e *Executor) Control(ctx context.Context, s gliderssh.Session, caller Identity) {
+	ServeControlSession(ctx, s, caller, e, e.log)
 }

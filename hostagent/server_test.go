@@ -32,7 +32,7 @@ const validID = "ex_01J3Z5V8Q4K7M2N9P0R6S8T1VW"
 type testHandler struct {
 	mu       sync.Mutex
 	execs    []hostagent.ExecRequest
-	controls []hostagent.Account
+	controls []hostagent.Identity
 }
 
 func (h *testHandler) Exec(ctx context.Context, s gliderssh.Session, req hostagent.ExecRequest) {
@@ -55,11 +55,11 @@ func (h *testHandler) Exec(ctx context.Context, s gliderssh.Session, req hostage
 	}
 }
 
-func (h *testHandler) Control(ctx context.Context, s gliderssh.Session, account hostagent.Account) {
+func (h *testHandler) Control(ctx context.Context, s gliderssh.Session, caller hostagent.Identity) {
 	h.mu.Lock()
-	h.controls = append(h.controls, account)
+	h.controls = append(h.controls, caller)
 	h.mu.Unlock()
-	io.WriteString(s, `{"ok":true,"account":"`+account.Name+`"}`+"\n")
+	io.WriteString(s, `{"ok":true,"account":"`+caller.Account+`"}`+"\n")
 	s.Exit(0)
 }
 
@@ -229,8 +229,8 @@ func TestExecStreamsAndExitStatus(t *testing.T) {
 	if req.ExecutionID != validID || req.Assigned || req.Account.Name != ts.account {
 		t.Errorf("ExecRequest = %+v; want id %s, not assigned, account %s", req, validID, ts.account)
 	}
-	if want := gossh.FingerprintSHA256(ts.key.Public()); req.KeyFingerprint != want {
-		t.Errorf("KeyFingerprint = %q; want %q", req.KeyFingerprint, want)
+	if want := gossh.FingerprintSHA256(ts.key.Public()); req.Identity.Fingerprint != want {
+		t.Errorf("KeyFingerprint = %q; want %q", req.Identity.Fingerprint, want)
 	}
 }
 
@@ -424,8 +424,8 @@ func TestUserCertificates(t *testing.T) {
 			if got := run(t, client, withID(), "echo cert"); got.status != 0 || got.stdout != "cert\n" {
 				t.Errorf("got %+v; want cert output", got)
 			}
-			if want := gossh.FingerprintSHA256(key.Public()); ts.handler.lastExec(t).KeyFingerprint != want {
-				t.Errorf("KeyFingerprint = %q; want the certified key %q", ts.handler.lastExec(t).KeyFingerprint, want)
+			if want := gossh.FingerprintSHA256(key.Public()); ts.handler.lastExec(t).Identity.Fingerprint != want {
+				t.Errorf("KeyFingerprint = %q; want the certified key %q", ts.handler.lastExec(t).Identity.Fingerprint, want)
 			}
 		})
 	}
@@ -445,8 +445,8 @@ func TestPermissionsFollowTheSigningKey(t *testing.T) {
 	if got := run(t, client, withID(), "true"); got.status != 0 {
 		t.Fatalf("got %+v", got)
 	}
-	if want := gossh.FingerprintSHA256(ts.key.Public()); ts.handler.lastExec(t).KeyFingerprint != want {
-		t.Errorf("KeyFingerprint = %q; want the authorized key %q", ts.handler.lastExec(t).KeyFingerprint, want)
+	if want := gossh.FingerprintSHA256(ts.key.Public()); ts.handler.lastExec(t).Identity.Fingerprint != want {
+		t.Errorf("KeyFingerprint = %q; want the authorized key %q", ts.handler.lastExec(t).Identity.Fingerprint, want)
 	}
 }
 
