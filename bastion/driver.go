@@ -399,7 +399,8 @@ func (b *Bastion) settle(d *driver, log *slog.Logger, res client.Result, runErr 
 	case first != nil && first.ID != rec.ID:
 		b.finish(d, markers.Failed, fmt.Sprintf("operation key %s belongs to %s (%s); this execution was not started", rec.OperationKey, first.ID, first.State), nil)
 		return false
-	case final == nil && first == nil && res.ExitStatus == 255:
+	case final == nil && first == nil && (res.ExitStatus == 255 || res.ExitStatus == client.ExitOperationTaken):
+		// Refused, or the operation key is another identity's (which sends no marker).
 		b.finish(d, markers.Failed, "the host refused the command before writing a marker, nothing was started: "+lastLine(d.stderr), nil)
 		return false
 	case final == nil && first != nil && (first.State == markers.Interrupted || res.ExitStatus == 254):

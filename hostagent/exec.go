@@ -32,7 +32,7 @@ const (
 	// exit record); it is not run again.
 	ExitUnknownOutcome = 254
 	// ExitOperationTaken: the operation key belongs to another execution.
-	ExitOperationTaken = 253
+	ExitOperationTaken = client.ExitOperationTaken
 	// ExitTimedOut follows timeout(1).
 	ExitTimedOut = 124
 )
