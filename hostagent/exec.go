@@ -70,7 +70,7 @@ var _ markerStore = (*markers.Store)(nil)
 type ExecutorOptions struct {
 	Config Config
 	Store  markerStore
-	// ShimExe is the binary started as the shim (`ShimExe shim DIR`). Default: ShimBinary
+	// ShimExe is the binary started as the shim (`ShimExe shim`, see shim.Main). Default: ShimBinary
 	// next to this process's executable if it is there, else this executable.
 	ShimExe string
 	// SocketPath is the local control socket, handed to commands for checkpoints.
