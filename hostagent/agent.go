@@ -111,7 +111,7 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener, grace time.Duration)
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := ServeLocal(runCtx, local, a.executor, a.log); err != nil && runCtx.Err() == nil {
+		if err := ServeLocal(runCtx, local, a.executor, a.cfg.LocalLimits(), a.log); err != nil && runCtx.Err() == nil {
 			a.log.Error("local control socket stopped", "err", err)
 		}
 	})

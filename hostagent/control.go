@@ -189,13 +189,16 @@ type controlServer struct {
 	// idleTimeout closes a connection with a read deadline (the local socket) that sends
 	// no request for this long; 0 means never.
 	idleTimeout time.Duration
+	// localLimits bound the local socket's connections (serveLocal).
+	localLimits LocalLimits
 }
 
 func newControlServer(b controlBackend, logger *slog.Logger) *controlServer {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &controlServer{backend: b, logger: logger, keepalive: DefaultKeepaliveInterval, idleTimeout: controlIdleTimeout}
+	return &controlServer{backend: b, logger: logger, keepalive: DefaultKeepaliveInterval, idleTimeout: controlIdleTimeout,
+		localLimits: defaultLocalLimits}
 }
 
 // ownAccountName is the user the hostagent runs as: an SSH session for that account sees

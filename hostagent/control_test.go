@@ -829,7 +829,7 @@ func TestServeLocalStopsWithContext(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- ServeLocal(ctx, ln, fb, testLogger(t)) }()
+	go func() { done <- ServeLocal(ctx, ln, fb, defaultLocalLimits, testLogger(t)) }()
 
 	c := dialClient(t, path)
 	fb.write(id, "stdout", "x")
