@@ -89,10 +89,12 @@ type Server struct {
 }
 
 // serverConn is an accepted TCP connection; authenticated is set once a key signed the login,
-// which stops the handshake timer from closing it.
+// which stops the handshake timer from closing it; sessions counts its open session channels
+// (Config.MaxSessions).
 type serverConn struct {
 	net.Conn
 	authenticated atomic.Bool
+	sessions      atomic.Int64
 }
 
 type serverConnKey struct{}

@@ -722,3 +722,40 @@ func waitFor(t *testing.T, cond func() bool) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestMaxSessionsPerConnection: idle session channels beyond max_sessions on one connection
+// are refused with a reason; other connections, and the same one after a session closed, go
+// on.
+func TestMaxSessionsPerConnection(t *testing.T) {
+	const limit = 10
+	ts := startServer(t, func(c *hostagent.Config) { c.MaxSessions = limit })
+	conn := ts.client(t)
+	var open []gossh.Channel
+	for i := range limit {
+		ch, _, err := conn.OpenChannel("session", nil)
+		if err != nil {
+			t.Fatalf("session %d of %d: %v", i+1, limit, err)
+		}
+		open = append(open, ch)
+	}
+	_, _, err := conn.OpenChannel("session", nil)
+	var refused *gossh.OpenChannelError
+	if !errors.As(err, &refused) || refused.Reason != gossh.ResourceShortage || !strings.Contains(refused.Message, "too many sessions") {
+		t.Fatalf("session %d = %v; want resource-shortage: too many sessions", limit+1, err)
+	}
+	if got := run(t, ts.client(t), withID(), "echo other"); got.stdout != "other\n" {
+		t.Errorf("exec on another connection = %+v; want it served", got)
+	}
+	open[0].Close()
+	waitFor(t, func() bool {
+		ch, _, err := conn.OpenChannel("session", nil)
+		if err != nil {
+			return false
+		}
+		open = append(open, ch)
+		return true
+	})
+	for _, ch := range open {
+		ch.Close()
+	}
+}
