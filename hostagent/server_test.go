@@ -391,7 +391,7 @@ func TestUserCertificates(t *testing.T) {
 		cert   testutil.UserCert
 		wantOK bool
 	}{
-		{name: "valid", cert: testutil.UserCert{Principals: []string{ts.account}}, wantOK: true},
+		{name: "valid", cert: testutil.UserCert{KeyID: "bastion-1", Principals: []string{ts.account}}, wantOK: true},
 		{name: "one of several principals", cert: testutil.UserCert{Principals: []string{"ops", ts.account}}, wantOK: true},
 		{name: "source-address matches", cert: testutil.UserCert{Principals: []string{ts.account},
 			CriticalOptions: map[string]string{"source-address": "10.0.0.0/8,127.0.0.1/32"}}, wantOK: true},
@@ -424,10 +424,29 @@ func TestUserCertificates(t *testing.T) {
 			if got := run(t, client, withID(), "echo cert"); got.status != 0 || got.stdout != "cert\n" {
 				t.Errorf("got %+v; want cert output", got)
 			}
-			if want := gossh.FingerprintSHA256(key.Public()); ts.handler.lastExec(t).Identity.Fingerprint != want {
-				t.Errorf("KeyFingerprint = %q; want the certified key %q", ts.handler.lastExec(t).Identity.Fingerprint, want)
+			want := hostagent.Identity{Account: ts.account, Fingerprint: gossh.FingerprintSHA256(key.Public()), KeyID: tt.cert.KeyID}
+			if got := ts.handler.lastExec(t).Identity; got != want {
+				t.Errorf("Identity = %+v; want %+v (the certified key and the key id)", got, want)
 			}
 		})
+	}
+}
+
+// TestUnusableCertificateKeyIDRefused: a key id that cannot name an identity (control
+// characters, oversized) refuses the request with the reason; nothing reaches the handler.
+func TestUnusableCertificateKeyIDRefused(t *testing.T) {
+	ts := startServer(t, nil)
+	key := testutil.NewSSHKey(t)
+	cert := testutil.SignUserCert(t, ts.ca, key.Public(), testutil.UserCert{KeyID: "evil\nkey", Principals: []string{ts.account}})
+	client, err := ts.dial(t, ts.account, gossh.PublicKeys(testutil.CertSigner(t, cert, key)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run(t, client, withID(), "echo ran"); got.status != hostagent.ExitRefused || !strings.Contains(got.stderr, "key id") {
+		t.Errorf("got %+v; want refused for the key id", got)
+	}
+	if ts.handler.execCount() != 0 {
+		t.Error("the handler ran a request of an unusable identity")
 	}
 }
 
