@@ -131,6 +131,9 @@ func execVerdict(id, host string, a execAnswer) verdict {
 		return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf("connection to %s failed before the host confirmed the start (%v); asking the host", host, a.Err)}
 	case a.Err != nil:
 		return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf("connection to %s lost after dispatch (%v); asking the host", host, a.Err)}
+	case a.First == nil && a.ExitStatus == client.ExitOperationTaken:
+		// The key is held by an execution of another identity on the host: no marker, no id.
+		return verdict{To: markers.Failed, Note: fmt.Sprintf("operation key is taken by another execution on host %s; this execution was not started", host)}
 	case a.First == nil && a.ExitStatus == exitRefused:
 		return verdict{To: markers.Failed, Note: fmt.Sprintf("host %s refused the command before writing a marker, nothing was started: %s", host, a.Stderr)}
 	case a.First != nil && (a.First.State == markers.Interrupted || a.ExitStatus == exitUnknownOutcome):

@@ -111,7 +111,7 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener, grace time.Duration)
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := ServeLocal(runCtx, local, a.executor, a.log); err != nil && runCtx.Err() == nil {
+		if err := ServeLocal(runCtx, local, a.executor, a.cfg.LocalLimits(), a.log); err != nil && runCtx.Err() == nil {
 			a.log.Error("local control socket stopped", "err", err)
 		}
 	})
@@ -193,6 +193,6 @@ func (e *Executor) removeOrphanSpools(cutoff time.Time) (int, error) {
 }
 
 // Control serves the postern-control subsystem.
-func (e *Executor) Control(ctx context.Context, s gliderssh.Session, account Account) {
-	ServeControlSession(ctx, s, account, e, e.log)
+func (e *Executor) Control(ctx context.Context, s gliderssh.Session, caller Identity) {
+	ServeControlSession(ctx, s, caller, e, e.log)
 }

@@ -30,6 +30,8 @@ const (
 	maxMaxCommandBytes  = 256 << 10 // an SSH packet cannot carry much more anyway
 	maxMaxEnvVars       = 1024
 	maxMaxEnvValueBytes = 128 << 10
+	maxMaxSessions      = 4096
+	maxMaxLocalConns    = 4096
 )
 
 // Config is the hostagent's configuration, read from one TOML file. Every field's default is
@@ -50,6 +52,17 @@ type Config struct {
 	// other accounts report checkpoints, put it in a world-searchable directory such as
 	// /run/postern-hostagent/control.sock — peer credentials decide what each caller may do.
 	ControlSocket string `toml:"control_socket"`
+	// ControlSocketMaxConns bounds the local control socket's concurrent connections, of
+	// every peer together. Default 64.
+	ControlSocketMaxConns int `toml:"control_socket_max_conns"`
+	// ControlSocketOperatorConns of ControlSocketMaxConns are kept for operators (root and
+	// the hostagent's own account): the other local accounts together hold at most the rest,
+	// so they cannot lock operators out. Default 16; less than ControlSocketMaxConns.
+	ControlSocketOperatorConns int `toml:"control_socket_operator_conns"`
+	// ControlSocketMaxConnsPerUID bounds the concurrent connections of each local account
+	// that is not an operator, so one account cannot take every slot from the others'
+	// checkpoints. Default 8; at most ControlSocketMaxConns - ControlSocketOperatorConns.
+	ControlSocketMaxConnsPerUID int `toml:"control_socket_max_conns_per_uid"`
 	// AuthorizedKeysFile lists the public keys allowed to log in (OpenSSH authorized_keys
 	// format), re-read whenever it changes. Default "". At least one of AuthorizedKeysFile
 	// and TrustedUserCAKeysFile is required.
@@ -76,6 +89,11 @@ type Config struct {
 	HandshakeTimeout time.Duration `toml:"handshake_timeout"`
 	// IdleTimeout closes a connection with no traffic in either direction. Default 10m.
 	IdleTimeout time.Duration `toml:"idle_timeout"`
+	// MaxSessions bounds the session channels open at once on one SSH connection, like
+	// OpenSSH's MaxSessions; one more is refused (resource-shortage, "too many sessions").
+	// The bastion runs all its executions on a host over one connection, so this is also
+	// the most it can run there at once. Default 128.
+	MaxSessions int `toml:"max_sessions"`
 	// MaxCommandBytes bounds the exec command string. Default 65536 (64 KiB).
 	MaxCommandBytes int `toml:"max_command_bytes"`
 	// MaxEnvVars bounds the number of env requests per session. Default 64.
@@ -100,18 +118,22 @@ var durationKeys = []string{"handshake_timeout", "idle_timeout", "kill_grace", "
 // DefaultConfig returns the configuration used for every field the file leaves out.
 func DefaultConfig() Config {
 	cfg := Config{
-		Listen:             "127.0.0.1:2222",
-		DataDir:            "/var/lib/postern-hostagent",
-		MissingExecutionID: MissingIDRefuse,
-		HandshakeTimeout:   10 * time.Second,
-		IdleTimeout:        10 * time.Minute,
-		MaxCommandBytes:    64 << 10,
-		MaxEnvVars:         64,
-		MaxEnvValueBytes:   4 << 10,
-		OutputCap:          64 << 20,
-		KillGrace:          5 * time.Second,
-		MarkerRetention:    720 * time.Hour,
-		Shell:              "/bin/sh",
+		Listen:                      "127.0.0.1:2222",
+		DataDir:                     "/var/lib/postern-hostagent",
+		MissingExecutionID:          MissingIDRefuse,
+		HandshakeTimeout:            10 * time.Second,
+		IdleTimeout:                 10 * time.Minute,
+		MaxSessions:                 128,
+		ControlSocketMaxConns:       defaultLocalLimits.MaxConns,
+		ControlSocketOperatorConns:  defaultLocalLimits.OperatorConns,
+		ControlSocketMaxConnsPerUID: defaultLocalLimits.MaxConnsPerUID,
+		MaxCommandBytes:             64 << 10,
+		MaxEnvVars:                  64,
+		MaxEnvValueBytes:            4 << 10,
+		OutputCap:                   64 << 20,
+		KillGrace:                   5 * time.Second,
+		MarkerRetention:             720 * time.Hour,
+		Shell:                       "/bin/sh",
 	}
 	if u, err := user.Current(); err == nil {
 		cfg.AllowedAccounts = []string{u.Username}
@@ -125,6 +147,15 @@ func (c Config) ControlSocketPath() string {
 		return c.ControlSocket
 	}
 	return filepath.Join(c.DataDir, "control.sock")
+}
+
+// LocalLimits are the local control socket's connection limits.
+func (c Config) LocalLimits() LocalLimits {
+	return LocalLimits{
+		MaxConns:       c.ControlSocketMaxConns,
+		OperatorConns:  c.ControlSocketOperatorConns,
+		MaxConnsPerUID: c.ControlSocketMaxConnsPerUID,
+	}
 }
 
 // MarkersDir is where the marker store lives.
@@ -246,6 +277,16 @@ func (c Config) Validate() error {
 	inRange("max_env_vars", int64(c.MaxEnvVars), maxMaxEnvVars)
 	inRange("max_env_value_bytes", int64(c.MaxEnvValueBytes), maxMaxEnvValueBytes)
 	inRange("output_cap", c.OutputCap, 1<<40)
+	inRange("max_sessions", int64(c.MaxSessions), maxMaxSessions)
+	inRange("control_socket_max_conns", int64(c.ControlSocketMaxConns), maxMaxLocalConns)
+	if c.ControlSocketOperatorConns < 0 || c.ControlSocketOperatorConns >= c.ControlSocketMaxConns {
+		bad("control_socket_operator_conns", "must be in 0..control_socket_max_conns-1 (%d), got %d",
+			c.ControlSocketMaxConns-1, c.ControlSocketOperatorConns)
+	}
+	if others := c.ControlSocketMaxConns - c.ControlSocketOperatorConns; c.ControlSocketMaxConnsPerUID <= 0 || c.ControlSocketMaxConnsPerUID > max(others, 1) {
+		bad("control_socket_max_conns_per_uid", "must be in 1..control_socket_max_conns-control_socket_operator_conns (%d), got %d",
+			others, c.ControlSocketMaxConnsPerUID)
+	}
 	if !filepath.IsAbs(c.Shell) {
 		bad("shell", "must be an absolute path, got %q", c.Shell)
 	}

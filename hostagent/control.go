@@ -6,9 +6,14 @@ package hostagent
 //
 // # Authorization
 //
-// A caller (controlCaller) is an operator or not, and sees either every account's markers or
-// only one account's. Markers of other accounts do not exist for a scoped caller: they are
-// "missing" in status and not_found elsewhere, so their ids do not leak.
+// A caller (controlCaller) is an operator or not, and sees either every marker or only those of
+// one identity (account + key, or certificate key id: see Identity). Other identities'
+// markers do not exist for a scoped caller: they are "missing" in status, left out of list
+// and not_found elsewhere, exactly like ids never used, so their ids do not leak.
+//
+// A local peer that is not an operator may only report checkpoints of its own execution;
+// every other answer it gets is the same whatever the id: forbidden for the other ops, and one
+// forbidden message for a checkpoint on an unknown, finished or someone else's execution.
 
 import (
 	"bufio"
@@ -137,9 +142,9 @@ type controlBackend interface {
 type controlCaller struct {
 	// transport is "ssh" or "local", for logs.
 	transport string
-	// account, if set, scopes the caller to markers whose Record.Account is account;
-	// "" sees every marker.
-	account string
+	// scope, if set, limits the caller to the markers of that identity; nil sees every
+	// marker.
+	scope *Identity
 	// operator may use status, list, attach, cancel and export.
 	operator bool
 	// peerPID is the pid of a local peer (SO_PEERCRED), which checkpoint and validated
@@ -148,7 +153,15 @@ type controlCaller struct {
 }
 
 func (c controlCaller) sees(rec *markers.Record) bool {
-	return c.account == "" || rec.Account == c.account
+	return c.scope == nil || c.scope.ownsRecord(rec)
+}
+
+// account names the caller's scope for logs.
+func (c controlCaller) account() string {
+	if c.scope == nil {
+		return ""
+	}
+	return c.scope.Account
 }
 
 // permits reports whether the caller may use op at all.
@@ -159,7 +172,7 @@ func (c controlCaller) permits(op string) error {
 			return fmt.Errorf("%w: %s is only served on the local socket, to the execution's own processes", ErrForbidden, op)
 		}
 	case client.OpExport:
-		if !c.operator || c.account != "" {
+		if !c.operator || c.scope != nil {
 			return fmt.Errorf("%w: export covers every account's markers", ErrForbidden)
 		}
 	default:
@@ -179,13 +192,16 @@ type controlServer struct {
 	// idleTimeout closes a connection with a read deadline (the local socket) that sends
 	// no request for this long; 0 means never.
 	idleTimeout time.Duration
+	// localLimits bound the local socket's connections (serveLocal).
+	localLimits LocalLimits
 }
 
 func newControlServer(b controlBackend, logger *slog.Logger) *controlServer {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	return &controlServer{backend: b, logger: logger, keepalive: DefaultKeepaliveInterval, idleTimeout: controlIdleTimeout}
+	return &controlServer{backend: b, logger: logger, keepalive: DefaultKeepaliveInterval, idleTimeout: controlIdleTimeout,
+		localLimits: defaultLocalLimits}
 }
 
 // ownAccountName is the user the hostagent runs as: an SSH session for that account sees
@@ -198,18 +214,19 @@ var ownAccountName = sync.OnceValue(func() string {
 	return u.Username
 })
 
-// ServeControlSession serves the postern-control subsystem on s for account and ends the
+// ServeControlSession serves the postern-control subsystem on s for caller and ends the
 // session with exit status 0 when the client closed its side, 1 on a protocol or transport
-// error. The account sees only its own markers, unless it is the account the hostagent
-// runs as. Checkpoints are refused over SSH. Executor.Control calls it.
-func ServeControlSession(ctx context.Context, s gliderssh.Session, account Account, b controlBackend, logger *slog.Logger) {
-	serveControlSession(ctx, s, sshCaller(account.Name, ownAccountName()), newControlServer(b, logger))
+// error. The caller sees only its own identity's markers, unless it logged in as the account
+// the hostagent runs as (which could read the marker store anyway). Checkpoints are refused
+// over SSH. Executor.Control calls it.
+func ServeControlSession(ctx context.Context, s gliderssh.Session, caller Identity, b controlBackend, logger *slog.Logger) {
+	serveControlSession(ctx, s, sshCaller(caller, ownAccountName()), newControlServer(b, logger))
 }
 
-func sshCaller(account, own string) controlCaller {
-	c := controlCaller{transport: "ssh", account: account, operator: true}
-	if own != "" && account == own {
-		c.account = ""
+func sshCaller(caller Identity, own string) controlCaller {
+	c := controlCaller{transport: "ssh", scope: &caller, operator: true}
+	if own != "" && caller.Account == own {
+		c.scope = nil
 	}
 	return c
 }
@@ -217,7 +234,7 @@ func sshCaller(account, own string) controlCaller {
 func serveControlSession(ctx context.Context, s gliderssh.Session, caller controlCaller, cs *controlServer) {
 	code := 0
 	if err := cs.serve(ctx, s, caller); err != nil {
-		cs.logger.Info("control session ended", "account", caller.account, "err", err)
+		cs.logger.Info("control session ended", "account", caller.account(), "err", err)
 		code = 1
 	}
 	s.Exit(code)
@@ -283,6 +300,10 @@ func (cs *controlServer) handle(ctx context.Context, out *controlWriter, caller 
 
 // errorFor maps a backend or authorization error to its protocol error.
 func (cs *controlServer) errorFor(caller controlCaller, req client.ControlRequest, err error) controlErrorLine {
+	if !caller.operator && (errors.Is(err, markers.ErrNotFound) || errors.Is(err, ErrNotRunning) || errors.Is(err, ErrNotYourProcess)) {
+		// A peer that is not an operator learns nothing about ids that are not its own.
+		return errorReply(client.CodeForbidden, fmt.Sprintf("%s refused: this process is not part of a running execution %s", req.Op, req.ID))
+	}
 	switch {
 	case errors.Is(err, ErrBadControlRequest):
 		return errorReply(client.CodeBadRequest, err.Error())
@@ -294,7 +315,7 @@ func (cs *controlServer) errorFor(caller controlCaller, req client.ControlReques
 		return errorReply(client.CodeForbidden, err.Error())
 	}
 	cs.logger.Error("control request failed", "op", req.Op, "execution_id", req.ID,
-		"transport", caller.transport, "account", caller.account, "err", err)
+		"transport", caller.transport, "account", caller.account(), "err", err)
 	return errorReply(client.CodeInternal, err.Error())
 }
 

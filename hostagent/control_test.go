@@ -56,15 +56,27 @@ func newFakeBackend(t *testing.T) *fakeBackend {
 	}
 }
 
-// start creates a running execution of account.
+// testIdentity is account logged in with a key of its own.
+func testIdentity(account string) Identity {
+	return Identity{Account: account, Fingerprint: "SHA256:key-of-" + account}
+}
+
+// start creates a running execution of account's testIdentity.
 func (f *fakeBackend) start(t *testing.T, account, opKey string) string {
+	t.Helper()
+	return f.startAs(t, testIdentity(account), opKey)
+}
+
+// startAs creates a running execution of owner.
+func (f *fakeBackend) startAs(t *testing.T, owner Identity, opKey string) string {
 	t.Helper()
 	id, err := markers.NewExecutionID(time.Now())
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	if _, err := f.store.Create(ctx, &markers.Record{ID: id, Account: account, OperationKey: opKey, Command: []string{"echo", "hi"}}); err != nil {
+	rec := &markers.Record{ID: id, Account: owner.Account, Actor: owner.Actor(), OperationKey: opKey, Command: []string{"echo", "hi"}}
+	if _, err := f.store.Create(ctx, rec); err != nil {
 		t.Fatalf("create: %v", err)
 	}
 	if _, err := f.store.Transition(ctx, id, markers.Started, markers.Running, "", func(r *markers.Record) error {
@@ -704,25 +716,36 @@ func TestControlScopedAccount(t *testing.T) {
 	fb := newFakeBackend(t)
 	alice := fb.start(t, "alice", "")
 	bob := fb.start(t, "bob", "")
+	// Same account, another key; and a certificate identity of the account.
+	aliceOtherKey := fb.startAs(t, Identity{Account: "alice", Fingerprint: "SHA256:another-key"}, "")
+	aliceCert := fb.startAs(t, Identity{Account: "alice", Fingerprint: "SHA256:key-of-alice", KeyID: "deploy-bot"}, "")
 	fb.setOwner(alice, 1)
 	ctx := context.Background()
 
-	scoped := dialClient(t, serveAsForTest(t, fb, sshCaller("alice", "root")))
-	everyone := dialClient(t, serveAsForTest(t, fb, sshCaller("root", "root")))
+	scoped := dialClient(t, serveAsForTest(t, fb, sshCaller(testIdentity("alice"), "root")))
+	everyone := dialClient(t, serveAsForTest(t, fb, sshCaller(testIdentity("root"), "root")))
+	// The same certificate key id on a renewed key is the same identity.
+	renewedCert := dialClient(t, serveAsForTest(t, fb, sshCaller(Identity{Account: "alice", Fingerprint: "SHA256:renewed", KeyID: "deploy-bot"}, "root")))
 
-	found, missing, err := scoped.Status(ctx, []string{alice, bob})
-	if err != nil || len(found) != 1 || found[0].ID != alice || !slices.Equal(missing, []string{bob}) {
-		t.Errorf("scoped status = %v, %v, %v; want only alice's, bob's missing", found, missing, err)
+	foreign := []string{bob, aliceOtherKey, aliceCert}
+	found, missing, err := scoped.Status(ctx, append([]string{alice}, foreign...))
+	if err != nil || len(found) != 1 || found[0].ID != alice || !slices.Equal(missing, foreign) {
+		t.Errorf("scoped status = %v, %v, %v; want only alice's own, the others missing", found, missing, err)
 	}
 	page, _, err := scoped.List(ctx, client.ControlListQuery{})
 	if err != nil || len(page) != 1 || page[0].ID != alice {
-		t.Errorf("scoped list = %v, %v; want only alice's", page, err)
+		t.Errorf("scoped list = %v, %v; want only alice's own", page, err)
 	}
-	if _, err := scoped.Attach(ctx, bob, 0, 0, func(string, int64, []byte) error { return nil }); !errors.Is(err, markers.ErrNotFound) {
-		t.Errorf("scoped attach of bob's = %v; want not found", err)
+	for _, id := range foreign {
+		if _, err := scoped.Attach(ctx, id, 0, 0, func(string, int64, []byte) error { return nil }); !errors.Is(err, markers.ErrNotFound) {
+			t.Errorf("scoped attach of another identity's %s = %v; want not found", id, err)
+		}
+		if _, err := scoped.Cancel(ctx, id); !errors.Is(err, markers.ErrNotFound) {
+			t.Errorf("scoped cancel of another identity's %s = %v; want not found", id, err)
+		}
 	}
-	if _, err := scoped.Cancel(ctx, bob); !errors.Is(err, markers.ErrNotFound) {
-		t.Errorf("scoped cancel of bob's = %v; want not found", err)
+	if found, _, err := renewedCert.Status(ctx, []string{aliceCert, alice}); err != nil || len(found) != 1 || found[0].ID != aliceCert {
+		t.Errorf("renewed certificate's status = %v, %v; want its key id's execution only", found, err)
 	}
 	if _, err := scoped.Export(ctx, io.Discard); !errors.Is(err, ErrForbidden) {
 		t.Errorf("scoped export = %v; want forbidden", err)
@@ -749,17 +772,18 @@ func TestControlScopedAccount(t *testing.T) {
 func TestSSHCaller(t *testing.T) {
 	tests := []struct {
 		name, account, own string
-		wantScope          string
+		wantScoped         bool
 	}{
-		{name: "own account sees all", account: "root", own: "root", wantScope: ""},
-		{name: "other account is scoped", account: "deploy", own: "root", wantScope: "deploy"},
-		{name: "unknown own account scopes everyone", account: "deploy", own: "", wantScope: "deploy"},
+		{name: "own account sees all", account: "root", own: "root", wantScoped: false},
+		{name: "other account is scoped", account: "deploy", own: "root", wantScoped: true},
+		{name: "unknown own account scopes everyone", account: "deploy", own: "", wantScoped: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			c := sshCaller(tt.account, tt.own)
-			if c.account != tt.wantScope || !c.operator || c.peerPID != 0 {
-				t.Errorf("sshCaller = %+v; want scope %q, operator, no pid", c, tt.wantScope)
+			id := testIdentity(tt.account)
+			c := sshCaller(id, tt.own)
+			if (c.scope != nil) != tt.wantScoped || c.scope != nil && *c.scope != id || !c.operator || c.peerPID != 0 {
+				t.Errorf("sshCaller = %+v; want scoped %v to %+v, operator, no pid", c, tt.wantScoped, id)
 			}
 		})
 	}
@@ -811,7 +835,7 @@ func TestServeLocalStopsWithContext(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- ServeLocal(ctx, ln, fb, testLogger(t)) }()
+	go func() { done <- ServeLocal(ctx, ln, fb, defaultLocalLimits, testLogger(t)) }()
 
 	c := dialClient(t, path)
 	fb.write(id, "stdout", "x")
@@ -936,8 +960,8 @@ type controlHandler struct{ backend controlBackend }
 
 func (h controlHandler) Exec(_ context.Context, s gliderssh.Session, _ ExecRequest) { s.Exit(255) }
 
-func (h controlHandler) Control(ctx context.Context, s gliderssh.Session, account Account) {
-	ServeControlSession(ctx, s, account, h.backend, nil)
+func (h controlHandler) Control(ctx context.Context, s gliderssh.Session, caller Identity) {
+	ServeControlSession(ctx, s, caller, h.backend, nil)
 }
 
 // sessionConn is an SSH session's stdin and stdout as one connection.

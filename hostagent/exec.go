@@ -32,7 +32,7 @@ const (
 	// exit record); it is not run again.
 	ExitUnknownOutcome = 254
 	// ExitOperationTaken: the operation key belongs to another execution.
-	ExitOperationTaken = 253
+	ExitOperationTaken = client.ExitOperationTaken
 	// ExitTimedOut follows timeout(1).
 	ExitTimedOut = 124
 )
@@ -40,6 +40,11 @@ const (
 // EnvMarkerSocket tells a command where to send its checkpoints
 // (`postern-hostagent marker checkpoint`).
 const EnvMarkerSocket = "POSTERN_MARKER_SOCKET"
+
+// ErrExecutionIDUnavailable refuses an exec request whose execution id belongs to another
+// identity. It says no more than that this identity cannot use the id: nothing of the other
+// execution (state, output, marker, timing) is disclosed, and nothing is started.
+var ErrExecutionIDUnavailable = errors.New("POSTERN_EXECUTION_ID is not available to this identity (account and key); nothing was started — use a new execution id")
 
 // Errors of the control operations.
 var (
@@ -65,7 +70,7 @@ var _ markerStore = (*markers.Store)(nil)
 type ExecutorOptions struct {
 	Config Config
 	Store  markerStore
-	// ShimExe is the binary started as the shim (`ShimExe shim DIR`). Default: ShimBinary
+	// ShimExe is the binary started as the shim (`ShimExe shim`, see shim.Main). Default: ShimBinary
 	// next to this process's executable if it is there, else this executable.
 	ShimExe string
 	// SocketPath is the local control socket, handed to commands for checkpoints.
@@ -104,6 +109,10 @@ type Executor struct {
 type execution struct {
 	id  string
 	dir string
+	// owner is the identity the execution belongs to, set before started is closed when
+	// this process launched or adopted the command; zero when the claim was released
+	// without a launch (the marker, if any, then says whose it is).
+	owner owner
 	// started is closed once the shim started the command or failed to; handle is set
 	// before (nil if the command did not start).
 	started chan struct{}
@@ -182,9 +191,7 @@ func (e *Executor) Exec(ctx context.Context, s gliderssh.Session, req ExecReques
 		return
 	case errors.As(err, &taken):
 		e.release(x, nil)
-		e.sendMarker(s, client.MarkerMessage{Marker: taken.prior, Replayed: true})
-		fmt.Fprintf(s.Stderr(), "postern: %v; not started\n", err)
-		s.Exit(ExitOperationTaken)
+		e.refuseOperationTaken(s, req, taken.prior)
 		return
 	case err != nil:
 		e.release(x, nil)
@@ -236,6 +243,30 @@ func (e *operationTakenError) Error() string {
 	return fmt.Sprintf("operation key %q belongs to %s (%s)", e.prior.OperationKey, e.prior.ID, e.prior.State)
 }
 
+// refuseOperationTaken answers a request whose operation key belongs to the execution
+// prior. Its owner is shown prior's marker and id; another identity learns only that the key
+// is taken — which it must, as the key is host-wide — never by which execution.
+func (e *Executor) refuseOperationTaken(s gliderssh.Session, req ExecRequest, prior *markers.Record) {
+	if req.Identity.ownsRecord(prior) {
+		e.sendMarker(s, client.MarkerMessage{Marker: prior, Replayed: true})
+		fmt.Fprintf(s.Stderr(), "postern: %v; not started\n", &operationTakenError{prior: prior})
+	} else {
+		fmt.Fprintf(s.Stderr(), "postern: operation key %q is taken by another execution; not started\n", req.OperationKey)
+	}
+	s.Exit(ExitOperationTaken)
+}
+
+// refuseForeign answers a request for an execution id that belongs to another identity, the
+// same way whatever that execution's state: nothing of it is sent and nothing starts. (An
+// unknown id would start; this one cannot, so the caller — who chose the id — learns that it
+// cannot use it, and nothing else.)
+func (e *Executor) refuseForeign(s gliderssh.Session, req ExecRequest) {
+	e.log.Warn("refused an execution id that belongs to another identity", "execution_id", req.ExecutionID,
+		"account", req.Account.Name, "actor", boundForLog(req.Identity.Actor()))
+	fmt.Fprintf(s.Stderr(), "postern: %v\n", ErrExecutionIDUnavailable)
+	s.Exit(ExitRefused)
+}
+
 // createMarker writes the marker of req in state started, after checking its operation key.
 func (e *Executor) createMarker(ctx context.Context, req ExecRequest) (*markers.Record, error) {
 	if req.OperationKey != "" {
@@ -252,7 +283,7 @@ func (e *Executor) createMarker(ctx context.Context, req ExecRequest) (*markers.
 	}
 	return e.store.Create(ctx, &markers.Record{
 		ID:           req.ExecutionID,
-		Actor:        "key:" + req.KeyFingerprint,
+		Actor:        req.Identity.Actor(),
 		Fingerprint:  envValue(req.Env, client.EnvFingerprint),
 		OperationKey: req.OperationKey,
 		Channel:      "ssh",
@@ -284,6 +315,7 @@ func provablyFailed(r *markers.Record) bool {
 
 // launch starts the command of a freshly marked execution under a shim and watches it.
 func (e *Executor) launch(x *execution, req ExecRequest) {
+	x.owner = req.Identity.owner()
 	h, err := shim.Start(e.ctx, e.exe, x.dir, shim.Spec{
 		ExecutionID: req.ExecutionID,
 		Command:     req.Command,
@@ -426,6 +458,10 @@ func (e *Executor) recordOutcome(id string, marked markers.State, p shim.Process
 // duplicate answers a request whose marker already existed: nothing new is started unless
 // the marker proves the command never ran.
 func (e *Executor) duplicate(ctx context.Context, s gliderssh.Session, req ExecRequest, rec *markers.Record) {
+	if !req.Identity.ownsRecord(rec) {
+		e.refuseForeign(s, req)
+		return
+	}
 	x, fresh := e.claim(rec.ID)
 	if !fresh {
 		e.attach(ctx, s, x, req, true)
@@ -482,11 +518,16 @@ func (e *Executor) restart(ctx context.Context, s gliderssh.Session, x *executio
 }
 
 // attach streams a live execution's output to s from the start and ends with its exit
-// status. If the client goes away first, the execution goes on.
+// status, if it belongs to req's identity. If the client goes away first, the execution goes
+// on.
 func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution, req ExecRequest, replayed bool) {
 	select {
 	case <-x.started:
 	case <-ctx.Done():
+		return
+	}
+	if x.owner != (owner{}) && !req.Identity.owns(x.owner) {
+		e.refuseForeign(s, req)
 		return
 	}
 	if replayed {

@@ -167,6 +167,11 @@ data_dir = {{quote .DataDir}}
 # commands report. The unit's RuntimeDirectory makes /run/postern-hostagent reachable by
 # every account; peer credentials decide what each caller may do.
 control_socket = {{quote .ControlSocket}}
+# Connections to it at once: all peers; kept for operators (root, the agent's account); each
+# other account.
+# control_socket_max_conns = 64
+# control_socket_operator_conns = 16
+# control_socket_max_conns_per_uid = 8
 
 # Public-key authentication only: an authorized_keys file (re-read when it changes) and/or
 # CA keys whose OpenSSH user certificates are accepted (the SSH user must be a principal).
@@ -185,6 +190,8 @@ missing_execution_id = {{quote .MissingExecutionID}}
 
 # handshake_timeout = "10s"
 # idle_timeout = "10m"
+# Session channels open at once on one SSH connection (the bastion's executions on this host).
+# max_sessions = 128
 # max_command_bytes = 65536
 # max_env_vars = 64
 # max_env_value_bytes = 4096

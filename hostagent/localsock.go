@@ -5,7 +5,9 @@ package hostagent
 // their own checkpoints. Anyone may connect (mode 0666); what a peer may do follows from its
 // SO_PEERCRED credentials: uid 0 or the hostagent's own uid is an operator, any other peer
 // may only report checkpoints, which the executor accepts only from the execution's own
-// process tree.
+// process tree. How many connections a peer may hold follows from them too (LocalLimits):
+// some are kept for operators, and each other account gets a share, so no account can lock
+// operators or the other accounts' commands out.
 
 import (
 	"context"
@@ -25,9 +27,67 @@ import (
 	"github.com/postern-dev/postern/hostagent/client"
 )
 
-// maxLocalConns bounds concurrent connections to the local socket, which any local user can
-// open.
-const maxLocalConns = 64
+// LocalLimits bound the connections to the local socket, which every local account can
+// open. Config documents the defaults (control_socket_*), DefaultConfig sets them.
+type LocalLimits struct {
+	// MaxConns bounds every peer's connections together.
+	MaxConns int
+	// OperatorConns of MaxConns are only for operators; the other peers share the rest.
+	OperatorConns int
+	// MaxConnsPerUID bounds the connections of each peer account that is not an operator.
+	MaxConnsPerUID int
+}
+
+// defaultLocalLimits are DefaultConfig's.
+var defaultLocalLimits = LocalLimits{MaxConns: 64, OperatorConns: 16, MaxConnsPerUID: 8}
+
+// connLimiter hands out connection slots by LocalLimits.
+type connLimiter struct {
+	limits LocalLimits
+
+	mu     sync.Mutex // guards total, others and perUID
+	total  int
+	others int // connections of peers that are not operators
+	perUID map[uint32]int
+}
+
+func newConnLimiter(limits LocalLimits) *connLimiter {
+	return &connLimiter{limits: limits, perUID: map[uint32]int{}}
+}
+
+// acquire takes a slot for a peer (its uid, and whether it is an operator), or says why
+// there is none; release gives it back.
+func (l *connLimiter) acquire(uid uint32, operator bool) error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case l.total >= l.limits.MaxConns:
+		return fmt.Errorf("%d connections are open, the limit", l.total)
+	case operator:
+	case l.others >= l.limits.MaxConns-l.limits.OperatorConns:
+		return fmt.Errorf("the other %d connections are kept for operators", l.limits.OperatorConns)
+	case l.perUID[uid] >= l.limits.MaxConnsPerUID:
+		return fmt.Errorf("uid %d has %d connections open, the limit per account", uid, l.perUID[uid])
+	default:
+		l.others++
+		l.perUID[uid]++
+	}
+	l.total++
+	return nil
+}
+
+func (l *connLimiter) release(uid uint32, operator bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.total--
+	if operator {
+		return
+	}
+	l.others--
+	if l.perUID[uid]--; l.perUID[uid] == 0 {
+		delete(l.perUID, uid)
+	}
+}
 
 // ErrSocketInUse: a live server already listens on the socket path.
 var ErrSocketInUse = errors.New("hostagent: control socket in use")
@@ -70,11 +130,13 @@ func ListenLocal(path string) (net.Listener, error) {
 	return ln, nil
 }
 
-// ServeLocal serves the control protocol on ln until ctx ends, then closes ln and every
-// connection and returns once their goroutines have finished. It returns nil when ctx ended
-// it and the accept error otherwise.
-func ServeLocal(ctx context.Context, ln net.Listener, b controlBackend, logger *slog.Logger) error {
-	return newControlServer(b, logger).serveLocal(ctx, ln)
+// ServeLocal serves the control protocol on ln within limits until ctx ends, then closes ln
+// and every connection and returns once their goroutines have finished. It returns nil when
+// ctx ended it and the accept error otherwise.
+func ServeLocal(ctx context.Context, ln net.Listener, b controlBackend, limits LocalLimits, logger *slog.Logger) error {
+	cs := newControlServer(b, logger)
+	cs.localLimits = limits
+	return cs.serveLocal(ctx, ln)
 }
 
 func (cs *controlServer) serveLocal(ctx context.Context, ln net.Listener) error {
@@ -84,7 +146,7 @@ func (cs *controlServer) serveLocal(ctx context.Context, ln net.Listener) error 
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel() // runs first: closes every connection (serveLocalConn), so wg.Wait returns
-	slots := make(chan struct{}, maxLocalConns)
+	slots := newConnLimiter(cs.localLimits)
 	var backoff time.Duration
 	for {
 		c, err := ln.Accept()
@@ -104,51 +166,52 @@ func (cs *controlServer) serveLocal(ctx context.Context, ln net.Listener) error 
 			return fmt.Errorf("hostagent: control socket accept: %w", err)
 		}
 		backoff = 0
-		select {
-		case slots <- struct{}{}:
-		default:
-			cs.refuseBusy(c)
+		// The peer's credentials come with the connection (no I/O): the slot depends on them.
+		caller, uid, err := localCaller(c)
+		if err != nil {
+			cs.logger.Warn("control socket: refusing peer", "err", err)
+			c.Close()
+			continue
+		}
+		if err := slots.acquire(uid, caller.operator); err != nil {
+			cs.logger.Warn("control socket: refusing connection", "uid", uid, "peer_pid", caller.peerPID, "reason", err)
+			cs.refuseBusy(c, err)
 			continue
 		}
 		wg.Go(func() {
-			defer func() { <-slots }()
-			cs.serveLocalConn(ctx, c)
+			defer slots.release(uid, caller.operator)
+			cs.serveLocalConn(ctx, c, caller)
 		})
 	}
 }
 
-func (cs *controlServer) refuseBusy(c net.Conn) {
+func (cs *controlServer) refuseBusy(c net.Conn, why error) {
 	cw := &controlWriter{w: c}
 	c.SetWriteDeadline(time.Now().Add(time.Second))
-	cw.send(errorReply(client.CodeBusy, fmt.Sprintf("more than %d connections", maxLocalConns)))
+	cw.send(errorReply(client.CodeBusy, "no connection slot: "+why.Error()+"; close a connection or retry later"))
 	c.Close()
 }
 
-func (cs *controlServer) serveLocalConn(ctx context.Context, c net.Conn) {
+func (cs *controlServer) serveLocalConn(ctx context.Context, c net.Conn, caller controlCaller) {
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
-	caller, err := localCaller(c)
-	if err != nil {
-		cs.logger.Warn("control socket: refusing peer", "err", err)
-		return
-	}
 	if err := cs.serve(ctx, c, caller); err != nil && ctx.Err() == nil {
 		cs.logger.Info("control connection ended", "peer_pid", caller.peerPID, "operator", caller.operator, "err", err)
 	}
 }
 
-// localCaller derives the caller from the peer's credentials.
-func localCaller(c net.Conn) (controlCaller, error) {
+// localCaller derives the caller, and its uid, from the peer's credentials.
+func localCaller(c net.Conn) (controlCaller, uint32, error) {
 	cred, err := peerCredentials(c)
 	if err != nil {
-		return controlCaller{}, err
+		return controlCaller{}, 0, err
 	}
 	return controlCaller{
 		transport: "local",
 		operator:  cred.Uid == 0 || int(cred.Uid) == os.Geteuid(),
 		peerPID:   int(cred.Pid),
-	}, nil
+	}, cred.Uid, nil
 }
 
 // peerCredentials returns the credentials the peer had when it connected (SO_PEERCRED).

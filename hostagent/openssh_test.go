@@ -3,12 +3,15 @@ package hostagent_test
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/internal/testutil"
 )
 
@@ -75,5 +78,72 @@ func TestOpenSSHClient(t *testing.T) {
 					status, stdout.String(), stderr.String(), tt.wantStatus, tt.wantStdout, tt.wantStderr)
 			}
 		})
+	}
+}
+
+// TestOpenSSHMaxSessions multiplexes sessions over one OpenSSH connection (ControlMaster):
+// sessions beyond max_sessions are refused, and ssh(1) says so. (TestMaxSessionsPerConnection
+// checks the reason the server gives.)
+func TestOpenSSHMaxSessions(t *testing.T) {
+	sshBin, err := exec.LookPath("ssh")
+	if err != nil {
+		t.Skip("ssh client binary not installed; skipping OpenSSH compatibility test")
+	}
+	const limit = 2
+	ts := startServer(t, func(c *hostagent.Config) { c.MaxSessions = limit })
+	dir := t.TempDir()
+	_, port, _ := net.SplitHostPort(ts.addr)
+	knownHosts := testutil.WriteKnownHosts(t, filepath.Join(dir, "known_hosts"), ts.addr, ts.srv.HostPublicKey())
+	keyFile := ts.key.WritePrivateKey(t, filepath.Join(dir, "id_ed25519"))
+	mux := filepath.Join(dir, "mux")
+	sshArgs := func(extra ...string) []string {
+		args := append(testutil.OpenSSHArgs(knownHosts, keyFile, port), "-o", "ControlPath="+mux)
+		return append(args, extra...)
+	}
+
+	// Multiplexed sessions get the master's SetEnv.
+	master := exec.Command(sshBin, sshArgs("-o", "ControlMaster=yes", "-o", "SetEnv=POSTERN_EXECUTION_ID="+validID, "-N", ts.account+"@127.0.0.1")...)
+	if err := master.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		master.Process.Kill()
+		master.Wait()
+	})
+	waitFor(t, func() bool {
+		return exec.Command(sshBin, sshArgs("-O", "check", ts.account+"@127.0.0.1")...).Run() == nil
+	})
+
+	// limit sessions that stay open, then one more.
+	release := filepath.Join(dir, "release")
+	var holders []*exec.Cmd
+	for range limit {
+		cmd := exec.Command(sshBin, sshArgs(ts.account+"@127.0.0.1",
+			"echo open; while [ ! -e "+release+" ]; do sleep 0.05; done")...)
+		stdout, err := cmd.StdoutPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := cmd.Start(); err != nil {
+			t.Fatal(err)
+		}
+		holders = append(holders, cmd)
+		line := make([]byte, len("open\n"))
+		if _, err := io.ReadFull(stdout, line); err != nil {
+			t.Fatalf("held session did not start: %v", err)
+		}
+	}
+	t.Cleanup(func() {
+		os.WriteFile(release, nil, 0o600)
+		for _, cmd := range holders {
+			cmd.Wait()
+		}
+	})
+	// ssh(1) reports the refusal, then tries a connection of its own, which the server
+	// refuses for want of an execution id (SetEnv is the master's): nothing runs.
+	one := exec.Command(sshBin, sshArgs(ts.account+"@127.0.0.1", "echo ran")...)
+	out, err := one.CombinedOutput()
+	if err == nil || strings.Contains(string(out), "ran") || !strings.Contains(string(out), "Session open refused by peer") {
+		t.Errorf("session %d over one connection: %v, %q; want it refused by the server", limit+1, err, out)
 	}
 }

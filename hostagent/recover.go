@@ -99,7 +99,7 @@ func (e *Executor) recoverOne(ctx context.Context, rec *markers.Record) error {
 		}
 	}
 	x, _ := e.claim(rec.ID)
-	x.dir, x.handle = dir, h
+	x.dir, x.handle, x.owner = dir, h, ownerOf(rec)
 	close(x.started)
 	log.Info("re-adopted running command", "pid", h.Process().PID)
 	e.wg.Add(1)

@@ -37,8 +37,8 @@ type Handler interface {
 	// cancelled when the session or connection closes or the server shuts down; that ends
 	// the attachment, not necessarily the command.
 	Exec(ctx context.Context, s gliderssh.Session, req ExecRequest)
-	// Control serves the postern-control subsystem (JSON lines) for account.
-	Control(ctx context.Context, s gliderssh.Session, account Account)
+	// Control serves the postern-control subsystem (JSON lines) to caller.
+	Control(ctx context.Context, s gliderssh.Session, caller Identity)
 }
 
 // ExecRequest is a validated exec request.
@@ -56,9 +56,9 @@ type ExecRequest struct {
 	// Cwd is the working directory: POSTERN_CWD, or the account's home.
 	Cwd        string
 	RemoteAddr net.Addr
-	// KeyFingerprint is the SHA256 fingerprint of the key that signed the login (for a
-	// certificate, of the certified key).
-	KeyFingerprint string
+	// Identity is who asks: the execution belongs to it, and another identity's execution
+	// under the same id is not this request's to see.
+	Identity Identity
 }
 
 // Server is the hostagent SSH server. Create it with NewServer, run it with Serve, stop it
@@ -89,10 +89,12 @@ type Server struct {
 }
 
 // serverConn is an accepted TCP connection; authenticated is set once a key signed the login,
-// which stops the handshake timer from closing it.
+// which stops the handshake timer from closing it; sessions counts its open session channels
+// (Config.MaxSessions).
 type serverConn struct {
 	net.Conn
 	authenticated atomic.Bool
+	sessions      atomic.Int64
 }
 
 type serverConnKey struct{}
@@ -352,29 +354,37 @@ func (srv *Server) runExec(ctx context.Context, s *session) {
 		return
 	}
 	s.logger.Info("exec", "execution_id", req.ExecutionID, "assigned", req.Assigned, "account", req.Account.Name,
-		"key", req.KeyFingerprint, "operation_key", req.OperationKey)
+		"key", req.Identity.Fingerprint, "key_id", boundForLog(req.Identity.KeyID), "operation_key", req.OperationKey)
 	srv.handler.Exec(ctx, s, req)
 	s.finish()
 }
 
 func (srv *Server) runControl(ctx context.Context, s *session) {
-	account, err := srv.accounts.resolve(s.User())
+	caller, err := sessionIdentity(s)
+	if err == nil {
+		_, err = srv.accounts.resolve(s.User())
+	}
 	if err != nil {
 		s.refuse(err)
 		return
 	}
-	if _, ok := s.ctx.Value(authIdentityKey{}).(authIdentity); !ok {
-		s.refuse(errors.New("no verified key for this connection"))
-		return
-	}
-	srv.handler.Control(ctx, s, account)
+	srv.handler.Control(ctx, s, caller)
 	s.finish()
 }
 
-func (srv *Server) execRequest(s *session) (ExecRequest, error) {
-	id, ok := s.ctx.Value(authIdentityKey{}).(authIdentity)
+// sessionIdentity is who sent s: the SSH user and the key that signed the login.
+func sessionIdentity(s *session) (Identity, error) {
+	auth, ok := s.ctx.Value(authIdentityKey{}).(authIdentity)
 	if !ok {
-		return ExecRequest{}, errors.New("no verified key for this connection")
+		return Identity{}, errors.New("no verified key for this connection")
+	}
+	return newIdentity(s.User(), auth)
+}
+
+func (srv *Server) execRequest(s *session) (ExecRequest, error) {
+	caller, err := sessionIdentity(s)
+	if err != nil {
+		return ExecRequest{}, err
 	}
 	account, err := srv.accounts.resolve(s.User())
 	if err != nil {
@@ -392,10 +402,10 @@ func (srv *Server) execRequest(s *session) (ExecRequest, error) {
 		return ExecRequest{}, s.env.problem
 	}
 	req := ExecRequest{
-		Account:        account,
-		Command:        s.rawCommand,
-		RemoteAddr:     s.RemoteAddr(),
-		KeyFingerprint: id.Fingerprint,
+		Account:    account,
+		Command:    s.rawCommand,
+		RemoteAddr: s.RemoteAddr(),
+		Identity:   caller,
 	}
 	vars := s.env.vars
 	req.ExecutionID = vars[EnvExecutionID]

@@ -32,7 +32,7 @@ const validID = "ex_01J3Z5V8Q4K7M2N9P0R6S8T1VW"
 type testHandler struct {
 	mu       sync.Mutex
 	execs    []hostagent.ExecRequest
-	controls []hostagent.Account
+	controls []hostagent.Identity
 }
 
 func (h *testHandler) Exec(ctx context.Context, s gliderssh.Session, req hostagent.ExecRequest) {
@@ -55,11 +55,11 @@ func (h *testHandler) Exec(ctx context.Context, s gliderssh.Session, req hostage
 	}
 }
 
-func (h *testHandler) Control(ctx context.Context, s gliderssh.Session, account hostagent.Account) {
+func (h *testHandler) Control(ctx context.Context, s gliderssh.Session, caller hostagent.Identity) {
 	h.mu.Lock()
-	h.controls = append(h.controls, account)
+	h.controls = append(h.controls, caller)
 	h.mu.Unlock()
-	io.WriteString(s, `{"ok":true,"account":"`+account.Name+`"}`+"\n")
+	io.WriteString(s, `{"ok":true,"account":"`+caller.Account+`"}`+"\n")
 	s.Exit(0)
 }
 
@@ -229,8 +229,8 @@ func TestExecStreamsAndExitStatus(t *testing.T) {
 	if req.ExecutionID != validID || req.Assigned || req.Account.Name != ts.account {
 		t.Errorf("ExecRequest = %+v; want id %s, not assigned, account %s", req, validID, ts.account)
 	}
-	if want := gossh.FingerprintSHA256(ts.key.Public()); req.KeyFingerprint != want {
-		t.Errorf("KeyFingerprint = %q; want %q", req.KeyFingerprint, want)
+	if want := gossh.FingerprintSHA256(ts.key.Public()); req.Identity.Fingerprint != want {
+		t.Errorf("KeyFingerprint = %q; want %q", req.Identity.Fingerprint, want)
 	}
 }
 
@@ -391,7 +391,7 @@ func TestUserCertificates(t *testing.T) {
 		cert   testutil.UserCert
 		wantOK bool
 	}{
-		{name: "valid", cert: testutil.UserCert{Principals: []string{ts.account}}, wantOK: true},
+		{name: "valid", cert: testutil.UserCert{KeyID: "bastion-1", Principals: []string{ts.account}}, wantOK: true},
 		{name: "one of several principals", cert: testutil.UserCert{Principals: []string{"ops", ts.account}}, wantOK: true},
 		{name: "source-address matches", cert: testutil.UserCert{Principals: []string{ts.account},
 			CriticalOptions: map[string]string{"source-address": "10.0.0.0/8,127.0.0.1/32"}}, wantOK: true},
@@ -424,10 +424,29 @@ func TestUserCertificates(t *testing.T) {
 			if got := run(t, client, withID(), "echo cert"); got.status != 0 || got.stdout != "cert\n" {
 				t.Errorf("got %+v; want cert output", got)
 			}
-			if want := gossh.FingerprintSHA256(key.Public()); ts.handler.lastExec(t).KeyFingerprint != want {
-				t.Errorf("KeyFingerprint = %q; want the certified key %q", ts.handler.lastExec(t).KeyFingerprint, want)
+			want := hostagent.Identity{Account: ts.account, Fingerprint: gossh.FingerprintSHA256(key.Public()), KeyID: tt.cert.KeyID}
+			if got := ts.handler.lastExec(t).Identity; got != want {
+				t.Errorf("Identity = %+v; want %+v (the certified key and the key id)", got, want)
 			}
 		})
+	}
+}
+
+// TestUnusableCertificateKeyIDRefused: a key id that cannot name an identity (control
+// characters, oversized) refuses the request with the reason; nothing reaches the handler.
+func TestUnusableCertificateKeyIDRefused(t *testing.T) {
+	ts := startServer(t, nil)
+	key := testutil.NewSSHKey(t)
+	cert := testutil.SignUserCert(t, ts.ca, key.Public(), testutil.UserCert{KeyID: "evil\nkey", Principals: []string{ts.account}})
+	client, err := ts.dial(t, ts.account, gossh.PublicKeys(testutil.CertSigner(t, cert, key)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := run(t, client, withID(), "echo ran"); got.status != hostagent.ExitRefused || !strings.Contains(got.stderr, "key id") {
+		t.Errorf("got %+v; want refused for the key id", got)
+	}
+	if ts.handler.execCount() != 0 {
+		t.Error("the handler ran a request of an unusable identity")
 	}
 }
 
@@ -445,8 +464,8 @@ func TestPermissionsFollowTheSigningKey(t *testing.T) {
 	if got := run(t, client, withID(), "true"); got.status != 0 {
 		t.Fatalf("got %+v", got)
 	}
-	if want := gossh.FingerprintSHA256(ts.key.Public()); ts.handler.lastExec(t).KeyFingerprint != want {
-		t.Errorf("KeyFingerprint = %q; want the authorized key %q", ts.handler.lastExec(t).KeyFingerprint, want)
+	if want := gossh.FingerprintSHA256(ts.key.Public()); ts.handler.lastExec(t).Identity.Fingerprint != want {
+		t.Errorf("KeyFingerprint = %q; want the authorized key %q", ts.handler.lastExec(t).Identity.Fingerprint, want)
 	}
 }
 
@@ -720,5 +739,42 @@ func waitFor(t *testing.T, cond func() bool) {
 			t.Fatal("condition not met within 60s")
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// TestMaxSessionsPerConnection: idle session channels beyond max_sessions on one connection
+// are refused with a reason; other connections, and the same one after a session closed, go
+// on.
+func TestMaxSessionsPerConnection(t *testing.T) {
+	const limit = 10
+	ts := startServer(t, func(c *hostagent.Config) { c.MaxSessions = limit })
+	conn := ts.client(t)
+	var open []gossh.Channel
+	for i := range limit {
+		ch, _, err := conn.OpenChannel("session", nil)
+		if err != nil {
+			t.Fatalf("session %d of %d: %v", i+1, limit, err)
+		}
+		open = append(open, ch)
+	}
+	_, _, err := conn.OpenChannel("session", nil)
+	var refused *gossh.OpenChannelError
+	if !errors.As(err, &refused) || refused.Reason != gossh.ResourceShortage || !strings.Contains(refused.Message, "too many sessions") {
+		t.Fatalf("session %d = %v; want resource-shortage: too many sessions", limit+1, err)
+	}
+	if got := run(t, ts.client(t), withID(), "echo other"); got.stdout != "other\n" {
+		t.Errorf("exec on another connection = %+v; want it served", got)
+	}
+	open[0].Close()
+	waitFor(t, func() bool {
+		ch, _, err := conn.OpenChannel("session", nil)
+		if err != nil {
+			return false
+		}
+		open = append(open, ch)
+		return true
+	})
+	for _, ch := range open {
+		ch.Close()
 	}
 }

@@ -159,6 +159,18 @@ func (s *session) finish() {
 // handleSessionChannel is the "session" channel handler. It owns the channel's request loop
 // and starts the Handler in a goroutine the Server tracks.
 func (srv *Server) handleSessionChannel(_ *gliderssh.Server, conn *gossh.ServerConn, newChan gossh.NewChannel, ctx gliderssh.Context) {
+	sc, ok := ctx.Value(serverConnKey{}).(*serverConn)
+	if !ok {
+		newChan.Reject(gossh.ConnectionFailed, "connection not tracked")
+		return
+	}
+	if n := sc.sessions.Add(1); n > int64(srv.cfg.MaxSessions) {
+		sc.sessions.Add(-1)
+		connLogger(srv.logger, ctx).Warn("refusing session: too many on this connection", "max_sessions", srv.cfg.MaxSessions)
+		newChan.Reject(gossh.ResourceShortage, fmt.Sprintf("too many sessions on this connection (max_sessions %d); close one or open another connection", srv.cfg.MaxSessions))
+		return
+	}
+	defer sc.sessions.Add(-1)
 	if !srv.startGoroutine(false) {
 		newChan.Reject(gossh.ResourceShortage, "server shutting down")
 		return

@@ -24,6 +24,11 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if testutil.Role() == holdConnsRole {
+		count, _ := strconv.Atoi(os.Getenv("POSTERN_TEST_COUNT"))
+		holdControlConnections(os.Getenv("POSTERN_TEST_SOCKET"), count)
+		os.Exit(0)
+	}
 	code := m.Run()
 	testutil.CleanupBinaries()
 	os.Exit(code)
@@ -443,7 +448,9 @@ func TestNeverStartedRunsOnRetry(t *testing.T) {
 	}
 	same, other := newID(t), newID(t)
 	for _, id := range []string{same, other} {
-		if _, err := store.Create(context.Background(), &markers.Record{ID: id, Account: h.Account, Command: []string{shell, "-c", cmd}}); err != nil {
+		// Owned by the key the test logs in with, as the agent would have recorded it.
+		owner := "key:" + gossh.FingerprintSHA256(h.ClientKey.Public())
+		if _, err := store.Create(context.Background(), &markers.Record{ID: id, Account: h.Account, Actor: owner, Command: []string{shell, "-c", cmd}}); err != nil {
 			t.Fatal(err)
 		}
 	}

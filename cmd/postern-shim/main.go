@@ -1,5 +1,5 @@
 // Command postern-shim is the supervisor the hostagent starts for each command (`postern-shim
-// shim DIR`), built on its own so a start does not pay for the agent's package
+// shim`, see shim.Main), built on its own so a start does not pay for the agent's package
 // initialization (~4 ms of a ~7 ms re-exec). The hostagent uses it when it sits next to the
 // agent binary and falls back to re-executing itself; both must come from the same build.
 package main
@@ -13,7 +13,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 || os.Args[1] != "shim" {
-		fmt.Fprintln(os.Stderr, "usage: postern-shim shim DIR (started by postern-hostagent, not by people)")
+		fmt.Fprintln(os.Stderr, "usage: postern-shim shim (started by postern-hostagent, not by people)")
 		os.Exit(2)
 	}
 	os.Exit(shim.Main(os.Args[2:]))

@@ -54,6 +54,11 @@ var ErrExitMissing = errors.New("hostagent client: channel closed without exit s
 // never started.
 var ErrRefused = errors.New("hostagent client: request refused")
 
+// ExitOperationTaken is the exit status of a request the hostagent did not start because its
+// operation key belongs to another execution. Its owner also gets that execution's marker;
+// another identity gets none (nothing tells it which execution holds the key).
+const ExitOperationTaken = 253
+
 // Exec describes one command to run under a marker.
 type Exec struct {
 	ExecutionID  string

@@ -41,8 +41,9 @@ type Handle struct {
 }
 
 // Start runs spec in the spool directory dir (created if missing; it must not have been
-// used before) under a detached supervisor, started as `exe shim dir` in its own session,
-// and returns once the command is running. exe is normally os.Executable().
+// used before) under a detached supervisor, started as `exe shim` in its own session with dir
+// in $POSTERN_SHIM_SPOOL_DIR (not in its arguments, which every local user can read), and
+// returns once the command is running. exe is normally os.Executable().
 //
 // If the command could not be started the error is a *StartError (wrapping ErrStartFailed)
 // and the status file says why; the command provably did not run. If ctx ends before the
@@ -85,7 +86,8 @@ func Start(ctx context.Context, exe, dir string, spec Spec) (*Handle, error) {
 	}
 	defer readyR.Close()
 
-	cmd := exec.Command(exe, "shim", dir)
+	cmd := exec.Command(exe, "shim")
+	cmd.Env = append(os.Environ(), EnvSpoolDir+"="+dir)
 	cmd.Stderr = logFile
 	cmd.ExtraFiles = []*os.File{readyW} // readyFD in the supervisor
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}

@@ -217,14 +217,33 @@ func TestDirAndEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	spec := testSpec(`pwd; echo "$GREETING"; echo "${` + shimTestEnv + `:-unset}"`)
+	spec := testSpec(`pwd; echo "$GREETING"; echo "${` + shimTestEnv + `:-unset}" "${` + EnvSpoolDir + `:-unset}"`)
 	spec.Dir = workDir
 	spec.Env = append(spec.Env, "GREETING=hello world")
 	h, dir := startTest(t, spec)
 	mustWait(t, h)
-	want := workDir + "\nhello world\nunset\n"
+	want := workDir + "\nhello world\nunset unset\n"
 	if got := readSpool(t, dir, StdoutFile); got != want {
 		t.Errorf("stdout = %q; want %q (cwd, given env, nothing inherited)", got, want)
+	}
+}
+
+// TestSupervisorArgumentsNameNoExecution: every local user can read a process's arguments,
+// so the supervisor's carry neither the spool directory nor the execution id.
+func TestSupervisorArgumentsNameNoExecution(t *testing.T) {
+	spec := testSpec("sleep 60")
+	spec.ExecutionID = "ex_01J3Z5V8Q4K7M2N9P0R6S8ARGV"
+	h, dir := startTest(t, spec)
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(h.Process().ShimPID) + "/cmdline")
+	if err != nil {
+		t.Fatal(err)
+	}
+	args := strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
+	if len(args) != 2 || args[1] != "shim" {
+		t.Errorf("supervisor arguments = %q; want the executable and \"shim\" only", args)
+	}
+	if strings.Contains(string(cmdline), dir) || strings.Contains(string(cmdline), spec.ExecutionID) {
+		t.Errorf("supervisor arguments %q name the spool directory or the execution", args)
 	}
 }
 

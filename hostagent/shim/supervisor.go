@@ -28,14 +28,26 @@ const readyFD = 3
 // the group; only processes that escaped the group can still hold them open.
 const drainAfterKill = time.Second
 
-// Main is the hidden `postern-hostagent shim <spooldir>` subcommand: it supervises the
-// execution described by <spooldir>/spec.json and returns the process exit code (0 once a
-// status record is written, 1 if the supervisor failed, 2 on misuse). args are the arguments
-// after "shim".
+// EnvSpoolDir carries the spool directory from Start to the supervisor. Not an argument: a
+// process's arguments are visible to every local user (ps, /proc/PID/cmdline), its
+// environment only to its own user and root, and the directory is named after the
+// execution id.
+const EnvSpoolDir = "POSTERN_SHIM_SPOOL_DIR"
+
+// Main is the hidden `postern-hostagent shim` subcommand: it supervises the execution
+// described by spec.json in the spool directory named by $POSTERN_SHIM_SPOOL_DIR and returns
+// the process exit code (0 once a status record is written, 1 if the supervisor failed, 2 on
+// misuse). args are the arguments after "shim": none, or — from a hostagent of an earlier
+// release still running while its package is upgraded — the spool directory.
 func Main(args []string) int {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if len(args) != 1 {
-		fmt.Fprintln(os.Stderr, "usage: postern-hostagent shim <spooldir>")
+	dir := os.Getenv(EnvSpoolDir)
+	switch {
+	case len(args) == 0 && dir != "":
+	case len(args) == 1 && dir == "":
+		dir = args[0]
+	default:
+		fmt.Fprintln(os.Stderr, "usage: "+EnvSpoolDir+"=DIR postern-hostagent shim (started by the hostagent, not by people)")
 		return 2
 	}
 	// Without Start's pipe on fd 3, fd 3 may be any file (or become one); never write to it.
@@ -46,7 +58,7 @@ func Main(args []string) int {
 	}
 	// The command must not inherit the pipe: Start reads it to EOF.
 	unix.CloseOnExec(readyFD)
-	s := &supervisor{dir: args[0], ready: os.NewFile(readyFD, "ready"), log: logger.With("spool", args[0])}
+	s := &supervisor{dir: dir, ready: os.NewFile(readyFD, "ready"), log: logger.With("spool", dir)}
 	if err := s.run(); err != nil {
 		s.log.Error("supervisor failed", "err", err)
 		return 1

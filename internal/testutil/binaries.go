@@ -101,15 +101,25 @@ func NewHostagent(t testing.TB, extraConfig ...string) *Hostagent {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return NewHostagentFor(t, []string{u.Username}, extraConfig...)
+}
+
+// NewHostagentFor is NewHostagent with accounts as allowed_accounts; Account is the first.
+func NewHostagentFor(t testing.TB, accounts []string, extraConfig ...string) *Hostagent {
+	t.Helper()
 	dir := t.TempDir()
 	h := &Hostagent{
 		Addr: FreeAddr(t), Dir: dir, DataDir: filepath.Join(dir, "data"),
-		ConfigPath: filepath.Join(dir, "hostagent.toml"), Account: u.Username, ClientKey: NewSSHKey(t),
+		ConfigPath: filepath.Join(dir, "hostagent.toml"), Account: accounts[0], ClientKey: NewSSHKey(t),
 		daemon: daemon{what: "hostagent"},
 	}
-	WriteAuthorizedKeys(t, filepath.Join(dir, "authorized_keys"), h.ClientKey.AuthorizedLine())
-	cfg := fmt.Sprintf("listen = %q\ndata_dir = %q\nauthorized_keys_file = %q\nallowed_accounts = [%q]\nkill_grace = \"1s\"\n%s\n",
-		h.Addr, h.DataDir, filepath.Join(dir, "authorized_keys"), h.Account, strings.Join(extraConfig, "\n"))
+	WriteAuthorizedKeys(t, h.AuthorizedKeysPath(), h.ClientKey.AuthorizedLine())
+	quoted := make([]string, len(accounts))
+	for i, a := range accounts {
+		quoted[i] = fmt.Sprintf("%q", a)
+	}
+	cfg := fmt.Sprintf("listen = %q\ndata_dir = %q\nauthorized_keys_file = %q\nallowed_accounts = [%s]\nkill_grace = \"1s\"\n%s\n",
+		h.Addr, h.DataDir, h.AuthorizedKeysPath(), strings.Join(quoted, ", "), strings.Join(extraConfig, "\n"))
 	if err := os.WriteFile(h.ConfigPath, []byte(cfg), 0o600); err != nil {
 		t.Fatal(err)
 	}
@@ -118,6 +128,10 @@ func NewHostagent(t testing.TB, extraConfig ...string) *Hostagent {
 	t.Cleanup(func() { h.Kill(t); reapShims(t, h.DataDir) })
 	return h
 }
+
+// AuthorizedKeysPath is the agent's authorized_keys file (ClientKey only, until a test
+// rewrites it).
+func (h *Hostagent) AuthorizedKeysPath() string { return filepath.Join(h.Dir, "authorized_keys") }
 
 // Start runs the agent (again) and waits until it listens. The dedicated shim is built next
 // to it, as installed.
