@@ -14,6 +14,8 @@ import (
 
 	gliderssh "github.com/gliderlabs/ssh"
 
+	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -38,14 +40,19 @@ type AgentOptions struct {
 }
 
 // OpenAgent opens the marker store (creating the data dir and audit key on first start),
-// re-adopts or resolves the executions a previous process left, and prepares the server.
+// after making the data dir private (see privdir) and every descriptor this process
+// inherited close-on-exec; it re-adopts or resolves the executions a previous process left, and prepares the server.
 func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.Default()
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return nil, fmt.Errorf("hostagent: data dir: %w", err)
+	// Commands inherit only stdin, stdout and stderr: nothing this process was handed.
+	if err := shim.CloseInheritedOnExec(); err != nil {
+		return nil, fmt.Errorf("hostagent: %w", err)
+	}
+	if err := privdir.Ensure(cfg.DataDir, "data dir", logger); err != nil {
+		return nil, fmt.Errorf("hostagent: %w", err)
 	}
 	host, _ := os.Hostname()
 	signer, _, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-hostagent-"+validKeyName(host))
