@@ -15,6 +15,7 @@ import (
 	gliderssh "github.com/gliderlabs/ssh"
 
 	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/internal/durable"
 	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
 )
@@ -71,6 +72,11 @@ func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, erro
 		Config: cfg, Store: store, ShimExe: opts.ShimExe, Logger: logger,
 		SocketPath: cfg.ControlSocketPath(),
 	})
+	if err == nil {
+		// The spool root's entry in the data dir, made on first start, must outlast a power
+		// loss like every spool dir in it.
+		err = durable.SyncDir(cfg.DataDir)
+	}
 	if err == nil {
 		err = a.executor.Recover(ctx)
 	}
@@ -194,6 +200,7 @@ func (e *Executor) removeOrphanSpools(cutoff time.Time) (int, error) {
 			errs = append(errs, err)
 			continue
 		}
+		e.quota.Forget(ent.Name())
 		removed++
 	}
 	return removed, errors.Join(errs...)

@@ -83,6 +83,12 @@ type Config struct {
 	MaxEnvValueBytes int `toml:"max_env_value_bytes"`
 	// OutputCap bounds the spooled output of one command, in bytes. Default 67108864 (64 MiB).
 	OutputCap int64 `toml:"output_cap"`
+	// SpoolCap bounds the total size of the output spool (<DataDir>/spool), in bytes. Once
+	// the stored output of all executions reaches it, a new command is refused before it
+	// starts (its marker says not_started and why); running commands may still write up to
+	// their output caps beyond it. Must be at least twice OutputCap (one execution's stdout
+	// and stderr). Default 4294967296 (4 GiB).
+	SpoolCap int64 `toml:"spool_cap"`
 	// KillGrace is the time between SIGTERM and SIGKILL when a command is cancelled or
 	// times out. Default 5s.
 	KillGrace time.Duration `toml:"kill_grace"`
@@ -108,6 +114,7 @@ func DefaultConfig() Config {
 		MaxEnvVars:         64,
 		MaxEnvValueBytes:   4 << 10,
 		OutputCap:          64 << 20,
+		SpoolCap:           4 << 30,
 		KillGrace:          5 * time.Second,
 		MarkerRetention:    720 * time.Hour,
 		Shell:              "/bin/sh",
@@ -245,6 +252,10 @@ func (c Config) Validate() error {
 	inRange("max_env_vars", int64(c.MaxEnvVars), maxMaxEnvVars)
 	inRange("max_env_value_bytes", int64(c.MaxEnvValueBytes), maxMaxEnvValueBytes)
 	inRange("output_cap", c.OutputCap, 1<<40)
+	inRange("spool_cap", c.SpoolCap, 1<<50)
+	if c.SpoolCap > 0 && c.OutputCap > 0 && c.SpoolCap < 2*c.OutputCap {
+		bad("spool_cap", "must hold one execution's full output (2 × output_cap = %d), got %d", 2*c.OutputCap, c.SpoolCap)
+	}
 	if !filepath.IsAbs(c.Shell) {
 		bad("shell", "must be an absolute path, got %q", c.Shell)
 	}

@@ -83,6 +83,7 @@ type Executor struct {
 	cfg   Config
 	store markerStore
 	spool string
+	quota *shim.Quota // spool_cap, asked before each launch
 	exe   string
 	sock  string
 	log   *slog.Logger
@@ -136,7 +137,7 @@ func NewExecutor(opts ExecutorOptions) (*Executor, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Executor{
-		cfg: opts.Config, store: opts.Store, spool: spool, exe: exe, sock: opts.SocketPath,
+		cfg: opts.Config, store: opts.Store, spool: spool, quota: shim.NewQuota(spool, opts.Config.SpoolCap), exe: exe, sock: opts.SocketPath,
 		log: logger.With("component", "executor"), ctx: ctx, cancel: cancel,
 		live: make(map[string]*execution),
 	}, nil
@@ -284,6 +285,10 @@ func provablyFailed(r *markers.Record) bool {
 
 // launch starts the command of a freshly marked execution under a shim and watches it.
 func (e *Executor) launch(x *execution, req ExecRequest) {
+	if err := e.quota.Admit(filepath.Base(x.dir)); err != nil {
+		e.release(x, e.recordStartFailure(x, err))
+		return
+	}
 	h, err := shim.Start(e.ctx, e.exe, x.dir, shim.Spec{
 		ExecutionID: req.ExecutionID,
 		Command:     req.Command,

@@ -189,6 +189,7 @@ missing_execution_id = {{quote .MissingExecutionID}}
 # max_env_vars = 64
 # max_env_value_bytes = 4096
 # output_cap = 67108864
+# spool_cap = 4294967296
 # kill_grace = "5s"
 # marker_retention = "720h"
 # shell = "/bin/sh"

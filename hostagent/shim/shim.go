@@ -65,7 +65,7 @@ var (
 	// ErrNoStatus: the status file does not exist (yet).
 	ErrNoStatus = errors.New("shim: no status record")
 	// ErrStartFailed: the command could not be started and provably did not run; the status
-	// file records the reason.
+	// file records the reason (or, when Quota.Admit refused it, nothing was created).
 	ErrStartFailed = errors.New("shim: command could not be started")
 	// ErrNotRunning: the execution has already finished (or its supervisor is gone).
 	ErrNotRunning = errors.New("shim: execution is not running")
