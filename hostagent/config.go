@@ -50,9 +50,14 @@ type Config struct {
 	// /run/postern-hostagent/control.sock — peer credentials decide what each caller may do.
 	ControlSocket string `toml:"control_socket"`
 	// AuthorizedKeysFile lists the public keys allowed to log in (OpenSSH authorized_keys
-	// format), re-read whenever it changes. Default "". At least one of AuthorizedKeysFile
-	// and TrustedUserCAKeysFile is required.
+	// format), re-read whenever it changes. Every key in it may log in as every account in
+	// AllowedAccounts; use AuthorizedKeysDir to tie keys to accounts. Default "". At least
+	// one of AuthorizedKeysFile, AuthorizedKeysDir and TrustedUserCAKeysFile is required.
 	AuthorizedKeysFile string `toml:"authorized_keys_file"`
+	// AuthorizedKeysDir holds one authorized_keys file per account, named after it: a key in
+	// <AuthorizedKeysDir>/deploy may log in as deploy only. Files are re-read whenever they
+	// change; a missing file means no keys of that account's own. Default "".
+	AuthorizedKeysDir string `toml:"authorized_keys_dir"`
 	// TrustedUserCAKeysFile lists CA public keys (one per line) whose OpenSSH user
 	// certificates are accepted; the SSH user must be one of the certificate's principals.
 	// Default "".
@@ -209,14 +214,15 @@ func (c Config) Validate() error {
 	for field, path := range map[string]string{
 		"host_key_file":             c.HostKeyFile,
 		"authorized_keys_file":      c.AuthorizedKeysFile,
+		"authorized_keys_dir":       c.AuthorizedKeysDir,
 		"trusted_user_ca_keys_file": c.TrustedUserCAKeysFile,
 	} {
 		if path != "" && !filepath.IsAbs(path) {
 			bad(field, "must be an absolute path, got %q", path)
 		}
 	}
-	if c.AuthorizedKeysFile == "" && c.TrustedUserCAKeysFile == "" {
-		bad("authorized_keys_file", "at least one of authorized_keys_file and trusted_user_ca_keys_file is required")
+	if c.AuthorizedKeysFile == "" && c.AuthorizedKeysDir == "" && c.TrustedUserCAKeysFile == "" {
+		bad("authorized_keys_file", "at least one of authorized_keys_file, authorized_keys_dir and trusted_user_ca_keys_file is required")
 	}
 	if len(c.AllowedAccounts) == 0 {
 		bad("allowed_accounts", "at least one account is required")

@@ -71,10 +71,11 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	cfg.MissingExecutionID = "maybe"
 	cfg.IdleTimeout = 0
 	cfg.MaxCommandBytes = 1 << 30
+	cfg.SpoolCap = cfg.OutputCap
 	cfg.Shell = "sh"
 	err := cfg.Validate()
 	want := []string{"listen", "data_dir", "authorized_keys_file", "allowed_accounts", "accept_env", "accept_env",
-		"missing_execution_id", "idle_timeout", "max_command_bytes", "shell"}
+		"missing_execution_id", "idle_timeout", "max_command_bytes", "spool_cap", "shell"}
 	var got []string
 	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
 		var cerr *hostagent.ConfigError

@@ -170,7 +170,10 @@ control_socket = {{quote .ControlSocket}}
 
 # Public-key authentication only: an authorized_keys file (re-read when it changes) and/or
 # CA keys whose OpenSSH user certificates are accepted (the SSH user must be a principal).
+# Every key in authorized_keys_file may log in as every allowed account. To tie keys to
+# accounts, put them in authorized_keys_dir/<account> instead (one file per account).
 authorized_keys_file = {{quote .AuthorizedKeysFile}}
+# authorized_keys_dir = "/etc/postern-hostagent/authorized_keys.d"
 # trusted_user_ca_keys_file = "/etc/postern-hostagent/user_ca.pub"
 
 # SSH user names commands may run as (switching accounts needs the agent to run as root).
