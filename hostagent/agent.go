@@ -42,7 +42,8 @@ type AgentOptions struct {
 
 // OpenAgent opens the marker store (creating the data dir and audit key on first start),
 // after making the data dir private (see privdir) and every descriptor this process
-// inherited close-on-exec; it re-adopts or resolves the executions a previous process left, and prepares the server.
+// inherited close-on-exec; it re-adopts or resolves the executions a previous process left,
+// and prepares the server.
 func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, error) {
 	logger := opts.Logger
 	if logger == nil {
@@ -79,6 +80,9 @@ func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, erro
 	}
 	if err == nil {
 		err = a.executor.Recover(ctx)
+	}
+	if err == nil {
+		err = a.executor.logSpoolUsage()
 	}
 	if err == nil {
 		a.server, err = NewServer(cfg, a.executor, logger)
@@ -175,6 +179,22 @@ func (a *Agent) collectGarbage(ctx context.Context) {
 		}
 		a.log.Info("retention", "markers_removed", res.Records, "spools_removed", removed)
 	}
+}
+
+// logSpoolUsage measures the spool once at start (so the first command does not pay for it)
+// and says how full it is.
+func (e *Executor) logSpoolUsage() error {
+	used, err := e.quota.Measure()
+	if err != nil {
+		return fmt.Errorf("hostagent: %w", err)
+	}
+	if used >= e.cfg.SpoolCap {
+		e.log.Warn("the spool is full: new commands are refused until stored output expires or spool_cap is raised",
+			"spool_bytes", used, "spool_cap", e.cfg.SpoolCap)
+		return nil
+	}
+	e.log.Info("spool", "spool_bytes", used, "spool_cap", e.cfg.SpoolCap)
+	return nil
 }
 
 // removeOrphanSpools deletes spool dirs that have no marker and were last touched before

@@ -13,6 +13,7 @@ import (
 	"text/template"
 
 	"github.com/postern-dev/postern/internal/durable"
+	"github.com/postern-dev/postern/internal/privdir"
 )
 
 // Default install locations (relative to InstallOptions.Root).
@@ -80,13 +81,10 @@ func Install(opts InstallOptions, w io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("install: %s: %w", opts.ConfigPath, err)
 	}
-	if err := os.MkdirAll(under(cfg.DataDir), 0o700); err != nil {
-		return fmt.Errorf("install: data dir: %w", err)
-	}
-	// MkdirAll leaves an existing directory's mode alone; the data dir must not be readable
-	// by others whatever created it.
-	if err := os.Chmod(under(cfg.DataDir), 0o700); err != nil {
-		return fmt.Errorf("install: data dir: %w", err)
+	// The checks serve makes at every start, made now so that a data dir serve would refuse
+	// is reported by install.
+	if err := privdir.Ensure(under(cfg.DataDir), "data dir", nil); err != nil {
+		return fmt.Errorf("install: %w", err)
 	}
 	if cfg.AuthorizedKeysFile != "" {
 		if err := createIfAbsent(under(cfg.AuthorizedKeysFile), nil, 0o600); err != nil {

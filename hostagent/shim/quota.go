@@ -67,6 +67,17 @@ func (q *Quota) Admit(name string) error {
 	return nil
 }
 
+// Measure lists and measures the whole spool root afresh and returns the bytes it holds.
+// Calling it at start moves the cost of the first full measurement out of the first Admit.
+func (q *Quota) Measure() (int64, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := q.rescanLocked(); err != nil {
+		return 0, err
+	}
+	return q.usedLocked()
+}
+
 // Forget stops counting root/name, which the caller removed.
 func (q *Quota) Forget(name string) {
 	q.mu.Lock()
@@ -100,7 +111,7 @@ func (q *Quota) usedLocked() (int64, error) {
 		used += size
 	}
 	for name := range q.open {
-		size, final, err := measureSpoolDir(filepath.Join(q.root, name))
+		size, final, err := measureOpenSpoolDir(filepath.Join(q.root, name))
 		switch {
 		case errors.Is(err, fs.ErrNotExist):
 			// Admitted but not created yet, or removed: nothing to count now.
@@ -114,6 +125,32 @@ func (q *Quota) usedLocked() (int64, error) {
 		used += size
 	}
 	return used, nil
+}
+
+// measureOpenSpoolDir measures a directory that was not final at the last look. While it
+// is still open only its output streams are counted (three stats instead of a listing: this
+// runs for every running execution at every Admit; the records are a few KiB); once it is
+// final, everything in it.
+func measureOpenSpoolDir(dir string) (size int64, final bool, err error) {
+	if _, err := os.Stat(filepath.Join(dir, StatusFile)); err == nil {
+		return measureSpoolDir(dir)
+	} else if !errors.Is(err, fs.ErrNotExist) {
+		return 0, false, err
+	}
+	if _, err := os.Stat(dir); err != nil {
+		return 0, false, err
+	}
+	for _, name := range []string{StdoutFile, StderrFile} {
+		info, err := os.Stat(filepath.Join(dir, name))
+		if errors.Is(err, fs.ErrNotExist) {
+			continue // the supervisor has not created it yet
+		}
+		if err != nil {
+			return 0, false, err
+		}
+		size += info.Size()
+	}
+	return size, false, nil
 }
 
 // measureSpoolDir returns the bytes in dir's files and whether the directory is final (its
