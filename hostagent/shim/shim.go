@@ -16,7 +16,8 @@
 //     (setsid, setpgid) are out of reach.
 //
 // The command runs as `Shell -c Command` with stdin from /dev/null, in its own process
-// group, with exactly the environment in its Spec. This package knows nothing of markers,
+// group, with exactly the environment in its Spec and no descriptor but stdin, stdout and
+// stderr (CloseInheritedOnExec). This package knows nothing of markers,
 // SSH or MCP.
 package shim
 
