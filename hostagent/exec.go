@@ -138,9 +138,8 @@ func NewExecutor(opts ExecutorOptions) (*Executor, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Executor{
 		cfg: opts.Config, store: opts.Store, spool: spool, exe: exe, sock: opts.SocketPath,
-		quota: shim.NewQuota(spool, opts.Config.SpoolCap),
 		log: logger.With("component", "executor"), ctx: ctx, cancel: cancel,
-		live: make(map[string]*execution),
+		live: make(map[string]*execution), quota: shim.NewQuota(spool, opts.Config.SpoolCap),
 	}, nil
 }
 
