@@ -17,6 +17,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/durable"
+	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
 )
@@ -62,8 +63,8 @@ type Bastion struct {
 	closed  bool
 }
 
-// Open opens the state dir (journal, keys, inventory) and returns a bastion that does not
-// serve yet: call Recover, then hand it to the transports.
+// Open opens the state dir (journal, keys, inventory), made private first (see privdir), and
+// returns a bastion that does not serve yet: call Recover, then hand it to the transports.
 func Open(opts Options) (*Bastion, error) {
 	cfg := opts.Config
 	if err := cfg.Validate(); err != nil {
@@ -75,8 +76,8 @@ func Open(opts Options) (*Bastion, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if err := os.MkdirAll(cfg.StateDir, 0o700); err != nil {
-		return nil, fmt.Errorf("bastion: state dir: %w", err)
+	if err := privdir.Ensure(cfg.StateDir, "state dir", opts.Logger); err != nil {
+		return nil, fmt.Errorf("bastion: %w", err)
 	}
 	fp, err := LoadOrCreateFingerprintKey(cfg.fingerprintPath())
 	if err != nil {

@@ -14,6 +14,9 @@ import (
 
 	gliderssh "github.com/gliderlabs/ssh"
 
+	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/internal/durable"
+	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -38,14 +41,20 @@ type AgentOptions struct {
 }
 
 // OpenAgent opens the marker store (creating the data dir and audit key on first start),
-// re-adopts or resolves the executions a previous process left, and prepares the server.
+// after making the data dir private (see privdir) and every descriptor this process
+// inherited close-on-exec; it re-adopts or resolves the executions a previous process left,
+// and prepares the server.
 func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.Default()
 	}
-	if err := os.MkdirAll(cfg.DataDir, 0o700); err != nil {
-		return nil, fmt.Errorf("hostagent: data dir: %w", err)
+	// Commands inherit only stdin, stdout and stderr: nothing this process was handed.
+	if err := shim.CloseInheritedOnExec(); err != nil {
+		return nil, fmt.Errorf("hostagent: %w", err)
+	}
+	if err := privdir.Ensure(cfg.DataDir, "data dir", logger); err != nil {
+		return nil, fmt.Errorf("hostagent: %w", err)
 	}
 	host, _ := os.Hostname()
 	signer, _, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-hostagent-"+validKeyName(host))
@@ -65,7 +74,15 @@ func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, erro
 		SocketPath: cfg.ControlSocketPath(),
 	})
 	if err == nil {
+		// The spool root's entry in the data dir, made on first start, must outlast a power
+		// loss like every spool dir in it.
+		err = durable.SyncDir(cfg.DataDir)
+	}
+	if err == nil {
 		err = a.executor.Recover(ctx)
+	}
+	if err == nil {
+		err = a.executor.logSpoolUsage()
 	}
 	if err == nil {
 		a.server, err = NewServer(cfg, a.executor, logger)
@@ -164,6 +181,22 @@ func (a *Agent) collectGarbage(ctx context.Context) {
 	}
 }
 
+// logSpoolUsage measures the spool once at start (so the first command does not pay for it)
+// and says how full it is.
+func (e *Executor) logSpoolUsage() error {
+	used, err := e.quota.Measure()
+	if err != nil {
+		return fmt.Errorf("hostagent: %w", err)
+	}
+	if used >= e.cfg.SpoolCap {
+		e.log.Warn("the spool is full: new commands are refused until stored output expires or spool_cap is raised",
+			"spool_bytes", used, "spool_cap", e.cfg.SpoolCap)
+		return nil
+	}
+	e.log.Info("spool", "spool_bytes", used, "spool_cap", e.cfg.SpoolCap)
+	return nil
+}
+
 // removeOrphanSpools deletes spool dirs that have no marker and were last touched before
 // cutoff.
 func (e *Executor) removeOrphanSpools(cutoff time.Time) (int, error) {
@@ -187,6 +220,7 @@ func (e *Executor) removeOrphanSpools(cutoff time.Time) (int, error) {
 			errs = append(errs, err)
 			continue
 		}
+		e.quota.Forget(ent.Name())
 		removed++
 	}
 	return removed, errors.Join(errs...)

@@ -2,6 +2,7 @@ package hostagent
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -9,6 +10,7 @@ import (
 	"maps"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"syscall"
@@ -37,20 +39,29 @@ var benignKeyOptions = map[string]bool{
 // authenticator decides whether a public key may log in as a user. It re-reads its key files
 // whenever their identity (inode, size, mtime) changes, so revoking a key takes effect on the
 // next authentication attempt without a restart.
+//
+// A plain key may log in as an account if it is in the global authorized keys file (every
+// key there may log in as every allowed account) or in that account's own file,
+// <authorized_keys_dir>/<account>.
 type authenticator struct {
 	logger *slog.Logger
 	now    func() time.Time
+	euid   uint32
 
-	mu             sync.Mutex // guards authorizedKeys and userCAs
+	mu             sync.Mutex // guards authorizedKeys, userCAs and accountKeys
 	authorizedKeys keyFile
 	userCAs        keyFile
+	// accountKeys holds one file per allowed account under authorized_keys_dir (none when it
+	// is not configured): the SSH user picks the file only among allowed account names.
+	accountKeys map[string]*keyFile
 }
 
 // keyFile is a parsed key file and the identity of the version it was parsed from.
 type keyFile struct {
-	path  string // "" when not configured
-	stamp fileStamp
-	keys  map[string]bool // gossh.PublicKey.Marshal() of each accepted key
+	path     string // "" when not configured
+	optional bool   // a missing file is normal (an account without keys of its own)
+	stamp    fileStamp
+	keys     map[string]bool // gossh.PublicKey.Marshal() of each accepted key
 }
 
 type fileStamp struct {
@@ -58,15 +69,26 @@ type fileStamp struct {
 	dev, ino    uint64
 	size        int64
 	modTimeNano int64
+	mode        os.FileMode
+	uid         uint32
 }
 
 func newAuthenticator(cfg Config, logger *slog.Logger) *authenticator {
-	return &authenticator{
+	a := &authenticator{
 		logger:         logger,
 		now:            time.Now,
+		euid:           uint32(os.Geteuid()),
 		authorizedKeys: keyFile{path: cfg.AuthorizedKeysFile},
 		userCAs:        keyFile{path: cfg.TrustedUserCAKeysFile},
+		accountKeys:    map[string]*keyFile{},
 	}
+	if cfg.AuthorizedKeysDir != "" {
+		for _, name := range cfg.AllowedAccounts {
+			// Validate has checked the names: none can leave the directory.
+			a.accountKeys[name] = &keyFile{path: filepath.Join(cfg.AuthorizedKeysDir, name), optional: true}
+		}
+	}
+	return a
 }
 
 // authorize returns the permissions to grant key logging in as user from remote, or an error
@@ -77,14 +99,19 @@ func (a *authenticator) authorize(user string, remote net.Addr, key gossh.Public
 	a.refreshLocked(&a.authorizedKeys, false)
 	a.refreshLocked(&a.userCAs, true)
 	authorized, cas := a.authorizedKeys.keys, a.userCAs.keys
+	var own map[string]bool
+	if kf := a.accountKeys[user]; kf != nil {
+		a.refreshLocked(kf, false)
+		own = kf.keys
+	}
 	a.mu.Unlock()
 
 	cert, isCert := key.(*gossh.Certificate)
 	if !isCert {
-		if authorized[string(key.Marshal())] {
+		if authorized[string(key.Marshal())] || own[string(key.Marshal())] {
 			return &gossh.Permissions{}, nil
 		}
-		return nil, fmt.Errorf("%w: key not in authorized keys file", ErrNotAuthorized)
+		return nil, fmt.Errorf("%w: key not in the authorized keys file nor in the account's own file", ErrNotAuthorized)
 	}
 	checker := gossh.CertChecker{
 		// source-address is the only critical option understood (enforced below); any
@@ -131,7 +158,17 @@ func (a *authenticator) refreshLocked(kf *keyFile, caFile bool) {
 	kf.stamp = stamp
 	kf.keys = map[string]bool{}
 	if !stamp.exists {
-		a.logger.Warn("key file does not exist; accepting no keys from it", "path", kf.path)
+		level := slog.LevelWarn
+		if kf.optional {
+			level = slog.LevelDebug
+		}
+		a.logger.Log(context.Background(), level, "key file does not exist; accepting no keys from it", "path", kf.path)
+		return
+	}
+	// As OpenSSH's StrictModes: a key file someone else can write lets them in.
+	if stamp.mode.Perm()&0o022 != 0 || stamp.uid != 0 && stamp.uid != a.euid {
+		a.logger.Error("key file is writable by others or owned by another user; accepting no keys from it (chmod go-w and chown it to root)",
+			"path", kf.path, "mode", fmt.Sprintf("%#o", stamp.mode.Perm()), "uid", stamp.uid)
 		return
 	}
 	data, err := readBounded(kf.path, maxKeyFileBytes)
@@ -215,9 +252,9 @@ func statFile(path string) (fileStamp, error) {
 	if err != nil {
 		return fileStamp{}, err
 	}
-	stamp := fileStamp{exists: true, size: info.Size(), modTimeNano: info.ModTime().UnixNano()}
+	stamp := fileStamp{exists: true, size: info.Size(), modTimeNano: info.ModTime().UnixNano(), mode: info.Mode(), uid: ^uint32(0)}
 	if st, ok := info.Sys().(*syscall.Stat_t); ok {
-		stamp.dev, stamp.ino = uint64(st.Dev), st.Ino
+		stamp.dev, stamp.ino, stamp.uid = uint64(st.Dev), st.Ino, st.Uid
 	}
 	return stamp, nil
 }

@@ -64,9 +64,14 @@ type Config struct {
 	// checkpoints. Default 8; at most ControlSocketMaxConns - ControlSocketOperatorConns.
 	ControlSocketMaxConnsPerUID int `toml:"control_socket_max_conns_per_uid"`
 	// AuthorizedKeysFile lists the public keys allowed to log in (OpenSSH authorized_keys
-	// format), re-read whenever it changes. Default "". At least one of AuthorizedKeysFile
-	// and TrustedUserCAKeysFile is required.
+	// format), re-read whenever it changes. Every key in it may log in as every account in
+	// AllowedAccounts; use AuthorizedKeysDir to tie keys to accounts. Default "". At least
+	// one of AuthorizedKeysFile, AuthorizedKeysDir and TrustedUserCAKeysFile is required.
 	AuthorizedKeysFile string `toml:"authorized_keys_file"`
+	// AuthorizedKeysDir holds one authorized_keys file per account, named after it: a key in
+	// <AuthorizedKeysDir>/deploy may log in as deploy only. Files are re-read whenever they
+	// change; a missing file means no keys of that account's own. Default "".
+	AuthorizedKeysDir string `toml:"authorized_keys_dir"`
 	// TrustedUserCAKeysFile lists CA public keys (one per line) whose OpenSSH user
 	// certificates are accepted; the SSH user must be one of the certificate's principals.
 	// Default "".
@@ -102,6 +107,12 @@ type Config struct {
 	MaxEnvValueBytes int `toml:"max_env_value_bytes"`
 	// OutputCap bounds the spooled output of one command, in bytes. Default 67108864 (64 MiB).
 	OutputCap int64 `toml:"output_cap"`
+	// SpoolCap bounds the total size of the output spool (<DataDir>/spool), in bytes. Once
+	// the stored output of all executions reaches it, a new command is refused before it
+	// starts (its marker says not_started and why); running commands may still write up to
+	// their output caps beyond it. Must be at least twice OutputCap (one execution's stdout
+	// and stderr). Default 4294967296 (4 GiB).
+	SpoolCap int64 `toml:"spool_cap"`
 	// KillGrace is the time between SIGTERM and SIGKILL when a command is cancelled or
 	// times out. Default 5s.
 	KillGrace time.Duration `toml:"kill_grace"`
@@ -131,6 +142,7 @@ func DefaultConfig() Config {
 		MaxEnvVars:                  64,
 		MaxEnvValueBytes:            4 << 10,
 		OutputCap:                   64 << 20,
+		SpoolCap:                    4 << 30,
 		KillGrace:                   5 * time.Second,
 		MarkerRetention:             720 * time.Hour,
 		Shell:                       "/bin/sh",
@@ -234,14 +246,15 @@ func (c Config) Validate() error {
 	for field, path := range map[string]string{
 		"host_key_file":             c.HostKeyFile,
 		"authorized_keys_file":      c.AuthorizedKeysFile,
+		"authorized_keys_dir":       c.AuthorizedKeysDir,
 		"trusted_user_ca_keys_file": c.TrustedUserCAKeysFile,
 	} {
 		if path != "" && !filepath.IsAbs(path) {
 			bad(field, "must be an absolute path, got %q", path)
 		}
 	}
-	if c.AuthorizedKeysFile == "" && c.TrustedUserCAKeysFile == "" {
-		bad("authorized_keys_file", "at least one of authorized_keys_file and trusted_user_ca_keys_file is required")
+	if c.AuthorizedKeysFile == "" && c.AuthorizedKeysDir == "" && c.TrustedUserCAKeysFile == "" {
+		bad("authorized_keys_file", "at least one of authorized_keys_file, authorized_keys_dir and trusted_user_ca_keys_file is required")
 	}
 	if len(c.AllowedAccounts) == 0 {
 		bad("allowed_accounts", "at least one account is required")
@@ -286,6 +299,10 @@ func (c Config) Validate() error {
 	if others := c.ControlSocketMaxConns - c.ControlSocketOperatorConns; c.ControlSocketMaxConnsPerUID <= 0 || c.ControlSocketMaxConnsPerUID > max(others, 1) {
 		bad("control_socket_max_conns_per_uid", "must be in 1..control_socket_max_conns-control_socket_operator_conns (%d), got %d",
 			others, c.ControlSocketMaxConnsPerUID)
+	}
+	inRange("spool_cap", c.SpoolCap, 1<<50)
+	if c.SpoolCap > 0 && c.OutputCap > 0 && c.SpoolCap < 2*c.OutputCap {
+		bad("spool_cap", "must hold one execution's full output (2 × output_cap = %d), got %d", 2*c.OutputCap, c.SpoolCap)
 	}
 	if !filepath.IsAbs(c.Shell) {
 		bad("shell", "must be an absolute path, got %q", c.Shell)

@@ -73,11 +73,12 @@ func TestValidateReportsEveryProblem(t *testing.T) {
 	cfg.MaxCommandBytes = 1 << 30
 	cfg.MaxSessions = 0
 	cfg.ControlSocketOperatorConns = cfg.ControlSocketMaxConns
+	cfg.SpoolCap = cfg.OutputCap
 	cfg.Shell = "sh"
 	err := cfg.Validate()
 	want := []string{"listen", "data_dir", "authorized_keys_file", "allowed_accounts", "accept_env", "accept_env",
 		"missing_execution_id", "idle_timeout", "max_command_bytes", "max_sessions", "control_socket_operator_conns",
-		"control_socket_max_conns_per_uid", "shell"}
+		"control_socket_max_conns_per_uid", "spool_cap", "shell"}
 	var got []string
 	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
 		var cerr *hostagent.ConfigError

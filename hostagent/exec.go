@@ -88,6 +88,7 @@ type Executor struct {
 	cfg   Config
 	store markerStore
 	spool string
+	quota *shim.Quota // spool_cap, asked before each launch
 	exe   string
 	sock  string
 	log   *slog.Logger
@@ -147,7 +148,7 @@ func NewExecutor(opts ExecutorOptions) (*Executor, error) {
 	return &Executor{
 		cfg: opts.Config, store: opts.Store, spool: spool, exe: exe, sock: opts.SocketPath,
 		log: logger.With("component", "executor"), ctx: ctx, cancel: cancel,
-		live: make(map[string]*execution),
+		live: make(map[string]*execution), quota: shim.NewQuota(spool, opts.Config.SpoolCap),
 	}, nil
 }
 
@@ -316,6 +317,10 @@ func provablyFailed(r *markers.Record) bool {
 // launch starts the command of a freshly marked execution under a shim and watches it.
 func (e *Executor) launch(x *execution, req ExecRequest) {
 	x.owner = req.Identity.owner()
+	if err := e.quota.Admit(filepath.Base(x.dir)); err != nil {
+		e.release(x, e.recordStartFailure(x, err))
+		return
+	}
 	h, err := shim.Start(e.ctx, e.exe, x.dir, shim.Spec{
 		ExecutionID: req.ExecutionID,
 		Command:     req.Command,
@@ -348,6 +353,8 @@ func (e *Executor) recordStartFailure(x *execution, startErr error) *markers.Rec
 	switch {
 	case errors.As(startErr, &se):
 		to, note, cause = markers.StartFailed, "command did not start: "+se.Cause, se.Cause
+	case errors.Is(startErr, shim.ErrStartFailed):
+		// Refused before a supervisor was started (the spool is full): nothing to fence.
 	case shim.Fence(x.dir) != nil:
 		// The supervisor recorded itself (or the fence failed): it may have started the
 		// command.

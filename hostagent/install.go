@@ -13,6 +13,7 @@ import (
 	"text/template"
 
 	"github.com/postern-dev/postern/internal/durable"
+	"github.com/postern-dev/postern/internal/privdir"
 )
 
 // Default install locations (relative to InstallOptions.Root).
@@ -80,13 +81,10 @@ func Install(opts InstallOptions, w io.Writer) error {
 	if err := cfg.Validate(); err != nil {
 		return fmt.Errorf("install: %s: %w", opts.ConfigPath, err)
 	}
-	if err := os.MkdirAll(under(cfg.DataDir), 0o700); err != nil {
-		return fmt.Errorf("install: data dir: %w", err)
-	}
-	// MkdirAll leaves an existing directory's mode alone; the data dir must not be readable
-	// by others whatever created it.
-	if err := os.Chmod(under(cfg.DataDir), 0o700); err != nil {
-		return fmt.Errorf("install: data dir: %w", err)
+	// The checks serve makes at every start, made now so that a data dir serve would refuse
+	// is reported by install.
+	if err := privdir.Ensure(under(cfg.DataDir), "data dir", nil); err != nil {
+		return fmt.Errorf("install: %w", err)
 	}
 	if cfg.AuthorizedKeysFile != "" {
 		if err := createIfAbsent(under(cfg.AuthorizedKeysFile), nil, 0o600); err != nil {
@@ -175,7 +173,10 @@ control_socket = {{quote .ControlSocket}}
 
 # Public-key authentication only: an authorized_keys file (re-read when it changes) and/or
 # CA keys whose OpenSSH user certificates are accepted (the SSH user must be a principal).
+# Every key in authorized_keys_file may log in as every allowed account. To tie keys to
+# accounts, put them in authorized_keys_dir/<account> instead (one file per account).
 authorized_keys_file = {{quote .AuthorizedKeysFile}}
+# authorized_keys_dir = "/etc/postern-hostagent/authorized_keys.d"
 # trusted_user_ca_keys_file = "/etc/postern-hostagent/user_ca.pub"
 
 # SSH user names commands may run as (switching accounts needs the agent to run as root).
@@ -196,6 +197,7 @@ missing_execution_id = {{quote .MissingExecutionID}}
 # max_env_vars = 64
 # max_env_value_bytes = 4096
 # output_cap = 67108864
+# spool_cap = 4294967296
 # kill_grace = "5s"
 # marker_retention = "720h"
 # shell = "/bin/sh"

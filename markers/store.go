@@ -12,6 +12,7 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
+	"github.com/cockroachdb/pebble/v2/vfs"
 )
 
 // FormatVersion is the Pebble on-disk format every store is created with. It is pinned (never
@@ -133,6 +134,7 @@ func openPebble(dir string, opts *Options, readOnly bool) (*pebble.DB, error) {
 	cache := pebble.NewCache(opts.CacheBytes)
 	defer cache.Unref()
 	po := &pebble.Options{
+		FS:                          privateFS{vfs.Default},
 		FormatMajorVersion:          FormatVersion,
 		Cache:                       cache,
 		MemTableSize:                opts.MemTableBytes,

@@ -24,6 +24,7 @@ import (
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/internal/durable"
+	"github.com/postern-dev/postern/internal/privdir"
 )
 
 // localHost is the inventory name `postern up` enrolls its own hostagent under.
@@ -57,7 +58,7 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
-	cfg, err := upConfig(dir, *listen)
+	cfg, err := upConfig(dir, *listen, logger.With("component", "bastion"))
 	if err != nil {
 		return err
 	}
@@ -95,8 +96,9 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // upConfig writes the quick start's config and bearer token on first run and reads them
 // after. The config holds only the token's hash; the token itself is in a 0600 file for the
 // local user's clients.
-func upConfig(dir, listen string) (bastion.Config, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+func upConfig(dir, listen string, logger *slog.Logger) (bastion.Config, error) {
+	// Checked before the token is written into it; bastion.Open checks again.
+	if err := privdir.Ensure(dir, "state dir", logger); err != nil {
 		return bastion.Config{}, err
 	}
 	tokenPath := filepath.Join(dir, "token")

@@ -14,6 +14,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/internal/durable"
 )
 
 // maxReadyBytes bounds the supervisor's readiness message.
@@ -63,6 +65,12 @@ func Start(ctx context.Context, exe, dir string, spec Spec) (*Handle, error) {
 		return nil, fmt.Errorf("shim: spool dir: %w", err)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("shim: create spool dir: %w", err)
+	}
+	// The supervisor syncs its record inside dir; dir's own entry must be durable too, or a
+	// power loss could take the whole directory and make a started command look never
+	// started.
+	if err := durable.SyncDir(filepath.Dir(dir)); err != nil {
 		return nil, fmt.Errorf("shim: create spool dir: %w", err)
 	}
 	data, err := json.Marshal(spec)

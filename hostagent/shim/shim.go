@@ -16,7 +16,8 @@
 //     (setsid, setpgid) are out of reach.
 //
 // The command runs as `Shell -c Command` with stdin from /dev/null, in its own process
-// group, with exactly the environment in its Spec. This package knows nothing of markers,
+// group, with exactly the environment in its Spec and no descriptor but stdin, stdout and
+// stderr (CloseInheritedOnExec). This package knows nothing of markers,
 // SSH or MCP.
 package shim
 
@@ -65,7 +66,7 @@ var (
 	// ErrNoStatus: the status file does not exist (yet).
 	ErrNoStatus = errors.New("shim: no status record")
 	// ErrStartFailed: the command could not be started and provably did not run; the status
-	// file records the reason.
+	// file records the reason (or, when Quota.Admit refused it, nothing was created).
 	ErrStartFailed = errors.New("shim: command could not be started")
 	// ErrNotRunning: the execution has already finished (or its supervisor is gone).
 	ErrNotRunning = errors.New("shim: execution is not running")

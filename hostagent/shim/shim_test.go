@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // shimTestEnv makes the test binary act as the supervisor when Start re-executes it.
@@ -746,5 +748,53 @@ func TestFenceStopsASupervisorOnItsWay(t *testing.T) {
 	waitStatus(t, h)
 	if err := Fence(started); !errors.Is(err, ErrAlreadyUsed) {
 		t.Errorf("Fence of a dir a supervisor ran in = %v; want ErrAlreadyUsed", err)
+	}
+}
+
+// inheritFile opens path without close-on-exec, as a shell leaves a redirection open for the
+// processes it starts, and closes it at cleanup.
+func inheritFile(tb testing.TB, path string) int {
+	tb.Helper()
+	fd, err := syscall.Open(path, syscall.O_RDONLY, 0)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { syscall.Close(fd) })
+	return fd
+}
+
+// TestCommandInheritsOnlyStdio: a descriptor the supervisor's parent leaked reaches neither
+// the supervisor's children nor the command. ls lists its own descriptors: stdin, stdout,
+// stderr and the one it opens to read the list.
+func TestCommandInheritsOnlyStdio(t *testing.T) {
+	secret := filepath.Join(t.TempDir(), "secret")
+	if err := os.WriteFile(secret, []byte("root only\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	leaked := inheritFile(t, secret)
+	h, dir := startTest(t, testSpec("ls /proc/self/fd; cat <&"+strconv.Itoa(leaked)))
+	st := mustWait(t, h)
+	fds := strings.Fields(readSpool(t, dir, StdoutFile))
+	if strings.Join(fds, " ") != "0 1 2 3" {
+		t.Errorf("the command has descriptors %v; want 0 1 2 and ls's own 3 (fd %d leaked?)", fds, leaked)
+	}
+	if st.ExitCode == 0 || strings.Contains(readSpool(t, dir, StdoutFile), "root only") {
+		t.Errorf("the command read the leaked descriptor %d: exit %d", leaked, st.ExitCode)
+	}
+}
+
+func TestCloseOnExecFromProc(t *testing.T) {
+	fd := inheritFile(t, "/dev/null")
+	if err := closeOnExecFromProc(); err != nil {
+		t.Fatal(err)
+	}
+	flags, err := unix.FcntlInt(uintptr(fd), unix.F_GETFD, 0)
+	if err != nil || flags&unix.FD_CLOEXEC == 0 {
+		t.Errorf("fd %d flags %#x, %v; want FD_CLOEXEC", fd, flags, err)
+	}
+	// Still open: marking is not closing.
+	var st unix.Stat_t
+	if err := unix.Fstat(fd, &st); err != nil {
+		t.Errorf("fd %d was closed: %v", fd, err)
 	}
 }

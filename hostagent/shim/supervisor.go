@@ -56,8 +56,12 @@ func Main(args []string) int {
 		fmt.Fprintln(os.Stderr, "shim: fd 3 is not a readiness pipe; the shim is started by the hostagent only")
 		return 2
 	}
-	// The command must not inherit the pipe: Start reads it to EOF.
-	unix.CloseOnExec(readyFD)
+	// The command inherits stdin, stdout and stderr only: not the pipe (Start reads it to
+	// EOF), nor anything the hostagent was started with.
+	if err := CloseInheritedOnExec(); err != nil {
+		fmt.Fprintf(os.Stderr, "shim: %v; not starting the command\n", err)
+		return 1
+	}
 	s := &supervisor{dir: dir, ready: os.NewFile(readyFD, "ready"), log: logger.With("spool", dir)}
 	if err := s.run(); err != nil {
 		s.log.Error("supervisor failed", "err", err)
