@@ -24,6 +24,9 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if testutil.Role() == roleSoakClient {
+		os.Exit(runSoakClientProcess())
+	}
 	code := m.Run()
 	testutil.CleanupBinaries()
 	os.Exit(code)
