@@ -24,10 +24,13 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	if testutil.Role() == holdConnsRole {
+	switch testutil.Role() {
+	case holdConnsRole:
 		count, _ := strconv.Atoi(os.Getenv("POSTERN_TEST_COUNT"))
 		holdControlConnections(os.Getenv("POSTERN_TEST_SOCKET"), count)
 		os.Exit(0)
+	case roleSoakClient:
+		os.Exit(runSoakClientProcess())
 	}
 	code := m.Run()
 	testutil.CleanupBinaries()

@@ -151,7 +151,11 @@ func (s *soak) settle(t *testing.T, ctx context.Context) *soakHistory {
 		actor := strings.TrimPrefix(r.Actor, "token:")
 		cs := sessions[actor]
 		if cs == nil {
-			cs = s.fleet.bastion.Connect(t, actor, runHeader(runOf(actor)))
+			if r.Actor == s.localActor {
+				cs = s.bridgeSession(t, ctx)
+			} else {
+				cs = s.fleet.bastion.Connect(t, actor, runHeader(runOf(actor)))
+			}
 			sessions[actor] = cs
 		}
 		if _, err := callExecution(ctx, cs, "execution_status", map[string]any{"execution_id": r.ID}); err != nil {
@@ -306,7 +310,7 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 	for _, r := range h.journal {
 		tag := tagOf(r)
 		c := callByTag[tag]
-		if c == nil || "token:"+c.actor != r.Actor {
+		if c == nil || s.journalActor(c) != r.Actor {
 			v.fail("executions belong to intended calls", "%s (%s, actor %s) matches no intended call of its actor", r.ID, tag, r.Actor)
 			continue
 		}
@@ -329,7 +333,15 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 		for i := 1; i < len(effected); i++ {
 			prev, next := effected[i-1], effected[i]
 			if !c.keyed && prev.ResultDeliveredAt != nil && prev.ResultDeliveredAt.Before(next.CreatedAt) {
-				stats.newIntentAfterDelivery++
+				// Only a result the client really received may start a new intent: one
+				// that a dead or aborting client never saw was not delivered.
+				if o.sawEnd(prev.ID) {
+					stats.newIntentAfterDelivery++
+					continue
+				}
+				stats.deliveredUnseen++
+				v.fail("only a received result starts a new intent", "%s: %s was recorded delivered at %v, the client never saw it end, and %s ran again",
+					c.tag, prev.ID, prev.ResultDeliveredAt, next.ID)
 				continue
 			}
 			stats.duplicates++
@@ -406,6 +418,7 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 	s.checkAgentLists(t, ctx, v, h)
 	s.checkMarkers(v, h)
 	s.verifyAudit(t, ctx, v)
+	s.checkFaultsInjected(v)
 	s.summary(t, h, stats, v, load)
 }
 
@@ -529,7 +542,7 @@ func describeMarker(m *markers.Record) string {
 
 type soakStats struct {
 	executions, unseen, multiExecution, neverAccepted, clientSettled, attempts int
-	duplicates, newIntentAfterDelivery, lost, unknown                          int
+	duplicates, newIntentAfterDelivery, deliveredUnseen, lost, unknown         int
 	states                                                                     map[string]int
 	unknownReasons, failedReasons                                              map[string]int
 	clientErrors                                                               map[string]int
@@ -566,6 +579,7 @@ func (s *soak) summary(t *testing.T, h *soakHistory, st soakStats, v *soakVerdic
 	row("effects", fmt.Sprintf("%d on hosts, %d on the HTTP target", effects, s.fleet.target.TotalEffects()))
 	row("duplicates (must be 0)", st.duplicates)
 	row("new intent after delivered result", fmt.Sprintf("%d (unkeyed calls; the matching rule's documented limit)", st.newIntentAfterDelivery))
+	row("new intent after a result never seen (must be 0)", st.deliveredUnseen)
 	row("lost (must be 0)", st.lost)
 	row("unknown", st.unknown)
 	for _, kv := range sortedByCount(st.unknownReasons) {
@@ -612,4 +626,33 @@ func sortedCounts(m map[string]int) string {
 		parts = append(parts, fmt.Sprintf("%s=%d", e.k, e.n))
 	}
 	return strings.Join(parts, " ")
+}
+
+// soakFaultKinds are every fault the soak injects; a run that injected one of them 0 times
+// proved nothing about it (its injection broke, or the run was too short).
+var soakFaultKinds = []string{
+	faultMCPCut, faultHostCut, faultHostFreeze, faultBastionKill, faultHostagentKill, faultShimKill,
+	faultPluginKill, faultClientKill, faultSDKAbort, faultBridgeRestart,
+}
+
+func (s *soak) checkFaultsInjected(v *soakVerdict) {
+	injected := s.faults.snapshot()
+	for _, kind := range soakFaultKinds {
+		if injected[kind] == 0 {
+			v.fail("every fault kind was injected", "%s was injected 0 times", kind)
+		}
+	}
+}
+
+// bridgeSession opens a session as the local actor, through the stdio bridge; it is closed
+// at cleanup.
+func (s *soak) bridgeSession(t *testing.T, ctx context.Context) *mcp.ClientSession {
+	t.Helper()
+	cl := &soakClient{s: s}
+	cs, _, err := cl.connectBridge(ctx, 0)
+	if err != nil {
+		t.Fatalf("stdio bridge: %v", err)
+	}
+	t.Cleanup(func() { cs.Close() })
+	return cs
 }

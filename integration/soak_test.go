@@ -8,6 +8,8 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
+	"os/exec"
+	"os/user"
 	"path/filepath"
 	"sort"
 	"strconv"
@@ -73,6 +75,8 @@ type soakCall struct {
 	args  map[string]any
 	keyed bool
 	dup   bool
+	// bridged calls go through the stdio bridge, as the local actor in this process's run.
+	bridged bool
 	// exitCode is what the command exits with (ssh_exec).
 	exitCode int
 }
@@ -94,6 +98,21 @@ func (o *soakObservation) saw(x bastion.Execution) {
 	defer o.mu.Unlock()
 	o.views[x.ExecutionID] = x
 	o.settled = markers.Journal.Terminal(markers.State(x.State))
+}
+
+// sawEnd reports whether the client saw execution id in a terminal state.
+func (o *soakObservation) sawEnd(id string) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	x, ok := o.views[id]
+	return ok && markers.Journal.Terminal(markers.State(x.State))
+}
+
+// settledNow reports whether the last answer the client saw was terminal.
+func (o *soakObservation) settledNow() bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.settled
 }
 
 func (o *soakObservation) failed(err error) {
@@ -150,21 +169,33 @@ type soakHost struct {
 }
 
 type soak struct {
-	seed    uint64
-	fleet   *httpFleet
-	hosts   []*soakHost
-	actors  []string
-	calls   []*soakCall
-	obs     map[string]*soakObservation // by tag
-	faults  soakCounter
-	reads   soakCounter
-	started time.Time
+	seed   uint64
+	fleet  *httpFleet
+	hosts  []*soakHost
+	actors []string
+	calls  []*soakCall
+	obs    map[string]*soakObservation // by tag
+	faults soakCounter
+	reads  soakCounter
+	// bridgeBins are two copies of the postern binary at different paths, for the bridge.
+	bridgeBins []string
+	// localActor is the actor of bridged calls (the unix socket names it from our uid).
+	localActor string
+	started    time.Time
 	// backgroundUnresolved are SSH executions the reconcile loop left unknown although their
 	// host was reachable again (see waitReconciled).
 	backgroundUnresolved []string
 }
 
 func runOf(actor string) string { return "run-" + actor }
+
+// journalActor is the actor the journal records for c.
+func (s *soak) journalActor(c *soakCall) string {
+	if c.bridged {
+		return s.localActor
+	}
+	return "token:" + c.actor
+}
 
 // soakTag names intended call i; the checker finds it again in commands and paths.
 func soakTag(i int) string { return fmt.Sprintf("soak-%06d", i) }
@@ -243,10 +274,17 @@ func newSoak(t *testing.T, seed uint64, calls int, rng *rand.Rand) *soak {
 		}
 	})
 	f.bastion.Start(t)
+	s.bridgeBins = copiesOf(t, testutil.Binary(t, "postern"), 2)
+	u, err := user.Current()
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.localActor = "local:" + u.Username
 
 	for i := range calls {
 		c := &soakCall{index: i, tag: soakTag(i), actor: s.actors[i%soakClients],
-			keyed: rng.Float64() < soakKeyedChance, dup: rng.Float64() < soakDupChance}
+			keyed: rng.Float64() < soakKeyedChance, dup: rng.Float64() < soakDupChance,
+			bridged: rng.Float64() < soakBridgedChance}
 		switch p := rng.Float64(); {
 		case p < 0.55:
 			h := s.hosts[rng.IntN(len(s.hosts))]
@@ -295,6 +333,7 @@ func (s *soak) runClients(ctx context.Context) {
 		wg.Go(func() {
 			cl := &soakClient{s: s, actor: actor, transport: &http.Transport{}}
 			defer cl.transport.CloseIdleConnections()
+			defer cl.drains.Wait()
 			for _, c := range mine {
 				cl.run(ctx, c)
 				cl.read(ctx, c, uint64(i))
@@ -309,6 +348,8 @@ type soakClient struct {
 	s         *soak
 	actor     string
 	transport *http.Transport
+	// drains are the responses an aborting client still reads after it gave up.
+	drains sync.WaitGroup
 }
 
 // connect opens a new MCP session: after any error the client starts over, so every retry
@@ -350,6 +391,20 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 		d := min(50*time.Millisecond<<n, time.Second)
 		sleepCtx(ctx, d/2+time.Duration(rng.Int64N(int64(d/2))))
 	}
+	// The first try of an HTTP call may be made by a client that dies or aborts; the loop
+	// below then re-issues it, as an agent would.
+	if sub == 0 && !c.bridged {
+		switch p := rng.Float64(); {
+		case p < soakClientKillChance:
+			cl.killedClient(ctx, c, rng)
+		case p < soakClientKillChance+soakAbortChance:
+			cl.abortedCall(ctx, c, rng)
+		}
+		if o.settledNow() {
+			return
+		}
+	}
+	var bridge *exec.Cmd
 	lastID := ""
 	for n := range soakAttempts {
 		if ctx.Err() != nil {
@@ -360,21 +415,33 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 		o.mu.Unlock()
 		if cs == nil {
 			var err error
-			if cs, err = cl.connect(ctx); err != nil {
+			if c.bridged {
+				cs, bridge, err = cl.connectBridge(ctx, n)
+			} else {
+				cs, err = cl.connect(ctx)
+			}
+			if err != nil {
 				o.failed(err)
 				backoff(n)
 				continue
 			}
 		}
 		callCtx, cancel := ctx, context.CancelFunc(func() {})
+		var bridgeKilled func() bool
 		cut := rng.Float64() < soakCutChance
-		if cut {
+		switch {
+		case c.bridged && rng.Float64() < soakBridgeKillChance:
+			bridgeKilled = killBridgeLater(bridge, rng)
+		case cut && !c.bridged:
 			callCtx, cancel = context.WithTimeout(ctx, time.Duration(5+rng.IntN(300))*time.Millisecond)
 		}
 		var x bastion.Execution
 		res, err := testutil.CallTool(callCtx, cs, c.tool, c.args, &x)
-		if cut && callCtx.Err() != nil {
+		if cut && !c.bridged && callCtx.Err() != nil {
 			cl.s.faults.add(faultMCPCut)
+		}
+		if bridgeKilled != nil && bridgeKilled() {
+			cl.s.faults.add(faultBridgeRestart)
 		}
 		cancel()
 		switch {
@@ -404,7 +471,12 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 	}
 	if cs == nil {
 		var err error
-		if cs, err = cl.connect(ctx); err != nil {
+		if c.bridged {
+			cs, _, err = cl.connectBridge(ctx, 0)
+		} else {
+			cs, err = cl.connect(ctx)
+		}
+		if err != nil {
 			o.failed(err)
 			return
 		}
@@ -432,6 +504,9 @@ func (cl *soakClient) read(ctx context.Context, c *soakCall, clientIndex uint64)
 	var args map[string]any
 	switch rng.IntN(3) {
 	case 0:
+		if c.bridged {
+			return // its executions are the local actor's, not this client's
+		}
 		o := cl.s.obs[c.tag]
 		o.mu.Lock()
 		id := ""

@@ -117,10 +117,16 @@ func BearerClient(token string) *http.Client {
 // HTTPClient returns an HTTP client that authenticates as actor, adding header to every
 // request, over rt (nil: a fresh transport).
 func (b *Bastion) HTTPClient(actor string, header http.Header, rt http.RoundTripper) *http.Client {
+	return TokenHTTPClient(b.Tokens[actor], header, rt)
+}
+
+// TokenHTTPClient returns an HTTP client that sends token as its bearer token and header
+// with every request, over rt (nil: a fresh transport).
+func TokenHTTPClient(token string, header http.Header, rt http.RoundTripper) *http.Client {
 	if rt == nil {
 		rt = &http.Transport{}
 	}
-	return &http.Client{Transport: bearer{token: b.Tokens[actor], header: header, next: rt}}
+	return &http.Client{Transport: bearer{token: token, header: header, next: rt}}
 }
 
 // Connect opens an MCP client session (the go-sdk client, Streamable HTTP) as actor.

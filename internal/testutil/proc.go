@@ -16,13 +16,22 @@ const roleEnv = "POSTERN_TEST_ROLE"
 // TestMain checks Role() and runs that role instead of the tests. Extra env is KEY=VALUE.
 func Reexec(t testing.TB, role string, env ...string) *exec.Cmd {
 	t.Helper()
-	exe, err := os.Executable()
+	cmd, err := ReexecCommand(role, env...)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return cmd
+}
+
+// ReexecCommand is Reexec for callers without a testing.TB (goroutines of a load test).
+func ReexecCommand(role string, env ...string) (*exec.Cmd, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, err
+	}
 	cmd := exec.Command(exe, "-test.run=^$")
 	cmd.Env = append(append(os.Environ(), roleEnv+"="+role), env...)
-	return cmd
+	return cmd, nil
 }
 
 // Role is the role this process was re-executed in, or "" for a normal test run.
