@@ -96,6 +96,11 @@ type Config struct {
 	// replays the result instead of running again. Default 30s; "0s" revokes nothing after
 	// delivery (a cancel before delivery still prevents it). At most 10m.
 	DeliveryRevokeGrace time.Duration `toml:"delivery_revoke_grace"`
+	// DeliverySettle is how long after a result was delivered an identical call waits before
+	// it counts as a new intent: over Streamable HTTP a client's notifications/cancelled is a
+	// POST of its own, and the re-issue that follows an abort may overtake it. Default 1s;
+	// "0s" decides at once. At most 10s.
+	DeliverySettle time.Duration `toml:"delivery_settle"`
 }
 
 // ClassConfig sets an action class's attach window (how long a retry joins a prior
@@ -177,6 +182,9 @@ func (c Config) Policy() (*policy.Policy, error) {
 // response it abandons, and every delivered call is remembered for the grace window.
 const maxDeliveryRevokeGrace = 10 * time.Minute
 
+// maxDeliverySettle bounds delivery_settle: an identical call waits at most this long.
+const maxDeliverySettle = 10 * time.Second
+
 // selfActor is the policy name of local callers running as the bastion's own user.
 const selfActor = "self"
 
@@ -196,6 +204,7 @@ func DefaultConfig(dir string) Config {
 		MaxLocalConns:       transport.DefaultMaxLocalConns,
 		MaxLocalConnsPerUID: transport.DefaultMaxLocalConnsPerUID,
 		DeliveryRevokeGrace: 30 * time.Second,
+		DeliverySettle:      time.Second,
 	}
 }
 
@@ -251,7 +260,7 @@ func (c Config) JournalDir() string { return c.journalDir() }
 // AuditKeyPath is the journal's Ed25519 audit key.
 func (c Config) AuditKeyPath() string { return c.auditKeyPath() }
 
-var durationKeys = []string{"default_wait", "max_wait", "reconcile_interval", "approval_timeout", "delivery_revoke_grace"}
+var durationKeys = []string{"default_wait", "max_wait", "reconcile_interval", "approval_timeout", "delivery_revoke_grace", "delivery_settle"}
 
 // ParseConfig reads TOML on top of DefaultConfig(""). Unknown keys are errors: a misspelt
 // limit must not fall back to its default silently.
@@ -381,6 +390,9 @@ func (c Config) Validate() error {
 	}
 	if c.DeliveryRevokeGrace < 0 || c.DeliveryRevokeGrace > maxDeliveryRevokeGrace {
 		bad("delivery_revoke_grace must be in 0s..%v, got %v", maxDeliveryRevokeGrace, c.DeliveryRevokeGrace)
+	}
+	if c.DeliverySettle < 0 || c.DeliverySettle > maxDeliverySettle {
+		bad("delivery_settle must be in 0s..%v, got %v", maxDeliverySettle, c.DeliverySettle)
 	}
 	if c.MaxRequestBodyBytes <= 0 || c.MaxRequestBodyBytes > markers.MaxResultBytes/2 {
 		bad("max_request_body_bytes must be in 1..%d, got %d", markers.MaxResultBytes/2, c.MaxRequestBodyBytes)

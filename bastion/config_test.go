@@ -50,6 +50,8 @@ commands = ["df *"]`},
 		{name: "negative delivery revoke grace", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = \"-1s\"", wantErr: "delivery_revoke_grace must be in"},
 		{name: "delivery revoke grace too long", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = \"1h\"", wantErr: "delivery_revoke_grace must be in"},
 		{name: "delivery revoke grace as number", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = 30", wantErr: "duration string"},
+		{name: "delivery settle off", toml: "state_dir = \"/x\"\ndelivery_settle = \"0s\""},
+		{name: "delivery settle too long", toml: "state_dir = \"/x\"\ndelivery_settle = \"1m\"", wantErr: "delivery_settle must be in"},
 		{name: "window longer than retention", toml: "state_dir = \"/x\"\n[[classes]]\nname = \"c\"\nattach_window = \"48h\"\nretention = \"1h\"", wantErr: "longer than retention"},
 	}
 	for _, tt := range tests {

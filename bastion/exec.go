@@ -302,6 +302,18 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		}
 	}
 	outcome := matchRule(prior, facts, b.now(), class)
+	if wait := b.deliverySettling(prior, outcome); wait > 0 {
+		// A result delivered moments ago may yet be given up: the client's
+		// notifications/cancelled can arrive after the re-issue it preceded. Decide once the
+		// settle time has passed (a revocation in between makes the call join).
+		if !sleepCtx(ctx, wait) {
+			return nil, ctx.Err()
+		}
+		if prior, err = b.journal.Get(prior.ID); err != nil {
+			return nil, journalError(err)
+		}
+		outcome = matchRule(prior, facts, b.now(), class)
+	}
 	switch {
 	case outcome == matchKeyReused:
 		b.metrics.rejected.WithLabelValues(CodeIdempotencyKeyReused).Inc()
@@ -338,6 +350,15 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		return nil, &ToolError{Code: "shutting_down", Message: "the bastion is shutting down; " + rec.ID + " was accepted and will be dispatched after restart"}
 	}
 	return b.await(ctx, d, wait, false, progress), nil
+}
+
+// deliverySettling is how long a call must wait before a new-intent decision that rests on
+// prior's delivery is final (see Config.DeliverySettle); 0 when it needs no wait.
+func (b *Bastion) deliverySettling(prior *markers.Record, outcome matchOutcome) time.Duration {
+	if outcome != matchNew || prior == nil || prior.State != markers.Completed || prior.ResultDeliveredAt == nil {
+		return 0
+	}
+	return prior.ResultDeliveredAt.Add(b.cfg.DeliverySettle).Sub(b.now())
 }
 
 // accept journals a new execution (synced) before anything else happens to it.

@@ -145,3 +145,29 @@ func TestFinishedAtIsWhenTheOutcomeWasObserved(t *testing.T) {
 		t.Errorf("finishedAt of an unknown execution = %v; want none", got)
 	}
 }
+
+// TestDeliverySettling: only a new-intent decision that rests on a delivery younger than
+// delivery_settle waits, and only for what is left of it.
+func TestDeliverySettling(t *testing.T) {
+	now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
+	b := &Bastion{cfg: Config{DeliverySettle: time.Second}, now: func() time.Time { return now }}
+	at := func(d time.Duration) *time.Time { v := now.Add(-d); return &v }
+	tests := []struct {
+		name    string
+		prior   *markers.Record
+		outcome matchOutcome
+		want    time.Duration
+	}{
+		{"no prior", nil, matchNew, 0},
+		{"delivered just now", &markers.Record{State: markers.Completed, ResultDeliveredAt: at(200 * time.Millisecond)}, matchNew, 800 * time.Millisecond},
+		{"delivered long ago", &markers.Record{State: markers.Completed, ResultDeliveredAt: at(5 * time.Second)}, matchNew, -4 * time.Second},
+		{"not delivered: it joins", &markers.Record{State: markers.Completed}, matchReplay, 0},
+		{"failed prior", &markers.Record{State: markers.Failed}, matchNew, 0},
+		{"joins anyway", &markers.Record{State: markers.Completed, ResultDeliveredAt: at(0)}, matchReplay, 0},
+	}
+	for _, tt := range tests {
+		if got := b.deliverySettling(tt.prior, tt.outcome); (got > 0) != (tt.want > 0) || tt.want > 0 && got != tt.want {
+			t.Errorf("%s: deliverySettling = %v; want %v", tt.name, got, tt.want)
+		}
+	}
+}
