@@ -167,6 +167,8 @@ func (ts *testServer) client(t *testing.T) *gossh.Client {
 type result struct {
 	stdout, stderr string
 	status         int // -1 when the server sent no exit status
+	// refusedEnv are the env requests the server answered false (dropped), in order.
+	refusedEnv []string
 }
 
 // run executes cmd with env (sent as env requests, in order) on a new session.
@@ -177,15 +179,16 @@ func run(t *testing.T, client *gossh.Client, env [][2]string, cmd string) result
 		t.Fatalf("new session: %v", err)
 	}
 	defer sess.Close()
+	var refused []string
 	for _, kv := range env {
 		if err := sess.Setenv(kv[0], kv[1]); err != nil {
-			t.Fatalf("setenv %s: %v", kv[0], err)
+			refused = append(refused, kv[0])
 		}
 	}
 	var stdout, stderr bytes.Buffer
 	sess.Stdout, sess.Stderr = &stdout, &stderr
 	err = sess.Run(cmd)
-	res := result{stdout: stdout.String(), stderr: stderr.String()}
+	res := result{stdout: stdout.String(), stderr: stderr.String(), refusedEnv: refused}
 	var exitErr *gossh.ExitError
 	var missing *gossh.ExitMissingError
 	switch {
@@ -252,6 +255,10 @@ func TestEnvAllowlist(t *testing.T) {
 	want := []string{"APP_MODE=prod", "EXTRA_OK=yes", "LANG=C.UTF-8", "LC_TIME=C", "POSTERN_EXECUTION_ID=" + validID, "POSTERN_STEP=2"}
 	if req := ts.handler.lastExec(t); strings.Join(req.Env, " ") != strings.Join(want, " ") {
 		t.Errorf("ExecRequest.Env = %q; want %q", req.Env, want)
+	}
+	// A client that asks for replies is told what was dropped.
+	if got, want := strings.Join(got.refusedEnv, " "), "LD_PRELOAD BASH_ENV FOO"; got != want {
+		t.Errorf("refused env requests = %q; want %q", got, want)
 	}
 	for _, dropped := range []string{"LD_PRELOAD", "BASH_ENV", "FOO"} {
 		if strings.Contains(got.stdout, dropped+"=") {

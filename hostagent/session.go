@@ -223,8 +223,11 @@ func (s *session) handleRequest(req *gossh.Request) (ok bool, start func(context
 			return false, nil
 		}
 		if !s.env.add(kv.Name, kv.Value) && s.env.problem == nil {
-			// The name only: values may be secrets.
+			// The name only: values may be secrets. A client that asked for a reply (the
+			// bastion) learns the variable was dropped and sends nothing; OpenSSH's SetEnv
+			// asks for none and goes on, as with sshd's AcceptEnv.
 			s.logger.Info("dropping environment variable not in the allowlist", "name", boundForLog(kv.Name))
+			return false, nil
 		}
 		return true, nil
 	case "exec":
