@@ -2,6 +2,8 @@ package integration
 
 import (
 	"context"
+	"encoding/json"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -204,5 +206,68 @@ func TestCancelOfExecutionTheHostNeverStarted(t *testing.T) {
 	settleTicks()
 	if n, m := hostExecs(h, id), effects(t, file); n != 0 || m != 0 {
 		t.Errorf("the cancelled execution was sent %d times and ran %d times; want never", n, m)
+	}
+}
+
+// TestMissingCwdWithRealClients: the clients agents use see a missing cwd end failed with its
+// cause, and a retry run nothing: the TypeScript SDK over Streamable HTTP and through the
+// stdio bridge, and curl. Nothing is left in flight.
+func TestMissingCwdWithRealClients(t *testing.T) {
+	f := startFleet(t)
+	ctx := testContext(t)
+	check := func(t *testing.T, x *bastion.Execution, cause string) {
+		t.Helper()
+		if x == nil || x.State != string(markers.Failed) || !x.IsError || !strings.Contains(x.Cause, cause) || !strings.Contains(x.Next, cause) {
+			t.Fatalf("result = %+v; want failed, is_error, cause and next naming %q", x, cause)
+		}
+	}
+	for _, via := range []string{"ts-http", "ts-stdio", "curl"} {
+		t.Run(via, func(t *testing.T) {
+			cmd, file := appendCommand(t, via)
+			cwd := filepath.Join(t.TempDir(), "missing")
+			cause := "cwd " + cwd + " does not exist"
+			args := map[string]any{"host": "h1", "command": cmd, "cwd": cwd, "wait_s": 10}
+			var first, retry *bastion.Execution
+			switch via {
+			case "ts-http", "ts-stdio":
+				connect := httpConnect(f, "run-"+via)
+				if via == "ts-stdio" {
+					connect = stdioConnect(testutil.Binary(t, "postern"), f.bastion.Socket)
+				}
+				lines := runTS(t, ctx, connect, sshExecStep(args, nil), sshExecStep(args, nil))
+				first, retry = lines[1].Result, lines[2].Result
+			case "curl":
+				body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": "tools/call",
+					"params": map[string]any{"name": "ssh_exec", "arguments": args}})
+				if err != nil {
+					t.Fatal(err)
+				}
+				call := func() *bastion.Execution {
+					out, err := exec.CommandContext(ctx, "curl", "-sS", "--max-time", "30", f.bastion.URL,
+						"-H", "Authorization: Bearer "+f.bastion.Tokens["agent"], "-H", "Postern-Run: curl-cwd",
+						"-H", "Content-Type: application/json", "-H", "Accept: application/json, text/event-stream",
+						"-H", "Mcp-Protocol-Version: 2025-06-18", "--data-binary", string(body)).Output()
+					if err != nil {
+						t.Fatalf("curl: %v: %s", err, out)
+					}
+					x := sseResult(t, out)
+					return &x
+				}
+				first, retry = call(), call()
+			}
+			check(t, first, cause)
+			check(t, retry, cause)
+			if retry.ExecutionID == first.ExecutionID {
+				t.Errorf("retry = %s; a failed execution never matches, want a new one", retry.ExecutionID)
+			}
+			if n := effects(t, file); n != 0 {
+				t.Fatalf("the command ran %d times", n)
+			}
+			for _, id := range []string{first.ExecutionID, retry.ExecutionID} {
+				if rec := journaled(t, f.bastion, id); rec.State != markers.Failed {
+					t.Errorf("%s is %s in the journal; want failed", id, rec.State)
+				}
+			}
+		})
 	}
 }
