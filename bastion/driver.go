@@ -5,8 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/postern-dev/postern/hostagent/client"
@@ -92,6 +94,21 @@ func (b *Bastion) cancelRequested(id string) bool {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	return b.cancels[id]
+}
+
+// mutableWriter passes writes on until it is muted, then drops them.
+type mutableWriter struct {
+	w     io.Writer
+	muted atomic.Bool
+}
+
+func (m *mutableWriter) mute() { m.muted.Store(true) }
+
+func (m *mutableWriter) Write(p []byte) (int, error) {
+	if m.muted.Load() {
+		return len(p), nil
+	}
+	return m.w.Write(p)
 }
 
 // startDriver returns the driver of rec's execution, starting one if there is none. It
@@ -272,6 +289,7 @@ func (b *Bastion) execOnce(d *driver, host Host) (client.Result, error) {
 	d.stderr.restart()
 	start := time.Now()
 	var running runningWriter
+	stderr := &mutableWriter{w: notifyingWriter{d.stderr, d}}
 	res, err := client.Run(b.ctx, conn, client.Exec{
 		ExecutionID:  rec.ID,
 		Command:      commandLine(rec),
@@ -281,8 +299,13 @@ func (b *Bastion) execOnce(d *driver, host Host) (client.Result, error) {
 		Cwd:          rec.Cwd,
 		Env:          rec.Env,
 		Stdout:       notifyingWriter{d.stdout, d},
-		Stderr:       notifyingWriter{d.stderr, d},
+		Stderr:       stderr,
 		OnMarker: func(m client.MarkerMessage) {
+			if !m.Final && m.Marker.ID != rec.ID {
+				// The host refuses it for an operation key another execution holds; its
+				// stderr names that execution, which may be another actor's: keep none of it.
+				stderr.mute()
+			}
 			if m.Final || m.Marker.ID != rec.ID || (m.Marker.State != markers.Started && m.Marker.State != markers.Running) {
 				return // another execution's marker (operation key taken), or a finished one: the outcome follows
 			}
