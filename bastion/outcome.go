@@ -189,6 +189,19 @@ type hostStatus struct {
 // the execution's age: older executions are never re-dispatched. cancel: an operator or agent
 // asked to cancel it, so one that never started is cancelled instead of sent again.
 func reconcileOn(rec *markers.Record, now time.Time, host string, st hostStatus, cancel bool) reconcileAction {
+	if m := st.Marker; m != nil && m.State == markers.NotStarted {
+		// The host proves it never ran (a crash before its supervisor recorded itself) and
+		// runs it under the same marker when the same id comes again: send it, so that the
+		// journal and the host agree on what happens to it. (A not_started marker answering
+		// an exec — the host refused to start it, e.g. its spool is full — is final:
+		// execVerdict.)
+		if cancel {
+			return reconcileAction{Do: settle, Verdict: verdict{To: markers.Cancelled, Note: fmt.Sprintf(
+				"cancelled: host %s proves it never started; it is not sent", host)}}
+		}
+		return reconcileAction{Do: redispatch, Verdict: verdict{To: markers.Dispatched, Note: fmt.Sprintf(
+			"host marker on %s is not_started: it never ran; dispatching the same execution id again (the host starts it under that marker)", host)}}
+	}
 	if m := st.Marker; m != nil {
 		v := markerVerdict(host, m)
 		if hostOutcomes[m.State].live || v.Outcome != nil {

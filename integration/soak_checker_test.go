@@ -305,6 +305,13 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 		}
 	}
 
+	// failed means provably no effect.
+	for _, r := range h.journal {
+		if r.State == markers.Failed && h.tookEffect(r.ID) {
+			v.fail("failed means no effect", "%s is failed (%s) but took effect", r.ID, lastEvidence(r))
+		}
+	}
+
 	// Per intended call: executions and their effects.
 	byTag := map[string][]*markers.Record{}
 	for _, r := range h.journal {
