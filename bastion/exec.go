@@ -273,7 +273,7 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	key := cl.record.IdempotencyKey
 	// The lookup and the acceptance of a new execution happen under one intake lock, so two
 	// concurrent calls of one intent cannot both create.
-	lockKey, by := "f\x00"+c.Actor+"\x00"+cl.scope+"\x00"+cl.fingerprint, "fingerprint"
+	lockKey, by := intentLockKey(c.Actor, cl.scope, cl.fingerprint), "fingerprint"
 	if key != "" {
 		lockKey, by = "k\x00"+c.Actor+"\x00"+key, "idempotency_key"
 	}
@@ -350,6 +350,12 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		return nil, &ToolError{Code: "shutting_down", Message: "the bastion is shutting down; " + rec.ID + " was accepted and will be dispatched after restart"}
 	}
 	return b.await(ctx, d, wait, false, progress), nil
+}
+
+// intentLockKey is the intake lock of one unkeyed intent: calls of it are matched and
+// accepted one at a time.
+func intentLockKey(actor, scope, fingerprint string) string {
+	return "f\x00" + actor + "\x00" + scope + "\x00" + fingerprint
 }
 
 // deliverySettling is how long a call must wait before a new-intent decision that rests on

@@ -320,7 +320,7 @@ func (b *Bastion) recordDelivery(ctx context.Context, tw *trackingWriter, w http
 func (b *Bastion) revokeDeliveries(ctx context.Context, ids []string) error {
 	var errs []error
 	for _, id := range ids {
-		_, revoked, err := b.journal.RevokeDelivery(context.WithoutCancel(ctx), id, "the client cancelled the request that carried the result (notifications/cancelled)")
+		revoked, err := b.revokeDelivery(context.WithoutCancel(ctx), id)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("revoke delivery of %s: %w", id, err))
 			continue
@@ -330,6 +330,30 @@ func (b *Bastion) revokeDeliveries(ctx context.Context, ids []string) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// revokeDelivery revokes the delivery of id's result unless a newer execution of the same
+// intent was accepted since: the delivery then already ended the matching window and a
+// retry joins the newer one, so revoking would only rewrite what made it new. It holds the
+// intake lock of the intent, so no new execution is accepted meanwhile.
+func (b *Bastion) revokeDelivery(ctx context.Context, id string) (bool, error) {
+	rec, err := b.journal.Get(id)
+	if err != nil {
+		return false, err
+	}
+	if rec.IdempotencyKey == "" {
+		defer b.intake.lock(intentLockKey(rec.Actor, rec.IntentScope, rec.Fingerprint))()
+		latest, err := b.journal.FindByFingerprint(rec.Actor, rec.IntentScope, rec.Fingerprint)
+		if err != nil && !errors.Is(err, markers.ErrNotFound) {
+			return false, err
+		}
+		if latest != nil && latest.ID != id {
+			b.log.Info("result delivery stays: a newer execution of the same intent was accepted since", "execution_id", id, "newer", latest.ID)
+			return false, nil
+		}
+	}
+	_, revoked, err := b.journal.RevokeDelivery(ctx, id, "the client cancelled the request that carried the result (notifications/cancelled)")
+	return revoked, err
 }
 
 // trackingWriter remembers whether any write to the connection failed.

@@ -126,6 +126,9 @@ func (cl *soakClient) killedClient(ctx context.Context, c *soakCall, rng *rand.R
 	cmd.Wait()
 	if ws, ok := cmd.ProcessState.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
 		cl.s.faults.add(faultClientKill)
+		o.mu.Lock()
+		o.clientKilled = true
+		o.mu.Unlock()
 	}
 	var x bastion.Execution
 	if json.Unmarshal(stdout.Bytes(), &x) == nil && x.ExecutionID != "" {

@@ -91,6 +91,9 @@ type soakObservation struct {
 	refusals []string       // tool errors (no execution)
 	// settled: the last answer was a terminal state.
 	settled bool
+	// clientKilled: a client process making this call was SIGKILLed; what it read before it
+	// died is unknown to the test (it may have had the result and not printed it).
+	clientKilled bool
 }
 
 func (o *soakObservation) saw(x bastion.Execution) {
@@ -355,11 +358,20 @@ type soakClient struct {
 // connect opens a new MCP session: after any error the client starts over, so every retry
 // has a new session and new JSON-RPC ids.
 func (cl *soakClient) connect(ctx context.Context) (*mcp.ClientSession, error) {
-	hc := cl.s.fleet.bastion.HTTPClient(cl.actor, runHeader(runOf(cl.actor)), cl.transport)
+	cs, _, err := cl.connectCancelling(ctx)
+	return cs, err
+}
+
+// connectCancelling is connect over a transport that can post notifications/cancelled for
+// the session's last call, as a client that gives up on a call does.
+func (cl *soakClient) connectCancelling(ctx context.Context) (*mcp.ClientSession, func(context.Context) error, error) {
+	rt := &abortingTransport{next: cl.transport, drains: &cl.drains}
+	hc := cl.s.fleet.bastion.HTTPClient(cl.actor, runHeader(runOf(cl.actor)), rt)
 	client := mcp.NewClient(&mcp.Implementation{Name: "postern-soak", Version: "0"}, nil)
 	cctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()
-	return client.Connect(cctx, &mcp.StreamableClientTransport{Endpoint: cl.s.fleet.bastion.URL, HTTPClient: hc, MaxRetries: -1}, nil)
+	cs, err := client.Connect(cctx, &mcp.StreamableClientTransport{Endpoint: cl.s.fleet.bastion.URL, HTTPClient: hc, MaxRetries: -1}, nil)
+	return cs, func(ctx context.Context) error { return rt.cancelLastCall(ctx, hc) }, err
 }
 
 // run makes one intended call, submitted twice at once if it is a dup.
@@ -405,6 +417,7 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 		}
 	}
 	var bridge *exec.Cmd
+	var cancelCall func(context.Context) error
 	lastID := ""
 	for n := range soakAttempts {
 		if ctx.Err() != nil {
@@ -418,7 +431,7 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 			if c.bridged {
 				cs, bridge, err = cl.connectBridge(ctx, n)
 			} else {
-				cs, err = cl.connect(ctx)
+				cs, cancelCall, err = cl.connectCancelling(ctx)
 			}
 			if err != nil {
 				o.failed(err)
@@ -438,6 +451,11 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 		var x bastion.Execution
 		res, err := testutil.CallTool(callCtx, cs, c.tool, c.args, &x)
 		if cut && !c.bridged && callCtx.Err() != nil {
+			// The client gives up on the call and says so (the go-sdk's own notification is
+			// sent asynchronously and may be lost when the session closes at once).
+			if cerr := cancelCall(ctx); cerr != nil {
+				o.failed(cerr)
+			}
 			cl.s.faults.add(faultMCPCut)
 		}
 		if bridgeKilled != nil && bridgeKilled() {
