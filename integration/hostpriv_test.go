@@ -17,27 +17,8 @@ import (
 
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/unixuser"
 )
-
-// throwawayAccount creates the local account name (with a home) for one test and removes it
-// at cleanup, along with one left by an earlier, killed run. It skips unless run as root.
-func throwawayAccount(t *testing.T, name string) {
-	t.Helper()
-	if os.Geteuid() != 0 {
-		t.Skipf("creating the account %s needs root", name)
-	}
-	if _, err := exec.LookPath("useradd"); err != nil {
-		t.Skip("useradd not installed")
-	}
-	remove := func() { exec.Command("userdel", "--remove", name).Run() }
-	if _, err := user.Lookup(name); err == nil {
-		remove()
-	}
-	if out, err := exec.Command("useradd", "--create-home", "--shell", "/bin/sh", name).CombinedOutput(); err != nil {
-		t.Fatalf("useradd %s: %v\n%s", name, err, out)
-	}
-	t.Cleanup(remove)
-}
 
 // writeHostagentConfig replaces h's config: its address and data dir, kill_grace 1s, and
 // lines.
@@ -98,7 +79,7 @@ func TestHostagentMakesPremadeDataDirPrivate(t *testing.T) {
 // with what to do, and nothing is written into it.
 func TestHostagentRefusesForeignDataDir(t *testing.T) {
 	const other = "hostprivowner"
-	throwawayAccount(t, other)
+	unixuser.NewLogin(t, other)
 	u, err := user.Lookup(other)
 	if err != nil {
 		t.Fatal(err)
@@ -126,7 +107,7 @@ func TestHostagentRefusesForeignDataDir(t *testing.T) {
 // root-only file a shell left open) reached every command, unprivileged ones included.
 func TestCommandsDoNotInheritDescriptors(t *testing.T) {
 	const account = "hostprivfd"
-	throwawayAccount(t, account)
+	unixuser.NewLogin(t, account)
 	secret := filepath.Join(t.TempDir(), "secret")
 	if err := os.WriteFile(secret, []byte("root only\n"), 0o600); err != nil {
 		t.Fatal(err)
@@ -172,8 +153,8 @@ func TestAuthorizedKeysPerAccount(t *testing.T) {
 		t.Skip("ssh client not installed")
 	}
 	const alice, bob = "hostpriva", "hostprivb"
-	throwawayAccount(t, alice)
-	throwawayAccount(t, bob)
+	unixuser.NewLogin(t, alice)
+	unixuser.NewLogin(t, bob)
 	h := testutil.NewHostagent(t)
 	keysDir := filepath.Join(h.Dir, "keys")
 	if err := os.Mkdir(keysDir, 0o755); err != nil {

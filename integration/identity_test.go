@@ -19,6 +19,7 @@ import (
 
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/unixuser"
 )
 
 // The hostagent's promise to identities (DESIGN.md, "The hostagent"): an execution belongs to
@@ -31,7 +32,7 @@ import (
 // postern-hostagent there too (for commands' checkpoints).
 type twoAccounts struct {
 	agent                *testutil.Hostagent
-	a, b                 testutil.UnixUser
+	a, b                 unixuser.User
 	keyA, keyB           string // private key files for ssh -i
 	ca                   testutil.SSHKey
 	dir, shared          string
@@ -45,8 +46,8 @@ func startTwoAccounts(t *testing.T, prefix string) *twoAccounts {
 		t.Skip("ssh client binary not installed")
 	}
 	ta := &twoAccounts{
-		a:   testutil.NewUnixUser(t, prefix+"-a"),
-		b:   testutil.NewUnixUser(t, prefix+"-b"),
+		a:   unixuser.NewLogin(t, prefix+"-a"),
+		b:   unixuser.NewLogin(t, prefix+"-b"),
 		ca:  testutil.NewSSHKey(t),
 		dir: t.TempDir(),
 	}
@@ -334,11 +335,11 @@ func TestNoExecutionIDInProcessArguments(t *testing.T) {
 
 // checkpointAs runs `postern-hostagent marker checkpoint` as user u for id and returns its
 // combined output with id replaced by ID.
-func (ta *twoAccounts) checkpointAs(t *testing.T, u testutil.UnixUser, id string) (string, error) {
+func (ta *twoAccounts) checkpointAs(t *testing.T, u unixuser.User, id string) (string, error) {
 	t.Helper()
 	cmd := exec.Command(ta.hostagentBin, "marker", "checkpoint", "probe")
 	cmd.Env = []string{"POSTERN_EXECUTION_ID=" + id, "POSTERN_MARKER_SOCKET=" + ta.socket}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: u.UID, Gid: u.GID}}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: u.Credential()}
 	out, err := cmd.CombinedOutput()
 	return strings.ReplaceAll(string(out), id, "ID"), err
 }
@@ -425,7 +426,7 @@ func TestLocalSocketSlotsPerAccount(t *testing.T) {
 	copyFile(t, exe, bin, 0o755)
 	hog := exec.Command(bin, "-test.run=^$")
 	hog.Env = []string{"POSTERN_TEST_ROLE=" + holdConnsRole, "POSTERN_TEST_SOCKET=" + ta.socket, "POSTERN_TEST_COUNT=100"}
-	hog.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: ta.b.UID, Gid: ta.b.GID}}
+	hog.SysProcAttr = &syscall.SysProcAttr{Credential: ta.b.Credential()}
 	stdin, err := hog.StdinPipe()
 	if err != nil {
 		t.Fatal(err)

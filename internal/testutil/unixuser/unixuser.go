@@ -18,6 +18,8 @@ import (
 type User struct {
 	Name     string
 	UID, GID int
+	// Home is the account's home directory ("" for accounts made by New).
+	Home string
 }
 
 // Credential runs a child process as the user (exec.Cmd.SysProcAttr.Credential).
@@ -52,6 +54,41 @@ func New(t testing.TB, prefix string) User {
 	uid, _ := strconv.Atoi(u.Uid)
 	gid, _ := strconv.Atoi(u.Gid)
 	return User{Name: name, UID: uid, GID: gid}
+}
+
+// NewLogin creates the account name exactly, with a home directory and /bin/sh as its shell
+// (commands run as it), and removes it with its home at cleanup; an account of that name
+// left by an earlier, killed run is removed first. Names should say which tests own them.
+// It skips the test unless it runs as root.
+func NewLogin(t testing.TB, name string) User {
+	t.Helper()
+	if os.Geteuid() != 0 {
+		t.Skipf("creating the account %s needs root; running as uid %d", name, os.Geteuid())
+	}
+	remove := func() error {
+		if out, err := exec.Command("userdel", "--remove", name).CombinedOutput(); err != nil {
+			return fmt.Errorf("userdel %s: %v\n%s", name, err, out)
+		}
+		return nil
+	}
+	if _, err := user.Lookup(name); err == nil {
+		remove()
+	}
+	if out, err := exec.Command("useradd", "--create-home", "--shell", "/bin/sh", name).CombinedOutput(); err != nil {
+		t.Fatalf("useradd %s: %v\n%s", name, err, out)
+	}
+	t.Cleanup(func() {
+		if err := remove(); err != nil {
+			t.Error(err)
+		}
+	})
+	u, err := user.Lookup(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	uid, _ := strconv.Atoi(u.Uid)
+	gid, _ := strconv.Atoi(u.Gid)
+	return User{Name: name, UID: uid, GID: gid, Home: u.HomeDir}
 }
 
 // SharedDir returns a new directory every local user may search (0755), removed at cleanup:
