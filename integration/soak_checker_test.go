@@ -347,8 +347,8 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 					continue
 				}
 				if o.clientKilled {
-					// Its kernel acknowledged the result and the process may have read it
-					// before it died: the limit of what a server can see.
+					// The process (or the bridge, a proxy) may have read the result before
+					// it died: the limit of what a server can see.
 					stats.deliveredToKilled++
 					continue
 				}
@@ -594,7 +594,7 @@ func (s *soak) summary(t *testing.T, h *soakHistory, st soakStats, v *soakVerdic
 	row("duplicates (must be 0)", st.duplicates)
 	row("new intent after delivered result", fmt.Sprintf("%d (unkeyed calls; the matching rule's documented limit)", st.newIntentAfterDelivery))
 	row("new intent after a result never seen (must be 0)", st.deliveredUnseen)
-	row("new intent after delivery to a client then killed", fmt.Sprintf("%d (acknowledged by its kernel; the documented limit)", st.deliveredToKilled))
+	row("new intent after delivery to a killed client/bridge", fmt.Sprintf("%d (read before it died; the documented limit)", st.deliveredToKilled))
 	row("lost (must be 0)", st.lost)
 	row("unknown", st.unknown)
 	for _, kv := range sortedByCount(st.unknownReasons) {

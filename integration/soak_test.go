@@ -91,8 +91,9 @@ type soakObservation struct {
 	refusals []string       // tool errors (no execution)
 	// settled: the last answer was a terminal state.
 	settled bool
-	// clientKilled: a client process making this call was SIGKILLed; what it read before it
-	// died is unknown to the test (it may have had the result and not printed it).
+	// clientKilled: a client process making this call, or the stdio bridge carrying it, was
+	// SIGKILLed; what it read before it died is unknown to the test (it may have had the
+	// result and not passed it on).
 	clientKilled bool
 }
 
@@ -459,6 +460,9 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 			cl.s.faults.add(faultMCPCut)
 		}
 		if bridgeKilled != nil && bridgeKilled() {
+			o.mu.Lock()
+			o.clientKilled = true // the bridge is the client's proxy: it may have read the result
+			o.mu.Unlock()
 			cl.s.faults.add(faultBridgeRestart)
 		}
 		cancel()
