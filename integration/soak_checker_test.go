@@ -346,6 +346,11 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 					stats.newIntentAfterDelivery++
 					continue
 				}
+				if o.cancelUnsent {
+					// The client's notifications/cancelled never reached a bastion.
+					stats.cancelNeverArrived++
+					continue
+				}
 				if o.clientKilled {
 					// The process (or the bridge, a proxy) may have read the result before
 					// it died: the limit of what a server can see.
@@ -556,7 +561,7 @@ func describeMarker(m *markers.Record) string {
 type soakStats struct {
 	executions, unseen, multiExecution, neverAccepted, clientSettled, attempts int
 	duplicates, newIntentAfterDelivery, deliveredUnseen, deliveredToKilled     int
-	lost, unknown                                                              int
+	cancelNeverArrived, lost, unknown                                          int
 	states                                                                     map[string]int
 	unknownReasons, failedReasons                                              map[string]int
 	clientErrors                                                               map[string]int
@@ -594,6 +599,7 @@ func (s *soak) summary(t *testing.T, h *soakHistory, st soakStats, v *soakVerdic
 	row("duplicates (must be 0)", st.duplicates)
 	row("new intent after delivered result", fmt.Sprintf("%d (unkeyed calls; the matching rule's documented limit)", st.newIntentAfterDelivery))
 	row("new intent after a result never seen (must be 0)", st.deliveredUnseen)
+	row("new intent after a cancel that never arrived", fmt.Sprintf("%d (the bastion was down when the client sent it)", st.cancelNeverArrived))
 	row("new intent after delivery to a killed client/bridge", fmt.Sprintf("%d (read before it died; the documented limit)", st.deliveredToKilled))
 	row("lost (must be 0)", st.lost)
 	row("unknown", st.unknown)

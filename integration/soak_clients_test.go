@@ -166,6 +166,7 @@ func (cl *soakClient) abortedCall(ctx context.Context, c *soakCall, rng *rand.Ra
 	case aborted:
 		if err := rt.cancelLastCall(ctx, hc); err != nil {
 			o.failed(err)
+			o.cancelLost()
 			return
 		}
 		cl.s.faults.add(faultSDKAbort)

@@ -95,6 +95,9 @@ type soakObservation struct {
 	// SIGKILLed; what it read before it died is unknown to the test (it may have had the
 	// result and not passed it on).
 	clientKilled bool
+	// cancelUnsent: the client gave up on a call and its notifications/cancelled could not be
+	// sent (the bastion was down): the server never learned it was abandoned.
+	cancelUnsent bool
 }
 
 func (o *soakObservation) saw(x bastion.Execution) {
@@ -102,6 +105,12 @@ func (o *soakObservation) saw(x bastion.Execution) {
 	defer o.mu.Unlock()
 	o.views[x.ExecutionID] = x
 	o.settled = markers.Journal.Terminal(markers.State(x.State))
+}
+
+func (o *soakObservation) cancelLost() {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	o.cancelUnsent = true
 }
 
 // sawEnd reports whether the client saw execution id in a terminal state.
@@ -456,6 +465,7 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 			// sent asynchronously and may be lost when the session closes at once).
 			if cerr := cancelCall(ctx); cerr != nil {
 				o.failed(cerr)
+				o.cancelLost()
 			}
 			cl.s.faults.add(faultMCPCut)
 		}
