@@ -124,7 +124,9 @@ func serveAgent(t *testing.T, d *agentDir, b *storeBackend) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- hostagent.ServeLocal(ctx, ln, b, hostagent.DefaultConfig().LocalLimits(), slog.New(slog.DiscardHandler)) }()
+	go func() {
+		done <- hostagent.ServeLocal(ctx, ln, b, hostagent.DefaultConfig().LocalLimits(), slog.New(slog.DiscardHandler))
+	}()
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
