@@ -11,8 +11,7 @@ import (
 	"strconv"
 	"time"
 
-	"golang.org/x/sys/unix"
-
+	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
 )
@@ -271,16 +270,12 @@ type operatorKey struct{}
 // operatorConnContext names the operator on a connection from its peer credentials.
 func operatorConnContext(ctx context.Context, c net.Conn) context.Context {
 	name := "operator:unknown"
-	if uc, ok := c.(*net.UnixConn); ok {
-		if raw, err := uc.SyscallConn(); err == nil {
-			var cred *unix.Ucred
-			raw.Control(func(fd uintptr) { cred, _ = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED) })
-			if cred != nil {
-				name = "operator:uid" + strconv.Itoa(int(cred.Uid))
-				if u, err := user.LookupId(strconv.Itoa(int(cred.Uid))); err == nil {
-					name = "operator:" + u.Username
-				}
-			}
+	// The socket's accept check already admitted the peer; a peer whose credentials cannot be
+	// read is named unknown in the journal's decisions.
+	if cred, err := transport.PeerCredentials(c); err == nil {
+		name = "operator:uid" + strconv.Itoa(int(cred.Uid))
+		if u, err := user.LookupId(strconv.Itoa(int(cred.Uid))); err == nil {
+			name = "operator:" + u.Username
 		}
 	}
 	return context.WithValue(ctx, operatorKey{}, name)

@@ -98,7 +98,7 @@ func (g *guardedListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		cred, err := peerCredentials(c)
+		cred, err := PeerCredentials(c)
 		if err != nil {
 			c.Close()
 			g.refused(-1, -1, err.Error())
@@ -185,8 +185,8 @@ func (g *guardedListener) refused(uid, pid int, reason string) {
 	g.logger.Warn("local connection refused", "socket", g.path, "uid", uid, "pid", pid, "reason", reason, "refusals_not_logged", suppressed)
 }
 
-// peerCredentials is the kernel's word on who is at the other end of a unix connection.
-func peerCredentials(c net.Conn) (*unix.Ucred, error) {
+// PeerCredentials is the kernel's word on who is at the other end of a unix connection.
+func PeerCredentials(c net.Conn) (*unix.Ucred, error) {
 	uc, ok := c.(*net.UnixConn)
 	if !ok {
 		return nil, fmt.Errorf("transport: %T is not a unix connection", c)

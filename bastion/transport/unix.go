@@ -16,7 +16,6 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
-	"golang.org/x/sys/unix"
 )
 
 // ErrSocketInUse is returned by ListenUnix when a live server already listens on the path.
@@ -165,23 +164,9 @@ func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
 // accept time, while the peer is connected, so the pid names the process that opened the
 // connection.
 func identifyPeer(c net.Conn, procs procFS, actorFor func(uid int) string) *peer {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return &peer{err: fmt.Errorf("transport: %T is not a unix connection", c)}
-	}
-	raw, err := uc.SyscallConn()
+	cred, err := PeerCredentials(c)
 	if err != nil {
-		return &peer{err: fmt.Errorf("transport: peer credentials: %w", err)}
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return &peer{err: fmt.Errorf("transport: peer credentials: %w", err)}
-	}
-	if credErr != nil {
-		return &peer{err: fmt.Errorf("transport: SO_PEERCRED: %w", credErr)}
+		return &peer{err: err}
 	}
 	process, err := procs.resolvePeer(int(cred.Pid))
 	if err != nil {
