@@ -277,42 +277,30 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	if key != "" {
 		lockKey, by = "k\x00"+c.Actor+"\x00"+key, "idempotency_key"
 	}
-	unlock := sync.OnceFunc(b.intake.lock(lockKey))
-	defer unlock()
-	var prior *markers.Record
-	if key != "" {
-		prior, err = b.journal.FindByIdempotencyKey(c.Actor, key)
-	} else {
-		prior, err = b.journal.FindByFingerprint(c.Actor, cl.scope, cl.fingerprint)
-	}
-	switch {
-	case errors.Is(err, markers.ErrNotFound):
-		prior = nil
-	case err != nil:
-		return nil, journalError(err)
-	}
 	facts := callFacts{Actor: c.Actor, Scope: cl.scope, Fingerprint: cl.fingerprint, IdempotencyKey: key}
-	class := ClassConfig{}
-	if prior != nil {
-		class = b.classes.get(prior.Class)
-		if key != "" {
-			if facts.SameRequest, err = b.sameRequest(prior, cl); err != nil {
-				return nil, err
-			}
+	var (
+		unlock  func()
+		prior   *markers.Record
+		outcome matchOutcome
+	)
+	defer func() { unlock() }()
+	for {
+		unlock = sync.OnceFunc(b.intake.lock(lockKey))
+		if prior, outcome, err = b.matchCall(cl, &facts); err != nil {
+			return nil, err
 		}
-	}
-	outcome := matchRule(prior, facts, b.now(), class)
-	if wait := b.deliverySettling(prior, outcome); wait > 0 {
+		wait := b.deliverySettling(prior, outcome)
+		if wait <= 0 {
+			break
+		}
 		// A result delivered moments ago may yet be given up: the client's
 		// notifications/cancelled can arrive after the re-issue it preceded. Decide once the
-		// settle time has passed (a revocation in between makes the call join).
+		// settle time has passed, without the intake lock (a revocation takes it), so that a
+		// revocation in between makes the call join.
+		unlock()
 		if !sleepCtx(ctx, wait) {
 			return nil, ctx.Err()
 		}
-		if prior, err = b.journal.Get(prior.ID); err != nil {
-			return nil, journalError(err)
-		}
-		outcome = matchRule(prior, facts, b.now(), class)
 	}
 	switch {
 	case outcome == matchKeyReused:
@@ -350,6 +338,34 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		return nil, &ToolError{Code: "shutting_down", Message: "the bastion is shutting down; " + rec.ID + " was accepted and will be dispatched after restart"}
 	}
 	return b.await(ctx, d, wait, false, progress), nil
+}
+
+// matchCall looks up the prior execution of cl's intent (by key, else by fingerprint) and
+// applies the matching rule. Call it under the intake lock.
+func (b *Bastion) matchCall(cl *claim, facts *callFacts) (*markers.Record, matchOutcome, error) {
+	var prior *markers.Record
+	var err error
+	if facts.IdempotencyKey != "" {
+		prior, err = b.journal.FindByIdempotencyKey(facts.Actor, facts.IdempotencyKey)
+	} else {
+		prior, err = b.journal.FindByFingerprint(facts.Actor, facts.Scope, facts.Fingerprint)
+	}
+	switch {
+	case errors.Is(err, markers.ErrNotFound):
+		prior = nil
+	case err != nil:
+		return nil, "", journalError(err)
+	}
+	class := ClassConfig{}
+	if prior != nil {
+		class = b.classes.get(prior.Class)
+		if facts.IdempotencyKey != "" {
+			if facts.SameRequest, err = b.sameRequest(prior, cl); err != nil {
+				return nil, "", err
+			}
+		}
+	}
+	return prior, matchRule(prior, *facts, b.now(), class), nil
 }
 
 // intentLockKey is the intake lock of one unkeyed intent: calls of it are matched and

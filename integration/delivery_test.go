@@ -2,15 +2,19 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
@@ -317,4 +321,82 @@ func sseResult(t *testing.T, body []byte) bastion.Execution {
 	}
 	t.Fatalf("no tool result in the response:\n%s", body)
 	return bastion.Execution{}
+}
+
+// TestCancelOvertakenByReissue: over Streamable HTTP a client's notifications/cancelled is a
+// POST of its own, and the re-issue that follows an abort can reach the bastion first. The
+// re-issue waits out delivery_settle, the cancel revokes the delivery meanwhile, and the
+// re-issue gets the first execution back: one effect. Raw HTTP, as any client sends it.
+func TestCancelOvertakenByReissue(t *testing.T) {
+	f := startFleet(t)
+	ctx := testContext(t)
+	cmd, file := appendCommand(t, "overtaken")
+	// send posts one JSON-RPC message and returns the response body (safe off the test
+	// goroutine); post is send for the test goroutine.
+	send := func(msg map[string]any) ([]byte, error) {
+		body, err := json.Marshal(msg)
+		if err != nil {
+			return nil, err
+		}
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.bastion.URL, bytes.NewReader(body))
+		if err != nil {
+			return nil, err
+		}
+		for k, v := range map[string]string{"Authorization": "Bearer " + f.bastion.Tokens["agent"], "Postern-Run": "raw-run",
+			"Content-Type": "application/json", "Accept": "application/json, text/event-stream", "Mcp-Protocol-Version": "2025-06-18"} {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return nil, err
+		}
+		defer resp.Body.Close()
+		out, err := io.ReadAll(resp.Body)
+		if err == nil && resp.StatusCode/100 != 2 {
+			err = fmt.Errorf("POST %s: %s: %s", msg["method"], resp.Status, out)
+		}
+		return out, err
+	}
+	post := func(msg map[string]any) []byte {
+		t.Helper()
+		out, err := send(msg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	call := func(id int) map[string]any {
+		return map[string]any{"jsonrpc": "2.0", "id": id, "method": "tools/call",
+			"params": map[string]any{"name": "ssh_exec", "arguments": map[string]any{"host": "h1", "command": cmd, "wait_s": 30}}}
+	}
+	first := sseResult(t, post(call(1)))
+	if first.State != "completed" {
+		t.Fatalf("first call = %+v; want completed", first)
+	}
+	testutil.WaitFor(t, "the first result to be journaled as delivered", func() bool {
+		return journaled(t, f.bastion, first.ExecutionID).ResultDeliveredAt != nil
+	})
+	// The client gave up on call 1 after all; its re-issue leaves first, its cancel after.
+	type answer struct {
+		body []byte
+		err  error
+	}
+	reissued := make(chan answer, 1)
+	go func() {
+		body, err := send(call(2))
+		reissued <- answer{body, err}
+	}()
+	time.Sleep(100 * time.Millisecond) // the order of two sends, not a timing assertion
+	post(map[string]any{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": map[string]any{"requestId": 1, "reason": "timeout"}})
+	a := <-reissued
+	if a.err != nil {
+		t.Fatalf("re-issue: %v", a.err)
+	}
+	again := sseResult(t, a.body)
+	if again.ExecutionID != first.ExecutionID || !again.Replayed {
+		t.Fatalf("re-issue = %s (replayed %v); want %s replayed: the cancel came within delivery_settle", again.ExecutionID, again.Replayed, first.ExecutionID)
+	}
+	if n := effects(t, file); n != 1 {
+		t.Fatalf("command ran %d times; want 1", n)
+	}
 }
