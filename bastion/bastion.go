@@ -55,7 +55,8 @@ type Bastion struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // drivers and the reconcile loop
 
-	intake keyLocks // serializes match-and-create per intent and per idempotency key
+	intake keyLocks  // serializes match-and-create per intent and per idempotency key
+	runs   knownRuns // agent runs the journal already holds (calls.go)
 
 	mu      sync.Mutex // guards drivers, cancels and closed
 	drivers map[string]*driver

@@ -304,12 +304,19 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	}
 	switch {
 	case outcome == matchKeyReused:
+		unlock()
 		b.metrics.rejected.WithLabelValues(CodeIdempotencyKeyReused).Inc()
+		if err := b.journalJoin(ctx, c, cl.scope, prior.ID, outcome); err != nil {
+			return nil, err
+		}
 		return nil, &ToolError{Code: CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
 			"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", key, prior.ID)}
 	case outcome.joins():
 		unlock()
 		b.metrics.dedup.WithLabelValues(by).Inc()
+		if err := b.journalJoin(ctx, c, cl.scope, prior.ID, outcome); err != nil {
+			return nil, err
+		}
 		return b.join(ctx, prior, outcome, wait, progress)
 	case outcome == matchNewAttempt:
 		cl.record.PreviousAttempt = prior.ID
@@ -321,7 +328,7 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		return nil, err
 	}
 	defer admitted()
-	rec, err := b.accept(ctx, cl)
+	rec, err := b.accept(ctx, cl, outcome)
 	unlock()
 	if err != nil {
 		return nil, err
@@ -383,18 +390,21 @@ func (b *Bastion) deliverySettling(prior *markers.Record, outcome matchOutcome) 
 	return prior.ResultDeliveredAt.Add(b.cfg.DeliverySettle).Sub(b.now())
 }
 
-// accept journals a new execution (synced) before anything else happens to it.
-func (b *Bastion) accept(ctx context.Context, cl *claim) (*markers.Record, error) {
+// accept journals a new execution (synced) before anything else happens to it; its create
+// event carries the call (matched as match: new or new_attempt).
+func (b *Bastion) accept(ctx context.Context, cl *claim, match matchOutcome) (*markers.Record, error) {
 	id, err := markers.NewExecutionID(b.now())
 	if err != nil {
 		return nil, err
 	}
 	r := cl.record
 	r.ID, r.Actor, r.IntentScope, r.Fingerprint = id, cl.caller.Actor, cl.scope, cl.fingerprint
-	rec, err := b.journal.Create(ctx, &r)
+	call := b.newCall(ctx, cl.caller, cl.scope, match, false)
+	rec, err := b.journal.CreateFor(ctx, &r, call)
 	if err != nil {
 		return nil, journalError(err)
 	}
+	b.journaled(cl.caller.Actor, call)
 	b.metrics.accepted.Inc()
 	return rec, nil
 }

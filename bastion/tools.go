@@ -260,6 +260,9 @@ func (b *Bastion) trackDelivery(next http.Handler, reg *cancels) http.Handler {
 				calls = append(calls, reg.begin(requestKey{caller.Actor, scope, m.Call}, abort))
 			}
 		}
+		if len(calls) == 1 {
+			ctx = withRequestID(ctx, calls[0].key.id)
+		}
 
 		dl := &deliveries{}
 		r = r.WithContext(context.WithValue(ctx, deliveriesKey{}, dl))

@@ -307,10 +307,25 @@ wait:
 	return x
 }
 
+// deliveredNote is the note of the update event that records a delivery.
+const deliveredNote = "result delivered"
+
 // Delivered records that the result of execution id reached the caller's transport, so a
 // later identical call is a new intent. Only completed executions are marked.
+//
+// The update event names the call that was handed the result, when ctx carries it (the
+// transport's caller and the request's JSON-RPC id).
 func (b *Bastion) Delivered(ctx context.Context, id string) error {
-	_, err := b.journal.Update(context.WithoutCancel(ctx), id, "result delivered", func(r *markers.Record) error {
+	var call *markers.Call
+	if c, ok := transport.CallerFromContext(ctx); ok {
+		call = &markers.Call{Transport: transportOf(c), RequestID: requestIDFrom(ctx), Match: "delivered"}
+		if c.Local {
+			call.Run = c.Scope
+		} else if c.RunID != "" {
+			call.Run = "run:" + c.RunID
+		}
+	}
+	_, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, call, func(r *markers.Record) error {
 		if r.ResultDeliveredAt == nil && markers.Journal.Terminal(r.State) {
 			t := b.now().UTC()
 			r.ResultDeliveredAt = &t

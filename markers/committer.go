@@ -172,15 +172,20 @@ func (s *Store) stage(b *pebble.Batch, head chainPos, r *commitReq) (chainPos, e
 			err = b.Set(k, v, nil)
 		}
 	}
+	at := r.rec.UpdatedAt
+	if !r.at.IsZero() {
+		at = r.at
+	}
 	for _, st := range r.steps {
 		ev := Event{
 			Seq:         head.Seq + 1,
-			At:          r.rec.UpdatedAt,
+			At:          at,
 			ExecutionID: r.rec.ID,
 			Kind:        r.kind,
 			From:        st.from,
 			To:          st.to,
 			Note:        r.note,
+			Call:        r.call,
 			Record:      st.record[1:],
 			PrevHash:    head.Hash,
 		}
@@ -192,7 +197,12 @@ func (s *Store) stage(b *pebble.Batch, head chainPos, r *commitReq) (chainPos, e
 		set(execEventKey(r.rec.ID, ev.Seq), nil)
 		head = chainPos{Seq: ev.Seq, Hash: ev.ThisHash}
 	}
-	set(recordKey(r.rec.ID), r.encoded)
+	if r.call != nil && r.call.NewRun != nil && err == nil {
+		err = s.stageRun(b, r.call.NewRun)
+	}
+	if r.kind != KindJoined {
+		set(recordKey(r.rec.ID), r.encoded)
+	}
 	if r.result != nil {
 		set(resultKey(r.rec.ID), r.result)
 	}

@@ -12,17 +12,25 @@ import (
 // updated. Record is the whole record after the change, so the log alone tells the story of
 // every execution.
 type Event struct {
-	Type        string          `json:"type"` // always "event"
-	Seq         uint64          `json:"seq"`
-	At          time.Time       `json:"at"`
-	ExecutionID string          `json:"execution_id"`
-	Kind        EventKind       `json:"kind"`
-	From        State           `json:"from,omitempty"`
-	To          State           `json:"to,omitempty"`
-	Note        string          `json:"note,omitempty"`
-	Record      json.RawMessage `json:"record"`
-	PrevHash    string          `json:"prev_hash"`
-	ThisHash    string          `json:"this_hash,omitempty"`
+	Type        string    `json:"type"` // always "event"
+	Seq         uint64    `json:"seq"`
+	At          time.Time `json:"at"`
+	ExecutionID string    `json:"execution_id"`
+	Kind        EventKind `json:"kind"`
+	From        State     `json:"from,omitempty"`
+	To          State     `json:"to,omitempty"`
+	Note        string    `json:"note,omitempty"`
+	// Call is the tool call behind a create, joined or delivery event, when the bastion
+	// knows it.
+	Call     *Call           `json:"call,omitempty"`
+	Record   json.RawMessage `json:"record"`
+	PrevHash string          `json:"prev_hash"`
+	ThisHash string          `json:"this_hash,omitempty"`
+}
+
+// DecodedRecord is the record the event carries, as it stood after the event.
+func (ev *Event) DecodedRecord() (*Record, error) {
+	return DecodeRecord(append([]byte{recordVersion}, ev.Record...))
 }
 
 // EventKind says what an event did to its record.

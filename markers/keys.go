@@ -18,6 +18,9 @@ import (
 //	s<state>\0<id>
 //	t<created unix nanos:8><id>
 //	b<id>                                stored result of an execution (capped output, response)
+//	g<actor>\0<scope>\0<fingerprint>\0<id>  journal: every execution of one intent (siblings)
+//	u<actor>\0<scope>                      agent run (JSON Run), first contact
+//	w<first seen unix nanos:8><actor>\0<scope> → run key
 //	m<name>                              store metadata (head, base, graph)
 const (
 	pRecord     = 'r'
@@ -31,6 +34,9 @@ const (
 	pTime       = 't'
 	pMeta       = 'm'
 	pResult     = 'b'
+	pSiblings   = 'g'
+	pRun        = 'u'
+	pRunTime    = 'w'
 )
 
 var (
@@ -87,6 +93,9 @@ func indexEntries(r *Record) []indexEntry {
 	e := []indexEntry{{key: stateKey(r.State, r.ID)}, {key: timeKey(r.CreatedAt, r.ID)}}
 	for _, k := range pointerKeys(r) {
 		e = append(e, indexEntry{key: k, value: []byte(r.ID)})
+	}
+	if r.Graph == Journal && r.Fingerprint != "" {
+		e = append(e, indexEntry{key: joinKey(pSiblings, r.Actor, r.IntentScope, r.Fingerprint, r.ID)})
 	}
 	return e
 }

@@ -92,8 +92,13 @@ type commitReq struct {
 	steps []step
 	// result, if set, is stored under the record's result key in the same batch.
 	result []byte
-	seal   bool // a checkpoint-only request
-	done   chan error
+	// call, if set, is the tool call the write is for: carried by its events, and its
+	// NewRun recorded with it.
+	call *Call
+	// at, if set, is the event time (a joined event does not change the record's times).
+	at   time.Time
+	seal bool // a checkpoint-only request
+	done chan error
 }
 
 // step is one state change of a write and the record right after it (versioned encoding).

@@ -12,6 +12,10 @@ import (
 // an error wrapping ErrExists; nothing is written. The store sets Graph, State, CreatedAt,
 // UpdatedAt and StateTimes.
 func (s *Store) Create(ctx context.Context, r *Record) (*Record, error) {
+	return s.create(ctx, r, nil)
+}
+
+func (s *Store) create(ctx context.Context, r *Record, call *Call) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -48,7 +52,7 @@ func (s *Store) Create(ctx context.Context, r *Record) (*Record, error) {
 	if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	if err := s.submit(&commitReq{rec: rec, encoded: encoded, kind: KindCreate, steps: []step{{to: rec.State, record: encoded}}}); err != nil {
+	if err := s.submit(&commitReq{rec: rec, encoded: encoded, kind: KindCreate, call: call, steps: []step{{to: rec.State, record: encoded}}}); err != nil {
 		return nil, err
 	}
 	return rec.Clone(), nil
@@ -123,7 +127,17 @@ func (s *Store) RevokeDelivery(ctx context.Context, id, note string) (*Record, b
 // written and change returns the current record.
 var errUnchanged = errors.New("unchanged")
 
+// UpdateFor is Update for a tool call: the update event carries call (the call that was
+// delivered the result, say).
+func (s *Store) UpdateFor(ctx context.Context, id, note string, call *Call, mutate func(*Record) error) (*Record, error) {
+	return s.changeFor(ctx, id, KindUpdate, "", nil, note, nil, call, mutate)
+}
+
 func (s *Store) change(ctx context.Context, id string, kind EventKind, from State, path []State, note string, result []byte, mutate func(*Record) error) (*Record, error) {
+	return s.changeFor(ctx, id, kind, from, path, note, result, nil, mutate)
+}
+
+func (s *Store) changeFor(ctx context.Context, id string, kind EventKind, from State, path []State, note string, result []byte, call *Call, mutate func(*Record) error) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -193,7 +207,7 @@ func (s *Store) change(ctx context.Context, id string, kind EventKind, from Stat
 		steps = append(steps, step{from: stepFrom, to: to, record: encoded})
 	}
 	final := steps[len(steps)-1].record
-	if err := s.submit(&commitReq{rec: next, prev: cur, encoded: final, kind: kind, note: note, steps: steps, result: result}); err != nil {
+	if err := s.submit(&commitReq{rec: next, prev: cur, encoded: final, kind: kind, note: note, steps: steps, result: result, call: call}); err != nil {
 		return nil, err
 	}
 	return next.Clone(), nil

@@ -22,8 +22,14 @@ type Caller struct {
 	// PID is the agent process (the bridge's parent when the peer is our stdio bridge) and
 	// UID the peer's uid; local callers only.
 	PID, UID int
-	// Exe is the /proc/<pid>/exe target of the agent process; local callers only.
-	Exe string
+	// Exe is the /proc/<pid>/exe target of the agent process, Cmdline its command line
+	// (NUL-separated arguments, as /proc has it) and StartTicks its start time after boot in
+	// clock ticks; local callers only.
+	Exe        string
+	Cmdline    string
+	StartTicks uint64
+	// Bridged: the call came through the stdio bridge (`postern mcp`), which named the agent.
+	Bridged bool
 }
 
 // callerKey is the auth.TokenInfo.Extra key under which the transport stores the Caller.

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -97,9 +98,11 @@ func allDigits(s string) bool {
 
 // agentProcess is the local agent behind a unix-socket peer.
 type agentProcess struct {
-	PID   int
-	Exe   string
-	Scope string // "run:<pid>-<start ticks>"
+	PID        int
+	Exe        string
+	Cmdline    string // NUL-separated arguments
+	StartTicks uint64
+	Scope      string // "run:<pid>-<start ticks>"
 }
 
 // peerProcess is the kernel's account of a unix-socket peer, read when it connects: the
@@ -166,7 +169,25 @@ func (p procFS) process(pid int) (agentProcess, procStat, error) {
 	if err != nil {
 		return agentProcess{}, procStat{}, fmt.Errorf("transport: process %d executable: %w", pid, err)
 	}
-	return agentProcess{PID: pid, Exe: exe, Scope: "run:" + processRef{PID: pid, StartTicks: st.StartTicks}.String()}, st, nil
+	return agentProcess{PID: pid, Exe: exe, Cmdline: p.cmdline(pid), StartTicks: st.StartTicks,
+		Scope: "run:" + processRef{PID: pid, StartTicks: st.StartTicks}.String()}, st, nil
+}
+
+// maxCmdlineBytes bounds the command line read for a peer: it is kept for operators (the
+// agent runs journal), not trusted for anything.
+const maxCmdlineBytes = 4096
+
+// cmdline is pid's command line (NUL-separated arguments), at most maxCmdlineBytes of it;
+// "" if unreadable (a process may hide it; the scope does not depend on it).
+func (p procFS) cmdline(pid int) string {
+	f, err := os.Open(filepath.Join(p.root, strconv.Itoa(pid), "cmdline"))
+	if err != nil {
+		return ""
+	}
+	defer f.Close()
+	buf := make([]byte, maxCmdlineBytes)
+	n, _ := io.ReadFull(f, buf)
+	return string(bytes.TrimRight(buf[:n], "\x00"))
 }
 
 // BridgeParentClaim is the BridgeParentHeader value of this process: its parent and the

@@ -22,13 +22,19 @@ func TestUnixCallerFromKernel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	self, _, err := procFS{root: "/proc"}.process(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
 	want := Caller{
-		Actor: defaultLocalActor(os.Getuid()),
-		Scope: selfScope(t),
-		Local: true,
-		PID:   os.Getpid(),
-		UID:   os.Getuid(),
-		Exe:   exe,
+		Actor:      defaultLocalActor(os.Getuid()),
+		Scope:      selfScope(t),
+		Local:      true,
+		PID:        os.Getpid(),
+		UID:        os.Getuid(),
+		Exe:        exe,
+		Cmdline:    strings.Join(os.Args, "\x00"),
+		StartTicks: self.StartTicks,
 	}
 	tests := []struct {
 		name   string
@@ -199,8 +205,8 @@ func TestPeerAgent(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(p.root, "60", "stat"), []byte("60 (x"), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	agent20 := agentProcess{PID: 20, Exe: agentBin, Scope: "run:20-2000"}
-	agent21 := agentProcess{PID: 21, Exe: otherAgentBin, Scope: "run:21-2100"}
+	agent20 := agentProcess{PID: 20, Exe: agentBin, StartTicks: 2000, Scope: "run:20-2000"}
+	agent21 := agentProcess{PID: 21, Exe: otherAgentBin, StartTicks: 2100, Scope: "run:21-2100"}
 	tests := []struct {
 		name         string
 		peer         int
@@ -213,7 +219,7 @@ func TestPeerAgent(t *testing.T) {
 		{name: "bridge names its parent", peer: 30, claim: "20-2000", want: agent20},
 		{name: "another binary of the bridge, same agent", peer: 31, claim: "20-2000", want: agent20},
 		{name: "bridge of another agent", peer: 32, claim: "21-2100", want: agent21},
-		{name: "a process that names no parent is its own agent", peer: 30, want: agentProcess{PID: 30, Exe: "/usr/bin/postern", Scope: "run:30-3000"}},
+		{name: "a process that names no parent is its own agent", peer: 30, want: agentProcess{PID: 30, Exe: "/usr/bin/postern", StartTicks: 3000, Scope: "run:30-3000"}},
 		{name: "claim of another process's parent", peer: 32, claim: "20-2000", wantClaimErr: true},
 		{name: "claim with a reused pid (other start time)", peer: 30, claim: "20-1999", wantClaimErr: true},
 		{name: "malformed claim", peer: 30, claim: "20", wantClaimErr: true},

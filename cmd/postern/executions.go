@@ -207,7 +207,7 @@ func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
 	fmt.Fprintf(w, "\nevents (%d)\n", len(d.Events))
 	rows := make([][]string, 0, len(d.Events))
 	for _, ev := range d.Events {
-		rows = append(rows, []string{"  " + strconv.FormatUint(ev.Seq, 10), formatEventTime(ev.At), eventStep(ev), printable(ev.Note)})
+		rows = append(rows, []string{"  " + strconv.FormatUint(ev.Seq, 10), formatEventTime(ev.At), eventStep(ev), printable(eventNote(ev))})
 	}
 	if err := printTable(w, 0, []string{"  SEQ", "TIME", "STEP", "NOTE"}, rows); err != nil {
 		return err
@@ -259,8 +259,33 @@ func eventStep(ev markers.Event) string {
 		return string(ev.To) + " (update)"
 	case markers.KindDeliveryRevoked:
 		return string(ev.To) + " (delivery revoked)"
+	case markers.KindJoined:
+		return string(ev.To) + " (call joined)"
 	}
 	return string(ev.From) + " → " + string(ev.To)
+}
+
+// eventNote is the event's note, and the call behind it: its JSON-RPC id, transport, run and
+// what the matching rule made of it ("call 3 via http, run:ci-7: attach, replayed").
+func eventNote(ev markers.Event) string {
+	c := ev.Call
+	if c == nil {
+		return ev.Note
+	}
+	call := "call " + dash(c.RequestID) + " via " + c.Transport
+	if c.Run != "" {
+		call += ", " + c.Run
+	}
+	if c.Match != "" {
+		call += ": " + c.Match
+	}
+	if c.Replayed {
+		call += ", replayed"
+	}
+	if ev.Note == "" {
+		return call
+	}
+	return ev.Note + " (" + call + ")"
 }
 
 // stateLabel is the journal state, with a completed execution whose result never reached
