@@ -23,6 +23,8 @@ import (
 //
 //	GET /v1/executions?state=&review_required=&actor=&host=&since=&limit=&cursor=   records, newest first
 //	GET /v1/executions/{id}                                        record, events, stored output
+//	GET /v1/investigate/{id}                                       the five questions answered (investigate.go)
+//	GET /v1/runs?actor=&scope=&limit=                               agent runs, newest first seen first
 //	GET /v1/hosts                                                  enrolled hosts
 //	GET /v1/markers/{host}?state=&limit=                           the host's markers (asks it)
 //	GET /v1/markers/{host}/{id}                                    one marker on the host
@@ -59,6 +61,11 @@ func (b *Bastion) operatorHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /v1/executions", b.opListExecutions)
 	mux.HandleFunc("GET /v1/executions/{id}", b.opShowExecution)
+	mux.HandleFunc("GET /v1/investigate/{id}", func(w http.ResponseWriter, r *http.Request) {
+		inv, err := b.Investigate(r.Context(), r.PathValue("id"))
+		writeJSON(w, inv, unknownExecution(r.PathValue("id"), err))
+	})
+	mux.HandleFunc("GET /v1/runs", b.opListRuns)
 	mux.HandleFunc("GET /v1/hosts", func(w http.ResponseWriter, _ *http.Request) {
 		out, err := b.Hosts()
 		writeJSON(w, out, err)
@@ -151,11 +158,54 @@ func (b *Bastion) opListExecutions(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, page, nil)
 }
 
+// unknownExecution turns the journal's not-found for execution id into an answer that says
+// what to do; other errors pass unchanged.
+func unknownExecution(id string, err error) error {
+	if errors.Is(err, markers.ErrNotFound) {
+		return &ToolError{Code: CodeNotFound, ExecutionID: id, Message: fmt.Sprintf(
+			"the journal has no execution %s: check the id (`postern executions list` shows the recent ones); executions past their class's retention are removed", id)}
+	}
+	return err
+}
+
+// RunPage is a list of agent runs.
+type RunPage struct {
+	Runs []*markers.Run `json:"runs"`
+}
+
+func (b *Bastion) opListRuns(w http.ResponseWriter, r *http.Request) {
+	q := markers.RunQuery{Actor: r.FormValue("actor"), Limit: 100}
+	if l := r.FormValue("limit"); l != "" {
+		n, err := strconv.Atoi(l)
+		if err != nil || n < 1 || n > 1000 {
+			writeJSON(w, nil, invalid("limit must be in 1..1000"))
+			return
+		}
+		q.Limit = n
+	}
+	scope := r.FormValue("scope")
+	if scope != "" {
+		q.Limit = 1000 // a scope is one run per actor: look through the newest
+	}
+	runs, err := b.journal.Runs(q)
+	if err != nil {
+		writeJSON(w, nil, err)
+		return
+	}
+	page := RunPage{Runs: []*markers.Run{}}
+	for _, run := range runs {
+		if scope == "" || run.Scope == scope {
+			page.Runs = append(page.Runs, run)
+		}
+	}
+	writeJSON(w, page, nil)
+}
+
 func (b *Bastion) opShowExecution(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	rec, err := b.journal.Get(id)
 	if err != nil {
-		writeJSON(w, nil, err)
+		writeJSON(w, nil, unknownExecution(id, err))
 		return
 	}
 	events, err := b.journal.Events(id)

@@ -27,6 +27,9 @@ commands:
   serve       run the bastion (MCP over HTTP and a unix socket, operator API)
   mcp         stdio MCP server for clients that launch one (bridges to the running bastion)
   executions  list and show executions from the journal
+  investigate answer the five questions about a retried call (who, authorized, outcome,
+              delivery, later calls)
+  runs        list and show agent runs (the process or token behind each intent scope)
   markers     list and show the markers on a host (asks its hostagent)
   hosts       list and enroll hosts
   audit       export and verify the journal's hash-chained event log

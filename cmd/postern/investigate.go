@@ -1,0 +1,75 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/url"
+	"strings"
+
+	"github.com/postern-dev/postern/bastion"
+)
+
+func init() {
+	operatorCommands["investigate"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+		c := &investigateCommand{operatorIO{stdin, stdout, stderr}}
+		return c.Run(ctx, args)
+	}
+}
+
+// investigateCommand answers the five questions about a retried call (bastion/investigate.go)
+// through the daemon, which asks the host live.
+type investigateCommand struct{ operatorIO }
+
+// investigateQuestions are the five questions, in the order they are answered.
+var investigateQuestions = [...]string{
+	"Did one agent process send the calls, or two?",
+	"Was the first call authorized, and did it reach dispatch?",
+	"Did the bastion get a response or exit status from the target?",
+	"Did result delivery fail after the target completed?",
+	"Did a later call reuse the execution or its idempotency key, or make a new attempt?",
+}
+
+func (c *investigateCommand) Run(ctx context.Context, args []string) error {
+	fs := newFlagSet("investigate", "investigate ID [flags]\n\nAnswers, in order: "+strings.Join(investigateQuestions[:], " "), c.stderr)
+	var loc locator
+	loc.register(fs)
+	asJSON := fs.Bool("json", false, "print JSON")
+	id, err := parseExecutionID(fs, args, c.stderr)
+	if err != nil {
+		return err
+	}
+	cfg, err := loc.config()
+	if err != nil {
+		return err
+	}
+	var inv bastion.Investigation
+	if err := newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/investigate/"+url.PathEscape(id), nil, &inv); err != nil {
+		return err
+	}
+	if inv.Record == nil || len(inv.Answers) != len(investigateQuestions) {
+		return fmt.Errorf("operator API: the investigation of %s came back incomplete (is the daemon older than this CLI?)", id)
+	}
+	if *asJSON {
+		return writeJSON(c.stdout, inv)
+	}
+	return writeInvestigation(c.stdout, &inv)
+}
+
+func writeInvestigation(w io.Writer, inv *bastion.Investigation) error {
+	r := inv.Record
+	fmt.Fprintf(w, "investigation of %s: %s on %s: %s\n", inv.ExecutionID, printable(r.Tool), printable(dash(r.Host)), printable(commandText(r)))
+	for i, q := range investigateQuestions {
+		fmt.Fprintf(w, "\n%d. %s\n", i+1, q)
+		for _, line := range strings.Split(inv.Answers[i], "\n") {
+			fmt.Fprintf(w, "   %s\n", printable(line))
+		}
+	}
+	fmt.Fprintf(w, "\ncalls (%d)\n", len(inv.Calls))
+	rows := make([][]string, 0, len(inv.Calls))
+	for _, call := range inv.Calls {
+		rows = append(rows, []string{"  " + formatEventTime(call.At), call.ExecutionID, call.Transport, printable(dash(call.RequestID)),
+			printable(dash(call.Run)), fmt.Sprint(call.Replayed), printable(call.What)})
+	}
+	return printTable(w, tableWidth(w), []string{"  TIME", "EXECUTION", "TRANSPORT", "REQUEST", "RUN", "REPLAYED", "WHAT"}, rows)
+}
