@@ -23,6 +23,7 @@ import (
 //
 //	GET /v1/executions?state=&review_required=&actor=&host=&since=&limit=&cursor=   records, newest first
 //	GET /v1/executions/{id}                                        record, events, stored output
+//	GET /v1/executions/{id}/output?stdout_offset=&stderr_offset=&wait_s=   output from offsets, waiting (follow)
 //	GET /v1/investigate/{id}                                       the five questions answered (investigate.go)
 //	GET /v1/runs?actor=&scope=&limit=                               agent runs, newest first seen first
 //	GET /v1/hosts                                                  enrolled hosts
@@ -66,6 +67,7 @@ func (b *Bastion) operatorHandler() http.Handler {
 		writeJSON(w, inv, unknownExecution(r.PathValue("id"), err))
 	})
 	mux.HandleFunc("GET /v1/runs", b.opListRuns)
+	mux.HandleFunc("GET /v1/executions/{id}/output", b.opOutput)
 	mux.HandleFunc("GET /v1/hosts", func(w http.ResponseWriter, _ *http.Request) {
 		out, err := b.Hosts()
 		writeJSON(w, out, err)
@@ -166,6 +168,38 @@ func unknownExecution(id string, err error) error {
 			"the journal has no execution %s: check the id (`postern executions list` shows the recent ones); executions past their class's retention are removed", id)}
 	}
 	return err
+}
+
+// opOutput serves an execution's output from the given offsets, waiting up to wait_s for
+// more or the end, as execution_output does for agents (reading it is not a delivery).
+func (b *Bastion) opOutput(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	a := OutputArgs{ExecutionID: id}
+	for name, dst := range map[string]*int64{"stdout_offset": &a.Offset, "stderr_offset": &a.StderrOffset} {
+		if v := r.FormValue(name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				writeJSON(w, nil, invalid("%s must be a byte offset", name))
+				return
+			}
+			*dst = n
+		}
+	}
+	if v := r.FormValue("wait_s"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			writeJSON(w, nil, invalid("wait_s must be a number of seconds"))
+			return
+		}
+		a.WaitS = &n
+	}
+	rec, err := b.journal.Get(id)
+	if err != nil {
+		writeJSON(w, nil, unknownExecution(id, err))
+		return
+	}
+	x, err := b.output(r.Context(), rec, a)
+	writeJSON(w, x, err)
 }
 
 // RunPage is a list of agent runs.

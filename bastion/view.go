@@ -388,6 +388,11 @@ func (b *Bastion) Output(ctx context.Context, c transport.Caller, a OutputArgs) 
 	if err != nil {
 		return nil, err
 	}
+	return b.output(ctx, rec, a)
+}
+
+// output is Output for a record the caller may read.
+func (b *Bastion) output(ctx context.Context, rec *markers.Record, a OutputArgs) (*Execution, error) {
 	if a.Offset < 0 || a.StderrOffset < 0 {
 		return nil, invalid("offsets must not be negative")
 	}

@@ -33,12 +33,15 @@ subcommands:
                  operator can settle (postern review)
   show ID [--json]
                  one execution: its record, the sequence of its events, its stored output
+  follow ID [--from-start=false]
+                 stream its output (stdout to stdout, stderr to stderr) until it ends, then
+                 print how it ended; exits 0 once it ended, whatever its exit status
 
 common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *executionsCommand) Run(ctx context.Context, args []string) error {
-	return dispatch(ctx, "executions", executionsUsage, subcommands{"list": c.list, "show": c.show}, args, c.stdout, c.stderr)
+	return dispatch(ctx, "executions", executionsUsage, subcommands{"list": c.list, "show": c.show, "follow": c.follow}, args, c.stdout, c.stderr)
 }
 
 // maxPageLimit is the most records the operator API returns per request.
