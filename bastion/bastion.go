@@ -1,6 +1,7 @@
 package bastion
 
 import (
+	"bytes"
 	"context"
 	"crypto/ed25519"
 	"crypto/rand"
@@ -243,7 +244,7 @@ func (b *Bastion) reconcileUnknown() {
 }
 
 // LoadOrCreateClientKey reads the bastion's ed25519 SSH key at path (OpenSSH PEM),
-// generating it on first use.
+// generating it on first use, and keeps its public key in path.pub (an authorized_keys line).
 func LoadOrCreateClientKey(path string) (gossh.Signer, error) {
 	data, err := os.ReadFile(path)
 	if errors.Is(err, os.ErrNotExist) {
@@ -269,6 +270,13 @@ func LoadOrCreateClientKey(path string) (gossh.Signer, error) {
 	signer, err := gossh.ParsePrivateKey(data)
 	if err != nil {
 		return nil, fmt.Errorf("bastion: client key %s: %w", path, err)
+	}
+	// The public half, for operators: what every hostagent's authorized_keys file needs.
+	line := gossh.MarshalAuthorizedKey(signer.PublicKey())
+	if old, err := os.ReadFile(path + ".pub"); err != nil || !bytes.Equal(old, line) {
+		if err := durable.WriteFile(path+".pub", line, 0o600); err != nil {
+			return nil, fmt.Errorf("bastion: write client public key: %w", err)
+		}
 	}
 	return signer, nil
 }

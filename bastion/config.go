@@ -254,6 +254,10 @@ func (c Config) InventoryPath() string { return c.inventoryPath() }
 // ClientKeyPath is the bastion's SSH private key.
 func (c Config) ClientKeyPath() string { return c.clientKeyPath() }
 
+// ClientPublicKeyPath is its public key, an authorized_keys line (written by
+// LoadOrCreateClientKey): what `postern hosts key` prints.
+func (c Config) ClientPublicKeyPath() string { return c.clientKeyPath() + ".pub" }
+
 // JournalDir is the journal's Pebble data dir.
 func (c Config) JournalDir() string { return c.journalDir() }
 

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"net"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -113,13 +114,53 @@ func Install(opts InstallOptions, w io.Writer) error {
 	fmt.Fprintf(w, "host key fingerprint: %s\n", HostKeyFingerprint(hostKey))
 	fmt.Fprintf(w, "\nNext steps:\n")
 	if cfg.AuthorizedKeysFile != "" {
-		fmt.Fprintf(w, "  1. add the bastion's public key to %s\n", cfg.AuthorizedKeysFile)
+		fmt.Fprintf(w, "  1. on the bastion, print its public key with `postern hosts key`, and append that line here to %s\n", cfg.AuthorizedKeysFile)
+	} else {
+		fmt.Fprintf(w, "  1. let the bastion's key in through your SSH CA (trusted_user_ca_keys)\n")
 	}
 	fmt.Fprintf(w, "  2. systemctl daemon-reload && systemctl enable --now postern-hostagent\n")
-	fmt.Fprintf(w, "  3. on the bastion, enroll this host and check the fingerprint matches:\n")
-	fmt.Fprintf(w, "     postern hosts enroll HOSTNAME --address HOST:%s --host-key %q\n",
-		listenPort(cfg.Listen), strings.TrimSpace(string(marshalAuthorizedKey(hostKey))))
+	fmt.Fprintf(w, "  3. on the bastion, enroll this host (it checks that the host presents this key):\n")
+	fmt.Fprintf(w, "     %s\n", EnrollCommand(cfg, HostKeyFingerprint(hostKey)))
 	return nil
+}
+
+// EnrollCommand is the `postern hosts enroll` command that enrolls this host on the
+// bastion: named after the machine, at its listen address (the machine's name when it
+// listens on every address), as its first allowed account, pinned to its host key.
+func EnrollCommand(cfg Config, fingerprint string) string {
+	name, err := os.Hostname()
+	if err != nil || !enrollName(name) {
+		name = "HOSTNAME"
+	}
+	host, port, err := net.SplitHostPort(cfg.Listen)
+	if err != nil {
+		host, port = "", listenPort(cfg.Listen)
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = name
+	}
+	cmd := fmt.Sprintf("postern hosts enroll %s %s", name, net.JoinHostPort(host, port))
+	if len(cfg.AllowedAccounts) > 0 {
+		cmd += " --account " + cfg.AllowedAccounts[0]
+	}
+	return cmd + " --expect-host-key " + fingerprint
+}
+
+// enrollName reports whether name is a name `postern hosts enroll` takes (and needs no
+// shell quoting): 1-64 of [A-Za-z0-9_.-], starting with a letter or digit.
+func enrollName(name string) bool {
+	if name == "" || len(name) > 64 {
+		return false
+	}
+	for i, r := range name {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9':
+		case i > 0 && (r == '_' || r == '.' || r == '-'):
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // installConfig loads the existing config file or writes a new default one.

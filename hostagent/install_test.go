@@ -2,6 +2,7 @@ package hostagent_test
 
 import (
 	"bytes"
+	"fmt"
 	"os"
 	"path/filepath"
 	"strings"
@@ -114,4 +115,30 @@ func mustRead(t *testing.T, path string) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+func TestEnrollCommand(t *testing.T) {
+	hostname, _ := os.Hostname()
+	tests := []struct {
+		name, listen string
+		accounts     []string
+		want         string // %[1]s is the machine's name
+	}{
+		{"every address: the machine's name", "0.0.0.0:7422", []string{"deploy"}, "postern hosts enroll %[1]s %[1]s:7422 --account deploy --expect-host-key SHA256:x"},
+		{"no host part", ":7422", nil, "postern hosts enroll %[1]s %[1]s:7422 --expect-host-key SHA256:x"},
+		{"one address", "10.0.0.5:2222", []string{"ops", "deploy"}, "postern hosts enroll %[1]s 10.0.0.5:2222 --account ops --expect-host-key SHA256:x"},
+		{"IPv6", "[fd00::5]:7422", []string{"ops"}, "postern hosts enroll %[1]s [fd00::5]:7422 --account ops --expect-host-key SHA256:x"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got := hostagent.EnrollCommand(hostagent.Config{Listen: tt.listen, AllowedAccounts: tt.accounts}, "SHA256:x")
+			name := strings.Fields(got)[3]
+			if name != hostname && name != "HOSTNAME" {
+				t.Fatalf("EnrollCommand names the host %q; want %q (or HOSTNAME for a name enroll refuses)", name, hostname)
+			}
+			if want := fmt.Sprintf(tt.want, name); got != want {
+				t.Errorf("EnrollCommand = %q; want %q", got, want)
+			}
+		})
+	}
 }

@@ -34,14 +34,19 @@ const hostsUsage = `usage: postern hosts SUBCOMMAND [flags]
 
 subcommands:
   list [--json]  the enrolled hosts (from the inventory file when the bastion is down)
-  enroll NAME ADDR [--account USER] [--cwd DIR] [--group G]... [--accept-env NAME]... [--yes] [--replace]
-                 scan the host's key, show it, and record it once confirmed
+  enroll NAME ADDR [--account USER] [--cwd DIR] [--group G]... [--accept-env NAME]...
+         [--expect-host-key SHA256:…] [--yes] [--replace]
+                 scan the host's key, show it, and record it once confirmed (or, with
+                 --expect-host-key, once it matches the fingerprint postern-hostagent
+                 install printed on the host)
+  key            print the bastion's public key: the line every hostagent's
+                 authorized_keys file needs (also in the state dir, bastion_ed25519.pub)
 
 common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *hostsCommand) Run(ctx context.Context, args []string) error {
-	return dispatch(ctx, "hosts", hostsUsage, subcommands{"list": c.list, "enroll": c.enroll}, args, c.stdout, c.stderr)
+	return dispatch(ctx, "hosts", hostsUsage, subcommands{"list": c.list, "enroll": c.enroll, "key": c.key}, args, c.stdout, c.stderr)
 }
 
 func (c *hostsCommand) list(ctx context.Context, args []string) error {
@@ -131,6 +136,7 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	var acceptEnv stringList
 	fs.Var(&acceptEnv, "accept-env", "a variable (or PREFIX*) the host's hostagent accepts in accept_env, so agents may set it (repeatable)")
 	yes := fs.Bool("yes", false, "record the key without asking")
+	expect := fs.String("expect-host-key", "", "the host key fingerprint (SHA256:…) the host must present; a match needs no confirmation")
 	replace := fs.Bool("replace", false, "record the key even though the host was enrolled with another one")
 	pos, err := parseInterleaved(fs, args, 2)
 	if err != nil {
@@ -172,6 +178,10 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 		return err
 	}
 	fmt.Fprintf(c.stdout, "host %s at %s presents %s %s\n", printable(name), printable(addr), key.Type(), plan.Fingerprint)
+	if *expect != "" && *expect != plan.Fingerprint {
+		return fmt.Errorf("host %s at %s presents %s, not the expected %s: the address reaches another machine, or someone is in the middle; nothing was enrolled",
+			printable(name), printable(addr), plan.Fingerprint, printable(*expect))
+	}
 	alreadyTrusted := false
 	switch {
 	case plan.Replaces != "" && !*replace:
@@ -191,6 +201,8 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	switch {
 	case alreadyTrusted:
 		fmt.Fprintf(c.stdout, "the key is the one already enrolled for %s\n", printable(name))
+	case *expect != "":
+		fmt.Fprintf(c.stdout, "the key matches the expected %s\n", plan.Fingerprint)
 	case !*yes:
 		ok, err := confirm(c.stdin, c.stdout, "Record this key? [y/N] ")
 		if err != nil {
@@ -233,6 +245,30 @@ func confirm(stdin io.Reader, stdout io.Writer, question string) (bool, error) {
 		return true, nil
 	}
 	return false, nil
+}
+
+// key prints the bastion's public client key (creating the key pair on first use, as the
+// daemon would).
+func (c *hostsCommand) key(ctx context.Context, args []string) error {
+	fs := newFlagSet("hosts key", "hosts key [flags]", c.stderr)
+	var loc locator
+	loc.register(fs)
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
+		return err
+	}
+	cfg, err := loc.config()
+	if err != nil {
+		return err
+	}
+	if err := checkOwnState(cfg.StateDir); err != nil {
+		return err
+	}
+	signer, err := bastion.LoadOrCreateClientKey(cfg.ClientKeyPath())
+	if err != nil {
+		return err
+	}
+	_, err = c.stdout.Write(gossh.MarshalAuthorizedKey(signer.PublicKey()))
+	return err
 }
 
 // printBastionKey prints the line the host's hostagent must authorize: the bastion's public
