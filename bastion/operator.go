@@ -25,6 +25,7 @@ import (
 //	GET /v1/executions/{id}                                        record, events, stored output
 //	GET /v1/executions/{id}/output?stdout_offset=&stderr_offset=&wait_s=   output from offsets, waiting (follow)
 //	GET /v1/investigate/{id}                                       the five questions answered (investigate.go)
+//	GET /v1/doctor                                                 the daemon's version; every host asked now
 //	GET /v1/runs?actor=&scope=&limit=                               agent runs, newest first seen first
 //	GET /v1/hosts                                                  enrolled hosts
 //	GET /v1/markers/{host}?state=&limit=                           the host's markers (asks it)
@@ -67,6 +68,10 @@ func (b *Bastion) operatorHandler() http.Handler {
 		writeJSON(w, inv, unknownExecution(r.PathValue("id"), err))
 	})
 	mux.HandleFunc("GET /v1/runs", b.opListRuns)
+	mux.HandleFunc("GET /v1/doctor", func(w http.ResponseWriter, r *http.Request) {
+		rep, err := b.Doctor(r.Context())
+		writeJSON(w, rep, err)
+	})
 	mux.HandleFunc("GET /v1/executions/{id}/output", b.opOutput)
 	mux.HandleFunc("GET /v1/hosts", func(w http.ResponseWriter, _ *http.Request) {
 		out, err := b.Hosts()

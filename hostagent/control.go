@@ -34,6 +34,7 @@ import (
 	gliderssh "github.com/gliderlabs/ssh"
 
 	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/internal/version"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -328,6 +329,8 @@ type (
 		Markers          []*markers.Record `json:"markers"`
 		Missing          []string          `json:"missing"`
 		MarkerRetentionS int64             `json:"marker_retention_s"`
+		// Version is the hostagent's build (internal/version), for the bastion's doctor.
+		Version string `json:"version,omitempty"`
 	}
 	listReply struct {
 		Markers []*markers.Record `json:"markers"`
@@ -436,7 +439,7 @@ func (cs *controlServer) visible(caller controlCaller, id string) (*markers.Reco
 }
 
 func (cs *controlServer) status(caller controlCaller, ids []string) (statusReply, error) {
-	reply := statusReply{Markers: []*markers.Record{}, Missing: []string{}, MarkerRetentionS: int64(cs.backend.MarkerRetention() / time.Second)}
+	reply := statusReply{Markers: []*markers.Record{}, Missing: []string{}, MarkerRetentionS: int64(cs.backend.MarkerRetention() / time.Second), Version: version.String()}
 	seen := make(map[string]bool, len(ids))
 	for _, id := range ids {
 		if seen[id] {

@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -88,5 +89,28 @@ func TestInstallThenEnroll(t *testing.T) {
 	x := mustCall(t, ctx, b.Connect(t, "agent", nil), "ssh_exec", map[string]any{"host": name, "command": "echo enrolled"})
 	if x.State != "completed" || x.Stdout != "enrolled\n" {
 		t.Errorf("ssh_exec on the enrolled host = %+v", x)
+	}
+}
+
+// TestDoctor: with everything up, doctor finds no problem and has asked the host; with the
+// hostagent down, it names the host and the fix, and exits 1.
+func TestDoctor(t *testing.T) {
+	f := startFleet(t)
+	out := string(postern(t, f.bastion, "doctor"))
+	for _, want := range []string{"ok      daemon", "ok      port", "h1 (" + f.host.Addr + "): reachable, pinned host key verified, hostagent "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("doctor:\n%s\nwant %q", out, want)
+		}
+	}
+
+	f.host.Kill(t)
+	cmd := exec.Command(testutil.Binary(t, "postern"), "doctor", "--config", f.bastion.ConfigPath)
+	got, err := cmd.CombinedOutput()
+	var exit *exec.ExitError
+	if !errors.As(err, &exit) || exit.ExitCode() != 1 {
+		t.Fatalf("doctor with the host down: %v\n%s\nwant exit status 1", err, got)
+	}
+	if !strings.Contains(string(got), "problem host") || !strings.Contains(string(got), "fix: is postern-hostagent running on h1") {
+		t.Errorf("doctor with the host down:\n%s\nwant the host's problem and its fix", got)
 	}
 }

@@ -36,6 +36,7 @@ commands:
   approvals   list executions awaiting approval; approve ID, deny ID --reason
   review      record what an operator verified about an unknown outcome
   policy      check: which rule decides a call, without running it
+  doctor      check config, permissions, keys, the daemon, its port and every host, with fixes
   token       make a bearer token for an actor and print its config hash
 
 Run 'postern COMMAND -h' for a command's flags.

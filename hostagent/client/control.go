@@ -48,6 +48,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"time"
 	"unicode"
@@ -344,6 +345,7 @@ type controlReply struct {
 	Markers   []*markers.Record `json:"markers"`
 	Missing   []string          `json:"missing"`
 	Retention int64             `json:"marker_retention_s"`
+	Version   string            `json:"version"`
 	Next      string            `json:"next"`
 	Marker    *markers.Record   `json:"marker"`
 	Stream    string            `json:"stream"`
@@ -433,6 +435,8 @@ type StatusReport struct {
 	// execution never started there only if it is younger than this. Zero if the host did not
 	// say.
 	MarkerRetention time.Duration
+	// Version is the hostagent's build, as it reports it ("" from an older one).
+	Version string
 }
 
 // StatusReport is Status with the host's marker retention.
@@ -442,10 +446,29 @@ func (c *ControlClient) StatusReport(ctx context.Context, ids []string) (StatusR
 		if r.Retention < 0 {
 			return false, protocolError(OpStatus, "negative marker retention %d", r.Retention)
 		}
-		out = StatusReport{Markers: r.Markers, Missing: r.Missing, MarkerRetention: time.Duration(min(r.Retention, maxRetentionS)) * time.Second}
+		out = StatusReport{Markers: r.Markers, Missing: r.Missing, MarkerRetention: time.Duration(min(r.Retention, maxRetentionS)) * time.Second,
+			Version: boundedText(r.Version, maxVersionBytes)}
 		return true, nil
 	})
 	return out, err
+}
+
+// maxVersionBytes bounds a reported version.
+const maxVersionBytes = 200
+
+// boundedText is s cut to at most n bytes of printable text (the peer is not trusted to send
+// text fit for a terminal).
+func boundedText(s string, n int) string {
+	s = strings.Map(func(r rune) rune {
+		if !unicode.IsPrint(r) {
+			return '?'
+		}
+		return r
+	}, s)
+	if len(s) > n {
+		s = s[:n]
+	}
+	return s
 }
 
 // maxRetentionS bounds a reported retention (about 292 years fit a time.Duration).
