@@ -269,10 +269,24 @@ var durationKeys = []string{"default_wait", "max_wait", "reconcile_interval", "a
 // ParseConfig reads TOML on top of DefaultConfig(""). Unknown keys are errors: a misspelt
 // limit must not fall back to its default silently.
 func ParseConfig(r io.Reader) (Config, error) {
-	cfg := DefaultConfig("")
+	cfg, problems, err := parseConfig(r)
+	if err != nil {
+		return Config{}, err
+	}
+	if problems != nil {
+		return Config{}, problems
+	}
+	return cfg, nil
+}
+
+// parseConfig decodes a config. err is a file that does not decode; problems are the keys
+// that decoded wrong (unknown, or a duration that is not a string), with cfg decoded from the
+// rest, so that LoadConfig reports them together with Validate's.
+func parseConfig(r io.Reader) (cfg Config, problems, err error) {
+	cfg = DefaultConfig("")
 	md, err := toml.NewDecoder(io.LimitReader(r, 1<<20)).Decode(&cfg)
 	if err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+		return Config{}, nil, fmt.Errorf("config: %w", err)
 	}
 	var errs []error
 	for _, key := range md.Undecoded() {
@@ -283,24 +297,21 @@ func ParseConfig(r io.Reader) (Config, error) {
 			errs = append(errs, fmt.Errorf(`config: %s: must be a duration string such as "30s"`, key))
 		}
 	}
-	if err := errors.Join(errs...); err != nil {
-		return Config{}, err
-	}
-	return cfg, nil
+	return cfg, errors.Join(errs...), nil
 }
 
-// LoadConfig reads, parses and validates the file at path.
+// LoadConfig reads, parses and validates the file at path, reporting every problem at once.
 func LoadConfig(path string) (Config, error) {
 	f, err := os.Open(path)
 	if err != nil {
 		return Config{}, fmt.Errorf("config: %w", err)
 	}
 	defer f.Close()
-	cfg, err := ParseConfig(f)
+	cfg, problems, err := parseConfig(f)
 	if err != nil {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}
-	if err := cfg.Validate(); err != nil {
+	if err := errors.Join(problems, cfg.Validate()); err != nil {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil

@@ -2,6 +2,7 @@ package bastion
 
 import (
 	"crypto/ed25519"
+	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -200,6 +201,25 @@ func TestClassWindows(t *testing.T) {
 	for _, tt := range tests {
 		if got := c.get(tt.name); got.AttachWindow != tt.window || got.Retention != tt.retention {
 			t.Errorf("class %s = %v / %v; want %v / %v", tt.name, got.AttachWindow, got.Retention, tt.window, tt.retention)
+		}
+	}
+}
+
+// TestLoadConfigReportsEveryProblemAtOnce: an unknown key, a mistyped duration and invalid
+// values are reported by one LoadConfig, not one pass each.
+func TestLoadConfigReportsEveryProblemAtOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "postern.toml")
+	body := "state_dir = \"/var/lib/postern\"\nlisten = \"0.0.0.0:7410\"\nmax_command_bytes = 0\nreconcile_interval = 5\nno_such_key = 1\n"
+	if err := os.WriteFile(path, []byte(body), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	_, err := LoadConfig(path)
+	if err == nil {
+		t.Fatal("LoadConfig accepted a config with four problems")
+	}
+	for _, want := range []string{"no_such_key: unknown key", "reconcile_interval: must be a duration string", "is not a loopback address", "max_command_bytes must be in"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("LoadConfig error:\n%v\nwant it to include %q", err, want)
 		}
 	}
 }

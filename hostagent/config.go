@@ -212,12 +212,23 @@ func ParseConfig(r io.Reader) (Config, error) {
 		}
 	}
 	if len(errs) > 0 {
-		return Config{}, errors.Join(errs...)
+		// Returned with the config decoded from the rest, so a caller can report these
+		// together with Validate's problems (see IsConfigProblem).
+		return cfg, errors.Join(errs...)
 	}
 	return cfg, nil
 }
 
-// LoadConfig reads and parses the file at path. It does not validate.
+// IsConfigProblem reports whether err, from ParseConfig or LoadConfig, names keys that
+// decoded wrong (*ConfigError) — the config returned with it holds the rest — rather than a
+// file that could not be read or decoded at all.
+func IsConfigProblem(err error) bool {
+	var ce *ConfigError
+	return errors.As(err, &ce)
+}
+
+// LoadConfig reads and parses the file at path. It does not validate; on a problem with
+// some keys (IsConfigProblem) it returns the rest of the config with the error.
 func LoadConfig(path string) (Config, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -226,7 +237,7 @@ func LoadConfig(path string) (Config, error) {
 	defer f.Close()
 	cfg, err := ParseConfig(f)
 	if err != nil {
-		return Config{}, fmt.Errorf("%s: %w", path, err)
+		return cfg, fmt.Errorf("%s: %w", path, err)
 	}
 	return cfg, nil
 }

@@ -121,3 +121,22 @@ func mustRead(t *testing.T, path string) string {
 	}
 	return string(b)
 }
+
+// TestServeReportsEveryConfigProblemAtOnce: an unknown key and invalid values come in one
+// error, before anything is opened.
+func TestServeReportsEveryConfigProblemAtOnce(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "config.toml")
+	if err := os.WriteFile(path, []byte("listen = \"nonsense\"\ndata_dir = \"relative\"\nno_such_key = 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"serve", "--config", path}, &out, &out)
+	if err == nil {
+		t.Fatal("serve accepted a config with three problems")
+	}
+	for _, want := range []string{"no_such_key: unknown key", "listen: want host:port", "data_dir: must be an absolute path"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("serve error:\n%v\nwant it to include %q", err, want)
+		}
+	}
+}

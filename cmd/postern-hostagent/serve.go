@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -38,7 +39,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}
 
 	cfg, err := hostagent.LoadConfig(*configPath)
-	if err != nil {
+	if err != nil && !hostagent.IsConfigProblem(err) {
 		return err
 	}
 	if *listen != "" {
@@ -46,6 +47,10 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}
 	if *dataDir != "" {
 		cfg.DataDir = *dataDir
+	}
+	// Every problem at once: the keys that did not decode and what Validate finds in the rest.
+	if err := errors.Join(err, cfg.Validate()); err != nil {
+		return err
 	}
 	logger := slog.New(slog.NewTextHandler(c.Stderr, nil)).With("component", "hostagent")
 	agent, err := hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{Logger: logger})

@@ -245,6 +245,14 @@ func TestOperatorCommands(t *testing.T) {
 		if !errors.As(res.err, &ae) || ae.Code != bastion.CodeNotFound {
 			t.Fatalf("err = %v; want the API's not_found", res.err)
 		}
+		// It says what happened and what to do, in the operator's terms, not a package's.
+		if msg := res.err.Error(); !strings.Contains(msg, "the journal has no execution "+missing) ||
+			!strings.Contains(msg, "postern executions list") || strings.Contains(msg, "markers:") {
+			t.Errorf("show unknown: %q; want the id is unknown and what to do", msg)
+		}
+		if res := runCLI(t, "", f.at("investigate", missing)...); res.err == nil || !strings.Contains(res.err.Error(), "the journal has no execution") {
+			t.Errorf("investigate unknown: %v; want the id is unknown", res.err)
+		}
 		if res := runCLI(t, "", f.at("executions", "show", "nope")...); !errors.Is(res.err, errUsage) {
 			t.Fatalf("show nope: err = %v; want a usage error", res.err)
 		}
