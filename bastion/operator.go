@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
@@ -25,6 +26,7 @@ import (
 //	GET /v1/executions/{id}                                        record, events, stored output
 //	GET /v1/executions/{id}/output?stdout_offset=&stderr_offset=&wait_s=   output from offsets, waiting (follow)
 //	GET /v1/investigate/{id}                                       the five questions answered (investigate.go)
+//	POST /v1/policy/check  policy.Request                          the daemon's decision for a call (nothing runs)
 //	GET /v1/doctor                                                 the daemon's version; every host asked now
 //	GET /v1/runs?actor=&scope=&limit=                               agent runs, newest first seen first
 //	GET /v1/hosts                                                  enrolled hosts
@@ -68,6 +70,14 @@ func (b *Bastion) operatorHandler() http.Handler {
 		writeJSON(w, inv, unknownExecution(r.PathValue("id"), err))
 	})
 	mux.HandleFunc("GET /v1/runs", b.opListRuns)
+	mux.HandleFunc("POST /v1/policy/check", func(w http.ResponseWriter, r *http.Request) {
+		var req policy.Request
+		if !readBody(w, r, &req) {
+			return
+		}
+		dec, err := b.PolicyCheck(req)
+		writeJSON(w, dec, err)
+	})
 	mux.HandleFunc("GET /v1/doctor", func(w http.ResponseWriter, r *http.Request) {
 		rep, err := b.Doctor(r.Context())
 		writeJSON(w, rep, err)
@@ -173,6 +183,27 @@ func unknownExecution(id string, err error) error {
 			"the journal has no execution %s: check the id (`postern executions list` shows the recent ones); executions past their class's retention are removed", id)}
 	}
 	return err
+}
+
+// PolicyCheck is the decision the running policy makes for req (its actors, its rules),
+// with the host's groups from the inventory and the endpoint's class from the config filled
+// in. Nothing runs.
+func (b *Bastion) PolicyCheck(req policy.Request) (policy.Decision, error) {
+	if req.Host != "" {
+		h, err := b.inv.Host(req.Host)
+		switch {
+		case err == nil:
+			req.Groups = h.Groups
+		case !errors.Is(err, ErrUnknownHost):
+			return policy.Decision{}, err
+		}
+	}
+	for _, e := range b.cfg.Endpoints {
+		if e.Name == req.Endpoint {
+			req.EndpointClass = e.Class
+		}
+	}
+	return b.policy.Decide(req), nil
 }
 
 // opOutput serves an execution's output from the given offsets, waiting up to wait_s for

@@ -18,8 +18,8 @@ func init() {
 	}
 }
 
-// policyCommand explains the policy without running anything: it reads the config, not the
-// daemon.
+// policyCommand explains the policy without running anything: the running daemon's policy,
+// or the config's when no daemon runs.
 type policyCommand struct{ operatorIO }
 
 const policyUsage = `usage: postern policy check --actor NAME --host H [--json] -- COMMAND...
@@ -61,38 +61,23 @@ func (c *policyCommand) check(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	pol, err := cfg.Policy()
-	if err != nil {
-		return err
-	}
 	req := policy.Request{Actor: *actor}
 	if *host != "" {
 		req.Tool, req.Host, req.Command = policy.ToolSSHExec, *host, strings.Join(command, " ")
-		inv, err := bastion.OpenInventory(cfg.InventoryPath())
-		if err != nil {
-			return err
-		}
-		h, err := inv.Host(*host)
-		switch {
-		case err == nil:
-			req.Groups = h.Groups
-		case errors.Is(err, bastion.ErrUnknownHost):
-			fmt.Fprintf(c.stderr, "note: host %s is not enrolled; group rules are not applied\n", *host)
-		default:
-			return err
-		}
 	} else {
 		req.Tool, req.Endpoint, req.Method, req.Path = policy.ToolHTTPRequest, *endpoint, *method, *path
-		for _, e := range cfg.Endpoints {
-			if e.Name == *endpoint {
-				req.EndpointClass = e.Class
-			}
-		}
 	}
-	if _, ok := pol.Actor(*actor); !ok {
-		fmt.Fprintf(c.stderr, "note: no actor %q is configured\n", *actor)
+	// The running daemon decides with the actors and rules it runs with (postern up's actor
+	// exists in no file); without one, the config decides.
+	var dec policy.Decision
+	err = newOperatorClient(cfg.OperatorSocketPath()).postJSON(ctx, "/v1/policy/check", req, &dec)
+	if errors.Is(err, errBastionDown) {
+		fmt.Fprintf(c.stderr, "note: %v; deciding with the config's actors and rules\n", err)
+		dec, err = c.decideFromConfig(cfg, req)
 	}
-	dec := pol.Decide(req)
+	if err != nil {
+		return err
+	}
 	if *asJSON {
 		return writeJSON(c.stdout, dec)
 	}
@@ -109,4 +94,44 @@ func (c *policyCommand) check(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.stdout, "  %s\n", printable(s))
 	}
 	return nil
+}
+
+// decideFromConfig decides req with the policy of cfg (the daemon is down). A state dir of
+// `postern up` has up's actor, as up would configure it.
+func (c *policyCommand) decideFromConfig(cfg bastion.Config, req policy.Request) (policy.Decision, error) {
+	if len(cfg.Actors) == 0 {
+		actors, err := upActors(cfg.StateDir)
+		if err != nil {
+			return policy.Decision{}, err
+		}
+		cfg.Actors = actors
+	}
+	pol, err := cfg.Policy()
+	if err != nil {
+		return policy.Decision{}, err
+	}
+	if req.Host != "" {
+		inv, err := bastion.OpenInventory(cfg.InventoryPath())
+		if err != nil {
+			return policy.Decision{}, err
+		}
+		h, err := inv.Host(req.Host)
+		switch {
+		case err == nil:
+			req.Groups = h.Groups
+		case errors.Is(err, bastion.ErrUnknownHost):
+			fmt.Fprintf(c.stderr, "note: host %s is not enrolled; group rules are not applied\n", printable(req.Host))
+		default:
+			return policy.Decision{}, err
+		}
+	}
+	for _, e := range cfg.Endpoints {
+		if e.Name == req.Endpoint {
+			req.EndpointClass = e.Class
+		}
+	}
+	if _, ok := pol.Actor(req.Actor); !ok {
+		fmt.Fprintf(c.stderr, "note: no actor %q is configured\n", printable(req.Actor))
+	}
+	return pol.Decide(req), nil
 }

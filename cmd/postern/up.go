@@ -89,7 +89,7 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return err
 	}
 	return b.Serve(ctx, func(ep bastion.Endpoints) {
-		printConnect(stdout, ep, dir)
+		printConnect(stdout, ep, dir, enrolledHosts(cfg.InventoryPath()))
 	})
 }
 
@@ -115,14 +115,32 @@ func upConfig(dir, listen string, logger *slog.Logger) (bastion.Config, error) {
 	} else if err != nil {
 		return bastion.Config{}, err
 	}
-	token := strings.TrimSpace(string(data))
 	cfg := bastion.DefaultConfig(dir)
 	cfg.Listen = listen
-	cfg.Actors = []policy.Actor{{Name: "local-agent", TokenSHA256: transport.HashToken(token)}}
+	cfg.Actors = upActorsFor(strings.TrimSpace(string(data)))
 	if err := cfg.Validate(); err != nil {
 		return bastion.Config{}, err
 	}
 	return cfg, nil
+}
+
+// upActor is the actor `postern up` authorizes: the holder of the token in its state dir.
+const upActor = "local-agent"
+
+func upActorsFor(token string) []policy.Actor {
+	return []policy.Actor{{Name: upActor, TokenSHA256: transport.HashToken(token)}}
+}
+
+// upActors are the actors `postern up` runs with on state dir dir: none if up never ran there.
+func upActors(dir string) ([]policy.Actor, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "token"))
+	if errors.Is(err, os.ErrNotExist) {
+		return nil, nil
+	}
+	if err != nil {
+		return nil, err
+	}
+	return upActorsFor(strings.TrimSpace(string(data))), nil
 }
 
 // startLocalHostagent opens a hostagent that authorizes only the bastion's key and runs
@@ -196,7 +214,7 @@ var connectTemplate = template.Must(template.New("connect").Parse(`
 Postern is up. State: {{.Dir}}
   MCP (Streamable HTTP): {{.URL}}   bearer token in {{.Dir}}/token
   MCP (local socket):    {{.Socket}}   (caller named by the kernel)
-  Hosts: "local" (this machine, as {{.User}})
+  Hosts: {{.Hosts}}
 
 Connect an MCP client:
 
@@ -217,13 +235,33 @@ Connect an MCP client:
 Operator: postern executions list --state-dir {{.Dir}}   (Ctrl-C stops; running commands go on)
 `))
 
-func printConnect(w io.Writer, ep bastion.Endpoints, dir string) {
-	u, _ := user.Current()
-	name := "the current user"
-	if u != nil {
-		name = u.Username
-	}
+func printConnect(w io.Writer, ep bastion.Endpoints, dir, hosts string) {
 	var buf bytes.Buffer
-	connectTemplate.Execute(&buf, map[string]string{"Dir": dir, "URL": ep.URL, "Socket": ep.Socket, "User": name})
+	connectTemplate.Execute(&buf, map[string]string{"Dir": dir, "URL": ep.URL, "Socket": ep.Socket, "Hosts": hosts})
 	w.Write(buf.Bytes())
+}
+
+// enrolledHosts is the banner's list of every enrolled host: "local" (this machine, as ann),
+// "db-1" (deploy@10.0.0.5:7422), ...
+func enrolledHosts(inventory string) string {
+	inv, err := bastion.OpenInventory(inventory)
+	if err != nil {
+		return "(the inventory cannot be read: " + printable(err.Error()) + ")"
+	}
+	hosts, err := inv.Hosts()
+	if err != nil {
+		return "(the inventory cannot be read: " + printable(err.Error()) + ")"
+	}
+	var names []string
+	for _, h := range hosts {
+		if h.Name == localHost {
+			names = append(names, fmt.Sprintf("%q (this machine, as %s)", h.Name, printable(h.Account)))
+			continue
+		}
+		names = append(names, fmt.Sprintf("%q (%s@%s)", printable(h.Name), printable(h.Account), printable(h.Addr)))
+	}
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
 }
