@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -12,13 +11,12 @@ import (
 	"path/filepath"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
-	"unicode/utf8"
 
 	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -98,6 +96,10 @@ func (f *agentFlags) resolve() error {
 		switch {
 		case err == nil:
 			cfg = loaded
+		case !f.configSet && f.socket == "" && errors.Is(err, fs.ErrNotExist):
+			return fmt.Errorf("no hostagent config at %s (the installed default): pass --config FILE (the one postern-hostagent serve runs with), or --socket PATH and --data-dir DIR", path)
+		case !f.configSet && f.socket == "" && errors.Is(err, fs.ErrPermission):
+			return fmt.Errorf("%w: run as the hostagent's user or root, or pass --config FILE", err)
 		case f.socket == "" || f.configSet:
 			return err
 		}
@@ -287,18 +289,17 @@ func (c *MarkersCommand) list(ctx context.Context, args []string) error {
 		if page == nil {
 			page = []*markers.Record{}
 		}
-		return writeJSON(c.Stdout, struct {
+		return cli.WriteJSON(c.Stdout, struct {
 			Markers []*markers.Record `json:"markers"`
 			Next    string            `json:"next,omitempty"`
 		}{page, next})
 	}
-	tw := tabwriter.NewWriter(c.Stdout, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ID\tSTATE\tACCOUNT\tCREATED\tEXIT\tCOMMAND")
+	rows := make([][]string, 0, len(page))
 	for _, r := range page {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", r.ID, r.State, dash(r.Account),
-			r.CreatedAt.Local().Format(time.DateTime), outcome(r), truncate(strings.Join(r.Command, " "), 60))
+		rows = append(rows, []string{r.ID, string(r.State), cli.Printable(cli.Dash(r.Account)), cli.FormatTime(r.CreatedAt),
+			cli.Outcome(r), cli.Printable(cli.CommandText(r))})
 	}
-	if err := tw.Flush(); err != nil {
+	if err := cli.PrintTable(c.Stdout, cli.TableWidth(c.Stdout), []string{"ID", "STATE", "ACCOUNT", "CREATED", "EXIT", "COMMAND"}, rows); err != nil {
 		return err
 	}
 	if next != "" {
@@ -363,63 +364,9 @@ func (c *MarkersCommand) show(ctx context.Context, args []string) error {
 	}
 	defer src.Close()
 	if *asJSON {
-		return writeJSON(c.Stdout, rec)
+		return cli.WriteJSON(c.Stdout, rec)
 	}
-	return writeMarker(c.Stdout, rec)
-}
-
-func writeMarker(w io.Writer, r *markers.Record) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	row := func(k, v string) {
-		if v != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", k, v)
-		}
-	}
-	row("id", r.ID)
-	row("state", string(r.State))
-	row("account", r.Account)
-	row("command", strings.Join(r.Command, " "))
-	row("cwd", r.Cwd)
-	row("operation key", r.OperationKey)
-	row("fingerprint", r.Fingerprint)
-	row("created", r.CreatedAt.Local().Format(time.RFC3339))
-	for _, s := range markers.Host.States() {
-		if at, ok := r.StateTimes[s]; ok && s != r.Graph.Initial() {
-			row(string(s), at.Local().Format(time.RFC3339))
-		}
-	}
-	if r.State != markers.Started && r.State != markers.Running {
-		row("outcome", outcome(r))
-	}
-	if r.PID > 0 {
-		row("pid", fmt.Sprint(r.PID))
-	}
-	row("spool", r.SpoolDir)
-	if o := r.Output; o.StdoutBytes > 0 || o.StderrBytes > 0 || o.StdoutSHA256 != "" {
-		row("stdout", fmt.Sprintf("%d bytes  sha256 %s", o.StdoutBytes, dash(o.StdoutSHA256)))
-		row("stderr", fmt.Sprintf("%d bytes  sha256 %s", o.StderrBytes, dash(o.StderrSHA256)))
-		if o.Truncated {
-			row("output", "truncated at the output cap")
-		}
-	}
-	if r.Validated {
-		row("validated", "yes")
-	}
-	for i, cp := range r.Checkpoints {
-		k := ""
-		if i == 0 {
-			k = "checkpoints"
-		}
-		fmt.Fprintf(tw, "%s\t%s  %s\n", k, cp.At.Local().Format(time.RFC3339), cp.Note)
-	}
-	for i, e := range r.Evidence {
-		k := ""
-		if i == 0 {
-			k = "evidence"
-		}
-		fmt.Fprintf(tw, "%s\t%s\n", k, e)
-	}
-	return tw.Flush()
+	return cli.WriteMarker(c.Stdout, "", rec)
 }
 
 func (c *MarkersCommand) tail(ctx context.Context, args []string) error {
@@ -505,7 +452,7 @@ func (c *MarkersCommand) verify(ctx context.Context, args []string) error {
 		return err
 	}
 	if *asJSON {
-		err = writeJSON(c.Stdout, rep)
+		err = cli.WriteJSON(c.Stdout, rep)
 	} else {
 		_, err = fmt.Fprintln(c.Stdout, rep)
 	}
@@ -544,38 +491,4 @@ func verifyLog(ctx context.Context, af *agentFlags, key string, opts markers.Ver
 		return rep, fmt.Errorf("export: %w", exportErr)
 	}
 	return rep, nil
-}
-
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-func outcome(r *markers.Record) string {
-	switch {
-	case r.ExitCode != nil:
-		return fmt.Sprint(*r.ExitCode)
-	case r.Signal != "":
-		return "sig " + r.Signal
-	}
-	return "-"
-}
-
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
-func truncate(s string, n int) string {
-	if len(s) <= n {
-		return s
-	}
-	cut := n - 1
-	for cut > 0 && !utf8.RuneStart(s[cut]) {
-		cut--
-	}
-	return s[:cut] + "…"
 }

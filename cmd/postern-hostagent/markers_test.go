@@ -190,7 +190,8 @@ func checkMarkersCommands(t *testing.T, d *agentDir) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, want := range []string{d.ids[1], "exited", "bob", "step-1", "outcome"} {
+		// "exit N", as the bastion's CLI prints it (one printer, internal/cli).
+		for _, want := range []string{d.ids[1], "exited", "bob", "step-1", "outcome", "exit "} {
 			if !strings.Contains(out, want) {
 				t.Errorf("show output lacks %q:\n%s", want, out)
 			}
@@ -205,6 +206,18 @@ func checkMarkersCommands(t *testing.T, d *agentDir) {
 			t.Error("show of an absent marker succeeded")
 		}
 	})
+}
+
+// TestMarkersWithoutConfig: with no --config and no installed config, markers list says
+// what to pass instead of failing on a path under /etc.
+func TestMarkersWithoutConfig(t *testing.T) {
+	if _, err := os.Stat(hostagent.DefaultConfigPath); err == nil {
+		t.Skipf("%s exists on this machine", hostagent.DefaultConfigPath)
+	}
+	_, _, err := runCLI(t, "markers", "list")
+	if err == nil || !strings.Contains(err.Error(), "pass --config FILE") || !strings.Contains(err.Error(), hostagent.DefaultConfigPath) {
+		t.Fatalf("markers list without a config: %v; want a hint to pass --config", err)
+	}
 }
 
 func TestMarkersThroughTheAgent(t *testing.T) {

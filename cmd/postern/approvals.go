@@ -7,6 +7,7 @@ import (
 	"net/url"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -63,7 +64,7 @@ func (c *approvalsCommand) list(ctx context.Context, args []string) error {
 		return err
 	}
 	if *asJSON {
-		return writeJSON(c.stdout, page)
+		return cli.WriteJSON(c.stdout, page)
 	}
 	if len(page.Executions) == 0 {
 		fmt.Fprintln(c.stdout, "No executions are awaiting approval.")
@@ -71,9 +72,9 @@ func (c *approvalsCommand) list(ctx context.Context, args []string) error {
 	}
 	rows := make([][]string, 0, len(page.Executions))
 	for _, r := range page.Executions {
-		rows = append(rows, []string{r.ID, formatTime(r.StateTimes[markers.AwaitingApproval]), r.Actor, dash(r.Host), dash(r.Class), printable(commandOf(r))})
+		rows = append(rows, []string{r.ID, cli.FormatTime(r.StateTimes[markers.AwaitingApproval]), r.Actor, cli.Dash(r.Host), cli.Dash(r.Class), cli.Printable(commandOf(r))})
 	}
-	return printTable(c.stdout, tableWidth(c.stdout), []string{"ID", "WAITING SINCE", "ACTOR", "HOST", "CLASS", "COMMAND"}, rows)
+	return cli.PrintTable(c.stdout, cli.TableWidth(c.stdout), []string{"ID", "WAITING SINCE", "ACTOR", "HOST", "CLASS", "COMMAND"}, rows)
 }
 
 // commandOf is what an execution does, as one line.

@@ -12,6 +12,7 @@ import (
 	"strings"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -218,7 +219,7 @@ func (c *auditCommand) verify(ctx context.Context, args []string) error {
 		return err
 	}
 	if *asJSON {
-		err = writeJSON(c.stdout, rep)
+		err = cli.WriteJSON(c.stdout, rep)
 	} else {
 		_, err = fmt.Fprintf(c.stdout, "%s: %s\n", source, rep)
 	}

@@ -14,6 +14,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/version"
 )
 
@@ -57,18 +58,18 @@ func (c *doctorCommand) Run(ctx context.Context, args []string) error {
 		}
 	}
 	if *asJSON {
-		if err := writeJSON(c.stdout, checks); err != nil {
+		if err := cli.WriteJSON(c.stdout, checks); err != nil {
 			return err
 		}
 	} else {
 		for _, ch := range checks {
-			fmt.Fprintf(c.stdout, "%-7s %-10s %s\n", ch.Status, ch.Check, printable(ch.Detail))
+			fmt.Fprintf(c.stdout, "%-7s %-10s %s\n", ch.Status, ch.Check, cli.Printable(ch.Detail))
 			if ch.Fix != "" {
 				label := "fix"
 				if ch.Status != "problem" {
 					label = "next"
 				}
-				fmt.Fprintf(c.stdout, "        %-10s %s: %s\n", "", label, printable(ch.Fix))
+				fmt.Fprintf(c.stdout, "        %-10s %s: %s\n", "", label, cli.Printable(ch.Fix))
 			}
 		}
 	}

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -51,7 +52,7 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 	fs := newFlagSet("executions list", "executions list [flags]", c.stderr)
 	var loc locator
 	loc.register(fs)
-	state := fs.String("state", "", "only executions in this state ("+statesOf(markers.Journal)+")")
+	state := fs.String("state", "", "only executions in this state ("+cli.States(markers.Journal)+")")
 	actor := fs.String("actor", "", "only this actor's executions, named as the journal names it (token:NAME, local:USER)")
 	host := fs.String("host", "", "only executions on this host")
 	review := fs.Bool("review-required", false, "only unknown outcomes that wait for an operator's review")
@@ -63,7 +64,7 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 		return err
 	}
 	if *state != "" && !markers.Journal.Has(markers.State(*state)) {
-		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, statesOf(markers.Journal))
+		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, cli.States(markers.Journal))
 	}
 	if *since != "" {
 		if _, err := time.Parse(time.RFC3339, *since); err != nil {
@@ -110,14 +111,14 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 		}
 	}
 	if *asJSON {
-		return writeJSON(c.stdout, out)
+		return cli.WriteJSON(c.stdout, out)
 	}
 	rows := make([][]string, 0, len(out.Executions))
 	for _, r := range out.Executions {
-		rows = append(rows, []string{r.ID, formatTime(r.CreatedAt), stateLabel(r), printable(dash(r.Actor)),
-			printable(dash(r.Host)), outcome(r), printable(commandText(r))})
+		rows = append(rows, []string{r.ID, cli.FormatTime(r.CreatedAt), stateLabel(r), cli.Printable(cli.Dash(r.Actor)),
+			cli.Printable(cli.Dash(r.Host)), cli.Outcome(r), cli.Printable(cli.CommandText(r))})
 	}
-	if err := printTable(c.stdout, tableWidth(c.stdout), []string{"ID", "ACCEPTED", "STATE", "ACTOR", "HOST", "EXIT", "COMMAND"}, rows); err != nil {
+	if err := cli.PrintTable(c.stdout, cli.TableWidth(c.stdout), []string{"ID", "ACCEPTED", "STATE", "ACTOR", "HOST", "EXIT", "COMMAND"}, rows); err != nil {
 		return err
 	}
 	if out.Next != "" {
@@ -147,7 +148,7 @@ func (c *executionsCommand) show(ctx context.Context, args []string) error {
 		return fmt.Errorf("operator API: execution %s came back without its record", id)
 	}
 	if *asJSON {
-		return writeJSON(c.stdout, detail)
+		return cli.WriteJSON(c.stdout, detail)
 	}
 	return writeExecution(c.stdout, &detail)
 }
@@ -159,21 +160,21 @@ func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, v string) {
 		if v != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", k, printable(v))
+			fmt.Fprintf(tw, "%s\t%s\n", k, cli.Printable(v))
 		}
 	}
 	row("execution", r.ID)
 	row("state", stateLabel(r))
 	row("did not start", r.StartError)
 	if markers.Journal.Terminal(r.State) || r.State == markers.Unknown {
-		row("outcome", outcomeText(r))
+		row("outcome", cli.OutcomeText(r))
 	}
 	row("actor", r.Actor)
 	row("tool", r.Tool)
 	row("host", r.Host)
 	row("target", r.Target)
 	row("account", r.Account)
-	row("command", commandText(r))
+	row("command", cli.CommandText(r))
 	row("cwd", r.Cwd)
 	if r.TimeoutSeconds > 0 {
 		row("timeout", (time.Duration(r.TimeoutSeconds) * time.Second).String())
@@ -190,8 +191,8 @@ func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
 		row("result delivered", r.ResultDeliveredAt.Local().Format(time.RFC3339))
 	}
 	if o := r.Output; o.StdoutBytes > 0 || o.StderrBytes > 0 || o.StdoutSHA256 != "" {
-		row("stdout", fmt.Sprintf("%d bytes  sha256 %s", o.StdoutBytes, dash(o.StdoutSHA256)))
-		row("stderr", fmt.Sprintf("%d bytes  sha256 %s", o.StderrBytes, dash(o.StderrSHA256)))
+		row("stdout", fmt.Sprintf("%d bytes  sha256 %s", o.StdoutBytes, cli.Dash(o.StdoutSHA256)))
+		row("stderr", fmt.Sprintf("%d bytes  sha256 %s", o.StderrBytes, cli.Dash(o.StderrSHA256)))
 		if o.Truncated {
 			row("output", "truncated at the host's output cap")
 		}
@@ -201,7 +202,7 @@ func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
 		if i == 0 {
 			k = "evidence"
 		}
-		fmt.Fprintf(tw, "%s\t%s\n", k, printable(e))
+		fmt.Fprintf(tw, "%s\t%s\n", k, cli.Printable(e))
 	}
 	if err := tw.Flush(); err != nil {
 		return err
@@ -210,9 +211,9 @@ func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
 	fmt.Fprintf(w, "\nevents (%d)\n", len(d.Events))
 	rows := make([][]string, 0, len(d.Events))
 	for _, ev := range d.Events {
-		rows = append(rows, []string{"  " + strconv.FormatUint(ev.Seq, 10), formatEventTime(ev.At), eventStep(ev), printable(eventNote(ev))})
+		rows = append(rows, []string{"  " + strconv.FormatUint(ev.Seq, 10), cli.FormatEventTime(ev.At), eventStep(ev), cli.Printable(eventNote(ev))})
 	}
-	if err := printTable(w, 0, []string{"  SEQ", "TIME", "STEP", "NOTE"}, rows); err != nil {
+	if err := cli.PrintTable(w, 0, []string{"  SEQ", "TIME", "STEP", "NOTE"}, rows); err != nil {
 		return err
 	}
 
@@ -225,7 +226,7 @@ func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
 		if x.ResponseTruncated {
 			fmt.Fprint(w, " (body truncated)")
 		}
-		fmt.Fprintf(w, "\n%s\n", printableBlock(x.ResponseBody))
+		fmt.Fprintf(w, "\n%s\n", cli.PrintableBlock(x.ResponseBody))
 		return nil
 	}
 	writeStream(w, "stdout", d.Output.Stdout, d.Output.StdoutOffset, r.Output.StdoutBytes)
@@ -244,7 +245,7 @@ func writeStream(w io.Writer, name, data string, offset, total int64) {
 	default:
 		fmt.Fprintf(w, "\n%s:\n", name)
 	}
-	text := printableBlock(data)
+	text := cli.PrintableBlock(data)
 	io.WriteString(w, text)
 	if !strings.HasSuffix(text, "\n") {
 		io.WriteString(w, "\n")
@@ -275,7 +276,7 @@ func eventNote(ev markers.Event) string {
 	if c == nil {
 		return ev.Note
 	}
-	call := "call " + dash(c.RequestID) + " via " + c.Transport
+	call := "call " + cli.Dash(c.RequestID) + " via " + c.Transport
 	if c.Run != "" {
 		call += ", " + c.Run
 	}
@@ -301,52 +302,4 @@ func stateLabel(r *markers.Record) string {
 		return "unknown (review required)"
 	}
 	return string(r.State)
-}
-
-// outcome is the short outcome of a table row: the exit code, signal or HTTP status.
-func outcome(r *markers.Record) string {
-	switch {
-	case r.ExitCode != nil:
-		return strconv.Itoa(*r.ExitCode)
-	case r.Signal != "":
-		return "sig " + printable(r.Signal)
-	case r.HTTPStatus != 0:
-		return "HTTP " + strconv.Itoa(r.HTTPStatus)
-	}
-	return "-"
-}
-
-// outcomeText is the outcome in words, for show.
-func outcomeText(r *markers.Record) string {
-	var parts []string
-	switch {
-	case r.ExitCode != nil:
-		parts = append(parts, "exit "+strconv.Itoa(*r.ExitCode))
-	case r.Signal != "":
-		parts = append(parts, "signal "+r.Signal)
-	case r.HTTPStatus != 0:
-		parts = append(parts, "HTTP "+strconv.Itoa(r.HTTPStatus))
-	default:
-		parts = append(parts, "no exit status observed")
-	}
-	if r.IsError {
-		parts = append(parts, "is an error")
-	}
-	return strings.Join(parts, ", ")
-}
-
-// commandText is the command as the agent wrote it: ssh_exec runs its line as `sh -c LINE`.
-func commandText(r *markers.Record) string {
-	if len(r.Command) == 3 && r.Command[0] == "sh" && r.Command[1] == "-c" {
-		return r.Command[2]
-	}
-	return strings.Join(r.Command, " ")
-}
-
-func statesOf(g markers.Graph) string {
-	var names []string
-	for _, s := range g.States() {
-		names = append(names, string(s))
-	}
-	return strings.Join(names, ", ")
 }

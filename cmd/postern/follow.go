@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -82,7 +83,7 @@ func (c *executionsCommand) emit(w io.Writer, name, data string, offset, at int6
 	}
 	skip := max(at-offset, 0)
 	if skip < int64(len(data)) {
-		io.WriteString(w, printableBlock(data[skip:]))
+		io.WriteString(w, cli.PrintableBlock(data[skip:]))
 	}
 	return offset + int64(len(data))
 }
@@ -93,11 +94,11 @@ func endedHow(x *bastion.Execution) string {
 	case x.ExitCode != nil:
 		return ", exit " + strconv.Itoa(*x.ExitCode)
 	case x.Signal != "":
-		return ", signal " + printable(x.Signal)
+		return ", signal " + cli.Printable(x.Signal)
 	case x.HTTPStatus != 0:
 		return ", HTTP " + strconv.Itoa(x.HTTPStatus)
 	case x.Cause != "":
-		return ": " + printable(x.Cause)
+		return ": " + cli.Printable(x.Cause)
 	}
 	return ""
 }

@@ -16,6 +16,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/envpolicy"
 )
 
@@ -73,7 +74,7 @@ func (c *hostsCommand) list(ctx context.Context, args []string) error {
 		return err
 	}
 	if *asJSON {
-		return writeJSON(c.stdout, res)
+		return cli.WriteJSON(c.stdout, res)
 	}
 	rows := make([][]string, 0, len(res.Hosts))
 	for _, h := range res.Hosts {
@@ -84,10 +85,10 @@ func (c *hostsCommand) list(ctx context.Context, args []string) error {
 		case h.Connected:
 			connected = "yes"
 		}
-		rows = append(rows, []string{printable(h.Name), printable(h.Addr), printable(h.Account),
-			printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), connected, printable(strings.Join(h.Groups, ","))})
+		rows = append(rows, []string{cli.Printable(h.Name), cli.Printable(h.Addr), cli.Printable(h.Account),
+			cli.Printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), connected, cli.Printable(strings.Join(h.Groups, ","))})
 	}
-	return printTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "CONNECTED", "GROUPS"}, rows)
+	return cli.PrintTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "CONNECTED", "GROUPS"}, rows)
 }
 
 // readInventoryHosts reads the inventory file as the daemon would list it, without
@@ -177,10 +178,10 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	fmt.Fprintf(c.stdout, "host %s at %s presents %s %s\n", printable(name), printable(addr), key.Type(), plan.Fingerprint)
+	fmt.Fprintf(c.stdout, "host %s at %s presents %s %s\n", cli.Printable(name), cli.Printable(addr), key.Type(), plan.Fingerprint)
 	if *expect != "" && *expect != plan.Fingerprint {
 		return fmt.Errorf("host %s at %s presents %s, not the expected %s: the address reaches another machine, or someone is in the middle; nothing was enrolled",
-			printable(name), printable(addr), plan.Fingerprint, printable(*expect))
+			cli.Printable(name), cli.Printable(addr), plan.Fingerprint, cli.Printable(*expect))
 	}
 	alreadyTrusted := false
 	switch {
@@ -188,10 +189,10 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 		fmt.Fprintf(c.stderr, "WARNING: host %s was enrolled with key %s, but %s now presents %s.\n"+
 			"This is a different machine, a reinstalled one, or someone in the middle. Check the new key\n"+
 			"out of band (on the host: ssh-keygen -lf <its host key>.pub) before re-enrolling with --replace.\n",
-			printable(name), plan.Replaces, printable(addr), plan.Fingerprint)
-		return fmt.Errorf("refusing to replace host %s's key %s with %s (use --replace once you have checked it)", printable(name), plan.Replaces, plan.Fingerprint)
+			cli.Printable(name), plan.Replaces, cli.Printable(addr), plan.Fingerprint)
+		return fmt.Errorf("refusing to replace host %s's key %s with %s (use --replace once you have checked it)", cli.Printable(name), plan.Replaces, plan.Fingerprint)
 	case plan.Replaces != "":
-		fmt.Fprintf(c.stdout, "this replaces host %s's enrolled key %s\n", printable(name), plan.Replaces)
+		fmt.Fprintf(c.stdout, "this replaces host %s's enrolled key %s\n", cli.Printable(name), plan.Replaces)
 	default:
 		alreadyTrusted, err = keyEnrolled(cfg.InventoryPath(), name)
 		if err != nil {
@@ -200,7 +201,7 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	}
 	switch {
 	case alreadyTrusted:
-		fmt.Fprintf(c.stdout, "the key is the one already enrolled for %s\n", printable(name))
+		fmt.Fprintf(c.stdout, "the key is the one already enrolled for %s\n", cli.Printable(name))
 	case *expect != "":
 		fmt.Fprintf(c.stdout, "the key matches the expected %s\n", plan.Fingerprint)
 	case !*yes:
@@ -215,7 +216,7 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	if err := bastion.Enroll(cfg.InventoryPath(), h); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.stdout, "enrolled host %s (%s, account %s) in %s\n", printable(name), printable(addr), printable(*account), cfg.InventoryPath())
+	fmt.Fprintf(c.stdout, "enrolled host %s (%s, account %s) in %s\n", cli.Printable(name), cli.Printable(addr), cli.Printable(*account), cfg.InventoryPath())
 	return c.printBastionKey(cfg, name)
 }
 
@@ -278,7 +279,7 @@ func (c *hostsCommand) printBastionKey(cfg bastion.Config, name string) error {
 	if err != nil {
 		return fmt.Errorf("the host is enrolled, but the bastion's client key cannot be read: %w", err)
 	}
-	fmt.Fprintf(c.stdout, "\nOn %s, add the bastion's key to the hostagent's authorized_keys file (its authorized_keys_file setting):\n\n", printable(name))
+	fmt.Fprintf(c.stdout, "\nOn %s, add the bastion's key to the hostagent's authorized_keys file (its authorized_keys_file setting):\n\n", cli.Printable(name))
 	_, err = c.stdout.Write(gossh.MarshalAuthorizedKey(signer.PublicKey()))
 	return err
 }

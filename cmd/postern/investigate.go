@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/cli"
 )
 
 func init() {
@@ -51,25 +52,25 @@ func (c *investigateCommand) Run(ctx context.Context, args []string) error {
 		return fmt.Errorf("operator API: the investigation of %s came back incomplete (is the daemon older than this CLI?)", id)
 	}
 	if *asJSON {
-		return writeJSON(c.stdout, inv)
+		return cli.WriteJSON(c.stdout, inv)
 	}
 	return writeInvestigation(c.stdout, &inv)
 }
 
 func writeInvestigation(w io.Writer, inv *bastion.Investigation) error {
 	r := inv.Record
-	fmt.Fprintf(w, "investigation of %s: %s on %s: %s\n", inv.ExecutionID, printable(r.Tool), printable(dash(r.Host)), printable(commandText(r)))
+	fmt.Fprintf(w, "investigation of %s: %s on %s: %s\n", inv.ExecutionID, cli.Printable(r.Tool), cli.Printable(cli.Dash(r.Host)), cli.Printable(cli.CommandText(r)))
 	for i, q := range investigateQuestions {
 		fmt.Fprintf(w, "\n%d. %s\n", i+1, q)
 		for _, line := range strings.Split(inv.Answers[i], "\n") {
-			fmt.Fprintf(w, "   %s\n", printable(line))
+			fmt.Fprintf(w, "   %s\n", cli.Printable(line))
 		}
 	}
 	fmt.Fprintf(w, "\ncalls (%d)\n", len(inv.Calls))
 	rows := make([][]string, 0, len(inv.Calls))
 	for _, call := range inv.Calls {
-		rows = append(rows, []string{"  " + formatEventTime(call.At), call.ExecutionID, call.Transport, printable(dash(call.RequestID)),
-			printable(dash(call.Run)), fmt.Sprint(call.Replayed), printable(call.What)})
+		rows = append(rows, []string{"  " + cli.FormatEventTime(call.At), call.ExecutionID, call.Transport, cli.Printable(cli.Dash(call.RequestID)),
+			cli.Printable(cli.Dash(call.Run)), fmt.Sprint(call.Replayed), cli.Printable(call.What)})
 	}
-	return printTable(w, tableWidth(w), []string{"  TIME", "EXECUTION", "TRANSPORT", "REQUEST", "RUN", "REPLAYED", "WHAT"}, rows)
+	return cli.PrintTable(w, cli.TableWidth(w), []string{"  TIME", "EXECUTION", "TRANSPORT", "REQUEST", "RUN", "REPLAYED", "WHAT"}, rows)
 }

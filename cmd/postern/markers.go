@@ -8,11 +8,9 @@ import (
 	"io"
 	"net/url"
 	"strconv"
-	"strings"
-	"text/tabwriter"
-	"time"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -83,7 +81,7 @@ func (c *markersCommand) onDaemonDown(err error) error {
 func (c *markersCommand) list(ctx context.Context, args []string) error {
 	fs := newFlagSet("markers list", "markers --host H list [flags]", c.stderr)
 	c.registerGroupFlags(fs)
-	state := fs.String("state", "", "only markers in this state ("+statesOf(markers.Host)+")")
+	state := fs.String("state", "", "only markers in this state ("+cli.States(markers.Host)+")")
 	limit := fs.Int("limit", 50, "at most this many markers (1..1000)")
 	cursor := fs.String("cursor", "", "continue from where a previous list stopped")
 	asJSON := fs.Bool("json", false, "print JSON")
@@ -91,7 +89,7 @@ func (c *markersCommand) list(ctx context.Context, args []string) error {
 		return err
 	}
 	if *state != "" && !markers.Host.Has(markers.State(*state)) {
-		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, statesOf(markers.Host))
+		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, cli.States(markers.Host))
 	}
 	if *limit < 1 || *limit > maxPageLimit {
 		return usageErrorf(c.stderr, "--limit must be in 1..%d", maxPageLimit)
@@ -115,14 +113,14 @@ func (c *markersCommand) list(ctx context.Context, args []string) error {
 		page.Markers = []*markers.Record{}
 	}
 	if *asJSON {
-		return writeJSON(c.stdout, page)
+		return cli.WriteJSON(c.stdout, page)
 	}
 	rows := make([][]string, 0, len(page.Markers))
 	for _, r := range page.Markers {
-		rows = append(rows, []string{r.ID, string(r.State), printable(dash(r.Account)), formatTime(r.CreatedAt),
-			outcome(r), printable(commandText(r))})
+		rows = append(rows, []string{r.ID, string(r.State), cli.Printable(cli.Dash(r.Account)), cli.FormatTime(r.CreatedAt),
+			cli.Outcome(r), cli.Printable(cli.CommandText(r))})
 	}
-	if err := printTable(c.stdout, tableWidth(c.stdout), []string{"ID", "STATE", "ACCOUNT", "CREATED", "EXIT", "COMMAND"}, rows); err != nil {
+	if err := cli.PrintTable(c.stdout, cli.TableWidth(c.stdout), []string{"ID", "STATE", "ACCOUNT", "CREATED", "EXIT", "COMMAND"}, rows); err != nil {
 		return err
 	}
 	if page.Next != "" {
@@ -148,63 +146,7 @@ func (c *markersCommand) show(ctx context.Context, args []string) error {
 		return c.onDaemonDown(err)
 	}
 	if *asJSON {
-		return writeJSON(c.stdout, &rec)
+		return cli.WriteJSON(c.stdout, &rec)
 	}
-	return writeMarker(c.stdout, c.host, &rec)
-}
-
-// writeMarker prints a host marker: what ran, when each state was reached, the outcome and
-// how it is known.
-func writeMarker(w io.Writer, host string, r *markers.Record) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	row := func(k, v string) {
-		if v != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", k, printable(v))
-		}
-	}
-	row("marker", r.ID)
-	row("host", host)
-	row("state", string(r.State))
-	row("account", r.Account)
-	row("command", commandText(r))
-	row("cwd", r.Cwd)
-	row("operation key", r.OperationKey)
-	row("fingerprint", r.Fingerprint)
-	row("created", r.CreatedAt.Local().Format(time.RFC3339))
-	for _, s := range markers.Host.States() {
-		if at, ok := r.StateTimes[s]; ok && s != r.Graph.Initial() {
-			row(string(s), at.Local().Format(time.RFC3339))
-		}
-	}
-	if r.State != markers.Started && r.State != markers.Running {
-		row("outcome", outcomeText(r))
-	}
-	if r.PID > 0 {
-		row("pid", strconv.Itoa(r.PID))
-	}
-	if o := r.Output; o.StdoutBytes > 0 || o.StderrBytes > 0 || o.StdoutSHA256 != "" {
-		row("stdout", fmt.Sprintf("%d bytes  sha256 %s", o.StdoutBytes, dash(o.StdoutSHA256)))
-		row("stderr", fmt.Sprintf("%d bytes  sha256 %s", o.StderrBytes, dash(o.StderrSHA256)))
-		if o.Truncated {
-			row("output", "truncated at the output cap")
-		}
-	}
-	if r.Validated {
-		row("validated", "yes")
-	}
-	for i, cp := range r.Checkpoints {
-		k := ""
-		if i == 0 {
-			k = "checkpoints"
-		}
-		fmt.Fprintf(tw, "%s\t%s  %s\n", k, cp.At.Local().Format(time.RFC3339), printable(cp.Note))
-	}
-	for i, e := range r.Evidence {
-		k := ""
-		if i == 0 {
-			k = "evidence"
-		}
-		fmt.Fprintf(tw, "%s\t%s\n", k, printable(strings.TrimSpace(e)))
-	}
-	return tw.Flush()
+	return cli.WriteMarker(c.stdout, c.host, &rec)
 }

@@ -12,18 +12,13 @@ import (
 	"net"
 	"net/http"
 	"net/url"
-	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
-	"unicode"
-	"unicode/utf8"
-
-	"golang.org/x/sys/unix"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -160,7 +155,7 @@ func (c *operatorClient) send(ctx context.Context, method, path string, query ur
 		return nil, &apiError{Status: resp.StatusCode, Code: oe.Code, Message: oe.Error}
 	}
 	return nil, &apiError{Status: resp.StatusCode, Message: fmt.Sprintf("operator API %s: %s: %s",
-		path, resp.Status, printable(truncate(strings.TrimSpace(string(answer)), 200)))}
+		path, resp.Status, cli.Printable(cli.Truncate(strings.TrimSpace(string(answer)), 200)))}
 }
 
 // getJSON decodes the JSON answer to GET path?query into out.
@@ -293,134 +288,7 @@ func parseExecutionID(fs *flag.FlagSet, args []string, stderr io.Writer) (string
 		return "", err
 	}
 	if !markers.ValidExecutionID(pos[0]) {
-		return "", usageErrorf(stderr, "%q is not an execution id (ex_ and a 26-character ULID)", printable(pos[0]))
+		return "", usageErrorf(stderr, "%q is not an execution id (ex_ and a 26-character ULID)", cli.Printable(pos[0]))
 	}
 	return pos[0], nil
-}
-
-func writeJSON(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
-
-// printTable writes header and rows in aligned columns two spaces apart. The last column is
-// cut to what is left of width (0: no limit), so a long command never wraps a row.
-func printTable(w io.Writer, width int, header []string, rows [][]string) error {
-	widths := make([]int, len(header))
-	for _, row := range append([][]string{header}, rows...) {
-		for i, cell := range row[:len(row)-1] {
-			widths[i] = max(widths[i], utf8.RuneCountInString(cell))
-		}
-	}
-	lastWidth := 0 // no limit
-	if width > 0 {
-		used := 0
-		for _, wd := range widths[:len(widths)-1] {
-			used += wd + 2
-		}
-		lastWidth = max(width-used, 20)
-	}
-	var b strings.Builder
-	for _, row := range append([][]string{header}, rows...) {
-		b.Reset()
-		for i, cell := range row {
-			if i == len(row)-1 {
-				if lastWidth > 0 {
-					cell = truncate(cell, lastWidth)
-				}
-				b.WriteString(cell)
-				break
-			}
-			b.WriteString(cell)
-			b.WriteString(strings.Repeat(" ", widths[i]-utf8.RuneCountInString(cell)+2))
-		}
-		if _, err := io.WriteString(w, strings.TrimRight(b.String(), " ")+"\n"); err != nil {
-			return err
-		}
-	}
-	return nil
-}
-
-// defaultTableWidth is the width tables fit when the output is not a terminal and
-// $COLUMNS is unset.
-const defaultTableWidth = 120
-
-// tableWidth is the terminal's width when w is one, else $COLUMNS, else defaultTableWidth.
-func tableWidth(w io.Writer) int {
-	if f, ok := w.(*os.File); ok {
-		if ws, err := unix.IoctlGetWinsize(int(f.Fd()), unix.TIOCGWINSZ); err == nil && ws.Col > 0 {
-			return int(ws.Col)
-		}
-	}
-	if n, err := strconv.Atoi(os.Getenv("COLUMNS")); err == nil && n > 0 {
-		return n
-	}
-	return defaultTableWidth
-}
-
-// truncate cuts s to at most n runes, marking the cut with an ellipsis.
-func truncate(s string, n int) string {
-	if utf8.RuneCountInString(s) <= n {
-		return s
-	}
-	runes := []rune(s)
-	return string(runes[:max(n-1, 0)]) + "…"
-}
-
-// printable escapes control characters and invalid UTF-8 in s: commands, notes and names
-// come from agents and hosts, and must not drive the operator's terminal.
-func printable(s string) string { return escapeControls(s, false) }
-
-// printableBlock is printable for multi-line text (command output): newlines and tabs stay.
-func printableBlock(s string) string { return escapeControls(s, true) }
-
-func escapeControls(s string, keepLayout bool) string {
-	clean := true
-	for _, r := range s {
-		if r == utf8.RuneError || (unicode.IsControl(r) && !(keepLayout && (r == '\n' || r == '\t'))) {
-			clean = false
-			break
-		}
-	}
-	if clean {
-		return s
-	}
-	var b strings.Builder
-	for i := 0; i < len(s); {
-		r, size := utf8.DecodeRuneInString(s[i:])
-		switch {
-		case r == utf8.RuneError && size <= 1:
-			fmt.Fprintf(&b, `\x%02x`, s[i])
-		case keepLayout && (r == '\n' || r == '\t'):
-			b.WriteRune(r)
-		case unicode.IsControl(r):
-			q := strconv.QuoteRune(r)
-			b.WriteString(q[1 : len(q)-1])
-		default:
-			b.WriteRune(r)
-		}
-		i += size
-	}
-	return b.String()
-}
-
-func dash(s string) string {
-	if s == "" {
-		return "-"
-	}
-	return s
-}
-
-// formatTime is how tables show a time: local, to the second.
-func formatTime(t time.Time) string {
-	if t.IsZero() {
-		return "-"
-	}
-	return t.Local().Format(time.DateTime)
-}
-
-// formatEventTime shows the milliseconds too: a story's steps are often in the same second.
-func formatEventTime(t time.Time) string {
-	return t.Local().Format("2006-01-02 15:04:05.000")
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -318,7 +319,7 @@ func TestOperatorCommands(t *testing.T) {
 		}
 		stdoutExport := mustRun(t, f.at("audit", "export")...).stdout
 		if !strings.HasPrefix(stdoutExport, `{"type":"event"`) {
-			t.Fatalf("export to stdout starts %q", truncate(stdoutExport, 40))
+			t.Fatalf("export to stdout starts %q", cli.Truncate(stdoutExport, 40))
 		}
 		tests := []struct {
 			name string

@@ -9,6 +9,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/policy"
+	"github.com/postern-dev/postern/internal/cli"
 )
 
 func init() {
@@ -79,19 +80,19 @@ func (c *policyCommand) check(ctx context.Context, args []string) error {
 		return err
 	}
 	if *asJSON {
-		return writeJSON(c.stdout, dec)
+		return cli.WriteJSON(c.stdout, dec)
 	}
 	fmt.Fprintf(c.stdout, "decision: %s\n", dec.Outcome)
 	if dec.Class != "" {
 		fmt.Fprintf(c.stdout, "class:    %s\n", dec.Class)
 	}
-	fmt.Fprintf(c.stdout, "rule:     %s\n", printable(dec.Rule))
+	fmt.Fprintf(c.stdout, "rule:     %s\n", cli.Printable(dec.Rule))
 	if dec.Code != "" {
 		fmt.Fprintf(c.stdout, "code:     %s\n", dec.Code)
 	}
 	fmt.Fprintln(c.stdout, "ladder:")
 	for _, s := range dec.Steps {
-		fmt.Fprintf(c.stdout, "  %s\n", printable(s))
+		fmt.Fprintf(c.stdout, "  %s\n", cli.Printable(s))
 	}
 	return nil
 }
@@ -120,7 +121,7 @@ func (c *policyCommand) decideFromConfig(cfg bastion.Config, req policy.Request)
 		case err == nil:
 			req.Groups = h.Groups
 		case errors.Is(err, bastion.ErrUnknownHost):
-			fmt.Fprintf(c.stderr, "note: host %s is not enrolled; group rules are not applied\n", printable(req.Host))
+			fmt.Fprintf(c.stderr, "note: host %s is not enrolled; group rules are not applied\n", cli.Printable(req.Host))
 		default:
 			return policy.Decision{}, err
 		}
@@ -131,7 +132,7 @@ func (c *policyCommand) decideFromConfig(cfg bastion.Config, req policy.Request)
 		}
 	}
 	if _, ok := pol.Actor(req.Actor); !ok {
-		fmt.Fprintf(c.stderr, "note: no actor %q is configured\n", printable(req.Actor))
+		fmt.Fprintf(c.stderr, "note: no actor %q is configured\n", cli.Printable(req.Actor))
 	}
 	return pol.Decide(req), nil
 }

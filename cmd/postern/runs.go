@@ -10,6 +10,7 @@ import (
 	"text/tabwriter"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -63,13 +64,13 @@ func (c *runsCommand) list(ctx context.Context, args []string) error {
 		return err
 	}
 	if *asJSON {
-		return writeJSON(c.stdout, page)
+		return cli.WriteJSON(c.stdout, page)
 	}
 	rows := make([][]string, 0, len(page.Runs))
 	for _, r := range page.Runs {
-		rows = append(rows, []string{printable(r.Scope), formatTime(r.FirstSeen), printable(r.Actor), r.Transport, printable(runWho(r))})
+		rows = append(rows, []string{cli.Printable(r.Scope), cli.FormatTime(r.FirstSeen), cli.Printable(r.Actor), r.Transport, cli.Printable(runWho(r))})
 	}
-	return printTable(c.stdout, tableWidth(c.stdout), []string{"RUN", "FIRST SEEN", "ACTOR", "TRANSPORT", "AGENT"}, rows)
+	return cli.PrintTable(c.stdout, cli.TableWidth(c.stdout), []string{"RUN", "FIRST SEEN", "ACTOR", "TRANSPORT", "AGENT"}, rows)
 }
 
 func (c *runsCommand) show(ctx context.Context, args []string) error {
@@ -91,13 +92,13 @@ func (c *runsCommand) show(ctx context.Context, args []string) error {
 		return err
 	}
 	if len(page.Runs) == 0 {
-		return fmt.Errorf("no agent run %s in the journal: `postern runs list` shows the recorded runs (a run is recorded at its first call after this bastion version)", printable(pos[0]))
+		return fmt.Errorf("no agent run %s in the journal: `postern runs list` shows the recorded runs (a run is recorded at its first call after this bastion version)", cli.Printable(pos[0]))
 	}
 	if *asJSON {
 		if len(page.Runs) == 1 {
-			return writeJSON(c.stdout, page.Runs[0])
+			return cli.WriteJSON(c.stdout, page.Runs[0])
 		}
-		return writeJSON(c.stdout, page)
+		return cli.WriteJSON(c.stdout, page)
 	}
 	for i, r := range page.Runs {
 		if i > 0 {
@@ -144,13 +145,13 @@ func writeRun(w io.Writer, r *markers.Run) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, v string) {
 		if v != "" {
-			fmt.Fprintf(tw, "%s\t%s\n", k, printable(v))
+			fmt.Fprintf(tw, "%s\t%s\n", k, cli.Printable(v))
 		}
 	}
 	row("run", r.Scope)
 	row("actor", r.Actor)
 	row("transport", r.Transport)
-	row("first seen", formatTime(r.FirstSeen))
+	row("first seen", cli.FormatTime(r.FirstSeen))
 	if r.PID != 0 {
 		row("pid", strconv.Itoa(r.PID))
 	}
@@ -159,7 +160,7 @@ func writeRun(w io.Writer, r *markers.Run) error {
 		row("command line", strings.Join(r.Cmdline, " "))
 	}
 	if !r.StartTime.IsZero() {
-		row("started", formatTime(r.StartTime))
+		row("started", cli.FormatTime(r.StartTime))
 	}
 	if r.UID != nil {
 		row("uid", strconv.Itoa(*r.UID))

@@ -7,6 +7,7 @@ import (
 	"regexp"
 
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/internal/cli"
 )
 
 func init() {
@@ -29,7 +30,7 @@ func tokenCommand(_ context.Context, args []string, _ io.Reader, stdout, stderr 
 	}
 	name := pos[0]
 	if !namePattern.MatchString(name) {
-		return usageErrorf(stderr, "actor name %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", printable(name))
+		return usageErrorf(stderr, "actor name %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", cli.Printable(name))
 	}
 	tok, err := transport.NewToken()
 	if err != nil {

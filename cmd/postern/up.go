@@ -23,6 +23,7 @@ import (
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/durable"
 	"github.com/postern-dev/postern/internal/privdir"
 )
@@ -246,19 +247,19 @@ func printConnect(w io.Writer, ep bastion.Endpoints, dir, hosts string) {
 func enrolledHosts(inventory string) string {
 	inv, err := bastion.OpenInventory(inventory)
 	if err != nil {
-		return "(the inventory cannot be read: " + printable(err.Error()) + ")"
+		return "(the inventory cannot be read: " + cli.Printable(err.Error()) + ")"
 	}
 	hosts, err := inv.Hosts()
 	if err != nil {
-		return "(the inventory cannot be read: " + printable(err.Error()) + ")"
+		return "(the inventory cannot be read: " + cli.Printable(err.Error()) + ")"
 	}
 	var names []string
 	for _, h := range hosts {
 		if h.Name == localHost {
-			names = append(names, fmt.Sprintf("%q (this machine, as %s)", h.Name, printable(h.Account)))
+			names = append(names, fmt.Sprintf("%q (this machine, as %s)", h.Name, cli.Printable(h.Account)))
 			continue
 		}
-		names = append(names, fmt.Sprintf("%q (%s@%s)", printable(h.Name), printable(h.Account), printable(h.Addr)))
+		names = append(names, fmt.Sprintf("%q (%s@%s)", cli.Printable(h.Name), cli.Printable(h.Account), cli.Printable(h.Addr)))
 	}
 	if len(names) == 0 {
 		return "none"

@@ -1,5 +1,7 @@
-// Package cli holds what Postern's commands share about being invoked: how flag and usage
-// errors become exit statuses (0 success or -h, 2 usage, 1 anything else).
+// Package cli holds what Postern's two CLIs (postern, postern-hostagent) share: how flag and
+// usage errors become exit statuses (0 success or -h, 2 usage, 1 anything else), and the
+// printers of records, tables and outcomes (print.go), which escape terminal control
+// characters in everything they print.
 package cli
 
 import (
