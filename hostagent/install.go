@@ -121,6 +121,12 @@ func Install(opts InstallOptions, w io.Writer) error {
 	fmt.Fprintf(w, "  2. systemctl daemon-reload && systemctl enable --now postern-hostagent\n")
 	fmt.Fprintf(w, "  3. on the bastion, enroll this host (it checks that the host presents this key):\n")
 	fmt.Fprintf(w, "     %s\n", EnrollCommand(cfg, HostKeyFingerprint(hostKey)))
+	if host, port, err := net.SplitHostPort(cfg.Listen); err == nil {
+		if ip := net.ParseIP(host); host == "localhost" || ip != nil && ip.IsLoopback() {
+			fmt.Fprintf(w, "     (it listens on %s, this machine only: for a bastion elsewhere set listen = \"0.0.0.0:%s\" in %s,\n"+
+				"     or install with --listen, and enroll the address the bastion reaches it at)\n", cfg.Listen, port, opts.ConfigPath)
+		}
+	}
 	return nil
 }
 
