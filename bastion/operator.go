@@ -136,13 +136,8 @@ func (b *Bastion) opListExecutions(w http.ResponseWriter, r *http.Request) {
 		}
 		q.Since = t
 	}
-	if l := r.FormValue("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 10000 {
-			writeJSON(w, nil, invalid("limit must be in 1..10000"))
-			return
-		}
-		q.Limit = n
+	if !formLimit(w, r, 10000, &q.Limit) {
+		return
 	}
 	host := r.FormValue("host")
 	review := false
@@ -245,13 +240,8 @@ type RunPage struct {
 
 func (b *Bastion) opListRuns(w http.ResponseWriter, r *http.Request) {
 	q := markers.RunQuery{Actor: r.FormValue("actor"), Limit: 100}
-	if l := r.FormValue("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 1000 {
-			writeJSON(w, nil, invalid("limit must be in 1..1000"))
-			return
-		}
-		q.Limit = n
+	if !formLimit(w, r, 1000, &q.Limit) {
+		return
 	}
 	scope := r.FormValue("scope")
 	if scope != "" {
@@ -312,13 +302,8 @@ func (b *Bastion) opListMarkers(w http.ResponseWriter, r *http.Request) {
 	}
 	defer cc.Close()
 	q := client.ControlListQuery{State: markers.State(r.FormValue("state")), Cursor: r.FormValue("cursor"), Newest: true}
-	if l := r.FormValue("limit"); l != "" {
-		n, err := strconv.Atoi(l)
-		if err != nil || n < 1 || n > 1000 {
-			writeJSON(w, nil, invalid("limit must be in 1..1000"))
-			return
-		}
-		q.Limit = n
+	if !formLimit(w, r, 1000, &q.Limit) {
+		return
 	}
 	page, next, err := cc.List(ctx, q)
 	writeJSON(w, MarkerPage{Host: r.PathValue("host"), Markers: page, Next: next}, err)
@@ -342,6 +327,22 @@ func (b *Bastion) opShowMarker(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, found[0], nil)
+}
+
+// formLimit reads the request's limit (1..most) into limit, if given; false when it is
+// invalid (the error is answered).
+func formLimit(w http.ResponseWriter, r *http.Request, most int, limit *int) bool {
+	l := r.FormValue("limit")
+	if l == "" {
+		return true
+	}
+	n, err := strconv.Atoi(l)
+	if err != nil || n < 1 || n > most {
+		writeJSON(w, nil, invalid("limit must be in 1..%d", most))
+		return false
+	}
+	*limit = n
+	return true
 }
 
 func nonNil(recs []*markers.Record) []*markers.Record {

@@ -117,19 +117,11 @@ func (s *Store) Run(actor, scope string) (*Run, error) {
 	if err := s.readable(); err != nil {
 		return nil, err
 	}
-	v, closer, err := s.db.Get(runKey(actor, scope))
-	if errors.Is(err, pebble.ErrNotFound) {
+	r, err := s.runAt(runKey(actor, scope))
+	if errors.Is(err, ErrNotFound) {
 		return nil, fmt.Errorf("%w: no run %s of %s", ErrNotFound, scope, actor)
 	}
-	if err != nil {
-		return nil, fmt.Errorf("markers: run: %w", err)
-	}
-	defer closer.Close()
-	var r Run
-	if err := json.Unmarshal(v, &r); err != nil {
-		return nil, fmt.Errorf("%w: run: %v", ErrCorrupt, err)
-	}
-	return &r, nil
+	return r, err
 }
 
 // RunQuery selects runs for Runs.
