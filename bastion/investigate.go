@@ -514,7 +514,7 @@ func answerLater(inv *Investigation) string {
 	var b strings.Builder
 	first := true
 	for _, c := range inv.Calls {
-		if first && c.ExecutionID == inv.Siblings[0].ExecutionID && (c.Match == string(matchNew) || c.Match == "") {
+		if first && len(inv.Siblings) > 0 && c.ExecutionID == inv.Siblings[0].ExecutionID && (c.Match == string(matchNew) || c.Match == "") {
 			first = false
 			continue
 		}
