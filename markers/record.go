@@ -77,9 +77,13 @@ type Record struct {
 	OperationTakenBy string `json:"operation_taken_by,omitempty"`
 
 	// Host process (hostagent markers).
-	PID         int          `json:"pid,omitempty"`
-	PIDStart    uint64       `json:"pid_start,omitempty"`
-	SpoolDir    string       `json:"spool_dir,omitempty"`
+	PID      int    `json:"pid,omitempty"`
+	PIDStart uint64 `json:"pid_start,omitempty"`
+	SpoolDir string `json:"spool_dir,omitempty"`
+	// BootID is the host's boot (/proc/sys/kernel/random/boot_id) the marker was created in:
+	// the spool's records are not synced, so they prove nothing about a marker of an earlier
+	// boot (see hostagent's recovery).
+	BootID      string       `json:"boot_id,omitempty"`
 	Checkpoints []Checkpoint `json:"checkpoints,omitempty"`
 	Validated   bool         `json:"validated,omitempty"`
 }

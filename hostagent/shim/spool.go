@@ -52,6 +52,9 @@ const (
 type shimRecord struct {
 	PID   int    `json:"pid,omitempty"`
 	Start uint64 `json:"start,omitempty"`
+	// Socket is set by the long-lived supervisor (daemon.go): it supervises many executions
+	// and answers for them there. Empty for a per-command shim, whose process is the answer.
+	Socket string `json:"socket,omitempty"`
 	// Fenced marks a record written by Fence instead of a supervisor: no supervisor ran
 	// here, and none ever will.
 	Fenced bool `json:"fenced,omitempty"`

@@ -17,7 +17,8 @@ import (
 const reapGrace = 30 * time.Second
 
 // reapShims ends what a hostagent detached under dataDir and waits until it is gone: every
-// spool directory's command (its whole process group) and its supervisor. Shims outlive the
+// spool directory's command (its whole process group) and its supervisor, and every
+// long-lived supervisor. Shims outlive the
 // hostagent by design, so without this they keep writing into the test's temp dir while it
 // is being removed. Call it after the hostagent was stopped.
 func reapShims(t testing.TB, dataDir string) {
@@ -36,6 +37,14 @@ func reapShims(t testing.TB, dataDir string) {
 			pidfds = append(pidfds, fd)
 		}
 		if fd, _ := openSpooled(filepath.Join(dir, shim.ShimFile)); fd >= 0 {
+			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+			pidfds = append(pidfds, fd)
+		}
+	}
+	// The long-lived supervisors, also those that have no spool directory (yet).
+	sups, _ := filepath.Glob(filepath.Join(dataDir, "supervisor", "supervisor-*.json"))
+	for _, rec := range sups {
+		if fd, _ := openSpooled(rec); fd >= 0 {
 			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 			pidfds = append(pidfds, fd)
 		}
