@@ -199,16 +199,10 @@ func (s *job) run() Status {
 		return s.startFailed(errors.New("cancelled before the command started"))
 	default:
 	}
-	stdout, err := newSpooler(s.dir, StdoutFile, s.spec.OutputCap)
-	if err != nil {
-		return s.startFailed(err)
-	}
-	defer stdout.file.Close()
-	stderr, err := newSpooler(s.dir, StderrFile, s.spec.OutputCap)
-	if err != nil {
-		return s.startFailed(err)
-	}
-	defer stderr.file.Close()
+	stdout := newSpooler(s.dir, StdoutFile, s.spec.OutputCap)
+	defer stdout.close()
+	stderr := newSpooler(s.dir, StderrFile, s.spec.OutputCap)
+	defer stderr.close()
 	stdoutR, stdoutW, err := os.Pipe()
 	if err != nil {
 		return s.startFailed(fmt.Errorf("shim: stdout pipe: %w", err))
@@ -271,11 +265,13 @@ func (s *job) run() Status {
 	}()
 
 	// The process record is not synced: it names the command's process for this boot only,
-	// and after a machine crash there is no process to name.
+	// and after a machine crash there is no process to name. Created in place with one
+	// write (a rename would cost another directory update); a reader that finds it empty
+	// finds it not written yet.
 	proc := processRecord{PID: pid, Start: pidStart, StartedAt: startedAt}
 	if data, err := json.Marshal(proc); err != nil {
 		s.log.Warn("could not encode the process record", "err", err)
-	} else if err := writeFileVolatile(s.dir, ProcessFile, data); err != nil {
+	} else if err := createFileVolatile(s.dir, ProcessFile, data); err != nil {
 		s.log.Warn("could not write the process record", "err", err)
 	}
 	s.tell(proc)
@@ -398,9 +394,11 @@ func (s *job) signalGroup(pgid int, sig unix.Signal) {
 	}
 }
 
-// spooler stores one output stream up to a cap and accounts for all of it.
+// spooler stores one output stream up to a cap and accounts for all of it. Its file is
+// created with the first byte: a stream that stays empty (most of them) costs no file.
 type spooler struct {
-	file *os.File
+	path string
+	file *os.File // nil until the first byte is stored
 	cap  int64
 	hash hash.Hash
 	// info is owned by copyFrom until it signals completion.
@@ -408,12 +406,27 @@ type spooler struct {
 	writeErr error
 }
 
-func newSpooler(dir, name string, limit int64) (*spooler, error) {
-	f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("shim: create spool file: %w", err)
+func newSpooler(dir, name string, limit int64) *spooler {
+	return &spooler{path: filepath.Join(dir, name), cap: limit, hash: sha256.New()}
+}
+
+// store writes p to the spool file, creating it first (only if absent: a spool directory
+// runs once).
+func (sp *spooler) store(p []byte) (int, error) {
+	if sp.file == nil {
+		f, err := os.OpenFile(sp.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return 0, fmt.Errorf("create spool file: %w", err)
+		}
+		sp.file = f
 	}
-	return &spooler{file: f, cap: limit, hash: sha256.New()}, nil
+	return sp.file.Write(p)
+}
+
+func (sp *spooler) close() {
+	if sp.file != nil {
+		sp.file.Close()
+	}
 }
 
 // copyFrom reads r to EOF (or until r is closed), hashing everything and storing up to the
@@ -428,7 +441,7 @@ func (sp *spooler) copyFrom(r io.Reader, done chan<- struct{}) {
 			sp.hash.Write(buf[:n])
 			sp.info.Bytes += int64(n)
 			if room := sp.cap - sp.info.Stored; room > 0 && sp.writeErr == nil {
-				w, werr := sp.file.Write(buf[:min(int64(n), room)])
+				w, werr := sp.store(buf[:min(int64(n), room)])
 				sp.info.Stored += int64(w)
 				sp.writeErr = werr
 			}
@@ -440,21 +453,29 @@ func (sp *spooler) copyFrom(r io.Reader, done chan<- struct{}) {
 }
 
 // finish completes info and makes the stored bytes durable; call after copyFrom signalled
-// done. An empty stream has no bytes to lose, so it costs no fsync unless always is set:
-// after a machine crash its file may be missing, which reads as empty (the marker or the
-// status keeps the sizes and digest). A stored byte is synced before the outcome that
-// covers it is recorded, so a recorded outcome never points at output a crash took.
+// done. An empty stream has no file and no bytes to lose, so it costs no fsync; always (the
+// per-command shim) creates and syncs the file anyway, as that mode's readers expect both
+// files. A stored byte is synced before the outcome that covers it is recorded, so a
+// recorded outcome never points at output a crash took.
 func (sp *spooler) finish(always bool) error {
 	sp.info.Truncated = sp.info.Stored < sp.info.Bytes
 	sp.info.SHA256 = hex.EncodeToString(sp.hash.Sum(nil))
 	if sp.writeErr != nil {
-		return fmt.Errorf("shim: spool %s: %w", filepath.Base(sp.file.Name()), sp.writeErr)
+		return fmt.Errorf("shim: spool %s: %w", filepath.Base(sp.path), sp.writeErr)
 	}
-	if sp.info.Stored == 0 && !always {
+	if sp.file == nil && always {
+		// The per-command shim's contract: both files exist once the status does.
+		f, err := os.OpenFile(sp.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return fmt.Errorf("shim: create spool file: %w", err)
+		}
+		sp.file = f
+	}
+	if sp.file == nil {
 		return nil
 	}
 	if err := sp.file.Sync(); err != nil {
-		return fmt.Errorf("shim: sync %s: %w", filepath.Base(sp.file.Name()), err)
+		return fmt.Errorf("shim: sync %s: %w", filepath.Base(sp.path), err)
 	}
 	return nil
 }
