@@ -116,15 +116,22 @@ func (s *Supervisor) start(ctx context.Context, link *supervisorLink, dir string
 		return nil, fmt.Errorf("%w: send start: %v", errSupervisorGone, err)
 	}
 	br := bufio.NewReader(conn)
-	stop := context.AfterFunc(ctx, func() { conn.SetReadDeadline(time.Unix(1, 0)) })
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		conn.SetReadDeadline(time.Unix(1, 0))
+		close(fired)
+	})
 	first, err := readMessage[reply](br)
 	stopped := stop()
+	if !stopped {
+		<-fired // the deadline is in place; clearing it below cannot race with setting it
+	}
 	switch {
 	case err == nil && first.Started != nil && ctx.Err() != nil, err != nil && !stopped:
 		// ctx ended first: cancel, and wait for the end so the spool dir is final.
 		conn.SetReadDeadline(time.Time{})
 		h := newSupervisedHandle(dir, link.rec, processRecord{}, conn, br)
-		h.Cancel()
+		h.Cancel() // on this connection, behind the start: never before it
 		h.waitReader()
 		return nil, fmt.Errorf("shim: start %s: %w", dir, context.Cause(ctx))
 	case err != nil:

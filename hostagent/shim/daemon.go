@@ -67,10 +67,12 @@ const (
 
 // Request operations.
 const (
-	opLease  = "lease"  // hold the supervisor open while the connection lasts
-	opStart  = "start"  // run spec in dir; replies started (or error), then status
-	opWait   = "wait"   // reply status once the execution in dir ends
-	opCancel = "cancel" // cancel the execution in dir
+	opLease = "lease" // hold the supervisor open while the connection lasts
+	opStart = "start" // run spec in dir; replies started (or error), then status
+	opWait  = "wait"  // reply started (once it has), then status once the execution in dir ends
+	// opCancel, sent on a start or wait connection after its request, cancels that
+	// execution; on the same connection it can never overtake the start it cancels.
+	opCancel = "cancel"
 )
 
 type request struct {
@@ -252,7 +254,8 @@ func (d *daemon) serve(conn *net.UnixConn) {
 		d.log.Warn("refused a connection", "err", err)
 		return
 	}
-	req, err := readMessage[request](bufio.NewReader(io.LimitReader(conn, maxRequestBytes+1)))
+	br := bufio.NewReader(conn)
+	req, err := readMessage[request](br)
 	if err != nil {
 		writeMessage(conn, reply{Error: err.Error()})
 		return
@@ -265,11 +268,9 @@ func (d *daemon) serve(conn *net.UnixConn) {
 	case opLease:
 		d.lease(conn)
 	case opStart:
-		d.start(conn, req)
+		d.start(conn, br, req)
 	case opWait:
-		d.wait(conn, req.Dir)
-	case opCancel:
-		d.cancel(conn, req.Dir)
+		d.wait(conn, br, req.Dir)
 	default:
 		writeMessage(conn, reply{Error: fmt.Sprintf("unknown operation %q", req.Op)})
 	}
@@ -301,7 +302,22 @@ func (d *daemon) lease(conn *net.UnixConn) {
 
 // start runs one execution: registered before its shim record exists, so a wait or an
 // adoption never finds a record of this supervisor that it does not know.
-func (d *daemon) start(conn *net.UnixConn, req request) {
+// followUp reads what a client sends after its request — cancels — until it hangs up, and
+// then closes gone. The execution does not depend on the client staying.
+func followUp(br *bufio.Reader, j *daemonJob, gone chan<- struct{}) {
+	defer close(gone)
+	for {
+		msg, err := readMessage[request](br)
+		if err != nil {
+			return
+		}
+		if msg.Op == opCancel {
+			j.cancelOnce.Do(func() { close(j.cancel) })
+		}
+	}
+}
+
+func (d *daemon) start(conn *net.UnixConn, br *bufio.Reader, req request) {
 	if req.Spec == nil || !filepath.IsAbs(req.Dir) {
 		writeMessage(conn, reply{Error: "start needs a spec and an absolute spool directory"})
 		return
@@ -326,6 +342,12 @@ func (d *daemon) start(conn *net.UnixConn, req request) {
 	d.jobs[req.Dir] = j
 	d.mu.Unlock()
 	defer d.maybeExit(false)
+	gone := make(chan struct{})
+	go followUp(br, j, gone)
+	defer func() {
+		conn.CloseRead()
+		<-gone
+	}()
 
 	rec, err := json.Marshal(d.self)
 	if err == nil {
@@ -398,39 +420,35 @@ func (d *daemon) lookup(dir string) *daemonJob {
 	return d.jobs[dir]
 }
 
-// wait replies with the status of the execution in dir once it ends.
-func (d *daemon) wait(conn *net.UnixConn, dir string) {
+// wait replies with the execution in dir's process record once it started, and its status
+// once it ends.
+func (d *daemon) wait(conn *net.UnixConn, br *bufio.Reader, dir string) {
 	j := d.lookup(dir)
 	if j == nil {
 		writeMessage(conn, reply{Unknown: true})
 		return
 	}
 	gone := make(chan struct{})
-	go func() {
-		// A waiter that hangs up stops waiting; the job does not care.
-		io.Copy(io.Discard, conn)
-		close(gone)
+	go followUp(br, j, gone)
+	defer func() {
+		conn.CloseRead()
+		<-gone
 	}()
+	select {
+	case <-j.started:
+		if j.proc.Error == "" {
+			p := j.proc
+			writeMessage(conn, reply{Started: &p})
+		}
+	case <-gone:
+		return // a waiter that hangs up stops waiting; the job does not care
+	}
 	select {
 	case <-j.done:
 		st := j.status
 		writeMessage(conn, reply{Status: &st})
 	case <-gone:
 	}
-	conn.CloseRead()
-	conn.Close()
-	<-gone
-}
-
-// cancel asks the execution in dir to end (TERM to its group, grace, KILL).
-func (d *daemon) cancel(conn *net.UnixConn, dir string) {
-	j := d.lookup(dir)
-	if j == nil {
-		writeMessage(conn, reply{NotRunning: true})
-		return
-	}
-	j.cancelOnce.Do(func() { close(j.cancel) })
-	writeMessage(conn, reply{OK: true})
 }
 
 // checkPeer refuses a peer of another user, and — with pid > 0 — a peer that is not that
@@ -461,20 +479,25 @@ func checkPeer(conn *net.UnixConn, pid int) error {
 
 func readMessage[T any](r *bufio.Reader) (T, error) {
 	var v T
-	line, err := r.ReadSlice('\n')
-	if errors.Is(err, bufio.ErrBufferFull) {
-		// A long request (a start with a large spec): read the rest of the line.
-		rest, rerr := r.ReadBytes('\n')
-		line, err = append(append([]byte(nil), line...), rest...), rerr
-	}
-	if err != nil {
-		if errors.Is(err, io.EOF) && len(line) > maxRequestBytes {
+	var line []byte
+	for {
+		chunk, err := r.ReadSlice('\n')
+		if len(line)+len(chunk) > maxRequestBytes {
 			return v, fmt.Errorf("message larger than %d bytes", maxRequestBytes)
 		}
-		return v, err
-	}
-	if len(line) > maxRequestBytes {
-		return v, fmt.Errorf("message larger than %d bytes", maxRequestBytes)
+		if errors.Is(err, bufio.ErrBufferFull) {
+			line = append(line, chunk...) // a long line (a start's spec): read on
+			continue
+		}
+		if err != nil {
+			return v, err
+		}
+		if line == nil {
+			line = chunk // the common case: the line fit in the buffer, no copy
+		} else {
+			line = append(line, chunk...)
+		}
+		break
 	}
 	if err := json.Unmarshal(line, &v); err != nil {
 		return v, fmt.Errorf("parse message: %w", err)

@@ -31,9 +31,10 @@ type Handle struct {
 	// sup is the long-lived supervisor that answers for the execution (daemon.go); zero for
 	// a per-command shim, which is followed through its pidfd instead. conn carries its
 	// final answer, read by one goroutine that closes ended once status and err are final.
-	sup   shimRecord
-	conn  *net.UnixConn
-	ended chan struct{}
+	sup     shimRecord
+	conn    *net.UnixConn
+	ended   chan struct{}
+	writeMu sync.Mutex // serializes cancels on conn
 
 	mu sync.Mutex // guards the fields below
 	// pidfd refers to the supervisor while it may be running; -1 once its outcome is known
@@ -112,8 +113,32 @@ func adoptSupervised(h *Handle, rec shimRecord) (*Handle, error) {
 		}
 		return nil, ErrVanished
 	}
+	// The first answer names the command's process (or is already the end).
+	br := bufio.NewReader(conn)
+	conn.SetReadDeadline(time.Now().Add(supervisorStartLimit))
+	first, err := readMessage[reply](br)
+	conn.SetReadDeadline(time.Time{})
+	if err != nil || first.Started == nil {
+		conn.Close()
+		switch {
+		case err == nil && first.Status != nil:
+			h.done, h.status = true, *first.Status
+			if h.proc.PID == 0 {
+				h.proc.PID, h.proc.PIDStart, h.proc.StartedAt = first.Status.PID, first.Status.PIDStart, first.Status.StartedAt
+			}
+			return h, nil
+		case err == nil && !first.Unknown:
+			return nil, fmt.Errorf("shim: adopt %s: supervisor answered %q", h.dir, first.Error)
+		}
+		// It does not know the execution (it ended before, or the supervisor is going).
+		if ok, err := h.loadStatus(); ok || err != nil {
+			return h, err
+		}
+		return nil, ErrVanished
+	}
+	h.proc.PID, h.proc.PIDStart, h.proc.StartedAt = first.Started.PID, first.Started.Start, first.Started.StartedAt
 	h.conn, h.ended = conn, make(chan struct{})
-	go h.readFinal(bufio.NewReader(conn))
+	go h.readFinal(br)
 	return h, nil
 }
 
@@ -269,32 +294,24 @@ func (h *Handle) Cancel() error {
 	return nil
 }
 
-// cancelSupervised asks the long-lived supervisor to cancel the execution.
+// cancelSupervised asks the long-lived supervisor to cancel the execution, on the
+// connection that follows it.
 func (h *Handle) cancelSupervised() error {
 	select {
 	case <-h.ended:
 		return ErrNotRunning
 	default:
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), supervisorStartLimit)
-	defer cancel()
-	conn, err := dialSupervisor(ctx, h.sup)
-	if err != nil {
-		return ErrNotRunning // the supervisor is gone, and the command with it
-	}
-	defer conn.Close()
-	conn.SetDeadline(time.Now().Add(supervisorStartLimit))
-	if err := writeMessage(conn, request{V: protocolVersion, Op: opCancel, Dir: h.dir}); err != nil {
+	h.writeMu.Lock()
+	defer h.writeMu.Unlock()
+	h.conn.SetWriteDeadline(time.Now().Add(supervisorStartLimit))
+	if err := writeMessage(h.conn, request{V: protocolVersion, Op: opCancel}); err != nil {
+		select {
+		case <-h.ended:
+			return ErrNotRunning
+		default:
+		}
 		return fmt.Errorf("shim: cancel %s: %w", h.dir, err)
-	}
-	msg, err := readMessage[reply](bufio.NewReader(conn))
-	switch {
-	case err != nil:
-		return fmt.Errorf("shim: cancel %s: %w", h.dir, err)
-	case msg.NotRunning:
-		return ErrNotRunning
-	case !msg.OK:
-		return fmt.Errorf("shim: cancel %s: %s", h.dir, msg.Error)
 	}
 	return nil
 }

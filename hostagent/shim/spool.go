@@ -22,7 +22,8 @@ const (
 	// ShimFile is the shim record (supervisor pid + start time), written and synced by the
 	// supervisor before it starts the command.
 	ShimFile = "shim.json"
-	// ProcessFile records the command's pid + start time once it runs.
+	// ProcessFile records the command's pid + start time once it runs (per-command shims
+	// only: the long-lived supervisor tells it to whoever asks).
 	ProcessFile = "process.json"
 	// StdoutFile and StderrFile hold the spooled streams, up to the output cap each.
 	StdoutFile = "stdout"

@@ -136,7 +136,7 @@ func (s *supervisor) run() error {
 			}
 		}
 	}()
-	j := &job{dir: s.dir, spec: spec, log: s.log, start: (*exec.Cmd).Start, cancel: cancel, tell: s.tellParent, syncStatus: true}
+	j := &job{dir: s.dir, spec: spec, log: s.log, start: (*exec.Cmd).Start, cancel: cancel, tell: s.tellParent, perCommand: true}
 	st := j.run()
 	out, err := json.Marshal(st)
 	if err != nil {
@@ -170,9 +170,10 @@ type job struct {
 	cancel <-chan struct{}
 	// tell reports once whether the command started (its process record) or why not.
 	tell func(processRecord)
-	// syncStatus: the status file itself is what proves the outcome (per-command mode) and
-	// is synced. The long-lived supervisor leaves that to the host marker (see daemon.go).
-	syncStatus bool
+	// perCommand: the per-command shim's on-disk contract, which a hostagent of the previous
+	// release reads — a process record, both stream files, synced. The long-lived supervisor
+	// answers for its executions itself and leaves durability to the host marker (daemon.go).
+	perCommand bool
 }
 
 // startFailed records that the command provably did not run.
@@ -269,10 +270,12 @@ func (s *job) run() Status {
 	// write (a rename would cost another directory update); a reader that finds it empty
 	// finds it not written yet.
 	proc := processRecord{PID: pid, Start: pidStart, StartedAt: startedAt}
-	if data, err := json.Marshal(proc); err != nil {
-		s.log.Warn("could not encode the process record", "err", err)
-	} else if err := createFileVolatile(s.dir, ProcessFile, data); err != nil {
-		s.log.Warn("could not write the process record", "err", err)
+	if s.perCommand {
+		if data, err := json.Marshal(proc); err != nil {
+			s.log.Warn("could not encode the process record", "err", err)
+		} else if err := createFileVolatile(s.dir, ProcessFile, data); err != nil {
+			s.log.Warn("could not write the process record", "err", err)
+		}
 	}
 	s.tell(proc)
 
@@ -302,7 +305,7 @@ func (s *job) run() Status {
 		st.ExitCode = ws.ExitStatus()
 	}
 	for _, sp := range []*spooler{stdout, stderr} {
-		if err := sp.finish(s.syncStatus); err != nil {
+		if err := sp.finish(s.perCommand); err != nil {
 			errs = append(errs, err)
 		}
 	}

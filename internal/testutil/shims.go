@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -41,13 +43,23 @@ func reapShims(t testing.TB, dataDir string) {
 			pidfds = append(pidfds, fd)
 		}
 	}
-	// The long-lived supervisors, also those that have no spool directory (yet).
+	// The long-lived supervisors, also those that have no spool directory (yet), after
+	// their commands' sessions (every command leads one, which may hold grandchildren that
+	// the supervisor's death would not reach).
 	sups, _ := filepath.Glob(filepath.Join(dataDir, "supervisor", "supervisor-*.json"))
 	for _, rec := range sups {
-		if fd, _ := openSpooled(rec); fd >= 0 {
-			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
-			pidfds = append(pidfds, fd)
+		fd, pid := openSpooled(rec)
+		if fd < 0 {
+			continue
 		}
+		for _, child := range childrenOf(pid) {
+			if cfd, err := unix.PidfdOpen(child, 0); err == nil {
+				unix.Kill(-child, unix.SIGKILL)
+				pidfds = append(pidfds, cfd)
+			}
+		}
+		unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		pidfds = append(pidfds, fd)
 	}
 	deadline := time.Now().Add(reapGrace)
 	for _, fd := range pidfds {
@@ -97,4 +109,19 @@ func pidfdExited(fd int) bool {
 		return false
 	}
 	return err != nil || n > 0
+}
+
+// childrenOf lists pid's children (every thread's, from /proc).
+func childrenOf(pid int) []int {
+	var pids []int
+	lists, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "children"))
+	for _, list := range lists {
+		data, _ := os.ReadFile(list)
+		for _, f := range strings.Fields(string(data)) {
+			if child, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, child)
+			}
+		}
+	}
+	return pids
 }
