@@ -1,14 +1,17 @@
 package shim
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -31,7 +34,13 @@ const testPath = "PATH=/usr/local/bin:/usr/bin:/bin"
 // waitLimit bounds every wait in these tests; generous for a busy 2-core machine.
 const waitLimit = 60 * time.Second
 
+// connectRoleEnv makes the test binary a client of another user (TestSupervisorRefusesOtherUsers).
+const connectRoleEnv = "POSTERN_SHIM_TEST_CONNECT"
+
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(connectRoleEnv); addr != "" {
+		os.Exit(connectAs(addr, os.Getenv("POSTERN_SHIM_TEST_DIR")))
+	}
 	if os.Getenv(shimTestEnv) == "1" && len(os.Args) > 1 && os.Args[1] == "shim" {
 		os.Exit(Main(os.Args[2:]))
 	}
@@ -900,5 +909,68 @@ func TestDeadSupervisorIsReplaced(t *testing.T) {
 	}
 	if st := mustWait(t, second); st.ExitCode != 5 || second.Process().ShimPID == old {
 		t.Errorf("second: exit %d under supervisor %d; want 5 under a new supervisor (old %d)", st.ExitCode, second.Process().ShimPID, old)
+	}
+}
+
+// connectAs asks the supervisor at addr to run `touch DIR/witness` in DIR and prints what
+// came back ("closed" when the connection ended without an answer).
+func connectAs(addr, dir string) int {
+	conn, err := net.Dial("unix", addr)
+	if err != nil {
+		fmt.Println("dial:", err)
+		return 0
+	}
+	defer conn.Close()
+	spec := testSpec("touch " + dir + "/witness")
+	writeMessage(conn, request{V: protocolVersion, Op: opStart, Dir: dir, Spec: &spec})
+	msg, err := readMessage[reply](bufio.NewReader(conn))
+	if err != nil {
+		fmt.Println("closed")
+		return 0
+	}
+	fmt.Printf("reply: %+v\n", msg)
+	return 0
+}
+
+// TestSupervisorRefusesOtherUsers: the supervisor's socket is abstract (no file permissions),
+// so its peer check is the access control: another uid is hung up on before anything runs.
+func TestSupervisorRefusesOtherUsers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a client as another uid")
+	}
+	h, _ := startTest(t, testSpec("sleep 60"))
+	// The test binary, where nobody may run it; the spool dir it asks for, where nobody
+	// could write (only the supervisor could).
+	bin, err := os.MkdirTemp("", "postern-shim-test-") // t.TempDir's parent is private
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(bin) })
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(testExe(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(bin, "shim.test")
+	if err := os.WriteFile(exe, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(t.TempDir(), "target")
+	if err := os.Mkdir(target, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = []string{connectRoleEnv + "=" + h.sup.Socket, "POSTERN_SHIM_TEST_DIR=" + target}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "closed" {
+		t.Fatalf("another uid's request = %q, %v; want the connection closed unanswered", out, err)
+	}
+	for _, name := range []string{"witness", ShimFile} {
+		if _, err := os.Stat(filepath.Join(target, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s exists after another uid's request (%v): it ran", name, err)
+		}
 	}
 }
