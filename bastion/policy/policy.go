@@ -125,6 +125,13 @@ type Decision struct {
 	Rule    string   // the rule (or actor limit) that decided, e.g. `rules[2] "no-prod-drops"`
 	Steps   []string // the ladder as walked, one line per step
 	Code    string   // rejections only
+	// Layers (ssh_exec) are the commands the command line would run: each simple command
+	// and, through the wrappers Unwrap knows, what it runs. Partial when the command is not
+	// plain literal words or a wrapper could not be unwrapped with certainty.
+	Layers []Layer
+	// Layer is the index into Layers of the layer that decided — matched the deny or
+	// approve rule, or set the class — or -1 when no single layer did.
+	Layer int
 }
 
 // ErrInvalid is wrapped by every validation problem New reports.
