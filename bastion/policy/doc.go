@@ -79,8 +79,8 @@
 // reading its input (sh with neither -c nor a script file, -i, -s), chroot without a
 // command, an assignment to a variable a shell, the loader or a common program runs code
 // from (PATH, LD_*, BASH_ENV, PS4, SHELLOPTS, EDITOR, ...), a run-time word where the
-// wrapper looks for its options or command (xargs sudo), a command name starting with '-',
-// zsh's =cmd, more than 16 levels. Any other program is judged as itself, whatever it runs:
+// wrapper looks for its options or command (xargs sudo), a command name starting with '-'
+// or naming a builtin that reinterprets its arguments (env command rm), more than 16 levels. Any other program is judged as itself, whatever it runs:
 // interpreters (python -c, perl -e, awk), su -c, ssh, flock, watch, make, git -c, ...;
 // deny or require approval for those explicitly.
 //

