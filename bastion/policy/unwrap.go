@@ -488,6 +488,10 @@ func unwrapBusybox(l Layer) ([]Layer, bool) {
 	return []Layer{l.sub(1, "busybox")}, true
 }
 
+// shellFlags are the single-letter shell options that take no argument in every shell
+// unwrapShell knows (bash's set flags, -l, -r); -o and -O take the next word.
+const shellFlags = "abefhklmnprtuvxBCEHPT"
+
 // shellLongOptions are the long options of bash (zsh and the others have none the
 // unwrapper accepts) that take no argument; --rcfile and --init-file take one.
 var shellLongOptions = longOpts("login", "norc", "noprofile", "posix", "restricted", "verbose", "noediting",
@@ -530,10 +534,8 @@ options:
 				script = true
 			case c == 'o' || c == 'O':
 				i++ // the option's name
-			case c == 'i' || c == 's':
-				return nil, false
-			case 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z':
-			default:
+			case strings.ContainsRune(shellFlags, c):
+			default: // -i, -s (read the input), and letters some shell gives an argument (ksh -R)
 				return nil, false
 			}
 		}
