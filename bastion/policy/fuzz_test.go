@@ -172,3 +172,29 @@ func FuzzUnwrapDeny(f *testing.F) {
 		}
 	})
 }
+
+// FuzzUnwrap: unwrapping any command line never panics, stays within its bounds, and a
+// certain result names every command: each layer has a plain command name.
+func FuzzUnwrap(f *testing.F) {
+	for _, s := range parseSeeds {
+		f.Add(s)
+	}
+	for _, s := range []string{"sudo -u root env FOO=1 sh -c 'nice rm x'", "xargs -I % sh -c 'rm %'", "find . -exec {} +",
+		"timeout -k 1 --sig=KILL 5 busybox sh -c \"sudo -- rm x\"", "env - -u X -- nice -5 ionice -c3 rm", "bash -o -c"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, command string) {
+		cmd := parseForPolicy(command)
+		if len(cmd.layers) > maxUnwrapLayers*max(cmd.simple, 1) {
+			t.Fatalf("%q: %d layers", command, len(cmd.layers))
+		}
+		for _, l := range cmd.layers {
+			if l.Depth > maxUnwrapDepth {
+				t.Fatalf("%q: layer %v deeper than %d", command, l, maxUnwrapDepth)
+			}
+			if cmd.safe && (len(l.Argv) == 0 || l.unknown(0) || !plainCommandName(l.Argv[0]) || strings.HasPrefix(l.Argv[0], "-")) {
+				t.Fatalf("%q: certain, with layer %q", command, l)
+			}
+		}
+	})
+}

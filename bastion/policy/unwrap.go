@@ -443,6 +443,9 @@ func unwrapFind(l Layer) ([]Layer, bool) {
 		default:
 			continue
 		}
+		if len(inner) == maxUnwrapLayers {
+			return nil, false // more clauses than layers: never certain, and the scan stays linear
+		}
 		via := "find " + l.Argv[i]
 		end := -1
 		open := false
