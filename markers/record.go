@@ -18,7 +18,10 @@ type Record struct {
 	Graph Graph  `json:"graph"`
 	State State  `json:"state"`
 
-	Actor          string `json:"actor,omitempty"`
+	Actor string `json:"actor,omitempty"`
+	// PolicyActor is the configured actor the bastion's policy decided the execution for
+	// (bastion/policy); its limits count the execution.
+	PolicyActor    string `json:"policy_actor,omitempty"`
 	IntentScope    string `json:"intent_scope,omitempty"`
 	Fingerprint    string `json:"fingerprint,omitempty"`
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
