@@ -85,14 +85,15 @@ type ExecutorOptions struct {
 // execution or replays the finished one. Commands run under a shim, detached from the SSH
 // session; the executor watches them and records how they ended.
 type Executor struct {
-	cfg   Config
-	store markerStore
-	spool string
-	quota *shim.Quota // spool_cap, asked before each launch
-	sup   *shim.Supervisor
-	boot  string // this boot's id, recorded in every marker
-	sock  string
-	log   *slog.Logger
+	cfg    Config
+	store  markerStore
+	spool  string
+	quota  *shim.Quota // spool_cap, asked before each launch
+	sup    *shim.Supervisor
+	spares *shim.SpareDirs // spool directories made ahead
+	boot   string          // this boot's id, recorded in every marker
+	sock   string
+	log    *slog.Logger
 
 	// ctx is the parent of the watchers and shims' start; cancelled by Close.
 	ctx    context.Context
@@ -156,10 +157,15 @@ func NewExecutor(opts ExecutorOptions) (*Executor, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Executor{
 		cfg: opts.Config, store: opts.Store, spool: spool, sup: sup, boot: boot, sock: opts.SocketPath,
-		log: logger.With("component", "executor"), ctx: ctx, cancel: cancel,
+		spares: shim.NewSpareDirs(spool, spareSpoolDirs, logger),
+		log:    logger.With("component", "executor"), ctx: ctx, cancel: cancel,
 		live: make(map[string]*execution), quota: shim.NewQuota(spool, opts.Config.SpoolCap),
 	}, nil
 }
+
+// spareSpoolDirs is how many empty spool directories the executor keeps made ahead: enough
+// for a burst of concurrent starts.
+const spareSpoolDirs = 16
 
 // SupervisorDir, in the data dir, holds the long-lived supervisors' records and log.
 const SupervisorDir = "supervisor"
@@ -195,6 +201,7 @@ func (e *Executor) Close() {
 	e.cancel()
 	e.wg.Wait()
 	e.sup.Close()
+	e.spares.Close()
 }
 
 // Exec runs req under a marker, or attaches to / replays the execution that has its id.
@@ -344,6 +351,9 @@ func (e *Executor) launch(x *execution, req ExecRequest) {
 		e.release(x, e.recordStartFailure(x, err))
 		return
 	}
+	// A spare renamed into place; if that fails, Start makes the directory (and says why if
+	// it cannot).
+	e.spares.Make(x.dir)
 	h, err := e.sup.Start(e.ctx, x.dir, shim.Spec{
 		ExecutionID: req.ExecutionID,
 		Command:     req.Command,

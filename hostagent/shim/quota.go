@@ -95,7 +95,7 @@ func (q *Quota) rescanLocked() error {
 	clear(q.final)
 	clear(q.open)
 	for _, ent := range entries {
-		if ent.IsDir() {
+		if ent.IsDir() && !IsSpare(ent.Name()) {
 			q.open[ent.Name()] = true
 		}
 	}
