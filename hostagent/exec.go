@@ -438,6 +438,7 @@ func (e *Executor) watch(x *execution) {
 		x.handle.Close()
 		return
 	}
+	e.quota.Finished(filepath.Base(x.dir))
 	e.release(x, e.recordOutcome(x.id, marked, x.handle.Process(), st, err))
 }
 
