@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
@@ -32,16 +31,17 @@ func (b *Bastion) policyActor(c transport.Caller) (policy.Actor, bool) {
 	return b.policy.Actor(strings.TrimPrefix(c.Actor, "token:"))
 }
 
-// decide runs the ladder for a new execution and checks the actor's limits. A rejection by
-// the ladder is journaled (the caller and an operator can see it and why); exceeding a limit
-// is a plain error and journals nothing. The returned release must be called once the
-// execution is accepted and its driver started: an actor with limits is admitted one call at
-// a time, so concurrent calls cannot all pass the same count.
+// decide runs the ladder for a new execution and checks the actor's limits (limits.go). A
+// rejection by the ladder is journaled (the caller and an operator can see it and why);
+// exceeding a limit is a plain error and journals nothing. The returned release must be
+// called once the execution is accepted and its driver started: an actor with limits is
+// admitted one call at a time, so concurrent calls cannot all pass the same count.
 func (b *Bastion) decide(c transport.Caller, cl *claim) (policy.Decision, func(), error) {
 	actor, ok := b.policyActor(c)
 	ask := cl.ask
 	if ok {
 		ask.Actor = actor.Name
+		cl.record.PolicyActor = actor.Name
 	}
 	dec := b.policy.Decide(ask)
 	cl.record.Class = dec.Class
@@ -54,48 +54,15 @@ func (b *Bastion) decide(c transport.Caller, cl *claim) (policy.Decision, func()
 	for _, s := range steps {
 		cl.record.Evidence = appendBounded(cl.record.Evidence, s)
 	}
-	if dec.Outcome == policy.Rejected || !ok || (actor.MaxConcurrent == 0 && actor.DailyQuota == 0) {
+	if dec.Outcome == policy.Rejected || !ok || !actor.Limited() {
 		return dec, func() {}, nil
 	}
-	release := sync.OnceFunc(b.intake.lock("a\x00" + c.Actor))
-	if err := b.checkLimits(c, actor); err != nil {
+	release := sync.OnceFunc(b.intake.lock("a\x00" + actor.Name))
+	if err := b.checkLimits(c, actor, cl.scope, dec.Outcome == policy.Authorized); err != nil {
 		release()
 		return dec, nil, err
 	}
 	return dec, release, nil
-}
-
-// checkLimits enforces an actor's concurrency and daily quota.
-func (b *Bastion) checkLimits(c transport.Caller, actor policy.Actor) error {
-	if actor.MaxConcurrent > 0 {
-		n := 0
-		b.mu.Lock()
-		for _, d := range b.drivers {
-			if d.record().Actor == c.Actor {
-				n++
-			}
-		}
-		b.mu.Unlock()
-		if n >= actor.MaxConcurrent {
-			b.metrics.rejected.WithLabelValues(CodeConcurrencyLimit).Inc()
-			return &ToolError{Code: CodeConcurrencyLimit, Message: fmt.Sprintf(
-				"actor %s has %d executions in flight, its limit; wait for one to end (nothing was started)", actor.Name, n)}
-		}
-	}
-	if actor.DailyQuota > 0 {
-		now := b.now().UTC()
-		midnight := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
-		recs, _, err := b.journal.List(markers.Query{Actor: c.Actor, Since: midnight, Limit: actor.DailyQuota})
-		if err != nil {
-			return journalError(err)
-		}
-		if len(recs) >= actor.DailyQuota {
-			b.metrics.rejected.WithLabelValues(CodeQuotaExceeded).Inc()
-			return &ToolError{Code: CodeQuotaExceeded, Message: fmt.Sprintf(
-				"actor %s used its daily quota of %d executions (resets at 00:00 UTC); nothing was started", actor.Name, actor.DailyQuota)}
-		}
-	}
-	return nil
 }
 
 // applyDecision journals a decision other than authorized: the execution waits for an

@@ -59,10 +59,12 @@ type Bastion struct {
 	intake keyLocks  // serializes match-and-create per intent and per idempotency key
 	runs   knownRuns // agent runs the journal already holds (calls.go)
 
-	mu      sync.Mutex // guards drivers, cancels and closed
+	mu      sync.Mutex // guards drivers (and each driver's queued), cancels, slotFreed and closed
 	drivers map[string]*driver
 	cancels map[string]bool // executions execution_cancel asked to stop (requestCancel)
-	closed  bool
+	// slotFreed is closed and replaced when a concurrency slot may have freed (limits.go).
+	slotFreed chan struct{}
+	closed    bool
 }
 
 // Open opens the state dir (journal, keys, inventory), made private first (see privdir), and
@@ -135,7 +137,7 @@ func Open(opts Options) (*Bastion, error) {
 	b := &Bastion{
 		cfg: cfg, log: opts.Logger, now: opts.Now, journal: journal, fp: fp, inv: inv, pool: pool,
 		classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin, policy: pol,
-		ctx: ctx, cancel: cancel, drivers: map[string]*driver{}, cancels: map[string]bool{},
+		ctx: ctx, cancel: cancel, drivers: map[string]*driver{}, cancels: map[string]bool{}, slotFreed: make(chan struct{}),
 	}
 	b.metrics.registry.MustRegister(inFlight{b})
 	return b, nil

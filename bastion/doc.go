@@ -20,6 +20,7 @@
 //	pool.go       one SSH connection per host, strict host keys, keepalives, backoff
 //	inventory.go  enrolled hosts and enrollment
 //	classes.go    action classes: windows, retention, what each does with an unknown outcome
+//	limits.go     an actor's max_concurrent and quotas, per actor and per run; approved work queues for a slot
 //	config.go     the TOML configuration
 //	metrics.go    Prometheus series
 //

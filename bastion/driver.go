@@ -39,6 +39,8 @@ type driver struct {
 
 	asked chan struct{} // closed once the host was asked (or dispatched to) once
 	done  chan struct{} // closed when the driver ends
+
+	queued bool // waiting for a concurrency slot (awaitSlot); guarded by Bastion.mu
 }
 
 func (d *driver) record() *markers.Record {
@@ -132,12 +134,16 @@ func (b *Bastion) startDriver(rec *markers.Record) *driver {
 		defer func() {
 			b.mu.Lock()
 			delete(b.drivers, d.id)
+			b.slotsChangedLocked()
 			b.mu.Unlock()
 			close(d.done)
 		}()
 		var once sync.Once
 		asked := func() { once.Do(func() { close(d.asked) }) }
 		defer asked()
+		if !b.awaitSlot(d, asked) {
+			return
+		}
 		if rec.Channel == "http" {
 			b.driveHTTP(d, asked)
 			return

@@ -22,6 +22,7 @@ type metrics struct {
 	reconciled      *prometheus.CounterVec // host answers during reconciliation
 	journalErrors   prometheus.Counter
 	approvals       *prometheus.CounterVec // operator decisions and timeouts, by resulting state
+	queued          prometheus.Counter     // executions that waited for a concurrency slot
 	dispatchLatency prometheus.Histogram   // dispatch to the host's start confirmation
 }
 
@@ -42,6 +43,8 @@ func newMetrics() *metrics {
 			Name: "postern_reconcile_outcomes_total", Help: "What hosts answered when asked about an execution in flight."}, []string{"answer"}),
 		approvals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postern_approval_decisions_total", Help: "Approvals decided (authorized) or rejected, by resulting state."}, []string{"state"}),
+		queued: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "postern_executions_queued_total", Help: "Authorized executions that waited for their actor's max_concurrent slot before dispatch."}),
 		journalErrors: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postern_journal_errors_total", Help: "Journal writes that failed (the execution stopped where it was)."}),
 		dispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -49,7 +52,7 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 	}
 	m.registry.MustRegister(m.accepted, m.dispatched, m.dedup, m.rejected, m.finished, m.reconciled,
-		m.journalErrors, m.approvals, m.dispatchLatency,
+		m.journalErrors, m.approvals, m.queued, m.dispatchLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -31,6 +31,9 @@ func (b *Bastion) Cancel(ctx context.Context, c transport.Caller, id string) (*E
 		}
 		next, err := b.journal.Advance(ctx, id, rec.State, path, "cancelled by "+c.Actor+" before dispatch", nil)
 		if err == nil {
+			b.mu.Lock()
+			b.slotsChangedLocked() // a queued execution's driver lets go
+			b.mu.Unlock()
 			return b.view(next), nil
 		}
 		if !errors.Is(err, markers.ErrConflict) {

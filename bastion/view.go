@@ -62,6 +62,8 @@ type Execution struct {
 	// ReviewRequired: the outcome is unknown and Postern will neither ask nor send again;
 	// only an operator's review (`postern review`) settles it.
 	ReviewRequired bool `json:"review_required,omitempty"`
+	// Queued: authorized, and waiting for its actor's max_concurrent slot before dispatch.
+	Queued bool `json:"queued,omitempty"`
 	// Next says what is safe to do now.
 	Next string `json:"next"`
 }
@@ -158,6 +160,10 @@ func (b *Bastion) view(rec *markers.Record) *Execution {
 		x.Cause = cause(rec, holder)
 	}
 	x.Next = nextStep(rec, holder)
+	if rec.State == markers.Authorized && b.isQueued(rec.ID) {
+		x.Queued = true
+		x.Next = fmt.Sprintf("Authorized and queued: its actor is at its max_concurrent limit, and it is dispatched when one of the actor's executions ends. Wait with execution_status {execution_id: %q}; do not call ssh_exec again for this.", rec.ID)
+	}
 	return x
 }
 

@@ -207,6 +207,9 @@ func (e *Executor) removeOrphanSpools(cutoff time.Time) (int, error) {
 	removed := 0
 	var errs []error
 	for _, ent := range entries {
+		if shim.IsSpare(ent.Name()) {
+			continue // the executor's own
+		}
 		// A restarted execution's spool dir is named <id>.<attempt>.
 		id, _, _ := strings.Cut(ent.Name(), ".")
 		if _, err := e.store.Get(id); !errors.Is(err, markers.ErrNotFound) {

@@ -85,13 +85,15 @@ type ExecutorOptions struct {
 // execution or replays the finished one. Commands run under a shim, detached from the SSH
 // session; the executor watches them and records how they ended.
 type Executor struct {
-	cfg   Config
-	store markerStore
-	spool string
-	quota *shim.Quota // spool_cap, asked before each launch
-	exe   string
-	sock  string
-	log   *slog.Logger
+	cfg    Config
+	store  markerStore
+	spool  string
+	quota  *shim.Quota // spool_cap, asked before each launch
+	sup    *shim.Supervisor
+	spares *shim.SpareDirs // spool directories made ahead
+	boot   string          // this boot's id, recorded in every marker
+	sock   string
+	log    *slog.Logger
 
 	// ctx is the parent of the watchers and shims' start; cancelled by Close.
 	ctx    context.Context
@@ -144,12 +146,37 @@ func NewExecutor(opts ExecutorOptions) (*Executor, error) {
 	if err := os.MkdirAll(spool, 0o700); err != nil {
 		return nil, fmt.Errorf("hostagent: spool dir: %w", err)
 	}
+	sup, err := shim.NewSupervisor(exe, filepath.Join(opts.Config.DataDir, SupervisorDir), logger.With("component", "supervisor"))
+	if err != nil {
+		return nil, fmt.Errorf("hostagent: %w", err)
+	}
+	boot, err := bootID()
+	if err != nil {
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Executor{
-		cfg: opts.Config, store: opts.Store, spool: spool, exe: exe, sock: opts.SocketPath,
-		log: logger.With("component", "executor"), ctx: ctx, cancel: cancel,
+		cfg: opts.Config, store: opts.Store, spool: spool, sup: sup, boot: boot, sock: opts.SocketPath,
+		spares: shim.NewSpareDirs(spool, spareSpoolDirs, logger),
+		log:    logger.With("component", "executor"), ctx: ctx, cancel: cancel,
 		live: make(map[string]*execution), quota: shim.NewQuota(spool, opts.Config.SpoolCap),
 	}, nil
+}
+
+// spareSpoolDirs is how many empty spool directories the executor keeps made ahead: enough
+// for a burst of concurrent starts.
+const spareSpoolDirs = 16
+
+// SupervisorDir, in the data dir, holds the long-lived supervisors' records and log.
+const SupervisorDir = "supervisor"
+
+// bootID names this boot of the machine.
+func bootID() (string, error) {
+	data, err := os.ReadFile("/proc/sys/kernel/random/boot_id")
+	if err != nil {
+		return "", fmt.Errorf("hostagent: read boot id: %w", err)
+	}
+	return strings.TrimSpace(string(data)), nil
 }
 
 // ShimBinary is the dedicated shim (cmd/postern-shim): it starts in about half the time of a
@@ -168,11 +195,13 @@ func defaultShimExe() (string, error) {
 	return self, nil
 }
 
-// Close stops watching. Running commands keep running (they are detached); the next
-// Executor re-adopts them in Recover.
+// Close stops watching and lets go of the supervisor. Running commands keep running under
+// it; the next Executor re-adopts them in Recover.
 func (e *Executor) Close() {
 	e.cancel()
 	e.wg.Wait()
+	e.sup.Close()
+	e.spares.Close()
 }
 
 // Exec runs req under a marker, or attaches to / replays the execution that has its id.
@@ -292,6 +321,7 @@ func (e *Executor) createMarker(ctx context.Context, req ExecRequest) (*markers.
 		Command:      e.markerCommand(req),
 		Cwd:          req.Cwd,
 		SpoolDir:     filepath.Join(e.spool, req.ExecutionID),
+		BootID:       e.boot,
 	})
 }
 
@@ -321,7 +351,10 @@ func (e *Executor) launch(x *execution, req ExecRequest) {
 		e.release(x, e.recordStartFailure(x, err))
 		return
 	}
-	h, err := shim.Start(e.ctx, e.exe, x.dir, shim.Spec{
+	// A spare renamed into place; if that fails, Start makes the directory (and says why if
+	// it cannot).
+	e.spares.Make(x.dir)
+	h, err := e.sup.Start(e.ctx, x.dir, shim.Spec{
 		ExecutionID: req.ExecutionID,
 		Command:     req.Command,
 		Shell:       e.shell(req),
@@ -405,6 +438,7 @@ func (e *Executor) watch(x *execution) {
 		x.handle.Close()
 		return
 	}
+	e.quota.Finished(filepath.Base(x.dir))
 	e.release(x, e.recordOutcome(x.id, marked, x.handle.Process(), st, err))
 }
 
@@ -591,8 +625,12 @@ func (e *Executor) replay(s gliderssh.Session, rec *markers.Record) {
 	for _, f := range []struct {
 		name string
 		w    io.Writer
-	}{{shim.StdoutFile, s}, {shim.StderrFile, s.Stderr()}} {
+		size int64
+	}{{shim.StdoutFile, s, rec.Output.StdoutBytes}, {shim.StderrFile, s.Stderr(), rec.Output.StderrBytes}} {
 		file, err := os.Open(filepath.Join(rec.SpoolDir, f.name))
+		if errors.Is(err, os.ErrNotExist) && f.size == 0 {
+			continue // nothing was written; an empty file need not survive a crash
+		}
 		if err != nil {
 			fmt.Fprintf(s.Stderr(), "postern: stored output is gone (%v)\n", errors.Unwrap(err))
 			return

@@ -129,7 +129,7 @@ func (e *Executor) Checkpoint(ctx context.Context, id string, peerPID int, note 
 	if err != nil {
 		return nil, err
 	}
-	ok, err := shim.IsDescendant(peerPID, x.handle.Process().ShimPID)
+	ok, err := shim.InExecution(peerPID, x.handle.Process())
 	if err != nil || !ok {
 		return nil, fmt.Errorf("%w: pid %d", ErrNotYourProcess, peerPID)
 	}

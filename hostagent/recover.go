@@ -12,10 +12,12 @@ import (
 )
 
 // Recover runs before serving: every marker left started or running by a previous process
-// is resolved from its spool. A live shim is re-adopted and watched to the end; a finished
-// one has its outcome recorded; a shim that vanished without an exit record makes the marker
-// interrupted (unknown outcome); a started marker with no shim record provably never ran and
-// becomes not_started. Nothing is ever run again here.
+// is resolved from its spool. A live execution is re-adopted (through the supervisor that
+// runs it) and watched to the end; a finished one has its outcome recorded; one whose
+// supervisor vanished without an exit record makes the marker interrupted (unknown outcome);
+// a started marker of this boot with no shim record provably never ran and becomes
+// not_started — of an earlier boot it becomes interrupted, as the spool is not synced.
+// Nothing is ever run again here.
 func (e *Executor) Recover(ctx context.Context) error {
 	// Collect first: resolving a started marker can move it to running, and it must not be
 	// met twice.
@@ -48,7 +50,19 @@ func (e *Executor) recoverOne(ctx context.Context, rec *markers.Record) error {
 	if dir == "" {
 		dir = filepath.Join(e.spool, rec.ID)
 	}
+	// The spool's records are page-cache writes (shim/daemon.go): they prove what happened on
+	// this boot, and nothing about a marker of an earlier one, whose records a machine crash
+	// may have taken. Such a marker's command may have run — it is interrupted, never "not
+	// started" (a marker of an older release, without a boot id, had synced records).
+	earlierBoot := rec.BootID != "" && rec.BootID != e.boot
 	h, err := shim.Adopt(dir)
+	if earlierBoot && err != nil && !errors.Is(err, shim.ErrNeverStarted) && !errors.Is(err, shim.ErrVanished) && !errors.Is(err, os.ErrNotExist) {
+		log.Warn("unreadable spool of an earlier boot", "err", err)
+		err = shim.ErrVanished // a record torn by the crash
+	}
+	if errors.Is(err, shim.ErrNeverStarted) && earlierBoot {
+		err = shim.ErrVanished
+	}
 	if errors.Is(err, shim.ErrNeverStarted) && rec.State == markers.Started {
 		// No shim record yet: fence the dir so a supervisor still on its way cannot start
 		// the command later, and only then call it never started.
@@ -64,6 +78,8 @@ func (e *Executor) recoverOne(ctx context.Context, rec *markers.Record) error {
 	switch {
 	case errors.Is(err, shim.ErrNeverStarted) && rec.State == markers.Started:
 		to, note = markers.NotStarted, "recovered: no shim record, the command never ran"
+	case earlierBoot && errors.Is(err, shim.ErrVanished):
+		to, note = markers.Interrupted, "recovered after the machine restarted: whether the command ran is unknown"
 	case errors.Is(err, shim.ErrNeverStarted), errors.Is(err, shim.ErrVanished), errors.Is(err, os.ErrNotExist):
 		to, note = markers.Interrupted, "recovered: the shim is gone without an exit record"
 	case err != nil:

@@ -3,6 +3,7 @@ package hostagent_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"io"
 	"log/slog"
@@ -21,6 +22,7 @@ import (
 	"golang.org/x/crypto/ssh/agent"
 
 	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -783,5 +785,55 @@ func TestMaxSessionsPerConnection(t *testing.T) {
 	})
 	for _, ch := range open {
 		ch.Close()
+	}
+}
+
+// TestEnvRequestSetsAllAtOnce: the bastion's one-round-trip environment (client.EnvRequest)
+// is taken variable by variable as env requests are: true only if every one was accepted,
+// and a dropped one never reaches the command.
+func TestEnvRequestSetsAllAtOnce(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.client(t)
+	tests := []struct {
+		name    string
+		vars    []client.EnvVar
+		wantOK  bool
+		wantEnv []string
+	}{
+		{
+			name:    "all accepted",
+			vars:    []client.EnvVar{{Name: "POSTERN_EXECUTION_ID", Value: validID}, {Name: "APP_MODE", Value: "prod"}, {Name: "LANG", Value: "C"}},
+			wantOK:  true,
+			wantEnv: []string{"APP_MODE=prod", "LANG=C", "POSTERN_EXECUTION_ID=" + validID},
+		},
+		{
+			name:    "one dropped",
+			vars:    []client.EnvVar{{Name: "POSTERN_EXECUTION_ID", Value: validID}, {Name: "LD_PRELOAD", Value: "/evil.so"}, {Name: "APP_MODE", Value: "prod"}},
+			wantOK:  false,
+			wantEnv: []string{"APP_MODE=prod", "POSTERN_EXECUTION_ID=" + validID},
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			sess, err := c.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sess.Close()
+			payload, err := json.Marshal(tt.vars)
+			if err != nil {
+				t.Fatal(err)
+			}
+			ok, err := sess.SendRequest(client.EnvRequest, true, gossh.Marshal(&struct{ Env string }{string(payload)}))
+			if err != nil || ok != tt.wantOK {
+				t.Fatalf("%s = %v, %v; want %v", client.EnvRequest, ok, err, tt.wantOK)
+			}
+			if err := sess.Run("env"); err != nil {
+				t.Fatalf("run: %v", err)
+			}
+			if req := ts.handler.lastExec(t); strings.Join(req.Env, " ") != strings.Join(tt.wantEnv, " ") {
+				t.Errorf("ExecRequest.Env = %q; want %q", req.Env, tt.wantEnv)
+			}
+		})
 	}
 }

@@ -2,6 +2,7 @@ package hostagent
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -213,6 +214,19 @@ func (srv *Server) handleSessionChannel(_ *gliderssh.Server, conn *gossh.ServerC
 	}
 }
 
+// addEnv takes one variable of an env or EnvRequest request and reports whether it was
+// accepted. A limit violation is reported when the command is refused.
+func (s *session) addEnv(name, value string) bool {
+	if !s.env.add(name, value) && s.env.problem == nil {
+		// The name only: values may be secrets. A client that asked for a reply (the
+		// bastion) learns the variable was dropped and sends nothing; OpenSSH's SetEnv asks
+		// for none and goes on, as with sshd's AcceptEnv.
+		s.logger.Info("dropping environment variable not in the allowlist", "name", boundForLog(name))
+		return false
+	}
+	return true
+}
+
 // handleRequest answers one channel request. It returns the reply and, for an accepted exec
 // or subsystem request, the work to start once the reply is sent.
 func (s *session) handleRequest(req *gossh.Request) (ok bool, start func(context.Context)) {
@@ -222,14 +236,18 @@ func (s *session) handleRequest(req *gossh.Request) (ok bool, start func(context
 		if s.started || gossh.Unmarshal(req.Payload, &kv) != nil {
 			return false, nil
 		}
-		if !s.env.add(kv.Name, kv.Value) && s.env.problem == nil {
-			// The name only: values may be secrets. A client that asked for a reply (the
-			// bastion) learns the variable was dropped and sends nothing; OpenSSH's SetEnv
-			// asks for none and goes on, as with sshd's AcceptEnv.
-			s.logger.Info("dropping environment variable not in the allowlist", "name", boundForLog(kv.Name))
+		return s.addEnv(kv.Name, kv.Value), nil
+	case client.EnvRequest:
+		var batch struct{ Env string }
+		var vars []client.EnvVar
+		if s.started || gossh.Unmarshal(req.Payload, &batch) != nil || json.Unmarshal([]byte(batch.Env), &vars) != nil {
 			return false, nil
 		}
-		return true, nil
+		accepted := true
+		for _, kv := range vars {
+			accepted = s.addEnv(kv.Name, kv.Value) && accepted
+		}
+		return accepted, nil
 	case "exec":
 		var cmd struct{ Command string }
 		if s.started || gossh.Unmarshal(req.Payload, &cmd) != nil {

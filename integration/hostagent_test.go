@@ -506,3 +506,60 @@ func TestHarnessReapsDetachedCommands(t *testing.T) {
 		t.Errorf("the command's child %d outlived its test: %s", pid, stat)
 	}
 }
+
+// TestUpgradeKeepsCommandsRunning: a package upgrade replaces the binaries (by rename, as
+// dpkg does) and restarts the agent while a command runs. The command goes on under the
+// supervisor the old agent started, the new agent adopts it through that supervisor and
+// starts its own for new commands; nothing runs twice.
+func TestUpgradeKeepsCommandsRunning(t *testing.T) {
+	installed := t.TempDir()
+	install := func() {
+		for _, name := range []string{"postern-hostagent", "postern-shim"} {
+			data, err := os.ReadFile(testutil.Binary(t, name))
+			if err != nil {
+				t.Fatal(err)
+			}
+			tmp := filepath.Join(installed, "."+name+".dpkg-new")
+			if err := os.WriteFile(tmp, data, 0o755); err != nil {
+				t.Fatal(err)
+			}
+			if err := os.Rename(tmp, filepath.Join(installed, name)); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	install()
+	h := testutil.NewHostagent(t)
+	h.Bin = filepath.Join(installed, "postern-hostagent")
+	h.Start(t)
+	effects := filepath.Join(t.TempDir(), "effects")
+	proceed := filepath.Join(t.TempDir(), "proceed")
+	id := newID(t)
+	cmd := "while [ ! -e " + proceed + " ]; do sleep 0.05; done; echo applied >> " + effects + "; echo done; exit 6"
+	waitFirst := execInBackground(t, h.Dial(t), client.Exec{ExecutionID: id, Command: cmd})
+	oldSupervisor := readShimPID(t, filepath.Join(h.DataDir, "spool", id))
+
+	install() // the upgrade: new files under the same names
+	h.Kill(t) // the unit restarts the agent (KillMode=process: the agent only)
+	waitFirst()
+	h.Start(t)
+	if _, err := os.Stat(fmt.Sprintf("/proc/%d", oldSupervisor)); err != nil {
+		t.Fatalf("the supervisor of the running command ended with the upgrade: %v", err)
+	}
+	freshID := newID(t)
+	fresh := execOn(t, h.Dial(t), client.Exec{ExecutionID: freshID, Command: "true"})
+	if fresh.err != nil || fresh.res.ExitStatus != 0 {
+		t.Fatalf("a new command after the upgrade = %+v", fresh)
+	}
+	if pid := readShimPID(t, filepath.Join(h.DataDir, "spool", freshID)); pid == oldSupervisor {
+		t.Errorf("the new agent ran a new command under the old release's supervisor %d", pid)
+	}
+	if err := os.WriteFile(proceed, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	again := execOn(t, h.Dial(t), client.Exec{ExecutionID: id, Command: cmd})
+	if again.err != nil || again.res.ExitStatus != 6 || again.stdout != "done\n" || !again.res.Replayed() {
+		t.Fatalf("re-issue after the upgrade = %+v; want exit 6 from the adopted command", again)
+	}
+	ranOnce(t, effects)
+}

@@ -322,6 +322,17 @@ commands = ["rm **"]`)
 		{name: "by path", command: "/bin/rm " + victim, code: "denied"},
 		{name: "command substitution", command: "$(rm " + victim + ")", code: "unparsable"},
 		{name: "backticks", command: "echo `rm " + victim + "`", code: "unparsable"},
+		// Wrappers are unwrapped: the rule sees the rm they would run.
+		{name: "sudo", command: "sudo -n rm -f " + victim, code: "denied"},
+		{name: "sh -c", command: `sh -c "rm -f ` + victim + `"`, code: "denied"},
+		{name: "nested wrappers", command: "sudo env FOO=1 sh -c 'nice rm -rf " + victim + "'", code: "denied"},
+		{name: "env", command: "env -i rm " + victim, code: "denied"},
+		{name: "timeout", command: "timeout -k 1 -s KILL 5 rm " + victim, code: "denied"},
+		{name: "xargs", command: "echo " + victim + " | xargs rm", code: "denied"},
+		{name: "find -exec", command: "find " + filepath.Dir(victim) + " -name victim -exec rm {} \\;", code: "denied"},
+		{name: "busybox", command: "busybox rm " + victim, code: "denied"},
+		{name: "a shell reading a pipe", command: "echo 'rm " + victim + "' | sh", code: "unparsable"},
+		{name: "a parameter in sh -c", command: "sh -c 'rm $0' " + victim, code: "unparsable"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": tc.command})
@@ -340,9 +351,11 @@ commands = ["rm **"]`)
 	if _, err := os.Stat(victim); err != nil {
 		t.Fatalf("the file rm would remove: %v", err)
 	}
-	// The approve rule still applies where no deny rule does.
-	if x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo ok"}); x.State != string(markers.AwaitingApproval) {
-		t.Fatalf("echo ok = %+v; want awaiting approval", x)
+	// The approve rule still applies where no deny rule does, through a wrapper too.
+	for _, command := range []string{"echo ok", "sh -c 'echo ok'"} {
+		if x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": command}); x.State != string(markers.AwaitingApproval) {
+			t.Fatalf("%s = %+v; want awaiting approval", command, x)
+		}
 	}
 }
 
@@ -566,5 +579,131 @@ func TestActorLimitsUnderConcurrentCalls(t *testing.T) {
 		if n := admitted(t, "serial", bastion.CodeConcurrencyLimit); n != 1 {
 			t.Errorf("%d of %d concurrent calls admitted; want max_concurrent, 1", n, calls)
 		}
+	})
+}
+
+// TestApprovedWorkWaitsForASlot: an execution approved while its actor is at max_concurrent
+// is not dispatched past the limit. It stays authorized and queued — the agent's
+// execution_status and the journal say so, and a new call is still refused — until the
+// execution holding the slot ends; then it runs, once.
+func TestApprovedWorkWaitsForASlot(t *testing.T) {
+	f := startPolicyFleet(t, fleetOptions{tables: []string{`[[rules]]
+name = "migrations-need-approval"
+decision = "approve"
+actors = ["serial"]
+commands = ["migrate **"]`}}, testutil.ActorSpec{Name: "serial", MaxConcurrent: 1})
+	ctx := testContext(t)
+	cs := f.session(t, "serial", "run-1")
+	g := newGatedCommand(t)
+	t.Cleanup(func() { g.open(t) })
+	// The gated command as a script, so that its command line is plain words: shell syntax
+	// would meet the approve rule.
+	hold := filepath.Join(t.TempDir(), "hold")
+	if err := os.WriteFile(hold, []byte("#!/bin/sh\n"+g.cmd+"\n"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	holder := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": hold, "wait_s": 0})
+	if markers.Journal.Terminal(markers.State(holder.State)) {
+		t.Fatalf("gated command = %+v; want it in flight", holder)
+	}
+	waitJournaled(t, f.bastion, holder.ExecutionID, markers.Running)
+	migrate, file := migrateScript(t)
+	x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": migrate + " up", "wait_s": 0})
+	if x.State != string(markers.AwaitingApproval) {
+		t.Fatalf("migrate = %+v; want awaiting approval", x)
+	}
+	mustCLI(t, ctx, f.bastion, "approve", x.ExecutionID, "--note", "ok")
+
+	var rec *markers.Record
+	testutil.WaitFor(t, "the approved execution to be queued", func() bool {
+		rec = journaled(t, f.bastion, x.ExecutionID)
+		return hasEvidence(rec, "queued: actor serial has 1 executions in flight")
+	})
+	if _, dispatched := rec.StateTimes[markers.Dispatched]; rec.State != markers.Authorized || dispatched {
+		t.Fatalf("queued execution: state %s, state times %v; want authorized, never dispatched", rec.State, rec.StateTimes)
+	}
+	if st := mustCall(t, ctx, cs, "execution_status", map[string]any{"execution_id": x.ExecutionID}); !st.Queued || st.State != string(markers.Authorized) {
+		t.Fatalf("execution_status of the queued execution = %+v; want authorized and queued", st)
+	}
+	if msg := mustRefuse(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo third"}); !strings.Contains(msg, bastion.CodeConcurrencyLimit) {
+		t.Errorf("a new call while one runs and one is queued: %s; want %s", msg, bastion.CodeConcurrencyLimit)
+	}
+	if n := effects(t, file); n != 0 {
+		t.Fatalf("the queued command ran %d times", n)
+	}
+
+	g.open(t)
+	first := waitJournaled(t, f.bastion, holder.ExecutionID, markers.Completed)
+	rec = waitJournaled(t, f.bastion, x.ExecutionID, markers.Completed)
+	if n := effects(t, file); n != 1 {
+		t.Fatalf("the approved command ran %d times; want 1", n)
+	}
+	if !hasEvidence(rec, "a concurrency slot is free: dispatching") || rec.StateTimes[markers.Dispatched].Before(first.StateTimes[markers.Completed]) {
+		t.Errorf("approved execution dispatched at %v, the slot's holder completed at %v; want it dispatched after, with evidence %q",
+			rec.StateTimes[markers.Dispatched], first.StateTimes[markers.Completed], rec.Evidence)
+	}
+}
+
+// TestQuotasCountDispatchedWork: a daily quota counts executions that dispatched (or may
+// still), not the ones policy rejected; run_daily_quota and run_max_concurrent hold each
+// agent run of an actor to its own share, so one run cannot starve another.
+func TestQuotasCountDispatchedWork(t *testing.T) {
+	f := startPolicyFleet(t, fleetOptions{tables: []string{`[[rules]]
+name = "no-forbidden"
+decision = "deny"
+actors = ["counted"]
+commands = ["forbidden **"]`}},
+		testutil.ActorSpec{Name: "counted", DailyQuota: 2},
+		testutil.ActorSpec{Name: "per-run", RunDailyQuota: 1},
+		testutil.ActorSpec{Name: "per-run-serial", RunMaxConcurrent: 1},
+	)
+	ctx := testContext(t)
+
+	t.Run("rejections do not count", func(t *testing.T) {
+		cs := f.session(t, "counted", "run-1")
+		for i := range 3 {
+			if x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": fmt.Sprintf("forbidden %d", i)}); x.State != string(markers.Rejected) {
+				t.Fatalf("forbidden %d = %+v; want rejected", i, x)
+			}
+		}
+		for _, tag := range []string{"first", "second"} {
+			if x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo " + tag}); x.State != string(markers.Completed) {
+				t.Fatalf("echo %s after three rejections = %+v; want completed (rejections do not count)", tag, x)
+			}
+		}
+		if msg := mustRefuse(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo third"}); !strings.Contains(msg, bastion.CodeQuotaExceeded) {
+			t.Errorf("third dispatch: %s; want %s", msg, bastion.CodeQuotaExceeded)
+		}
+	})
+
+	t.Run("per run quota", func(t *testing.T) {
+		a, b := f.session(t, "per-run", "run-a"), f.session(t, "per-run", "run-b")
+		if x := mustCall(t, ctx, a, "ssh_exec", map[string]any{"host": "h1", "command": "echo a"}); x.State != string(markers.Completed) {
+			t.Fatalf("run-a's first = %+v; want completed", x)
+		}
+		if msg := mustRefuse(t, ctx, a, "ssh_exec", map[string]any{"host": "h1", "command": "echo a2"}); !strings.Contains(msg, bastion.CodeQuotaExceeded) || !strings.Contains(msg, "agent run") {
+			t.Errorf("run-a's second: %s; want %s for the run", msg, bastion.CodeQuotaExceeded)
+		}
+		if x := mustCall(t, ctx, b, "ssh_exec", map[string]any{"host": "h1", "command": "echo b"}); x.State != string(markers.Completed) {
+			t.Fatalf("run-b's first = %+v; want completed: run-a's quota is its own", x)
+		}
+	})
+
+	t.Run("per run concurrency", func(t *testing.T) {
+		a, b := f.session(t, "per-run-serial", "run-a"), f.session(t, "per-run-serial", "run-b")
+		g := newGatedCommand(t)
+		t.Cleanup(func() { g.open(t) })
+		running := mustCall(t, ctx, a, "ssh_exec", map[string]any{"host": "h1", "command": g.cmd, "wait_s": 0})
+		if markers.Journal.Terminal(markers.State(running.State)) {
+			t.Fatalf("gated command = %+v; want it in flight", running)
+		}
+		if msg := mustRefuse(t, ctx, a, "ssh_exec", map[string]any{"host": "h1", "command": "echo a2"}); !strings.Contains(msg, bastion.CodeConcurrencyLimit) {
+			t.Errorf("run-a's second while its first runs: %s; want %s", msg, bastion.CodeConcurrencyLimit)
+		}
+		if x := mustCall(t, ctx, b, "ssh_exec", map[string]any{"host": "h1", "command": "echo b"}); x.State != string(markers.Completed) {
+			t.Fatalf("run-b while run-a's command runs = %+v; want completed", x)
+		}
+		g.open(t)
+		waitJournaled(t, f.bastion, running.ExecutionID, markers.Completed)
 	})
 }

@@ -18,7 +18,10 @@ type Record struct {
 	Graph Graph  `json:"graph"`
 	State State  `json:"state"`
 
-	Actor          string `json:"actor,omitempty"`
+	Actor string `json:"actor,omitempty"`
+	// PolicyActor is the configured actor the bastion's policy decided the execution for
+	// (bastion/policy); its limits count the execution.
+	PolicyActor    string `json:"policy_actor,omitempty"`
 	IntentScope    string `json:"intent_scope,omitempty"`
 	Fingerprint    string `json:"fingerprint,omitempty"`
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
@@ -77,9 +80,13 @@ type Record struct {
 	OperationTakenBy string `json:"operation_taken_by,omitempty"`
 
 	// Host process (hostagent markers).
-	PID         int          `json:"pid,omitempty"`
-	PIDStart    uint64       `json:"pid_start,omitempty"`
-	SpoolDir    string       `json:"spool_dir,omitempty"`
+	PID      int    `json:"pid,omitempty"`
+	PIDStart uint64 `json:"pid_start,omitempty"`
+	SpoolDir string `json:"spool_dir,omitempty"`
+	// BootID is the host's boot (/proc/sys/kernel/random/boot_id) the marker was created in:
+	// the spool's records are not synced, so they prove nothing about a marker of an earlier
+	// boot (see hostagent's recovery).
+	BootID      string       `json:"boot_id,omitempty"`
 	Checkpoints []Checkpoint `json:"checkpoints,omitempty"`
 	Validated   bool         `json:"validated,omitempty"`
 }

@@ -60,10 +60,29 @@
 // else every applicable approve rule fires, and its class is the strictest class of any
 // applicable class rule, never looser than remote_command.
 //
-// Not unwrapped: programs that run their arguments as a command (env, sudo, nohup,
-// timeout, xargs, find -exec, sh -c). A deny on "rm **" does not see `sudo rm`; deny or
-// require approval for such wrappers explicitly. Allow-style class rules are unaffected:
-// `sudo df` does not match "df **".
+// # Wrappers
+//
+// Each simple command is unwrapped (Unwrap) into the layers it would run: itself and, when
+// it names a wrapper, the command the wrapper runs, recursively — sudo, doas, env, nice,
+// ionice, nohup, timeout, stdbuf, time, chroot, setsid, pkexec, xargs, busybox APPLET,
+// find's -exec/-execdir/-ok/-okdir clauses, and sh/bash/dash/zsh/ash/ksh/mksh -c STRING
+// (STRING parsed by ParseCommand). Rules see every layer as they see a simple command of a
+// script: a deny or approve rule fires when any layer matches, and the class is the
+// strictest of the layers' classes — so a wrapper never loosens a class (sudo df keeps the
+// default; sudo migrate is irreversible) and a deny on rm sees sudo rm, sh -c 'rm x',
+// find -exec rm {} ;. Words only known at run time (find's {}, xargs -I's replacement,
+// the words xargs appends) match any pattern word for deny and approve, and only '*' or a
+// final "**" for a looser class.
+//
+// A wrapper whose options or form the unwrapper does not know with certainty makes the
+// command not safe (above): an unknown option, sudo -s/-i/-e, doas -s, env -S, a shell
+// reading its input (sh with neither -c nor a script file, -i, -s), chroot without a
+// command, an assignment to a variable a shell, the loader or a common program runs code
+// from (PATH, LD_*, BASH_ENV, PS4, SHELLOPTS, EDITOR, ...), a run-time word where the
+// wrapper looks for its options or command (xargs sudo), a command name starting with '-'
+// or naming a builtin that reinterprets its arguments (env command rm), more than 16 levels. Any other program is judged as itself, whatever it runs:
+// interpreters (python -c, perl -e, awk), su -c, ssh, flock, watch, make, git -c, ...;
+// deny or require approval for those explicitly.
 //
 // # Classes
 //

@@ -15,21 +15,53 @@ const anyRemaining = "**"
 // Without "**" the argv must have exactly as many words as the pattern. An empty pattern
 // or argv matches nothing.
 func MatchArgv(pattern string, argv []string) bool {
+	return matchLayer(pattern, Layer{Argv: argv}, true)
+}
+
+// matchLayer is MatchArgv for a layer whose words may be known only at run time (Unknown,
+// Open). could: whether some value of those words matches (an unknown word matches any
+// glob; open words may fill the pattern's remaining words). !could: whether every value
+// does (an unknown word matches only a glob of '*'s; open words only a final "**").
+func matchLayer(pattern string, l Layer, could bool) bool {
 	words := strings.Fields(pattern)
+	argv := l.Argv
 	if len(words) == 0 || len(argv) == 0 {
 		return false
 	}
-	if words[len(words)-1] == anyRemaining {
+	rest := words[len(words)-1] == anyRemaining
+	if rest {
 		words = words[:len(words)-1]
-		if len(argv) < len(words) {
+	}
+	n := len(words)
+	switch {
+	case l.Open && !could:
+		// Every number of appended words, zero included, must match.
+		if !rest || len(argv) < n {
 			return false
 		}
-		argv = argv[:len(words)]
-	} else if len(argv) != len(words) {
-		return false
+	case l.Open: // could
+		if !rest && len(argv) > n {
+			return false
+		}
+	case rest:
+		if len(argv) < n {
+			return false
+		}
+	default:
+		if len(argv) != n {
+			return false
+		}
 	}
 	for i, w := range words {
-		if !globMatch(w, argv[i]) {
+		if i >= len(argv) {
+			break // open words fill the rest (could only: checked above)
+		}
+		switch {
+		case !l.unknown(i):
+			if !globMatch(w, argv[i]) {
+				return false
+			}
+		case !could && strings.Trim(w, "*") != "":
 			return false
 		}
 	}

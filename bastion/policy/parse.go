@@ -27,13 +27,14 @@ var reinterpreting = map[string]bool{
 // with its words' literal values (quotes and backslashes removed: `'r'\m` is "rm"). safe
 // is false when anything in the script is not a plain literal word, or it does not parse:
 // parameter, command, arithmetic and process substitution, $'…' and $"…", unquoted glob,
-// brace or tilde characters, assignments (PATH=… cmd), here-documents, redirections other
-// than to /dev/null or to a file descriptor, subshells, blocks, functions, compound and
-// declaration commands, coprocesses, builtins that reinterpret their arguments (eval,
-// source, exec, command, hash, alias, ...), and a command name that is empty, not ASCII or
-// holds a control character. Commands over MaxCommandBytes, with a NUL byte, invalid
-// UTF-8 or more than 1024 of the bytes ( { [ ` are not parsed and not safe. When safe is
-// false argvs are partial and must not be trusted.
+// brace or tilde characters, an unquoted word starting with = (zsh's =cmd), assignments
+// (PATH=… cmd), here-documents, redirections other than to /dev/null or to a file
+// descriptor, subshells, blocks, functions, compound and declaration commands, coprocesses,
+// builtins that reinterpret their arguments (eval, source, exec, command, hash, alias, ...),
+// and a command name that is empty, not ASCII or holds a control character. Commands over
+// MaxCommandBytes, with a NUL byte, invalid UTF-8 or more than 1024 of the bytes ( { [ `
+// are not parsed and not safe. The shell's time keyword is read as the time program (time
+// df → the argv time df). When safe is false argvs are partial and must not be trusted.
 func ParseCommand(command string) (argvs [][]string, safe bool) {
 	if len(command) > MaxCommandBytes || !utf8.ValidString(command) || strings.ContainsRune(command, 0) ||
 		countOpeners(command) > maxOpeners {
@@ -82,6 +83,22 @@ func (w *scriptWalker) stmt(s *syntax.Stmt) {
 	case *syntax.BinaryCmd: // a && b, a || b, a | b, a |& b
 		w.stmt(c.X)
 		w.stmt(c.Y)
+	case *syntax.TimeClause: // the shell's time keyword: judged as the time wrapper
+		timeWords := []string{"time"}
+		if c.PosixFormat {
+			timeWords = append(timeWords, "-p")
+		}
+		if c.Stmt == nil {
+			w.safe = false
+			return
+		}
+		n := len(w.argvs)
+		w.stmt(c.Stmt)
+		if _, simple := c.Stmt.Cmd.(*syntax.CallExpr); simple && len(w.argvs) == n+1 {
+			w.argvs[n] = append(timeWords, w.argvs[n]...)
+		} else {
+			w.argvs = append(w.argvs, timeWords)
+		}
 	default: // subshells, blocks, if/while/for/case, functions, [[ ]], (( )), declare/export, let, time, ...
 		w.safe = false
 	}
@@ -162,6 +179,10 @@ func literalWord(word *syntax.Word) (string, bool) {
 	// are brace expansion and globs.
 	if lit, ok := word.Parts[0].(*syntax.Lit); ok && len(word.Parts) == 1 && (lit.Value == "{}" || lit.Value == "[") {
 		return lit.Value, true
+	}
+	// zsh (an account's shell may be zsh) expands an unquoted =cmd to cmd's path.
+	if lit, ok := word.Parts[0].(*syntax.Lit); ok && len(lit.Value) > 1 && lit.Value[0] == '=' {
+		return "", false
 	}
 	var b strings.Builder
 	for _, part := range word.Parts {

@@ -54,15 +54,24 @@ const (
 // Actor is a caller the operator configured: remote by token hash, or local by process
 // (uid and/or exe). Exactly one of the two identities is set.
 type Actor struct {
-	Name          string   `toml:"name"`
-	TokenSHA256   string   `toml:"token_sha256"`   // remote actors: hex SHA-256 of the bearer token
-	UID           *int     `toml:"uid"`            // local actors: match the peer uid ...
-	Exe           string   `toml:"exe"`            // ... and/or the agent process's executable path (exact)
-	Hosts         []string `toml:"hosts"`          // globs over host names and "group:<glob>"; empty = all hosts
-	Tools         []string `toml:"tools"`          // tool names; empty = all tools
-	Endpoints     []string `toml:"endpoints"`      // http endpoint names (globs); empty = all
-	MaxConcurrent int      `toml:"max_concurrent"` // executions in flight at once; 0 = unlimited (enforced by the bastion)
-	DailyQuota    int      `toml:"daily_quota"`    // executions accepted per UTC day; 0 = unlimited (enforced by the bastion)
+	Name        string   `toml:"name"`
+	TokenSHA256 string   `toml:"token_sha256"` // remote actors: hex SHA-256 of the bearer token
+	UID         *int     `toml:"uid"`          // local actors: match the peer uid ...
+	Exe         string   `toml:"exe"`          // ... and/or the agent process's executable path (exact)
+	Hosts       []string `toml:"hosts"`        // globs over host names and "group:<glob>"; empty = all hosts
+	Tools       []string `toml:"tools"`        // tool names; empty = all tools
+	Endpoints   []string `toml:"endpoints"`    // http endpoint names (globs); empty = all
+	// Limits, enforced by the bastion; 0 = unlimited. The run_ forms apply to each agent run
+	// (intent scope) of the actor on its own, so one run cannot use up another's share.
+	MaxConcurrent    int `toml:"max_concurrent"`     // executions in flight at once
+	DailyQuota       int `toml:"daily_quota"`        // executions that dispatched (or may still) per UTC day
+	RunMaxConcurrent int `toml:"run_max_concurrent"` // max_concurrent for each agent run
+	RunDailyQuota    int `toml:"run_daily_quota"`    // daily_quota for each agent run
+}
+
+// Limited reports whether the bastion must count the actor's executions.
+func (a Actor) Limited() bool {
+	return a.MaxConcurrent > 0 || a.DailyQuota > 0 || a.RunMaxConcurrent > 0 || a.RunDailyQuota > 0
 }
 
 // Local reports whether the actor is matched by process rather than by token.
@@ -125,6 +134,13 @@ type Decision struct {
 	Rule    string   // the rule (or actor limit) that decided, e.g. `rules[2] "no-prod-drops"`
 	Steps   []string // the ladder as walked, one line per step
 	Code    string   // rejections only
+	// Layers (ssh_exec) are the commands the command line would run: each simple command
+	// and, through the wrappers Unwrap knows, what it runs. Partial when the command is not
+	// plain literal words or a wrapper could not be unwrapped with certainty.
+	Layers []Layer
+	// Layer is the index into Layers of the layer that decided — matched the deny or
+	// approve rule, or set the class — or -1 when no single layer did.
+	Layer int
 }
 
 // ErrInvalid is wrapped by every validation problem New reports.
@@ -213,8 +229,8 @@ func New(actors []Actor, rules []Rule, knownClasses []string) (*Policy, error) {
 				bad("%s: %v", at, err)
 			}
 		}
-		if a.MaxConcurrent < 0 || a.DailyQuota < 0 {
-			bad("%s: max_concurrent and daily_quota must not be negative (0 = unlimited)", at)
+		if a.MaxConcurrent < 0 || a.DailyQuota < 0 || a.RunMaxConcurrent < 0 || a.RunDailyQuota < 0 {
+			bad("%s: max_concurrent, daily_quota, run_max_concurrent and run_daily_quota must not be negative (0 = unlimited)", at)
 		}
 		a.Hosts, a.Tools, a.Endpoints = slices.Clone(a.Hosts), slices.Clone(a.Tools), slices.Clone(a.Endpoints)
 		if a.UID != nil {

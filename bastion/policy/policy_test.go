@@ -49,6 +49,7 @@ type ladderCase struct {
 		Class   string  `json:"class"`
 		Rule    string  `json:"rule"`
 		Code    string  `json:"code"`
+		Layer   string  `json:"layer"` // the layer that decided, as Layer.String shows it; "" = not checked
 	} `json:"want"`
 }
 
@@ -80,6 +81,13 @@ func TestLadder(t *testing.T) {
 			if d.Outcome != w.Outcome || d.Class != w.Class || d.Rule != w.Rule || d.Code != w.Code {
 				t.Errorf("got outcome=%s class=%q rule=%q code=%q\nwant outcome=%s class=%q rule=%q code=%q\nsteps:\n  %s",
 					d.Outcome, d.Class, d.Rule, d.Code, w.Outcome, w.Class, w.Rule, w.Code, strings.Join(d.Steps, "\n  "))
+			}
+			if w.Layer != "" && (d.Layer < 0 || d.Layers[d.Layer].String() != w.Layer) {
+				got := "none"
+				if d.Layer >= 0 {
+					got = d.Layers[d.Layer].String()
+				}
+				t.Errorf("decided by layer %q, want %q\nsteps:\n  %s", got, w.Layer, strings.Join(d.Steps, "\n  "))
 			}
 			if len(d.Steps) == 0 || !strings.Contains(d.Steps[len(d.Steps)-1], string(d.Outcome)) {
 				t.Errorf("last step %q does not state the outcome %s", d.Steps[len(d.Steps)-1], d.Outcome)

@@ -27,7 +27,9 @@ const policyUsage = `usage: postern policy check --actor NAME --host H [--json] 
        postern policy check --actor NAME --endpoint E --method M --path P [--json]
 
   check  walk the decision ladder for a call and say which rule decides (nothing runs);
-         like ssh, the words after -- are joined with spaces into the command line
+         like ssh, the words after -- are joined with spaces into the command line; the
+         layers are the commands it would run, wrappers (sudo, env, sh -c, ...) unwrapped,
+         "=>" marking the layer that decided
 
 common flags: --state-dir DIR, --config FILE (the bastion's config)
 `
@@ -89,6 +91,21 @@ func (c *policyCommand) check(ctx context.Context, args []string) error {
 	fmt.Fprintf(c.stdout, "rule:     %s\n", cli.Printable(dec.Rule))
 	if dec.Code != "" {
 		fmt.Fprintf(c.stdout, "code:     %s\n", dec.Code)
+	}
+	if len(dec.Layers) > 0 {
+		// Every command the line would run, wrappers unwrapped; the one that decided marked.
+		fmt.Fprintln(c.stdout, "layers:")
+		for i, l := range dec.Layers {
+			mark := "  "
+			if i == dec.Layer {
+				mark = "=>"
+			}
+			via := ""
+			if l.Via != "" {
+				via = "  (via " + l.Via + ")"
+			}
+			fmt.Fprintf(c.stdout, "  %s %d %s%s%s\n", mark, i+1, strings.Repeat("  ", l.Depth), printable(l.String()), via)
+		}
 	}
 	fmt.Fprintln(c.stdout, "ladder:")
 	for _, s := range dec.Steps {

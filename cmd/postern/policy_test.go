@@ -53,6 +53,23 @@ commands = ["migrate **"]
 			}
 		})
 	}
+	t.Run("layers", func(t *testing.T) {
+		res := mustRun(t, "policy", "check", "--config", config, "--actor", "deploy-bot", "--host", "web-1", "--json", "--",
+			"sudo", "env", "FOO=1", "sh", "-c", `'nice rm -rf /x'`)
+		var dec policy.Decision
+		decodeJSON(t, res, &dec)
+		if dec.Outcome != policy.Rejected || len(dec.Layers) != 5 || dec.Layer != 4 || dec.Layers[4].String() != "rm -rf /x" {
+			t.Fatalf("decision = %+v; want rejected, five layers, the fifth (rm -rf /x) deciding", dec)
+		}
+		out := mustRun(t, "policy", "check", "--config", config, "--actor", "deploy-bot", "--host", "web-1", "--",
+			"sudo", "env", "FOO=1", "sh", "-c", `'nice rm -rf /x'`)
+		for _, want := range []string{"layers:", "   1 sudo env FOO=1 sh -c 'nice rm -rf /x'", "   4       nice rm -rf /x  (via sh -c)",
+			"=> 5         rm -rf /x  (via nice)", `deny: rules[0] "no-rm" matches, layer 5: rm -rf /x`} {
+			if !strings.Contains(out.stdout, want) {
+				t.Errorf("policy check printed:\n%s\nwant a line with %q", out.stdout, want)
+			}
+		}
+	})
 	if res := runCLI(t, "", "policy", "check", "--config", config, "--host", "web-1"); res.err == nil {
 		t.Fatal("policy check without a command succeeded")
 	}

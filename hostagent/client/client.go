@@ -27,6 +27,19 @@ import (
 // when the marker is created or found, and once with the final marker before exit-status.
 const MarkerRequest = "postern-marker@postern"
 
+// EnvRequest is the channel request (want-reply true) that sets a session's whole
+// environment at once: one round trip instead of one per variable. Its payload is an SSH
+// string holding a JSON array of EnvVar. The reply is true only if every variable was
+// accepted; a hostagent of an earlier release answers false to the unknown request, so a
+// false reply is followed by one env request per variable, which names what was refused.
+const EnvRequest = "postern-env@postern"
+
+// EnvVar is one variable of an EnvRequest.
+type EnvVar struct {
+	Name  string `json:"name"`
+	Value string `json:"value"`
+}
+
 // Environment variables with a meaning to the hostagent.
 const (
 	EnvExecutionID  = "POSTERN_EXECUTION_ID"
@@ -170,7 +183,22 @@ func Run(ctx context.Context, conn gossh.Conn, x Exec) (Result, error) {
 		names = append(names, k)
 	}
 	sort.Strings(names)
+	batch := make([]EnvVar, len(names))
+	for i, k := range names {
+		batch[i] = EnvVar{Name: k, Value: env[k]}
+	}
+	payload, err := json.Marshal(batch)
+	if err != nil {
+		return fail(fmt.Errorf("encode env: %w", err))
+	}
+	ok, err := ch.SendRequest(EnvRequest, true, gossh.Marshal(&struct{ Env string }{string(payload)}))
+	if err != nil {
+		return fail(fmt.Errorf("send env: %w", err))
+	}
 	for _, k := range names {
+		if ok {
+			break // all accepted at once
+		}
 		msg := struct{ Name, Value string }{k, env[k]}
 		if ok, err := ch.SendRequest("env", true, gossh.Marshal(&msg)); err != nil {
 			return fail(fmt.Errorf("send env %s: %w", k, err))

@@ -1,8 +1,10 @@
 package shim
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/json"
+	"strings"
 	"testing"
 )
 
@@ -94,5 +96,34 @@ func TestParseStat(t *testing.T) {
 				t.Errorf("parseStat = %+v, %v; want %+v, error %v", got, err, tt.want, tt.wantErr)
 			}
 		})
+	}
+}
+
+// FuzzReadMessage: what a peer sends the supervisor is read a line at a time, bounded; a
+// line parses or fails, never more than maxRequestBytes are held, and the rest of the stream
+// stays readable.
+func FuzzReadMessage(f *testing.F) {
+	f.Add([]byte(`{"v":1,"op":"start","dir":"/x","spec":{"execution_id":"ex_1","command":"true"}}` + "\n" + `{"v":1,"op":"cancel"}` + "\n"))
+	f.Add([]byte(`{"v":1,"op":"wait","dir":"/x"}`))
+	f.Add([]byte("\n\n"))
+	f.Add([]byte(`{"v":1,"op":"lease"`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		r := bufio.NewReaderSize(bytes.NewReader(data), 16)
+		for range 4 {
+			req, err := readMessage[request](r)
+			if err != nil {
+				return
+			}
+			if req.Spec != nil {
+				req.Spec.withDefaults().validate() // must not panic
+			}
+		}
+	})
+}
+
+func TestReadMessageBound(t *testing.T) {
+	long := append(bytes.Repeat([]byte("x"), maxRequestBytes+1), '\n')
+	if _, err := readMessage[request](bufio.NewReader(bytes.NewReader(long))); err == nil || !strings.Contains(err.Error(), "larger than") {
+		t.Errorf("readMessage of a %d-byte line = %v; want the bound", len(long), err)
 	}
 }

@@ -1,21 +1,17 @@
 package shim
 
 import (
+	"bufio"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
+	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/postern-dev/postern/internal/durable"
 )
 
 // maxReadyBytes bounds the supervisor's readiness message.
@@ -30,8 +26,15 @@ type Handle struct {
 	dir  string
 	proc Process
 	// shim is the supervisor when this process started it (and so must reap it); nil when
-	// adopted.
+	// adopted or supervised by the long-lived supervisor.
 	shim *exec.Cmd
+	// sup is the long-lived supervisor that answers for the execution (daemon.go); zero for
+	// a per-command shim, which is followed through its pidfd instead. conn carries its
+	// final answer, read by one goroutine that closes ended once status and err are final.
+	sup     shimRecord
+	conn    *net.UnixConn
+	ended   chan struct{}
+	writeMu sync.Mutex // serializes cancels on conn
 
 	mu sync.Mutex // guards the fields below
 	// pidfd refers to the supervisor while it may be running; -1 once its outcome is known
@@ -42,118 +45,101 @@ type Handle struct {
 	err    error
 }
 
-// Start runs spec in the spool directory dir (created if missing; it must not have been
-// used before) under a detached supervisor, started as `exe shim` in its own session with dir
-// in $POSTERN_SHIM_SPOOL_DIR (not in its arguments, which every local user can read), and
-// returns once the command is running. exe is normally os.Executable().
-//
-// If the command could not be started the error is a *StartError (wrapping ErrStartFailed)
-// and the status file says why; the command provably did not run. If ctx ends before the
-// command is reported running, Start cancels the execution, waits for the supervisor to
-// finish and returns ctx's cause; the spool directory then tells whether anything ran. Other errors mean the
-// supervisor failed before it could start the command, or never started (no shim record).
-//
-// The returned handle's Wait must be called to reap the supervisor.
-func Start(ctx context.Context, exe, dir string, spec Spec) (*Handle, error) {
-	spec = spec.withDefaults()
-	if err := spec.validate(); err != nil {
-		return nil, err
+// newSupervisedHandle follows an execution of the long-lived supervisor sup, whose final
+// answer arrives on conn (read through br).
+func newSupervisedHandle(dir string, sup shimRecord, proc processRecord, conn *net.UnixConn, br *bufio.Reader) *Handle {
+	h := &Handle{
+		dir:   dir,
+		proc:  Process{ShimPID: sup.PID, ShimStart: sup.Start, PID: proc.PID, PIDStart: proc.Start, StartedAt: proc.StartedAt},
+		pidfd: -1,
+		sup:   sup,
+		conn:  conn,
+		ended: make(chan struct{}),
 	}
-	// The supervisor and later Adopt calls may not share this process's working directory.
-	dir, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, fmt.Errorf("shim: spool dir: %w", err)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("shim: create spool dir: %w", err)
-	}
-	// The supervisor syncs its record inside dir; dir's own entry must be durable too, or a
-	// power loss could take the whole directory and make a started command look never
-	// started.
-	if err := durable.SyncDir(filepath.Dir(dir)); err != nil {
-		return nil, fmt.Errorf("shim: create spool dir: %w", err)
-	}
-	data, err := json.Marshal(spec)
-	if err != nil {
-		return nil, fmt.Errorf("shim: encode spec: %w", err)
-	}
-	// The spec is read by the supervisor moments from now, from the page cache: it needs no
-	// fsync (a machine crash ends the supervisor with it). The shim record is what must be
-	// durable, and the supervisor syncs that one before the command starts.
-	if err := createFileVolatile(dir, SpecFile, data); err != nil {
-		return nil, err
-	}
-	logFile, err := os.OpenFile(filepath.Join(dir, LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("shim: open supervisor log: %w", err)
-	}
-	defer logFile.Close()
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("shim: readiness pipe: %w", err)
-	}
-	defer readyR.Close()
-
-	cmd := exec.Command(exe, "shim")
-	cmd.Env = append(os.Environ(), EnvSpoolDir+"="+dir)
-	cmd.Stderr = logFile
-	cmd.ExtraFiles = []*os.File{readyW} // readyFD in the supervisor
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	readyW.Close()
-	if err != nil {
-		return nil, fmt.Errorf("shim: start supervisor: %w", err)
-	}
-	// The supervisor is our unreaped child, so its pid cannot have been reused.
-	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
-	if err != nil {
-		cmd.Process.Kill()
-		cmd.Wait()
-		return nil, fmt.Errorf("shim: pidfd of supervisor: %w", err)
-	}
-	h := &Handle{dir: dir, shim: cmd, pidfd: pidfd}
-
-	msg, err := readReady(ctx, readyR)
-	if err != nil && ctx.Err() != nil {
-		unix.PidfdSendSignal(pidfd, unix.SIGTERM, nil, 0)
-		h.reap()
-		return nil, fmt.Errorf("shim: start %s: %w", dir, err)
-	}
-	if err != nil || msg.Error != "" {
-		h.reap()
-		if st, serr := ReadStatus(dir); serr == nil && st.Outcome == OutcomeStartFailed {
-			return nil, &StartError{Cause: st.Error}
-		}
-		if err == nil {
-			err = errors.New(msg.Error)
-		}
-		return nil, fmt.Errorf("shim: supervisor of %s failed: %w (see %s)", dir, err, LogFile)
-	}
-	rec, err := readShimRecord(dir)
-	if err != nil {
-		// The supervisor writes its record before it starts the command; this is not reachable
-		// unless someone else edits the spool directory.
-		return nil, fmt.Errorf("shim: command running but shim record unreadable: %w", err)
-	}
-	h.proc = Process{ShimPID: rec.PID, ShimStart: rec.Start, PID: msg.PID, PIDStart: msg.Start, StartedAt: msg.StartedAt}
-	return h, nil
+	go h.readFinal(br)
+	return h
 }
 
-// readReady reads the supervisor's readiness message, which ends when it closes the pipe.
-func readReady(ctx context.Context, r *os.File) (processRecord, error) {
-	stop := context.AfterFunc(ctx, func() { r.SetReadDeadline(time.Unix(1, 0)) })
-	defer stop()
-	data, err := io.ReadAll(io.LimitReader(r, maxReadyBytes))
-	if err != nil {
-		if ctx.Err() != nil {
-			return processRecord{}, context.Cause(ctx)
+// readFinal waits for the supervisor's last word on the execution: its status, or — if the
+// supervisor has no such execution or hangs up — the status file, and without one
+// ErrVanished (the supervisor died, and the command with it).
+func (h *Handle) readFinal(br *bufio.Reader) {
+	defer close(h.ended)
+	var final *Status
+	for {
+		msg, err := readMessage[reply](br)
+		if err != nil || msg.Started == nil {
+			final = msg.Status
+			break
 		}
-		return processRecord{}, fmt.Errorf("read readiness: %w", err)
 	}
-	if len(data) == 0 {
-		return processRecord{}, errNoReadyMessage
+	h.conn.Close()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.done {
+		return
 	}
-	return parseProcessRecord(data)
+	if final != nil {
+		h.done, h.status = true, *final
+		return
+	}
+	st, err := ReadStatus(h.dir)
+	if errors.Is(err, ErrNoStatus) {
+		err = ErrVanished
+	}
+	h.done, h.status, h.err = true, st, err
+}
+
+// adoptSupervised follows an execution of the long-lived supervisor rec names.
+func adoptSupervised(h *Handle, rec shimRecord) (*Handle, error) {
+	h.sup = rec
+	var conn *net.UnixConn
+	err := errSupervisorGone
+	if running(rec.PID, rec.Start) {
+		ctx, cancel := context.WithTimeout(context.Background(), supervisorStartLimit)
+		conn, err = dialSupervisor(ctx, rec)
+		cancel()
+	}
+	if err == nil {
+		err = writeMessage(conn, request{V: protocolVersion, Op: opWait, Dir: h.dir})
+		if err != nil {
+			conn.Close()
+		}
+	}
+	if err != nil {
+		// Gone: it may have written the status before it went.
+		if ok, err := h.loadStatus(); ok || err != nil {
+			return h, err
+		}
+		return nil, ErrVanished
+	}
+	// The first answer names the command's process (or is already the end).
+	br := bufio.NewReader(conn)
+	conn.SetReadDeadline(time.Now().Add(supervisorStartLimit))
+	first, err := readMessage[reply](br)
+	conn.SetReadDeadline(time.Time{})
+	if err != nil || first.Started == nil {
+		conn.Close()
+		switch {
+		case err == nil && first.Status != nil:
+			h.done, h.status = true, *first.Status
+			if h.proc.PID == 0 {
+				h.proc.PID, h.proc.PIDStart, h.proc.StartedAt = first.Status.PID, first.Status.PIDStart, first.Status.StartedAt
+			}
+			return h, nil
+		case err == nil && !first.Unknown:
+			return nil, fmt.Errorf("shim: adopt %s: supervisor answered %q", h.dir, first.Error)
+		}
+		// It does not know the execution (it ended before, or the supervisor is going).
+		if ok, err := h.loadStatus(); ok || err != nil {
+			return h, err
+		}
+		return nil, ErrVanished
+	}
+	h.proc.PID, h.proc.PIDStart, h.proc.StartedAt = first.Started.PID, first.Started.Start, first.Started.StartedAt
+	h.conn, h.ended = conn, make(chan struct{})
+	go h.readFinal(br)
+	return h, nil
 }
 
 // Adopt returns a handle on the execution in dir after a hostagent restart. It returns
@@ -178,6 +164,9 @@ func Adopt(dir string) (*Handle, error) {
 	}
 	if ok, err := h.loadStatus(); ok || err != nil {
 		return h, err
+	}
+	if rec.Socket != "" {
+		return adoptSupervised(h, rec)
 	}
 	pidfd, err := unix.PidfdOpen(rec.PID, 0)
 	// The start time is checked after the pidfd exists: if it matches, the pid named the
@@ -226,6 +215,13 @@ func (h *Handle) Process() Process { return h.proc }
 // supervisor ended without a status record. It may be called many times and concurrently;
 // a started (not adopted) supervisor is reaped by the first call that sees it exit.
 func (h *Handle) Wait(ctx context.Context) (Status, error) {
+	if h.ended != nil {
+		select {
+		case <-h.ended:
+		case <-ctx.Done():
+			return Status{}, fmt.Errorf("shim: wait %s: %w", h.dir, context.Cause(ctx))
+		}
+	}
 	h.mu.Lock()
 	if h.done {
 		defer h.mu.Unlock()
@@ -280,6 +276,9 @@ func (h *Handle) reapLocked() {
 // SIGKILL after the kill grace); the outcome becomes cancelled unless the command already
 // ended. It returns ErrNotRunning if the execution has already finished.
 func (h *Handle) Cancel() error {
+	if h.ended != nil {
+		return h.cancelSupervised()
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.done || h.pidfd < 0 {
@@ -295,9 +294,43 @@ func (h *Handle) Cancel() error {
 	return nil
 }
 
-// Close releases the handle without waiting. A supervisor this process started stays a
-// zombie until Wait is called, so Close is for adopted handles one stops following.
+// cancelSupervised asks the long-lived supervisor to cancel the execution, on the
+// connection that follows it.
+func (h *Handle) cancelSupervised() error {
+	select {
+	case <-h.ended:
+		return ErrNotRunning
+	default:
+	}
+	h.writeMu.Lock()
+	defer h.writeMu.Unlock()
+	h.conn.SetWriteDeadline(time.Now().Add(supervisorStartLimit))
+	if err := writeMessage(h.conn, request{V: protocolVersion, Op: opCancel}); err != nil {
+		select {
+		case <-h.ended:
+			return ErrNotRunning
+		default:
+		}
+		return fmt.Errorf("shim: cancel %s: %w", h.dir, err)
+	}
+	return nil
+}
+
+// waitReader waits until a supervised handle's final answer is in.
+func (h *Handle) waitReader() {
+	if h.ended != nil {
+		<-h.ended
+	}
+}
+
+// Close releases the handle without waiting for the execution. A supervisor this process
+// started stays a zombie until Wait is called, so Close is for adopted handles one stops
+// following, and for executions of the long-lived supervisor, which go on without it.
 func (h *Handle) Close() error {
+	if h.conn != nil {
+		h.conn.Close()
+		h.waitReader()
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.pidfd >= 0 {

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"strconv"
+
+	"golang.org/x/sys/unix"
 )
 
 // maxStatBytes bounds a /proc/<pid>/stat read; the comm field is at most 64 bytes and the
@@ -114,4 +116,27 @@ func IsDescendant(pid, ancestor int) (bool, error) {
 		pid = st.PPID
 	}
 	return false, fmt.Errorf("shim: is descendant: ancestry deeper than %d", maxAncestry)
+}
+
+// InExecution reports whether pid belongs to the execution p names: the command's process
+// group (the command leads it, and its pgid stays reserved while any member lives) or the
+// command's descendants while the command runs. Not the supervisor's descendants: the
+// long-lived supervisor is every command's parent.
+func InExecution(pid int, p Process) (bool, error) {
+	if p.PID <= 0 {
+		return false, nil
+	}
+	if pgid, err := unix.Getpgid(pid); err == nil && pgid == p.PID {
+		return true, nil
+	}
+	// The start time is checked after the walk as well: the command's pid must not have been
+	// reused while the walk read /proc.
+	if !running(p.PID, p.PIDStart) {
+		return false, nil
+	}
+	ok, err := IsDescendant(pid, p.PID)
+	if err != nil || !ok || !running(p.PID, p.PIDStart) {
+		return false, err
+	}
+	return true, nil
 }

@@ -7,6 +7,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"time"
 )
 
 // ErrSpoolFull: the spool root holds as many bytes as its cap allows, so a new execution is
@@ -27,11 +28,21 @@ type Quota struct {
 	root  string
 	limit int64
 
-	mu      sync.Mutex       // guards the fields below
-	scanned bool             // the root was listed once
-	final   map[string]int64 // final directories: their size, measured once
-	open    map[string]bool  // the other directories, measured at each Admit
+	mu         sync.Mutex       // guards the fields below
+	scanned    bool             // the root was listed once
+	final      map[string]int64 // final directories: their size, measured once
+	finalBytes int64            // the sum of final
+	open       map[string]bool  // the other directories, measured again when stale
+	openBytes  int64            // what open held at measuredAt
+	measuredAt time.Time
 }
+
+// quotaMeasureEvery bounds how often Admit measures the open directories again: each costs a
+// few stats, and at 64 concurrent starts that was hundreds of stats per start. An ended
+// execution is counted at once (Finished), so only the running ones' growth may be up to this
+// old — and the cap never bounded that: it is checked before an execution starts, never by
+// cutting one off. A refusal is always decided on a fresh measurement.
+const quotaMeasureEvery = 100 * time.Millisecond
 
 // NewQuota returns a Quota of limit bytes on root. It reads nothing until the first Admit.
 func NewQuota(root string, limit int64) *Quota {
@@ -50,10 +61,10 @@ func (q *Quota) Admit(name string) error {
 			return err
 		}
 	}
-	used, err := q.usedLocked()
+	used, err := q.usedLocked(false)
 	if err == nil && used >= q.limit {
 		if err = q.rescanLocked(); err == nil {
-			used, err = q.usedLocked()
+			used, err = q.usedLocked(true)
 		}
 	}
 	if err != nil {
@@ -75,13 +86,32 @@ func (q *Quota) Measure() (int64, error) {
 	if err := q.rescanLocked(); err != nil {
 		return 0, err
 	}
-	return q.usedLocked()
+	return q.usedLocked(true)
+}
+
+// Finished counts root/name, whose execution has ended, as final: measured once now, so an
+// ended execution's output counts at the next Admit whatever the staleness of the running
+// ones' measurement.
+func (q *Quota) Finished(name string) {
+	size, final, err := measureSpoolDir(filepath.Join(q.root, name))
+	if err != nil || !final {
+		return // left open: measured with the running ones
+	}
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if _, ok := q.open[name]; !ok {
+		return // forgotten meanwhile, or already final
+	}
+	delete(q.open, name)
+	q.final[name] = size
+	q.finalBytes += size
 }
 
 // Forget stops counting root/name, which the caller removed.
 func (q *Quota) Forget(name string) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	q.finalBytes -= q.final[name]
 	delete(q.final, name)
 	delete(q.open, name)
 }
@@ -94,8 +124,9 @@ func (q *Quota) rescanLocked() error {
 	}
 	clear(q.final)
 	clear(q.open)
+	q.finalBytes, q.measuredAt = 0, time.Time{}
 	for _, ent := range entries {
-		if ent.IsDir() {
+		if ent.IsDir() && !IsSpare(ent.Name()) {
 			q.open[ent.Name()] = true
 		}
 	}
@@ -103,13 +134,13 @@ func (q *Quota) rescanLocked() error {
 	return nil
 }
 
-// usedLocked sums the remembered final sizes and measures the open directories, moving
-// those that became final.
-func (q *Quota) usedLocked() (int64, error) {
-	var used int64
-	for _, size := range q.final {
-		used += size
+// usedLocked sums the remembered final sizes and the open directories' — measured again if
+// fresh is set or the last measurement is stale — moving those that became final.
+func (q *Quota) usedLocked(fresh bool) (int64, error) {
+	if !fresh && time.Since(q.measuredAt) < quotaMeasureEvery {
+		return q.finalBytes + q.openBytes, nil
 	}
+	var open int64
 	for name := range q.open {
 		size, final, err := measureOpenSpoolDir(filepath.Join(q.root, name))
 		switch {
@@ -121,10 +152,13 @@ func (q *Quota) usedLocked() (int64, error) {
 		case final:
 			delete(q.open, name)
 			q.final[name] = size
+			q.finalBytes += size
+			continue
 		}
-		used += size
+		open += size
 	}
-	return used, nil
+	q.openBytes, q.measuredAt = open, time.Now()
+	return q.finalBytes + q.openBytes, nil
 }
 
 // measureOpenSpoolDir measures a directory that was not final at the last look. While it

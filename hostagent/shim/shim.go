@@ -1,22 +1,27 @@
-// Package shim owns the detached supervisor that runs exactly one command per spool
-// directory for the hostagent, and the spool directory's on-disk contract.
+// Package shim owns the detached supervisor that runs the hostagent's commands — a
+// long-lived one that forks each command itself (daemon.go), or, for a hostagent of the
+// previous release, one process per command — exactly once per spool directory, and the
+// spool directory's on-disk contract.
 //
 // # Invariants
 //
 //   - A spool directory runs at most once: Start creates the spec only if absent, and the
 //     supervisor creates its shim record only if absent before it starts anything.
-//   - The shim record is written and synced before the command starts, so a spool directory
-//     without one provably never ran its command (ErrNeverStarted).
-//   - The status file is written atomically after the command's output is fully spooled and
-//     synced; its presence means the outcome and the spooled output are final.
+//   - The shim record is written before the command starts, so on this boot a spool
+//     directory without one provably never ran its command (ErrNeverStarted). The long-lived
+//     supervisor does not sync it (the host marker is what outlives a machine crash, see
+//     daemon.go); a per-command shim does.
+//   - The status file is written atomically after the command's output is fully spooled
+//     (non-empty output synced); its presence means the outcome and the spooled output are
+//     final.
 //   - The supervisor runs in its own session, so losing the SSH channel or the hostagent does
 //     not stop it; the command gets SIGKILL if the supervisor vanishes (Pdeathsig), and
 //     whatever is left in the command's process group when the command ends is terminated,
 //     so no work outlives its status record unsupervised. Processes that leave the group
 //     (setsid, setpgid) are out of reach.
 //
-// The command runs as `Shell -c Command` with stdin from /dev/null, in its own process
-// group, with exactly the environment in its Spec and no descriptor but stdin, stdout and
+// The command runs as `Shell -c Command` with stdin from /dev/null, in its own session and
+// process group, with exactly the environment in its Spec and no descriptor but stdin, stdout and
 // stderr (CloseInheritedOnExec). This package knows nothing of markers,
 // SSH or MCP.
 package shim

@@ -1,13 +1,17 @@
 package shim
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io/fs"
+	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -30,7 +34,13 @@ const testPath = "PATH=/usr/local/bin:/usr/bin:/bin"
 // waitLimit bounds every wait in these tests; generous for a busy 2-core machine.
 const waitLimit = 60 * time.Second
 
+// connectRoleEnv makes the test binary a client of another user (TestSupervisorRefusesOtherUsers).
+const connectRoleEnv = "POSTERN_SHIM_TEST_CONNECT"
+
 func TestMain(m *testing.M) {
+	if addr := os.Getenv(connectRoleEnv); addr != "" {
+		os.Exit(connectAs(addr, os.Getenv("POSTERN_SHIM_TEST_DIR")))
+	}
 	if os.Getenv(shimTestEnv) == "1" && len(os.Args) > 1 && os.Args[1] == "shim" {
 		os.Exit(Main(os.Args[2:]))
 	}
@@ -49,6 +59,17 @@ func testExe(tb testing.TB) string {
 	return exe
 }
 
+// testSupervisor returns a client of a supervisor of its own, which ends with the test.
+func testSupervisor(tb testing.TB) *Supervisor {
+	tb.Helper()
+	s, err := NewSupervisor(testExe(tb), filepath.Join(tb.TempDir(), "supervisor"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		tb.Fatal(err)
+	}
+	tb.Cleanup(func() { s.Close() })
+	return s
+}
+
 // testSpec returns a spec running command with a minimal environment.
 func testSpec(command string) Spec {
 	return Spec{ExecutionID: "ex_test", Command: command, Env: []string{testPath}, KillGrace: 500 * time.Millisecond}
@@ -61,7 +82,7 @@ func startTest(tb testing.TB, spec Spec) (*Handle, string) {
 	dir := filepath.Join(tb.TempDir(), "spool")
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
-	h, err := Start(ctx, testExe(tb), dir, spec)
+	h, err := testSupervisor(tb).Start(ctx, dir, spec)
 	if err != nil {
 		tb.Fatalf("Start(%q) = %v", spec.Command, err)
 	}
@@ -289,7 +310,7 @@ func TestStartFailedNeverRuns(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "spool")
 			ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 			defer cancel()
-			h, err := Start(ctx, testExe(t), dir, spec)
+			h, err := testSupervisor(t).Start(ctx, dir, spec)
 			var se *StartError
 			if !errors.Is(err, ErrStartFailed) || !errors.As(err, &se) {
 				t.Fatalf("Start = %v, %v; want a StartError", h, err)
@@ -323,7 +344,7 @@ func TestSpoolDirRunsOnce(t *testing.T) {
 	mustWait(t, h)
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
-	if _, err := Start(ctx, testExe(t), dir, testSpec("exit 0")); !errors.Is(err, ErrAlreadyUsed) {
+	if _, err := testSupervisor(t).Start(ctx, dir, testSpec("exit 0")); !errors.Is(err, ErrAlreadyUsed) {
 		t.Errorf("second Start in %s = %v; want ErrAlreadyUsed", dir, err)
 	}
 }
@@ -343,7 +364,7 @@ func TestInvalidSpec(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			dir := filepath.Join(t.TempDir(), "spool")
-			_, err := Start(context.Background(), testExe(t), dir, tt.spec)
+			_, err := testSupervisor(t).Start(context.Background(), dir, tt.spec)
 			if err == nil || !strings.Contains(err.Error(), tt.want) {
 				t.Errorf("Start = %v; want an error mentioning %q", err, tt.want)
 			}
@@ -627,7 +648,9 @@ func TestIsDescendant(t *testing.T) {
 		{name: "child", pid: child.Process.Pid, ancestor: self, want: true},
 		{name: "parent is not a descendant", pid: self, ancestor: child.Process.Pid, want: false},
 		{name: "command under supervisor", pid: p.PID, ancestor: p.ShimPID, want: true},
-		{name: "command under test process", pid: p.PID, ancestor: self, want: true},
+		// The supervisor is detached (nobody's child but init's), so commands are not the
+		// agent's descendants: only the supervisor's.
+		{name: "command is not the starter's descendant", pid: p.PID, ancestor: self, want: false},
 		{name: "sibling", pid: child.Process.Pid, ancestor: p.ShimPID, want: false},
 		{name: "init", pid: 1, ancestor: self, want: false},
 	}
@@ -669,7 +692,7 @@ func TestStartContextEnded(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "spool")
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	_, err := Start(ctx, testExe(t), dir, testSpec("sleep 60; touch "+witness))
+	_, err := testSupervisor(t).Start(ctx, dir, testSpec("sleep 60; touch "+witness))
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("Start(cancelled ctx) = %v; want context.Canceled", err)
 	}
@@ -796,5 +819,158 @@ func TestCloseOnExecFromProc(t *testing.T) {
 	var st unix.Stat_t
 	if err := unix.Fstat(fd, &st); err != nil {
 		t.Errorf("fd %d was closed: %v", fd, err)
+	}
+}
+
+// TestPerCommandShimStillServes: a hostagent of the previous release, still running while
+// its package is upgraded, starts each command as `exe shim` of the new binary; that works,
+// and this release adopts what it started.
+func TestPerCommandShimStillServes(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "spool")
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	h, err := startPerCommand(ctx, testExe(t), dir, testSpec("echo ready; while [ ! -e "+dir+"/proceed ]; do sleep 0.02; done; exit 3"))
+	if err != nil {
+		t.Fatalf("startPerCommand = %v", err)
+	}
+	waitForOutput(t, dir, "ready")
+	adopted, err := Adopt(dir)
+	if err != nil {
+		t.Fatalf("Adopt = %v", err)
+	}
+	defer adopted.Close()
+	if err := os.WriteFile(filepath.Join(dir, "proceed"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	for name, handle := range map[string]*Handle{"adopted": adopted, "original": h} {
+		if st := mustWait(t, handle); st.Outcome != OutcomeExited || st.ExitCode != 3 {
+			t.Errorf("%s: status = %s/%d; want exited/3", name, st.Outcome, st.ExitCode)
+		}
+	}
+}
+
+// TestSupervisorOutlivesItsAgent: an agent that lets go (or dies) leaves the supervisor and
+// its command running; the command's end is still recorded and adoptable.
+func TestSupervisorOutlivesItsAgent(t *testing.T) {
+	sup, err := NewSupervisor(testExe(t), filepath.Join(t.TempDir(), "supervisor"), slog.New(slog.DiscardHandler))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := filepath.Join(t.TempDir(), "spool")
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	h, err := sup.Start(ctx, dir, testSpec("echo ready; while [ ! -e "+dir+"/proceed ]; do sleep 0.02; done; exit 4"))
+	if err != nil {
+		t.Fatalf("Start = %v", err)
+	}
+	waitForOutput(t, dir, "ready")
+	p := h.Process()
+	h.Close()
+	sup.Close() // the agent goes away
+	if gone(p.ShimPID) || gone(p.PID) {
+		t.Fatalf("supervisor or command ended with the agent's lease")
+	}
+	adopted, err := Adopt(dir)
+	if err != nil {
+		t.Fatalf("Adopt = %v", err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "proceed"), nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if st := mustWait(t, adopted); st.Outcome != OutcomeExited || st.ExitCode != 4 {
+		t.Errorf("status = %s/%d; want exited/4", st.Outcome, st.ExitCode)
+	}
+	// With no lease and no command left, it exits on its own.
+	waitFor(t, "the idle supervisor to exit", func() bool { return gone(p.ShimPID) })
+}
+
+// TestDeadSupervisorIsReplaced: a supervisor killed between two commands is replaced at the
+// next Start; the command it had is interrupted (ErrVanished), never run again.
+func TestDeadSupervisorIsReplaced(t *testing.T) {
+	sup := testSupervisor(t)
+	root := t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+	defer cancel()
+	first, err := sup.Start(ctx, filepath.Join(root, "1"), testSpec("echo ready; exec sleep 60"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitForOutput(t, filepath.Join(root, "1"), "ready")
+	old := first.Process().ShimPID
+	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := waitStatus(t, first); !errors.Is(err, ErrVanished) {
+		t.Errorf("Wait of the killed supervisor's command = %v; want ErrVanished", err)
+	}
+	second, err := sup.Start(ctx, filepath.Join(root, "2"), testSpec("exit 5"))
+	if err != nil {
+		t.Fatalf("Start after the supervisor died = %v", err)
+	}
+	if st := mustWait(t, second); st.ExitCode != 5 || second.Process().ShimPID == old {
+		t.Errorf("second: exit %d under supervisor %d; want 5 under a new supervisor (old %d)", st.ExitCode, second.Process().ShimPID, old)
+	}
+}
+
+// connectAs asks the supervisor at addr to run `touch DIR/witness` in DIR and prints what
+// came back ("closed" when the connection ended without an answer).
+func connectAs(addr, dir string) int {
+	conn, err := net.Dial("unix", addr)
+	if err != nil {
+		fmt.Println("dial:", err)
+		return 0
+	}
+	defer conn.Close()
+	spec := testSpec("touch " + dir + "/witness")
+	writeMessage(conn, request{V: protocolVersion, Op: opStart, Dir: dir, Spec: &spec})
+	msg, err := readMessage[reply](bufio.NewReader(conn))
+	if err != nil {
+		fmt.Println("closed")
+		return 0
+	}
+	fmt.Printf("reply: %+v\n", msg)
+	return 0
+}
+
+// TestSupervisorRefusesOtherUsers: the supervisor's socket is abstract (no file permissions),
+// so its peer check is the access control: another uid is hung up on before anything runs.
+func TestSupervisorRefusesOtherUsers(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to run a client as another uid")
+	}
+	h, _ := startTest(t, testSpec("sleep 60"))
+	// The test binary, where nobody may run it; the spool dir it asks for, where nobody
+	// could write (only the supervisor could).
+	bin, err := os.MkdirTemp("", "postern-shim-test-") // t.TempDir's parent is private
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(bin) })
+	if err := os.Chmod(bin, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	data, err := os.ReadFile(testExe(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	exe := filepath.Join(bin, "shim.test")
+	if err := os.WriteFile(exe, data, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	target := filepath.Join(t.TempDir(), "target")
+	if err := os.Mkdir(target, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = []string{connectRoleEnv + "=" + h.sup.Socket, "POSTERN_SHIM_TEST_DIR=" + target}
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+	out, err := cmd.CombinedOutput()
+	if err != nil || strings.TrimSpace(string(out)) != "closed" {
+		t.Fatalf("another uid's request = %q, %v; want the connection closed unanswered", out, err)
+	}
+	for _, name := range []string{"witness", ShimFile} {
+		if _, err := os.Stat(filepath.Join(target, name)); !errors.Is(err, os.ErrNotExist) {
+			t.Errorf("%s exists after another uid's request (%v): it ran", name, err)
+		}
 	}
 }

@@ -22,7 +22,8 @@ const (
 	// ShimFile is the shim record (supervisor pid + start time), written and synced by the
 	// supervisor before it starts the command.
 	ShimFile = "shim.json"
-	// ProcessFile records the command's pid + start time once it runs.
+	// ProcessFile records the command's pid + start time once it runs (per-command shims
+	// only: the long-lived supervisor tells it to whoever asks).
 	ProcessFile = "process.json"
 	// StdoutFile and StderrFile hold the spooled streams, up to the output cap each.
 	StdoutFile = "stdout"
@@ -52,6 +53,9 @@ const (
 type shimRecord struct {
 	PID   int    `json:"pid,omitempty"`
 	Start uint64 `json:"start,omitempty"`
+	// Socket is set by the long-lived supervisor (daemon.go): it supervises many executions
+	// and answers for them there. Empty for a per-command shim, whose process is the answer.
+	Socket string `json:"socket,omitempty"`
 	// Fenced marks a record written by Fence instead of a supervisor: no supervisor ran
 	// here, and none ever will.
 	Fenced bool `json:"fenced,omitempty"`
@@ -191,8 +195,8 @@ func Fence(dir string) error {
 // has not started (or never will).
 func readProcessRecord(dir string) (processRecord, error) {
 	data, err := readRecord(filepath.Join(dir, ProcessFile))
-	if errors.Is(err, fs.ErrNotExist) {
-		return processRecord{}, nil
+	if errors.Is(err, fs.ErrNotExist) || err == nil && len(data) == 0 {
+		return processRecord{}, nil // not written (yet)
 	}
 	if err != nil {
 		return processRecord{}, err
@@ -279,9 +283,10 @@ func streamFile(stream string) (string, error) {
 // ErrNeverStarted for a directory without a shim record. Only stored bytes are copied: a
 // truncated stream ends at the output cap.
 //
-// Follow polls while the execution runs. A caller that learns of the end another way (the
-// supervisor's exit) closes ended to make Follow look again at once instead of after its
-// current poll interval; nil means no such signal.
+// Follow polls while the execution runs. A caller that learns of the end another way (its
+// supervisor's answer) closes ended: Follow then looks once more at once, and returns
+// ErrVanished if there is still no status. nil means no such signal: Follow then checks at
+// each idle poll that the supervisor still lives.
 func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer, ended <-chan struct{}) (int64, error) {
 	name, err := streamFile(stream)
 	if err != nil {
@@ -298,6 +303,10 @@ func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer, 
 		}
 	}()
 	delay := followMinPoll
+	// A caller that will close ended tells of the end itself; until it does, asking whether
+	// the supervisor lives (a record read and a /proc read per poll) adds nothing — the
+	// long-lived supervisor outlives every execution anyway.
+	askAlive, endedSeen := ended == nil, false
 	for {
 		// The status file is written only after the spool files are complete, so once it
 		// exists, one more copy to EOF gets everything.
@@ -323,11 +332,18 @@ func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer, 
 		if finished {
 			return offset, nil
 		}
+		if endedSeen {
+			// The caller saw the execution end, and it left no status: its supervisor
+			// vanished (or could not record it). What was stored is all there is.
+			return offset, ErrVanished
+		}
 		if copied > 0 {
 			delay = followMinPoll
 		} else {
-			if err := checkSupervisorAlive(dir); err != nil {
-				return offset, err
+			if askAlive {
+				if err := checkSupervisorAlive(dir); err != nil {
+					return offset, err
+				}
 			}
 			delay = min(2*delay, followMaxPoll)
 		}
@@ -338,7 +354,8 @@ func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer, 
 			return offset, fmt.Errorf("shim: follow %s: %w", stream, context.Cause(ctx))
 		case <-ended:
 			t.Stop()
-			ended = nil // one immediate look; polling again after that
+			ended = nil // one more look, the last
+			endedSeen = true
 		case <-t.C:
 		}
 	}

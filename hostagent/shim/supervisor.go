@@ -34,13 +34,19 @@ const drainAfterKill = time.Second
 // execution id.
 const EnvSpoolDir = "POSTERN_SHIM_SPOOL_DIR"
 
-// Main is the hidden `postern-hostagent shim` subcommand: it supervises the execution
-// described by spec.json in the spool directory named by $POSTERN_SHIM_SPOOL_DIR and returns
-// the process exit code (0 once a status record is written, 1 if the supervisor failed, 2 on
-// misuse). args are the arguments after "shim": none, or — from a hostagent of an earlier
-// release still running while its package is upgraded — the spool directory.
+// Main is the hidden `postern-hostagent shim` subcommand. With $POSTERN_SUPERVISOR_DIR set it
+// is the long-lived supervisor the hostagent hands its commands to (daemon.go). Otherwise it
+// supervises the one execution described by spec.json in the spool directory named by
+// $POSTERN_SHIM_SPOOL_DIR — how a hostagent of an earlier release, still running while its
+// package is upgraded, starts each command. It returns the process exit code (0 once a
+// status record is written, 1 if the supervisor failed, 2 on misuse). args are the arguments
+// after "shim": none, or — from an even older hostagent — the spool directory.
 func Main(args []string) int {
 	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	if dir := os.Getenv(EnvSupervisorDir); dir != "" && len(args) == 0 {
+		// Warnings only: the supervisor's log lives as long as the host's data dir.
+		return startDaemon(dir, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
+	}
 	dir := os.Getenv(EnvSpoolDir)
 	switch {
 	case len(args) == 0 && dir != "":
@@ -70,10 +76,12 @@ func Main(args []string) int {
 	return 0
 }
 
-// supervisor runs one execution. It lives in the shim process only.
+// supervisor runs one execution in a shim process of its own: the per-command mode, which a
+// hostagent of an earlier release still uses while its package is upgraded (see Main). The
+// hostagent of this release hands commands to a long-lived supervisor instead (daemon.go);
+// both run each command through the same job.
 type supervisor struct {
 	dir   string
-	spec  Spec
 	ready *os.File // closed once the parent has been told whether the command started
 	log   *slog.Logger
 }
@@ -81,16 +89,17 @@ type supervisor struct {
 // run supervises the execution and returns nil once its status record is written.
 func (s *supervisor) run() error {
 	defer s.ready.Close()
+	var spec Spec
 	data, err := readRecord(filepath.Join(s.dir, SpecFile))
 	if err == nil {
-		s.spec, err = parseSpec(data)
+		spec, err = parseSpec(data)
 	}
 	if err != nil {
 		err = fmt.Errorf("shim: load spec: %w", err)
 		s.tellParent(processRecord{Error: err.Error()})
 		return err
 	}
-	s.log = s.log.With("execution_id", s.spec.ExecutionID)
+	s.log = s.log.With("execution_id", spec.ExecutionID)
 
 	// Subscribe before the shim record exists: from then on a SIGTERM means "cancel", never
 	// "die without a status". SIGHUP is caught (and dropped) rather than ignored, because an
@@ -117,8 +126,18 @@ func (s *supervisor) run() error {
 	// Pdeathsig fires when the thread that started the command exits, not the process; keep
 	// this goroutine on its thread for the rest of the supervisor's life.
 	runtime.LockOSThread()
-	st := s.supervise(sigs)
-	st.ExecutionID = s.spec.ExecutionID
+	cancel := make(chan struct{})
+	go func() {
+		// Ends with the process: the supervisor exits once the status is written.
+		for sig := range sigs {
+			if sig != unix.SIGHUP {
+				close(cancel)
+				return
+			}
+		}
+	}()
+	j := &job{dir: s.dir, spec: spec, log: s.log, start: (*exec.Cmd).Start, cancel: cancel, tell: s.tellParent, perCommand: true}
+	st := j.run()
 	out, err := json.Marshal(st)
 	if err != nil {
 		return fmt.Errorf("shim: encode status: %w", err)
@@ -138,41 +157,53 @@ func (s *supervisor) tellParent(msg processRecord) {
 	s.ready.Close()
 }
 
+// job runs one command in its spool directory and returns its status: the heart of both
+// supervisor modes. The caller has made the shim record before run.
+type job struct {
+	dir  string
+	spec Spec
+	log  *slog.Logger
+	// start forks the command, on a thread that lives as long as the supervisor: the
+	// command's Pdeathsig fires when the forking thread exits, not the process.
+	start func(*exec.Cmd) error
+	// cancel is closed to cancel the execution (before or after the command started).
+	cancel <-chan struct{}
+	// tell reports once whether the command started (its process record) or why not.
+	tell func(processRecord)
+	// perCommand: the per-command shim's on-disk contract, which a hostagent of the previous
+	// release reads — a process record, both stream files, synced. The long-lived supervisor
+	// answers for its executions itself and leaves durability to the host marker (daemon.go).
+	perCommand bool
+}
+
 // startFailed records that the command provably did not run.
-func (s *supervisor) startFailed(err error) Status {
+func (s *job) startFailed(err error) Status {
 	s.log.Info("command did not start", "err", err)
-	s.tellParent(processRecord{Error: err.Error()})
+	s.tell(processRecord{Error: err.Error()})
 	empty := hex.EncodeToString(sha256.New().Sum(nil))
 	return Status{
-		Outcome:  OutcomeStartFailed,
-		ExitCode: -1,
-		Error:    err.Error(),
-		EndedAt:  time.Now().UTC(),
-		Stdout:   StreamInfo{SHA256: empty},
-		Stderr:   StreamInfo{SHA256: empty},
+		ExecutionID: s.spec.ExecutionID,
+		Outcome:     OutcomeStartFailed,
+		ExitCode:    -1,
+		Error:       err.Error(),
+		EndedAt:     time.Now().UTC(),
+		Stdout:      StreamInfo{SHA256: empty},
+		Stderr:      StreamInfo{SHA256: empty},
 	}
 }
 
-// supervise starts the command, enforces timeout and cancellation, spools its output and
-// returns its status. It must run on a locked OS thread.
-func (s *supervisor) supervise(sigs <-chan os.Signal) Status {
+// run starts the command, enforces timeout and cancellation, spools its output and returns
+// its status.
+func (s *job) run() Status {
 	select {
-	case sig := <-sigs:
-		if sig != unix.SIGHUP {
-			return s.startFailed(errors.New("cancelled before the command started"))
-		}
+	case <-s.cancel:
+		return s.startFailed(errors.New("cancelled before the command started"))
 	default:
 	}
-	stdout, err := newSpooler(s.dir, StdoutFile, s.spec.OutputCap)
-	if err != nil {
-		return s.startFailed(err)
-	}
-	defer stdout.file.Close()
-	stderr, err := newSpooler(s.dir, StderrFile, s.spec.OutputCap)
-	if err != nil {
-		return s.startFailed(err)
-	}
-	defer stderr.file.Close()
+	stdout := newSpooler(s.dir, StdoutFile, s.spec.OutputCap)
+	defer stdout.close()
+	stderr := newSpooler(s.dir, StderrFile, s.spec.OutputCap)
+	defer stderr.close()
 	stdoutR, stdoutW, err := os.Pipe()
 	if err != nil {
 		return s.startFailed(fmt.Errorf("shim: stdout pipe: %w", err))
@@ -192,12 +223,15 @@ func (s *supervisor) supervise(sigs <-chan os.Signal) Status {
 	}
 	cmd.Stdout = stdoutW
 	cmd.Stderr = stderrW
+	// A session of its own, not just a process group: commands of the long-lived supervisor
+	// would otherwise share its session, where any of them could setpgid into another's
+	// group — and the group is what says which execution a process belongs to (InExecution).
 	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setpgid:    true,
+		Setsid:     true,
 		Pdeathsig:  syscall.SIGKILL,
 		Credential: s.spec.Credential,
 	}
-	err = cmd.Start()
+	err = s.start(cmd)
 	stdoutW.Close()
 	stderrW.Close()
 	if err != nil {
@@ -232,25 +266,30 @@ func (s *supervisor) supervise(sigs <-chan os.Signal) Status {
 	}()
 
 	// The process record is not synced: it names the command's process for this boot only,
-	// and after a machine crash there is no process to name.
+	// and after a machine crash there is no process to name. Created in place with one
+	// write (a rename would cost another directory update); a reader that finds it empty
+	// finds it not written yet.
 	proc := processRecord{PID: pid, Start: pidStart, StartedAt: startedAt}
-	if data, err := json.Marshal(proc); err != nil {
-		s.log.Warn("could not encode the process record", "err", err)
-	} else if err := writeFileVolatile(s.dir, ProcessFile, data); err != nil {
-		s.log.Warn("could not write the process record", "err", err)
+	if s.perCommand {
+		if data, err := json.Marshal(proc); err != nil {
+			s.log.Warn("could not encode the process record", "err", err)
+		} else if err := createFileVolatile(s.dir, ProcessFile, data); err != nil {
+			s.log.Warn("could not write the process record", "err", err)
+		}
 	}
-	s.tellParent(proc)
+	s.tell(proc)
 
-	outcome := s.waitExit(pid, sigs, exited)
+	outcome := s.waitExit(pid, exited)
 	endedAt := time.Now().UTC()
 	s.drain(pid, copied, stdoutR, stderrR)
 
 	st := Status{
-		Outcome:   outcome,
-		PID:       pid,
-		PIDStart:  pidStart,
-		StartedAt: startedAt,
-		EndedAt:   endedAt,
+		ExecutionID: s.spec.ExecutionID,
+		Outcome:     outcome,
+		PID:         pid,
+		PIDStart:    pidStart,
+		StartedAt:   startedAt,
+		EndedAt:     endedAt,
 	}
 	var errs []error
 	// Reaps the zombie; the exit was already observed, so this does not block. A non-zero
@@ -266,7 +305,7 @@ func (s *supervisor) supervise(sigs <-chan os.Signal) Status {
 		st.ExitCode = ws.ExitStatus()
 	}
 	for _, sp := range []*spooler{stdout, stderr} {
-		if err := sp.finish(); err != nil {
+		if err := sp.finish(s.perCommand); err != nil {
 			errs = append(errs, err)
 		}
 	}
@@ -280,7 +319,7 @@ func (s *supervisor) supervise(sigs <-chan os.Signal) Status {
 
 // waitExit waits for the command to exit, enforcing the timeout and cancellation by
 // terminating its process group, and returns the outcome.
-func (s *supervisor) waitExit(pid int, sigs <-chan os.Signal, exited <-chan error) string {
+func (s *job) waitExit(pid int, exited <-chan error) string {
 	var timeout <-chan time.Time
 	if s.spec.Timeout > 0 {
 		t := time.NewTimer(s.spec.Timeout)
@@ -288,6 +327,7 @@ func (s *supervisor) waitExit(pid int, sigs <-chan os.Signal, exited <-chan erro
 		timeout = t.C
 	}
 	var grace <-chan time.Time
+	cancel := s.cancel
 	outcome := OutcomeExited
 	terminate := func(why string) {
 		if outcome != OutcomeExited {
@@ -301,10 +341,9 @@ func (s *supervisor) waitExit(pid int, sigs <-chan os.Signal, exited <-chan erro
 	}
 	for {
 		select {
-		case sig := <-sigs:
-			if sig != unix.SIGHUP {
-				terminate(OutcomeCancelled)
-			}
+		case <-cancel:
+			cancel = nil
+			terminate(OutcomeCancelled)
 		case <-timeout:
 			terminate(OutcomeTimedOut)
 		case <-grace:
@@ -322,7 +361,7 @@ func (s *supervisor) waitExit(pid int, sigs <-chan os.Signal, exited <-chan erro
 // drain ends whatever is left of the command's process group and waits for the output pipes
 // to close: SIGTERM, up to KillGrace for the pipes, SIGKILL, and finally closing the pipes
 // if processes that left the group still hold them.
-func (s *supervisor) drain(pid int, copied <-chan struct{}, pipes ...*os.File) {
+func (s *job) drain(pid int, copied <-chan struct{}, pipes ...*os.File) {
 	s.signalGroup(pid, unix.SIGTERM)
 	pending := len(pipes)
 	grace := time.NewTimer(s.spec.KillGrace)
@@ -352,15 +391,17 @@ func (s *supervisor) drain(pid int, copied <-chan struct{}, pipes ...*os.File) {
 }
 
 // signalGroup signals the command's process group; a group that is already gone is fine.
-func (s *supervisor) signalGroup(pgid int, sig unix.Signal) {
+func (s *job) signalGroup(pgid int, sig unix.Signal) {
 	if err := unix.Kill(-pgid, sig); err != nil && !errors.Is(err, unix.ESRCH) {
 		s.log.Warn("could not signal the process group", "pgid", pgid, "signal", unix.SignalName(sig), "err", err)
 	}
 }
 
-// spooler stores one output stream up to a cap and accounts for all of it.
+// spooler stores one output stream up to a cap and accounts for all of it. Its file is
+// created with the first byte: a stream that stays empty (most of them) costs no file.
 type spooler struct {
-	file *os.File
+	path string
+	file *os.File // nil until the first byte is stored
 	cap  int64
 	hash hash.Hash
 	// info is owned by copyFrom until it signals completion.
@@ -368,12 +409,27 @@ type spooler struct {
 	writeErr error
 }
 
-func newSpooler(dir, name string, limit int64) (*spooler, error) {
-	f, err := os.OpenFile(filepath.Join(dir, name), os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-	if err != nil {
-		return nil, fmt.Errorf("shim: create spool file: %w", err)
+func newSpooler(dir, name string, limit int64) *spooler {
+	return &spooler{path: filepath.Join(dir, name), cap: limit, hash: sha256.New()}
+}
+
+// store writes p to the spool file, creating it first (only if absent: a spool directory
+// runs once).
+func (sp *spooler) store(p []byte) (int, error) {
+	if sp.file == nil {
+		f, err := os.OpenFile(sp.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return 0, fmt.Errorf("create spool file: %w", err)
+		}
+		sp.file = f
 	}
-	return &spooler{file: f, cap: limit, hash: sha256.New()}, nil
+	return sp.file.Write(p)
+}
+
+func (sp *spooler) close() {
+	if sp.file != nil {
+		sp.file.Close()
+	}
 }
 
 // copyFrom reads r to EOF (or until r is closed), hashing everything and storing up to the
@@ -388,7 +444,7 @@ func (sp *spooler) copyFrom(r io.Reader, done chan<- struct{}) {
 			sp.hash.Write(buf[:n])
 			sp.info.Bytes += int64(n)
 			if room := sp.cap - sp.info.Stored; room > 0 && sp.writeErr == nil {
-				w, werr := sp.file.Write(buf[:min(int64(n), room)])
+				w, werr := sp.store(buf[:min(int64(n), room)])
 				sp.info.Stored += int64(w)
 				sp.writeErr = werr
 			}
@@ -399,15 +455,30 @@ func (sp *spooler) copyFrom(r io.Reader, done chan<- struct{}) {
 	}
 }
 
-// finish syncs the spool file and completes info; call after copyFrom signalled done.
-func (sp *spooler) finish() error {
+// finish completes info and makes the stored bytes durable; call after copyFrom signalled
+// done. An empty stream has no file and no bytes to lose, so it costs no fsync; always (the
+// per-command shim) creates and syncs the file anyway, as that mode's readers expect both
+// files. A stored byte is synced before the outcome that covers it is recorded, so a
+// recorded outcome never points at output a crash took.
+func (sp *spooler) finish(always bool) error {
 	sp.info.Truncated = sp.info.Stored < sp.info.Bytes
 	sp.info.SHA256 = hex.EncodeToString(sp.hash.Sum(nil))
 	if sp.writeErr != nil {
-		return fmt.Errorf("shim: spool %s: %w", filepath.Base(sp.file.Name()), sp.writeErr)
+		return fmt.Errorf("shim: spool %s: %w", filepath.Base(sp.path), sp.writeErr)
+	}
+	if sp.file == nil && always {
+		// The per-command shim's contract: both files exist once the status does.
+		f, err := os.OpenFile(sp.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
+		if err != nil {
+			return fmt.Errorf("shim: create spool file: %w", err)
+		}
+		sp.file = f
+	}
+	if sp.file == nil {
+		return nil
 	}
 	if err := sp.file.Sync(); err != nil {
-		return fmt.Errorf("shim: sync %s: %w", filepath.Base(sp.file.Name()), err)
+		return fmt.Errorf("shim: sync %s: %w", filepath.Base(sp.path), err)
 	}
 	return nil
 }

@@ -17,6 +17,9 @@ type ActorSpec struct {
 	Tools         []string `toml:"tools,omitempty"`
 	MaxConcurrent int      `toml:"max_concurrent,omitempty"`
 	DailyQuota    int      `toml:"daily_quota,omitempty"`
+	// Per agent run (intent scope).
+	RunMaxConcurrent int `toml:"run_max_concurrent,omitempty"`
+	RunDailyQuota    int `toml:"run_daily_quota,omitempty"`
 }
 
 // AddActor configures one more remote actor with a fresh token (b.Tokens[spec.Name]), so

@@ -5,6 +5,8 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -17,7 +19,8 @@ import (
 const reapGrace = 30 * time.Second
 
 // reapShims ends what a hostagent detached under dataDir and waits until it is gone: every
-// spool directory's command (its whole process group) and its supervisor. Shims outlive the
+// spool directory's command (its whole process group) and its supervisor, and every
+// long-lived supervisor. Shims outlive the
 // hostagent by design, so without this they keep writing into the test's temp dir while it
 // is being removed. Call it after the hostagent was stopped.
 func reapShims(t testing.TB, dataDir string) {
@@ -39,6 +42,24 @@ func reapShims(t testing.TB, dataDir string) {
 			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 			pidfds = append(pidfds, fd)
 		}
+	}
+	// The long-lived supervisors, also those that have no spool directory (yet), after
+	// their commands' sessions (every command leads one, which may hold grandchildren that
+	// the supervisor's death would not reach).
+	sups, _ := filepath.Glob(filepath.Join(dataDir, "supervisor", "supervisor-*.json"))
+	for _, rec := range sups {
+		fd, pid := openSpooled(rec)
+		if fd < 0 {
+			continue
+		}
+		for _, child := range childrenOf(pid) {
+			if cfd, err := unix.PidfdOpen(child, 0); err == nil {
+				unix.Kill(-child, unix.SIGKILL)
+				pidfds = append(pidfds, cfd)
+			}
+		}
+		unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+		pidfds = append(pidfds, fd)
 	}
 	deadline := time.Now().Add(reapGrace)
 	for _, fd := range pidfds {
@@ -88,4 +109,19 @@ func pidfdExited(fd int) bool {
 		return false
 	}
 	return err != nil || n > 0
+}
+
+// childrenOf lists pid's children (every thread's, from /proc).
+func childrenOf(pid int) []int {
+	var pids []int
+	lists, _ := filepath.Glob(filepath.Join("/proc", strconv.Itoa(pid), "task", "*", "children"))
+	for _, list := range lists {
+		data, _ := os.ReadFile(list)
+		for _, f := range strings.Fields(string(data)) {
+			if child, err := strconv.Atoi(f); err == nil {
+				pids = append(pids, child)
+			}
+		}
+	}
+	return pids
 }
