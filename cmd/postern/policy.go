@@ -104,7 +104,7 @@ func (c *policyCommand) check(ctx context.Context, args []string) error {
 			if l.Via != "" {
 				via = "  (via " + l.Via + ")"
 			}
-			fmt.Fprintf(c.stdout, "  %s %d %s%s%s\n", mark, i+1, strings.Repeat("  ", l.Depth), printable(l.String()), via)
+			fmt.Fprintf(c.stdout, "  %s %d %s%s%s\n", mark, i+1, strings.Repeat("  ", l.Depth), cli.Printable(l.String()), via)
 		}
 	}
 	fmt.Fprintln(c.stdout, "ladder:")
