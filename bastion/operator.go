@@ -46,6 +46,9 @@ type ExecutionDetail struct {
 	// Output is the stored result as agents see it (an SSH output tail or an HTTP response),
 	// when the execution has one.
 	Output *Execution `json:"output,omitempty"`
+	// Run is the agent run of its intent scope, as first seen (absent for executions
+	// accepted before runs were journaled).
+	Run *markers.Run `json:"run,omitempty"`
 }
 
 // ExecutionPage is one page of executions.
@@ -274,6 +277,9 @@ func (b *Bastion) opShowExecution(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	detail := ExecutionDetail{Record: rec, Events: events}
+	if run, err := b.journal.Run(rec.Actor, rec.IntentScope); err == nil {
+		detail.Run = run
+	}
 	if rec.ResultRef != "" {
 		detail.Output = b.stored(rec)
 	}

@@ -294,6 +294,10 @@ func TestInvestigateTwoAgentProcesses(t *testing.T) {
 	if !strings.HasPrefix(inv.Answers[4], "No later call.") {
 		t.Errorf("answer 5 = %q; want no later call", inv.Answers[4])
 	}
+	// executions show names the agent behind the scope, not only run:PID-TICKS.
+	if show := string(postern(t, f.bastion, "executions", "show", b.ExecutionID)); !strings.Contains(show, "agent run") || !strings.Contains(show, run.Exe) {
+		t.Errorf("executions show:\n%s\nwant the agent run's executable %s", show, run.Exe)
+	}
 }
 
 func TestInvestigateAcrossBastionRestart(t *testing.T) {

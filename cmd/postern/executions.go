@@ -181,6 +181,9 @@ func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
 	}
 	row("class", r.Class)
 	row("intent scope", r.IntentScope)
+	if d.Run != nil {
+		row("agent run", runWho(d.Run)+" ("+d.Run.Transport+")")
+	}
 	row("fingerprint", r.Fingerprint)
 	row("idempotency key", r.IdempotencyKey)
 	row("previous attempt", r.PreviousAttempt)
