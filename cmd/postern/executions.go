@@ -136,12 +136,12 @@ func (c *executionsCommand) show(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := loc.config()
+	op, err := loc.operator()
 	if err != nil {
 		return err
 	}
 	var detail bastion.ExecutionDetail
-	if err := newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/executions/"+url.PathEscape(id), nil, &detail); err != nil {
+	if err := op.getJSON(ctx, "/v1/executions/"+url.PathEscape(id), nil, &detail); err != nil {
 		return err
 	}
 	if detail.Record == nil {

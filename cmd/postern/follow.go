@@ -31,11 +31,10 @@ func (c *executionsCommand) follow(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := loc.config()
+	op, err := loc.operator()
 	if err != nil {
 		return err
 	}
-	op := newOperatorClient(cfg.OperatorSocketPath())
 	var outOff, errOff int64
 	first := true
 	for {

@@ -40,12 +40,12 @@ func (c *investigateCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	cfg, err := loc.config()
+	op, err := loc.operator()
 	if err != nil {
 		return err
 	}
 	var inv bastion.Investigation
-	if err := newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/investigate/"+url.PathEscape(id), nil, &inv); err != nil {
+	if err := op.getJSON(ctx, "/v1/investigate/"+url.PathEscape(id), nil, &inv); err != nil {
 		return err
 	}
 	if inv.Record == nil || len(inv.Answers) != len(investigateQuestions) {

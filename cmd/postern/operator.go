@@ -212,6 +212,15 @@ func (l *locator) config() (bastion.Config, error) {
 	return cfg, nil
 }
 
+// operator is the operator API of the bastion the locator names.
+func (l *locator) operator() (*operatorClient, error) {
+	cfg, err := l.config()
+	if err != nil {
+		return nil, err
+	}
+	return newOperatorClient(cfg.OperatorSocketPath()), nil
+}
+
 // operatorIO is where an operator command reads and writes.
 type operatorIO struct {
 	stdin          io.Reader

@@ -112,12 +112,12 @@ func (c *runsCommand) show(ctx context.Context, args []string) error {
 }
 
 func (c *runsCommand) get(ctx context.Context, loc locator, q url.Values) (*bastion.RunPage, error) {
-	cfg, err := loc.config()
+	op, err := loc.operator()
 	if err != nil {
 		return nil, err
 	}
 	var page bastion.RunPage
-	if err := newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/runs", q, &page); err != nil {
+	if err := op.getJSON(ctx, "/v1/runs", q, &page); err != nil {
 		return nil, err
 	}
 	return &page, nil
