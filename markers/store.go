@@ -77,8 +77,8 @@ type Store struct {
 
 	commits  atomic.Uint64
 	unsynced atomic.Uint64
-	events  atomic.Uint64
-	headSeq atomic.Uint64
+	events   atomic.Uint64
+	headSeq  atomic.Uint64
 }
 
 type chainPos struct {
@@ -119,10 +119,10 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{
-		opts:   opts,
-		log:    opts.Logger.With("component", "markers", "graph", string(opts.Graph)),
-		db:     db,
-		stop:   make(chan struct{}),
+		opts:    opts,
+		log:     opts.Logger.With("component", "markers", "graph", string(opts.Graph)),
+		db:      db,
+		stop:    make(chan struct{}),
 		commit:  func(b *pebble.Batch, wo *pebble.WriteOptions) error { return b.Commit(wo) },
 		records: newRecordCache(opts.RecordCacheEntries),
 	}
