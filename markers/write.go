@@ -106,6 +106,14 @@ func (s *Store) Transition(ctx context.Context, id string, from, to State, note 
 	return s.Advance(ctx, id, from, []State{to}, note, mutate)
 }
 
+// TransitionWith is Transition with the write's durability chosen by the caller (see NoSync).
+func (s *Store) TransitionWith(ctx context.Context, id string, from, to State, note string, d Durability, mutate func(*Record) error) (*Record, error) {
+	if err := s.opts.Graph.checkPath(from, []State{to}); err != nil {
+		return nil, err
+	}
+	return s.change(ctx, id, KindTransition, from, []State{to}, note, nil, d, mutate)
+}
+
 // Advance is Transition along several edges at once — from → path[0] → … → path[n-1] — in
 // one durable write with one event per step, for states that are all already facts (a
 // command observed running and exited before its running state was written). mutate applies
