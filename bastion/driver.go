@@ -87,6 +87,21 @@ func (w notifyingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// ReadFrom copies r through a pooled buffer: io.Copy (client.Run's, from the host's channel)
+// would allocate 32 KiB per stream per execution.
+func (w notifyingWriter) ReadFrom(r io.Reader) (int64, error) { return copyPooled(w, r) }
+
+// copyBuffers are the buffers of copyPooled: one SSH packet's worth of data.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyPooled copies r to w through a buffer from copyBuffers.
+func copyPooled(w io.Writer, r io.Reader) (int64, error) {
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	// Only w's Write: io.CopyBuffer would call w's ReadFrom, which is this.
+	return io.CopyBuffer(struct{ io.Writer }{w}, r, *buf)
+}
+
 // requestCancel notes that execution_cancel asked to stop id. Until it ends, its drivers
 // cancel it on the host as soon as the host confirms a start, and cancel it in the journal
 // instead of re-dispatching it if the host never started it. The note lives as long as this
@@ -117,6 +132,9 @@ func (m *mutableWriter) Write(p []byte) (int, error) {
 	}
 	return m.w.Write(p)
 }
+
+// ReadFrom copies r through a pooled buffer (see notifyingWriter.ReadFrom).
+func (m *mutableWriter) ReadFrom(r io.Reader) (int64, error) { return copyPooled(m, r) }
 
 // startDriver returns the driver of rec's execution, starting one if there is none. It
 // returns nil once the bastion is closing.
