@@ -36,7 +36,7 @@ var benchActor = transport.Caller{Actor: "token:bench"}
 // startHostagent runs a real postern-hostagent with postern-shim next to it. It builds them
 // into the benchmark's temp dir (the go build cache makes that quick) rather than with
 // testutil.Binary, whose shared build dir needs a TestMain this package does not have.
-func startHostagent(b *testing.B) *testutil.Hostagent {
+func startHostagent(b testing.TB) *testutil.Hostagent {
 	b.Helper()
 	dir := b.TempDir()
 	for _, name := range []string{"postern-hostagent", "postern-shim"} {
@@ -54,7 +54,7 @@ func startHostagent(b *testing.B) *testutil.Hostagent {
 
 // openBastion opens a bastion on a fresh state dir (no HTTP listener) that authenticates to
 // h with h's authorized client key and has h enrolled as "h1". adjust changes its config.
-func openBastion(b *testing.B, h *testutil.Hostagent, adjust ...func(*bastion.Config)) *bastion.Bastion {
+func openBastion(b testing.TB, h *testutil.Hostagent, adjust ...func(*bastion.Config)) *bastion.Bastion {
 	b.Helper()
 	cfg := bastion.DefaultConfig(b.TempDir())
 	cfg.Listen = ""
