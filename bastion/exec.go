@@ -170,6 +170,9 @@ type claim struct {
 	ask policy.Request
 	// defaultClass applies when no rule sets one.
 	defaultClass string
+	// host is the SSH target as the inventory had it when the call was resolved (nil for
+	// HTTP).
+	host *Host
 }
 
 func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*claim, error) {
@@ -230,6 +233,7 @@ func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*claim, error) {
 	}
 	cl.ask = policy.Request{Tool: policy.ToolSSHExec, Host: host.Name, Groups: host.Groups, Command: a.Command}
 	cl.defaultClass = ClassRemoteCommand
+	cl.host = &host
 	return cl, nil
 }
 
@@ -420,7 +424,7 @@ func (b *Bastion) accept(ctx context.Context, cl *claim, dec policy.Decision) (_
 	note := "authorized"
 	if dec.Outcome == policy.Authorized {
 		path = []markers.State{markers.Authorized}
-		if r.Channel == "ssh" && b.connected(r.Host) {
+		if cl.host != nil && b.connected(*cl.host) {
 			path = append(path, markers.Dispatched)
 			note = "dispatching to " + r.Host
 		}
@@ -442,16 +446,12 @@ func (b *Bastion) accept(ctx context.Context, cl *claim, dec policy.Decision) (_
 	return rec, dispatched, nil
 }
 
-// connected makes sure the pooled connection to host is up, before the dispatch boundary: a
+// connected makes sure the pooled connection to h is up, before the dispatch boundary: a
 // host that cannot be reached (or presents another key) is sent nothing.
-func (b *Bastion) connected(host string) bool {
-	h, err := b.inv.Host(host)
-	if err != nil {
-		return false
-	}
+func (b *Bastion) connected(h Host) bool {
 	ctx, cancel := context.WithTimeout(b.ctx, connectTimeout)
 	defer cancel()
-	_, err = b.pool.Conn(ctx, h)
+	_, err := b.pool.Conn(ctx, h)
 	return err == nil
 }
 
