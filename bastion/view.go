@@ -315,8 +315,16 @@ wait:
 
 // Delivered records that the result of execution id reached the caller's transport, so a
 // later identical call is a new intent. Only completed executions are marked.
+//
+// The mark is written without an fsync (markers.NoSync), off the critical path: losing it is
+// harmless. A crash that loses it leaves the execution completed with its result not
+// delivered, so a retry replays the stored result — never a second dispatch, and what the
+// design prescribes whenever delivery is in doubt. Anything that acts on the mark (a new
+// execution of the same intent, once it no longer matches) is itself a synced write, and the
+// journal's log is synced in order, so the mark is durable before that write is. Its
+// revocation (RevokeDelivery) stays synced: losing that would turn a retry into a new intent.
 func (b *Bastion) Delivered(ctx context.Context, id string) error {
-	_, err := b.journal.Update(context.WithoutCancel(ctx), id, "result delivered", func(r *markers.Record) error {
+	_, err := b.journal.UpdateWith(context.WithoutCancel(ctx), id, "result delivered", markers.NoSync, func(r *markers.Record) error {
 		if r.ResultDeliveredAt == nil && markers.Journal.Terminal(r.State) {
 			t := b.now().UTC()
 			r.ResultDeliveredAt = &t

@@ -7,11 +7,42 @@ import (
 	"time"
 )
 
+// Durability says when a write returns.
+type Durability uint8
+
+const (
+	// Sync: the write returns once it is durable (fsynced). Every write is Sync unless its
+	// caller asks otherwise.
+	Sync Durability = iota
+	// NoSync: the write returns once it is in Pebble's write-ahead log, before the fsync.
+	// Readers see it at once, and a crash may lose it — but only together with every write
+	// committed after it: the log is fsynced and replayed in order, so the next synced write
+	// (any Sync write, a checkpoint, Close) makes it durable, and a crash before that leaves
+	// the store and its hash chain as they were before it. Use it only for a change whose
+	// loss is harmless, and say why next to the call.
+	NoSync
+)
+
 // Create stores r as a new execution in its graph's initial state, if no record with r.ID
 // exists. It returns once the record is durable. If one exists, it returns that record and
 // an error wrapping ErrExists; nothing is written. The store sets Graph, State, CreatedAt,
 // UpdatedAt and StateTimes.
 func (s *Store) Create(ctx context.Context, r *Record) (*Record, error) {
+	return s.create(ctx, r, nil, "")
+}
+
+// CreateAdvanced is Create followed by Advance from the initial state along path, in one
+// durable write (one fsync) with one event per step — the create, then a transition per
+// state, note on each — for an execution whose first states are all decided when it is
+// created. Nothing of it is durable before all of it is.
+func (s *Store) CreateAdvanced(ctx context.Context, r *Record, path []State, note string) (*Record, error) {
+	if err := s.opts.Graph.checkPath(s.opts.Graph.Initial(), path); err != nil {
+		return nil, err
+	}
+	return s.create(ctx, r, path, note)
+}
+
+func (s *Store) create(ctx context.Context, r *Record, path []State, note string) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -38,17 +69,26 @@ func (s *Store) Create(ctx context.Context, r *Record) (*Record, error) {
 	if err != nil {
 		return nil, err
 	}
+	steps := []step{{kind: KindCreate, to: rec.State, record: encoded}}
+	for _, to := range path {
+		from := rec.State
+		advanceState(rec, to, now)
+		if encoded, err = EncodeRecord(rec); err != nil {
+			return nil, err
+		}
+		steps = append(steps, step{kind: KindTransition, from: from, to: to, note: note, record: encoded})
+	}
 
 	unlock := s.locks.lock(rec.ID)
 	defer unlock()
 	existing, err := s.getLocked(rec.ID)
 	if err == nil {
-		return existing, fmt.Errorf("%w: %s is %s", ErrExists, rec.ID, existing.State)
+		return existing.Clone(), fmt.Errorf("%w: %s is %s", ErrExists, rec.ID, existing.State)
 	}
 	if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	if err := s.submit(&commitReq{rec: rec, encoded: encoded, kind: KindCreate, steps: []step{{to: rec.State, record: encoded}}}); err != nil {
+	if err := s.submit(&commitReq{rec: rec, encoded: encoded, steps: steps}); err != nil {
 		return nil, err
 	}
 	return rec.Clone(), nil
@@ -66,6 +106,14 @@ func (s *Store) Transition(ctx context.Context, id string, from, to State, note 
 	return s.Advance(ctx, id, from, []State{to}, note, mutate)
 }
 
+// TransitionWith is Transition with the write's durability chosen by the caller (see NoSync).
+func (s *Store) TransitionWith(ctx context.Context, id string, from, to State, note string, d Durability, mutate func(*Record) error) (*Record, error) {
+	if err := s.opts.Graph.checkPath(from, []State{to}); err != nil {
+		return nil, err
+	}
+	return s.change(ctx, id, KindTransition, from, []State{to}, note, nil, d, mutate)
+}
+
 // Advance is Transition along several edges at once — from → path[0] → … → path[n-1] — in
 // one durable write with one event per step, for states that are all already facts (a
 // command observed running and exited before its running state was written). mutate applies
@@ -74,7 +122,7 @@ func (s *Store) Advance(ctx context.Context, id string, from State, path []State
 	if err := s.opts.Graph.checkPath(from, path); err != nil {
 		return nil, err
 	}
-	return s.change(ctx, id, KindTransition, from, path, note, nil, mutate)
+	return s.change(ctx, id, KindTransition, from, path, note, nil, Sync, mutate)
 }
 
 // MaxResultBytes bounds a stored result.
@@ -93,20 +141,25 @@ func (s *Store) AdvanceWithResult(ctx context.Context, id string, from State, pa
 	if err := s.opts.Graph.checkPath(from, path); err != nil {
 		return nil, err
 	}
-	return s.change(ctx, id, KindTransition, from, path, note, result, mutate)
+	return s.change(ctx, id, KindTransition, from, path, note, result, Sync, mutate)
 }
 
 // Update applies mutate to execution id without changing its state (checkpoints, delivery
 // time, evidence) and journals it as an update event with note.
 func (s *Store) Update(ctx context.Context, id, note string, mutate func(*Record) error) (*Record, error) {
-	return s.change(ctx, id, KindUpdate, "", nil, note, nil, mutate)
+	return s.change(ctx, id, KindUpdate, "", nil, note, nil, Sync, mutate)
+}
+
+// UpdateWith is Update with the write's durability chosen by the caller (see NoSync).
+func (s *Store) UpdateWith(ctx context.Context, id, note string, d Durability, mutate func(*Record) error) (*Record, error) {
+	return s.change(ctx, id, KindUpdate, "", nil, note, nil, d, mutate)
 }
 
 // RevokeDelivery clears the result delivery time of execution id, journaled as a
 // delivery_revoked event with note, and reports whether it did: a record whose result is not
 // marked delivered is returned unchanged and nothing is written.
 func (s *Store) RevokeDelivery(ctx context.Context, id, note string) (*Record, bool, error) {
-	rec, err := s.change(ctx, id, KindDeliveryRevoked, "", nil, note, nil, func(r *Record) error {
+	rec, err := s.change(ctx, id, KindDeliveryRevoked, "", nil, note, nil, Sync, func(r *Record) error {
 		if r.ResultDeliveredAt == nil {
 			return errUnchanged
 		}
@@ -123,7 +176,7 @@ func (s *Store) RevokeDelivery(ctx context.Context, id, note string) (*Record, b
 // written and change returns the current record.
 var errUnchanged = errors.New("unchanged")
 
-func (s *Store) change(ctx context.Context, id string, kind EventKind, from State, path []State, note string, result []byte, mutate func(*Record) error) (*Record, error) {
+func (s *Store) change(ctx context.Context, id string, kind EventKind, from State, path []State, note string, result []byte, durability Durability, mutate func(*Record) error) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -135,14 +188,14 @@ func (s *Store) change(ctx context.Context, id string, kind EventKind, from Stat
 	}
 	if kind == KindTransition && cur.State != from {
 		if cur.State == path[len(path)-1] {
-			return cur, nil
+			return cur.Clone(), nil
 		}
-		return cur, fmt.Errorf("%w: %s is %s, not %s", ErrConflict, id, cur.State, from)
+		return cur.Clone(), fmt.Errorf("%w: %s is %s, not %s", ErrConflict, id, cur.State, from)
 	}
 	next := cur.Clone()
 	if mutate != nil {
 		if err := mutate(next); errors.Is(err, errUnchanged) {
-			return cur, err
+			return cur.Clone(), err
 		} else if err != nil {
 			return nil, fmt.Errorf("markers: %s %s: %w", kind, id, err)
 		}
@@ -190,10 +243,10 @@ func (s *Store) change(ctx context.Context, id string, kind EventKind, from Stat
 		if err != nil {
 			return nil, err
 		}
-		steps = append(steps, step{from: stepFrom, to: to, record: encoded})
+		steps = append(steps, step{kind: kind, from: stepFrom, to: to, note: note, record: encoded})
 	}
 	final := steps[len(steps)-1].record
-	if err := s.submit(&commitReq{rec: next, prev: cur, encoded: final, kind: kind, note: note, steps: steps, result: result}); err != nil {
+	if err := s.submit(&commitReq{rec: next, prev: cur, encoded: final, durability: durability, steps: steps, result: result}); err != nil {
 		return nil, err
 	}
 	return next.Clone(), nil
