@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -15,6 +16,8 @@ import (
 	"testing"
 	"text/tabwriter"
 	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/policy"
@@ -33,7 +36,7 @@ var benchActor = transport.Caller{Actor: "token:bench"}
 // startHostagent runs a real postern-hostagent with postern-shim next to it. It builds them
 // into the benchmark's temp dir (the go build cache makes that quick) rather than with
 // testutil.Binary, whose shared build dir needs a TestMain this package does not have.
-func startHostagent(b *testing.B) *testutil.Hostagent {
+func startHostagent(b testing.TB) *testutil.Hostagent {
 	b.Helper()
 	dir := b.TempDir()
 	for _, name := range []string{"postern-hostagent", "postern-shim"} {
@@ -50,11 +53,14 @@ func startHostagent(b *testing.B) *testutil.Hostagent {
 }
 
 // openBastion opens a bastion on a fresh state dir (no HTTP listener) that authenticates to
-// h with h's authorized client key and has h enrolled as "h1".
-func openBastion(b *testing.B, h *testutil.Hostagent) *bastion.Bastion {
+// h with h's authorized client key and has h enrolled as "h1". adjust changes its config.
+func openBastion(b testing.TB, h *testutil.Hostagent, adjust ...func(*bastion.Config)) *bastion.Bastion {
 	b.Helper()
 	cfg := bastion.DefaultConfig(b.TempDir())
 	cfg.Listen = ""
+	for _, f := range adjust {
+		f(&cfg)
+	}
 	cfg.Actors = []policy.Actor{{Name: "bench", TokenSHA256: transport.HashToken("bench")}}
 	h.ClientKey.WritePrivateKey(b, cfg.ClientKeyPath())
 	if err := bastion.Enroll(cfg.InventoryPath(), bastion.Host{Name: "h1", Addr: h.Addr, Account: h.Account, HostKey: h.HostKey}); err != nil {
@@ -279,6 +285,68 @@ func BenchmarkExecConcurrent64(b *testing.B) {
 		wg.Go(func() {
 			for next.Add(1) <= int64(b.N) && !b.Failed() {
 				if err := call(); err != nil {
+					b.Error(err)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	elapsed := time.Since(start)
+	b.StopTimer()
+	b.ReportMetric(float64(b.N)/elapsed.Seconds(), "execs/s")
+}
+
+// BenchmarkMCPConcurrent64 is BenchmarkExecConcurrent64 through the MCP layer, in process:
+// 64 go-sdk client sessions call ssh_exec over Streamable HTTP on loopback, so a CPU profile
+// shows what the MCP transport costs next to the engine (the go-sdk server's share is under
+// mcp.(*StreamableHTTPHandler).ServeHTTP; the clients' under mcp.(*ClientSession)).
+func BenchmarkMCPConcurrent64(b *testing.B) {
+	h := startHostagent(b)
+	bs := openBastion(b, h, func(c *bastion.Config) { c.Listen = "127.0.0.1:0" })
+	ctx, cancel := context.WithCancel(context.Background())
+	endpoints := make(chan bastion.Endpoints, 1)
+	served := make(chan error, 1)
+	go func() { served <- bs.Serve(ctx, func(ep bastion.Endpoints) { endpoints <- ep }) }()
+	defer func() {
+		cancel()
+		<-served
+	}()
+	var ep bastion.Endpoints
+	select {
+	case ep = <-endpoints:
+	case err := <-served:
+		b.Fatalf("serve: %v", err)
+	}
+	rt := &http.Transport{MaxIdleConns: 64, MaxIdleConnsPerHost: 64}
+	defer rt.CloseIdleConnections()
+	sessions := make([]*mcp.ClientSession, 64)
+	for i := range sessions {
+		sessions[i] = testutil.ConnectMCP(b, ep.URL, testutil.TokenHTTPClient("bench", nil, rt), nil)
+	}
+	var runs atomic.Int64
+	call := func(cs *mcp.ClientSession) error {
+		run := fmt.Sprintf("mcp64-%d", runs.Add(1))
+		var x bastion.Execution
+		res, err := testutil.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "true", "run_id": run}, &x)
+		if err != nil {
+			return err
+		}
+		if res.IsError || x.State != "completed" || x.ExitCode == nil || *x.ExitCode != 0 {
+			return fmt.Errorf("ssh_exec (run %s): %+v: %s", run, x, testutil.ResultText(res))
+		}
+		return nil
+	}
+	if err := call(sessions[0]); err != nil { // the pooled connection
+		b.Fatal(err)
+	}
+	var next atomic.Int64
+	var wg sync.WaitGroup
+	b.ResetTimer()
+	start := time.Now()
+	for _, cs := range sessions {
+		wg.Go(func() {
+			for next.Add(1) <= int64(b.N) && !b.Failed() {
+				if err := call(cs); err != nil {
 					b.Error(err)
 				}
 			}

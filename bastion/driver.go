@@ -18,6 +18,9 @@ import (
 // liveTailBytes is how much of each stream a driver keeps in memory for attaching callers.
 const liveTailBytes = 1 << 20
 
+// connectTimeout bounds connecting to a host before the dispatch boundary.
+const connectTimeout = 15 * time.Second
+
 // maxReconcileAttempts bounds how often one driver re-asks a host after losing it; past
 // that the execution stays unknown until the reconcile loop or a retry asks again.
 const maxReconcileAttempts = 3
@@ -41,6 +44,9 @@ type driver struct {
 	done  chan struct{} // closed when the driver ends
 
 	queued bool // waiting for a concurrency slot (awaitSlot); guarded by Bastion.mu
+	// dispatched: the record was journaled dispatched by accept, connection up, and this
+	// driver is its first: it execs at once, with nothing to reconcile.
+	dispatched bool
 }
 
 func (d *driver) record() *markers.Record {
@@ -82,6 +88,21 @@ func (w notifyingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
+// ReadFrom copies r through a pooled buffer: io.Copy (client.Run's, from the host's channel)
+// would allocate 32 KiB per stream per execution.
+func (w notifyingWriter) ReadFrom(r io.Reader) (int64, error) { return copyPooled(w, r) }
+
+// copyBuffers are the buffers of copyPooled: one SSH packet's worth of data.
+var copyBuffers = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+// copyPooled copies r to w through a buffer from copyBuffers.
+func copyPooled(w io.Writer, r io.Reader) (int64, error) {
+	buf := copyBuffers.Get().(*[]byte)
+	defer copyBuffers.Put(buf)
+	// Only w's Write: io.CopyBuffer would call w's ReadFrom, which is this.
+	return io.CopyBuffer(struct{ io.Writer }{w}, r, *buf)
+}
+
 // requestCancel notes that execution_cancel asked to stop id. Until it ends, its drivers
 // cancel it on the host as soon as the host confirms a start, and cancel it in the journal
 // instead of re-dispatching it if the host never started it. The note lives as long as this
@@ -113,9 +134,20 @@ func (m *mutableWriter) Write(p []byte) (int, error) {
 	return m.w.Write(p)
 }
 
+// ReadFrom copies r through a pooled buffer (see notifyingWriter.ReadFrom).
+func (m *mutableWriter) ReadFrom(r io.Reader) (int64, error) { return copyPooled(m, r) }
+
 // startDriver returns the driver of rec's execution, starting one if there is none. It
 // returns nil once the bastion is closing.
-func (b *Bastion) startDriver(rec *markers.Record) *driver {
+func (b *Bastion) startDriver(rec *markers.Record) *driver { return b.startDriverOf(rec, false) }
+
+// startDispatchedDriver starts the driver of an execution accept just journaled as
+// dispatched: it sends it to its host without asking the host first.
+func (b *Bastion) startDispatchedDriver(rec *markers.Record) *driver {
+	return b.startDriverOf(rec, true)
+}
+
+func (b *Bastion) startDriverOf(rec *markers.Record, dispatched bool) *driver {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
@@ -128,6 +160,7 @@ func (b *Bastion) startDriver(rec *markers.Record) *driver {
 		id: rec.ID, rec: rec, changed: make(chan struct{}),
 		stdout: newTail(liveTailBytes), stderr: newTail(liveTailBytes),
 		asked: make(chan struct{}), done: make(chan struct{}),
+		dispatched: dispatched && rec.State == markers.Dispatched,
 	}
 	b.drivers[rec.ID] = d
 	b.wg.Go(func() {
@@ -178,11 +211,13 @@ func (b *Bastion) drive(d *driver, asked func()) {
 		b.conclude(d, verdict{To: markers.Unknown, Note: note})
 		return
 	}
-	switch rec.State {
-	case markers.Accepted, markers.Authorized:
+	switch {
+	case d.dispatched:
+		// accept journaled it dispatched with the connection up: nothing was sent yet.
+	case rec.State == markers.Accepted || rec.State == markers.Authorized:
 		// Connect before the dispatch boundary: a host that cannot be reached (or presents
 		// another key) was sent nothing, so the execution provably failed.
-		ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+		ctx, cancel := context.WithTimeout(b.ctx, connectTimeout)
 		_, err := b.pool.Conn(ctx, host)
 		cancel()
 		if err != nil {
@@ -390,13 +425,19 @@ func (d *driver) unjournaledStart() *markers.Record {
 }
 
 // markRunning journals that the host started the command (its marker exists and is live).
+//
+// It is written without an fsync (markers.NoSync): it is not one of an execution's two synced
+// writes. Losing it is harmless: a crash that loses it leaves the execution dispatched, and
+// Recover treats dispatched and running alike — it asks the host, whose marker decides
+// (reconcileOn never looks at which of the two the journal shows). The outcome's write is
+// synced and the journal's log is synced in order, so running is durable before the outcome.
 func (b *Bastion) markRunning(d *driver) {
 	m := d.unjournaledStart()
 	if m == nil {
 		return
 	}
 	rec := d.record()
-	next, err := b.journal.Transition(b.ctx, rec.ID, rec.State, markers.Running, "host marker "+string(m.State), func(r *markers.Record) error {
+	next, err := b.journal.TransitionWith(b.ctx, rec.ID, rec.State, markers.Running, "host marker "+string(m.State), markers.NoSync, func(r *markers.Record) error {
 		r.PID, r.PIDStart = m.PID, m.PIDStart
 		return nil
 	})

@@ -170,6 +170,9 @@ type claim struct {
 	ask policy.Request
 	// defaultClass applies when no rule sets one.
 	defaultClass string
+	// host is the SSH target as the inventory had it when the call was resolved (nil for
+	// HTTP).
+	host *Host
 }
 
 func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*claim, error) {
@@ -230,6 +233,7 @@ func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*claim, error) {
 	}
 	cl.ask = policy.Request{Tool: policy.ToolSSHExec, Host: host.Name, Groups: host.Groups, Command: a.Command}
 	cl.defaultClass = ClassRemoteCommand
+	cl.host = &host
 	return cl, nil
 }
 
@@ -328,18 +332,26 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		return nil, err
 	}
 	defer admitted()
-	rec, err := b.accept(ctx, cl, outcome)
-	unlock()
+	rec, dispatched, err := b.accept(ctx, cl, dec, outcome)
 	if err != nil {
 		return nil, err
 	}
 	if dec.Outcome != policy.Authorized {
+		unlock()
 		if rec, err = b.applyDecision(ctx, rec, dec); err != nil {
 			return nil, err
 		}
 		return b.view(rec), nil
 	}
-	d := b.startDriver(rec)
+	// The driver starts before the intake lock is released, so a retry of the same intent
+	// finds it and attaches instead of starting a reconciling one of its own.
+	var d *driver
+	if dispatched {
+		d = b.startDispatchedDriver(rec)
+	} else {
+		d = b.startDriver(rec)
+	}
+	unlock()
 	admitted() // the driver counts towards the actor's limits now
 	if d == nil {
 		return nil, &ToolError{Code: "shutting_down", Message: "the bastion is shutting down; " + rec.ID + " was accepted and will be dispatched after restart"}
@@ -390,23 +402,68 @@ func (b *Bastion) deliverySettling(prior *markers.Record, outcome matchOutcome) 
 	return prior.ResultDeliveredAt.Add(b.cfg.DeliverySettle).Sub(b.now())
 }
 
-// accept journals a new execution (synced) before anything else happens to it; its create
-// event carries the call (matched as match: new or new_attempt).
-func (b *Bastion) accept(ctx context.Context, cl *claim, match matchOutcome) (*markers.Record, error) {
+// accept journals a new execution (synced) before anything else happens to it. When the
+// policy authorized it at once, the first states are journaled together, in the one synced
+// write before the dispatch boundary (DESIGN.md's two synced writes per execution, the other
+// being its outcome): accepted → authorized, and for SSH → dispatched once the host's pooled
+// connection is up (dispatched reports that), so its driver execs at once.
+//
+// Why one write is as safe as three: the states between accepted and dispatched are there so
+// that a crash between them can be resumed, and with nothing decided in between (no approval,
+// no other caller: the intake lock is held and the record does not exist before the write)
+// there is no such moment. A crash before the write is durable leaves nothing: no record, and
+// nothing sent (the connection is made before, but the exec goes out only after the write
+// returns), and the caller never saw an execution id, so its retry is a new execution —
+// indistinguishable from a call that never arrived. A crash after it is a crash after
+// dispatch: Recover asks the host, whose marker (or its absence: never started) decides. A
+// failed write fails closed: nothing is dispatched.
+//
+// A host that cannot be reached is the exception: the execution is journaled authorized, and
+// its driver records that it failed with nothing sent (the pool's backoff answers it at once).
+//
+// Its create event carries the call (matched as match: new or new_attempt), in that write.
+func (b *Bastion) accept(ctx context.Context, cl *claim, dec policy.Decision, match matchOutcome) (_ *markers.Record, dispatched bool, _ error) {
 	id, err := markers.NewExecutionID(b.now())
 	if err != nil {
-		return nil, err
+		return nil, false, err
 	}
 	r := cl.record
 	r.ID, r.Actor, r.IntentScope, r.Fingerprint = id, cl.caller.Actor, cl.scope, cl.fingerprint
+	var path []markers.State
+	note := "authorized"
+	if dec.Outcome == policy.Authorized {
+		path = []markers.State{markers.Authorized}
+		if cl.host != nil && b.connected(*cl.host) {
+			path = append(path, markers.Dispatched)
+			note = "dispatching to " + r.Host
+		}
+	}
 	call := b.newCall(ctx, cl.caller, cl.scope, match, false)
-	rec, err := b.journal.CreateFor(ctx, &r, call)
+	var rec *markers.Record
+	if path == nil {
+		rec, err = b.journal.CreateFor(ctx, &r, call)
+	} else {
+		rec, err = b.journal.CreateAdvancedFor(ctx, &r, path, note, call)
+	}
 	if err != nil {
-		return nil, journalError(err)
+		return nil, false, journalError(err)
 	}
 	b.journaled(cl.caller.Actor, call)
 	b.metrics.accepted.Inc()
-	return rec, nil
+	dispatched = rec.State == markers.Dispatched
+	if dispatched {
+		b.metrics.dispatched.Inc()
+	}
+	return rec, dispatched, nil
+}
+
+// connected makes sure the pooled connection to h is up, before the dispatch boundary: a
+// host that cannot be reached (or presents another key) is sent nothing.
+func (b *Bastion) connected(h Host) bool {
+	ctx, cancel := context.WithTimeout(b.ctx, connectTimeout)
+	defer cancel()
+	_, err := b.pool.Conn(ctx, h)
+	return err == nil
 }
 
 // join answers a call that belongs to an existing execution (recover_or_attach): never a

@@ -321,6 +321,14 @@ const deliveredNote = "result delivered"
 //
 // The update event names the call that was handed the result, when ctx carries it (the
 // transport's caller and the request's JSON-RPC id).
+//
+// The mark is written without an fsync (markers.NoSync), off the critical path: losing it is
+// harmless. A crash that loses it leaves the execution completed with its result not
+// delivered, so a retry replays the stored result — never a second dispatch, and what the
+// design prescribes whenever delivery is in doubt. Anything that acts on the mark (a new
+// execution of the same intent, once it no longer matches) is itself a synced write, and the
+// journal's log is synced in order, so the mark is durable before that write is. Its
+// revocation (RevokeDelivery) stays synced: losing that would turn a retry into a new intent.
 func (b *Bastion) Delivered(ctx context.Context, id string) error {
 	var call *markers.Call
 	if c, ok := transport.CallerFromContext(ctx); ok {
@@ -331,7 +339,7 @@ func (b *Bastion) Delivered(ctx context.Context, id string) error {
 			call.Run = "run:" + c.RunID
 		}
 	}
-	_, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, call, func(r *markers.Record) error {
+	_, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, call, markers.NoSync, func(r *markers.Record) error {
 		if r.ResultDeliveredAt == nil && markers.Journal.Terminal(r.State) {
 			t := b.now().UTC()
 			r.ResultDeliveredAt = &t

@@ -81,7 +81,7 @@ const KindJoined EventKind = "joined"
 // CreateFor is Create for the call that asked for the execution: the create event carries
 // call (and call.NewRun becomes the run's record) in the same durable write.
 func (s *Store) CreateFor(ctx context.Context, r *Record, call *Call) (*Record, error) {
-	return s.create(ctx, r, call)
+	return s.create(ctx, r, nil, "", call)
 }
 
 // Joined journals a call that touched execution id without changing it, as a joined event
@@ -108,8 +108,8 @@ func (s *Store) Joined(ctx context.Context, id string, call *Call) error {
 	if err != nil {
 		return err
 	}
-	return s.submit(&commitReq{rec: rec, prev: rec, encoded: encoded, kind: KindJoined, at: s.now(), call: call,
-		steps: []step{{from: rec.State, to: rec.State, record: encoded}}})
+	return s.submit(&commitReq{rec: rec, prev: rec, encoded: encoded, at: s.now(), call: call,
+		steps: []step{{kind: KindJoined, from: rec.State, to: rec.State, record: encoded}}})
 }
 
 // Run returns the record of actor's agent run scope, or ErrNotFound.

@@ -95,6 +95,9 @@ func (s *Store) commitGroup(group []*commitReq) {
 	head := s.head
 	committed := group[:0:0]
 	staged := uint64(0)
+	// The group is one batch: it is synced if any of its writes asks for it (a checkpoint
+	// always does), which also makes every earlier unsynced write durable (see NoSync).
+	synced := false
 	for _, r := range group {
 		if r.seal {
 			forceSeal = true
@@ -109,11 +112,13 @@ func (s *Store) commitGroup(group []*commitReq) {
 		head = next
 		staged += uint64(len(r.steps))
 		committed = append(committed, r)
+		synced = synced || r.durability == Sync
 	}
 	sealing := head.Seq > s.sealedSeq &&
 		(forceSeal || head.Seq-s.sealedSeq >= uint64(s.opts.CheckpointEvery))
 	now := s.opts.Now()
 	if sealing {
+		synced = true
 		signed, err := signCheckpoint(s.opts.Signer, s.opts.Origin, head.Seq, head.Hash, now)
 		if err != nil {
 			s.fail(committed, fmt.Errorf("sign checkpoint %d: %w", head.Seq, err))
@@ -135,8 +140,12 @@ func (s *Store) commitGroup(group []*commitReq) {
 		s.fail(committed, err)
 		return
 	}
+	wo := pebble.NoSync
+	if synced {
+		wo = pebble.Sync
+	}
 	s.commitMu.Lock()
-	err := s.commit(b)
+	err := s.commit(b, wo)
 	s.commitMu.Unlock()
 	if err != nil {
 		s.fail(committed, fmt.Errorf("commit: %w", err))
@@ -157,8 +166,17 @@ func (s *Store) commitGroup(group []*commitReq) {
 	if len(created) > 0 {
 		s.present.add(created...)
 	}
-	s.commits.Add(1)
+	if synced {
+		s.commits.Add(1)
+	} else {
+		s.unsynced.Add(1)
+	}
 	s.events.Add(staged)
+	for _, r := range committed {
+		if r.rec != nil {
+			s.records.put(r.rec)
+		}
+	}
 	for _, r := range committed {
 		r.done <- nil
 	}
@@ -176,18 +194,20 @@ func (s *Store) stage(b *pebble.Batch, head chainPos, r *commitReq) (chainPos, e
 	if !r.at.IsZero() {
 		at = r.at
 	}
-	for _, st := range r.steps {
+	for i, st := range r.steps {
 		ev := Event{
 			Seq:         head.Seq + 1,
 			At:          at,
 			ExecutionID: r.rec.ID,
-			Kind:        r.kind,
+			Kind:        st.kind,
 			From:        st.from,
 			To:          st.to,
-			Note:        r.note,
-			Call:        r.call,
+			Note:        st.note,
 			Record:      st.record[1:],
 			PrevHash:    head.Hash,
+		}
+		if i == 0 {
+			ev.Call = r.call // the write's first event: the create, joined or update
 		}
 		line, serr := ev.seal()
 		if serr != nil {
@@ -200,7 +220,7 @@ func (s *Store) stage(b *pebble.Batch, head chainPos, r *commitReq) (chainPos, e
 	if r.call != nil && r.call.NewRun != nil && err == nil {
 		err = s.stageRun(b, r.call.NewRun)
 	}
-	if r.kind != KindJoined {
+	if r.steps[0].kind != KindJoined { // a joined event leaves the record as it is
 		set(recordKey(r.rec.ID), r.encoded)
 	}
 	if r.result != nil {

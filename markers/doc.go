@@ -6,7 +6,9 @@
 //   - Every write (create, transition, update) is one Pebble batch committed with a sync write;
 //     a method returns only once its batch is durable. A failed commit fails closed: the error is
 //     returned and the store refuses all further writes (ErrBroken), so no caller proceeds on a
-//     record that may not exist.
+//     record that may not exist. The one exception is asked for per write (UpdateWith, NoSync):
+//     it returns before its fsync, and a crash can lose it only together with every later
+//     write, so the store and the chain stay a consistent prefix.
 //   - A record's state only moves along the edges of its Graph (Journal or Host); an illegal
 //     edge is ErrIllegalTransition and changes nothing. Transitions are compare-and-set on the
 //     current state.
@@ -26,5 +28,10 @@
 // #2163). A reader that saw such a record could act on a write that a crash then erases, e.g.
 // answer "already started" for a command that never will. Every read that returns a record
 // therefore takes that record's per-id lock first: the lock is held by the writer until its
-// batch is durable, so a record returned by Get, the Find methods or List is always durable.
+// batch is durable, so a record returned by Get, the Find methods or List is always durable
+// (save what a NoSync write changed, which its caller has declared harmless to lose).
+//
+// Decoded records are cached (bounded, most recently used) and the cache is kept under the
+// same per-id lock, so a write does not decode the record it changes; callers always get
+// their own copy.
 package markers

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"strconv"
 	"time"
 )
 
@@ -69,23 +70,98 @@ func chainHash(prevHash string, body []byte) (string, error) {
 	return hex.EncodeToString(h.Sum(nil)), nil
 }
 
-// seal fills ev.ThisHash and returns the event's line (no newline).
+// seal fills ev.ThisHash and returns the event's line (no newline). The body is written by
+// appendBody, byte for byte what json.Marshal makes of the event without this_hash, but
+// without reflection and without re-scanning the record (json.Marshal validates and compacts
+// a RawMessage: the biggest part of an event, already compact JSON from EncodeRecord).
 func (ev *Event) seal() ([]byte, error) {
 	ev.Type = "event"
 	ev.ThisHash = ""
-	body, err := json.Marshal(ev)
+	var prev [sha256.Size]byte
+	if n, err := hex.Decode(prev[:], []byte(ev.PrevHash)); err != nil || n != sha256.Size || len(ev.PrevHash) != 2*sha256.Size {
+		return nil, fmt.Errorf("markers: event %d: prev_hash %q is not a hex SHA-256", ev.Seq, ev.PrevHash)
+	}
+	line := make([]byte, 0, len(ev.Record)+len(ev.Note)+len(ev.ExecutionID)+256+len(hashField)+2*sha256.Size)
+	line, err := ev.appendBody(line)
 	if err != nil {
 		return nil, fmt.Errorf("markers: encode event %d: %w", ev.Seq, err)
 	}
-	ev.ThisHash, err = chainHash(ev.PrevHash, body)
-	if err != nil {
-		return nil, fmt.Errorf("markers: event %d: %w", ev.Seq, err)
-	}
-	line := make([]byte, 0, len(body)+len(hashField)+sha256.Size*2+2)
-	line = append(line, body[:len(body)-1]...)
+	// body is line + "}": hash it without the closing brace in place.
+	h := sha256.New()
+	h.Write(prev[:])
+	h.Write(line)
+	h.Write([]byte{'}'})
+	var sum [sha256.Size]byte
+	ev.ThisHash = hex.EncodeToString(h.Sum(sum[:0]))
 	line = append(line, hashField...)
 	line = append(line, ev.ThisHash...)
 	return append(line, '"', '}'), nil
+}
+
+// appendBody appends the event's JSON without this_hash and without its closing brace.
+func (ev *Event) appendBody(b []byte) ([]byte, error) {
+	b = append(b, `{"type":`...)
+	b = appendJSONString(b, ev.Type)
+	b = append(b, `,"seq":`...)
+	b = strconv.AppendUint(b, ev.Seq, 10)
+	b = append(b, `,"at":`...)
+	if y := ev.At.Year(); y >= 0 && y <= 9999 && ev.At.Location() == time.UTC {
+		b = append(b, '"')
+		b = ev.At.AppendFormat(b, time.RFC3339Nano)
+		b = append(b, '"')
+	} else { // rare: let json.Marshal format it, or report its error
+		at, err := json.Marshal(ev.At)
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, at...)
+	}
+	b = append(b, `,"execution_id":`...)
+	b = appendJSONString(b, ev.ExecutionID)
+	b = append(b, `,"kind":`...)
+	b = appendJSONString(b, string(ev.Kind))
+	if ev.From != "" {
+		b = append(b, `,"from":`...)
+		b = appendJSONString(b, string(ev.From))
+	}
+	if ev.To != "" {
+		b = append(b, `,"to":`...)
+		b = appendJSONString(b, string(ev.To))
+	}
+	if ev.Note != "" {
+		b = append(b, `,"note":`...)
+		b = appendJSONString(b, ev.Note)
+	}
+	if ev.Call != nil { // rare (one event per tool call): json.Marshal writes it as it would in place
+		call, err := json.Marshal(ev.Call)
+		if err != nil {
+			return nil, err
+		}
+		b = append(b, `,"call":`...)
+		b = append(b, call...)
+	}
+	b = append(b, `,"record":`...)
+	if len(ev.Record) == 0 {
+		b = append(b, "null"...)
+	} else {
+		b = append(b, ev.Record...)
+	}
+	b = append(b, `,"prev_hash":`...)
+	return appendJSONString(b, ev.PrevHash), nil
+}
+
+// appendJSONString appends s as json.Marshal writes it. Strings of plain printable ASCII
+// (every id, state and hash, most notes) are copied; anything else goes through json.Marshal.
+func appendJSONString(b []byte, s string) []byte {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; c < 0x20 || c > 0x7e || c == '"' || c == '\\' || c == '<' || c == '>' || c == '&' {
+			q, _ := json.Marshal(s) // a string always encodes
+			return append(b, q...)
+		}
+	}
+	b = append(b, '"')
+	b = append(b, s...)
+	return append(b, '"')
 }
 
 // splitLine recovers the body and this_hash of an event line.

@@ -14,5 +14,15 @@ func SetPresenceMinCap(n uint) (restore func()) {
 func FailCommits(s *Store, err error) {
 	s.qmu.Lock()
 	defer s.qmu.Unlock()
-	s.commit = func(*pebble.Batch) error { return err }
+	s.commit = func(*pebble.Batch, *pebble.WriteOptions) error { return err }
+}
+
+// EventBody is the event's JSON without this_hash as the store writes it (to compare with
+// json.Marshal).
+func EventBody(ev *Event) ([]byte, error) {
+	b, err := ev.appendBody(nil)
+	if err != nil {
+		return nil, err
+	}
+	return append(b, '}'), nil
 }

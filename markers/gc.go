@@ -107,6 +107,7 @@ func (s *Store) removeIfExpired(id string, now time.Time) (bool, error) {
 	if err == nil {
 		err = b.Commit(pebble.Sync)
 	}
+	s.records.drop(id)
 	if err != nil {
 		return false, fmt.Errorf("markers: gc %s: %w", id, err)
 	}

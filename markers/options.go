@@ -35,6 +35,10 @@ type Options struct {
 	PresenceKeys uint
 	// MaxOpenFiles bounds Pebble's table cache. Default 64.
 	MaxOpenFiles int
+	// RecordCacheEntries bounds the cache of decoded records (the most recently used ones),
+	// which spares a write the decoding of the record it changes. Default 1024 (about 1-2 MB
+	// at most); negative disables it.
+	RecordCacheEntries int
 	// Retention is how long a terminal record of each action class is kept, keyed by
 	// Record.Class. Default DefaultRetention.
 	Retention map[string]time.Duration
@@ -85,6 +89,9 @@ func (o *Options) EnsureDefaults() {
 	}
 	if o.MaxOpenFiles == 0 {
 		o.MaxOpenFiles = 64
+	}
+	if o.RecordCacheEntries == 0 {
+		o.RecordCacheEntries = 1024
 	}
 	if o.DefaultRetention == 0 {
 		o.DefaultRetention = 30 * 24 * time.Hour

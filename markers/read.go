@@ -11,17 +11,26 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 )
 
-// Get returns the durable record of execution id, or ErrNotFound.
+// Get returns the durable record of execution id, or ErrNotFound. The record is the
+// caller's own copy.
 func (s *Store) Get(id string) (*Record, error) {
 	unlock := s.locks.lock(id)
 	defer unlock()
-	return s.getLocked(id)
+	rec, err := s.getLocked(id)
+	if err != nil {
+		return nil, err
+	}
+	return rec.Clone(), nil
 }
 
-// getLocked reads a record; the caller holds id's lock, so the record is durable.
+// getLocked reads a record; the caller holds id's lock, so the record is durable. The record
+// may be the cache's: the caller must not mutate it, nor hand it out without cloning it.
 func (s *Store) getLocked(id string) (*Record, error) {
 	if err := s.readable(); err != nil {
 		return nil, err
+	}
+	if rec := s.records.get(id); rec != nil {
+		return rec, nil
 	}
 	key := recordKey(id)
 	if !s.present.mayContain(key) {
@@ -35,7 +44,12 @@ func (s *Store) getLocked(id string) (*Record, error) {
 		return nil, fmt.Errorf("markers: get %s: %w", id, err)
 	}
 	defer closer.Close()
-	return DecodeRecord(v)
+	rec, err := DecodeRecord(v)
+	if err != nil {
+		return nil, err
+	}
+	s.records.put(rec)
+	return rec, nil
 }
 
 // Result returns the result stored with execution id by AdvanceWithResult, or ErrNotFound.

@@ -45,6 +45,8 @@ type Store struct {
 	locks keyLocks
 	// present answers "certainly absent" for lookups of keys never written.
 	present *presence
+	// records holds decoded records as last committed (see recordCache).
+	records *recordCache
 
 	// mu guards closed; writers hold it shared for the whole write, so Close (exclusive)
 	// waits for writes in flight.
@@ -69,12 +71,14 @@ type Store struct {
 	lastSealAt time.Time
 	broken     error
 
-	// commit commits a batch durably; tests replace it to make a commit fail.
-	commit func(*pebble.Batch) error
+	// commit commits a batch (durably with pebble.Sync); tests replace it to make a commit
+	// fail.
+	commit func(*pebble.Batch, *pebble.WriteOptions) error
 
-	commits atomic.Uint64
-	events  atomic.Uint64
-	headSeq atomic.Uint64
+	commits  atomic.Uint64
+	unsynced atomic.Uint64
+	events   atomic.Uint64
+	headSeq  atomic.Uint64
 }
 
 type chainPos struct {
@@ -86,13 +90,13 @@ type commitReq struct {
 	rec     *Record
 	prev    *Record // nil on create
 	encoded []byte  // EncodeRecord(rec)
-	kind    EventKind
-	note    string
+	// durability is Sync unless the caller asked for NoSync.
+	durability Durability
 	// steps are the events of the write, in order; the last one carries rec.
 	steps []step
 	// result, if set, is stored under the record's result key in the same batch.
 	result []byte
-	// call, if set, is the tool call the write is for: carried by its events, and its
+	// call, if set, is the tool call the write is for: carried by its first event, and its
 	// NewRun recorded with it.
 	call *Call
 	// at, if set, is the event time (a joined event does not change the record's times).
@@ -103,7 +107,9 @@ type commitReq struct {
 
 // step is one state change of a write and the record right after it (versioned encoding).
 type step struct {
+	kind     EventKind
 	from, to State
+	note     string
 	record   []byte
 }
 
@@ -118,11 +124,12 @@ func Open(dir string, opts Options) (*Store, error) {
 		return nil, err
 	}
 	s := &Store{
-		opts:   opts,
-		log:    opts.Logger.With("component", "markers", "graph", string(opts.Graph)),
-		db:     db,
-		stop:   make(chan struct{}),
-		commit: func(b *pebble.Batch) error { return b.Commit(pebble.Sync) },
+		opts:    opts,
+		log:     opts.Logger.With("component", "markers", "graph", string(opts.Graph)),
+		db:      db,
+		stop:    make(chan struct{}),
+		commit:  func(b *pebble.Batch, wo *pebble.WriteOptions) error { return b.Commit(wo) },
+		records: newRecordCache(opts.RecordCacheEntries),
 	}
 	if err := s.load(); err != nil {
 		db.Close()
@@ -260,12 +267,14 @@ type Stats struct {
 	// Commits is the number of synced Pebble commits since Open: each is one WAL fsync, so
 	// Commits/Events is fsyncs per write.
 	Commits uint64
+	// Unsynced is the number of commits made without an fsync (groups of NoSync writes only).
+	Unsynced uint64
 	// Head is the sequence number of the newest event.
 	Head uint64
 }
 
 func (s *Store) Stats() Stats {
-	return Stats{Events: s.events.Load(), Commits: s.commits.Load(), Head: s.headSeq.Load()}
+	return Stats{Events: s.events.Load(), Commits: s.commits.Load(), Unsynced: s.unsynced.Load(), Head: s.headSeq.Load()}
 }
 
 // pebbleLogger sends Pebble's messages to slog instead of stderr.

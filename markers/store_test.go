@@ -3,6 +3,7 @@ package markers_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -433,10 +434,7 @@ func TestAdvanceWritesEveryStepInOneCommit(t *testing.T) {
 	if again, err := s.Advance(ctx, "ex_1", markers.Started, []markers.State{markers.Running, markers.Exited}, "", nil); err != nil || again.State != markers.Exited {
 		t.Errorf("re-applied advance = %v, %v; want the record, no error", again, err)
 	}
-	s.Close()
-	if rep, err := markers.VerifyDir(s.Dir, s.VerifierKey, markers.VerifyOptions{}); err != nil || !rep.OK {
-		t.Errorf("verify = %v, %v", rep, err)
-	}
+	closeAndVerify(t, s)
 }
 
 func TestFailedCommitFailsClosed(t *testing.T) {
@@ -596,5 +594,217 @@ func TestReviewRequiredOnlyWhileUnknown(t *testing.T) {
 	}
 	if got, _ := s.Get("ex_1"); got.ReviewRequired {
 		t.Errorf("stored record still requires review: %+v", got)
+	}
+}
+
+func TestCreateAdvancedWritesEveryStepInOneCommit(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Journal)
+	ctx := context.Background()
+	if _, err := s.CreateAdvanced(ctx, &markers.Record{ID: "ex_bad", Actor: "a"}, []markers.State{markers.Dispatched}, ""); !errors.Is(err, markers.ErrIllegalTransition) {
+		t.Fatalf("accepted → dispatched: %v; want ErrIllegalTransition", err)
+	}
+	before := s.Stats()
+	path := []markers.State{markers.Authorized, markers.Dispatched}
+	rec, err := s.CreateAdvanced(ctx, &markers.Record{ID: "ex_1", Actor: "a", Fingerprint: "fp", IntentScope: "run:1"}, path, "dispatching to h1")
+	if err != nil || rec.State != markers.Dispatched || rec.StateTimes[markers.Accepted].IsZero() || rec.StateTimes[markers.Authorized].IsZero() {
+		t.Fatalf("create advanced = %+v, %v; want dispatched with every state's time", rec, err)
+	}
+	after := s.Stats()
+	if after.Commits-before.Commits != 1 || after.Events-before.Events != 3 {
+		t.Errorf("commits +%d, events +%d; want one commit with three events", after.Commits-before.Commits, after.Events-before.Events)
+	}
+	evs, _ := s.Events("ex_1")
+	var got []string
+	for _, ev := range evs {
+		var r markers.Record
+		if err := json.Unmarshal(ev.Record, &r); err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, fmt.Sprintf("%s:%s→%s(%s)[%s]", ev.Kind, ev.From, ev.To, ev.Note, r.State))
+	}
+	want := "[create:→accepted()[accepted] transition:accepted→authorized(dispatching to h1)[authorized] transition:authorized→dispatched(dispatching to h1)[dispatched]]"
+	if fmt.Sprint(got) != want {
+		t.Errorf("events = %v; want %s", got, want)
+	}
+	if found, err := s.FindByFingerprint("a", "run:1", "fp"); err != nil || found.ID != "ex_1" {
+		t.Errorf("find by fingerprint = %v, %v", found, err)
+	}
+	if page, _, err := s.List(markers.Query{State: markers.Dispatched}); err != nil || len(page) != 1 {
+		t.Errorf("list dispatched = %v, %v; want ex_1", page, err)
+	}
+	if _, err := s.CreateAdvanced(ctx, &markers.Record{ID: "ex_1", Actor: "a"}, path, ""); !errors.Is(err, markers.ErrExists) {
+		t.Errorf("second create = %v; want ErrExists", err)
+	}
+	closeAndVerify(t, s)
+}
+
+// TestNoSyncWrite: an update asked for NoSync commits without an fsync, is seen at once, is
+// chained like any other, and survives a clean reopen (Close's checkpoint syncs it).
+func TestNoSyncWrite(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Journal)
+	ctx := context.Background()
+	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1", Actor: "a"}); err != nil {
+		t.Fatal(err)
+	}
+	before := s.Stats()
+	if _, err := s.UpdateWith(ctx, "ex_1", "delivered", markers.NoSync, func(r *markers.Record) error {
+		r.Evidence = append(r.Evidence, "unsynced")
+		return nil
+	}); err != nil {
+		t.Fatal(err)
+	}
+	after := s.Stats()
+	if after.Commits != before.Commits || after.Unsynced != before.Unsynced+1 || after.Events != before.Events+1 {
+		t.Errorf("stats %+v → %+v; want one unsynced commit of one event, no fsync", before, after)
+	}
+	if rec, err := s.Get("ex_1"); err != nil || fmt.Sprint(rec.Evidence) != "[unsynced]" {
+		t.Errorf("get = %v, %v; want the unsynced update", rec, err)
+	}
+	if _, err := s.Update(ctx, "ex_1", "synced", nil); err != nil {
+		t.Fatal(err)
+	}
+	if st := s.Stats(); st.Commits != after.Commits+1 {
+		t.Errorf("synced update: commits +%d; want 1", st.Commits-after.Commits)
+	}
+	s.Reopen(t)
+	if rec, err := s.Get("ex_1"); err != nil || fmt.Sprint(rec.Evidence) != "[unsynced]" {
+		t.Errorf("after reopen: %v, %v", rec, err)
+	}
+	if rep := closeAndVerify(t, s); rep.Events != 3 {
+		t.Errorf("verify = %v; want PASS over 3 events", rep)
+	}
+}
+
+// closeAndVerify closes s and checks its data dir with the offline verifier.
+func closeAndVerify(t *testing.T, s *testutil.Store) markers.Report {
+	t.Helper()
+	s.Close()
+	rep, err := markers.VerifyDir(s.Dir, s.VerifierKey, markers.VerifyOptions{})
+	if err != nil || !rep.OK {
+		t.Errorf("verify = %v, %v", rep, err)
+	}
+	return rep
+}
+
+// TestRecordsAreCopies: whatever a caller does to a record it was handed, the store's (and
+// its cache's) stays as written.
+func TestRecordsAreCopies(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Journal)
+	ctx := context.Background()
+	created, err := s.Create(ctx, &markers.Record{ID: "ex_1", Actor: "a", Command: []string{"true"}, Env: map[string]string{"A": "1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	scribble := func(r *markers.Record) {
+		r.Command[0], r.Env["A"], r.Evidence = "rm -rf /", "2", append(r.Evidence, "scribbled")
+		r.StateTimes[markers.Accepted] = time.Time{}
+	}
+	scribble(created)
+	got, _ := s.Get("ex_1")
+	scribble(got)
+	moved, err := s.Transition(ctx, "ex_1", markers.Accepted, markers.Authorized, "", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	scribble(moved)
+	again, _ := s.Transition(ctx, "ex_1", markers.Accepted, markers.Authorized, "", nil) // idempotent: the current record
+	scribble(again)
+	conflict, _ := s.Transition(ctx, "ex_1", markers.Accepted, markers.Rejected, "", nil)
+	scribble(conflict)
+	existing, _ := s.Create(ctx, &markers.Record{ID: "ex_1", Actor: "a"})
+	scribble(existing)
+	for _, when := range []string{"cached", "reopened"} {
+		rec, err := s.Get("ex_1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if rec.Command[0] != "true" || rec.Env["A"] != "1" || len(rec.Evidence) != 0 || rec.StateTimes[markers.Accepted].IsZero() || rec.State != markers.Authorized {
+			t.Errorf("%s: record = %+v; want it as written", when, rec)
+		}
+		s.Reopen(t)
+	}
+}
+
+// TestRecordCacheBounded: with a cache of two records, reads and writes of many still see
+// each record as last written.
+func TestRecordCacheBounded(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Journal, func(o *markers.Options) { o.RecordCacheEntries = 2 })
+	ctx := context.Background()
+	for i := range 10 {
+		if _, err := s.Create(ctx, &markers.Record{ID: fmt.Sprint("ex_", i), Actor: "a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for round := range 3 {
+		for i := range 10 {
+			if _, err := s.Update(ctx, fmt.Sprint("ex_", i), "", func(r *markers.Record) error {
+				r.Evidence = append(r.Evidence, fmt.Sprint(round))
+				return nil
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for i := range 10 {
+		if rec, err := s.Get(fmt.Sprint("ex_", i)); err != nil || fmt.Sprint(rec.Evidence) != "[0 1 2]" {
+			t.Errorf("ex_%d = %v, %v; want evidence [0 1 2]", i, rec, err)
+		}
+	}
+}
+
+// TestConcurrentWritersAndReaders: writers and readers of the same records at once (run with
+// -race): every update lands once, and each record's events tell the same story as the record.
+func TestConcurrentWritersAndReaders(t *testing.T) {
+	s := testutil.OpenStore(t, markers.Journal, func(o *markers.Options) { o.RecordCacheEntries = 3 })
+	ctx := context.Background()
+	const ids, writers, updates = 4, 4, 25
+	for i := range ids {
+		if _, err := s.Create(ctx, &markers.Record{ID: fmt.Sprint("ex_", i), Actor: "a"}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var wg sync.WaitGroup
+	for w := range writers {
+		wg.Go(func() {
+			for u := range updates {
+				id := fmt.Sprint("ex_", (w+u)%ids)
+				if _, err := s.UpdateWith(ctx, id, "", markers.Durability(u%2), func(r *markers.Record) error {
+					r.TimeoutSeconds++
+					return nil
+				}); err != nil {
+					t.Error(err)
+				}
+			}
+		})
+		wg.Go(func() {
+			for u := range updates {
+				if rec, err := s.Get(fmt.Sprint("ex_", u%ids)); err != nil {
+					t.Error(err)
+				} else {
+					rec.TimeoutSeconds = -1000 // a reader's scribbles never reach the store
+				}
+			}
+		})
+	}
+	wg.Wait()
+	total := 0
+	for i := range ids {
+		id := fmt.Sprint("ex_", i)
+		rec, err := s.Get(id)
+		if err != nil {
+			t.Fatal(err)
+		}
+		evs, _ := s.Events(id)
+		var last markers.Record
+		if err := json.Unmarshal(evs[len(evs)-1].Record, &last); err != nil {
+			t.Fatal(err)
+		}
+		if rec.TimeoutSeconds != len(evs)-1 || last.TimeoutSeconds != rec.TimeoutSeconds {
+			t.Errorf("%s: counter %d, last event's %d, %d updates; want all equal", id, rec.TimeoutSeconds, last.TimeoutSeconds, len(evs)-1)
+		}
+		total += rec.TimeoutSeconds
+	}
+	if total != writers*updates {
+		t.Errorf("%d updates landed; want %d", total, writers*updates)
 	}
 }

@@ -7,15 +7,48 @@ import (
 	"time"
 )
 
+// Durability says when a write returns.
+type Durability uint8
+
+const (
+	// Sync: the write returns once it is durable (fsynced). Every write is Sync unless its
+	// caller asks otherwise.
+	Sync Durability = iota
+	// NoSync: the write returns once it is in Pebble's write-ahead log, before the fsync.
+	// Readers see it at once, and a crash may lose it — but only together with every write
+	// committed after it: the log is fsynced and replayed in order, so the next synced write
+	// (any Sync write, a checkpoint, Close) makes it durable, and a crash before that leaves
+	// the store and its hash chain as they were before it. Use it only for a change whose
+	// loss is harmless, and say why next to the call.
+	NoSync
+)
+
 // Create stores r as a new execution in its graph's initial state, if no record with r.ID
 // exists. It returns once the record is durable. If one exists, it returns that record and
 // an error wrapping ErrExists; nothing is written. The store sets Graph, State, CreatedAt,
 // UpdatedAt and StateTimes.
 func (s *Store) Create(ctx context.Context, r *Record) (*Record, error) {
-	return s.create(ctx, r, nil)
+	return s.create(ctx, r, nil, "", nil)
 }
 
-func (s *Store) create(ctx context.Context, r *Record, call *Call) (*Record, error) {
+// CreateAdvanced is Create followed by Advance from the initial state along path, in one
+// durable write (one fsync) with one event per step — the create, then a transition per
+// state, note on each — for an execution whose first states are all decided when it is
+// created. Nothing of it is durable before all of it is.
+func (s *Store) CreateAdvanced(ctx context.Context, r *Record, path []State, note string) (*Record, error) {
+	return s.CreateAdvancedFor(ctx, r, path, note, nil)
+}
+
+// CreateAdvancedFor is CreateAdvanced for the tool call that asked for the execution: the
+// create event carries call (and call.NewRun becomes the run's record) in the same write.
+func (s *Store) CreateAdvancedFor(ctx context.Context, r *Record, path []State, note string, call *Call) (*Record, error) {
+	if err := s.opts.Graph.checkPath(s.opts.Graph.Initial(), path); err != nil {
+		return nil, err
+	}
+	return s.create(ctx, r, path, note, call)
+}
+
+func (s *Store) create(ctx context.Context, r *Record, path []State, note string, call *Call) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -42,17 +75,26 @@ func (s *Store) create(ctx context.Context, r *Record, call *Call) (*Record, err
 	if err != nil {
 		return nil, err
 	}
+	steps := []step{{kind: KindCreate, to: rec.State, record: encoded}}
+	for _, to := range path {
+		from := rec.State
+		advanceState(rec, to, now)
+		if encoded, err = EncodeRecord(rec); err != nil {
+			return nil, err
+		}
+		steps = append(steps, step{kind: KindTransition, from: from, to: to, note: note, record: encoded})
+	}
 
 	unlock := s.locks.lock(rec.ID)
 	defer unlock()
 	existing, err := s.getLocked(rec.ID)
 	if err == nil {
-		return existing, fmt.Errorf("%w: %s is %s", ErrExists, rec.ID, existing.State)
+		return existing.Clone(), fmt.Errorf("%w: %s is %s", ErrExists, rec.ID, existing.State)
 	}
 	if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	if err := s.submit(&commitReq{rec: rec, encoded: encoded, kind: KindCreate, call: call, steps: []step{{to: rec.State, record: encoded}}}); err != nil {
+	if err := s.submit(&commitReq{rec: rec, encoded: encoded, steps: steps, call: call}); err != nil {
 		return nil, err
 	}
 	return rec.Clone(), nil
@@ -70,6 +112,14 @@ func (s *Store) Transition(ctx context.Context, id string, from, to State, note 
 	return s.Advance(ctx, id, from, []State{to}, note, mutate)
 }
 
+// TransitionWith is Transition with the write's durability chosen by the caller (see NoSync).
+func (s *Store) TransitionWith(ctx context.Context, id string, from, to State, note string, d Durability, mutate func(*Record) error) (*Record, error) {
+	if err := s.opts.Graph.checkPath(from, []State{to}); err != nil {
+		return nil, err
+	}
+	return s.change(ctx, id, KindTransition, from, []State{to}, note, nil, d, mutate)
+}
+
 // Advance is Transition along several edges at once — from → path[0] → … → path[n-1] — in
 // one durable write with one event per step, for states that are all already facts (a
 // command observed running and exited before its running state was written). mutate applies
@@ -78,7 +128,7 @@ func (s *Store) Advance(ctx context.Context, id string, from State, path []State
 	if err := s.opts.Graph.checkPath(from, path); err != nil {
 		return nil, err
 	}
-	return s.change(ctx, id, KindTransition, from, path, note, nil, mutate)
+	return s.change(ctx, id, KindTransition, from, path, note, nil, Sync, mutate)
 }
 
 // MaxResultBytes bounds a stored result.
@@ -97,20 +147,25 @@ func (s *Store) AdvanceWithResult(ctx context.Context, id string, from State, pa
 	if err := s.opts.Graph.checkPath(from, path); err != nil {
 		return nil, err
 	}
-	return s.change(ctx, id, KindTransition, from, path, note, result, mutate)
+	return s.change(ctx, id, KindTransition, from, path, note, result, Sync, mutate)
 }
 
 // Update applies mutate to execution id without changing its state (checkpoints, delivery
 // time, evidence) and journals it as an update event with note.
 func (s *Store) Update(ctx context.Context, id, note string, mutate func(*Record) error) (*Record, error) {
-	return s.change(ctx, id, KindUpdate, "", nil, note, nil, mutate)
+	return s.change(ctx, id, KindUpdate, "", nil, note, nil, Sync, mutate)
+}
+
+// UpdateWith is Update with the write's durability chosen by the caller (see NoSync).
+func (s *Store) UpdateWith(ctx context.Context, id, note string, d Durability, mutate func(*Record) error) (*Record, error) {
+	return s.change(ctx, id, KindUpdate, "", nil, note, nil, d, mutate)
 }
 
 // RevokeDelivery clears the result delivery time of execution id, journaled as a
 // delivery_revoked event with note, and reports whether it did: a record whose result is not
 // marked delivered is returned unchanged and nothing is written.
 func (s *Store) RevokeDelivery(ctx context.Context, id, note string) (*Record, bool, error) {
-	rec, err := s.change(ctx, id, KindDeliveryRevoked, "", nil, note, nil, func(r *Record) error {
+	rec, err := s.change(ctx, id, KindDeliveryRevoked, "", nil, note, nil, Sync, func(r *Record) error {
 		if r.ResultDeliveredAt == nil {
 			return errUnchanged
 		}
@@ -127,17 +182,17 @@ func (s *Store) RevokeDelivery(ctx context.Context, id, note string) (*Record, b
 // written and change returns the current record.
 var errUnchanged = errors.New("unchanged")
 
-// UpdateFor is Update for a tool call: the update event carries call (the call that was
+// UpdateFor is UpdateWith for a tool call: the update event carries call (the call that was
 // delivered the result, say).
-func (s *Store) UpdateFor(ctx context.Context, id, note string, call *Call, mutate func(*Record) error) (*Record, error) {
-	return s.changeFor(ctx, id, KindUpdate, "", nil, note, nil, call, mutate)
+func (s *Store) UpdateFor(ctx context.Context, id, note string, call *Call, d Durability, mutate func(*Record) error) (*Record, error) {
+	return s.changeFor(ctx, id, KindUpdate, "", nil, note, nil, d, call, mutate)
 }
 
-func (s *Store) change(ctx context.Context, id string, kind EventKind, from State, path []State, note string, result []byte, mutate func(*Record) error) (*Record, error) {
-	return s.changeFor(ctx, id, kind, from, path, note, result, nil, mutate)
+func (s *Store) change(ctx context.Context, id string, kind EventKind, from State, path []State, note string, result []byte, durability Durability, mutate func(*Record) error) (*Record, error) {
+	return s.changeFor(ctx, id, kind, from, path, note, result, durability, nil, mutate)
 }
 
-func (s *Store) changeFor(ctx context.Context, id string, kind EventKind, from State, path []State, note string, result []byte, call *Call, mutate func(*Record) error) (*Record, error) {
+func (s *Store) changeFor(ctx context.Context, id string, kind EventKind, from State, path []State, note string, result []byte, durability Durability, call *Call, mutate func(*Record) error) (*Record, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -149,14 +204,14 @@ func (s *Store) changeFor(ctx context.Context, id string, kind EventKind, from S
 	}
 	if kind == KindTransition && cur.State != from {
 		if cur.State == path[len(path)-1] {
-			return cur, nil
+			return cur.Clone(), nil
 		}
-		return cur, fmt.Errorf("%w: %s is %s, not %s", ErrConflict, id, cur.State, from)
+		return cur.Clone(), fmt.Errorf("%w: %s is %s, not %s", ErrConflict, id, cur.State, from)
 	}
 	next := cur.Clone()
 	if mutate != nil {
 		if err := mutate(next); errors.Is(err, errUnchanged) {
-			return cur, err
+			return cur.Clone(), err
 		} else if err != nil {
 			return nil, fmt.Errorf("markers: %s %s: %w", kind, id, err)
 		}
@@ -204,10 +259,10 @@ func (s *Store) changeFor(ctx context.Context, id string, kind EventKind, from S
 		if err != nil {
 			return nil, err
 		}
-		steps = append(steps, step{from: stepFrom, to: to, record: encoded})
+		steps = append(steps, step{kind: kind, from: stepFrom, to: to, note: note, record: encoded})
 	}
 	final := steps[len(steps)-1].record
-	if err := s.submit(&commitReq{rec: next, prev: cur, encoded: final, kind: kind, note: note, steps: steps, result: result, call: call}); err != nil {
+	if err := s.submit(&commitReq{rec: next, prev: cur, encoded: final, durability: durability, steps: steps, result: result, call: call}); err != nil {
 		return nil, err
 	}
 	return next.Clone(), nil

@@ -1,7 +1,8 @@
-// Command postern-bench measures Postern against OpenSSH and net/http on this machine and
-// prints the report table of issue 7 (P1–P6 and the http_request overhead): goal, measured
-// value, baseline, ratio and PASS/MISS per row, with the machine it ran on and how to
-// reproduce it.
+// Command postern-bench measures Postern against OpenSSH, net/http and the physical floor of
+// an execution (fork/exec plus four small fsyncs, measured in the same run) on this machine
+// and prints the report table of issues 7 and 13 (the floor, P1–P6, CPU per exec per process
+// and the http_request overhead): goal, measured value, baseline, ratio and PASS/MISS per
+// row, with the machine it ran on and how to reproduce it.
 //
 // It does no measuring of its own: it runs the project's `go test -bench` benchmarks (which
 // start a local sshd, `postern serve`, hostagents, the HTTP plugin, and measure their

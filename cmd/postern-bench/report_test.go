@@ -99,3 +99,51 @@ func TestPower10(t *testing.T) {
 		}
 	}
 }
+
+// TestFloorRows: the floor row, the goals judged as ratios to it, and the CPU rows, from a
+// P1 and P3 run with per-command shims (no supervisor figures).
+func TestFloorRows(t *testing.T) {
+	const out = `BenchmarkBastionExecTrue-2   	       1	9000000000 ns/op	         4.000 floor-p50-ms	         5.600 postern-p50-ms	         9.1 postern-p99-ms	         6.200 stdio-p50-ms	         12.40 stdio-p99-ms	         5.000 hostagent-p50-ms	        18.00 openssh-p50-ms	        25.00 openssh-p99-ms	         1.400 p50-postern/floor	         1.550 p50-stdio/floor	         3.100 p99-stdio/floor	         1.250 p50-hostagent/floor	         0.3111 p50-postern/openssh	         0.3640 p99-postern/openssh
+BenchmarkBastionConcurrent64-2   	       1	9000000000 ns/op	       520.0 postern-execs/s	       700.0 hostagent-execs/s	         0.7429 postern/hostagent	        40.0 postern-peak-RSS-MB	         0.8000 bastion-cpu-ms/exec	         0.9000 hostagent-cpu-ms/exec	         2.500 shims-cpu-ms/exec	         0.3000 callers-cpu-ms/exec
+`
+	res, err := parseResults(strings.NewReader(out))
+	if err != nil {
+		t.Fatal(err)
+	}
+	byWhat := map[string]line{}
+	for _, l := range evaluate(reportRows(1_000_000), res) {
+		byWhat[l.id+" "+l.what] = l
+	}
+	tests := []struct {
+		key, measured, baseline, ratio, verdict, note string
+	}{
+		{key: "FLOOR fork/exec `sh -c true` from Go + 4 × (write 512 B + fdatasync), p50, same run as P1", measured: "4.00 ms"},
+		{key: "P1 ssh_exec `true` via MCP (go-sdk, Streamable HTTP, pooled), p50, vs the floor", measured: "5.60 ms", baseline: "4.00 ms", ratio: "1.40×", verdict: pass},
+		{key: "P1 same, p50, vs OpenSSH multiplexed `ssh host true` (stretch)", measured: "5.60 ms", baseline: "18.00 ms", ratio: "0.31×", verdict: miss},
+		{key: "P1 ssh_exec `true` through the stdio bridge (`postern mcp`), p50, vs the floor", measured: "6.20 ms", baseline: "4.00 ms", ratio: "1.55×"},
+		{key: "P1 same, p99, vs the floor's p50", measured: "12.40 ms", ratio: "3.10×", baseline: "4.00 ms"},
+		{key: "HOST hostagent direct: exec `true`, x/crypto client, markers on, p50, vs the floor", measured: "5.00 ms", baseline: "4.00 ms", ratio: "1.25×", verdict: pass},
+		{key: "P3 CPU per exec: bastion", measured: "0.80 ms"},
+		{key: "P3 CPU per exec: per-command shims with their commands (the hostagent's children)", measured: "2.50 ms"},
+		{key: "P3 CPU per exec: long-lived supervisor", measured: "—", note: "no long-lived supervisor found (per-command shims): the commands' CPU is in the shims' row"},
+		{key: "P3 CPU per exec: the command (the supervisor's children)", measured: "—", note: "no long-lived supervisor found (per-command shims): the commands' CPU is in the shims' row"},
+	}
+	for _, tc := range tests {
+		l, ok := byWhat[tc.key]
+		if !ok {
+			t.Errorf("no row %q", tc.key)
+			continue
+		}
+		if l.measured != tc.measured || l.baseline != tc.baseline || l.ratio != tc.ratio || l.verdict != tc.verdict || l.note != tc.note {
+			t.Errorf("%s: measured %q baseline %q ratio %q verdict %q note %q; want %q %q %q %q %q",
+				tc.key, l.measured, l.baseline, l.ratio, l.verdict, l.note, tc.measured, tc.baseline, tc.ratio, tc.verdict, tc.note)
+		}
+	}
+	// A supervisor's figures, when reported, fill its rows.
+	res.metrics[benchConcurrent]["supervisor-cpu-ms/exec"] = 0.4
+	for _, l := range evaluate(reportRows(1_000_000), res) {
+		if l.what == "CPU per exec: long-lived supervisor" && (l.measured != "0.40 ms" || l.note != "") {
+			t.Errorf("supervisor row = %+v; want 0.40 ms", l)
+		}
+	}
+}

@@ -74,18 +74,11 @@ func NewSupervisor(exe, dir string, logger *slog.Logger) (*Supervisor, error) {
 // supervisor failed before it reported: whether it recorded itself in dir (and so may have
 // started the command) is for the caller to settle with Fence.
 func (s *Supervisor) Start(ctx context.Context, dir string, spec Spec) (*Handle, error) {
-	spec = spec.withDefaults()
-	if err := spec.validate(); err != nil {
-		return nil, err
-	}
-	dir, err := filepath.Abs(dir)
-	if err != nil {
-		return nil, fmt.Errorf("shim: spool dir: %w", err)
-	}
 	// Not synced, nor its parent: what proves a start on a later boot is the host marker, not
 	// the spool (daemon.go, Durability).
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("shim: create spool dir: %w", err)
+	dir, spec, err := prepare(dir, spec)
+	if err != nil {
+		return nil, err
 	}
 	for attempt := 0; ; attempt++ {
 		link, err := s.link(ctx)
@@ -100,6 +93,23 @@ func (s *Supervisor) Start(ctx context.Context, dir string, spec Spec) (*Handle,
 		}
 		return h, err
 	}
+}
+
+// prepare defaults and checks spec and makes the spool directory dir (absolute, as the
+// supervisor and later adopters may not share this process's working directory).
+func prepare(dir string, spec Spec) (string, Spec, error) {
+	spec = spec.withDefaults()
+	if err := spec.validate(); err != nil {
+		return "", spec, err
+	}
+	dir, err := filepath.Abs(dir)
+	if err != nil {
+		return "", spec, fmt.Errorf("shim: spool dir: %w", err)
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return "", spec, fmt.Errorf("shim: create spool dir: %w", err)
+	}
+	return dir, spec, nil
 }
 
 // start sends one start request to the supervisor of link.

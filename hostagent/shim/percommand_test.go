@@ -34,17 +34,9 @@ import (
 //
 // The returned handle's Wait must be called to reap the supervisor.
 func startPerCommand(ctx context.Context, exe, dir string, spec Spec) (*Handle, error) {
-	spec = spec.withDefaults()
-	if err := spec.validate(); err != nil {
-		return nil, err
-	}
-	// The supervisor and later Adopt calls may not share this process's working directory.
-	dir, err := filepath.Abs(dir)
+	dir, spec, err := prepare(dir, spec)
 	if err != nil {
-		return nil, fmt.Errorf("shim: spool dir: %w", err)
-	}
-	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("shim: create spool dir: %w", err)
+		return nil, err
 	}
 	// The supervisor syncs its record inside dir; dir's own entry must be durable too, or a
 	// power loss could take the whole directory and make a started command look never

@@ -19,10 +19,10 @@ import (
 const reapGrace = 30 * time.Second
 
 // reapShims ends what a hostagent detached under dataDir and waits until it is gone: every
-// spool directory's command (its whole process group) and its supervisor, and every
-// long-lived supervisor. Shims outlive the
-// hostagent by design, so without this they keep writing into the test's temp dir while it
-// is being removed. Call it after the hostagent was stopped.
+// long-lived supervisor with its commands' sessions, and every per-command shim with its
+// command's process group. Supervisors outlive the hostagent by design, so without this they
+// keep writing into the test's temp dir while it is being removed. Call it after the
+// hostagent was stopped.
 func reapShims(t testing.TB, dataDir string) {
 	t.Helper()
 	dirs, err := filepath.Glob(filepath.Join(dataDir, "spool", "*"))
@@ -31,21 +31,9 @@ func reapShims(t testing.TB, dataDir string) {
 		return
 	}
 	var pidfds []int
-	for _, dir := range dirs {
-		// The command first: it leads its own process group, which may hold grandchildren
-		// that the supervisor's death would not reach.
-		if fd, pid := openSpooled(filepath.Join(dir, shim.ProcessFile)); fd >= 0 {
-			unix.Kill(-pid, unix.SIGKILL)
-			pidfds = append(pidfds, fd)
-		}
-		if fd, _ := openSpooled(filepath.Join(dir, shim.ShimFile)); fd >= 0 {
-			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
-			pidfds = append(pidfds, fd)
-		}
-	}
-	// The long-lived supervisors, also those that have no spool directory (yet), after
-	// their commands' sessions (every command leads one, which may hold grandchildren that
-	// the supervisor's death would not reach).
+	// The long-lived supervisors first, also those that have no spool directory (yet), each
+	// after its commands' sessions: every command leads one, which may hold grandchildren
+	// that the supervisor's death (its commands' SIGKILL) would not reach.
 	sups, _ := filepath.Glob(filepath.Join(dataDir, "supervisor", "supervisor-*.json"))
 	for _, rec := range sups {
 		fd, pid := openSpooled(rec)
@@ -60,6 +48,19 @@ func reapShims(t testing.TB, dataDir string) {
 		}
 		unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 		pidfds = append(pidfds, fd)
+	}
+	// Then per-command shims (a previous release's), each after its command's group.
+	for _, dir := range dirs {
+		// The command first: it leads its own process group, which may hold grandchildren
+		// that the supervisor's death would not reach.
+		if fd, pid := openSpooled(filepath.Join(dir, shim.ProcessFile)); fd >= 0 {
+			unix.Kill(-pid, unix.SIGKILL)
+			pidfds = append(pidfds, fd)
+		}
+		if fd, _ := openSpooled(filepath.Join(dir, shim.ShimFile)); fd >= 0 {
+			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
+			pidfds = append(pidfds, fd)
+		}
 	}
 	deadline := time.Now().Add(reapGrace)
 	for _, fd := range pidfds {
