@@ -2,14 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"time"
 
 	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/internal/dirlock"
 )
 
 // shutdownGrace is how long serve lets running sessions finish after SIGTERM before it cuts
@@ -47,6 +50,11 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if *dataDir != "" {
 		cfg.DataDir = *dataDir
 	}
+	lock, err := lockDataDir(cfg.DataDir)
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
 	logger := slog.New(slog.NewTextHandler(c.Stderr, nil)).With("component", "hostagent")
 	agent, err := hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{Logger: logger})
 	if err != nil {
@@ -59,4 +67,19 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(c.Stdout, "listening on %s, host key %s\n", ln.Addr(), agent.HostKeyFingerprint())
 	return agent.Serve(ctx, ln, shutdownGrace)
+}
+
+// lockDataDir keeps a second agent out of a data dir in use (creating it 0700 if missing, as
+// the agent would), naming the pid that holds it instead of the store's "resource
+// temporarily unavailable".
+func lockDataDir(dir string) (*dirlock.Lock, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	lock, err := dirlock.Acquire(dir)
+	var held *dirlock.HeldError
+	if errors.As(err, &held) {
+		return nil, fmt.Errorf("data dir %w — a postern-hostagent is already running on it: stop it, or pass another --data-dir", err)
+	}
+	return lock, err
 }
