@@ -8,11 +8,11 @@ import (
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"time"
 
 	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/internal/dirlock"
+	"github.com/postern-dev/postern/internal/privdir"
 )
 
 // shutdownGrace is how long serve lets running sessions finish after SIGTERM before it cuts
@@ -50,12 +50,12 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if *dataDir != "" {
 		cfg.DataDir = *dataDir
 	}
-	lock, err := lockDataDir(cfg.DataDir)
+	logger := slog.New(slog.NewTextHandler(c.Stderr, nil)).With("component", "hostagent")
+	lock, err := lockDataDir(cfg.DataDir, logger)
 	if err != nil {
 		return err
 	}
 	defer lock.Release()
-	logger := slog.New(slog.NewTextHandler(c.Stderr, nil)).With("component", "hostagent")
 	agent, err := hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{Logger: logger})
 	if err != nil {
 		return err
@@ -69,11 +69,12 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	return agent.Serve(ctx, ln, shutdownGrace)
 }
 
-// lockDataDir keeps a second agent out of a data dir in use (creating it 0700 if missing, as
-// the agent would), naming the pid that holds it instead of the store's "resource
-// temporarily unavailable".
-func lockDataDir(dir string) (*dirlock.Lock, error) {
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+// lockDataDir keeps a second agent out of a data dir in use, naming the pid that holds it
+// instead of the store's "resource temporarily unavailable". The dir is made private first
+// (privdir, as the agent does at every start), so nothing is written into one another user
+// could tamper with.
+func lockDataDir(dir string, logger *slog.Logger) (*dirlock.Lock, error) {
+	if err := privdir.Ensure(dir, "data dir", logger); err != nil {
 		return nil, err
 	}
 	lock, err := dirlock.Acquire(dir)

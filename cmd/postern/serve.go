@@ -53,7 +53,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		cfg.Listen = *listen
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
-	claim, err := claimStateDir(cfg.StateDir, "--state-dir")
+	claim, err := claimStateDir(cfg.StateDir, "--state-dir", logger)
 	if err != nil {
 		return err
 	}

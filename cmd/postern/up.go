@@ -59,7 +59,7 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
 	// Before anything is written: a second up on this dir stops here, naming the first.
-	claim, err := claimStateDir(dir, "--state-dir")
+	claim, err := claimStateDir(dir, "--state-dir", logger.With("component", "bastion"))
 	if err != nil {
 		return err
 	}

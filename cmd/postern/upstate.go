@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
@@ -10,6 +11,7 @@ import (
 	"syscall"
 
 	"github.com/postern-dev/postern/internal/dirlock"
+	"github.com/postern-dev/postern/internal/privdir"
 )
 
 // stateClaim is a daemon's hold on its state dir: the lock that keeps a second postern out,
@@ -27,11 +29,12 @@ type stateClaim struct {
 	serving  atomic.Bool
 }
 
-// claimStateDir creates dir (0700) if it is missing and locks it. Another process holding it
-// is named, with what to do: flag is how the user picks another state dir.
-func claimStateDir(dir, flag string) (*stateClaim, error) {
+// claimStateDir makes dir private (privdir: created 0700 if missing, refused if another user
+// could tamper with it — before anything is written into it) and locks it. Another process
+// holding it is named, with what to do: flag is how the user picks another state dir.
+func claimStateDir(dir, flag string, logger *slog.Logger) (*stateClaim, error) {
 	top := topMissing(dir)
-	if err := os.MkdirAll(dir, 0o700); err != nil {
+	if err := privdir.Ensure(dir, "state dir", logger); err != nil {
 		return nil, err
 	}
 	entries, err := os.ReadDir(dir)
