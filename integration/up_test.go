@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -26,17 +27,7 @@ func TestUpOnAFreshStateDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	listen, agentListen := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	for round := 1; round <= 2; round++ {
-		cmd := exec.Command(bin, "up", "--state-dir", dir, "--listen", listen, "--hostagent-listen", agentListen)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		cmd, stdout, stderr := startUp(t, bin, dir, listen, agentListen)
 		printed := readUntil(t, stdout, "Operator:")
 		for _, want := range []string{"http://" + listen + "/mcp", "claude mcp add", `"mcpServers"`, "curl "} {
 			if !strings.Contains(printed, want) {
@@ -67,6 +58,24 @@ func TestUpOnAFreshStateDir(t *testing.T) {
 	}
 }
 
+// startUp starts `postern up` on dir and the two addresses, in its own process group; the
+// caller reads stdout and stops it.
+func startUp(t *testing.T, bin, dir, listen, agentListen string) (*exec.Cmd, io.Reader, *strings.Builder) {
+	t.Helper()
+	cmd := exec.Command(bin, "up", "--state-dir", dir, "--listen", listen, "--hostagent-listen", agentListen)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := new(strings.Builder)
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, stdout, stderr
+}
+
 // readUntil reads lines from r until one contains marker, and returns them all.
 func readUntil(t *testing.T, r interface{ Read([]byte) (int, error) }, marker string) string {
 	t.Helper()
@@ -95,17 +104,7 @@ func TestUpErrorsSayWhatToDo(t *testing.T) {
 	base := t.TempDir()
 	dir := filepath.Join(base, "state")
 	listen, agentListen := testutil.FreeAddr(t), testutil.FreeAddr(t)
-	first := exec.Command(bin, "up", "--state-dir", dir, "--listen", listen, "--hostagent-listen", agentListen)
-	first.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	stdout, err := first.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var firstErr strings.Builder
-	first.Stderr = &firstErr
-	if err := first.Start(); err != nil {
-		t.Fatal(err)
-	}
+	first, stdout, firstErr := startUp(t, bin, dir, listen, agentListen)
 	t.Cleanup(func() {
 		first.Process.Signal(syscall.SIGTERM)
 		if err := first.Wait(); err != nil {
