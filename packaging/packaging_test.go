@@ -64,16 +64,17 @@ func TestHostagentFilesAreWhatInstallWrites(t *testing.T) {
 }
 
 // TestUnitExposure runs `systemd-analyze security --offline` on both units (where systemd
-// is installed) and holds each to the level the README explains: the bastion, an
+// is installed) and holds each near the level the README explains (1.5 and 6.2 on systemd
+// 252; a little headroom, since other versions weigh differently): the bastion, an
 // unprivileged network daemon, is fully confined; the hostagent runs as root and its
 // commands inherit its sandbox, so what is left open is what commands need.
 func TestUnitExposure(t *testing.T) {
 	if _, err := exec.LookPath("systemd-analyze"); err != nil {
 		t.Skip("systemd-analyze not installed")
 	}
-	for unit, threshold := range map[string]string{
-		"postern/postern.service":                     "15", // 1.5 (the scale is tenths)
-		"postern-hostagent/postern-hostagent.service": "62",
+	for unit, threshold := range map[string]string{ // tenths of the 0-10 scale
+		"postern/postern.service":                     "20",
+		"postern-hostagent/postern-hostagent.service": "65",
 	} {
 		out, err := exec.Command("systemd-analyze", "security", "--offline=yes", "--threshold="+threshold, unit).CombinedOutput()
 		if err != nil {
