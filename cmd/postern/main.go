@@ -34,6 +34,7 @@ commands:
   review      record what an operator verified about an unknown outcome
   policy      check: which rule decides a call, without running it
   token       make a bearer token for an actor and print its config hash
+  version     print the build (module version, VCS revision, toolchain); also --version
 
 Run 'postern COMMAND -h' for a command's flags.
 `
@@ -56,6 +57,9 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprint(stderr, mainUsage)
 		return errUsage
 	}
+	if len(args) == 1 && cli.IsVersionFlag(args[0]) {
+		args = []string{"version"}
+	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
 	case "serve":
@@ -66,6 +70,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		return upCommand(ctx, rest, stdout, stderr)
 	case "mcp":
 		return mcpCommand(ctx, rest, stdin, stdout, stderr)
+	case "version":
+		return (&cli.VersionCommand{Name: "postern", Stdout: stdout, Stderr: stderr}).Run(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, mainUsage)
 		return nil
