@@ -273,7 +273,7 @@ RestartSec=1s
 # Only the agent is stopped on restart; running commands (their shims) survive and are re-adopted.
 KillMode=process
 # Commands inherit this sandbox: they cannot gain privileges (no sudo/setuid) and can write
-# only the paths listed in ReadWritePaths.
+# only the paths listed in ReadWritePaths (install --read-write adds more).
 NoNewPrivileges=yes
 ProtectSystem=strict
 ReadWritePaths={{.ReadWritePaths}}
@@ -281,12 +281,21 @@ ReadWritePaths={{.ReadWritePaths}}
 RuntimeDirectory=postern-hostagent
 RuntimeDirectoryMode=0755
 RuntimeDirectoryPreserve=restart
-PrivateTmp=yes
+# No PrivateTmp: systemd tears an invocation's private /tmp down when the agent restarts,
+# under the commands that survive the restart. They share the host's /tmp and /var/tmp.
 ProtectKernelModules=yes
 ProtectKernelTunables=yes
+ProtectKernelLogs=yes
 ProtectControlGroups=yes
+ProtectClock=yes
+ProtectHostname=yes
 RestrictSUIDSGID=yes
+RestrictRealtime=yes
 LockPersonality=yes
+SystemCallArchitectures=native
+SystemCallFilter=~@cpu-emulation @module @obsolete @raw-io @reboot @swap
+SystemCallErrorNumber=EPERM
+RestrictAddressFamilies=AF_UNIX AF_INET AF_INET6 AF_NETLINK
 UMask=0077
 
 [Install]
@@ -294,7 +303,7 @@ WantedBy=multi-user.target
 `))
 
 func renderUnit(opts InstallOptions, cfg Config) ([]byte, error) {
-	paths := append([]string{cfg.DataDir}, opts.ReadWritePaths...)
+	paths := append([]string{cfg.DataDir, "/tmp", "/var/tmp"}, opts.ReadWritePaths...)
 	for _, p := range append(paths, opts.BinaryPath, opts.ConfigPath) {
 		// systemd splits these lines on whitespace and expands % specifiers.
 		if strings.ContainsAny(p, " \t\n%\"'\\") {

@@ -81,13 +81,17 @@ func TestInstall(t *testing.T) {
 	}
 	for _, want := range []string{
 		"ExecStart=" + hostagent.DefaultBinaryPath + " serve --config " + hostagent.DefaultConfigPath,
-		"NoNewPrivileges=yes", "ProtectSystem=strict", "ReadWritePaths=" + cfg.DataDir + " /srv/app",
-		"PrivateTmp=yes", "Restart=always", "KillMode=process",
+		"NoNewPrivileges=yes", "ProtectSystem=strict", "ReadWritePaths=" + cfg.DataDir + " /tmp /var/tmp /srv/app",
+		"Restart=always", "KillMode=process",
 		"RuntimeDirectory=postern-hostagent", "RuntimeDirectoryMode=0755",
 	} {
 		if !strings.Contains(string(unit), want+"\n") {
 			t.Errorf("unit lacks %q:\n%s", want, unit)
 		}
+	}
+	// A private /tmp would be torn down under the commands that outlive an agent restart.
+	if strings.Contains(string(unit), "PrivateTmp=yes") {
+		t.Errorf("unit sets PrivateTmp:\n%s", unit)
 	}
 
 	// A second install keeps the config (and its edits) and the host key.

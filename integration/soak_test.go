@@ -11,6 +11,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -588,20 +589,30 @@ func (s *soak) injectFaults(t *testing.T, rng *rand.Rand, done <-chan struct{}) 
 		total += k.weight
 	}
 	outage := func() time.Duration { return time.Duration(rng.IntN(400)) * time.Millisecond }
+	// Every kind is owed once before the weighted picks begin, so a short soak injects each
+	// whatever its seed (the checker fails a soak that injected a kind 0 times).
+	owed := make([]string, len(kinds))
+	for i, k := range kinds {
+		owed[i] = k.kind
+	}
 	for {
 		select {
 		case <-done:
 			return
 		case <-time.After(time.Duration(100+rng.IntN(400)) * time.Millisecond):
 		}
-		pick := rng.IntN(total)
-		kind := kinds[0].kind
-		for _, k := range kinds {
-			if pick < k.weight {
-				kind = k.kind
-				break
+		var kind string
+		if len(owed) > 0 {
+			kind = owed[rng.IntN(len(owed))]
+		} else {
+			pick := rng.IntN(total)
+			for _, k := range kinds {
+				if pick < k.weight {
+					kind = k.kind
+					break
+				}
+				pick -= k.weight
 			}
-			pick -= k.weight
 		}
 		h := s.hosts[rng.IntN(len(s.hosts))]
 		switch kind {
@@ -630,11 +641,13 @@ func (s *soak) injectFaults(t *testing.T, rng *rand.Rand, done <-chan struct{}) 
 			}
 		}
 		s.faults.add(kind)
+		owed = slices.DeleteFunc(owed, func(k string) bool { return k == kind })
 	}
 }
 
-// killAShim SIGKILLs the shim of a command running on h (one picked at random), found by
-// the shim record in its spool dir; false if no command runs.
+// killAShim SIGKILLs the supervisor of a command running on h (one picked at random), found
+// by the shim record in its spool dir — every command it runs is interrupted with it; false
+// if no command runs.
 func killAShim(h *soakHost, rng *rand.Rand) bool {
 	spool := filepath.Join(h.agent.DataDir, "spool")
 	entries, err := os.ReadDir(spool)

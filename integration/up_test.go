@@ -3,9 +3,13 @@ package integration
 import (
 	"bufio"
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -23,17 +27,7 @@ func TestUpOnAFreshStateDir(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "state")
 	listen, agentListen := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	for round := 1; round <= 2; round++ {
-		cmd := exec.Command(bin, "up", "--state-dir", dir, "--listen", listen, "--hostagent-listen", agentListen)
-		cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-		stdout, err := cmd.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		var stderr strings.Builder
-		cmd.Stderr = &stderr
-		if err := cmd.Start(); err != nil {
-			t.Fatal(err)
-		}
+		cmd, stdout, stderr := startUp(t, bin, dir, listen, agentListen)
 		printed := readUntil(t, stdout, "Operator:")
 		for _, want := range []string{"http://" + listen + "/mcp", "claude mcp add", `"mcpServers"`, "curl "} {
 			if !strings.Contains(printed, want) {
@@ -64,6 +58,24 @@ func TestUpOnAFreshStateDir(t *testing.T) {
 	}
 }
 
+// startUp starts `postern up` on dir and the two addresses, in its own process group; the
+// caller reads stdout and stops it.
+func startUp(t *testing.T, bin, dir, listen, agentListen string) (*exec.Cmd, io.Reader, *strings.Builder) {
+	t.Helper()
+	cmd := exec.Command(bin, "up", "--state-dir", dir, "--listen", listen, "--hostagent-listen", agentListen)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := new(strings.Builder)
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	return cmd, stdout, stderr
+}
+
 // readUntil reads lines from r until one contains marker, and returns them all.
 func readUntil(t *testing.T, r interface{ Read([]byte) (int, error) }, marker string) string {
 	t.Helper()
@@ -81,4 +93,96 @@ func readUntil(t *testing.T, r interface{ Read([]byte) (int, error) }, marker st
 	}
 	t.Fatalf("output ended before %q:\n%s", marker, out.String())
 	return ""
+}
+
+// TestUpErrorsSayWhatToDo: a second `up` on a state dir in use names the first one's pid; a
+// port in use names the flag that moves it; and an `up` that fails takes back only what it
+// created — a fresh state dir (and the parents it made) disappears, a pre-existing one keeps
+// exactly its entries.
+func TestUpErrorsSayWhatToDo(t *testing.T) {
+	bin := testutil.Binary(t, "postern")
+	base := t.TempDir()
+	dir := filepath.Join(base, "state")
+	listen, agentListen := testutil.FreeAddr(t), testutil.FreeAddr(t)
+	first, stdout, firstErr := startUp(t, bin, dir, listen, agentListen)
+	t.Cleanup(func() {
+		first.Process.Signal(syscall.SIGTERM)
+		if err := first.Wait(); err != nil {
+			t.Errorf("first up exited with %v\n%s", err, firstErr.String())
+		}
+	})
+	readUntil(t, stdout, "Operator:")
+
+	failedUp := func(t *testing.T, stateDir, listen, agentListen string) string {
+		t.Helper()
+		out, err := exec.Command(bin, "up", "--state-dir", stateDir, "--listen", listen, "--hostagent-listen", agentListen).CombinedOutput()
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != 1 {
+			t.Fatalf("up = %v; want exit status 1\n%s", err, out)
+		}
+		return string(out)
+	}
+	names := func(t *testing.T, dir string) []string {
+		t.Helper()
+		entries, err := os.ReadDir(dir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var n []string
+		for _, e := range entries {
+			n = append(n, e.Name())
+		}
+		return n
+	}
+
+	t.Run("state dir in use", func(t *testing.T) {
+		before := names(t, dir)
+		out := failedUp(t, dir, testutil.FreeAddr(t), testutil.FreeAddr(t))
+		for _, want := range []string{fmt.Sprintf("(pid %d)", first.Process.Pid), "--state-dir"} {
+			if !strings.Contains(out, want) {
+				t.Errorf("second up said %q; want it to name %q", out, want)
+			}
+		}
+		if after := names(t, dir); !slices.Equal(after, before) {
+			t.Errorf("the state dir in use changed: %v → %v", before, after)
+		}
+	})
+	for _, tt := range []struct {
+		name, listen, agentListen, flag string
+	}{
+		{"listen port in use", listen, testutil.FreeAddr(t), "--listen ADDR"},
+		{"hostagent port in use", testutil.FreeAddr(t), agentListen, "--hostagent-listen ADDR"},
+	} {
+		t.Run(tt.name+", fresh state dir", func(t *testing.T) {
+			parent := filepath.Join(shortTempDir(t), "made-by-up") // unix socket paths are short
+			out := failedUp(t, filepath.Join(parent, "state"), tt.listen, tt.agentListen)
+			if !strings.Contains(out, "address already in use") || !strings.Contains(out, tt.flag) {
+				t.Errorf("up said %q; want the port in use and %q", out, tt.flag)
+			}
+			if _, err := os.Lstat(parent); !errors.Is(err, os.ErrNotExist) {
+				t.Errorf("a failed up left %s behind (%v)", parent, err)
+			}
+		})
+		t.Run(tt.name+", existing state dir", func(t *testing.T) {
+			existing := shortTempDir(t)
+			if err := os.WriteFile(filepath.Join(existing, "mine"), []byte("kept\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			failedUp(t, existing, tt.listen, tt.agentListen)
+			if got := names(t, existing); !slices.Equal(got, []string{"mine"}) {
+				t.Errorf("after a failed up the dir holds %v; want only what was there: [mine]", got)
+			}
+		})
+	}
+}
+
+// shortTempDir is a t.TempDir whose path leaves room for the unix sockets up makes inside it
+// (sun_path is 108 bytes; t.TempDir names it after the test).
+func shortTempDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "up")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
 }

@@ -25,6 +25,7 @@ commands:
   install   write the config, host key and systemd unit
   markers   list, show, tail and verify the markers on this host
   marker    (from a running command) record a checkpoint on its own marker
+  version   print the build (module version, VCS revision, toolchain); also --version
 
 Run 'postern-hostagent COMMAND -h' for a command's flags.
 `
@@ -47,7 +48,12 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		fmt.Fprint(stderr, mainUsage)
 		return errUsage
 	}
+	if len(args) == 1 && cli.IsVersionFlag(args[0]) {
+		args = []string{"version"}
+	}
 	switch args[0] {
+	case "version":
+		return (&cli.VersionCommand{Name: "postern-hostagent", Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "serve":
 		return (&ServeCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "install":

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"net"
 	"os"
 	"os/user"
@@ -106,6 +107,13 @@ func TestInstallThenServe(t *testing.T) {
 	got, err := sess.Output("echo ran under a marker")
 	if err != nil || string(got) != "ran under a marker\n" {
 		t.Errorf("run: %q, %v, stderr %q; want the command's output", got, err, serr.String())
+	}
+	// A second agent on the same data dir is refused, naming the first (this process: the
+	// lock belongs to an open file, so it holds within one process too).
+	var second bytes.Buffer
+	err = run(context.Background(), []string{"serve", "--config", configPath, "--listen", "127.0.0.1:0"}, &second, &second)
+	if want := fmt.Sprintf("in use by another process (pid %d)", os.Getpid()); err == nil || !strings.Contains(err.Error(), want) || !strings.Contains(err.Error(), "--data-dir") {
+		t.Errorf("second serve: %v; want an error naming %q and --data-dir", err, want)
 	}
 	cancel()
 	if err := <-done; err != nil {

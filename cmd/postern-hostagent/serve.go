@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/internal/dirlock"
+	"github.com/postern-dev/postern/internal/privdir"
 )
 
 // shutdownGrace is how long serve lets running sessions finish after SIGTERM before it cuts
@@ -53,6 +55,11 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(c.Stderr, nil)).With("component", "hostagent")
+	lock, err := lockDataDir(cfg.DataDir, logger)
+	if err != nil {
+		return err
+	}
+	defer lock.Release()
 	agent, err := hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{Logger: logger})
 	if err != nil {
 		return err
@@ -64,4 +71,20 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(c.Stdout, "listening on %s, host key %s\n", ln.Addr(), agent.HostKeyFingerprint())
 	return agent.Serve(ctx, ln, shutdownGrace)
+}
+
+// lockDataDir keeps a second agent out of a data dir in use, naming the pid that holds it
+// instead of the store's "resource temporarily unavailable". The dir is made private first
+// (privdir, as the agent does at every start), so nothing is written into one another user
+// could tamper with.
+func lockDataDir(dir string, logger *slog.Logger) (*dirlock.Lock, error) {
+	if err := privdir.Ensure(dir, "data dir", logger); err != nil {
+		return nil, err
+	}
+	lock, err := dirlock.Acquire(dir)
+	var held *dirlock.HeldError
+	if errors.As(err, &held) {
+		return nil, fmt.Errorf("data dir %w — a postern-hostagent is already running on it: stop it, or pass another --data-dir", err)
+	}
+	return lock, err
 }

@@ -1,6 +1,6 @@
 // Command postern-plugin-http is the HTTP action channel, run by the bastion through go-plugin
-// (never by hand). It performs one HTTP request per execution and journals each lifecycle point
-// back into the bastion over the go-plugin broker.
+// (never by hand, except `postern-plugin-http --version`). It performs one HTTP request per
+// execution and journals each lifecycle point back into the bastion over the go-plugin broker.
 package main
 
 import (
@@ -12,11 +12,17 @@ import (
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/go-plugin"
 
+	"github.com/postern-dev/postern/internal/cli"
+	"github.com/postern-dev/postern/internal/version"
 	"github.com/postern-dev/postern/plugins"
 	httpchannel "github.com/postern-dev/postern/plugins/http"
 )
 
 func main() {
+	if len(os.Args) == 2 && cli.IsVersionFlag(os.Args[1]) {
+		fmt.Println(version.Line("postern-plugin-http"))
+		return
+	}
 	plugin.Serve(&plugin.ServeConfig{
 		HandshakeConfig: plugins.Handshake,
 		Plugins: map[string]plugin.Plugin{

@@ -9,11 +9,17 @@ import (
 	"os"
 
 	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/internal/cli"
+	"github.com/postern-dev/postern/internal/version"
 )
 
 func main() {
+	if len(os.Args) == 2 && cli.IsVersionFlag(os.Args[1]) {
+		fmt.Println(version.Line("postern-shim"))
+		return
+	}
 	if len(os.Args) < 2 || os.Args[1] != "shim" {
-		fmt.Fprintln(os.Stderr, "usage: postern-shim shim (started by postern-hostagent, not by people)")
+		fmt.Fprintln(os.Stderr, "usage: postern-shim shim (started by postern-hostagent, not by people) | postern-shim --version")
 		os.Exit(2)
 	}
 	os.Exit(shim.Main(os.Args[2:]))

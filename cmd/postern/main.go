@@ -38,6 +38,7 @@ commands:
   policy      check: which rule decides a call, without running it
   doctor      check config, permissions, keys, the daemon, its port and every host, with fixes
   token       make a bearer token for an actor and print its config hash
+  version     print the build (module version, VCS revision, toolchain); also --version
 
 Run 'postern COMMAND -h' for a command's flags.
 `
@@ -60,14 +61,21 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprint(stderr, mainUsage)
 		return errUsage
 	}
+	if len(args) == 1 && cli.IsVersionFlag(args[0]) {
+		args = []string{"version"}
+	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
 	case "serve":
+		tuneGC()
 		return serveCommand(ctx, rest, stdout, stderr)
 	case "up":
+		tuneGC()
 		return upCommand(ctx, rest, stdout, stderr)
 	case "mcp":
 		return mcpCommand(ctx, rest, stdin, stdout, stderr)
+	case "version":
+		return (&cli.VersionCommand{Name: "postern", Stdout: stdout, Stderr: stderr}).Run(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, mainUsage)
 		return nil

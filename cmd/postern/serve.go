@@ -53,6 +53,11 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		cfg.Listen = *listen
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	claim, err := claimStateDir(cfg.StateDir, "--state-dir", logger)
+	if err != nil {
+		return err
+	}
+	defer claim.release()
 	b, err := bastion.Open(bastion.Options{Config: cfg, Logger: logger})
 	if err != nil {
 		return err
@@ -61,9 +66,10 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if err := b.Recover(ctx); err != nil {
 		return err
 	}
-	return b.Serve(ctx, func(ep bastion.Endpoints) {
+	return portHint(b.Serve(ctx, func(ep bastion.Endpoints) {
+		claim.markServing()
 		fmt.Fprintf(stdout, "postern: serving MCP at %s and %s (operator socket %s)\n", orNone(ep.URL), ep.Socket, ep.OperatorSocket)
-	})
+	}), "pass --listen ADDR (or set listen in the config) to use another")
 }
 
 // loadConfig reads the config file; with none at the default path and a state dir given,

@@ -59,6 +59,13 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 
+	// Before anything is written: a second up on this dir stops here, naming the first.
+	claim, err := claimStateDir(dir, "--state-dir", logger.With("component", "bastion"))
+	if err != nil {
+		return err
+	}
+	defer claim.release()
+
 	cfg, err := upConfig(dir, *listen, logger.With("component", "bastion"))
 	if err != nil {
 		return err
@@ -89,9 +96,10 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := b.Recover(ctx); err != nil {
 		return err
 	}
-	return b.Serve(ctx, func(ep bastion.Endpoints) {
+	return portHint(b.Serve(ctx, func(ep bastion.Endpoints) {
+		claim.markServing()
 		printConnect(stdout, ep, dir, enrolledHosts(cfg.InventoryPath()))
-	})
+	}), "pass --listen ADDR to use another")
 }
 
 // upConfig writes the quick start's config and bearer token on first run and reads them
@@ -172,7 +180,7 @@ func startLocalHostagent(ctx context.Context, dir, listen string, bastionKey gos
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		agent.Close()
-		return nil, nil, fmt.Errorf("hostagent listen %s: %w", listen, err)
+		return nil, nil, portHint(fmt.Errorf("hostagent listen %s: %w", listen, err), "pass --hostagent-listen ADDR to use another")
 	}
 	return agent, ln, nil
 }

@@ -134,10 +134,22 @@ type daemon struct {
 type daemonJob struct {
 	cancel     chan struct{}
 	cancelOnce sync.Once
-	started    chan struct{} // closed once proc is set
+	started    chan struct{} // closed (once, by markStarted) when proc is set or never will be
+	startOnce  sync.Once
 	proc       processRecord
 	done       chan struct{} // closed once status is set and written
 	status     Status
+}
+
+// markStarted records whether the command started (p, or p.Error), once; it reports whether
+// this call was the one.
+func (j *daemonJob) markStarted(p processRecord) bool {
+	first := false
+	j.startOnce.Do(func() {
+		j.proc, first = p, true
+		close(j.started)
+	})
+	return first
 }
 
 type forkRequest struct {
@@ -300,8 +312,6 @@ func (d *daemon) lease(conn *net.UnixConn) {
 	writeMessage(conn, reply{Exiting: exiting})
 }
 
-// start runs one execution: registered before its shim record exists, so a wait or an
-// adoption never finds a record of this supervisor that it does not know.
 // followUp reads what a client sends after its request — cancels — until it hangs up, and
 // then closes gone. The execution does not depend on the client staying.
 func followUp(br *bufio.Reader, j *daemonJob, gone chan<- struct{}) {
@@ -317,6 +327,8 @@ func followUp(br *bufio.Reader, j *daemonJob, gone chan<- struct{}) {
 	}
 }
 
+// start runs one execution: registered before its shim record exists, so a wait or an
+// adoption never finds a record of this supervisor that it does not know.
 func (d *daemon) start(conn *net.UnixConn, br *bufio.Reader, req request) {
 	if req.Spec == nil || !filepath.IsAbs(req.Dir) {
 		writeMessage(conn, reply{Error: "start needs a spec and an absolute spool directory"})
@@ -362,18 +374,12 @@ func (d *daemon) start(conn *net.UnixConn, br *bufio.Reader, req request) {
 		return
 	}
 	log := d.log.With("execution_id", spec.ExecutionID)
-	var told sync.Once
 	jb := &job{
 		dir: req.Dir, spec: spec, log: log, start: d.startCommand, cancel: j.cancel,
 		tell: func(p processRecord) {
-			told.Do(func() {
-				j.proc = p
-				close(j.started)
-				if p.Error != "" {
-					return // the status reply says why
-				}
+			if j.markStarted(p) && p.Error == "" { // else the status reply says why
 				writeMessage(conn, reply{Started: &p})
-			})
+			}
 		},
 	}
 	// The job goes on whatever happens to this connection: an agent that dies here leaves
@@ -407,6 +413,7 @@ func (d *daemon) record(dir string, st Status) error {
 // finish ends a job: its status is final and it is forgotten (its status file answers from
 // now on).
 func (d *daemon) finish(dir string, j *daemonJob, st Status) {
+	j.markStarted(processRecord{Error: "the command did not start"})
 	j.status = st
 	close(j.done)
 	d.mu.Lock()

@@ -65,3 +65,7 @@ func short(rev string) string {
 	}
 	return rev
 }
+
+// Line is what NAME --version prints: the binary's name and String(), e.g.
+// "postern v0.3.0 (rev 384a9f6c1d2e, go1.26.8)".
+func Line(name string) string { return name + " " + String() }
