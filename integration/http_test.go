@@ -343,6 +343,12 @@ func TestHTTPLostMCPResponseIsReplayed(t *testing.T) {
 
 	retried := make(chan callOutcome, 1)
 	retry := f.bastion.Connect(t, "agent", runHeader("run-lost"))
+	// One request first, so the retry's JSON-RPC id is not the abandoned call's: the first
+	// session's notifications/cancelled may still be on its way, and a cancel is matched by
+	// actor, run and id (two sessions of one run reusing an id is the documented limit).
+	if _, err := retry.ListTools(ctx, nil); err != nil {
+		t.Fatal(err)
+	}
 	go func() {
 		x, err := f.call(ctx, retry, "http_request", args)
 		retried <- callOutcome{x, err}
@@ -374,7 +380,7 @@ func TestHTTPLostMCPResponseIsReplayed(t *testing.T) {
 // written: the execution is failed (provably no effect). Once the API is up, the same call is
 // a new execution and takes effect once.
 func TestHTTPConnectionRefusedFails(t *testing.T) {
-	downAddr := testutil.FreeAddr(t)
+	downAddr, release := testutil.ClosedAddr(t)
 	f := newHTTPFleet(t, httpFleetOptions{endpoints: []string{endpointTable("down", "http://"+downAddr, bastion.ClassIrreversible)}})
 	ctx := testContext(t)
 	cs := f.bastion.Connect(t, "agent", runHeader("run-down"))
@@ -388,6 +394,7 @@ func TestHTTPConnectionRefusedFails(t *testing.T) {
 		t.Fatalf("journal = %+v; want failed, no request byte written", rec)
 	}
 
+	release()
 	up := testutil.StartHTTPTarget(t, testutil.HTTPTargetOptions{Addr: downAddr})
 	again := f.mustCall(t, ctx, cs, args)
 	if again.ExecutionID == failed.ExecutionID || again.Replayed || again.State != "completed" || again.HTTPStatus != http.StatusOK {
