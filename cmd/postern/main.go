@@ -67,10 +67,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	cmd, rest := args[0], args[1:]
 	switch cmd {
 	case "serve":
-		tuneGC()
 		return serveCommand(ctx, rest, stdout, stderr)
 	case "up":
-		tuneGC()
 		return upCommand(ctx, rest, stdout, stderr)
 	case "mcp":
 		return mcpCommand(ctx, rest, stdin, stdout, stderr)
