@@ -208,26 +208,11 @@ func (s *Supervisor) drop(link *supervisorLink) {
 func (s *Supervisor) launch(ctx context.Context) (*supervisorLink, error) {
 	ctx, cancel := context.WithTimeout(ctx, supervisorStartLimit)
 	defer cancel()
-	logFile, err := os.OpenFile(filepath.Join(s.dir, SupervisorLogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	cmd, readyR, err := startSupervisorProcess(s.exe, EnvSupervisorDir+"="+s.dir, filepath.Join(s.dir, SupervisorLogFile))
 	if err != nil {
-		return nil, fmt.Errorf("shim: open supervisor log: %w", err)
-	}
-	defer logFile.Close()
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("shim: readiness pipe: %w", err)
+		return nil, err
 	}
 	defer readyR.Close()
-	cmd := exec.Command(s.exe, "shim")
-	cmd.Env = append(os.Environ(), EnvSupervisorDir+"="+s.dir)
-	cmd.Stderr = logFile
-	cmd.ExtraFiles = []*os.File{readyW} // readyFD in the supervisor
-	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	readyW.Close()
-	if err != nil {
-		return nil, fmt.Errorf("shim: start supervisor: %w", err)
-	}
 	// The first stage exits once the detached supervisor runs; reaped in the background, as
 	// a race-enabled build lingers at exit.
 	s.wg.Go(func() { cmd.Wait() })
@@ -272,6 +257,33 @@ func (s *Supervisor) launch(ctx context.Context) (*supervisorLink, error) {
 	})
 	s.log.Info("started the supervisor", "pid", rec.PID)
 	return link, nil
+}
+
+// startSupervisorProcess starts `exe shim` in a session of its own, with env added to this
+// process's environment, its stderr appended to logPath and the write end of a readiness
+// pipe as readyFD. It returns the started command and the pipe's read end.
+func startSupervisorProcess(exe, env, logPath string) (*exec.Cmd, *os.File, error) {
+	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("shim: open supervisor log: %w", err)
+	}
+	defer logFile.Close()
+	readyR, readyW, err := os.Pipe()
+	if err != nil {
+		return nil, nil, fmt.Errorf("shim: readiness pipe: %w", err)
+	}
+	cmd := exec.Command(exe, "shim")
+	cmd.Env = append(os.Environ(), env)
+	cmd.Stderr = logFile
+	cmd.ExtraFiles = []*os.File{readyW}
+	cmd.SysProcAttr = &unix.SysProcAttr{Setsid: true}
+	err = cmd.Start()
+	readyW.Close()
+	if err != nil {
+		readyR.Close()
+		return nil, nil, fmt.Errorf("shim: start supervisor: %w", err)
+	}
+	return cmd, readyR, nil
 }
 
 // Close lets go of the supervisor. Running commands go on under it (the next agent adopts

@@ -7,9 +7,7 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
@@ -54,27 +52,11 @@ func startPerCommand(ctx context.Context, exe, dir string, spec Spec) (*Handle, 
 	if err := createFileVolatile(dir, SpecFile, data); err != nil {
 		return nil, err
 	}
-	logFile, err := os.OpenFile(filepath.Join(dir, LogFile), os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
+	cmd, readyR, err := startSupervisorProcess(exe, EnvSpoolDir+"="+dir, filepath.Join(dir, LogFile))
 	if err != nil {
-		return nil, fmt.Errorf("shim: open supervisor log: %w", err)
-	}
-	defer logFile.Close()
-	readyR, readyW, err := os.Pipe()
-	if err != nil {
-		return nil, fmt.Errorf("shim: readiness pipe: %w", err)
+		return nil, err
 	}
 	defer readyR.Close()
-
-	cmd := exec.Command(exe, "shim")
-	cmd.Env = append(os.Environ(), EnvSpoolDir+"="+dir)
-	cmd.Stderr = logFile
-	cmd.ExtraFiles = []*os.File{readyW} // readyFD in the supervisor
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	err = cmd.Start()
-	readyW.Close()
-	if err != nil {
-		return nil, fmt.Errorf("shim: start supervisor: %w", err)
-	}
 	// The supervisor is our unreaped child, so its pid cannot have been reused.
 	pidfd, err := unix.PidfdOpen(cmd.Process.Pid, 0)
 	if err != nil {
