@@ -438,8 +438,10 @@ func (e *Executor) watch(x *execution) {
 		x.handle.Close()
 		return
 	}
-	e.quota.Finished(filepath.Base(x.dir))
 	e.release(x, e.recordOutcome(x.id, marked, x.handle.Process(), st, err))
+	// After the final marker and the answer, not before: measuring the directory is a
+	// listing and a stat per file, none of which the caller needs to wait for.
+	e.quota.Finished(filepath.Base(x.dir))
 }
 
 // recordOutcome moves the marker from running — or from started, through running, in one
