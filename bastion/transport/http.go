@@ -30,20 +30,21 @@ type HTTPOptions struct {
 	// MaxBodyBytes bounds a request body; a larger one is answered 413 and the MCP handler
 	// never sees it. Default (zero or negative) DefaultMaxBodyBytes.
 	MaxBodyBytes int64
-	// AllowedHosts are extra Host header values accepted (host, any port; or host:port).
-	// Loopback names (localhost, 127.0.0.1, ::1) and the local address the connection
-	// arrived on are always accepted: a DNS-rebinding page can send neither.
+	// AllowedHosts are extra Host header values accepted on a listen that is not loopback
+	// (host, any port; or host:port). Loopback names (localhost, 127.0.0.1, ::1) and the
+	// local address the connection arrived on are always accepted: a DNS-rebinding page can
+	// send neither. On a loopback listen only loopback names are (see origin.go).
 	AllowedHosts []string
-	// AllowedOrigins lists the Origin values accepted (scheme://host[:port]). A request with
-	// an Origin header not listed is refused 403; no Origin header is fine (non-browser
-	// clients send none).
+	// AllowedOrigins lists the Origin values accepted (http(s)://host[:port]) besides the
+	// loopback ones on a loopback listen. A request with another Origin header is refused
+	// 403; no Origin header is fine (non-browser clients send none).
 	AllowedOrigins []string
 	// Logger receives refusals at debug level (never a token). Default: discard.
 	Logger *slog.Logger
 }
 
-// HTTPHandler wraps mcpHandler for remote agents: a DNS-rebinding guard (Host and Origin),
-// Postern-Run validation (400), bearer-token auth (401 with WWW-Authenticate: Bearer), a
+// HTTPHandler wraps mcpHandler for remote agents: a DNS-rebinding guard (Host and Origin,
+// with CORS for the browser clients it admits, preflights answered before auth), Postern-Run validation (400), bearer-token auth (401 with WWW-Authenticate: Bearer), a
 // body bound (413), then the MCP handler, with the Caller reachable from tool handlers via
 // CallerFromTokenInfo(req.Extra.TokenInfo). The Authorization header is removed before
 // mcpHandler runs, so tool handlers cannot log it from req.Extra.Header.
@@ -52,13 +53,9 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 	if err != nil {
 		return nil, err
 	}
-	hosts, err := newHostAllowlist(opts.AllowedHosts)
+	guard, err := newGuard(opts.AllowedHosts, opts.AllowedOrigins)
 	if err != nil {
 		return nil, err
-	}
-	origins := map[string]bool{}
-	for _, o := range opts.AllowedOrigins {
-		origins[normalizeOrigin(o)] = true
 	}
 	logger := loggerOrDiscard(opts.Logger)
 
@@ -77,12 +74,15 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 			logger.Debug("refused request", "remote", r.RemoteAddr, "status", code, "reason", reason)
 			http.Error(w, reason, code)
 		}
-		if !hosts.allows(r) {
-			refuse(http.StatusForbidden, "host not allowed")
+		v := guard.decide(r.Host, r.Header.Values("Origin"), localAddr(r))
+		preflight := isPreflight(r)
+		setCORS(w.Header(), v.allowOrigin, preflight)
+		if v.status != 0 {
+			refuse(v.status, v.reason)
 			return
 		}
-		if origin := r.Header.Get("Origin"); origin != "" && !origins[normalizeOrigin(origin)] {
-			refuse(http.StatusForbidden, "origin not allowed")
+		if preflight {
+			w.WriteHeader(http.StatusNoContent)
 			return
 		}
 		if _, err := runIDFromHeader(r.Header); err != nil {
@@ -187,20 +187,14 @@ func newHostAllowlist(extra []string) (*hostAllowlist, error) {
 	return l, nil
 }
 
-func (l *hostAllowlist) allows(r *http.Request) bool {
-	host, port := splitHost(r.Host)
-	if host == "" {
-		return false
-	}
+// allows reports whether Host host[:port] is acceptable on a connection that arrived on
+// lhost:lport ("" if unknown).
+func (l *hostAllowlist) allows(host, port, lhost, lport string) bool {
 	if l.anyPort[host] || (port != "" && l.withPort[net.JoinHostPort(host, port)]) {
 		return true
 	}
 	// The address the client connected to, as an IP literal, cannot be a rebinding.
-	if local, ok := r.Context().Value(http.LocalAddrContextKey).(net.Addr); ok && local != nil {
-		lhost, lport := splitHost(local.String())
-		return host == lhost && (port == "" || port == lport)
-	}
-	return false
+	return lhost != "" && host == lhost && (port == "" || port == lport)
 }
 
 // splitHost splits host[:port] (IPv6 in brackets) into a lower-case host and a port.
@@ -210,10 +204,6 @@ func splitHost(hostport string) (host, port string) {
 		return h, p
 	}
 	return strings.TrimSuffix(strings.TrimPrefix(hostport, "["), "]"), ""
-}
-
-func normalizeOrigin(o string) string {
-	return strings.TrimSuffix(strings.ToLower(strings.TrimSpace(o)), "/")
 }
 
 func loggerOrDiscard(l *slog.Logger) *slog.Logger {

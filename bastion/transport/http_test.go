@@ -143,6 +143,8 @@ func TestHTTPRefusals(t *testing.T) {
 		{name: "localhost host", host: "localhost:1234", auth: "alice", body: strings.NewReader(listTools), wantStatus: 200, wantInnerCalls: 1},
 		{name: "foreign origin", origin: "https://evil.example", auth: "alice", body: strings.NewReader(listTools), wantStatus: 403},
 		{name: "allowed origin", origin: "https://console.example", auth: "alice", body: strings.NewReader(listTools), wantStatus: 200, wantInnerCalls: 1},
+		{name: "loopback origin", origin: "http://localhost:6274", auth: "alice", body: strings.NewReader(listTools), wantStatus: 200, wantInnerCalls: 1},
+		{name: "null origin", origin: "null", auth: "alice", body: strings.NewReader(listTools), wantStatus: 403},
 		{name: "oversize body", auth: "alice", body: strings.NewReader(big), wantStatus: 413},
 		{name: "oversize chunked body", auth: "alice", body: chunkedReader{strings.NewReader(big)}, wantStatus: 413},
 		{name: "valid run id", auth: "alice", runID: []string{"run-1"}, body: strings.NewReader(listTools), wantStatus: 200, wantInnerCalls: 1},
