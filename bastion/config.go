@@ -30,8 +30,9 @@ type Config struct {
 	// TLSCertFile and TLSKeyFile serve HTTPS; required when Listen is not a loopback address.
 	TLSCertFile string `toml:"tls_cert_file"`
 	TLSKeyFile  string `toml:"tls_key_file"`
-	// AllowedHosts and AllowedOrigins guard against DNS rebinding: Host headers and browser
-	// origins accepted besides the loopback names.
+	// AllowedHosts and AllowedOrigins guard against DNS rebinding: Host headers (on a listen
+	// that is not loopback) and browser origins (http(s)://host[:port]) accepted besides the
+	// loopback ones. "null" cannot be listed. See transport/origin.go.
 	AllowedHosts   []string `toml:"allowed_hosts"`
 	AllowedOrigins []string `toml:"allowed_origins"`
 	// Socket is the local MCP endpoint, where the kernel names the caller. Default
@@ -336,6 +337,11 @@ func (c Config) Validate() error {
 	}
 	if (c.TLSCertFile == "") != (c.TLSKeyFile == "") {
 		bad("tls_cert_file and tls_key_file go together")
+	}
+	for i, o := range c.AllowedOrigins {
+		if _, err := transport.ParseAllowedOrigin(o); err != nil {
+			bad("allowed_origins[%d]: %v", i, err)
+		}
 	}
 	seen := map[string]bool{}
 	for i, a := range c.Actors {

@@ -223,3 +223,28 @@ func TestLoadConfigReportsEveryProblemAtOnce(t *testing.T) {
 		}
 	}
 }
+
+// TestValidateAllowedOrigins: allowed_origins are http(s)://host[:port] (one trailing "/"
+// tolerated); "null", paths, userinfo and bare hosts are reported with their index.
+func TestValidateAllowedOrigins(t *testing.T) {
+	tests := []struct {
+		origin  string
+		wantErr string
+	}{
+		{"https://console.example", ""},
+		{"https://console.example/", ""},
+		{"http://localhost:6274", ""},
+		{"null", "cannot be allowed"},
+		{"console.example", "scheme://host[:port]"},
+		{"https://console.example/app", "no userinfo, path"},
+		{"https://u@console.example", "no userinfo, path"},
+	}
+	for _, tt := range tests {
+		c := DefaultConfig("/x")
+		c.AllowedOrigins = []string{"https://ok.example", tt.origin}
+		err := c.Validate()
+		if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), "allowed_origins[1]") || !strings.Contains(err.Error(), tt.wantErr)) {
+			t.Errorf("allowed_origins %q: Validate = %v; want %q", tt.origin, err, tt.wantErr)
+		}
+	}
+}

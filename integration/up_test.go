@@ -6,9 +6,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"syscall"
@@ -58,11 +60,11 @@ func TestUpOnAFreshStateDir(t *testing.T) {
 	}
 }
 
-// startUp starts `postern up` on dir and the two addresses, in its own process group; the
-// caller reads stdout and stops it.
-func startUp(t *testing.T, bin, dir, listen, agentListen string) (*exec.Cmd, io.Reader, *strings.Builder) {
+// startUp starts `postern up` on dir and the two addresses (and extra flags), in its own
+// process group; the caller reads stdout and stops it.
+func startUp(t *testing.T, bin, dir, listen, agentListen string, extra ...string) (*exec.Cmd, io.Reader, *strings.Builder) {
 	t.Helper()
-	cmd := exec.Command(bin, "up", "--state-dir", dir, "--listen", listen, "--hostagent-listen", agentListen)
+	cmd := exec.Command(bin, append([]string{"up", "--state-dir", dir, "--listen", listen, "--hostagent-listen", agentListen}, extra...)...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -185,4 +187,83 @@ func shortTempDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
+}
+
+// TestUpBrowserOrigins: a browser page on a loopback origin (the MCP Inspector's) gets its
+// CORS preflight answered and its call served; `--allow-origin` admits another origin; any
+// other origin is refused with a body that names the flag; an origin that can never be
+// allowed ("null") is refused before up writes anything.
+func TestUpBrowserOrigins(t *testing.T) {
+	bin := testutil.Binary(t, "postern")
+	base := t.TempDir()
+	if out, err := exec.Command(bin, "up", "--state-dir", filepath.Join(base, "never"), "--allow-origin", "null").CombinedOutput(); err == nil || !strings.Contains(string(out), `"null"`) {
+		t.Errorf("up --allow-origin null = %v:\n%s\nwant a refusal naming null", err, out)
+	}
+	if _, err := os.Stat(filepath.Join(base, "never")); !errors.Is(err, os.ErrNotExist) {
+		t.Errorf("up --allow-origin null left its state dir: %v", err)
+	}
+
+	dir := filepath.Join(base, "state")
+	cmd, stdout, stderr := startUp(t, bin, dir, "127.0.0.1:0", "127.0.0.1:0", "--allow-origin", "https://console.example")
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGTERM)
+		if err := cmd.Wait(); err != nil {
+			t.Errorf("up exited with %v\n%s", err, stderr.String())
+		}
+	})
+	mcpURL := upURL(t, readUntil(t, stdout, "Operator:"))
+	token, err := os.ReadFile(filepath.Join(dir, "token"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	do := func(method, origin string, header map[string]string) (int, http.Header, string) {
+		t.Helper()
+		req, err := http.NewRequestWithContext(t.Context(), method, mcpURL, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Origin", origin)
+		for k, v := range header {
+			req.Header.Set(k, v)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		body, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, resp.Header, string(body)
+	}
+	call := map[string]string{
+		"Authorization": "Bearer " + strings.TrimSpace(string(token)),
+		"Content-Type":  "application/json", "Accept": "application/json, text/event-stream",
+	}
+
+	status, h, _ := do(http.MethodOptions, "http://localhost:6274", map[string]string{
+		"Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "authorization,content-type,mcp-protocol-version",
+	})
+	if status != http.StatusNoContent || h.Get("Access-Control-Allow-Origin") != "http://localhost:6274" ||
+		!strings.Contains(h.Get("Access-Control-Allow-Headers"), "Authorization") {
+		t.Errorf("inspector preflight = %d, %v; want 204 allowing the origin and Authorization", status, h)
+	}
+	for _, origin := range []string{"http://localhost:6274", "http://[::1]:5173", "https://console.example"} {
+		status, h, body := do(http.MethodPost, origin, call)
+		if status != http.StatusOK || h.Get("Access-Control-Allow-Origin") != origin || !strings.Contains(body, "ssh_exec") {
+			t.Errorf("tools/list from %s = %d (ACAO %q): %.200s; want 200 with the tools", origin, status, h.Get("Access-Control-Allow-Origin"), body)
+		}
+	}
+	status, h, body := do(http.MethodPost, "https://evil.example", call)
+	if status != http.StatusForbidden || h.Get("Access-Control-Allow-Origin") != "" || !strings.Contains(body, "--allow-origin https://evil.example") {
+		t.Errorf("tools/list from a foreign origin = %d (ACAO %q): %s; want 403 naming --allow-origin", status, h.Get("Access-Control-Allow-Origin"), body)
+	}
+}
+
+// upURL is the Streamable HTTP URL up printed.
+func upURL(t *testing.T, printed string) string {
+	t.Helper()
+	m := regexp.MustCompile(`MCP \(Streamable HTTP\): (\S+)`).FindStringSubmatch(printed)
+	if m == nil {
+		t.Fatalf("up printed no Streamable HTTP URL:\n%s", printed)
+	}
+	return m[1]
 }

@@ -41,13 +41,21 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	stateDir := fs.String("state-dir", defaultStateDir(), "where keys, the journal and the markers live")
 	listen := fs.String("listen", "127.0.0.1:7410", "the bastion's Streamable HTTP address (loopback)")
 	agentListen := fs.String("hostagent-listen", "127.0.0.1:7422", "the local hostagent's SSH address (loopback)")
+	var origins stringList
+	fs.Var(&origins, "allow-origin", "a browser origin (http(s)://host[:port]) that may connect besides the loopback ones (repeatable)")
 	verbose := fs.Bool("v", false, "log at debug level")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: postern up [--state-dir DIR] [--listen ADDR] [--hostagent-listen ADDR]\n\n")
+		fmt.Fprintf(fs.Output(), "usage: postern up [--state-dir DIR] [--listen ADDR] [--hostagent-listen ADDR] [--allow-origin ORIGIN]...\n\n")
 		fs.PrintDefaults()
 	}
 	if err := parseFlags(fs, args); err != nil {
 		return err
+	}
+	// Checked before anything is written, so a typo costs nothing.
+	for _, o := range origins {
+		if _, err := transport.ParseAllowedOrigin(o); err != nil {
+			return fmt.Errorf("--allow-origin: %w", err)
+		}
 	}
 	dir, err := filepath.Abs(*stateDir)
 	if err != nil {
@@ -66,7 +74,7 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer claim.release()
 
-	cfg, err := upConfig(dir, *listen, logger.With("component", "bastion"))
+	cfg, err := upConfig(dir, *listen, origins, logger.With("component", "bastion"))
 	if err != nil {
 		return err
 	}
@@ -104,8 +112,8 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 // upConfig writes the quick start's config and bearer token on first run and reads them
 // after. The config holds only the token's hash; the token itself is in a 0600 file for the
-// local user's clients.
-func upConfig(dir, listen string, logger *slog.Logger) (bastion.Config, error) {
+// local user's clients. origins are the --allow-origin values.
+func upConfig(dir, listen string, origins []string, logger *slog.Logger) (bastion.Config, error) {
 	// Checked before the token is written into it; bastion.Open checks again.
 	if err := privdir.Ensure(dir, "state dir", logger); err != nil {
 		return bastion.Config{}, err
@@ -126,6 +134,7 @@ func upConfig(dir, listen string, logger *slog.Logger) (bastion.Config, error) {
 	}
 	cfg := bastion.DefaultConfig(dir)
 	cfg.Listen = listen
+	cfg.AllowedOrigins = origins
 	cfg.Actors = upActorsFor(strings.TrimSpace(string(data)))
 	if err := cfg.Validate(); err != nil {
 		return bastion.Config{}, err
