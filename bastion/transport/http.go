@@ -199,7 +199,12 @@ func (l *hostAllowlist) allows(host, port, lhost, lport string) bool {
 
 // splitHost splits host[:port] (IPv6 in brackets) into a lower-case host and a port.
 func splitHost(hostport string) (host, port string) {
-	hostport = strings.ToLower(strings.TrimSpace(hostport))
+	host, port = splitHostExact(strings.TrimSpace(hostport))
+	return strings.ToLower(host), port
+}
+
+// splitHostExact is splitHost without changing case, as the go-sdk splits a Host.
+func splitHostExact(hostport string) (host, port string) {
 	if h, p, err := net.SplitHostPort(hostport); err == nil {
 		return h, p
 	}

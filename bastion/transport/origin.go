@@ -14,9 +14,10 @@ import (
 // the local address the connection arrived on — before authentication, so a browser's CORS
 // preflight (which carries no credentials) gets its answer here.
 //
-//   - Host. On a loopback listen only loopback names are accepted (localhost, 127.0.0.1 and
-//     the rest of 127/8, ::1, any port): the go-sdk's streamable handler refuses any other
-//     Host on a loopback local address too, and the two layers must agree. Elsewhere the
+//   - Host. On a loopback listen only loopback names are accepted (localhost in lower case,
+//     127.0.0.1 and the rest of 127/8, ::1, any port): the go-sdk's streamable handler refuses
+//     any other Host on a loopback local address too, and the two layers must agree
+//     (TestGuardAgreesWithSDKOnHost). Elsewhere the
 //     loopback names, AllowedHosts and the IP literal the connection arrived on are accepted.
 //   - Origin. None is fine (non-browser clients send none). One is parsed strictly as
 //     http(s)://host[:port]: no userinfo, path, query or fragment, the default port dropped.
@@ -192,12 +193,14 @@ func (g *guard) decide(hostHeader string, originHeaders []string, localAddr stri
 	loopbackListen := localAddr != "" && isLoopbackHost(lhost)
 
 	host, port := splitHost(hostHeader)
+	// Case kept: the go-sdk's own check, behind this one, takes only a lower-case "localhost".
+	exactHost, _ := splitHostExact(hostHeader)
 	switch {
 	case host == "":
 		return verdict{status: http.StatusForbidden, reason: "missing Host header"}
-	case loopbackListen && !isLoopbackHost(host):
+	case loopbackListen && !isLoopbackHost(exactHost):
 		return verdict{status: http.StatusForbidden, reason: fmt.Sprintf(
-			"Host %q refused: on a loopback listen only localhost, 127.0.0.1 and [::1] are accepted (DNS-rebinding protection)", printableHead(hostHeader))}
+			"Host %q refused: on a loopback listen only localhost (lower case), 127.0.0.1 and [::1] are accepted (DNS-rebinding protection)", printableHead(hostHeader))}
 	case !loopbackListen && !g.hosts.allows(host, port, lhost, lport):
 		return verdict{status: http.StatusForbidden, reason: fmt.Sprintf(
 			"Host %q refused: add it to allowed_hosts in the config (DNS-rebinding protection)", printableHead(hostHeader))}

@@ -90,6 +90,7 @@ func TestGuardDecide(t *testing.T) {
 		{name: "loopback, localhost host any port", local: loop, host: "localhost:1234"},
 		{name: "loopback v6 host", local: loop6, host: "[::1]:7410"},
 		{name: "loopback, other 127/8 host", local: loop, host: "127.0.0.2"},
+		{name: "loopback, upper-case localhost (the go-sdk refuses it too)", local: loop, host: "LOCALHOST:7410", status: 403},
 		{name: "loopback, rebinding host", local: loop, host: "evil.example.com", status: 403, reason: "DNS-rebinding"},
 		{name: "loopback, allowed_hosts does not open a loopback listen", local: loop, host: "postern.example", status: 403},
 		{name: "loopback, empty host", local: loop, host: "", status: 403},

@@ -106,3 +106,45 @@ func TestToolContextOnClientDisconnect(t *testing.T) {
 		})
 	}
 }
+
+// TestGuardAgreesWithSDKOnHost: go-sdk v1.8.0's streamable handler has its own DNS-rebinding
+// check (on a loopback local address it refuses a Host that is not loopback, unless
+// DisableLocalhostProtection) and, with CrossOriginProtection nil as the bastion leaves it,
+// no Origin check. The guard runs first; for every Host here the two must give the same
+// answer on a loopback listen, so a refusal always comes with the guard's reason.
+func TestGuardAgreesWithSDKOnHost(t *testing.T) {
+	srv := mcp.NewServer(&mcp.Implementation{Name: "t", Version: "0"}, nil)
+	sdk := httptest.NewServer(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
+		&mcp.StreamableHTTPOptions{Stateless: true}))
+	defer sdk.Close()
+	g, err := newGuard([]string{"postern.example"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	local := sdk.Listener.Addr().String()
+	for _, host := range []string{
+		"localhost", "localhost:1", "LOCALHOST:7410", "Localhost", "127.0.0.1", "127.0.0.1:7410", "127.9.9.9:1",
+		"[::1]", "[::1]:7410", "::1", "[::ffff:127.0.0.1]:7410", "[fe80::1%25lo]:1",
+		"localhost.", "127.0.0.1.", "evil.example", "evil.example:7410", "postern.example",
+		"0x7f.0.0.1", "2130706433", "0.0.0.0", "[::]", "localhost.evil.example", "evil.localhost",
+	} {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodPost, sdk.URL, bytes.NewReader([]byte(`{"jsonrpc":"2.0","id":1,"method":"ping"}`)))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Host = host
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Accept", "application/json, text/event-stream")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		sdkRefuses := resp.StatusCode == http.StatusForbidden
+		guardRefuses := g.decide(host, nil, local).status == http.StatusForbidden
+		if sdkRefuses != guardRefuses {
+			t.Errorf("Host %q: go-sdk refuses %v (status %d), guard refuses %v", host, sdkRefuses, resp.StatusCode, guardRefuses)
+		}
+	}
+}
