@@ -19,6 +19,10 @@
 //     callers), bounded and validated; it narrows a remote caller's scope, it names no actor.
 //   - Every request body is bounded (default 1 MiB) before the MCP handler reads it; a larger
 //     body is answered 413 and never reaches it. The bridge bounds every line and response.
+//   - On HTTP, the Host and Origin headers are decided (guard.decide, origin.go) before
+//     authentication and before the MCP handler: on a loopback listen only loopback Hosts,
+//     and no Origin, a loopback Origin or a listed one; elsewhere listed Hosts and Origins.
+//     CORS headers go only to admitted Origins; "null" is never admitted.
 //   - Nothing logs a token: tokens are hashed on arrival and only hashes are compared, in
 //     constant time against every configured hash.
 //   - A local socket admits a peer by its kernel uid at accept, before reading a byte: root,
