@@ -44,7 +44,8 @@ type HTTPOptions struct {
 }
 
 // HTTPHandler wraps mcpHandler for remote agents: a DNS-rebinding guard (Host and Origin,
-// with CORS for the browser clients it admits, preflights answered before auth), Postern-Run validation (400), bearer-token auth (401 with WWW-Authenticate: Bearer), a
+// with CORS for the browser clients it admits, preflights answered before auth),
+// Postern-Run validation (400), bearer-token auth (401 with WWW-Authenticate: Bearer), a
 // body bound (413), then the MCP handler, with the Caller reachable from tool handlers via
 // CallerFromTokenInfo(req.Extra.TokenInfo). The Authorization header is removed before
 // mcpHandler runs, so tool handlers cannot log it from req.Extra.Header.

@@ -139,11 +139,19 @@ func validHostName(h string) bool {
 // ParseAllowedOrigin checks and normalizes a configured origin (allowed_origins,
 // --allow-origin). One trailing "/" is tolerated; "null" is refused (ErrNullOrigin).
 func ParseAllowedOrigin(s string) (string, error) {
-	o, err := parseOrigin(strings.TrimSuffix(strings.TrimSpace(s), "/"))
+	o, err := parseAllowedOrigin(s)
 	if err != nil {
-		return "", fmt.Errorf("allowed origin %q: %w", s, err)
+		return "", err
 	}
 	return o.String(), nil
+}
+
+func parseAllowedOrigin(s string) (origin, error) {
+	o, err := parseOrigin(strings.TrimSuffix(strings.TrimSpace(s), "/"))
+	if err != nil {
+		return origin{}, fmt.Errorf("allowed origin %q: %w", s, err)
+	}
+	return o, nil
 }
 
 // isLoopbackHost reports whether a host (lower case, no brackets, no port) is a loopback
@@ -169,9 +177,9 @@ func newGuard(allowedHosts, allowedOrigins []string) (*guard, error) {
 	}
 	g := &guard{hosts: hosts, origins: map[origin]bool{}}
 	for _, s := range allowedOrigins {
-		o, err := parseOrigin(strings.TrimSuffix(strings.TrimSpace(s), "/"))
+		o, err := parseAllowedOrigin(s)
 		if err != nil {
-			return nil, fmt.Errorf("transport: allowed origin %q: %w", s, err)
+			return nil, fmt.Errorf("transport: %w", err)
 		}
 		g.origins[o] = true
 	}
