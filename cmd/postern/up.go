@@ -245,6 +245,9 @@ Connect an MCP client:
   JSON config (Claude Desktop, Cursor, ...):
     {"mcpServers": {"postern": {"command": "postern", "args": ["mcp", "--state-dir", "{{.Dir}}"]}}}
 
+  Browser clients (MCP Inspector): pages on http(s)://localhost, 127.0.0.1 or [::1] may connect
+  (with the token); restart with --allow-origin ORIGIN to admit another origin.
+
   curl:
     curl -s {{.URL}} -H "Authorization: Bearer $(cat {{.Dir}}/token)" \
       -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' \
