@@ -11,8 +11,10 @@ import (
 )
 
 // The DNS-rebinding guard decides from three facts — the Host header, the Origin header and
-// the local address the connection arrived on — before authentication, so a browser's CORS
-// preflight (which carries no credentials) gets its answer here.
+// the local address the connection arrived on (per connection, not per listen: on a wildcard
+// listen a connection to 127.0.0.1 is a loopback one, as for the go-sdk) — before
+// authentication, so a browser's CORS preflight (which carries no credentials) gets its
+// answer here.
 //
 //   - Host. On a loopback listen only loopback names are accepted (localhost in lower case,
 //     127.0.0.1 and the rest of 127/8, ::1, any port): the go-sdk's streamable handler refuses
