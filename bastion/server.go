@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
 )
 
@@ -38,11 +39,11 @@ const shutdownGrace = 5 * time.Second
 // executions in flight were reconciled.
 func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	srv := b.MCPServer()
-	streamable := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
+	var streamable http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Stateless: true,
 		Logger:    b.log.With("component", "mcp"),
 	})
-	tracked := b.trackDelivery(streamable, newCancels(b.cfg.DeliveryRevokeGrace, b.now))
+	tracked := b.trackDelivery(tasks.HTTPHandler(streamable), newCancels(b.cfg.DeliveryRevokeGrace, b.now))
 
 	var servers []*http.Server
 	var listeners []net.Listener

@@ -11,6 +11,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
 )
@@ -115,6 +116,12 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
 	})
+	// Tasks (bastion/tasks): every execution is a task, answered from the journal.
+	if err := tasks.Install(srv, taskBackend{b}, tasks.Options{
+		Tools: []string{"ssh_exec", "http_request"}, WaitArgument: "wait_s", Now: b.now,
+	}); err != nil {
+		panic(err) // unreachable: the method names are not go-sdk's own
+	}
 	return srv
 }
 
@@ -163,7 +170,8 @@ func (b *Bastion) result(ctx context.Context, role toolRole, x *Execution, err e
 	if err != nil {
 		return nil, nil, err
 	}
-	if markers.Journal.Terminal(markers.State(x.State)) && !x.ResultDelivered {
+	// A task-augmented call answers with the task, not the result: nothing is delivered.
+	if markers.Journal.Terminal(markers.State(x.State)) && !x.ResultDelivered && !tasks.Creating(ctx) {
 		if dl := deliveriesFrom(ctx); dl != nil {
 			dl.add(x.ExecutionID)
 		}
