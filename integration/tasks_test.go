@@ -1,0 +1,222 @@
+package integration
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"testing"
+
+	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/markers"
+)
+
+// These tests drive MCP tasks with the official TypeScript SDK's tasks client
+// (tsclient/tasks.mjs, client.experimental.tasks): a task is an execution, answered from the
+// journal, so it survives a SIGKILL of the bastion.
+
+// tsTaskLine is one line tasks.mjs prints per step.
+type tsTaskLine struct {
+	Step        int                `json:"step"`
+	Connected   bool               `json:"connected"`
+	Task        *tsTask            `json:"task"`
+	Tasks       []tsTask           `json:"tasks"`
+	NextCursor  string             `json:"next_cursor"`
+	TaskCaps    json.RawMessage    `json:"tasks_capability"`
+	TaskSupport map[string]*string `json:"task_support"`
+	Statuses    []string           `json:"statuses"`
+	Result      *bastion.Execution `json:"result"`
+	IsError     bool               `json:"is_error"`
+	Text        string             `json:"text"`
+	Meta        map[string]any     `json:"meta"`
+	Error       string             `json:"error"`
+	Code        *int               `json:"code"`
+	raw         json.RawMessage
+}
+
+type tsTask struct {
+	TaskID        string `json:"taskId"`
+	Status        string `json:"status"`
+	StatusMessage string `json:"statusMessage"`
+	CreatedAt     string `json:"createdAt"`
+	LastUpdatedAt string `json:"lastUpdatedAt"`
+	TTL           *int64 `json:"ttl"`
+	PollInterval  int64  `json:"pollInterval"`
+}
+
+// runTSTasks runs tasks.mjs to the end and returns its lines.
+func runTSTasks(t *testing.T, ctx context.Context, steps ...map[string]any) []tsTaskLine {
+	t.Helper()
+	out, err := tsScriptCommand(t, ctx, "tasks.mjs", steps).Output()
+	if err != nil {
+		t.Fatalf("TypeScript tasks client: %v; output:\n%s", err, out)
+	}
+	var lines []tsTaskLine
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	sc.Buffer(nil, 1<<20)
+	for sc.Scan() {
+		var l tsTaskLine
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatalf("TypeScript tasks client printed %q: %v", sc.Text(), err)
+		}
+		l.raw = append(json.RawMessage(nil), sc.Bytes()...)
+		lines = append(lines, l)
+	}
+	if len(lines) != len(steps) {
+		t.Fatalf("TypeScript tasks client printed %d lines for %d steps:\n%s", len(lines), len(steps), out)
+	}
+	for _, l := range lines {
+		t.Logf("ts: %s", l.raw)
+	}
+	return lines
+}
+
+func taskStep(args map[string]any) map[string]any {
+	return map[string]any{"task": map[string]any{"name": "ssh_exec", "arguments": args}, "ttl": 60000}
+}
+
+// TestTSTasksSurviveRestart: a task-augmented ssh_exec returns a task at once (its id the
+// execution id); a retry of the same call joins it (same task id); the bastion is SIGKILLed
+// while the command runs and restarted; tasks/get and tasks/result still answer, with the
+// same result on every tasks/result; tasks/list lists it; the command ran once. Another
+// actor cannot see the task.
+func TestTSTasksSurviveRestart(t *testing.T) {
+	f := startFleet(t)
+	ctx := testContext(t)
+	g := newGatedCommand(t)
+	args := map[string]any{"host": "h1", "command": g.cmd}
+	conn := httpConnect(f, "ts-tasks")
+
+	first := runTSTasks(t, ctx, conn, map[string]any{"capabilities": true}, taskStep(args), taskStep(args))
+	if got := first[1].TaskSupport["ssh_exec"]; got == nil || *got != "optional" {
+		t.Fatalf("ssh_exec's execution.taskSupport = %v, want optional", got)
+	}
+	var caps struct {
+		List     *struct{} `json:"list"`
+		Cancel   *struct{} `json:"cancel"`
+		Requests struct {
+			Tools struct {
+				Call *struct{} `json:"call"`
+			} `json:"tools"`
+		} `json:"requests"`
+	}
+	if err := json.Unmarshal(first[1].TaskCaps, &caps); err != nil || caps.List == nil || caps.Cancel == nil || caps.Requests.Tools.Call == nil {
+		t.Fatalf("capabilities.tasks = %s (%v), want list, cancel and requests.tools.call", first[1].TaskCaps, err)
+	}
+	created := first[2].Task
+	if created == nil || !markers.ValidExecutionID(created.TaskID) || created.Status != "working" || created.TTL == nil || created.PollInterval <= 0 {
+		t.Fatalf("task-augmented call returned %s, want a working task named by an execution id, with ttl and pollInterval", first[2].raw)
+	}
+	if again := first[3].Task; again == nil || again.TaskID != created.TaskID {
+		t.Fatalf("the retried task-augmented call returned %s, want the same task %s", first[3].raw, created.TaskID)
+	}
+	id := created.TaskID
+	waitForRunningMarker(t, ctx, hostControl(t, f.host))
+
+	f.bastion.Kill(t)
+	g.open(t) // the command ends while the bastion is down
+	f.bastion.Start(t)
+
+	second := runTSTasks(t, ctx, conn,
+		map[string]any{"get": id},
+		map[string]any{"result": id},
+		map[string]any{"result": id},
+		map[string]any{"list": true},
+	)
+	if got := second[1].Task; got == nil || got.Status != "completed" || got.TaskID != id {
+		t.Fatalf("tasks/get after the restart = %s, want %s completed", second[1].raw, id)
+	}
+	res := second[2]
+	if res.Result == nil || res.Result.ExecutionID != id || res.Result.State != "completed" || res.Result.Stdout != "done\n" || res.IsError {
+		t.Fatalf("tasks/result = %s, want the completed execution with its output", res.raw)
+	}
+	if rel, _ := res.Meta["io.modelcontextprotocol/related-task"].(map[string]any); rel["taskId"] != id {
+		t.Fatalf("tasks/result _meta = %v, want the related task %s", res.Meta, id)
+	}
+	if a, b := stripStep(t, second[2].raw), stripStep(t, second[3].raw); a != b {
+		t.Fatalf("tasks/result answered differently the second time:\n%s\n%s", a, b)
+	}
+	if !listed(second[4].Tasks, id) {
+		t.Fatalf("tasks/list = %s, want it to list %s", second[4].raw, id)
+	}
+	if n := effects(t, g.file); n != 1 {
+		t.Fatalf("the command ran %d times, want 1", n)
+	}
+	testutil.WaitFor(t, "the result tasks/result returned journaled as delivered", func() bool {
+		return journaled(t, f.bastion, id).ResultDeliveredAt != nil
+	})
+
+	// Another actor: the task does not exist for it.
+	other := map[string]any{"connect": map[string]any{"url": f.bastion.URL, "token": f.bastion.Tokens["other"]}}
+	theirs := runTSTasks(t, ctx, other, map[string]any{"get": id}, map[string]any{"result": id}, map[string]any{"list": true})
+	for _, l := range theirs[1:3] {
+		if l.Error == "" || l.Code == nil || *l.Code != -32602 {
+			t.Fatalf("another actor's tasks/get or tasks/result = %s, want -32602 (not found)", l.raw)
+		}
+	}
+	if listed(theirs[3].Tasks, id) {
+		t.Fatalf("another actor's tasks/list shows %s: %s", id, theirs[3].raw)
+	}
+}
+
+// TestTSTasksCancelAndStream: tasks/cancel stops a running task's command (TERM on its host;
+// it never has its effect) and a second cancel of the now terminal task is refused
+// (-32602); callToolStream drives a task to its result.
+func TestTSTasksCancelAndStream(t *testing.T) {
+	f := startFleet(t)
+	ctx := testContext(t)
+	g := newGatedCommand(t)
+	conn := httpConnect(f, "ts-tasks-cancel")
+	quick, quickFile := appendCommand(t, "streamed")
+
+	lines := runTSTasks(t, ctx, conn, taskStep(map[string]any{"host": "h1", "command": g.cmd}),
+		map[string]any{"stream": map[string]any{"name": "ssh_exec", "arguments": map[string]any{"host": "h1", "command": quick}}})
+	id := lines[1].Task.TaskID
+	if s := lines[2]; s.Result == nil || s.Result.State != "completed" || s.Task == nil || s.Task.TaskID != s.Result.ExecutionID {
+		t.Fatalf("callToolStream = %s, want its task's completed result", s.raw)
+	}
+	waitForRunningMarker(t, ctx, hostControl(t, f.host))
+
+	cancelled := runTSTasks(t, ctx, conn, map[string]any{"cancel": id}, map[string]any{"cancel": id}, map[string]any{"result": id})
+	if got := cancelled[1].Task; got == nil || got.Status != "cancelled" {
+		t.Fatalf("tasks/cancel = %s, want cancelled", cancelled[1].raw)
+	}
+	if l := cancelled[2]; l.Code == nil || *l.Code != -32602 {
+		t.Fatalf("a second tasks/cancel = %s, want -32602 (already terminal)", l.raw)
+	}
+	if r := cancelled[3].Result; r == nil || r.State != "cancelled" {
+		t.Fatalf("tasks/result of the cancelled task = %s", cancelled[3].raw)
+	}
+	g.open(t)
+	if n := effects(t, g.file); n != 0 {
+		t.Fatalf("the cancelled command had its effect %d times", n)
+	}
+	if n := effects(t, quickFile); n != 1 {
+		t.Fatalf("the streamed command ran %d times, want 1", n)
+	}
+}
+
+func listed(ts []tsTask, id string) bool {
+	for _, x := range ts {
+		if x.TaskID == id {
+			return true
+		}
+	}
+	return false
+}
+
+// stripStep returns a line without its step number, for comparing two answers.
+func stripStep(t *testing.T, raw json.RawMessage) string {
+	t.Helper()
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(raw, &m); err != nil {
+		t.Fatal(err)
+	}
+	delete(m, "step")
+	out, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(out)
+}
