@@ -109,6 +109,10 @@ type ClassConfig struct {
 	Name         string        `toml:"name"`
 	AttachWindow time.Duration `toml:"attach_window"`
 	Retention    time.Duration `toml:"retention"`
+	// OperatorApprovalOnly: an approval of this class is decided by an operator
+	// (`postern approve`/`deny`) only, never by the agent's user in the client (elicitation).
+	// Unset: true for irreversible, false otherwise.
+	OperatorApprovalOnly *bool `toml:"operator_approval_only"`
 }
 
 // PluginConfig locates a plugin binary and pins it.

@@ -122,6 +122,9 @@ func (b *Bastion) MCPServer() *mcp.Server {
 	}); err != nil {
 		panic(err) // unreachable: the method names are not go-sdk's own
 	}
+	if err := b.installElicitedApprovals(srv); err != nil {
+		panic(err) // unreachable, as above
+	}
 	return srv
 }
 
@@ -150,7 +153,13 @@ func executionTool[In any](b *Bastion, role toolRole, do func(context.Context, *
 			return nil, nil, err
 		}
 		x, err := do(ctx, req, c, in)
-		return b.result(ctx, role, x, err)
+		res, out, err := b.result(ctx, role, x, err)
+		if role == startsWork && err == nil {
+			if offer := b.offerApproval(ctx, req, c, out); offer != nil {
+				res.Meta = mcp.Meta{transport.MetaApprovalOffer: offer}
+			}
+		}
+		return res, out, err
 	}
 }
 

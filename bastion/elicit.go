@@ -1,0 +1,170 @@
+package bastion
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/postern-dev/postern/bastion/tasks"
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Approvals in the client (elicitation). The daemon's MCP endpoints are stateless, so the
+// daemon cannot send a request to a client; the stdio bridge can — it is the client's own
+// stdio session. So the daemon offers, the bridge asks:
+//
+//  1. A bridged call (a kernel-verified `postern mcp`) whose client declared elicitation
+//     (BridgeElicitationHeader) and that leaves an execution awaiting approval gets an offer
+//     in its result's _meta (transport.MetaApprovalOffer) — once per execution: the offer is
+//     journaled before it leaves, and an execution with an offer in its events is never
+//     offered again, so a retry of it never asks again.
+//  2. The bridge asks the client's user with an elicitation form (approve or deny, a note),
+//     and sends the answer to the daemon as transport.MethodApproval — a JSON-RPC method, not
+//     a tool, so the model cannot call it through its client.
+//  3. The daemon journals it as a decision by "the agent's user, by elicitation" — only for
+//     the actor and agent run of the execution, only after an offer, only for a class that
+//     allows it (operator_approval_only, default true for irreversible). The operator CLI
+//     decides as before; the first decision wins (a compare-and-set on awaiting_approval).
+//
+// Trust: the answer is as good as the client that relays it, which is what MCP elicitation
+// means on any transport; classes whose approvals must not rest on the agent's machine keep
+// operator_approval_only.
+
+// approvalOfferedNote is the journal event note of an offer.
+const approvalOfferedNote = "approval asked of the agent's user by elicitation"
+
+// offerApproval returns the offer to attach to a call's result, or nil: x awaits approval
+// and the caller can be asked. It journals the offer first (a failed write offers nothing).
+func (b *Bastion) offerApproval(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, x *Execution) map[string]any {
+	if x == nil || x.State != string(markers.AwaitingApproval) || !c.Local || !c.Bridged || tasks.Creating(ctx) ||
+		req.Extra == nil || req.Extra.Header.Get(transport.BridgeElicitationHeader) != "form" || !b.classes.inBandApproval(x.Class) {
+		return nil
+	}
+	defer b.intake.lock("e\x00" + x.ExecutionID)()
+	offered, err := b.approvalOffered(x.ExecutionID)
+	if err != nil || offered {
+		return nil
+	}
+	rec, err := b.journal.UpdateFor(context.WithoutCancel(ctx), x.ExecutionID, approvalOfferedNote, b.newCall(ctx, c, scope(c, ""), "", false), markers.Sync, func(r *markers.Record) error {
+		if r.State != markers.AwaitingApproval {
+			return errNoOffer
+		}
+		r.Evidence = appendBounded(r.Evidence, approvalOfferedNote+"; an operator may still decide")
+		return nil
+	})
+	if err != nil {
+		if !errors.Is(err, errNoOffer) {
+			b.log.Error("journal approval offer", "execution_id", x.ExecutionID, "err", err)
+		}
+		return nil
+	}
+	return map[string]any{
+		"execution_id": rec.ID,
+		"message":      approvalMessage(rec),
+	}
+}
+
+var errNoOffer = errors.New("bastion: no longer awaiting approval")
+
+func (b *Bastion) approvalOffered(id string) (bool, error) {
+	events, err := b.journal.Events(id)
+	if err != nil {
+		return false, err
+	}
+	for _, e := range events {
+		if e.Note == approvalOfferedNote {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// approvalMessage is what the client's user is asked.
+func approvalMessage(rec *markers.Record) string {
+	what := commandLine(rec)
+	if rec.Channel == "http" {
+		what = strings.TrimSpace(rec.Target)
+	}
+	return fmt.Sprintf("Postern: %s asks to run on %s (class %s):\n\n%s\n\nPolicy requires an approval before it runs (execution %s). Approve or deny; an operator can also decide with `postern approve`.",
+		rec.Actor, rec.Host, rec.Class, what, rec.ID)
+}
+
+// approvalParams are the params of transport.MethodApproval.
+type approvalParams struct {
+	mcp.ParamsBase
+	ExecutionID string `json:"execution_id"`
+	Decision    string `json:"decision"`
+	Note        string `json:"note,omitempty"`
+}
+
+type approvalResult struct {
+	mcp.ResultBase
+	ExecutionID string `json:"execution_id"`
+	State       string `json:"state"`
+}
+
+type approvalExtraKey struct{}
+
+// installElicitedApprovals registers transport.MethodApproval on srv.
+func (b *Bastion) installElicitedApprovals(srv *mcp.Server) error {
+	srv.AddReceivingMiddleware(func(next mcp.MethodHandler) mcp.MethodHandler {
+		return func(ctx context.Context, method string, req mcp.Request) (mcp.Result, error) {
+			if method == transport.MethodApproval {
+				ctx = context.WithValue(ctx, approvalExtraKey{}, req.GetExtra())
+			}
+			return next(ctx, method, req)
+		}
+	})
+	return mcp.AddReceivingCustomMethod(srv, transport.MethodApproval, func(ctx context.Context, _ *mcp.ServerSession, p *approvalParams) (*approvalResult, error) {
+		extra, _ := ctx.Value(approvalExtraKey{}).(*mcp.RequestExtra)
+		c, err := taskBackend{b}.caller(extra)
+		if err != nil {
+			return nil, err
+		}
+		if p == nil {
+			p = &approvalParams{}
+		}
+		rec, err := b.ElicitedDecision(ctx, c, p.ExecutionID, p.Decision, p.Note)
+		if err != nil {
+			return nil, err
+		}
+		return &approvalResult{ExecutionID: rec.ID, State: string(rec.State)}, nil
+	})
+}
+
+// ElicitedDecision journals a decision the agent's user took in the client, relayed by the
+// stdio bridge: decision is approve or deny.
+func (b *Bastion) ElicitedDecision(ctx context.Context, c transport.Caller, id, decision, note string) (*markers.Record, error) {
+	rec, err := b.own(c, id)
+	if err != nil {
+		return nil, err
+	}
+	switch {
+	case !c.Local || !c.Bridged || rec.IntentScope != c.Scope:
+		return nil, &ToolError{Code: "not_offered", ExecutionID: id, Message: "only the stdio bridge of the agent run that made the execution relays its user's decision"}
+	case !b.classes.inBandApproval(rec.Class):
+		return nil, &ToolError{Code: "operator_approval_only", ExecutionID: id, Message: "approvals of class " + rec.Class + " are decided by an operator only (`postern approve`)"}
+	}
+	offered, err := b.approvalOffered(id)
+	if err != nil {
+		return nil, journalError(err)
+	}
+	if !offered {
+		return nil, &ToolError{Code: "not_offered", ExecutionID: id, Message: "no approval was asked of the agent's user for " + id}
+	}
+	who := fmt.Sprintf("the agent's user, by elicitation (%s, %s)", c.Actor, rec.IntentScope)
+	switch decision {
+	case "approve":
+		return b.Approve(ctx, who, id, note)
+	case "deny":
+		if strings.TrimSpace(note) == "" {
+			note = "denied in the client"
+		}
+		return b.Deny(ctx, who, id, note)
+	}
+	return nil, invalid("decision must be approve or deny")
+}
