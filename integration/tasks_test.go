@@ -195,6 +195,21 @@ func TestTSTasksCancelAndStream(t *testing.T) {
 	if n := effects(t, quickFile); n != 1 {
 		t.Fatalf("the streamed command ran %d times, want 1", n)
 	}
+
+	// The same through the stdio bridge (`postern mcp`), as the README shows it.
+	bridged, bridgedFile := appendCommand(t, "bridged")
+	viaBridge := runTSTasks(t, ctx, stdioConnect(testutil.Binary(t, "postern"), f.bastion.Socket),
+		map[string]any{"capabilities": true},
+		map[string]any{"stream": map[string]any{"name": "ssh_exec", "arguments": map[string]any{"host": "h1", "command": bridged}}})
+	if got := viaBridge[1].TaskSupport["ssh_exec"]; got == nil || *got != "optional" {
+		t.Fatalf("through the bridge, ssh_exec's taskSupport = %v", got)
+	}
+	if s := viaBridge[2]; s.Result == nil || s.Result.State != "completed" || s.Task == nil || s.Task.TaskID != s.Result.ExecutionID {
+		t.Fatalf("callToolStream through the bridge = %s, want its task's completed result", s.raw)
+	}
+	if n := effects(t, bridgedFile); n != 1 {
+		t.Fatalf("the bridged command ran %d times, want 1", n)
+	}
 }
 
 func listed(ts []tsTask, id string) bool {
