@@ -5,6 +5,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/postern-dev/postern/bastion"
@@ -234,4 +237,106 @@ func stripStep(t *testing.T, raw json.RawMessage) string {
 		t.Fatal(err)
 	}
 	return string(out)
+}
+
+// extPost sends one JSON-RPC request at protocol 2026-07-28 (the stateless protocol: the
+// _meta triple and the routing headers) and returns its result; caps are the request's
+// client capabilities.
+func extPost(t *testing.T, f *fleet, method, name string, params map[string]any, caps map[string]any) map[string]any {
+	t.Helper()
+	params["_meta"] = map[string]any{
+		"io.modelcontextprotocol/protocolVersion":    "2026-07-28",
+		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "raw", "version": "0"},
+		"io.modelcontextprotocol/clientCapabilities": caps,
+	}
+	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
+	if err != nil {
+		t.Fatal(err)
+	}
+	req, err := http.NewRequest(http.MethodPost, f.bastion.URL, bytes.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer "+f.bastion.Tokens["agent"])
+	req.Header.Set("Postern-Run", "ext-run")
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	req.Header.Set("Mcp-Protocol-Version", "2026-07-28")
+	req.Header.Set("Mcp-Method", method)
+	if name != "" {
+		req.Header.Set("Mcp-Name", name)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	out, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range strings.Split(string(out), "\n") {
+		data, ok := strings.CutPrefix(strings.TrimRight(line, "\r"), "data:")
+		if !ok && strings.HasPrefix(strings.TrimSpace(line), "{") {
+			data, ok = line, true
+		}
+		var msg struct {
+			Result map[string]any `json:"result"`
+			Error  map[string]any `json:"error"`
+		}
+		if !ok || json.Unmarshal([]byte(strings.TrimSpace(data)), &msg) != nil {
+			continue
+		}
+		if msg.Error != nil {
+			t.Fatalf("%s: error %v", method, msg.Error)
+		}
+		if msg.Result != nil {
+			return msg.Result
+		}
+	}
+	t.Fatalf("%s: no result in HTTP %d:\n%s", method, resp.StatusCode, out)
+	return nil
+}
+
+// TestTasksExtension: on protocol 2026-07-28 the server offers the
+// io.modelcontextprotocol/tasks extension; a call that declares it and whose execution is
+// still going gets a task (resultType "task"), a call that does not gets the running handle
+// of the same execution, and tasks/get carries the result inline once it completed.
+func TestTasksExtension(t *testing.T) {
+	f := startFleet(t)
+	g := newGatedCommand(t)
+	ext := map[string]any{"extensions": map[string]any{"io.modelcontextprotocol/tasks": map[string]any{}}}
+
+	disc := extPost(t, f, "server/discover", "", map[string]any{}, map[string]any{})
+	caps, _ := disc["capabilities"].(map[string]any)
+	if exts, _ := caps["extensions"].(map[string]any); exts["io.modelcontextprotocol/tasks"] == nil {
+		t.Fatalf("server/discover capabilities = %v, want the tasks extension", caps)
+	}
+	args := map[string]any{"host": "h1", "command": g.cmd, "wait_s": 0}
+	task := extPost(t, f, "tools/call", "ssh_exec", map[string]any{"name": "ssh_exec", "arguments": args}, ext)
+	id, _ := task["taskId"].(string)
+	if task["resultType"] != "task" || !markers.ValidExecutionID(id) || task["status"] != "working" || task["ttlSeconds"] == nil {
+		t.Fatalf("tools/call declaring the extension = %v, want a working task", task)
+	}
+	plain := extPost(t, f, "tools/call", "ssh_exec", map[string]any{"name": "ssh_exec", "arguments": args}, map[string]any{})
+	if sc, _ := plain["structuredContent"].(map[string]any); sc["execution_id"] != id || plain["resultType"] == "task" {
+		t.Fatalf("tools/call without the extension = %v, want the running execution %s", plain, id)
+	}
+	g.open(t)
+	var got map[string]any
+	testutil.WaitFor(t, "the task completed", func() bool {
+		got = extPost(t, f, "tasks/get", id, map[string]any{"taskId": id}, ext)
+		return got["status"] == "completed"
+	})
+	res, _ := got["result"].(map[string]any)
+	sc, _ := res["structuredContent"].(map[string]any)
+	if got["resultType"] != "complete" || sc["state"] != "completed" || sc["stdout"] != "done\n" {
+		t.Fatalf("tasks/get of the completed task = %v, want its result inline", got)
+	}
+	if ack := extPost(t, f, "tasks/cancel", id, map[string]any{"taskId": id}, ext); ack["resultType"] != "complete" {
+		t.Fatalf("tasks/cancel = %v, want an acknowledgement", ack)
+	}
+	if n := effects(t, g.file); n != 1 {
+		t.Fatalf("the command ran %d times, want 1", n)
+	}
 }
