@@ -27,6 +27,10 @@ type Config struct {
 	StateDir string `toml:"state_dir"`
 	// Listen is the Streamable HTTP address. Default "127.0.0.1:7410"; "" disables HTTP.
 	Listen string `toml:"listen"`
+	// HTTPSessions serves clients of protocol versions before 2026-07-28 on Listen with
+	// stateful Streamable HTTP sessions (Mcp-Session-Id), so the bastion can ask their users
+	// for approvals (elicitation); newer clients stay stateless. Default false: stateless.
+	HTTPSessions bool `toml:"http_sessions"`
 	// TLSCertFile and TLSKeyFile serve HTTPS; required when Listen is not a loopback address.
 	TLSCertFile string `toml:"tls_cert_file"`
 	TLSKeyFile  string `toml:"tls_key_file"`

@@ -37,19 +37,33 @@ import (
 // approvalOfferedNote is the journal event note of an offer.
 const approvalOfferedNote = "approval asked of the agent's user by elicitation"
 
-// offerApproval returns the offer to attach to a call's result, or nil: x awaits approval
-// and the caller can be asked. It journals the offer first (a failed write offers nothing).
+// askable reports whether x is an execution a client's user may be asked to approve.
+func (b *Bastion) askable(ctx context.Context, x *Execution) bool {
+	return x != nil && x.State == string(markers.AwaitingApproval) && !tasks.Creating(ctx) && b.classes.inBandApproval(x.Class)
+}
+
+// offerApproval returns the offer to attach to a bridged call's result, or nil: x awaits
+// approval and the caller is a stdio bridge whose client declared elicitation.
 func (b *Bastion) offerApproval(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, x *Execution) map[string]any {
-	if x == nil || x.State != string(markers.AwaitingApproval) || !c.Local || !c.Bridged || tasks.Creating(ctx) ||
-		req.Extra == nil || req.Extra.Header.Get(transport.BridgeElicitationHeader) != "form" || !b.classes.inBandApproval(x.Class) {
+	if !c.Local || !c.Bridged || req.Extra == nil || req.Extra.Header.Get(transport.BridgeElicitationHeader) != "form" || !b.askable(ctx, x) {
 		return nil
 	}
-	defer b.intake.lock("e\x00" + x.ExecutionID)()
-	offered, err := b.approvalOffered(x.ExecutionID)
+	rec := b.offer(ctx, c, x.ExecutionID)
+	if rec == nil {
+		return nil
+	}
+	return map[string]any{"execution_id": rec.ID, "message": approvalMessage(rec)}
+}
+
+// offer journals that the approval of execution id is asked of the agent's user, unless it
+// was before (then, or on a failed write, nil: nothing is asked).
+func (b *Bastion) offer(ctx context.Context, c transport.Caller, id string) *markers.Record {
+	defer b.intake.lock("e\x00" + id)()
+	offered, err := b.approvalOffered(id)
 	if err != nil || offered {
 		return nil
 	}
-	rec, err := b.journal.UpdateFor(context.WithoutCancel(ctx), x.ExecutionID, approvalOfferedNote, b.newCall(ctx, c, scope(c, ""), "", false), markers.Sync, func(r *markers.Record) error {
+	rec, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, approvalOfferedNote, b.newCall(ctx, c, scope(c, ""), "", false), markers.Sync, func(r *markers.Record) error {
 		if r.State != markers.AwaitingApproval {
 			return errNoOffer
 		}
@@ -58,14 +72,48 @@ func (b *Bastion) offerApproval(ctx context.Context, req *mcp.CallToolRequest, c
 	})
 	if err != nil {
 		if !errors.Is(err, errNoOffer) {
-			b.log.Error("journal approval offer", "execution_id", x.ExecutionID, "err", err)
+			b.log.Error("journal approval offer", "execution_id", id, "err", err)
 		}
 		return nil
 	}
-	return map[string]any{
-		"execution_id": rec.ID,
-		"message":      approvalMessage(rec),
+	return rec
+}
+
+// sessionElicits reports whether ss is a stateful session (it has an id) whose client
+// declared elicitation: the daemon can ask it itself.
+func sessionElicits(ss *mcp.ServerSession) bool {
+	if ss == nil || ss.ID() == "" {
+		return false
 	}
+	p := ss.InitializeParams()
+	return p != nil && p.Capabilities != nil && p.Capabilities.Elicitation != nil
+}
+
+// askInSession asks the user of a stateful Streamable HTTP session about x (elicitation,
+// within the call) and journals the answer; it reports whether a decision was journaled.
+func (b *Bastion) askInSession(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, x *Execution) bool {
+	if c.Local || !sessionElicits(req.Session) || !b.askable(ctx, x) {
+		return false
+	}
+	rec := b.offer(ctx, c, x.ExecutionID)
+	if rec == nil {
+		return false
+	}
+	res, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: approvalMessage(rec), RequestedSchema: transport.ApprovalSchema})
+	if err != nil {
+		b.log.Info("approval by elicitation not answered; an operator decides", "execution_id", rec.ID, "err", err)
+		return false
+	}
+	decision, _ := res.Content["decision"].(string)
+	note, _ := res.Content["note"].(string)
+	if res.Action != "accept" {
+		return false
+	}
+	if _, err := b.decideElicited(ctx, c, rec, decision, note); err != nil {
+		b.log.Info("approval by elicitation not journaled", "execution_id", rec.ID, "err", err)
+		return false
+	}
+	return true
 }
 
 var errNoOffer = errors.New("bastion: no longer awaiting approval")
@@ -156,6 +204,12 @@ func (b *Bastion) ElicitedDecision(ctx context.Context, c transport.Caller, id, 
 	if !offered {
 		return nil, &ToolError{Code: "not_offered", ExecutionID: id, Message: "no approval was asked of the agent's user for " + id}
 	}
+	return b.decideElicited(ctx, c, rec, decision, note)
+}
+
+// decideElicited journals the decision of the agent's user on rec.
+func (b *Bastion) decideElicited(ctx context.Context, c transport.Caller, rec *markers.Record, decision, note string) (*markers.Record, error) {
+	id := rec.ID
 	who := fmt.Sprintf("the agent's user, by elicitation (%s, %s)", c.Actor, rec.IntentScope)
 	switch decision {
 	case "approve":

@@ -95,6 +95,7 @@ func (t taskBackend) Get(ctx context.Context, extra *mcp.RequestExtra, id string
 // (DESIGN.md, "Result delivery"), judged like a tools/call's by trackDelivery.
 func (t taskBackend) Result(ctx context.Context, extra *mcp.RequestExtra, id string, changed func(*tasks.Execution)) (*mcp.CallToolResult, error) {
 	b := t.b
+	ctx = b.postContext(ctx, extra)
 	var last markers.State
 	for {
 		rec, err := t.own(extra, id)

@@ -41,9 +41,15 @@ type tsElicitLine struct {
 	raw      string
 }
 
+// runTSElicit runs elicit.mjs through the stdio bridge; runTSElicitOver connects with conn.
 func runTSElicit(t *testing.T, ctx context.Context, f *fleet, steps ...map[string]any) []tsElicitLine {
 	t.Helper()
-	steps = append([]map[string]any{stdioConnect(testutil.Binary(t, "postern"), f.bastion.Socket)}, steps...)
+	return runTSElicitOver(t, ctx, stdioConnect(testutil.Binary(t, "postern"), f.bastion.Socket), steps...)
+}
+
+func runTSElicitOver(t *testing.T, ctx context.Context, conn map[string]any, steps ...map[string]any) []tsElicitLine {
+	t.Helper()
+	steps = append([]map[string]any{conn}, steps...)
 	out, err := tsScriptCommand(t, ctx, "elicit.mjs", steps).Output()
 	if err != nil {
 		t.Fatalf("TypeScript elicitation client: %v; output:\n%s", err, out)
@@ -173,4 +179,39 @@ func TestElicitationDeclinedOperatorDecides(t *testing.T) {
 	if n := effects(t, paid); n != 0 {
 		t.Fatalf("the pending payment ran %d times", n)
 	}
+}
+
+// TestElicitationHTTPSessions: with http_sessions, a Streamable HTTP client of protocol
+// 2025-11-25 gets a stateful session, and the bastion asks its user itself: approved, the
+// call returns the completed execution, whose result is delivered (the evidence works in a
+// session too); denied, a retry returns the rejection without asking again.
+func TestElicitationHTTPSessions(t *testing.T) {
+	f := newFleet(t, fleetOptions{settings: []string{"http_sessions = true"}, tables: []string{approveInBand}})
+	ctx := testContext(t)
+	migrate, file := script(t, "migrate")
+	up := map[string]any{"host": "h1", "command": migrate + " up", "wait_s": 30}
+	down := map[string]any{"host": "h1", "command": migrate + " down", "wait_s": 30}
+
+	lines := runTSElicitOver(t, ctx, httpConnect(f, "http-sessions"),
+		map[string]any{"answer": "approve", "note": "go"}, callStep(up),
+		map[string]any{"answer": "deny", "note": "no"}, callStep(down), callStep(down))
+	approved, denied, retry := lines[1], lines[3], lines[4]
+	if approved.Result == nil || approved.Result.State != "completed" || approved.Asked != 1 {
+		t.Fatalf("approved call = %s; want completed after one question", approved.raw)
+	}
+	if denied.Result == nil || denied.Result.State != "rejected" || denied.Asked != 2 {
+		t.Fatalf("denied call = %s; want rejected after a second question", denied.raw)
+	}
+	if retry.Result == nil || retry.Result.ExecutionID != denied.Result.ExecutionID || retry.Result.State != "rejected" || retry.Asked != 2 {
+		t.Fatalf("retry = %s; want the same rejection, not asked again", retry.raw)
+	}
+	if n := effects(t, file); n != 1 {
+		t.Fatalf("the commands ran %d times, want 1 (the approved one)", n)
+	}
+	if note := decisionEvent(t, ctx, f, approved.Result.ExecutionID); !strings.Contains(note, "approved by the agent's user, by elicitation (token:agent") {
+		t.Fatalf("the decision is journaled as %q", note)
+	}
+	testutil.WaitFor(t, "the approved result journaled as delivered", func() bool {
+		return journaled(t, f.bastion, approved.Result.ExecutionID).ResultDeliveredAt != nil
+	})
 }

@@ -12,8 +12,9 @@ type approvalOffer struct {
 	Message     string `json:"message"`
 }
 
-// approvalSchema is the form the client's user fills in: a decision and a note.
-var approvalSchema = map[string]any{
+// ApprovalSchema is the form the client's user fills in: a decision and a note (the bridge
+// and the daemon's stateful sessions ask with it).
+var ApprovalSchema = map[string]any{
 	"type": "object",
 	"properties": map[string]any{
 		"decision": map[string]any{
@@ -113,7 +114,7 @@ func (b *bridge) askApproval(ctx context.Context, offer approvalOffer) bool {
 	}
 	req, err := json.Marshal(map[string]any{
 		"jsonrpc": "2.0", "id": json.RawMessage(id), "method": "elicitation/create",
-		"params": map[string]any{"message": offer.Message, "requestedSchema": approvalSchema},
+		"params": map[string]any{"message": offer.Message, "requestedSchema": ApprovalSchema},
 	})
 	if err != nil {
 		forget()

@@ -2,7 +2,8 @@
 // forms (the official TypeScript SDK, through the stdio bridge `postern mcp`), driven by a
 // script of steps given as JSON in argv[2]. Each step prints one JSON line on stdout.
 //
-//   {"connect": {"command": "/path/postern", "args": ["mcp", ...]}}
+//   {"connect": {"command": "/path/postern", "args": ["mcp", ...]}}   stdio (the bridge)
+//   {"connect": {"url": "...", "token": "...", "run": "..."}}          Streamable HTTP
 //   {"answer": "approve"|"deny"|"decline"|"cancel", "note": "..."}   how to answer from now on
 //   {"call": {"name": "ssh_exec", "arguments": {...}}}
 //
@@ -10,6 +11,7 @@
 // "messages": [<their messages>]} or {"step": i, "error": "..."}.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
+import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { CallToolResultSchema, ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js';
 
 const steps = JSON.parse(process.argv[2]);
@@ -29,7 +31,15 @@ for (const [i, step] of steps.entries()) {
       messages.push(req.params.message);
       return answer;
     });
-    await client.connect(new StdioClientTransport({ command: c.command, args: c.args ?? [], stderr: 'inherit' }));
+    let transport;
+    if (c.url) {
+      const headers = { Authorization: `Bearer ${c.token}` };
+      if (c.run) headers['Postern-Run'] = c.run;
+      transport = new StreamableHTTPClientTransport(new URL(c.url), { requestInit: { headers } });
+    } else {
+      transport = new StdioClientTransport({ command: c.command, args: c.args ?? [], stderr: 'inherit' });
+    }
+    await client.connect(transport);
     print({ step: i, connected: true });
   } else if (step.answer) {
     answer = step.answer === 'approve' || step.answer === 'deny'
