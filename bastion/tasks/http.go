@@ -54,9 +54,12 @@ func moveTask(body []byte) ([]byte, bool) {
 	if !ok {
 		return nil, false
 	}
-	meta := map[string]json.RawMessage{}
+	var meta map[string]json.RawMessage
 	if raw, ok := params["_meta"]; ok && json.Unmarshal(raw, &meta) != nil {
 		return nil, false
+	}
+	if meta == nil { // absent, or null
+		meta = map[string]json.RawMessage{}
 	}
 	meta[metaTask] = task
 	delete(params, "task")

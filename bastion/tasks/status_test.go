@@ -96,3 +96,27 @@ func TestMoveTask(t *testing.T) {
 		}
 	}
 }
+
+// FuzzMoveTask: whatever a client POSTs, the rewrite never panics, and what it makes is one
+// JSON object whose params have no "task" member any more but carry it under _meta.
+func FuzzMoveTask(f *testing.F) {
+	f.Add(`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ssh_exec","task":{"ttl":5}}}`)
+	f.Add(`{"method":"tools/call","params":{"_meta":null,"task":1}}`)
+	f.Add(`{"method":"tools/call","params":{"_meta":[],"task":{}}}`)
+	f.Fuzz(func(t *testing.T, body string) {
+		out, ok := moveTask([]byte(body))
+		if !ok {
+			return
+		}
+		var msg struct {
+			Params map[string]json.RawMessage `json:"params"`
+		}
+		if err := json.Unmarshal(out, &msg); err != nil {
+			t.Fatalf("moveTask(%q) made invalid JSON %q: %v", body, out, err)
+		}
+		var meta map[string]json.RawMessage
+		if _, has := msg.Params["task"]; has || json.Unmarshal(msg.Params["_meta"], &meta) != nil || meta[metaTask] == nil {
+			t.Fatalf("moveTask(%q) = %s: the task member was not moved under _meta", body, out)
+		}
+	})
+}
