@@ -15,6 +15,9 @@ import (
 // exist, or that belongs to another actor. Both answer the same.
 var ErrNotFound = errors.New("tasks: no such task")
 
+// ErrBadCursor is what a Backend's List returns for a cursor it did not make.
+var ErrBadCursor = errors.New("tasks: invalid cursor")
+
 // Execution is one execution as a task sees it.
 type Execution struct {
 	ID string
@@ -41,7 +44,7 @@ type Backend interface {
 	// Cancel cancels an execution as execution_cancel does and returns it as it stands.
 	Cancel(ctx context.Context, extra *mcp.RequestExtra, id string) (*Execution, error)
 	// List returns one page of the caller's executions, newest first, and the next cursor
-	// ("" at the end). A cursor the backend did not make is an error.
+	// ("" at the end). A cursor the backend did not make is ErrBadCursor.
 	List(ctx context.Context, extra *mcp.RequestExtra, cursor string, limit int) ([]*Execution, string, error)
 }
 
@@ -215,6 +218,9 @@ func (s *server) call(ctx context.Context, ss *mcp.ServerSession, next mcp.Metho
 	switch {
 	case d == Spec20251125 && augmented && s.tools[p.Name]:
 		return s.createTask(ctx, ss, next, req.(*mcp.CallToolRequest))
+	case d == Spec20251125 && augmented:
+		// The spec: a tool without taskSupport called as a task SHOULD get -32601.
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeMethodNotFound, Message: fmt.Sprintf("tool %q does not support task augmentation; call it without a task", p.Name)}
 	case d == Extension && s.tools[p.Name] && declaresExtension(p.Meta):
 		res, err := next(ctx, "tools/call", req)
 		tr, ok := res.(*mcp.CallToolResult)
@@ -412,13 +418,10 @@ func (s *server) list(ctx context.Context, ss *mcp.ServerSession, p *listParams)
 		p = &listParams{}
 	}
 	xs, next, err := s.be.List(ctx, extraFrom(ctx), p.Cursor, s.opts.PageSize)
+	if errors.Is(err, ErrBadCursor) {
+		return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "tasks/list: invalid cursor"}
+	}
 	if err != nil {
-		if p.Cursor != "" && !errors.Is(err, ErrNotFound) {
-			var je *jsonrpc.Error
-			if !errors.As(err, &je) {
-				return nil, &jsonrpc.Error{Code: jsonrpc.CodeInvalidParams, Message: "invalid cursor: " + err.Error()}
-			}
-		}
 		return nil, backendError("", err)
 	}
 	out := &listTasksResult{Tasks: []Task{}, NextCursor: next}
