@@ -103,7 +103,8 @@ func (t taskBackend) Result(ctx context.Context, extra *mcp.RequestExtra, id str
 		if err != nil {
 			return nil, err
 		}
-		if changed != nil && rec.State != last && last != "" {
+		// The status when the wait begins, then every change (the last one terminal).
+		if changed != nil && rec.State != last && (last != "" || !markers.Journal.Terminal(rec.State)) {
 			changed(t.execution(rec))
 		}
 		last = rec.State

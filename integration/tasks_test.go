@@ -33,6 +33,7 @@ type tsTaskLine struct {
 	IsError     bool               `json:"is_error"`
 	Text        string             `json:"text"`
 	Meta        map[string]any     `json:"meta"`
+	Progress    []string           `json:"progress"`
 	Error       string             `json:"error"`
 	Code        *int               `json:"code"`
 	raw         json.RawMessage
@@ -338,5 +339,45 @@ func TestTasksExtension(t *testing.T) {
 	}
 	if n := effects(t, g.file); n != 1 {
 		t.Fatalf("the command ran %d times, want 1", n)
+	}
+}
+
+// TestTSTasksResultProgress: tasks/result blocks while the command runs and reports its
+// status — when it starts waiting, and each change — as progress notifications on its
+// stream (the request's progress token), then returns the result.
+func TestTSTasksResultProgress(t *testing.T) {
+	f := startFleet(t)
+	ctx := testContext(t)
+	g := newGatedCommand(t)
+	created := runTSTasks(t, ctx, httpConnect(f, "ts-progress"), taskStep(map[string]any{"host": "h1", "command": g.cmd}))
+	id := created[1].Task.TaskID
+	waitForRunningMarker(t, ctx, hostControl(t, f.host))
+
+	cmd := tsScriptCommand(t, ctx, "tasks.mjs", []map[string]any{httpConnect(f, "ts-progress"), {"result": id, "progress": true}})
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(stdout)
+	for _, want := range []string{`"connected":true`, `"progress_event":`} {
+		if line, err := r.ReadString('\n'); err != nil || !strings.Contains(line, want) {
+			t.Fatalf("TypeScript tasks client printed %q (%v), want %s", line, err, want)
+		}
+	}
+	g.open(t) // tasks/result is waiting: it reported the running status
+	rest, err := io.ReadAll(r)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("TypeScript tasks client: %v\n%s", err, rest)
+	}
+	lines := strings.Split(strings.TrimSpace(string(rest)), "\n")
+	var res tsTaskLine
+	if err := json.Unmarshal([]byte(lines[len(lines)-1]), &res); err != nil {
+		t.Fatal(err)
+	}
+	if res.Result == nil || res.Result.State != "completed" || len(res.Progress) == 0 || !strings.Contains(res.Progress[len(res.Progress)-1], "completed") {
+		t.Fatalf("tasks/result = %s, want the completed result after progress notifications ending in completed", lines[len(lines)-1])
 	}
 }

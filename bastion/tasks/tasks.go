@@ -38,8 +38,9 @@ type Backend interface {
 	// Get returns an execution of the caller's, or ErrNotFound.
 	Get(ctx context.Context, extra *mcp.RequestExtra, id string) (*Execution, error)
 	// Result blocks until the execution is terminal (or ctx ends), then returns its stored
-	// tool result — the same bytes on every call. changed, if not nil, hears about every
-	// status change while it waits. Handing the result out is where delivery is judged.
+	// tool result — the same bytes on every call. changed, if not nil, hears the status when
+	// the wait begins and every change while it waits. Handing the result out is where
+	// delivery is judged.
 	Result(ctx context.Context, extra *mcp.RequestExtra, id string, changed func(*Execution)) (*mcp.CallToolResult, error)
 	// Cancel cancels an execution as execution_cancel does and returns it as it stands.
 	Cancel(ctx context.Context, extra *mcp.RequestExtra, id string) (*Execution, error)
@@ -383,9 +384,10 @@ func (s *server) get(ctx context.Context, ss *mcp.ServerSession, p *taskParams) 
 	return &extTaskResult{ResultType: "complete", ExtTask: s.extTask(x, result)}, nil
 }
 
-// result answers tasks/result: it blocks until the execution is terminal, reporting status
-// changes as progress notifications when the request carries a progress token (go-sdk 1.8
-// can send no custom notification such as notifications/tasks/status).
+// result answers tasks/result: it blocks until the execution is terminal, reporting the
+// status when it starts waiting and every change as progress notifications when the
+// request carries a progress token (go-sdk 1.8 can send no custom notification such as
+// notifications/tasks/status).
 func (s *server) result(ctx context.Context, ss *mcp.ServerSession, p *taskParams) (*mcp.CallToolResult, error) {
 	if p == nil {
 		p = &taskParams{}

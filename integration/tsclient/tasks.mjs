@@ -9,7 +9,10 @@
 //                               a task-augmented tools/call (callToolStream, first message)
 //   {"stream": {"name": ..., "arguments": {...}}}   callToolStream to its end
 //   {"get": "ex_…"}             tasks/get
-//   {"result": "ex_…", "timeout_ms": 60000}         tasks/result (blocks until terminal)
+//   {"result": "ex_…", "timeout_ms": 60000, "progress": true}
+//                               tasks/result (blocks until terminal); with progress, each
+//                               progress notification is printed as it arrives
+//                               ({"progress_event"}) and all of them with the result
 //   {"list": true, "cursor": "…"}                   tasks/list
 //   {"cancel": "ex_…"}          tasks/cancel
 //
@@ -69,8 +72,18 @@ for (const [i, step] of steps.entries()) {
     } else if (step.get) {
       print({ step: i, task: await client.experimental.tasks.getTask(step.get) });
     } else if (step.result) {
-      const res = await client.experimental.tasks.getTaskResult(step.result, CallToolResultSchema, { timeout: step.timeout_ms ?? 60000 });
-      print({ step: i, result: res.structuredContent ?? null, is_error: res.isError ?? false, text: res.content?.[0]?.text ?? '', meta: res._meta ?? null });
+      const progress = [];
+      const options = { timeout: step.timeout_ms ?? 60000 };
+      if (step.progress) {
+        options.onprogress = p => {
+          progress.push(p.message ?? '');
+          print({ step: i, progress_event: p.message ?? '' }); // as it arrives
+        };
+      }
+      const res = await client.experimental.tasks.getTaskResult(step.result, CallToolResultSchema, options);
+      const line = { step: i, result: res.structuredContent ?? null, is_error: res.isError ?? false, text: res.content?.[0]?.text ?? '', meta: res._meta ?? null };
+      if (step.progress) line.progress = progress;
+      print(line);
     } else if (step.list) {
       const page = await client.experimental.tasks.listTasks(step.cursor);
       print({ step: i, tasks: page.tasks, next_cursor: page.nextCursor ?? '' });
