@@ -99,6 +99,13 @@ func (b *Bastion) askInSession(ctx context.Context, req *mcp.CallToolRequest, c 
 	if rec == nil {
 		return false
 	}
+	// A client that never answers does not hold the call past the approval timeout, when
+	// the execution would be rejected anyway.
+	if b.cfg.ApprovalTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, b.cfg.ApprovalTimeout)
+		defer cancel()
+	}
 	res, err := req.Session.Elicit(ctx, &mcp.ElicitParams{Message: approvalMessage(rec), RequestedSchema: transport.ApprovalSchema})
 	if err != nil {
 		b.log.Info("approval by elicitation not answered; an operator decides", "execution_id", rec.ID, "err", err)
