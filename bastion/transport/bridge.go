@@ -417,9 +417,10 @@ func (b *bridge) setMCPHeaders(h http.Header, env *envelope) {
 		return
 	}
 	var params struct {
-		Name string                     `json:"name"`
-		URI  string                     `json:"uri"`
-		Meta map[string]json.RawMessage `json:"_meta"`
+		Name   string                     `json:"name"`
+		URI    string                     `json:"uri"`
+		TaskID string                     `json:"taskId"`
+		Meta   map[string]json.RawMessage `json:"_meta"`
 	}
 	_ = json.Unmarshal(env.Params, &params) // absent or non-object params carry no headers
 	var version string
@@ -449,6 +450,10 @@ func (b *bridge) setMCPHeaders(h http.Header, env *envelope) {
 	case "resources/read":
 		if params.URI != "" {
 			h.Set(headerName, params.URI)
+		}
+	case "tasks/get", "tasks/update", "tasks/cancel": // the tasks extension routes by task id
+		if params.TaskID != "" {
+			h.Set(headerName, params.TaskID)
 		}
 	}
 }
