@@ -7,6 +7,8 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -379,5 +381,64 @@ func TestTSTasksResultProgress(t *testing.T) {
 	}
 	if res.Result == nil || res.Result.State != "completed" || len(res.Progress) == 0 || !strings.Contains(res.Progress[len(res.Progress)-1], "completed") {
 		t.Fatalf("tasks/result = %s, want the completed result after progress notifications ending in completed", lines[len(lines)-1])
+	}
+}
+
+// TestTSTasksThroughBridgeAcrossRestart: one agent process, through its stdio bridge, creates
+// a task; the bastion is SIGKILLed and restarted under it; the same client, through the same
+// bridge, gets the task's status and result.
+func TestTSTasksThroughBridgeAcrossRestart(t *testing.T) {
+	f := startFleet(t)
+	ctx := testContext(t)
+	g := newGatedCommand(t)
+	restarted := filepath.Join(t.TempDir(), "restarted")
+	cmd := tsScriptCommand(t, ctx, "tasks.mjs", []map[string]any{
+		stdioConnect(testutil.Binary(t, "postern"), f.bastion.Socket),
+		taskStep(map[string]any{"host": "h1", "command": g.cmd}),
+		{"wait_for": restarted},
+		{"get": "$last"},
+		{"result": "$last"},
+	})
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	r := bufio.NewReader(stdout)
+	var created tsTaskLine
+	for created.Task == nil {
+		line, err := r.ReadString('\n')
+		if err != nil {
+			t.Fatalf("TypeScript tasks client ended early: %v", err)
+		}
+		json.Unmarshal([]byte(line), &created)
+	}
+	id := created.Task.TaskID
+	waitForRunningMarker(t, ctx, hostControl(t, f.host))
+	f.bastion.Kill(t)
+	g.open(t)
+	f.bastion.Start(t)
+	if err := os.WriteFile(restarted, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	rest, _ := io.ReadAll(r)
+	if err := cmd.Wait(); err != nil {
+		t.Fatalf("TypeScript tasks client: %v\n%s", err, rest)
+	}
+	var got, res tsTaskLine
+	lines := strings.Split(strings.TrimSpace(string(rest)), "\n")
+	if len(lines) != 3 || json.Unmarshal([]byte(lines[1]), &got) != nil || json.Unmarshal([]byte(lines[2]), &res) != nil {
+		t.Fatalf("TypeScript tasks client printed:\n%s", rest)
+	}
+	if got.Task == nil || got.Task.TaskID != id || got.Task.Status != "completed" {
+		t.Fatalf("after the restart, through the same bridge, tasks/get = %s; want %s completed", lines[1], id)
+	}
+	if res.Result == nil || res.Result.ExecutionID != id || res.Result.Stdout != "done\n" {
+		t.Fatalf("after the restart, through the same bridge, tasks/result = %s", lines[2])
+	}
+	if n := effects(t, g.file); n != 1 {
+		t.Fatalf("the command ran %d times, want 1", n)
 	}
 }

@@ -8,15 +8,17 @@
 //   {"task": {"name": "ssh_exec", "arguments": {...}}, "ttl": 60000}
 //                               a task-augmented tools/call (callToolStream, first message)
 //   {"stream": {"name": ..., "arguments": {...}}}   callToolStream to its end
-//   {"get": "ex_…"}             tasks/get
+//   {"get": "ex_…"}             tasks/get ("$last": the task the last "task" step created)
 //   {"result": "ex_…", "timeout_ms": 60000, "progress": true}
 //                               tasks/result (blocks until terminal); with progress, each
 //                               progress notification is printed as it arrives
 //                               ({"progress_event"}) and all of them with the result
 //   {"list": true, "cursor": "…"}                   tasks/list
 //   {"cancel": "ex_…"}          tasks/cancel
+//   {"wait_for": "/path"}       wait until the file exists (the test did something meanwhile)
 //
 // Errors print {"step": i, "error": "...", "code": n}.
+import { existsSync } from 'node:fs';
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
@@ -29,6 +31,8 @@ function print(obj) {
 }
 
 let client;
+let lastTask = ''; // "$last" in a step names the task the last "task" step created
+const id = v => (v === '$last' ? lastTask : v);
 for (const [i, step] of steps.entries()) {
   try {
     if (step.connect) {
@@ -52,6 +56,7 @@ for (const [i, step] of steps.entries()) {
       const stream = client.experimental.tasks.callToolStream(step.task, CallToolResultSchema, { task: { ttl: step.ttl ?? 60000 } });
       for await (const msg of stream) {
         if (msg.type === 'taskCreated') {
+          lastTask = msg.task.taskId;
           print({ step: i, task: msg.task });
         } else if (msg.type === 'error') {
           print({ step: i, error: String(msg.error?.message ?? msg.error), code: msg.error?.code });
@@ -70,7 +75,7 @@ for (const [i, step] of steps.entries()) {
         if (msg.type === 'error') print({ step: i, task: created, statuses, error: String(msg.error?.message ?? msg.error), code: msg.error?.code });
       }
     } else if (step.get) {
-      print({ step: i, task: await client.experimental.tasks.getTask(step.get) });
+      print({ step: i, task: await client.experimental.tasks.getTask(id(step.get)) });
     } else if (step.result) {
       const progress = [];
       const options = { timeout: step.timeout_ms ?? 60000 };
@@ -80,7 +85,7 @@ for (const [i, step] of steps.entries()) {
           print({ step: i, progress_event: p.message ?? '' }); // as it arrives
         };
       }
-      const res = await client.experimental.tasks.getTaskResult(step.result, CallToolResultSchema, options);
+      const res = await client.experimental.tasks.getTaskResult(id(step.result), CallToolResultSchema, options);
       const line = { step: i, result: res.structuredContent ?? null, is_error: res.isError ?? false, text: res.content?.[0]?.text ?? '', meta: res._meta ?? null };
       if (step.progress) line.progress = progress;
       print(line);
@@ -88,7 +93,10 @@ for (const [i, step] of steps.entries()) {
       const page = await client.experimental.tasks.listTasks(step.cursor);
       print({ step: i, tasks: page.tasks, next_cursor: page.nextCursor ?? '' });
     } else if (step.cancel) {
-      print({ step: i, task: await client.experimental.tasks.cancelTask(step.cancel) });
+      print({ step: i, task: await client.experimental.tasks.cancelTask(id(step.cancel)) });
+    } else if (step.wait_for) {
+      while (!existsSync(step.wait_for)) await new Promise(r => setTimeout(r, 50));
+      print({ step: i, waited: true });
     } else if (step.close) {
       await client.close();
       print({ step: i, closed: true });
