@@ -208,7 +208,7 @@ func peekMessages(body []byte) []rpcPeek {
 	var out []rpcPeek
 	for _, m := range msgs {
 		switch m.Method {
-		case "tools/call":
+		case "tools/call", "tasks/result", "tasks/get": // each can carry a result (tasks/get: with the tasks extension)
 			if id := compactID(m.ID); id != "" {
 				out = append(out, rpcPeek{Call: id})
 			}

@@ -25,7 +25,7 @@ var builtinClasses = []ClassConfig{
 	{Name: ClassReadOnly, AttachWindow: 5 * time.Minute, Retention: 7 * day},
 	{Name: ClassIdempotentWrite, AttachWindow: time.Hour, Retention: 30 * day},
 	{Name: ClassConditionalWrite, AttachWindow: time.Hour, Retention: 30 * day},
-	{Name: ClassIrreversible, AttachWindow: 7 * day, Retention: 90 * day},
+	{Name: ClassIrreversible, AttachWindow: 7 * day, Retention: 90 * day, OperatorApprovalOnly: boolPtr(true)},
 	{Name: ClassRemoteCommand, AttachWindow: day, Retention: 30 * day},
 }
 
@@ -47,6 +47,9 @@ func newClasses(cfg Config) *classes {
 		if cl.Retention == 0 {
 			cl.Retention = base.Retention
 		}
+		if cl.OperatorApprovalOnly == nil {
+			cl.OperatorApprovalOnly = base.OperatorApprovalOnly
+		}
 		if cl.AttachWindow == 0 {
 			cl.AttachWindow = day
 		}
@@ -67,6 +70,13 @@ func (c *classes) get(name string) ClassConfig {
 	cl := c.byName[ClassRemoteCommand]
 	cl.Name = name
 	return cl
+}
+
+// inBandApproval reports whether the agent's user may decide an approval of class name in
+// the client (elicitation), besides operators.
+func (c *classes) inBandApproval(name string) bool {
+	only := c.get(name).OperatorApprovalOnly
+	return only == nil || !*only
 }
 
 // retention is the per-class retention the journal's GC applies.

@@ -27,6 +27,10 @@ type Config struct {
 	StateDir string `toml:"state_dir"`
 	// Listen is the Streamable HTTP address. Default "127.0.0.1:7410"; "" disables HTTP.
 	Listen string `toml:"listen"`
+	// HTTPSessions serves clients of protocol versions before 2026-07-28 on Listen with
+	// stateful Streamable HTTP sessions (Mcp-Session-Id), so the bastion can ask their users
+	// for approvals (elicitation); newer clients stay stateless. Default false: stateless.
+	HTTPSessions bool `toml:"http_sessions"`
 	// TLSCertFile and TLSKeyFile serve HTTPS; required when Listen is not a loopback address.
 	TLSCertFile string `toml:"tls_cert_file"`
 	TLSKeyFile  string `toml:"tls_key_file"`
@@ -110,6 +114,10 @@ type ClassConfig struct {
 	Name         string        `toml:"name"`
 	AttachWindow time.Duration `toml:"attach_window"`
 	Retention    time.Duration `toml:"retention"`
+	// OperatorApprovalOnly: an approval of this class is decided by an operator
+	// (`postern approve`/`deny`) only, never by the agent's user in the client (elicitation).
+	// Unset: true for irreversible, false otherwise.
+	OperatorApprovalOnly *bool `toml:"operator_approval_only"`
 }
 
 // PluginConfig locates a plugin binary and pins it.

@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
 )
 
@@ -30,6 +31,23 @@ type Endpoints struct {
 // MCPPath is the URL path of the MCP endpoint on every transport.
 const MCPPath = "/mcp"
 
+// sessionIdleTimeout closes a stateful Streamable HTTP session (http_sessions) nobody used
+// for this long; the client then initializes a new one.
+const sessionIdleTimeout = 30 * time.Minute
+
+// bySession serves a request of protocol 2026-07-28 or later (stateless by definition) with
+// stateless, anything else — initialize, the session's requests, its GET stream and DELETE —
+// with sessions.
+func bySession(stateless, sessions http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Mcp-Protocol-Version") >= "2026-07-28" {
+			stateless.ServeHTTP(w, r)
+			return
+		}
+		sessions.ServeHTTP(w, r)
+	})
+}
+
 // shutdownGrace bounds how long in-flight requests may finish when the bastion stops.
 const shutdownGrace = 5 * time.Second
 
@@ -38,11 +56,20 @@ const shutdownGrace = 5 * time.Second
 // executions in flight were reconciled.
 func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	srv := b.MCPServer()
-	streamable := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
+	var streamable http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Stateless: true,
 		Logger:    b.log.With("component", "mcp"),
 	})
-	tracked := b.trackDelivery(streamable, newCancels(b.cfg.DeliveryRevokeGrace, b.now))
+	reg := newCancels(b.cfg.DeliveryRevokeGrace, b.now)
+	tracked := b.trackDelivery(tasks.HTTPHandler(streamable), reg)
+	remote := tracked
+	if b.cfg.HTTPSessions {
+		sessions := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
+			SessionTimeout: sessionIdleTimeout,
+			Logger:         b.log.With("component", "mcp-sessions"),
+		})
+		remote = b.trackDelivery(tasks.HTTPHandler(bySession(streamable, sessions)), reg)
+	}
 
 	var servers []*http.Server
 	var listeners []net.Listener
@@ -59,7 +86,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 				actors = append(actors, transport.Actor{Name: a.Name, TokenSHA256: a.TokenSHA256})
 			}
 		}
-		mcpHTTP, err := transport.HTTPHandler(tracked, transport.HTTPOptions{
+		mcpHTTP, err := transport.HTTPHandler(remote, transport.HTTPOptions{
 			Actors: actors, MaxBodyBytes: b.cfg.MaxBodyBytes,
 			AllowedHosts: b.cfg.AllowedHosts, AllowedOrigins: b.cfg.AllowedOrigins,
 			Logger: b.log.With("component", "http"),

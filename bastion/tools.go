@@ -3,6 +3,7 @@ package bastion
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
 )
@@ -115,6 +117,15 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}}, out, nil
 	})
+	// Tasks (bastion/tasks): every execution is a task, answered from the journal.
+	if err := tasks.Install(srv, taskBackend{b}, tasks.Options{
+		Tools: []string{"ssh_exec", "http_request"}, WaitArgument: "wait_s", Now: b.now,
+	}); err != nil {
+		panic(err) // unreachable: the method names are not go-sdk's own
+	}
+	if err := b.installElicitedApprovals(srv); err != nil {
+		panic(err) // unreachable, as above
+	}
 	return srv
 }
 
@@ -142,8 +153,20 @@ func executionTool[In any](b *Bastion, role toolRole, do func(context.Context, *
 		if err != nil {
 			return nil, nil, err
 		}
+		ctx = b.postContext(ctx, req.Extra)
 		x, err := do(ctx, req, c, in)
-		return b.result(ctx, role, x, err)
+		if role == startsWork && err == nil && b.askInSession(ctx, req, c, x) {
+			// Decided by the user: the same call again joins the same execution, now
+			// approved (and followed for wait_s) or rejected.
+			x, err = do(ctx, req, c, in)
+		}
+		res, out, err := b.result(ctx, role, x, err)
+		if role == startsWork && err == nil {
+			if offer := b.offerApproval(ctx, req, c, out); offer != nil {
+				res.Meta = mcp.Meta{transport.MetaApprovalOffer: offer}
+			}
+		}
+		return res, out, err
 	}
 }
 
@@ -163,7 +186,8 @@ func (b *Bastion) result(ctx context.Context, role toolRole, x *Execution, err e
 	if err != nil {
 		return nil, nil, err
 	}
-	if markers.Journal.Terminal(markers.State(x.State)) && !x.ResultDelivered {
+	// A task-augmented call answers with the task, not the result: nothing is delivered.
+	if markers.Journal.Terminal(markers.State(x.State)) && !x.ResultDelivered && !tasks.Creating(ctx) {
 		if dl := deliveriesFrom(ctx); dl != nil {
 			dl.add(x.ExecutionID)
 		}
@@ -212,6 +236,36 @@ func (d *deliveries) add(id string) {
 }
 
 type deliveriesKey struct{}
+
+// postKeyHeader names the POST a message came in on. go-sdk runs the handlers of a stateful
+// session outside the POST's context, so trackDelivery sets this header (replacing anything
+// a client sent) and registers the POST's state under it, and postContext finds it again.
+const postKeyHeader = "Postern-Post-Key"
+
+// postState is what a handler needs of the POST that carried its request.
+type postState struct {
+	dl        *deliveries
+	requestID string
+}
+
+// postContext returns ctx with the deliveries and request id of the POST that carried the
+// request. In a stateful session go-sdk runs handlers in a context derived from the
+// session's first POST, whose values are stale: the header decides.
+func (b *Bastion) postContext(ctx context.Context, extra *mcp.RequestExtra) context.Context {
+	if extra == nil {
+		return ctx
+	}
+	v, ok := b.posts.Load(extra.Header.Get(postKeyHeader))
+	if !ok {
+		return ctx
+	}
+	st := v.(*postState)
+	ctx = context.WithValue(ctx, deliveriesKey{}, st.dl)
+	if st.requestID != "" {
+		ctx = withRequestID(ctx, st.requestID)
+	}
+	return ctx
+}
 
 func deliveriesFrom(ctx context.Context) *deliveries {
 	d, _ := ctx.Value(deliveriesKey{}).(*deliveries)
@@ -265,6 +319,14 @@ func (b *Bastion) trackDelivery(next http.Handler, reg *cancels) http.Handler {
 		}
 
 		dl := &deliveries{}
+		post := &postState{dl: dl}
+		if len(calls) == 1 {
+			post.requestID = calls[0].key.id
+		}
+		key := rand.Text()
+		b.posts.Store(key, post)
+		defer b.posts.Delete(key)
+		r.Header.Set(postKeyHeader, key)
 		r = r.WithContext(context.WithValue(ctx, deliveriesKey{}, dl))
 		tw := &trackingWriter{ResponseWriter: w}
 		next.ServeHTTP(tw, r)

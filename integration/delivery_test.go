@@ -42,6 +42,12 @@ type tsLine struct {
 // tsCommand returns the node command that runs the TypeScript client's steps.
 func tsCommand(t *testing.T, ctx context.Context, steps []map[string]any) *exec.Cmd {
 	t.Helper()
+	return tsScriptCommand(t, ctx, "call.mjs", steps)
+}
+
+// tsScriptCommand returns the node command that runs one of tsclient's scripts on steps.
+func tsScriptCommand(t *testing.T, ctx context.Context, script string, steps []map[string]any) *exec.Cmd {
+	t.Helper()
 	node, err := exec.LookPath("node")
 	if err != nil {
 		t.Fatalf("node is not installed (.ci/run installs it): %v", err)
@@ -49,11 +55,11 @@ func tsCommand(t *testing.T, ctx context.Context, steps []map[string]any) *exec.
 	if _, err := os.Stat(filepath.Join(tsClientDir, "node_modules", "@modelcontextprotocol", "sdk")); err != nil {
 		t.Fatalf("the TypeScript MCP SDK is not installed: run `npm ci --prefix integration/tsclient` (scripts/test does): %v", err)
 	}
-	script, err := json.Marshal(steps)
+	stepsJSON, err := json.Marshal(steps)
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd := exec.CommandContext(ctx, node, "call.mjs", string(script))
+	cmd := exec.CommandContext(ctx, node, script, string(stepsJSON))
 	cmd.Dir = tsClientDir
 	cmd.Stderr = testWriter{t}
 	return cmd

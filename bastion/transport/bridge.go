@@ -34,6 +34,21 @@ const (
 	maxBridgeInFlight = 64
 )
 
+// Approvals in the client: the daemon's endpoints are stateless and cannot send a request to
+// a client, so the bridge — the client's own stdio session — asks for them (elicitation).
+const (
+	// BridgeElicitationHeader ("form") on a tools/call says the bridge's client declared the
+	// elicitation capability, so the daemon may offer an approval to ask for.
+	BridgeElicitationHeader = "Postern-Bridge-Elicitation"
+	// MetaApprovalOffer is the _meta key of a tools/call result that carries an offer:
+	// {"execution_id", "message"}. The bridge removes it before the client sees the result.
+	MetaApprovalOffer = "dev.postern/approval-offer"
+	// MethodApproval is the daemon's JSON-RPC method the bridge sends the user's answer to:
+	// params {"execution_id", "decision": "approve"|"deny", "note"}. It is not a tool, so a
+	// model cannot call it through its client.
+	MethodApproval = "postern/approval"
+)
+
 // JSON-RPC error codes the bridge produces.
 const (
 	codeParseError     = -32700
@@ -95,6 +110,7 @@ func Bridge(ctx context.Context, socketPath, urlPath string, in io.Reader, out i
 		out:        out,
 		fail:       cancel,
 		inFlight:   map[string]context.CancelFunc{},
+		asked:      map[string]chan envelope{},
 	}
 
 	var watcher sync.WaitGroup
@@ -139,6 +155,12 @@ type bridge struct {
 	protocolVersion string
 	// inFlight cancels forwarded calls by their JSON-RPC id (compact JSON).
 	inFlight map[string]context.CancelFunc
+	// elicitation: the client declared the elicitation capability (form) in initialize.
+	elicitation bool
+	// asked holds the bridge's own requests to the client (elicitation/create) by id,
+	// waiting for the client's response.
+	asked    map[string]chan envelope
+	askedSeq int
 }
 
 // envelope is the part of a JSON-RPC message the bridge routes on.
@@ -210,6 +232,13 @@ func (b *bridge) dispatch(ctx context.Context, line []byte, release func()) {
 		b.replyError(nil, codeParseError, "message is not valid JSON")
 		return
 	}
+	if env.Method == "" && b.answerAsked(&env) {
+		release()
+		return
+	}
+	if env.Method == "initialize" {
+		b.learnElicitation(env.Params)
+	}
 	if env.Method == "notifications/cancelled" {
 		defer release()
 		b.forwardCancel(ctx, &env, line)
@@ -269,18 +298,40 @@ func (b *bridge) cancelInFlight(params json.RawMessage) {
 }
 
 // forward POSTs one message and relays what comes back. For a call, exactly one response
-// for its id reaches out unless the client cancelled it.
+// for its id reaches out unless the client cancelled it. A tools/call result that carries an
+// approval offer is held: the bridge asks the client's user (askApproval), and once the
+// daemon has journaled the answer it sends the call again — a retry of the same intent joins
+// the same execution, now approved or rejected — and relays that answer instead; if the user
+// was not asked or did not answer, the held result goes out as it was (without the offer).
 func (b *bridge) forward(ctx context.Context, env *envelope, line []byte) {
 	answered := false
+	var held []byte
+	var offer approvalOffer
 	relay := func(msg []byte) {
 		var got envelope
 		if json.Unmarshal(msg, &got) == nil && got.Method == "" && idKey(got.ID) == idKey(env.ID) {
 			answered = true
 			b.learnProtocolVersion(env, &got)
+			if env.Method == "tools/call" {
+				if o, stripped, ok := takeOffer(msg); ok {
+					held, offer = stripped, o
+					return
+				}
+			}
 		}
 		b.write(msg)
 	}
 	err := b.roundTrip(ctx, env, line, relay)
+	if held != nil {
+		if b.askApproval(ctx, offer) {
+			b.forward(ctx, env, line)
+			return
+		}
+		if ctx.Err() == nil {
+			b.write(held)
+		}
+		return
+	}
 	if !env.isCall() || answered || ctx.Err() != nil {
 		return
 	}
@@ -366,9 +417,10 @@ func (b *bridge) setMCPHeaders(h http.Header, env *envelope) {
 		return
 	}
 	var params struct {
-		Name string                     `json:"name"`
-		URI  string                     `json:"uri"`
-		Meta map[string]json.RawMessage `json:"_meta"`
+		Name   string                     `json:"name"`
+		URI    string                     `json:"uri"`
+		TaskID string                     `json:"taskId"`
+		Meta   map[string]json.RawMessage `json:"_meta"`
 	}
 	_ = json.Unmarshal(env.Params, &params) // absent or non-object params carry no headers
 	var version string
@@ -389,9 +441,19 @@ func (b *bridge) setMCPHeaders(h http.Header, env *envelope) {
 		if params.Name != "" {
 			h.Set(headerName, params.Name)
 		}
+		b.mu.Lock()
+		elicitation := b.elicitation
+		b.mu.Unlock()
+		if elicitation && env.Method == "tools/call" {
+			h.Set(BridgeElicitationHeader, "form")
+		}
 	case "resources/read":
 		if params.URI != "" {
 			h.Set(headerName, params.URI)
+		}
+	case "tasks/get", "tasks/update", "tasks/cancel": // the tasks extension routes by task id
+		if params.TaskID != "" {
+			h.Set(headerName, params.TaskID)
 		}
 	}
 }

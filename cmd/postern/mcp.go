@@ -15,7 +15,9 @@ import (
 // launch: it forwards every message to the running bastion's unix socket, where the kernel
 // names the caller: the bridge names its parent, the agent, and the daemon checks that claim
 // against /proc, so any build or version of this binary gives one agent process one intent
-// scope. The journal has one owner, the daemon; the bridge holds no state.
+// scope. The journal has one owner, the daemon; the bridge holds no state but an approval
+// question it is asking its client (elicitation: the daemon's socket is stateless, the
+// client's stdio session is not).
 func mcpCommand(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
 	fs.SetOutput(stderr)

@@ -1,0 +1,178 @@
+package bastion
+
+import (
+	"context"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/postern-dev/postern/bastion/tasks"
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/markers"
+)
+
+// taskBackend answers MCP tasks (bastion/tasks) from the journal: a task is an execution, so
+// it survives a restart, and only its actor sees it (own).
+type taskBackend struct{ b *Bastion }
+
+// taskResultPoll is how often tasks/result looks at an execution no driver carries here (one
+// awaiting approval or review, or driven after a restart by the reconcile loop).
+const taskResultPoll = 500 * time.Millisecond
+
+func (t taskBackend) caller(extra *mcp.RequestExtra) (transport.Caller, error) {
+	if extra != nil {
+		if c, ok := transport.CallerFromTokenInfo(extra.TokenInfo); ok {
+			return c, nil
+		}
+	}
+	return transport.Caller{}, &ToolError{Code: "unauthenticated", Message: "the transport did not identify the caller"}
+}
+
+func (t taskBackend) own(extra *mcp.RequestExtra, id string) (*markers.Record, error) {
+	c, err := t.caller(extra)
+	if err != nil {
+		return nil, err
+	}
+	rec, err := t.b.own(c, id)
+	var te *ToolError
+	if errors.As(err, &te) && te.Code == CodeNotFound {
+		return nil, tasks.ErrNotFound
+	}
+	return rec, err
+}
+
+func (t taskBackend) execution(rec *markers.Record) *tasks.Execution {
+	return &tasks.Execution{
+		ID: rec.ID,
+		Facts: tasks.Facts{
+			State: string(rec.State), IsError: rec.IsError, ReviewRequired: rec.ReviewRequired,
+			Queued: rec.State == markers.Authorized && t.b.isQueued(rec.ID),
+		},
+		CreatedAt: rec.CreatedAt,
+		UpdatedAt: rec.UpdatedAt,
+		Retention: t.b.classes.get(rec.Class).Retention,
+	}
+}
+
+func (t taskBackend) Created(ctx context.Context, extra *mcp.RequestExtra, res *mcp.CallToolResult) (*tasks.Execution, error) {
+	var x struct {
+		ExecutionID string `json:"execution_id"`
+	}
+	if raw, ok := res.StructuredContent.(json.RawMessage); ok {
+		_ = json.Unmarshal(raw, &x) // no execution: reported below
+	}
+	if x.ExecutionID == "" {
+		var texts []string
+		for _, c := range res.Content {
+			if tc, ok := c.(*mcp.TextContent); ok {
+				texts = append(texts, tc.Text)
+			}
+		}
+		return nil, fmt.Errorf("no execution was created: %s", strings.Join(texts, "; "))
+	}
+	rec, err := t.own(extra, x.ExecutionID)
+	if err != nil {
+		return nil, err
+	}
+	return t.execution(rec), nil
+}
+
+func (t taskBackend) Get(ctx context.Context, extra *mcp.RequestExtra, id string) (*tasks.Execution, error) {
+	rec, err := t.own(extra, id)
+	if err != nil {
+		return nil, err
+	}
+	return t.execution(rec), nil
+}
+
+// Result waits for the execution to end, then returns its stored result as it was when it
+// ended: replayed false and result_delivered false on every answer, so every tasks/result of
+// one task returns the same bytes. The response that carries it is delivery evidence
+// (DESIGN.md, "Result delivery"), judged like a tools/call's by trackDelivery.
+func (t taskBackend) Result(ctx context.Context, extra *mcp.RequestExtra, id string, changed func(*tasks.Execution)) (*mcp.CallToolResult, error) {
+	b := t.b
+	ctx = b.postContext(ctx, extra)
+	var last markers.State
+	for {
+		rec, err := t.own(extra, id)
+		if err != nil {
+			return nil, err
+		}
+		// The status when the wait begins, then every change (the last one terminal).
+		if changed != nil && rec.State != last && (last != "" || !markers.Journal.Terminal(rec.State)) {
+			changed(t.execution(rec))
+		}
+		last = rec.State
+		if markers.Journal.Terminal(rec.State) {
+			x := b.stored(rec)
+			x.Replayed, x.ResultDelivered = false, false
+			if rec.ResultDeliveredAt == nil {
+				if dl := deliveriesFrom(ctx); dl != nil {
+					dl.add(rec.ID)
+				}
+			}
+			return &mcp.CallToolResult{
+				Content:           []mcp.Content{&mcp.TextContent{Text: x.Summary()}},
+				StructuredContent: x,
+				IsError:           x.callFailed(),
+			}, nil
+		}
+		var done <-chan struct{}
+		if d := b.liveDriver(id); d != nil {
+			done = d.done
+		}
+		timer := time.NewTimer(taskResultPoll)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil, ctx.Err()
+		case <-b.ctx.Done():
+			timer.Stop()
+			return nil, &ToolError{Code: "shutting_down", Message: "the bastion is shutting down; ask again after its restart: the task is journaled"}
+		case <-done:
+		case <-timer.C:
+		}
+		timer.Stop()
+	}
+}
+
+func (t taskBackend) Cancel(ctx context.Context, extra *mcp.RequestExtra, id string) (*tasks.Execution, error) {
+	c, err := t.caller(extra)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := t.b.Cancel(ctx, c, id); err != nil {
+		var te *ToolError
+		if errors.As(err, &te) && te.Code == CodeNotFound {
+			return nil, tasks.ErrNotFound
+		}
+		return nil, err
+	}
+	return t.Get(ctx, extra, id)
+}
+
+func (t taskBackend) List(ctx context.Context, extra *mcp.RequestExtra, cursor string, limit int) ([]*tasks.Execution, string, error) {
+	c, err := t.caller(extra)
+	if err != nil {
+		return nil, "", err
+	}
+	if _, err := hex.DecodeString(cursor); err != nil {
+		// The journal's cursors are hex; one that decodes but that the journal did not make
+		// is refused by it (an internal error: markers has no sentinel for it).
+		return nil, "", tasks.ErrBadCursor
+	}
+	recs, next, err := t.b.journal.List(markers.Query{Actor: c.Actor, Newest: true, Limit: limit, Cursor: cursor})
+	if err != nil {
+		return nil, "", journalError(err)
+	}
+	out := make([]*tasks.Execution, 0, len(recs))
+	for _, r := range recs {
+		out = append(out, t.execution(r))
+	}
+	return out, next, nil
+}
