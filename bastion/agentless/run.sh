@@ -1,0 +1,180 @@
+#!/bin/sh
+# postern-run: runs a command under a durable marker, at most once per execution id.
+# Installed by `postern hosts enroll --marker-script` as ~/.postern/run. Do not edit it: the
+# bastion checks its SHA-256 before every use and refuses a changed file (re-enroll instead).
+#
+# Usage:
+#   run exec ID CWD TIMEOUT_S COMMAND   run COMMAND once under marker ID
+#   run status ID                       print the marker of ID
+#   run list                            print every marker
+#
+# Answers (protocol 1) are one line, "postern-run:1:" then a word and key=value fields:
+# exec writes it to stderr before anything of the command, status and list to stdout.
+#   started id=ID                                the marker is durable; the command starts now
+#   duplicate id=ID state=…                      ID ran before (or runs): nothing was started
+#   refused reason=…                             nothing was started and no marker was written
+#   status id=ID state=… retention_days=N
+# States: absent; claimed old=0|1 (the id is taken, the start not yet recorded); running;
+# interrupted (started, its process is gone without an exit record); exited exit=N.
+#
+# A marker is ~/.postern/markers/ID/: the directory is the claim (mkdir is atomic), then
+# command, started ("PID STARTTIME BOOT_ID TIME") and, once the command ended, exit
+# ("STATUS TIME"), each written to a temporary name, synced, renamed and the directory
+# synced before the next step.
+set -u
+umask 077
+# Byte-wise pattern matching, whatever the account's locale.
+LC_ALL=C
+export LC_ALL
+
+P=postern-run:1:
+base=$HOME/.postern
+markers=$base/markers
+# Finished markers are kept this long; the bastion re-sends an execution with no marker only
+# while it is younger than this.
+retention_days=30
+
+answer() { printf '%s%s\n' "$P" "$*" >&2; }
+refuse() { answer "refused reason=$1"; exit 255; }
+
+# durable fsyncs the files and directories named (coreutils sync FILE, since 8.24); where
+# that is unsupported it falls back to sync(2) of everything, which is as durable.
+durable() { sync -- "$@" 2>/dev/null || sync; }
+
+# valid_id: "ex_" and 26 upper-case Crockford base32 characters, nothing else.
+valid_id() {
+	case $1 in ex_??????????????????????????) ;; *) return 1 ;; esac
+	case ${1#ex_} in *[!0123456789ABCDEFGHJKMNPQRSTVWXYZ]*) return 1 ;; esac
+}
+
+boot_id() { cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none; }
+
+# proc_start prints a process's start time in clock ticks since boot (field 22 of
+# /proc/PID/stat, counted after the command name, which may hold spaces), or "none".
+proc_start() {
+	s=$(cat "/proc/$1/stat" 2>/dev/null) || { echo none; return; }
+	s=${s##*") "}
+	# shellcheck disable=SC2086 # split into fields on purpose
+	set -- $s
+	echo "${20:-none}"
+}
+
+# alive: the wrapper that started the marker (PID, STARTTIME, BOOT_ID) still runs.
+alive() {
+	[ "$3" = "$(boot_id)" ] || return 1
+	kill -0 "$1" 2>/dev/null || return 1
+	[ "$2" = "$(proc_start "$1")" ]
+}
+
+state_of() {
+	d=$1
+	if [ -f "$d/exit" ]; then
+		read -r code _ <"$d/exit"
+		echo "state=exited exit=$code"
+		return
+	fi
+	if [ ! -f "$d/started" ]; then
+		# Claimed, start not recorded: the wrapper is between the two steps, or it died
+		# there (then the command never started). Five minutes tell them apart in practice.
+		if [ -n "$(find "$d" -prune -mmin +5 2>/dev/null)" ]; then
+			echo "state=claimed old=1"
+		else
+			echo "state=claimed old=0"
+		fi
+		return
+	fi
+	read -r pid start boot _ <"$d/started"
+	if alive "$pid" "$start" "$boot"; then
+		echo "state=running"
+	elif [ -f "$d/exit" ]; then
+		read -r code _ <"$d/exit"
+		echo "state=exited exit=$code"
+	else
+		echo "state=interrupted"
+	fi
+}
+
+now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
+
+# prune removes finished markers older than the retention, at most once a day.
+prune() {
+	if [ -z "$(find "$base/pruned" -mmin -1440 2>/dev/null)" ]; then
+		: >"$base/pruned"
+		find "$markers" -mindepth 2 -maxdepth 2 -name exit -mtime +"$retention_days" 2>/dev/null |
+			while IFS= read -r f; do rm -rf -- "${f%/exit}"; done
+	fi
+}
+
+cmd_exec() {
+	[ $# -eq 4 ] || refuse usage
+	id=$1 cwd=$2 timeout=$3 command=$4
+	valid_id "$id" || refuse bad_id
+	case $timeout in '' | *[!0-9]*) refuse bad_timeout ;; esac
+	# Everything that can refuse does so before the claim: a refusal leaves no marker.
+	if [ -n "$cwd" ]; then cd -- "$cwd" 2>/dev/null || refuse cwd; fi
+	if [ "$timeout" != 0 ] && ! command -v timeout >/dev/null 2>&1; then refuse timeout_unsupported; fi
+	if ! { mkdir -p "$markers" 2>/dev/null && chmod 700 "$base" "$markers"; }; then refuse marker_dir; fi
+	prune
+	d=$markers/$id
+	if ! mkdir "$d" 2>/dev/null; then
+		[ -d "$d" ] || refuse marker_dir
+		answer "duplicate id=$id $(state_of "$d")"
+		exit 0
+	fi
+	# From here on the id is taken: a failure leaves a claimed marker, never a second run.
+	{
+		durable "$markers" &&
+			printf '%s' "$command" >"$d/command" &&
+			printf '%s %s %s %s\n' "$$" "$(proc_start $$)" "$(boot_id)" "$(now)" >"$d/started.tmp" &&
+			durable "$d/command" "$d/started.tmp" &&
+			mv -f "$d/started.tmp" "$d/started" &&
+			durable "$d"
+	} || refuse marker_write
+	# The channel may be gone already: the command runs regardless (its marker tells how it
+	# ended), so a failed write of the answer must not kill the wrapper.
+	trap '' PIPE
+	answer "started id=$id"
+	trap - PIPE
+	if [ "$timeout" != 0 ]; then
+		timeout -k 10 "$timeout" /bin/sh -c "$command" </dev/null
+	else
+		/bin/sh -c "$command" </dev/null
+	fi
+	code=$?
+	{
+		printf '%s %s\n' "$code" "$(now)" >"$d/exit.tmp" &&
+			durable "$d/exit.tmp" &&
+			mv -f "$d/exit.tmp" "$d/exit" &&
+			durable "$d"
+	} 2>/dev/null || answer "warning id=$id reason=exit_not_recorded"
+	exit "$code"
+}
+
+cmd_status() {
+	if [ $# -ne 1 ] || ! valid_id "$1"; then
+		printf '%srefused reason=bad_id\n' "$P"
+		exit 255
+	fi
+	if [ -d "$markers/$1" ]; then
+		printf '%sstatus id=%s %s retention_days=%s\n' "$P" "$1" "$(state_of "$markers/$1")" "$retention_days"
+	else
+		printf '%sstatus id=%s state=absent retention_days=%s\n' "$P" "$1" "$retention_days"
+	fi
+}
+
+cmd_list() {
+	for d in "$markers"/ex_*; do
+		[ -d "$d" ] || continue
+		printf '%sstatus id=%s %s retention_days=%s\n' "$P" "${d##*/}" "$(state_of "$d")" "$retention_days"
+	done
+}
+
+[ $# -ge 1 ] || refuse usage
+mode=$1
+shift
+case $mode in
+exec) cmd_exec "$@" ;;
+status) cmd_status "$@" ;;
+list) cmd_list ;;
+*) refuse usage ;;
+esac
