@@ -48,7 +48,8 @@ var ErrTooLong = errors.New("agentless: command too long for a host without the 
 // ErrBadID: the execution id is not canonical; nothing is sent.
 var ErrBadID = errors.New("agentless: invalid execution id")
 
-// Quote returns s as one POSIX sh word: single-quoted, each ' written as '\”. Inside single
+// Quote returns s as one POSIX sh word: single-quoted, each quote in s closing the quoted
+// part, escaped with a backslash, and opening the next. Inside single
 // quotes nothing is special ($, `, \, newlines), so the word is s, byte for byte.
 func Quote(s string) string {
 	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
