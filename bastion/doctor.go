@@ -60,6 +60,9 @@ func (b *Bastion) Doctor(ctx context.Context) (*DoctorReport, error) {
 
 func (b *Bastion) hostHealth(ctx context.Context, h Host) HostHealth {
 	hh := HostHealth{Name: h.Name, Addr: h.Addr}
+	if h.Level() != GuaranteeHostagent {
+		return b.stockHealth(ctx, h) // agentless.go
+	}
 	conn, err := b.pool.Conn(ctx, h)
 	if err == nil {
 		var cc *client.ControlClient

@@ -237,12 +237,25 @@ func (b *Bastion) drive(d *driver, asked func()) {
 		}
 		d.set(next)
 		b.metrics.dispatched.Inc()
+	case host.Level() != GuaranteeHostagent:
+		do := b.reconcileStock(d, log, host)
+		asked()
+		if do == watch {
+			b.watchStock(d, log, host)
+		}
+		if do != redispatch {
+			return
+		}
 	default:
 		if !b.reconcile(d, log, host) {
 			return
 		}
 	}
 	asked()
+	if host.Level() != GuaranteeHostagent {
+		b.driveStock(d, log, host) // agentless.go
+		return
+	}
 	for attempt := 1; ; attempt++ {
 		res, err := b.execOnce(d, host)
 		if b.ctx.Err() != nil {

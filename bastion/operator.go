@@ -291,6 +291,9 @@ func (b *Bastion) hostControl(ctx context.Context, name string) (*client.Control
 	if err != nil {
 		return nil, err
 	}
+	if host.Level() != GuaranteeHostagent {
+		return nil, fmt.Errorf("%w: %s (guarantee %s); its markers are on the host: ~/.postern/run list", ErrNoHostagent, name, host.Level())
+	}
 	conn, err := b.pool.Conn(ctx, host)
 	if err != nil {
 		return nil, err
