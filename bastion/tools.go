@@ -96,7 +96,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 	mcp.AddTool(srv, &mcp.Tool{
 		Name:        "hosts_list",
 		Title:       "List enrolled hosts",
-		Description: "The hosts you can run commands on, with their pinned host key fingerprints and whether a connection is open. Reading never changes anything.",
+		Description: "The hosts you can run commands on, with their pinned host key fingerprints, whether a connection is open, and each host's guarantee: hostagent (a lost outcome is resolved from the host's marker), marker_script (resolved from a marker script's record; no output re-attach), or none (a lost outcome stays unknown and needs an operator's review; it is never sent again). Reading never changes anything.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
 	}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, *HostsResult, error) {
 		if _, err := callerOf(req); err != nil {
@@ -108,7 +108,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		}
 		var text string
 		for _, h := range out.Hosts {
-			text += fmt.Sprintf("%s (%s@%s, %s %s)\n", h.Name, h.Account, h.Addr, h.HostKeyType, h.HostKey)
+			text += fmt.Sprintf("%s (%s@%s, %s %s, guarantee %s)\n", h.Name, h.Account, h.Addr, h.HostKeyType, h.HostKey, h.Guarantee)
 		}
 		if text == "" {
 			text = "No hosts are enrolled."
