@@ -126,7 +126,7 @@ func (b *Bastion) reconcileStock(d *driver, log *slog.Logger, host Host) reconci
 		w, err := b.askStock(host, rec.ID)
 		if err != nil {
 			b.metrics.reconciled.WithLabelValues("unreachable").Inc()
-			note := fmt.Sprintf("the marker script on %s could not be read (%v); the outcome stays unknown until it can be", host.Name, err)
+			note := fmt.Sprintf("the marker script on %s could not be asked (%v); the outcome stays unknown until it can be", host.Name, err)
 			log.Warn("execution outcome unknown", "why", note)
 			b.conclude(d, verdict{To: markers.Unknown, Note: note})
 			return settle
@@ -161,7 +161,7 @@ func (b *Bastion) watchStock(d *driver, log *slog.Logger, host Host) {
 		}
 		w, err := b.askStock(host, d.id)
 		if err != nil {
-			note := fmt.Sprintf("the marker script on %s could not be read (%v); the outcome stays unknown until it can be", host.Name, err)
+			note := fmt.Sprintf("the marker script on %s could not be asked (%v); the outcome stays unknown until it can be", host.Name, err)
 			log.Warn("execution outcome unknown", "why", note)
 			b.conclude(d, verdict{To: markers.Unknown, Note: note})
 			return
