@@ -346,3 +346,29 @@ func TestFilterTakesOutTheAnswer(t *testing.T) {
 		}
 	}
 }
+
+// TestScriptPassesShellcheck: the wrapper is POSIX sh without bashisms, as shellcheck -s sh
+// judges it (skipped where shellcheck is not installed: apt-get install shellcheck).
+func TestScriptPassesShellcheck(t *testing.T) {
+	path, err := exec.LookPath("shellcheck")
+	if err != nil {
+		t.Skip("shellcheck not installed")
+	}
+	if out, err := exec.Command(path, "-s", "sh", "run.sh").CombinedOutput(); err != nil {
+		t.Fatalf("shellcheck: %v\n%s", err, out)
+	}
+}
+
+func TestLineIsBounded(t *testing.T) {
+	c := Command{ID: newID(t), Line: strings.Repeat("'", MaxLineBytes/4)}
+	if _, err := PlainLine(c); !errors.Is(err, ErrTooLong) {
+		t.Fatalf("a command of %d quotes: %v; want ErrTooLong", len(c.Line), err)
+	}
+	c.Line = strings.Repeat("x", MaxLineBytes/2)
+	if _, err := WrappedLine(c, ScriptSHA256()); err != nil {
+		t.Fatalf("a command of %d bytes: %v", len(c.Line), err)
+	}
+	if _, err := PlainLine(Command{ID: c.ID, Line: "true", Export: map[string]string{"BAD NAME": "x"}}); err == nil {
+		t.Fatal("an invalid variable name reached the line")
+	}
+}
