@@ -125,10 +125,7 @@ func (b *Bastion) reconcileStock(d *driver, log *slog.Logger, host Host) reconci
 	if host.Level() == GuaranteeMarkerScript {
 		w, err := b.askStock(host, rec.ID)
 		if err != nil {
-			b.metrics.reconciled.WithLabelValues("unreachable").Inc()
-			note := fmt.Sprintf("the marker script on %s could not be asked (%v); the outcome stays unknown until it can be", host.Name, err)
-			log.Warn("execution outcome unknown", "why", note)
-			b.conclude(d, verdict{To: markers.Unknown, Note: note})
+			b.unreachable(d, log, "the marker script on "+host.Name, err)
 			return settle
 		}
 		st.Wrapper = w
@@ -161,9 +158,7 @@ func (b *Bastion) watchStock(d *driver, log *slog.Logger, host Host) {
 		}
 		w, err := b.askStock(host, d.id)
 		if err != nil {
-			note := fmt.Sprintf("the marker script on %s could not be asked (%v); the outcome stays unknown until it can be", host.Name, err)
-			log.Warn("execution outcome unknown", "why", note)
-			b.conclude(d, verdict{To: markers.Unknown, Note: note})
+			b.unreachable(d, log, "the marker script on "+host.Name, err)
 			return
 		}
 		act := reconcileByLevel(host.Level(), d.record(), b.now(), host.Name, levelStatus{Wrapper: w}, b.cancelRequested(d.id))
@@ -272,23 +267,10 @@ func runStock(ctx context.Context, conn gossh.Conn, env map[string]string, line 
 	var loop sync.WaitGroup
 	loop.Go(func() {
 		for req := range reqs {
-			switch req.Type {
-			case "exit-status":
-				var st struct{ Status uint32 }
-				if gossh.Unmarshal(req.Payload, &st) == nil {
-					code := int(st.Status)
-					res.Exit = &code
-				}
-			case "exit-signal":
-				var sig struct {
-					Signal     string
-					CoreDumped bool
-					Error      string
-					Lang       string
-				}
-				if gossh.Unmarshal(req.Payload, &sig) == nil {
-					res.Signal = "SIG" + sig.Signal
-				}
+			if code, signal, ok := client.ParseExit(req); ok && signal != "" {
+				res.Signal = signal
+			} else if ok {
+				res.Exit = &code
 			}
 			if req.WantReply {
 				req.Reply(false, nil)

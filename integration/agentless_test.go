@@ -39,18 +39,9 @@ type stockFleet struct {
 // and the bastion, and enrolls the host with the CLI; markerScript installs the wrapper.
 func startStockFleet(t *testing.T, tag string, markerScript, bash bool) *stockFleet {
 	t.Helper()
-	acct := unixuser.NewLogin(t, "postern-al-"+tag)
-	// useradd locks the password ("!"), and sshd without PAM refuses locked accounts even
-	// for keys: "*" is no password, not a lock.
-	usermod := []string{"--password", "*"}
-	if bash {
-		usermod = append(usermod, "--shell", "/bin/bash")
-	}
-	if out, err := exec.Command("usermod", append(usermod, acct.Name)...).CombinedOutput(); err != nil {
-		t.Fatalf("usermod: %v\n%s", err, out)
-	}
+	acct := stockAccount(t, "postern-al-"+tag, bash)
 	key := testutil.NewSSHKey(t)
-	s := testutil.StartSSHDWith(t, testutil.SSHDOptions{Account: acct.Name, Home: acct.Home, UID: acct.UID, GID: acct.GID, AuthorizedKeys: []string{key.AuthorizedLine()}})
+	s := startStockSSHD(t, acct, key)
 	f := &stockFleet{bastion: testutil.NewBastion(t, key), sshd: s, proxy: testutil.StartFaultProxy(t, s.Addr), account: acct}
 	args := []string{"hosts", "enroll", "s1", f.proxy.Addr(), "--agentless", "--account", acct.Name, "--yes"}
 	if markerScript {
@@ -71,6 +62,39 @@ func startStockFleet(t *testing.T, tag string, markerScript, bash bool) *stockFl
 		}
 	})
 	return f
+}
+
+// stockAccount makes the throwaway account name, with /bin/sh (or bash) as its shell.
+func stockAccount(t *testing.T, name string, bash bool) unixuser.User {
+	t.Helper()
+	acct := unixuser.NewLogin(t, name)
+	// useradd locks the password ("!"), and sshd without PAM refuses locked accounts even
+	// for keys: "*" is no password, not a lock.
+	usermod := []string{"--password", "*"}
+	if bash {
+		usermod = append(usermod, "--shell", "/bin/bash")
+	}
+	if out, err := exec.Command("usermod", append(usermod, acct.Name)...).CombinedOutput(); err != nil {
+		t.Fatalf("usermod: %v\n%s", err, out)
+	}
+	return acct
+}
+
+// startStockSSHD starts Debian's sshd for acct, which authorizes the bastion's key.
+func startStockSSHD(t *testing.T, acct unixuser.User, bastionKey testutil.SSHKey) *testutil.SSHD {
+	t.Helper()
+	return testutil.StartSSHDWith(t, testutil.SSHDOptions{Account: acct.Name, Home: acct.Home, UID: acct.UID, GID: acct.GID, AuthorizedKeys: []string{bastionKey.AuthorizedLine()}})
+}
+
+// redispatchedAfterUnknown reports whether the execution's events show unknown → dispatched:
+// sent again under the same id after its host proved it never started.
+func redispatchedAfterUnknown(detail bastion.ExecutionDetail) bool {
+	for _, e := range detail.Events {
+		if e.From == markers.Unknown && e.To == markers.Dispatched {
+			return true
+		}
+	}
+	return false
 }
 
 // path is a file in the account's home.
@@ -284,11 +308,7 @@ func TestStockHostMarkerScriptCutBeforeStart(t *testing.T) {
 		t.Fatalf("command ran %d times; want 1", n)
 	}
 	detail := operatorDetail(t, f.bastion, got.x.ExecutionID)
-	var redispatched bool
-	for _, e := range detail.Events {
-		redispatched = redispatched || (e.From == markers.Unknown && e.To == markers.Dispatched)
-	}
-	if !redispatched || !hasEvidence(detail.Record, "no marker") {
+	if !redispatchedAfterUnknown(detail) || !hasEvidence(detail.Record, "no marker") {
 		t.Errorf("no re-dispatch after a missing marker: events %+v evidence %q", detail.Events, detail.Record.Evidence)
 	}
 }
@@ -333,7 +353,7 @@ func TestStockHostSameIDByHand(t *testing.T) {
 func TestStockHostChangedKeyIsRefused(t *testing.T) {
 	f := startStockFleet(t, "rekey", false, false)
 	ctx := testContext(t)
-	other := testutil.StartSSHDWith(t, testutil.SSHDOptions{Account: f.account.Name, Home: f.account.Home, UID: f.account.UID, GID: f.account.GID, AuthorizedKeys: []string{f.bastion.ClientKey.AuthorizedLine()}})
+	other := startStockSSHD(t, f.account, f.bastion.ClientKey)
 	inv := bastion.DefaultConfig(f.bastion.StateDir()).InventoryPath()
 	if err := bastion.Enroll(inv, bastion.Host{Name: "s1", Addr: other.Addr, Account: f.account.Name, HostKey: f.sshd.HostKey, Guarantee: bastion.GuaranteeNone}); err != nil {
 		t.Fatal(err)

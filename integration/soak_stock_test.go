@@ -3,7 +3,6 @@ package integration
 import (
 	"context"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,7 +12,6 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
-	"github.com/postern-dev/postern/internal/testutil/unixuser"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -24,12 +22,8 @@ import (
 // newStockSoakHost starts the sshd for name and enrolls it with the marker script.
 func newStockSoakHost(t *testing.T, b *testutil.Bastion, name string) *soakHost {
 	t.Helper()
-	acct := unixuser.NewLogin(t, "postern-al-soak")
-	// useradd locks the password, and sshd without PAM refuses locked accounts.
-	if out, err := exec.Command("usermod", "--password", "*", acct.Name).CombinedOutput(); err != nil {
-		t.Fatalf("usermod: %v\n%s", err, out)
-	}
-	s := testutil.StartSSHDWith(t, testutil.SSHDOptions{Account: acct.Name, Home: acct.Home, UID: acct.UID, GID: acct.GID, AuthorizedKeys: []string{b.ClientKey.AuthorizedLine()}})
+	acct := stockAccount(t, "postern-al-soak", false)
+	s := startStockSSHD(t, acct, b.ClientKey)
 	sh := &soakHost{name: name, sshd: s, home: acct.Home, proxy: testutil.StartFaultProxy(t, s.Addr), effects: filepath.Join(acct.Home, "effects")}
 	h := bastion.Host{Name: name, Addr: sh.proxy.Addr(), Account: acct.Name, HostKey: s.HostKey}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
