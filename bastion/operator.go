@@ -443,6 +443,8 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 			status, code = http.StatusConflict, "not_awaiting_approval"
 		case errors.Is(err, ErrNotReviewable):
 			status, code = http.StatusConflict, "not_reviewable"
+		case errors.Is(err, ErrNoHostagent):
+			status, code = http.StatusConflict, "no_hostagent"
 		}
 		w.WriteHeader(status)
 		json.NewEncoder(w).Encode(OperatorError{Error: err.Error(), Code: code})

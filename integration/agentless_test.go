@@ -368,3 +368,23 @@ func TestStockHostChangedKeyIsRefused(t *testing.T) {
 }
 
 func countLines(t *testing.T, file string) int { t.Helper(); return effects(t, file) }
+
+// TestStockHostEnrollNeedsTheKey: --marker-script without the bastion's key in the account's
+// authorized_keys enrolls nothing and shows the line to add.
+func TestStockHostEnrollNeedsTheKey(t *testing.T) {
+	acct := stockAccount(t, "postern-al-nokey", false)
+	s := startStockSSHD(t, acct, testutil.NewSSHKey(t)) // authorizes another key
+	b := testutil.NewBastion(t, testutil.NewSSHKey(t))
+	cmd := exec.Command(testutil.Binary(t, "postern"), "hosts", "enroll", "s1", s.Addr, "--agentless", "--marker-script", "--account", acct.Name, "--yes", "--config", b.ConfigPath)
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), b.ClientKey.AuthorizedLine()) || !strings.Contains(string(out), "not enrolled") {
+		t.Fatalf("enroll without the key: %v\n%s", err, out)
+	}
+	inv, err := bastion.OpenInventory(bastion.DefaultConfig(b.StateDir()).InventoryPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hosts, _ := inv.Hosts(); len(hosts) != 0 {
+		t.Fatalf("enrolled %+v", hosts)
+	}
+}
