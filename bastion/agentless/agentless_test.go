@@ -372,3 +372,32 @@ func TestLineIsBounded(t *testing.T) {
 		t.Fatal("an invalid variable name reached the line")
 	}
 }
+
+// TestWrapperPrunesOnlyOldFinishedMarkers: finished markers past the retention go, at most
+// once a day; a marker without an exit record stays whatever its age.
+func TestWrapperPrunesOnlyOldFinishedMarkers(t *testing.T) {
+	home := install(t)
+	dir := filepath.Join(home, ".postern", "markers")
+	old := time.Now().Add(-31 * 24 * time.Hour)
+	finished, unfinished := newID(t), newID(t)
+	for _, id := range []string{finished, unfinished} {
+		if err := os.MkdirAll(filepath.Join(dir, id), 0o700); err != nil {
+			t.Fatal(err)
+		}
+	}
+	exit := filepath.Join(dir, finished, "exit")
+	if err := os.WriteFile(exit, []byte("0 then\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	os.Chtimes(exit, old, old)
+	os.Chtimes(filepath.Join(dir, unfinished), old, old)
+	if _, errb, code := shell(t, home, wrapped(t, Command{ID: newID(t), Line: "true"}), ""); code != 0 {
+		t.Fatalf("exec: exit %d %q", code, errb)
+	}
+	if _, err := os.Stat(filepath.Join(dir, finished)); !os.IsNotExist(err) {
+		t.Errorf("the finished marker past the retention is still there (%v)", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, unfinished)); err != nil {
+		t.Errorf("the marker without an exit record was pruned: %v", err)
+	}
+}
