@@ -50,17 +50,25 @@ func stockMarkers(t *testing.T, home string) map[string]*markers.Record {
 		t.Fatalf("marker script markers: %v", err)
 	}
 	out := map[string]*markers.Record{}
+	// fields reads a record's fields; none when it is missing or only partly written.
+	fields := func(id, name string, n int) []string {
+		data, _ := os.ReadFile(filepath.Join(dir, id, name))
+		if f := strings.Fields(string(data)); len(f) >= n {
+			return f
+		}
+		return nil
+	}
 	for _, e := range entries {
 		m := &markers.Record{ID: e.Name(), State: markers.NotStarted}
-		if exit, err := os.ReadFile(filepath.Join(dir, e.Name(), "exit")); err == nil {
-			code, err := strconv.Atoi(strings.Fields(string(exit))[0])
+		if exit := fields(e.Name(), "exit", 1); exit != nil {
+			code, err := strconv.Atoi(exit[0])
 			if err != nil {
 				t.Fatalf("marker %s: exit record %q", e.Name(), exit)
 			}
 			m.State, m.ExitCode = markers.Exited, &code
-		} else if started, err := os.ReadFile(filepath.Join(dir, e.Name(), "started")); err == nil {
+		} else if started := fields(e.Name(), "started", 3); started != nil {
 			m.State = markers.Interrupted
-			if pid, _ := strconv.Atoi(strings.Fields(string(started))[0]); pid > 0 && syscall.Kill(pid, 0) == nil {
+			if pid, _ := strconv.Atoi(started[0]); pid > 0 && syscall.Kill(pid, 0) == nil {
 				m.State = markers.Running
 			}
 		}

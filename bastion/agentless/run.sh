@@ -18,9 +18,12 @@
 # interrupted (started, its process is gone without an exit record); exited exit=N.
 #
 # A marker is ~/.postern/markers/ID/: the directory is the claim (mkdir is atomic), then
-# command, started ("PID STARTTIME BOOT_ID TIME") and, once the command ended, exit
-# ("STATUS TIME"), each written to a temporary name, synced, renamed and the directory
-# synced before the next step.
+# command and started ("PID STARTTIME BOOT_ID" of the wrapper; the file's mtime is the start
+# time), synced together with both directories before the command starts; once it ended,
+# exit ("STATUS"), synced with the marker directory. A partly written record (a crash, or a
+# reader, in the middle of the write) reads as not there yet: a started record that does not
+# parse is a claim, an exit record that does not parse no exit. Each step runs as few
+# processes as it can: this is on every command's path.
 set -u
 umask 077
 # Byte-wise pattern matching, whatever the account's locale.
@@ -47,33 +50,47 @@ valid_id() {
 	case ${1#ex_} in *[!0123456789ABCDEFGHJKMNPQRSTVWXYZ]*) return 1 ;; esac
 }
 
-boot_id() { cat /proc/sys/kernel/random/boot_id 2>/dev/null || echo none; }
+# boot_id sets $boot to this boot's id, or "none" without /proc.
+boot_id() { boot=none; read -r boot 2>/dev/null </proc/sys/kernel/random/boot_id || boot=none; }
 
-# proc_start prints a process's start time in clock ticks since boot (field 22 of
+# proc_start sets $start to a process's start time in clock ticks since boot (field 22 of
 # /proc/PID/stat, counted after the command name, which may hold spaces), or "none".
 proc_start() {
-	s=$(cat "/proc/$1/stat" 2>/dev/null) || { echo none; return; }
+	start=none
+	read -r s 2>/dev/null <"/proc/$1/stat" || return 0
 	s=${s##*") "}
 	# shellcheck disable=SC2086 # split into fields on purpose
 	set -- $s
-	echo "${20:-none}"
+	start=${20:-none}
 }
 
 # alive: the wrapper that started the marker (PID, STARTTIME, BOOT_ID) still runs.
 alive() {
-	[ "$3" = "$(boot_id)" ] || return 1
+	boot_id
+	[ "$3" = "$boot" ] || return 1
 	kill -0 "$1" 2>/dev/null || return 1
-	[ "$2" = "$(proc_start "$1")" ]
+	proc_start "$1"
+	[ "$2" = "$start" ]
+}
+
+# exit_code sets $code from the marker's exit record; false when it has none (or a partly
+# written one).
+exit_code() {
+	code=
+	[ -f "$1/exit" ] && read -r code _ 2>/dev/null <"$1/exit"
+	case $code in '' | *[!0-9]*) return 1 ;; esac
 }
 
 state_of() {
 	d=$1
-	if [ -f "$d/exit" ]; then
-		read -r code _ <"$d/exit"
+	if exit_code "$d"; then
 		echo "state=exited exit=$code"
 		return
 	fi
-	if [ ! -f "$d/started" ]; then
+	rpid='' rstart='' rboot=''
+	[ -f "$d/started" ] && read -r rpid rstart rboot _ 2>/dev/null <"$d/started"
+	case $rpid in '' | *[!0-9]*) rpid='' ;; esac
+	if [ -z "$rpid" ] || [ -z "$rboot" ]; then
 		# Claimed, start not recorded: the wrapper is between the two steps, or it died
 		# there (then the command never started). Five minutes tell them apart in practice.
 		if [ -n "$(find "$d" -prune -mmin +5 2>/dev/null)" ]; then
@@ -83,22 +100,19 @@ state_of() {
 		fi
 		return
 	fi
-	read -r pid start boot _ <"$d/started"
-	if alive "$pid" "$start" "$boot"; then
+	if alive "$rpid" "$rstart" "$rboot"; then
 		echo "state=running"
-	elif [ -f "$d/exit" ]; then
-		read -r code _ <"$d/exit"
+	elif exit_code "$d"; then
 		echo "state=exited exit=$code"
 	else
 		echo "state=interrupted"
 	fi
 }
 
-now() { date -u +%Y-%m-%dT%H:%M:%SZ; }
-
-# prune removes finished markers older than the retention, at most once a day.
+# prune removes finished markers older than the retention: on the first run, then on about
+# one run in 64 (by pid: no process to decide it).
 prune() {
-	if [ -z "$(find "$base/pruned" -mmin -1440 2>/dev/null)" ]; then
+	if [ ! -e "$base/pruned" ] || [ $(($$ % 64)) -eq 0 ]; then
 		: >"$base/pruned"
 		find "$markers" -mindepth 2 -maxdepth 2 -name exit -mtime +"$retention_days" 2>/dev/null |
 			while IFS= read -r f; do rm -rf -- "${f%/exit}"; done
@@ -113,7 +127,9 @@ cmd_exec() {
 	# Everything that can refuse does so before the claim: a refusal leaves no marker.
 	if [ -n "$cwd" ]; then cd -- "$cwd" 2>/dev/null || refuse cwd; fi
 	if [ "$timeout" != 0 ] && ! command -v timeout >/dev/null 2>&1; then refuse timeout_unsupported; fi
-	if ! { mkdir -p "$markers" 2>/dev/null && chmod 700 "$base" "$markers"; }; then refuse marker_dir; fi
+	if [ ! -d "$markers" ] && ! { mkdir -p "$markers" 2>/dev/null && chmod 700 "$base" "$markers"; }; then
+		refuse marker_dir
+	fi
 	prune
 	d=$markers/$id
 	if ! mkdir "$d" 2>/dev/null; then
@@ -122,13 +138,12 @@ cmd_exec() {
 		exit 0
 	fi
 	# From here on the id is taken: a failure leaves a claimed marker, never a second run.
+	proc_start $$
+	boot_id
 	{
-		durable "$markers" &&
-			printf '%s' "$command" >"$d/command" &&
-			printf '%s %s %s %s\n' "$$" "$(proc_start $$)" "$(boot_id)" "$(now)" >"$d/started.tmp" &&
-			durable "$d/command" "$d/started.tmp" &&
-			mv -f "$d/started.tmp" "$d/started" &&
-			durable "$d"
+		printf '%s' "$command" >"$d/command" &&
+			printf '%s %s %s\n' "$$" "$start" "$boot" >"$d/started" &&
+			durable "$d/command" "$d/started" "$d" "$markers"
 	} || refuse marker_write
 	# The channel may be gone already: the command runs regardless (its marker tells how it
 	# ended), so a failed write of the answer must not kill the wrapper.
@@ -141,12 +156,8 @@ cmd_exec() {
 		/bin/sh -c "$command" </dev/null
 	fi
 	code=$?
-	{
-		printf '%s %s\n' "$code" "$(now)" >"$d/exit.tmp" &&
-			durable "$d/exit.tmp" &&
-			mv -f "$d/exit.tmp" "$d/exit" &&
-			durable "$d"
-	} 2>/dev/null || answer "warning id=$id reason=exit_not_recorded"
+	{ printf '%s\n' "$code" >"$d/exit" && durable "$d/exit" "$d"; } 2>/dev/null ||
+		answer "warning id=$id reason=exit_not_recorded"
 	exit "$code"
 }
 
