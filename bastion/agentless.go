@@ -384,7 +384,7 @@ func (b *Bastion) stockMarkerNote(ctx context.Context, rec *markers.Record, host
 // stockHealth is the doctor's answer for a host without the hostagent: it connects with the
 // pinned key and, for the marker script, reads a marker (which checks the script's digest).
 func (b *Bastion) stockHealth(ctx context.Context, h Host) HostHealth {
-	hh := HostHealth{Name: h.Name, Addr: h.Addr, Version: "stock sshd, guarantee " + string(h.Level())}
+	hh := HostHealth{Name: h.Name, Addr: h.Addr, Guarantee: h.Level()}
 	_, err := b.pool.Conn(ctx, h)
 	if err == nil && h.Level() == GuaranteeMarkerScript {
 		_, err = askMarkerScript(ctx, b.pool, h, placeholderID)

@@ -26,6 +26,8 @@ type HostHealth struct {
 	Addr    string `json:"addr"`
 	OK      bool   `json:"ok"`
 	Version string `json:"version,omitempty"`
+	// Guarantee is set for hosts without the hostagent (no version to report).
+	Guarantee Guarantee `json:"guarantee,omitempty"`
 	// Problem and Fix say what is wrong and what to do about it (empty when OK).
 	Problem string `json:"problem,omitempty"`
 	Fix     string `json:"fix,omitempty"`

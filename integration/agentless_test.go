@@ -346,6 +346,16 @@ func TestStockHostSameIDByHand(t *testing.T) {
 	if n := countLines(t, f.path("effects")); n != 1 {
 		t.Fatalf("command ran %d times; want 1", n)
 	}
+
+	// postern doctor checks the wrapper too, and tells a changed one to be re-enrolled.
+	if out := string(postern(t, f.bastion, "doctor")); !strings.Contains(out, "s1 ("+f.proxy.Addr()+"): reachable, pinned host key verified, stock sshd with the marker script (digest verified)") {
+		t.Errorf("doctor:\n%s", out)
+	}
+	f.asAccount(t, ".postern/run", agentless.Script+"# edited\n")
+	out, _ := exec.Command(testutil.Binary(t, "postern"), "doctor", "--config", f.bastion.ConfigPath).CombinedOutput()
+	if !strings.Contains(string(out), "not the one enrolled") || !strings.Contains(string(out), "--marker-script") {
+		t.Errorf("doctor with an edited wrapper:\n%s", out)
+	}
 }
 
 // TestStockHostChangedKeyIsRefused: a host that presents another key than the enrolled one
