@@ -401,3 +401,35 @@ func TestWrapperPrunesOnlyOldFinishedMarkers(t *testing.T) {
 		t.Errorf("the marker without an exit record was pruned: %v", err)
 	}
 }
+
+// TestCommandKeepsTheAccountsUmaskAndLocale: the wrapper's private umask and byte-wise
+// locale are its own; the command runs with what the account's shell had, as at level none.
+func TestCommandKeepsTheAccountsUmaskAndLocale(t *testing.T) {
+	home := install(t)
+	for _, export := range []map[string]string{nil, {"LC_ALL": "POSIX"}} {
+		c := Command{ID: newID(t), Line: `umask; echo "${LC_ALL-unset}"`, Export: export}
+		plain, err := PlainLine(c)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _, _ := shell(t, home, plain, "")
+		got, errb, _ := shell(t, home, wrapped(t, c), "")
+		if got != want {
+			t.Errorf("export %v: under the wrapper %q; at level none %q (stderr %q)", export, got, want, errb)
+		}
+	}
+	info, err := os.Stat(filepath.Join(home, ".postern", "markers"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries, _ := os.ReadDir(filepath.Join(home, ".postern", "markers"))
+	for _, e := range entries {
+		fi, _ := e.Info()
+		if fi.Mode().Perm() != 0o700 {
+			t.Errorf("marker %s: mode %v; want 0700", e.Name(), fi.Mode().Perm())
+		}
+	}
+	if info.Mode().Perm() != 0o700 {
+		t.Errorf("markers dir: mode %v", info.Mode().Perm())
+	}
+}

@@ -12,7 +12,8 @@
 # exec writes it to stderr before anything of the command, status and list to stdout.
 #   started id=ID                                the marker is durable; the command starts now
 #   duplicate id=ID state=…                      ID ran before (or runs): nothing was started
-#   refused reason=…                             nothing was started and no marker was written
+#   refused reason=…                             nothing was started; no marker was written
+#                                                (marker_write: the id stays claimed)
 #   status id=ID state=… retention_days=N
 # States: absent; claimed old=0|1 (the id is taken, the start not yet recorded); running;
 # interrupted (started, its process is gone without an exit record); exited exit=N.
@@ -25,10 +26,12 @@
 # parse is a claim, an exit record that does not parse no exit. Each step runs as few
 # processes as it can: this is on every command's path.
 set -u
+# The wrapper's own files are private and its patterns byte-wise; the command gets the
+# account's umask and locale back (run_command).
+umask_of_account=$(umask)
+lc_all_of_account=${LC_ALL-} lc_all_was_set=${LC_ALL+set}
 umask 077
-# Byte-wise pattern matching, whatever the account's locale.
 LC_ALL=C
-export LC_ALL
 
 P=postern-run:1:
 base=$HOME/.postern
@@ -119,6 +122,21 @@ prune() {
 	fi
 }
 
+# run_command runs $command (with $timeout) as the account would: its umask and locale.
+run_command() {
+	umask "$umask_of_account"
+	if [ -n "$lc_all_was_set" ]; then LC_ALL=$lc_all_of_account; else unset LC_ALL; fi
+	if [ "$timeout" != 0 ]; then
+		timeout -k 10 "$timeout" /bin/sh -c "$command" </dev/null
+	else
+		/bin/sh -c "$command" </dev/null
+	fi
+	rc=$?
+	umask 077
+	LC_ALL=C
+	return "$rc"
+}
+
 cmd_exec() {
 	[ $# -eq 4 ] || refuse usage
 	id=$1 cwd=$2 timeout=$3 command=$4
@@ -132,7 +150,7 @@ cmd_exec() {
 	fi
 	prune
 	d=$markers/$id
-	if ! mkdir "$d" 2>/dev/null; then
+	if ! mkdir -m 700 "$d" 2>/dev/null; then
 		[ -d "$d" ] || refuse marker_dir
 		answer "duplicate id=$id $(state_of "$d")"
 		exit 0
@@ -150,11 +168,7 @@ cmd_exec() {
 	trap '' PIPE
 	answer "started id=$id"
 	trap - PIPE
-	if [ "$timeout" != 0 ]; then
-		timeout -k 10 "$timeout" /bin/sh -c "$command" </dev/null
-	else
-		/bin/sh -c "$command" </dev/null
-	fi
+	run_command
 	code=$?
 	{ printf '%s\n' "$code" >"$d/exit" && durable "$d/exit" "$d"; } 2>/dev/null ||
 		answer "warning id=$id reason=exit_not_recorded"
