@@ -265,6 +265,9 @@ func TestStockHostMarkerScriptCutAfterStart(t *testing.T) {
 	if rec := journaled(t, f.bastion, id); !hasEvidence(rec, "marker script on s1 recorded exit status 0") {
 		t.Errorf("evidence %q", rec.Evidence)
 	}
+	if inv := investigate(t, f.bastion, id); !strings.Contains(inv.Answers[2], "the marker script on s1, asked now, has marker "+id+": exited, exit 0") {
+		t.Errorf("investigate answer 3 = %q; want the marker read now", inv.Answers[2])
+	}
 }
 
 // TestStockHostMarkerScriptCutBeforeStart: the exec reaches sshd, but the connection is cut
