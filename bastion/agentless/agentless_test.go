@@ -433,3 +433,41 @@ func TestCommandKeepsTheAccountsUmaskAndLocale(t *testing.T) {
 		t.Errorf("markers dir: mode %v", info.Mode().Perm())
 	}
 }
+
+// FuzzFilter: whatever a host writes to stderr, in whatever chunks, the filter passes every
+// byte on except one answer line at the start of a line, which it reports.
+func FuzzFilter(f *testing.F) {
+	f.Add([]byte("motd\n"+Prefix+"started id=ex_01JDQ0000000000000000000AB\nerr"), uint8(3))
+	f.Add([]byte(Prefix), uint8(1))
+	f.Add([]byte("x"+Prefix+"refused reason=cwd\n"), uint8(7))
+	f.Fuzz(func(t *testing.T, in []byte, step uint8) {
+		n := int(step%16) + 1
+		var out bytes.Buffer
+		var answers int
+		var line string
+		fl := &Filter{W: &out, OnAnswer: func(Answer, error) { answers++ }}
+		for i := 0; i < len(in); i += n {
+			fl.Write(in[i:min(len(in), i+n)])
+		}
+		fl.Close()
+		if answers > 1 {
+			t.Fatalf("%d answers reported", answers)
+		}
+		if answers == 0 {
+			if !bytes.Equal(out.Bytes(), in) {
+				t.Fatalf("no answer, yet the output %q differs from the input %q", out.Bytes(), in)
+			}
+			return
+		}
+		// Exactly one line starting with Prefix was taken out.
+		removed := len(in) - out.Len()
+		for _, l := range bytes.SplitAfter(in, []byte("\n")) {
+			if bytes.HasPrefix(l, []byte(Prefix)) && len(l) == removed && l[len(l)-1] == '\n' {
+				line = string(l)
+			}
+		}
+		if line == "" {
+			t.Fatalf("the answer taken out is no line of the input: in %q out %q", in, out.Bytes())
+		}
+	})
+}
