@@ -33,7 +33,8 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Name:  "ssh_exec",
 		Title: "Run a command on a host",
 		Description: "Run a command on an enrolled host (the account's shell runs it with -c). Returns after the command ends or after wait_s seconds (default 30), then with state \"running\" and the execution id — use execution_output to follow it; it is never a timeout error. " +
-			"Pass idempotency_key to make a retry from another run return the same execution; operation_key makes the host refuse a second execution of one operation. " + replayContract,
+			"Pass idempotency_key to make a retry from another run return the same execution; operation_key makes the host refuse a second execution of one operation. " + replayContract +
+			` Hosts differ in what they can prove after a lost connection (hosts_list "guarantee"): "hostagent" and "marker_script" hosts are asked as above (a marker_script host keeps no output to re-attach); on a "none" host such an outcome stays "unknown" with review_required and is never sent again; operation_key needs a hostagent.`,
 		Annotations: &mcp.ToolAnnotations{
 			ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: false, OpenWorldHint: boolPtr(true),
 		},
