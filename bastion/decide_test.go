@@ -31,6 +31,10 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs of testd
 //	                                                    reconcileOn + journalPath
 //	http      class= [gone] [check=STATUS|error]        decideUnknownHTTP
 //	review    state= driven=                            reviewable
+//	stock_exec level= from= [unsent] [refused] [answer=KIND[:STATE[:EXIT]]] [exit=N] [signal=S]
+//	                                                    stockExecVerdict + journalPath
+//	stock_reconcile level= from= age= [marker=STATE|absent] [cancel]
+//	                                                    reconcileByLevel + journalPath
 //
 // Every journal path a decision produces is also checked against the journal graph.
 func TestDecisions(t *testing.T) {
@@ -217,6 +221,8 @@ func decide(t *testing.T, file string, c decisionCase) string {
 		return renderVerdict(t, markers.Unknown, false, string(act.Do), act.Verdict)
 	case "review":
 		return strconv.FormatBool(reviewable(state("state"), boolean("driven")))
+	case "stock_exec", "stock_reconcile":
+		return decideStock(t, c, state, duration, fail) // agentless_decide_test.go
 	}
 	return fail("unknown command %q", c.cmd)
 }

@@ -19,6 +19,10 @@
 //	operator.go   the operator API the `postern` CLI reads
 //	pool.go       one SSH connection per host, strict host keys, keepalives, backoff
 //	inventory.go  enrolled hosts and enrollment
+//	agentless.go  hosts without the hostagent: ssh_exec over a stock sshd, bare or under the
+//	              marker script (package agentless), and reading its marker
+//	agentless_decide.go  what a stock sshd's answer means, by guarantee level (pure
+//	              decisions, testdata/decisions/agentless)
 //	classes.go    action classes: windows, retention, what each does with an unknown outcome
 //	limits.go     an actor's max_concurrent and quotas, per actor and per run; approved work queues for a slot
 //	config.go     the TOML configuration

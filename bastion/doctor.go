@@ -26,6 +26,8 @@ type HostHealth struct {
 	Addr    string `json:"addr"`
 	OK      bool   `json:"ok"`
 	Version string `json:"version,omitempty"`
+	// Guarantee is set for hosts without the hostagent (no version to report).
+	Guarantee Guarantee `json:"guarantee,omitempty"`
 	// Problem and Fix say what is wrong and what to do about it (empty when OK).
 	Problem string `json:"problem,omitempty"`
 	Fix     string `json:"fix,omitempty"`
@@ -60,6 +62,9 @@ func (b *Bastion) Doctor(ctx context.Context) (*DoctorReport, error) {
 
 func (b *Bastion) hostHealth(ctx context.Context, h Host) HostHealth {
 	hh := HostHealth{Name: h.Name, Addr: h.Addr}
+	if h.Level() != GuaranteeHostagent {
+		return b.stockHealth(ctx, h) // agentless.go
+	}
 	conn, err := b.pool.Conn(ctx, h)
 	if err == nil {
 		var cc *client.ControlClient

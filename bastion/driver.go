@@ -237,12 +237,25 @@ func (b *Bastion) drive(d *driver, asked func()) {
 		}
 		d.set(next)
 		b.metrics.dispatched.Inc()
+	case host.Level() != GuaranteeHostagent:
+		do := b.reconcileStock(d, log, host)
+		asked()
+		if do == watch {
+			b.watchStock(d, log, host)
+		}
+		if do != redispatch {
+			return
+		}
 	default:
 		if !b.reconcile(d, log, host) {
 			return
 		}
 	}
 	asked()
+	if host.Level() != GuaranteeHostagent {
+		b.driveStock(d, log, host) // agentless.go
+		return
+	}
 	for attempt := 1; ; attempt++ {
 		res, err := b.execOnce(d, host)
 		if b.ctx.Err() != nil {
@@ -268,10 +281,7 @@ func (b *Bastion) reconcile(d *driver, log *slog.Logger, host Host) bool {
 	rec := d.record()
 	st, err := b.askHost(host, rec.ID)
 	if err != nil {
-		b.metrics.reconciled.WithLabelValues("unreachable").Inc()
-		note := fmt.Sprintf("hostagent on %s could not be asked (%v); the outcome stays unknown until it can be", host.Name, err)
-		log.Warn("execution outcome unknown", "why", note)
-		b.conclude(d, verdict{To: markers.Unknown, Note: note})
+		b.unreachable(d, log, "hostagent on "+host.Name, err)
 		return false
 	}
 	act := reconcileOn(rec, b.now(), host.Name, st, b.cancelRequested(rec.ID))
@@ -282,6 +292,15 @@ func (b *Bastion) reconcile(d *driver, log *slog.Logger, host Host) bool {
 	b.metrics.reconciled.WithLabelValues(answer).Inc()
 	log.Info("reconciled with host", "marker", answer, "action", act.Do, "note", act.Verdict.Note)
 	return b.conclude(d, act.Verdict) && act.Do != settle
+}
+
+// unreachable journals that who (the host's hostagent or marker script) could not be asked
+// about the execution: its outcome stays unknown, and the reconcile loop asks again.
+func (b *Bastion) unreachable(d *driver, log *slog.Logger, who string, err error) {
+	b.metrics.reconciled.WithLabelValues("unreachable").Inc()
+	note := fmt.Sprintf("%s could not be asked (%v); the outcome stays unknown until it can be", who, err)
+	log.Warn("execution outcome unknown", "why", note)
+	b.conclude(d, verdict{To: markers.Unknown, Note: note})
 }
 
 // askHost returns the host's status answer about id: its marker (nil if it has none) and

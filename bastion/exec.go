@@ -193,6 +193,9 @@ func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*claim, error) {
 	if cwd == "" {
 		cwd = host.Cwd
 	}
+	if err := checkStockCall(host, a, cwd); err != nil {
+		return nil, err
+	}
 	materializedCwd := cwd
 	if materializedCwd == "" {
 		materializedCwd = "~"

@@ -35,6 +35,10 @@ type hostEntry struct {
 	Groups  []string `toml:"groups,omitempty"`
 	// AcceptEnv is the host's accept_env, as its hostagent is configured.
 	AcceptEnv []string `toml:"accept_env,omitempty"`
+	// Guarantee is hostagent (the default when absent), marker_script or none.
+	Guarantee string `toml:"guarantee,omitempty"`
+	// MarkerScriptSHA256 is the digest of ~/.postern/run installed at enrollment.
+	MarkerScriptSHA256 string `toml:"marker_script_sha256,omitempty"`
 }
 
 // ErrUnknownHost: the name is not in the inventory.
@@ -174,7 +178,11 @@ func (e hostEntry) host() (Host, error) {
 	if err != nil {
 		return Host{}, fmt.Errorf("host %s: host_key: %w", e.Name, err)
 	}
-	return Host{Name: e.Name, Addr: e.Addr, Account: e.Account, HostKey: key, Cwd: e.Cwd, Groups: e.Groups, AcceptEnv: e.AcceptEnv}, nil
+	if err := checkGuarantee(Guarantee(e.Guarantee), e.MarkerScriptSHA256); err != nil {
+		return Host{}, fmt.Errorf("host %s: %w", e.Name, err)
+	}
+	return Host{Name: e.Name, Addr: e.Addr, Account: e.Account, HostKey: key, Cwd: e.Cwd, Groups: e.Groups, AcceptEnv: e.AcceptEnv,
+		Guarantee: Guarantee(e.Guarantee), ScriptSHA256: e.MarkerScriptSHA256}, nil
 }
 
 // Enrollment is what `postern hosts enroll` shows before it records a host.
@@ -235,6 +243,9 @@ func Enroll(path string, h Host) error {
 	entry := hostEntry{
 		Name: h.Name, Addr: h.Addr, Account: h.Account, Cwd: h.Cwd, Groups: h.Groups, AcceptEnv: h.AcceptEnv,
 		HostKey: string(bytes.TrimSpace(gossh.MarshalAuthorizedKey(h.HostKey))),
+	}
+	if h.Level() != GuaranteeHostagent {
+		entry.Guarantee, entry.MarkerScriptSHA256 = string(h.Guarantee), h.ScriptSHA256
 	}
 	if _, err := entry.host(); err != nil {
 		return fmt.Errorf("bastion: enroll: %w", err)

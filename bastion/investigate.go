@@ -316,6 +316,10 @@ func (b *Bastion) observedOutcome(ctx context.Context, rec *markers.Record) Obse
 	}
 	ctx, cancel := context.WithTimeout(ctx, markerAskTimeout)
 	defer cancel()
+	if host, err := b.inv.Host(rec.Host); err == nil && host.Level() != GuaranteeHostagent {
+		o.MarkerNote = b.stockMarkerNote(ctx, rec, host) // agentless.go
+		return o
+	}
 	cc, err := b.hostControl(ctx, rec.Host)
 	if err != nil {
 		o.MarkerNote = fmt.Sprintf("host %s could not be asked: %v", rec.Host, err)

@@ -291,6 +291,9 @@ func (b *Bastion) hostControl(ctx context.Context, name string) (*client.Control
 	if err != nil {
 		return nil, err
 	}
+	if host.Level() != GuaranteeHostagent {
+		return nil, fmt.Errorf("%w: %s (guarantee %s); its markers are on the host: ~/.postern/run list", ErrNoHostagent, name, host.Level())
+	}
 	conn, err := b.pool.Conn(ctx, host)
 	if err != nil {
 		return nil, err
@@ -440,6 +443,8 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 			status, code = http.StatusConflict, "not_awaiting_approval"
 		case errors.Is(err, ErrNotReviewable):
 			status, code = http.StatusConflict, "not_reviewable"
+		case errors.Is(err, ErrNoHostagent):
+			status, code = http.StatusConflict, "no_hostagent"
 		}
 		w.WriteHeader(status)
 		json.NewEncoder(w).Encode(OperatorError{Error: err.Error(), Code: code})

@@ -69,6 +69,9 @@ func (b *Bastion) Cancel(ctx context.Context, c transport.Caller, id string) (*E
 }
 
 func (b *Bastion) cancelOnHost(ctx context.Context, host Host, id string) error {
+	if host.Level() != GuaranteeHostagent {
+		return fmt.Errorf("%w: %s (guarantee %s) cannot cancel a command it started", ErrNoHostagent, host.Name, host.Level())
+	}
 	ctx, cancel := context.WithTimeout(ctx, cancelWait)
 	defer cancel()
 	conn, err := b.pool.Conn(ctx, host)
@@ -155,6 +158,9 @@ type HostInfo struct {
 	Connected   bool     `json:"connected"`
 	DefaultCwd  string   `json:"default_cwd,omitempty"`
 	HostKeyType string   `json:"host_key_type"`
+	// Guarantee is what the host promises about a lost outcome: hostagent, marker_script or
+	// none (README, "Hosts without the hostagent").
+	Guarantee Guarantee `json:"guarantee"`
 }
 
 // HostsResult is the output of hosts_list.
@@ -173,6 +179,7 @@ func (b *Bastion) Hosts() (*HostsResult, error) {
 		out.Hosts = append(out.Hosts, HostInfo{
 			Name: h.Name, Addr: h.Addr, Account: h.Account, HostKey: fingerprintSHA256(h),
 			HostKeyType: h.HostKey.Type(), Groups: h.Groups, Connected: b.pool.Connected(h.Name), DefaultCwd: h.Cwd,
+			Guarantee: h.Level(),
 		})
 	}
 	return out, nil

@@ -13,8 +13,8 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 )
 
-// Host is an enrolled fleet machine: where its hostagent listens, the account commands run
-// as, and the host key recorded once at enrollment.
+// Host is an enrolled fleet machine: where its hostagent (or, without one, its sshd) listens,
+// the account commands run as, and the host key recorded once at enrollment.
 type Host struct {
 	Name    string
 	Addr    string // host:port of the hostagent
@@ -28,6 +28,11 @@ type Host struct {
 	// and LC_*, an ssh_exec may set there (internal/envpolicy). The bastion refuses any other
 	// name, which the host would drop.
 	AcceptEnv []string
+	// Guarantee is what the host promises about a lost outcome; "" is GuaranteeHostagent
+	// (Level). ScriptSHA256 is the marker script's digest recorded at enrollment, for
+	// GuaranteeMarkerScript (agentless.go).
+	Guarantee    Guarantee
+	ScriptSHA256 string
 }
 
 // ErrHostKeyMismatch: the host presented another key than the one enrolled. Nothing is sent

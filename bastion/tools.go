@@ -35,7 +35,8 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Name:  "ssh_exec",
 		Title: "Run a command on a host",
 		Description: "Run a command on an enrolled host (the account's shell runs it with -c). Returns after the command ends or after wait_s seconds (default 30), then with state \"running\" and the execution id — use execution_output to follow it; it is never a timeout error. " +
-			"Pass idempotency_key to make a retry from another run return the same execution; operation_key makes the host refuse a second execution of one operation. " + replayContract,
+			"Pass idempotency_key to make a retry from another run return the same execution; operation_key makes the host refuse a second execution of one operation. " + replayContract +
+			` Hosts differ in what they can prove after a lost connection (hosts_list "guarantee"): "hostagent" and "marker_script" hosts are asked as above (a marker_script host keeps no output to re-attach); on a "none" host such an outcome stays "unknown" with review_required and is never sent again; operation_key needs a hostagent.`,
 		Annotations: &mcp.ToolAnnotations{
 			ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: false, OpenWorldHint: boolPtr(true),
 		},
@@ -98,7 +99,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 	mcp.AddTool(srv, &mcp.Tool{
 		Name:        "hosts_list",
 		Title:       "List enrolled hosts",
-		Description: "The hosts you can run commands on, with their pinned host key fingerprints and whether a connection is open. Reading never changes anything.",
+		Description: "The hosts you can run commands on, with their pinned host key fingerprints, whether a connection is open, and each host's guarantee: hostagent (a lost outcome is resolved from the host's marker), marker_script (resolved from a marker script's record; no output re-attach), or none (a lost outcome stays unknown and needs an operator's review; it is never sent again). Reading never changes anything.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
 	}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, *HostsResult, error) {
 		if _, err := callerOf(req); err != nil {
@@ -110,7 +111,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		}
 		var text string
 		for _, h := range out.Hosts {
-			text += fmt.Sprintf("%s (%s@%s, %s %s)\n", h.Name, h.Account, h.Addr, h.HostKeyType, h.HostKey)
+			text += fmt.Sprintf("%s (%s@%s, %s %s, guarantee %s)\n", h.Name, h.Account, h.Addr, h.HostKeyType, h.HostKey, h.Guarantee)
 		}
 		if text == "" {
 			text = "No hosts are enrolled."

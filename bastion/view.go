@@ -473,8 +473,8 @@ func (b *Bastion) storedFrom(ctx context.Context, rec *markers.Record, outOff, e
 // whole capped output until the marker's retention).
 func (b *Bastion) fromSpool(ctx context.Context, rec *markers.Record, outOff, errOff int64, limit int) (string, string, bool) {
 	host, err := b.inv.Host(rec.Host)
-	if err != nil {
-		return "", "", false
+	if err != nil || host.Level() != GuaranteeHostagent {
+		return "", "", false // only the hostagent spools output
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
 	defer cancel()

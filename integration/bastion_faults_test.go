@@ -244,11 +244,7 @@ func TestHostConnectionCutBeforeExecArrives(t *testing.T) {
 	if !hasEvidence(detail.Record, "no marker") {
 		t.Errorf("evidence %q does not say the host had no marker", detail.Record.Evidence)
 	}
-	var redispatched bool
-	for _, e := range detail.Events {
-		redispatched = redispatched || (e.From == markers.Unknown && e.To == markers.Dispatched)
-	}
-	if !redispatched {
+	if !redispatchedAfterUnknown(detail) {
 		t.Errorf("events show no unknown → dispatched: %+v", detail.Events)
 	}
 }

@@ -167,7 +167,11 @@ func (s *soak) settle(t *testing.T, ctx context.Context) *soakHistory {
 	h := &soakHistory{journal: j, hostMarkers: map[string]map[string]*markers.Record{},
 		lines: map[string]map[string][]string{}, httpEffects: map[string]int{}, httpTags: map[string]map[string]bool{}}
 	for _, host := range s.hosts {
-		h.hostMarkers[host.name] = allMarkers(t, ctx, host.agent)
+		if host.agent == nil {
+			h.hostMarkers[host.name] = stockMarkers(t, host.home)
+		} else {
+			h.hostMarkers[host.name] = allMarkers(t, ctx, host.agent)
+		}
 		h.lines[host.name] = effectLines(t, host.effects)
 	}
 	for _, r := range s.fleet.target.Requests() {
@@ -433,6 +437,11 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 	for _, id := range s.backgroundUnresolved {
 		v.fail("unknown executions are reconciled in the background", "%s stayed unknown (host could not be asked) for 20s after its host was back", id)
 	}
+	for _, host := range s.hosts {
+		if host.agent == nil && len(h.lines[host.name]) == 0 {
+			v.fail("every host took part", "the stock host %s ran no command", host.name)
+		}
+	}
 	s.checkAgentLists(t, ctx, v, h)
 	s.checkMarkers(v, h)
 	s.verifyAudit(t, ctx, v)
@@ -521,6 +530,9 @@ func (s *soak) verifyAudit(t *testing.T, ctx context.Context, v *soakVerdict) {
 	}
 	run("bastion journal", "postern", "audit", "verify", "--config", s.fleet.bastion.ConfigPath)
 	for _, h := range s.hosts {
+		if h.agent == nil {
+			continue // the marker script keeps no audit chain
+		}
 		run("markers on "+h.name, "postern-hostagent", "markers", "verify", "--config", h.agent.ConfigPath)
 	}
 }
@@ -592,10 +604,12 @@ func (s *soak) summary(t *testing.T, h *soakHistory, st soakStats, v *soakVerdic
 	row("calls never accepted", st.neverAccepted)
 	row("executions the client never saw", fmt.Sprintf("%d (all found via the journal)", st.unseen))
 	effects := 0
-	for _, lines := range h.lines {
-		effects += len(lines)
+	var perHost []string
+	for _, host := range s.hosts {
+		effects += len(h.lines[host.name])
+		perHost = append(perHost, fmt.Sprintf("%s=%d", host.name, len(h.lines[host.name])))
 	}
-	row("effects", fmt.Sprintf("%d on hosts, %d on the HTTP target", effects, s.fleet.target.TotalEffects()))
+	row("effects", fmt.Sprintf("%d on hosts (%s; s1: stock sshd, marker script), %d on the HTTP target", effects, strings.Join(perHost, " "), s.fleet.target.TotalEffects()))
 	row("duplicates (must be 0)", st.duplicates)
 	row("new intent after delivered result", fmt.Sprintf("%d (unkeyed calls; the matching rule's documented limit)", st.newIntentAfterDelivery))
 	row("new intent after a result never seen (must be 0)", st.deliveredUnseen)

@@ -174,10 +174,14 @@ func (c *soakCounter) snapshot() map[string]int {
 	return out
 }
 
-// soakHost is one hostagent, reached by the bastion through its own fault proxy.
+// soakHost is one hostagent — or a stock sshd with the marker script (soak_stock_test.go) —
+// reached by the bastion through its own fault proxy.
 type soakHost struct {
-	name    string
-	agent   *testutil.Hostagent
+	name  string
+	agent *testutil.Hostagent // nil for the stock host
+	// sshd and home are the stock host's server and its account's home.
+	sshd    *testutil.SSHD
+	home    string
 	proxy   *testutil.FaultProxy
 	effects string // the file every command on it appends its line to
 }
@@ -280,10 +284,13 @@ func newSoak(t *testing.T, seed uint64, calls int, rng *rand.Rand) *soak {
 		f.bastion.EnrollAt(t, name, sh.proxy.Addr(), h)
 		s.hosts = append(s.hosts, sh)
 	}
+	s.hosts = append(s.hosts, newStockSoakHost(t, f.bastion, "s1"))
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, h := range s.hosts {
-				t.Logf("hostagent %s log (tail):\n%s", h.name, tail(h.agent.Logs(), 8000))
+				if h.agent != nil {
+					t.Logf("hostagent %s log (tail):\n%s", h.name, tail(h.agent.Logs(), 8000))
+				}
 			}
 		}
 	})
@@ -615,6 +622,9 @@ func (s *soak) injectFaults(t *testing.T, rng *rand.Rand, done <-chan struct{}) 
 			}
 		}
 		h := s.hosts[rng.IntN(len(s.hosts))]
+		if h.agent == nil && (kind == faultHostagentKill || kind == faultShimKill) {
+			h = s.hosts[rng.IntN(2)] // the hostagents
+		}
 		switch kind {
 		case faultHostCut:
 			h.proxy.Cut()
@@ -675,7 +685,7 @@ func (s *soak) restoreAll(t *testing.T) {
 	t.Helper()
 	for _, h := range s.hosts {
 		h.proxy.Thaw()
-		if h.agent.PID() == 0 {
+		if h.agent != nil && h.agent.PID() == 0 {
 			h.agent.Start(t)
 		}
 	}

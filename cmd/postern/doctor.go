@@ -128,6 +128,14 @@ func (c *doctorCommand) checks(ctx context.Context, loc locator) []doctorCheck {
 			add("host", "problem", fmt.Sprintf("%s (%s): %s", h.Name, h.Addr, h.Problem), h.Fix)
 			continue
 		}
+		switch h.Guarantee {
+		case bastion.GuaranteeMarkerScript:
+			add("host", "ok", fmt.Sprintf("%s (%s): reachable, pinned host key verified, stock sshd with the marker script (digest verified)", h.Name, h.Addr), "")
+			continue
+		case bastion.GuaranteeNone:
+			add("host", "ok", fmt.Sprintf("%s (%s): reachable, pinned host key verified, stock sshd (guarantee none)", h.Name, h.Addr), "")
+			continue
+		}
 		add("host", "ok", fmt.Sprintf("%s (%s): reachable, pinned host key verified, hostagent %s", h.Name, h.Addr, h.Version), "")
 		if h.Version != rep.Version {
 			add("host", "note", fmt.Sprintf("%s runs hostagent %s, the bastion %s", h.Name, h.Version, rep.Version),

@@ -36,10 +36,13 @@ const hostsUsage = `usage: postern hosts SUBCOMMAND [flags]
 subcommands:
   list [--json]  the enrolled hosts (from the inventory file when the bastion is down)
   enroll NAME ADDR [--account USER] [--cwd DIR] [--group G]... [--accept-env NAME]...
-         [--expect-host-key SHA256:…] [--yes] [--replace]
+         [--expect-host-key SHA256:…] [--yes] [--replace] [--agentless [--marker-script]]
                  scan the host's key, show it, and record it once confirmed (or, with
                  --expect-host-key, once it matches the fingerprint postern-hostagent
-                 install printed on the host)
+                 install printed on the host); --agentless: the host runs a stock sshd,
+                 no hostagent (guarantee none); --marker-script: and install the marker
+                 script ~/.postern/run there over SSH (guarantee marker_script; the
+                 bastion's key must be in the account's authorized_keys first)
   key            print the bastion's public key: the line every hostagent's
                  authorized_keys file needs (also in the state dir, bastion_ed25519.pub)
 
@@ -86,9 +89,20 @@ func (c *hostsCommand) list(ctx context.Context, args []string) error {
 			connected = "yes"
 		}
 		rows = append(rows, []string{cli.Printable(h.Name), cli.Printable(h.Addr), cli.Printable(h.Account),
-			cli.Printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), connected, cli.Printable(strings.Join(h.Groups, ","))})
+			cli.Printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), guaranteeText(h.Guarantee), connected, cli.Printable(strings.Join(h.Groups, ","))})
 	}
-	return cli.PrintTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "CONNECTED", "GROUPS"}, rows)
+	return cli.PrintTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "GUARANTEE", "CONNECTED", "GROUPS"}, rows)
+}
+
+// guaranteeText is a host's guarantee level as the hosts table shows it.
+func guaranteeText(g bastion.Guarantee) string {
+	switch g {
+	case bastion.GuaranteeMarkerScript:
+		return "marker script"
+	case bastion.GuaranteeNone:
+		return "none"
+	}
+	return "hostagent"
 }
 
 // readInventoryHosts reads the inventory file as the daemon would list it, without
@@ -106,7 +120,7 @@ func readInventoryHosts(path string) (bastion.HostsResult, error) {
 	for _, h := range hosts {
 		res.Hosts = append(res.Hosts, bastion.HostInfo{
 			Name: h.Name, Addr: h.Addr, Account: h.Account, HostKey: gossh.FingerprintSHA256(h.HostKey),
-			HostKeyType: h.HostKey.Type(), Groups: h.Groups, DefaultCwd: h.Cwd,
+			HostKeyType: h.HostKey.Type(), Groups: h.Groups, DefaultCwd: h.Cwd, Guarantee: h.Level(),
 		})
 	}
 	return res, nil
@@ -139,6 +153,8 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	yes := fs.Bool("yes", false, "record the key without asking")
 	expect := fs.String("expect-host-key", "", "the host key fingerprint (SHA256:…) the host must present; a match needs no confirmation")
 	replace := fs.Bool("replace", false, "record the key even though the host was enrolled with another one")
+	agentlessHost := fs.Bool("agentless", false, "the host runs a stock OpenSSH server, no hostagent: an outcome lost after dispatch is unknown for good (guarantee none)")
+	markerScript := fs.Bool("marker-script", false, "with --agentless: install the marker script ~/.postern/run over SSH, so lost outcomes are resolved from its marker (guarantee marker_script)")
 	pos, err := parseInterleaved(fs, args, 2)
 	if err != nil {
 		return err
@@ -153,6 +169,9 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	}
 	if _, err := envpolicy.New(acceptEnv); err != nil {
 		return usageErrorf(c.stderr, "--accept-env: %v", err)
+	}
+	if *markerScript && !*agentlessHost {
+		return usageErrorf(c.stderr, "--marker-script is for hosts without the hostagent: add --agentless")
 	}
 	if *account == "" {
 		u, err := user.Current()
@@ -174,6 +193,9 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 		return err
 	}
 	h := bastion.Host{Name: name, Addr: addr, Account: *account, HostKey: key, Cwd: *cwd, Groups: groups, AcceptEnv: acceptEnv}
+	if *agentlessHost {
+		h.Guarantee = bastion.GuaranteeNone
+	}
 	plan, err := bastion.PlanEnrollment(cfg.InventoryPath(), h)
 	if err != nil {
 		return err
@@ -213,11 +235,42 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 			return errNotConfirmed
 		}
 	}
+	if *markerScript {
+		if err := c.installMarkerScript(ctx, cfg, &h); err != nil {
+			return err
+		}
+	}
 	if err := bastion.Enroll(cfg.InventoryPath(), h); err != nil {
 		return err
 	}
-	fmt.Fprintf(c.stdout, "enrolled host %s (%s, account %s) in %s\n", cli.Printable(name), cli.Printable(addr), cli.Printable(*account), cfg.InventoryPath())
-	return c.printBastionKey(cfg, name)
+	fmt.Fprintf(c.stdout, "enrolled host %s (%s, account %s, guarantee %s) in %s\n", cli.Printable(name), cli.Printable(addr), cli.Printable(*account), guaranteeText(h.Level()), cfg.InventoryPath())
+	if h.Level() == bastion.GuaranteeMarkerScript {
+		return nil // the key is in place: the install used it
+	}
+	return c.printBastionKey(cfg, h)
+}
+
+// installMarkerScript installs the marker script on h over SSH, with the pinned key the
+// operator just confirmed, and records its digest in h. Without the bastion's key in the
+// account's authorized_keys nothing is enrolled: the operator is shown the line to add.
+func (c *hostsCommand) installMarkerScript(ctx context.Context, cfg bastion.Config, h *bastion.Host) error {
+	signer, err := bastion.LoadOrCreateClientKey(cfg.ClientKeyPath())
+	if err != nil {
+		return err
+	}
+	digest, err := bastion.InstallMarkerScript(ctx, *h, signer)
+	if err != nil && strings.Contains(err.Error(), "unable to authenticate") {
+		fmt.Fprintf(c.stdout, "\nsshd on %s does not accept the bastion's key yet. Add this line to ~%s/.ssh/authorized_keys there, then run this command again:\n\n",
+			cli.Printable(h.Name), cli.Printable(h.Account))
+		c.stdout.Write(gossh.MarshalAuthorizedKey(signer.PublicKey()))
+		return fmt.Errorf("not enrolled: the marker script could not be installed on %s: %w", cli.Printable(h.Name), err)
+	}
+	if err != nil {
+		return fmt.Errorf("not enrolled: %w", err)
+	}
+	h.Guarantee, h.ScriptSHA256 = bastion.GuaranteeMarkerScript, digest
+	fmt.Fprintf(c.stdout, "installed the marker script ~/.postern/run on %s (sha256 %s)\n", cli.Printable(h.Name), digest)
+	return nil
 }
 
 // keyEnrolled reports whether name is already in the inventory (PlanEnrollment has found
@@ -272,14 +325,19 @@ func (c *hostsCommand) key(ctx context.Context, args []string) error {
 	return err
 }
 
-// printBastionKey prints the line the host's hostagent must authorize: the bastion's public
-// client key. A state dir without a key gets one now, as the daemon would on its first start.
-func (c *hostsCommand) printBastionKey(cfg bastion.Config, name string) error {
+// printBastionKey prints the line the host must authorize: the bastion's public client key,
+// for its hostagent or, without one, for sshd. A state dir without a key gets one now, as the
+// daemon would on its first start.
+func (c *hostsCommand) printBastionKey(cfg bastion.Config, h bastion.Host) error {
 	signer, err := bastion.LoadOrCreateClientKey(cfg.ClientKeyPath())
 	if err != nil {
 		return fmt.Errorf("the host is enrolled, but the bastion's client key cannot be read: %w", err)
 	}
-	fmt.Fprintf(c.stdout, "\nOn %s, add the bastion's key to the hostagent's authorized_keys file (its authorized_keys_file setting):\n\n", cli.Printable(name))
+	if h.Level() == bastion.GuaranteeHostagent {
+		fmt.Fprintf(c.stdout, "\nOn %s, add the bastion's key to the hostagent's authorized_keys file (its authorized_keys_file setting):\n\n", cli.Printable(h.Name))
+	} else {
+		fmt.Fprintf(c.stdout, "\nOn %s, add the bastion's key to ~%s/.ssh/authorized_keys (sshd's AuthorizedKeysFile):\n\n", cli.Printable(h.Name), cli.Printable(h.Account))
+	}
 	_, err = c.stdout.Write(gossh.MarshalAuthorizedKey(signer.PublicKey()))
 	return err
 }

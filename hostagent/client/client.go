@@ -134,20 +134,11 @@ func Run(ctx context.Context, conn gossh.Conn, x Exec) (Result, error) {
 						x.OnMarker(m)
 					}
 				}
-			case "exit-status":
-				var st struct{ Status uint32 }
-				if gossh.Unmarshal(req.Payload, &st) == nil {
-					res.ExitStatus, gotExit = int(st.Status), true
-				}
-			case "exit-signal":
-				var sig struct {
-					Signal     string
-					CoreDumped bool
-					Error      string
-					Lang       string
-				}
-				if gossh.Unmarshal(req.Payload, &sig) == nil {
-					res.ExitSignal, gotExit = "SIG"+sig.Signal, true
+			case "exit-status", "exit-signal":
+				if code, signal, ok := ParseExit(req); ok && signal != "" {
+					res.ExitSignal, gotExit = signal, true
+				} else if ok {
+					res.ExitStatus, gotExit = code, true
 				}
 			}
 			if req.WantReply {
@@ -226,6 +217,29 @@ func Run(ctx context.Context, conn gossh.Conn, x Exec) (Result, error) {
 		return res, ErrExitMissing
 	}
 	return res, nil
+}
+
+// ParseExit reads an exit-status (code) or exit-signal ("SIG"+name) channel request; ok is
+// false for any other request or a malformed payload.
+func ParseExit(req *gossh.Request) (code int, signal string, ok bool) {
+	switch req.Type {
+	case "exit-status":
+		var st struct{ Status uint32 }
+		if gossh.Unmarshal(req.Payload, &st) == nil {
+			return int(st.Status), "", true
+		}
+	case "exit-signal":
+		var sig struct {
+			Signal     string
+			CoreDumped bool
+			Error      string
+			Lang       string
+		}
+		if gossh.Unmarshal(req.Payload, &sig) == nil {
+			return 0, "SIG" + sig.Signal, true
+		}
+	}
+	return 0, "", false
 }
 
 func orDiscard(w io.Writer) io.Writer {

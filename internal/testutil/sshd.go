@@ -46,7 +46,21 @@ type SSHD struct {
 // StartSSHD starts /usr/sbin/sshd -D -e with a config in a temp dir and waits until it
 // answers with its SSH banner. It skips the test when sshd is not installed or cannot run
 // (it needs root for privilege separation).
-func StartSSHD(t testing.TB) *SSHD {
+func StartSSHD(t testing.TB) *SSHD { t.Helper(); return StartSSHDWith(t, SSHDOptions{}) }
+
+// SSHDOptions adjust StartSSHDWith.
+type SSHDOptions struct {
+	// Account, if set, is a local account with a home (unixuser.NewLogin) that logs in
+	// instead of the current user, as on a real host: with its own HOME and its own
+	// ~/.ssh/authorized_keys (ClientKey and AuthorizedKeys), read by sshd as that user.
+	Account, Home string
+	UID, GID      int
+	// AuthorizedKeys are more authorized_keys lines besides ClientKey's (a bastion's key).
+	AuthorizedKeys []string
+}
+
+// StartSSHDWith is StartSSHD with opts.
+func StartSSHDWith(t testing.TB, opts SSHDOptions) *SSHD {
 	t.Helper()
 	if _, err := os.Stat(sshdPath); err != nil {
 		t.Skipf("OpenSSH server not installed (%s: %v); apt-get install openssh-server to run this baseline", sshdPath, err)
@@ -64,16 +78,36 @@ func StartSSHD(t testing.TB) *SSHD {
 	dir := t.TempDir()
 	hostKey, clientKey := NewSSHKey(t), NewSSHKey(t)
 	s := &SSHD{Addr: FreeAddr(t), Account: u.Username, HostKey: hostKey.Public(), ClientKey: clientKey}
+	if opts.Account != "" {
+		s.Account = opts.Account
+	}
 	_, s.Port, _ = net.SplitHostPort(s.Addr)
 	hostKeyPath := hostKey.WritePrivateKey(t, filepath.Join(dir, "ssh_host_ed25519_key"))
 	s.Identity = clientKey.WritePrivateKey(t, filepath.Join(dir, "id_ed25519"))
 	s.KnownHosts = WriteKnownHosts(t, filepath.Join(dir, "known_hosts"), s.Addr, s.HostKey)
-	home := filepath.Join(dir, "home")
-	if err := os.Mkdir(home, 0o700); err != nil {
-		t.Fatal(err)
-	}
+	authorizedLines := append([]string{clientKey.AuthorizedLine()}, opts.AuthorizedKeys...)
 	authorized := filepath.Join(dir, "authorized_keys")
-	WriteAuthorizedKeys(t, authorized, clientKey.AuthorizedLine())
+	var setHome string
+	if opts.Account == "" {
+		home := filepath.Join(dir, "home")
+		if err := os.Mkdir(home, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		setHome = "SetEnv HOME=" + home
+		WriteAuthorizedKeys(t, authorized, authorizedLines...)
+	} else {
+		authorized = "%h/.ssh/authorized_keys"
+		sshDir := filepath.Join(opts.Home, ".ssh")
+		if err := os.MkdirAll(sshDir, 0o700); err != nil {
+			t.Fatal(err)
+		}
+		WriteAuthorizedKeys(t, filepath.Join(sshDir, "authorized_keys"), authorizedLines...)
+		for _, p := range []string{sshDir, filepath.Join(sshDir, "authorized_keys")} {
+			if err := os.Chown(p, opts.UID, opts.GID); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	config := filepath.Join(dir, "sshd_config")
 	lines := []string{
 		"ListenAddress 127.0.0.1",
@@ -88,7 +122,7 @@ func StartSSHD(t testing.TB) *SSHD {
 		"PidFile " + filepath.Join(dir, "sshd.pid"),
 		"UseDNS no",
 		"LogLevel ERROR",
-		"SetEnv HOME=" + home,
+		setHome,
 		// Enough for many multiplexed sessions at once (default 10).
 		"MaxSessions 100",
 		"MaxStartups 100",

@@ -1,0 +1,427 @@
+package bastion
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"regexp"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/bastion/agentless"
+	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Hosts without the hostagent (README, "Hosts without the hostagent"): commands go over the
+// pooled connection to a stock sshd, as one line (package agentless) that runs them under
+// the marker script (GuaranteeMarkerScript) or bare (GuaranteeNone). The journal gives them
+// the same execution identity; what the host can tell after a lost connection is what
+// reconcileByLevel decides on.
+
+// ErrNoHostagent: the host runs a stock sshd, so the hostagent's control operations
+// (cancel, markers, spooled output) do not exist there.
+var ErrNoHostagent = errors.New("bastion: the host runs no hostagent")
+
+var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
+
+// checkGuarantee validates an inventory entry's guarantee and script digest.
+func checkGuarantee(g Guarantee, digest string) error {
+	switch g {
+	case "", GuaranteeHostagent, GuaranteeNone:
+		if digest != "" {
+			return fmt.Errorf("marker_script_sha256 is only for guarantee = %q", GuaranteeMarkerScript)
+		}
+	case GuaranteeMarkerScript:
+		if !sha256Hex.MatchString(digest) {
+			return errors.New("guarantee marker_script needs marker_script_sha256 (64 hex digits), recorded by `postern hosts enroll --marker-script`")
+		}
+	default:
+		return fmt.Errorf("guarantee %q: want %s, %s or %s", g, GuaranteeHostagent, GuaranteeMarkerScript, GuaranteeNone)
+	}
+	return nil
+}
+
+// checkStockCall refuses what a host without the hostagent cannot honour, before anything is
+// journaled: operation keys (the hostagent keeps them) and commands too long for one line.
+func checkStockCall(host Host, a ExecArgs, cwd string) error {
+	if host.Level() == GuaranteeHostagent {
+		return nil
+	}
+	if a.OperationKey != "" {
+		return invalid("operation_key needs the hostagent, and %s runs none (guarantee %s); leave it out, or use idempotency_key", host.Name, host.Level())
+	}
+	_, err := stockLine(host, &markers.Record{ID: placeholderID, Command: shellCommand(a.Command), Cwd: cwd, TimeoutSeconds: a.TimeoutS}, a.Env)
+	if errors.Is(err, agentless.ErrTooLong) {
+		return invalid("command is too long for %s, which runs no hostagent: %v", host.Name, err)
+	}
+	return err
+}
+
+// stockLine is the command line rec runs as on host, with export at its head.
+func stockLine(host Host, rec *markers.Record, export map[string]string) (string, error) {
+	c := agentless.Command{ID: rec.ID, Cwd: rec.Cwd, TimeoutS: rec.TimeoutSeconds, Line: commandLine(rec), Export: export}
+	if host.Level() == GuaranteeMarkerScript {
+		return agentless.WrappedLine(c, host.ScriptSHA256)
+	}
+	return agentless.PlainLine(c)
+}
+
+// driveStock carries an execution on a stock sshd to its outcome, once it is dispatched (or
+// reconciled to be): exec, and after a lost connection read the marker (marker script) — at
+// most maxReconcileAttempts times — or stop for review (level none).
+func (b *Bastion) driveStock(d *driver, log *slog.Logger, host Host) {
+	for attempt := 1; ; attempt++ {
+		a := b.execStock(d, host)
+		if b.ctx.Err() != nil {
+			return // shutting down: the host goes on; the next start reconciles
+		}
+		act := stockExecVerdict(host.Level(), host.Name, a)
+		if !b.conclude(d, act.Verdict) {
+			return
+		}
+		switch {
+		case act.Do == watch:
+			b.watchStock(d, log, host)
+			return
+		case !act.Verdict.Again:
+			if act.Verdict.To != markers.Unknown {
+				log.Info("execution ended", "state", d.record().State)
+			}
+			return
+		case attempt >= maxReconcileAttempts:
+			log.Warn("outcome still unknown after reconciling", "attempts", attempt)
+			return
+		}
+		if !sleepCtx(b.ctx, time.Duration(attempt)*250*time.Millisecond) {
+			return
+		}
+		switch b.reconcileStock(d, log, host) {
+		case watch:
+			b.watchStock(d, log, host)
+			return
+		case redispatch:
+		default:
+			return
+		}
+	}
+}
+
+// reconcileStock reads what the host can tell about the execution, journals
+// reconcileByLevel's verdict and returns what the driver is to do: exec again (redispatch:
+// the marker script has no marker, so the command never started), watch the marker, or
+// nothing more (settle, also when the verdict could not be journaled).
+func (b *Bastion) reconcileStock(d *driver, log *slog.Logger, host Host) reconcileDo {
+	rec := d.record()
+	var st levelStatus
+	if host.Level() == GuaranteeMarkerScript {
+		w, err := b.askStock(host, rec.ID)
+		if err != nil {
+			b.unreachable(d, log, "the marker script on "+host.Name, err)
+			return settle
+		}
+		st.Wrapper = w
+	}
+	act := reconcileByLevel(host.Level(), rec, b.now(), host.Name, st, b.cancelRequested(rec.ID))
+	answer := string(st.Wrapper.State)
+	if answer == "" {
+		answer = "no_marker"
+	}
+	b.metrics.reconciled.WithLabelValues(answer).Inc()
+	log.Info("reconciled with host", "guarantee", host.Level(), "marker", answer, "action", act.Do, "note", act.Verdict.Note)
+	if !b.conclude(d, act.Verdict) {
+		return settle
+	}
+	return act.Do
+}
+
+// Watching a marker script's marker: every watchMin at first, backing off to watchMax.
+const (
+	watchMin = 250 * time.Millisecond
+	watchMax = 10 * time.Second
+)
+
+// watchStock reads the marker of a command the marker script runs until it ends (or the
+// bastion closes, or the host cannot be asked), journaling what it says.
+func (b *Bastion) watchStock(d *driver, log *slog.Logger, host Host) {
+	for wait := watchMin; ; wait = min(2*wait, watchMax) {
+		if !sleepCtx(b.ctx, wait) {
+			return
+		}
+		w, err := b.askStock(host, d.id)
+		if err != nil {
+			b.unreachable(d, log, "the marker script on "+host.Name, err)
+			return
+		}
+		act := reconcileByLevel(host.Level(), d.record(), b.now(), host.Name, levelStatus{Wrapper: w}, b.cancelRequested(d.id))
+		if act.Do == redispatch {
+			// The marker vanished while it was watched: something removed it on the host.
+			act = reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+				"the marker script's marker on %s vanished while the command ran; it is not sent again — review required", host.Name)}}
+		}
+		if !b.conclude(d, act.Verdict) || act.Do != watch {
+			return
+		}
+	}
+}
+
+// askStock reads the marker script's marker of id on host.
+func (b *Bastion) askStock(host Host, id string) (agentless.Answer, error) {
+	ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+	defer cancel()
+	return askMarkerScript(ctx, b.pool, host, id)
+}
+
+func askMarkerScript(ctx context.Context, pool *Pool, host Host, id string) (agentless.Answer, error) {
+	line, err := agentless.StatusLine(id, host.ScriptSHA256)
+	if err != nil {
+		return agentless.Answer{}, err
+	}
+	conn, err := pool.Conn(ctx, host)
+	if err != nil {
+		return agentless.Answer{}, err
+	}
+	var out, errb bytes.Buffer
+	res := runStock(ctx, conn, nil, fixedLine(line), &limitedBuffer{b: &out}, &limitedBuffer{b: &errb})
+	if res.Err != nil {
+		pool.Invalidate(host.Name, conn)
+		return agentless.Answer{}, res.Err
+	}
+	a, err := agentless.FindAnswer(out.Bytes())
+	if err != nil {
+		if r, rerr := agentless.FindAnswer(errb.Bytes()); rerr == nil && r.Kind == agentless.Refused {
+			return agentless.Answer{}, errors.New(refusalText(host.Name, r.Reason))
+		}
+		return agentless.Answer{}, fmt.Errorf("the marker script on %s gave no status: %w (stderr %q)", host.Name, err, lastBytes(errb.Bytes(), 200))
+	}
+	if a.Kind != agentless.Status || a.ID != id {
+		return agentless.Answer{}, fmt.Errorf("the marker script on %s answered %q for %s", host.Name, a.Kind, id)
+	}
+	return a, nil
+}
+
+// execStock sends the execution to its stock sshd and returns how the exec ended.
+func (b *Bastion) execStock(d *driver, host Host) stockAnswer {
+	rec := d.record()
+	conn, err := b.pool.Conn(b.ctx, host)
+	if err != nil {
+		return stockAnswer{Err: err}
+	}
+	d.stdout.restart()
+	d.stderr.restart()
+	start := time.Now()
+	var running runningWriter
+	var answer *agentless.Answer
+	stderr := &agentless.Filter{W: notifyingWriter{d.stderr, d}, OnAnswer: func(a agentless.Answer, err error) {
+		if err != nil {
+			return // not an answer Postern's line gives: the outcome decides without it
+		}
+		answer = &a
+		if a.Kind == agentless.Started {
+			b.metrics.dispatchLatency.Observe(time.Since(start).Seconds())
+			d.setStarted(&markers.Record{ID: rec.ID, State: markers.Running})
+			running.after(runningDelay, func() { b.markRunning(d) })
+		}
+	}}
+	env := map[string]string{client.EnvExecutionID: rec.ID}
+	maps.Copy(env, rec.Env)
+	res := runStock(b.ctx, conn, env, func(export map[string]string) (string, error) { return stockLine(host, rec, export) },
+		notifyingWriter{d.stdout, d}, stderr)
+	stderr.Close()
+	running.stop()
+	if res.Err != nil {
+		b.pool.Invalidate(host.Name, conn)
+	}
+	// The stderr copy ended before runStock returned: answer is written.
+	return stockAnswer{Sent: res.Sent, Refused: res.Refused, Answer: answer, Exit: res.Exit, Signal: res.Signal, Err: res.Err, Stderr: lastLine(d.stderr)}
+}
+
+// stockResult is how one exec channel on a stock sshd ended.
+type stockResult struct {
+	Sent, Refused bool
+	Exit          *int
+	Signal        string
+	Err           error
+}
+
+// runStock opens a session on conn, offers env with SetEnv (what the server's AcceptEnv
+// refuses goes to the line's head instead: line gets it), execs the line and copies the
+// output until the exit status. ctx cancellation closes the channel; the command goes on.
+func runStock(ctx context.Context, conn gossh.Conn, env map[string]string, line func(export map[string]string) (string, error), stdout, stderr io.Writer) stockResult {
+	ch, reqs, err := conn.OpenChannel("session", nil)
+	if err != nil {
+		return stockResult{Err: fmt.Errorf("open session: %w", err)}
+	}
+	defer ch.Close()
+	stop := context.AfterFunc(ctx, func() { ch.Close() })
+	defer stop()
+	var res stockResult
+	var loop sync.WaitGroup
+	loop.Go(func() {
+		for req := range reqs {
+			if code, signal, ok := client.ParseExit(req); ok && signal != "" {
+				res.Signal = signal
+			} else if ok {
+				res.Exit = &code
+			}
+			if req.WantReply {
+				req.Reply(false, nil)
+			}
+		}
+	})
+	// Until the loop is waited for, res belongs to it.
+	fail := func(sent bool, err error) stockResult {
+		ch.Close()
+		loop.Wait()
+		res.Sent, res.Err = sent, err
+		return res
+	}
+	export := map[string]string{}
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		msg := struct{ Name, Value string }{k, env[k]}
+		ok, err := ch.SendRequest("env", true, gossh.Marshal(&msg))
+		if err != nil {
+			return fail(false, fmt.Errorf("send env %s: %w", k, err))
+		}
+		if !ok {
+			export[k] = env[k] // AcceptEnv refused it: exported at the head of the line
+		}
+	}
+	text, err := line(export)
+	if err != nil {
+		return fail(false, err)
+	}
+	cmd := struct{ Command string }{text}
+	ok, err := ch.SendRequest("exec", true, gossh.Marshal(&cmd))
+	switch {
+	case err != nil:
+		// The request may have reached the host before the connection failed.
+		return fail(true, fmt.Errorf("send exec: %w", err))
+	case !ok:
+		res.Refused = true
+		return fail(true, errors.New("exec refused"))
+	}
+	ch.CloseWrite()
+	var copies sync.WaitGroup
+	copies.Go(func() { copyPooled(stdout, ch) })
+	copies.Go(func() { copyPooled(stderr, ch.Stderr()) })
+	copies.Wait()
+	loop.Wait()
+	res.Sent = true
+	switch {
+	case ctx.Err() != nil:
+		res.Err = ctx.Err()
+	case res.Exit == nil && res.Signal == "":
+		res.Err = errors.New("channel closed without an exit status")
+	}
+	return res
+}
+
+// fixedLine is a line for runStock that needs no exports (it is sent without env).
+func fixedLine(line string) func(map[string]string) (string, error) {
+	return func(map[string]string) (string, error) { return line, nil }
+}
+
+// InstallMarkerScript installs the marker script (agentless.Script) as ~/.postern/run on
+// host, over an SSH connection that checks host's pinned key, and returns the digest of the
+// installed file, to be recorded with the host (Host.ScriptSHA256).
+func InstallMarkerScript(ctx context.Context, host Host, signer gossh.Signer) (string, error) {
+	pool, err := NewPool(PoolOptions{Signer: signer, Logger: slog.New(slog.DiscardHandler)})
+	if err != nil {
+		return "", err
+	}
+	defer pool.Close()
+	conn, err := pool.Conn(ctx, host)
+	if err != nil {
+		return "", err
+	}
+	sess, err := conn.NewSession()
+	if err != nil {
+		return "", fmt.Errorf("bastion: install the marker script on %s: %w", host.Name, err)
+	}
+	defer sess.Close()
+	var out, errb bytes.Buffer
+	sess.Stdin = bytes.NewReader([]byte(agentless.Script))
+	sess.Stdout, sess.Stderr = &limitedBuffer{b: &out}, &limitedBuffer{b: &errb}
+	if err := sess.Run(agentless.InstallLine()); err != nil {
+		return "", fmt.Errorf("bastion: install the marker script on %s: %w: %s", host.Name, err, bytes.TrimSpace(errb.Bytes()))
+	}
+	want := agentless.ScriptSHA256()
+	if got := string(bytes.TrimSpace(out.Bytes())); got != want+"  -" {
+		return "", fmt.Errorf("bastion: the marker script on %s has digest %q after install; want %s", host.Name, got, want)
+	}
+	return want, nil
+}
+
+// stockMarkerNote is what investigate says about the host's record of rec, by the host's
+// level (the hostagent's is asked through its control protocol instead).
+func (b *Bastion) stockMarkerNote(ctx context.Context, rec *markers.Record, host Host) string {
+	if host.Level() == GuaranteeNone {
+		return fmt.Sprintf("%s runs no hostagent and no marker script (guarantee level none): nothing on it records executions, so what happened after the bastion lost the connection — whether the command started, whether it is still running, how it ended — cannot be known from Postern; only what the bastion observed is evidence. Check the command's effects on the host, then record what you found with postern review %s", host.Name, rec.ID)
+	}
+	w, err := askMarkerScript(ctx, b.pool, host, rec.ID)
+	if err != nil {
+		return fmt.Sprintf("the marker script on %s could not be read: %v", host.Name, err)
+	}
+	s := string(w.State)
+	switch {
+	case w.State == agentless.Exited:
+		s = fmt.Sprintf("exited, exit %d", *w.Exit)
+	case w.State == agentless.Absent:
+		return fmt.Sprintf("the marker script on %s, asked now, has no marker %s (it keeps finished markers for %d days)", host.Name, rec.ID, w.RetentionDays)
+	}
+	return fmt.Sprintf("the marker script on %s, asked now, has marker %s: %s (guarantee level marker script: no output is kept on the host)", host.Name, rec.ID, s)
+}
+
+// stockHealth is the doctor's answer for a host without the hostagent: it connects with the
+// pinned key and, for the marker script, reads a marker (which checks the script's digest).
+func (b *Bastion) stockHealth(ctx context.Context, h Host) HostHealth {
+	hh := HostHealth{Name: h.Name, Addr: h.Addr, Guarantee: h.Level()}
+	_, err := b.pool.Conn(ctx, h)
+	if err == nil && h.Level() == GuaranteeMarkerScript {
+		_, err = askMarkerScript(ctx, b.pool, h, placeholderID)
+	}
+	if err == nil {
+		hh.OK = true
+		return hh
+	}
+	hh.Problem = err.Error()
+	switch {
+	case errors.Is(err, ErrHostKeyMismatch):
+		hh.Fix = fmt.Sprintf("the host presents another key than the one enrolled: check it on the host (ssh-keygen -lf its host key), then `postern hosts enroll %s %s --agentless --replace`", h.Name, h.Addr)
+	case strings.Contains(err.Error(), "unable to authenticate"):
+		hh.Fix = fmt.Sprintf("sshd on %s does not accept the bastion's key: append the line `postern hosts key` prints to ~%s/.ssh/authorized_keys there", h.Name, h.Account)
+	case strings.Contains(err.Error(), "marker script"):
+		hh.Fix = fmt.Sprintf("re-enroll the host to install the marker script again: `postern hosts enroll %s %s --agentless --marker-script --account %s`", h.Name, h.Addr, h.Account)
+	default:
+		hh.Fix = fmt.Sprintf("is sshd running on %s and listening on %s? Check the address with `postern hosts list`, and that no firewall is in the way", h.Name, h.Addr)
+	}
+	return hh
+}
+
+// limitedBuffer keeps the first max bytes written (default 64 KiB) and drops the rest.
+type limitedBuffer struct {
+	b   *bytes.Buffer
+	max int
+}
+
+func (l *limitedBuffer) Write(p []byte) (int, error) {
+	limit := l.max
+	if limit == 0 {
+		limit = 64 << 10
+	}
+	if room := limit - l.b.Len(); room > 0 {
+		l.b.Write(p[:min(len(p), room)])
+	}
+	return len(p), nil
+}
+
+func lastBytes(b []byte, n int) []byte { return b[max(0, len(b)-n):] }

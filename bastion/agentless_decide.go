@@ -1,0 +1,192 @@
+package bastion
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/agentless"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Guarantee is what a host can promise about an execution whose outcome the bastion lost
+// (README, "Hosts without the hostagent"): the hostagent's durable marker, the marker
+// script's, or nothing.
+type Guarantee string
+
+const (
+	// GuaranteeHostagent: the hostagent keeps a durable marker and the output; an unknown
+	// outcome is resolved by asking it, output re-attached, a restart of it survived.
+	GuaranteeHostagent Guarantee = "hostagent"
+	// GuaranteeMarkerScript: stock sshd with the ~/.postern/run wrapper: a durable marker
+	// and exit status, no output kept, no re-attach.
+	GuaranteeMarkerScript Guarantee = "marker_script"
+	// GuaranteeNone: stock sshd and nothing installed: an outcome lost after the command
+	// was sent is unknown for good, review required, never sent again.
+	GuaranteeNone Guarantee = "none"
+)
+
+// Level is the host's guarantee; hosts enrolled before levels existed run the hostagent.
+func (h Host) Level() Guarantee {
+	if h.Guarantee == "" {
+		return GuaranteeHostagent
+	}
+	return h.Guarantee
+}
+
+// What a stock sshd's answer means for the journal, as pure functions the agentless driver
+// carries out (tested from testdata/decisions/agentless, which mirrors the README's
+// guarantee table):
+//
+//	stockExecVerdict  how one exec on a stock sshd ended (answer line, exit, transport) → verdict
+//	reconcileByLevel  what the host can tell about an execution in flight, by level → action
+
+// watch: the marker says the command is (still) starting or running; its output cannot be
+// re-attached, so the driver reads the marker again until it ends.
+const watch reconcileDo = "watch"
+
+// stockAnswer is how one exec on a stock sshd ended, as the bastion saw it.
+type stockAnswer struct {
+	// Sent: the exec request was handed to the connection. False: it failed before (no
+	// session, connection gone), so the host got nothing to run.
+	Sent bool
+	// Refused: sshd answered the exec request with a failure.
+	Refused bool
+	// Answer is the first answer line on stderr (the wrapper's, or the plain program's);
+	// nil when none arrived.
+	Answer *agentless.Answer
+	// Exit is the exit status when one arrived; Signal the exit signal.
+	Exit   *int
+	Signal string
+	// Err is the transport's error when neither arrived.
+	Err error
+	// Stderr is the last line of stderr (the account's shell's complaint, if it failed).
+	Stderr string
+}
+
+// stockExecVerdict is the journal's verdict on one exec of an execution on a stock sshd
+// whose guarantee is level (GuaranteeNone or GuaranteeMarkerScript).
+func stockExecVerdict(level Guarantee, host string, a stockAnswer) reconcileAction {
+	v, do := stockExec(level, host, a)
+	return reconcileAction{Do: do, Verdict: v}
+}
+
+func stockExec(level Guarantee, host string, a stockAnswer) (verdict, reconcileDo) {
+	lost := a.Exit == nil && a.Signal == ""
+	switch {
+	case !a.Sent:
+		return verdict{To: markers.Failed, Note: fmt.Sprintf("could not send the command to %s (%v); nothing was sent", host, a.Err)}, settle
+	case a.Refused:
+		return verdict{To: markers.Failed, Note: fmt.Sprintf("sshd on %s refused the exec request; nothing was started", host)}, settle
+	case a.Answer != nil && a.Answer.Kind == agentless.Refused:
+		why := refusalText(host, a.Answer.Reason)
+		return verdict{To: markers.Failed, StartError: why, Note: fmt.Sprintf("%s; the command did not run", why)}, settle
+	case a.Answer != nil && a.Answer.Kind == agentless.Duplicate:
+		act := wrapperStateVerdict(host, *a.Answer)
+		return act.Verdict, act.Do
+	case a.Answer != nil && a.Answer.Kind == agentless.Started && !lost:
+		m := &markers.Record{State: markers.Exited, ExitCode: a.Exit, Signal: a.Signal}
+		if a.Signal != "" {
+			m.ExitCode = nil
+		}
+		return verdict{To: markers.Completed, Outcome: m, Note: outcomeNote(m)}, settle
+	case a.Answer != nil && a.Answer.Kind == agentless.Started && level == GuaranteeNone:
+		return verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"connection to %s lost after the command started (%v); %s keeps no marker (guarantee level none), so whether and how it ended cannot be known; it is not sent again — review required", host, a.Err, host)}, settle
+	case a.Answer != nil && a.Answer.Kind == agentless.Started:
+		return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
+			"connection to %s lost after the command started (%v); reading its marker", host, a.Err)}, settle
+	case !lost:
+		// An exit status, and no answer: the account's shell never ran Postern's line (a
+		// login shell that refuses, like nologin), and the answer comes before the command.
+		return verdict{To: markers.Failed, StartError: "the account's shell did not run the command line", Note: fmt.Sprintf(
+			"the account's shell on %s exited (%s) without running Postern's command line, so the command did not start: %s", host, exitText(a.Exit, a.Signal), a.Stderr)}, settle
+	case level == GuaranteeNone:
+		return verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"connection to %s lost after the command was sent, before the host confirmed a start (%v); %s keeps no marker (guarantee level none), so whether it started cannot be known; it is not sent again — review required", host, a.Err, host)}, settle
+	}
+	return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
+		"connection to %s lost after the command was sent, before the host confirmed a start (%v); reading its marker", host, a.Err)}, settle
+}
+
+func exitText(code *int, signal string) string {
+	if signal != "" {
+		return "signal " + signal
+	}
+	return fmt.Sprintf("exit status %d", *code)
+}
+
+// refusalText says why the wrapper or the plain program refused, for the agent and the
+// operator.
+func refusalText(host, reason string) string {
+	switch reason {
+	case "cwd":
+		return "the working directory does not exist or cannot be entered on " + host
+	case "timeout_unsupported":
+		return "timeout_s needs coreutils timeout on " + host + ", which has none"
+	case "script_changed":
+		return fmt.Sprintf("the marker script ~/.postern/run on %s is not the one enrolled (its SHA-256 changed); re-enroll the host (postern hosts enroll %s ADDR --agentless --marker-script) to install it again", host, host)
+	case "script_missing":
+		return fmt.Sprintf("the marker script ~/.postern/run is missing on %s; re-enroll the host (postern hosts enroll %s ADDR --agentless --marker-script) to install it", host, host)
+	case "marker_dir", "marker_write":
+		return "the marker script could not write its marker under ~/.postern/markers on " + host
+	}
+	return fmt.Sprintf("the marker script on %s refused it (%s)", host, reason)
+}
+
+// levelStatus is what a host can tell about an execution in flight.
+type levelStatus struct {
+	// Wrapper is the marker script's status answer (GuaranteeMarkerScript).
+	Wrapper agentless.Answer
+	// Hostagent is the hostagent's answer (GuaranteeHostagent).
+	Hostagent hostStatus
+}
+
+// reconcileByLevel decides what to do with an execution in flight (dispatched, running or
+// unknown) from what its host can tell, by the host's guarantee level: the hostagent's
+// marker (reconcileOn); the marker script's (the same rules, with no output to re-attach);
+// or nothing, so an outcome lost after dispatch is unknown for good and only an operator
+// settles it. cancel: someone asked to cancel it.
+func reconcileByLevel(level Guarantee, rec *markers.Record, now time.Time, host string, st levelStatus, cancel bool) reconcileAction {
+	switch level {
+	case GuaranteeHostagent:
+		return reconcileOn(rec, now, host, st.Hostagent, cancel)
+	case GuaranteeNone:
+		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"%s runs no hostagent and no marker script (guarantee level none): nothing on it records executions, so an outcome lost after dispatch cannot be resolved; it is not sent again — review required", host)}}
+	}
+	w := st.Wrapper
+	if w.State != agentless.Absent {
+		return wrapperStateVerdict(host, w)
+	}
+	// No marker: the same rule as the hostagent's, under the wrapper's retention.
+	act := reconcileOn(rec, now, host, hostStatus{Retention: time.Duration(w.RetentionDays) * 24 * time.Hour}, cancel)
+	return act
+}
+
+// wrapperStateVerdict is what a marker the wrapper holds means: its outcome, a command still
+// running (watched, not attached: the wrapper keeps no output), or an unknown only an
+// operator can settle.
+func wrapperStateVerdict(host string, w agentless.Answer) reconcileAction {
+	switch w.State {
+	case agentless.Exited:
+		code := *w.Exit
+		m := &markers.Record{State: markers.Exited, ExitCode: &code}
+		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Completed, Outcome: m, Note: fmt.Sprintf(
+			"the marker script on %s recorded exit status %d (output after the connection was lost is not kept)", host, code)}}
+	case agentless.Running:
+		return reconcileAction{Do: watch, Verdict: verdict{To: markers.Running, Note: fmt.Sprintf(
+			"the marker script on %s says the command is still running; its output cannot be re-attached, watching its marker", host)}}
+	case agentless.Claimed:
+		if w.Old {
+			return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+				"the marker script on %s claimed the id more than 5 minutes ago but recorded no start: the command did not start unless the wrapper hangs; it is not sent again — review required (check ~/.postern/markers/ on %s)", host, host)}}
+		}
+		return reconcileAction{Do: watch, Verdict: verdict{To: markers.Unknown, Note: fmt.Sprintf(
+			"the marker script on %s claimed the id and has not recorded the start yet; watching its marker", host)}}
+	case agentless.Interrupted:
+		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"the marker script on %s recorded the start, and its process is gone without an exit record (killed, or the machine restarted): the command may have run in part; it is not run again — review required", host)}}
+	}
+	return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+		"the marker script on %s answered state %q, which this bastion does not know; it is not sent again — review required", host, w.State)}}
+}

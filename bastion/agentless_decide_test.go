@@ -1,0 +1,111 @@
+package bastion
+
+import (
+	"errors"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/agentless"
+	"github.com/postern-dev/postern/markers"
+)
+
+// decideStock runs the stock_exec and stock_reconcile commands of testdata/decisions/agentless
+// (see TestDecisions). Wrapper answers are written KIND[:STATE[:EXIT]], e.g. duplicate:exited:3;
+// a marker state is absent, claimed, claimed_old, running, interrupted or exited (exit 0).
+func decideStock(t *testing.T, c decisionCase, state func(string) markers.State, duration func(string) time.Duration, fail func(string, ...any) string) string {
+	level := Guarantee(c.args["level"])
+	from := state("from")
+	wrapper := func(kind agentless.Kind, spec string) agentless.Answer {
+		a := agentless.Answer{Kind: kind, RetentionDays: 30}
+		parts := strings.Split(spec, ":")
+		switch parts[0] {
+		case "claimed_old":
+			a.State, a.Old = agentless.Claimed, true
+		default:
+			a.State = agentless.State(parts[0])
+		}
+		if a.State == agentless.Exited {
+			code := 0
+			if len(parts) > 1 {
+				code, _ = strconv.Atoi(parts[1])
+			}
+			a.Exit = &code
+		}
+		return a
+	}
+	switch c.cmd[:strings.IndexByte(c.cmd, ' ')] {
+	case "stock_exec":
+		a := stockAnswer{Sent: !c.flags["unsent"], Refused: c.flags["refused"], Err: errors.New("connection reset"), Stderr: "This account is currently not available."}
+		if v := c.args["exit"]; v != "" {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				fail("exit=: %v", err)
+			}
+			a.Exit, a.Err = &n, nil
+		}
+		if v := c.args["signal"]; v != "" {
+			a.Signal, a.Err = v, nil
+		}
+		if v := c.args["answer"]; v != "" {
+			kind, rest, _ := strings.Cut(v, ":")
+			ans := agentless.Answer{Kind: agentless.Kind(kind)}
+			switch ans.Kind {
+			case agentless.Duplicate:
+				ans = wrapper(agentless.Duplicate, rest)
+			case agentless.Refused:
+				ans.Reason = rest
+			}
+			a.Answer = &ans
+		}
+		act := stockExecVerdict(level, testHost, a)
+		started := a.Answer != nil && a.Answer.Kind == agentless.Started
+		return renderVerdict(t, from, started, string(act.Do), act.Verdict)
+	case "stock_reconcile":
+		now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+		rec := &markers.Record{ID: "ex_this", State: from, CreatedAt: now.Add(-duration("age"))}
+		var st levelStatus
+		switch level {
+		case GuaranteeMarkerScript:
+			st.Wrapper = wrapper(agentless.Status, c.args["marker"])
+		case GuaranteeHostagent:
+			// The hostagent's marker for the same observation.
+			st.Hostagent.Retention = 720 * time.Hour
+			m := map[string]markers.State{"claimed": markers.Started, "running": markers.Running, "interrupted": markers.Interrupted, "exited": markers.Exited}
+			if s, ok := m[c.args["marker"]]; ok {
+				st.Hostagent.Marker = &markers.Record{ID: "ex_this", State: s}
+				if s == markers.Exited {
+					code := 0
+					st.Hostagent.Marker.ExitCode = &code
+				}
+			}
+		}
+		act := reconcileByLevel(level, rec, now, testHost, st, c.flags["cancel"])
+		return renderVerdict(t, from, false, string(act.Do), act.Verdict)
+	}
+	return fail("unknown command %q", c.cmd)
+}
+
+func TestCheckGuarantee(t *testing.T) {
+	digest := strings.Repeat("ab", 32)
+	for _, tc := range []struct {
+		name      string
+		guarantee Guarantee
+		digest    string
+		wantErr   bool
+	}{
+		{"default", "", "", false},
+		{"hostagent", GuaranteeHostagent, "", false},
+		{"none", GuaranteeNone, "", false},
+		{"marker script", GuaranteeMarkerScript, digest, false},
+		{"marker script without digest", GuaranteeMarkerScript, "", true},
+		{"marker script with a short digest", GuaranteeMarkerScript, "abc", true},
+		{"digest without the marker script", GuaranteeNone, digest, true},
+		{"unknown level", "agent", "", true},
+	} {
+		if err := checkGuarantee(tc.guarantee, tc.digest); (err != nil) != tc.wantErr {
+			t.Errorf("%s: checkGuarantee = %v; want error %v", tc.name, err, tc.wantErr)
+		}
+	}
+}
