@@ -164,6 +164,14 @@ func (c *soakCounter) add(kind string) {
 	c.n[kind]++
 }
 
+// owed reports whether kind has not been injected yet: a client-side fault is then forced
+// wherever it applies, so a short soak injects each whatever its seed and load.
+func (c *soakCounter) owed(kind string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.n[kind] == 0
+}
+
 func (c *soakCounter) snapshot() map[string]int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -425,9 +433,9 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 	// below then re-issues it, as an agent would.
 	if sub == 0 && !c.bridged {
 		switch p := rng.Float64(); {
-		case p < soakClientKillChance:
+		case p < soakClientKillChance || cl.s.faults.owed(faultClientKill):
 			cl.killedClient(ctx, c, rng)
-		case p < soakClientKillChance+soakAbortChance:
+		case p < soakClientKillChance+soakAbortChance || cl.s.faults.owed(faultSDKAbort):
 			cl.abortedCall(ctx, c, rng)
 		}
 		if o.settledNow() {
@@ -459,9 +467,9 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 		}
 		callCtx, cancel := ctx, context.CancelFunc(func() {})
 		var bridgeKilled func() bool
-		cut := rng.Float64() < soakCutChance
+		cut := rng.Float64() < soakCutChance || cl.s.faults.owed(faultMCPCut)
 		switch {
-		case c.bridged && rng.Float64() < soakBridgeKillChance:
+		case c.bridged && (rng.Float64() < soakBridgeKillChance || cl.s.faults.owed(faultBridgeRestart)):
 			bridgeKilled = killBridgeLater(bridge, rng)
 		case cut && !c.bridged:
 			callCtx, cancel = context.WithTimeout(ctx, time.Duration(5+rng.IntN(300))*time.Millisecond)
