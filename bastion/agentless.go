@@ -241,7 +241,7 @@ func (b *Bastion) execStock(d *driver, host Host) stockAnswer {
 		b.pool.Invalidate(host.Name, conn)
 	}
 	// The stderr copy ended before runStock returned: answer is written.
-	return stockAnswer{Sent: res.Sent, Refused: res.Refused, Answer: answer, Exit: res.Exit, Signal: res.Signal, Err: res.Err, Stderr: lastLine(d.stderr)}
+	return stockAnswer{Sent: res.Sent, Refused: res.Refused, Answer: answer, Exit: res.Exit, Signal: res.Signal, Err: res.Err, Stderr: lastLine(d.stderr), Unreadable: stderr.Unreadable()}
 }
 
 // stockResult is how one exec channel on a stock sshd ended.

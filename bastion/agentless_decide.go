@@ -61,6 +61,9 @@ type stockAnswer struct {
 	Err error
 	// Stderr is the last line of stderr (the account's shell's complaint, if it failed).
 	Stderr string
+	// Unreadable: no answer was taken, yet stderr may have held one (agentless.Filter's
+	// Unreadable), so an exit status without an answer does not prove the command never ran.
+	Unreadable bool
 }
 
 // stockExecVerdict is the journal's verdict on one exec of an execution on a stock sshd
@@ -95,6 +98,12 @@ func stockExec(level Guarantee, host string, a stockAnswer) (verdict, reconcileD
 	case a.Answer != nil && a.Answer.Kind == agentless.Started:
 		return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
 			"connection to %s lost after the command started (%v); reading its marker", host, a.Err)}, settle
+	case !lost && a.Answer == nil && a.Unreadable && level == GuaranteeNone:
+		return verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"%s exited (%s), and its answer line could not be read, so whether the command started cannot be known; %s keeps no marker (guarantee level none); it is not sent again — review required", host, exitText(a.Exit, a.Signal), host)}, settle
+	case !lost && a.Answer == nil && a.Unreadable:
+		return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
+			"%s exited (%s), and its answer line could not be read, so whether the command started cannot be known; reading its marker", host, exitText(a.Exit, a.Signal))}, settle
 	case !lost:
 		// An exit status, and no answer: the account's shell never ran Postern's line (a
 		// login shell that refuses, like nologin), and the answer comes before the command.

@@ -37,7 +37,7 @@ func decideStock(t *testing.T, c decisionCase, state func(string) markers.State,
 	}
 	switch c.cmd[:strings.IndexByte(c.cmd, ' ')] {
 	case "stock_exec":
-		a := stockAnswer{Sent: !c.flags["unsent"], Refused: c.flags["refused"], Err: errors.New("connection reset"), Stderr: "This account is currently not available."}
+		a := stockAnswer{Sent: !c.flags["unsent"], Refused: c.flags["refused"], Unreadable: c.flags["unreadable"], Err: errors.New("connection reset"), Stderr: "This account is currently not available."}
 		if v := c.args["exit"]; v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil {

@@ -347,6 +347,36 @@ func TestFilterTakesOutTheAnswer(t *testing.T) {
 	}
 }
 
+// TestFilterSaysWhenAnAnswerMayHaveBeenMissed: stderr that holds the answer prefix where the
+// filter does not take an answer (not at a line start: a start-up file printed without a
+// newline), an answer line that does not parse, or more start-up output than the filter scans
+// may have hidden the answer; Unreadable says so, whatever the chunking, so that an exit
+// status without an answer is not taken for "never started".
+func TestFilterSaysWhenAnAnswerMayHaveBeenMissed(t *testing.T) {
+	id := "ex_01JDQ0000000000000000000AB"
+	for _, tc := range []struct {
+		name, in   string
+		unreadable bool
+	}{
+		{"answer", "motd\n" + Prefix + "started id=" + id + "\nerr", false},
+		{"no prefix at all", "This account is currently not available.\n", false},
+		{"prefix mid-line", "no newline from .bashrc" + Prefix + "started id=" + id + "\nerr\n", true},
+		{"bad answer line", Prefix + "started id=bogus\n", true},
+		{"too much start-up output", strings.Repeat("x\n", maxScanBytes) + Prefix + "started id=" + id + "\n", true},
+	} {
+		for _, step := range []int{1, 5, 1 << 20} {
+			f := &Filter{W: &bytes.Buffer{}}
+			for i := 0; i < len(tc.in); i += step {
+				f.Write([]byte(tc.in[i:min(len(tc.in), i+step)]))
+			}
+			f.Close()
+			if got := f.Unreadable(); got != tc.unreadable {
+				t.Errorf("%s (step %d): Unreadable() = %v; want %v", tc.name, step, got, tc.unreadable)
+			}
+		}
+	}
+}
+
 // TestScriptPassesShellcheck: the wrapper is POSIX sh without bashisms, as shellcheck -s sh
 // judges it (skipped where shellcheck is not installed: apt-get install shellcheck).
 func TestScriptPassesShellcheck(t *testing.T) {

@@ -150,7 +150,8 @@ const maxScanBytes = 64 << 10
 
 // Filter passes a command's stderr on to W, taking out the first answer line (the wrapper's
 // or the plain program's, which comes before anything of the command) and handing it to
-// OnAnswer. Lines before it — the login shell's start-up files — pass through.
+// OnAnswer. Lines before it — the login shell's start-up files — pass through. Unreadable
+// says whether the stream may have held an answer the filter could not take.
 type Filter struct {
 	W        io.Writer
 	OnAnswer func(Answer, error)
@@ -159,6 +160,27 @@ type Filter struct {
 	midLine   bool   // the bytes passed on so far end inside a line
 	pending   []byte // the start of a line that may be the answer
 	passedOut int
+	answered  bool   // an answer line parsed
+	suspect   bool   // the prefix passed through, an answer line did not parse, or the scan gave up
+	tail      []byte // the last len(Prefix)-1 bytes passed through before the answer
+}
+
+// Unreadable reports whether the stream had no answer the filter could take and yet may have
+// held one: the prefix outside a line start (a start-up file printed without a newline), an
+// answer line that did not parse, or more start-up output than the filter scans. Then an
+// exit status without an answer does not show that the command never started.
+func (f *Filter) Unreadable() bool { return !f.answered && f.suspect }
+
+// scan notes whether the bytes passed through before the answer hold the prefix.
+func (f *Filter) scan(p []byte) {
+	if f.suspect {
+		return
+	}
+	buf := append(f.tail, p...)
+	if bytes.Contains(buf, []byte(Prefix)) {
+		f.suspect = true
+	}
+	f.tail = append(f.tail[:0], buf[max(0, len(buf)-(len(Prefix)-1)):]...)
 }
 
 // Write implements io.Writer; it reports len(p) written unless W fails.
@@ -197,6 +219,7 @@ func (f *Filter) Write(p []byte) (int, error) {
 		if complete {
 			a, err := ParseAnswer(string(f.pending[:len(f.pending)-1]))
 			f.pending, f.done = nil, true
+			f.answered, f.suspect = err == nil, f.suspect || err != nil
 			if f.OnAnswer != nil {
 				f.OnAnswer(a, err)
 			}
@@ -211,9 +234,10 @@ func (f *Filter) Write(p []byte) (int, error) {
 }
 
 func (f *Filter) pass(p []byte) error {
+	f.scan(p)
 	f.passedOut += len(p)
 	if f.passedOut > maxScanBytes {
-		f.done = true
+		f.done, f.suspect = true, true
 	}
 	_, err := f.W.Write(p)
 	return err
@@ -226,6 +250,7 @@ func (f *Filter) Close() error {
 	}
 	p := f.pending
 	f.pending = nil
+	f.scan(p)
 	_, err := f.W.Write(p)
 	return err
 }
