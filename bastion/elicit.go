@@ -24,7 +24,8 @@ import (
 //     offered again, so a retry of it never asks again.
 //  2. The bridge asks the client's user with an elicitation form (approve or deny, a note),
 //     and sends the answer to the daemon as transport.MethodApproval — a JSON-RPC method, not
-//     a tool, so the model cannot call it through its client.
+//     a tool, so the model cannot call it through its client, and one the bridge refuses
+//     from its client, so only the answer to its own question reaches the daemon.
 //  3. The daemon journals it as a decision by "the agent's user, by elicitation" — only for
 //     the actor and agent run of the execution, only after an offer, only for a class that
 //     allows it (operator_approval_only, default true for irreversible). The operator CLI

@@ -45,7 +45,7 @@ const (
 	MetaApprovalOffer = "dev.postern/approval-offer"
 	// MethodApproval is the daemon's JSON-RPC method the bridge sends the user's answer to:
 	// params {"execution_id", "decision": "approve"|"deny", "note"}. It is not a tool, so a
-	// model cannot call it through its client.
+	// model cannot call it through its client, and the bridge refuses it from its client.
 	MethodApproval = "postern/approval"
 )
 
@@ -53,6 +53,7 @@ const (
 const (
 	codeParseError     = -32700
 	codeInvalidRequest = -32600
+	codeMethodNotFound = -32601
 	codeBridgeError    = -32000 // implementation-defined server error: the daemon did not answer
 )
 
@@ -234,6 +235,15 @@ func (b *bridge) dispatch(ctx context.Context, line []byte, release func()) {
 	}
 	if env.Method == "" && b.answerAsked(&env) {
 		release()
+		return
+	}
+	if env.Method == MethodApproval {
+		// The user's decision reaches the daemon only as the bridge's own elicitation got
+		// it: a client sending it itself would approve its own execution.
+		release()
+		if env.isCall() {
+			b.replyError(env.ID, codeMethodNotFound, MethodApproval+" is the bridge's own; approvals are asked of the user by elicitation")
+		}
 		return
 	}
 	if env.Method == "initialize" {
