@@ -51,13 +51,19 @@ func checkGuarantee(g Guarantee, digest string) error {
 }
 
 // checkStockCall refuses what a host without the hostagent cannot honour, before anything is
-// journaled: operation keys (the hostagent keeps them) and commands too long for one line.
+// journaled: operation keys (the hostagent keeps them), commands too long for one line, and
+// on a marker-script host an env HOME — sshd's env, or the exports at the head of the line,
+// reach the wrapper too, and HOME would move its markers away from where the bastion reads
+// them (no marker there means "never started").
 func checkStockCall(host Host, a ExecArgs, cwd string) error {
 	if host.Level() == GuaranteeHostagent {
 		return nil
 	}
 	if a.OperationKey != "" {
 		return invalid("operation_key needs the hostagent, and %s runs none (guarantee %s); leave it out, or use idempotency_key", host.Name, host.Level())
+	}
+	if _, ok := a.Env["HOME"]; ok && host.Level() == GuaranteeMarkerScript {
+		return invalid("env HOME: the marker script on %s keeps its markers under the account's home, so HOME cannot be set there; set it inside the command instead", host.Name)
 	}
 	_, err := stockLine(host, &markers.Record{ID: placeholderID, Command: shellCommand(a.Command), Cwd: cwd, TimeoutSeconds: a.TimeoutS}, a.Env)
 	if errors.Is(err, agentless.ErrTooLong) {
