@@ -59,6 +59,9 @@ type Bastion struct {
 	intake keyLocks  // serializes match-and-create per intent and per idempotency key
 	runs   knownRuns // agent runs the journal already holds (calls.go)
 	posts  sync.Map  // POSTs in flight by postKeyHeader → *postState (tools.go)
+	// taskWaits counts each actor's tasks/result requests waiting for an execution to end
+	// (mcptasks.go).
+	taskWaits waitSlots
 
 	mu      sync.Mutex // guards drivers (and each driver's queued), cancels, slotFreed and closed
 	drivers map[string]*driver

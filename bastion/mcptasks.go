@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -23,6 +24,39 @@ type taskBackend struct{ b *Bastion }
 // taskResultPoll is how often tasks/result looks at an execution no driver carries here (one
 // awaiting approval or review, or driven after a restart by the reconcile loop).
 const taskResultPoll = 500 * time.Millisecond
+
+// maxTaskWaitsPerActor bounds one actor's tasks/result requests waiting at once: unlike a
+// tool's wait_s (at most max_wait), such a wait lasts until the execution ends — days for
+// one awaiting approval — and each holds a request, a goroutine and a journal poll.
+const maxTaskWaitsPerActor = 64
+
+// waitSlots counts waits per actor; the zero value is ready.
+type waitSlots struct {
+	mu sync.Mutex
+	n  map[string]int
+}
+
+// acquire takes one of actor's max slots, or reports false when all are taken.
+func (w *waitSlots) acquire(actor string, max int) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n[actor] >= max {
+		return false
+	}
+	if w.n == nil {
+		w.n = map[string]int{}
+	}
+	w.n[actor]++
+	return true
+}
+
+func (w *waitSlots) release(actor string) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.n[actor]--; w.n[actor] <= 0 {
+		delete(w.n, actor)
+	}
+}
 
 func (t taskBackend) caller(extra *mcp.RequestExtra) (transport.Caller, error) {
 	if extra != nil {
@@ -98,6 +132,12 @@ func (t taskBackend) Result(ctx context.Context, extra *mcp.RequestExtra, id str
 	b := t.b
 	ctx = b.postContext(ctx, extra)
 	var last markers.State
+	waiting := ""
+	defer func() {
+		if waiting != "" {
+			b.taskWaits.release(waiting)
+		}
+	}()
 	for {
 		rec, err := t.own(extra, id)
 		if err != nil {
@@ -121,6 +161,12 @@ func (t taskBackend) Result(ctx context.Context, extra *mcp.RequestExtra, id str
 				StructuredContent: x,
 				IsError:           x.callFailed(),
 			}, nil
+		}
+		if waiting == "" {
+			if !b.taskWaits.acquire(rec.Actor, maxTaskWaitsPerActor) {
+				return nil, &ToolError{Code: "too_many_waits", ExecutionID: id, Message: fmt.Sprintf("%d tasks/result requests of yours already wait; ask tasks/get instead, or again once one ended", maxTaskWaitsPerActor)}
+			}
+			waiting = rec.Actor
 		}
 		var done <-chan struct{}
 		if d := b.liveDriver(id); d != nil {

@@ -5,12 +5,15 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
+	"time"
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
@@ -247,6 +250,18 @@ func stripStep(t *testing.T, raw json.RawMessage) string {
 // client capabilities.
 func extPost(t *testing.T, f *fleet, method, name string, params map[string]any, caps map[string]any) map[string]any {
 	t.Helper()
+	res, rpcErr, err := extCall(t.Context(), f, method, name, params, caps)
+	switch {
+	case err != nil:
+		t.Fatal(err)
+	case rpcErr != nil:
+		t.Fatalf("%s: error %v", method, rpcErr)
+	}
+	return res
+}
+
+// extCall is extPost under ctx, returning the JSON-RPC error instead of failing on it.
+func extCall(ctx context.Context, f *fleet, method, name string, params map[string]any, caps map[string]any) (result, rpcErr map[string]any, err error) {
 	params["_meta"] = map[string]any{
 		"io.modelcontextprotocol/protocolVersion":    "2026-07-28",
 		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "raw", "version": "0"},
@@ -254,11 +269,11 @@ func extPost(t *testing.T, f *fleet, method, name string, params map[string]any,
 	}
 	body, err := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
-	req, err := http.NewRequest(http.MethodPost, f.bastion.URL, bytes.NewReader(body))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.bastion.URL, bytes.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	req.Header.Set("Authorization", "Bearer "+f.bastion.Tokens["agent"])
 	req.Header.Set("Postern-Run", "ext-run")
@@ -271,12 +286,12 @@ func extPost(t *testing.T, f *fleet, method, name string, params map[string]any,
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	defer resp.Body.Close()
 	out, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatal(err)
+		return nil, nil, err
 	}
 	for _, line := range strings.Split(string(out), "\n") {
 		data, ok := strings.CutPrefix(strings.TrimRight(line, "\r"), "data:")
@@ -290,15 +305,65 @@ func extPost(t *testing.T, f *fleet, method, name string, params map[string]any,
 		if !ok || json.Unmarshal([]byte(strings.TrimSpace(data)), &msg) != nil {
 			continue
 		}
-		if msg.Error != nil {
-			t.Fatalf("%s: error %v", method, msg.Error)
-		}
-		if msg.Result != nil {
-			return msg.Result
+		if msg.Error != nil || msg.Result != nil {
+			return msg.Result, msg.Error, nil
 		}
 	}
-	t.Fatalf("%s: no result in HTTP %d:\n%s", method, resp.StatusCode, out)
-	return nil
+	return nil, nil, fmt.Errorf("%s: no result in HTTP %d:\n%s", method, resp.StatusCode, out)
+}
+
+// TestTaskResultWaitsAreBoundedPerActor: a tasks/result waits until its execution ends,
+// which may be days, so one actor's waits at once are bounded; one past the bound is refused
+// at once, and the waits that were let in all get the result once the command ends (which
+// ran once).
+func TestTaskResultWaitsAreBoundedPerActor(t *testing.T) {
+	f := startFleet(t)
+	g := newGatedCommand(t)
+	ext := map[string]any{"extensions": map[string]any{"io.modelcontextprotocol/tasks": map[string]any{}}}
+	task := extPost(t, f, "tools/call", "ssh_exec", map[string]any{"name": "ssh_exec", "arguments": map[string]any{"host": "h1", "command": g.cmd, "wait_s": 0}}, ext)
+	id, _ := task["taskId"].(string)
+	if task["resultType"] != "task" {
+		t.Fatalf("tools/call = %v, want a task", task)
+	}
+	const bound = 64 // maxTaskWaitsPerActor
+	results := make(chan map[string]any, bound)
+	var waits sync.WaitGroup
+	for range bound {
+		waits.Go(func() {
+			for {
+				res, rpcErr, err := extCall(t.Context(), f, "tasks/result", "", map[string]any{"taskId": id}, ext)
+				if msg, _ := rpcErr["message"].(string); strings.Contains(msg, "too_many_waits") {
+					time.Sleep(50 * time.Millisecond) // a probe below holds a slot for a moment
+					continue
+				}
+				if err != nil || rpcErr != nil {
+					t.Errorf("tasks/result within the bound: %v %v", err, rpcErr)
+				}
+				results <- res
+				return
+			}
+		})
+	}
+	// A probe either is refused (the bound is taken) or waits, and then gives up after a
+	// moment, which frees its slot (for a wait above that was refused meanwhile).
+	testutil.WaitFor(t, "a tasks/result past the bound is refused", func() bool {
+		ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+		defer cancel()
+		_, rpcErr, err := extCall(ctx, f, "tasks/result", "", map[string]any{"taskId": id}, ext)
+		msg, _ := rpcErr["message"].(string)
+		return err == nil && strings.Contains(msg, "too_many_waits")
+	})
+	g.open(t)
+	waits.Wait()
+	close(results)
+	for res := range results {
+		if sc, _ := res["structuredContent"].(map[string]any); sc["state"] != "completed" {
+			t.Fatalf("tasks/result = %v, want the completed execution", res)
+		}
+	}
+	if n := effects(t, g.file); n != 1 {
+		t.Fatalf("the command ran %d times, want 1", n)
+	}
 }
 
 // TestTasksExtension: on protocol 2026-07-28 the server offers the
