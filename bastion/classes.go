@@ -73,10 +73,11 @@ func (c *classes) get(name string) ClassConfig {
 }
 
 // inBandApproval reports whether the agent's user may decide an approval of class name in
-// the client (elicitation), besides operators.
+// the client (elicitation), besides operators. A class the config does not name (a record
+// from an older config) stays with operators: it may have been an operator-only one.
 func (c *classes) inBandApproval(name string) bool {
-	only := c.get(name).OperatorApprovalOnly
-	return only == nil || !*only
+	cl, ok := c.byName[name]
+	return ok && (cl.OperatorApprovalOnly == nil || !*cl.OperatorApprovalOnly)
 }
 
 // retention is the per-class retention the journal's GC applies.

@@ -205,6 +205,28 @@ func TestClassWindows(t *testing.T) {
 	}
 }
 
+// TestInBandApproval: the agent's user may decide an approval only for a class the config
+// knows and does not keep with operators; a class the config no longer names (a record from
+// an older config, whose class may have been operator-only) stays with operators.
+func TestInBandApproval(t *testing.T) {
+	no := false
+	c := newClasses(Config{Classes: []ClassConfig{{Name: "batch"}, {Name: ClassIrreversible, OperatorApprovalOnly: &no}, {Name: "payments", OperatorApprovalOnly: boolPtr(true)}}})
+	for name, want := range map[string]bool{
+		ClassRemoteCommand:   true,
+		"batch":              true,
+		ClassIrreversible:    true, // configured to allow it
+		"payments":           false,
+		"from-an-old-config": false,
+	} {
+		if got := c.inBandApproval(name); got != want {
+			t.Errorf("inBandApproval(%s) = %v; want %v", name, got, want)
+		}
+	}
+	if newClasses(Config{}).inBandApproval(ClassIrreversible) {
+		t.Error("irreversible approvals are in band by default; want operators only")
+	}
+}
+
 // TestLoadConfigReportsEveryProblemAtOnce: an unknown key, a mistyped duration and invalid
 // values are reported by one LoadConfig, not one pass each.
 func TestLoadConfigReportsEveryProblemAtOnce(t *testing.T) {
