@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/jsonrpc"
@@ -236,7 +237,9 @@ func (s *server) call(ctx context.Context, ss *mcp.ServerSession, next mcp.Metho
 		if st.Terminal() {
 			return res, nil
 		}
-		return &extCreateTaskResult{ResultType: "task", ExtTask: s.extTask(x, nil)}, nil
+		// The result's _meta goes with the task: it may carry what the transport acts on
+		// (the approval offer the stdio bridge asks its user about, journaled once).
+		return &extCreateTaskResult{ResultBase: mcp.ResultBase{Meta: maps.Clone(tr.Meta)}, ResultType: "task", ExtTask: s.extTask(x, nil)}, nil
 	}
 	return next(ctx, "tools/call", req)
 }

@@ -87,8 +87,10 @@ func (f *fakeBackend) List(_ context.Context, _ *mcp.RequestExtra, cursor string
 }
 
 // protocolServer serves a server with one task tool ("run") and one other tool ("look"),
-// tasks installed over be, statelessly at protocol 2025-11-25; post sends one message.
-func protocolServer(t *testing.T, be Backend) (post func(method string, params any) (result, rpcErr map[string]any), waits *[]json.RawMessage) {
+// tasks installed over be, statelessly at protocol version; post sends one message (from
+// 2026-07-28 with the _meta triple, declaring the tasks extension, and the routing headers).
+// The tools' results carry _meta {"test/meta": "kept"}.
+func protocolServer(t *testing.T, be Backend, version string) (post func(method string, params map[string]any) (result, rpcErr map[string]any), waits *[]json.RawMessage) {
 	t.Helper()
 	srv := mcp.NewServer(&mcp.Implementation{Name: "t", Version: "0"}, nil)
 	var seen []json.RawMessage
@@ -100,10 +102,10 @@ func protocolServer(t *testing.T, be Backend) (post func(method string, params a
 			mu.Lock()
 			seen = append(seen, args["wait_s"])
 			mu.Unlock()
-			if Creating(ctx) != (name == "run") {
+			if version == "2025-11-25" && Creating(ctx) != (name == "run") {
 				t.Errorf("tool %s: Creating = %v", name, Creating(ctx))
 			}
-			return &mcp.CallToolResult{StructuredContent: map[string]any{"execution_id": "ex_run"}}, nil
+			return &mcp.CallToolResult{StructuredContent: map[string]any{"execution_id": "ex_run"}, Meta: mcp.Meta{"test/meta": "kept"}}, nil
 		})
 	}
 	tool("run")
@@ -114,13 +116,27 @@ func protocolServer(t *testing.T, be Backend) (post func(method string, params a
 	h := HTTPHandler(mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{Stateless: true}))
 	ts := httptest.NewServer(h)
 	t.Cleanup(ts.Close)
-	post = func(method string, params any) (map[string]any, map[string]any) {
+	post = func(method string, params map[string]any) (map[string]any, map[string]any) {
 		t.Helper()
+		stateless := version >= "2026-07-28"
+		if stateless {
+			params["_meta"] = map[string]any{
+				"io.modelcontextprotocol/protocolVersion":    version,
+				"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "raw", "version": "0"},
+				"io.modelcontextprotocol/clientCapabilities": map[string]any{"extensions": map[string]any{ExtensionID: map[string]any{}}},
+			}
+		}
 		body, _ := json.Marshal(map[string]any{"jsonrpc": "2.0", "id": 1, "method": method, "params": params})
 		req, _ := http.NewRequest(http.MethodPost, ts.URL, bytes.NewReader(body))
 		req.Header.Set("Content-Type", "application/json")
 		req.Header.Set("Accept", "application/json, text/event-stream")
-		req.Header.Set("Mcp-Protocol-Version", "2025-11-25")
+		req.Header.Set("Mcp-Protocol-Version", version)
+		if stateless {
+			req.Header.Set("Mcp-Method", method)
+			if name, _ := params["name"].(string); name != "" {
+				req.Header.Set("Mcp-Name", name)
+			}
+		}
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
@@ -156,7 +172,7 @@ func TestProtocol(t *testing.T) {
 		"ex_done": {ID: "ex_done", Facts: Facts{State: "completed"}, CreatedAt: at, UpdatedAt: at, Retention: time.Hour},
 		"ex_old":  {ID: "ex_old", Facts: Facts{State: "failed"}, CreatedAt: at, UpdatedAt: at},
 	}, order: []string{"ex_run", "ex_done", "ex_old"}}
-	post, waits := protocolServer(t, be)
+	post, waits := protocolServer(t, be, "2025-11-25")
 
 	res, rpcErr := post("tools/call", map[string]any{"name": "run", "arguments": map[string]any{"wait_s": 30}, "task": map[string]any{"ttl": 1000}})
 	task, _ := res["task"].(map[string]any)
@@ -201,5 +217,20 @@ func TestProtocol(t *testing.T) {
 	}
 	if res, _ = post("tasks/cancel", map[string]any{"taskId": "ex_run"}); res["status"] != "cancelled" || len(be.cancelled) != 1 {
 		t.Fatalf("tasks/cancel of a working task = %v (backend cancelled %v)", res, be.cancelled)
+	}
+}
+
+// TestServerDirectedTaskKeepsTheResultMeta: with the tasks extension, a call whose execution
+// is still going is answered with a task instead of the tool's result; the result's _meta
+// (the approval offer the stdio bridge asks its user about) goes with it, not dropped.
+func TestServerDirectedTaskKeepsTheResultMeta(t *testing.T) {
+	at := time.Date(2026, 7, 28, 10, 0, 0, 0, time.UTC)
+	be := &fakeBackend{execs: map[string]*Execution{
+		"ex_run": {ID: "ex_run", Facts: Facts{State: "awaiting_approval"}, CreatedAt: at, UpdatedAt: at, Retention: time.Hour},
+	}, order: []string{"ex_run"}}
+	post, _ := protocolServer(t, be, "2026-07-28")
+	res, rpcErr := post("tools/call", map[string]any{"name": "run", "arguments": map[string]any{}})
+	if meta, _ := res["_meta"].(map[string]any); rpcErr != nil || res["resultType"] != "task" || res["taskId"] != "ex_run" || meta["test/meta"] != "kept" {
+		t.Fatalf("tools/call declaring the extension = %v, %v; want a task with the result's _meta", res, rpcErr)
 	}
 }
