@@ -167,6 +167,13 @@ func reconcileByLevel(level Guarantee, rec *markers.Record, now time.Time, host 
 	if w.State != agentless.Absent {
 		return wrapperStateVerdict(host, w)
 	}
+	if rec.ReviewRequired {
+		// Under review already (the marker vanished while the command ran, it was
+		// interrupted, a claim was left): the wrapper's files are the account's to delete,
+		// so no marker now proves nothing.
+		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"the marker script on %s has no marker for it now, but its outcome already needed review (the marker was there before, or could not be trusted), so a missing marker does not prove it never started; it is not sent again — review required", host)}}
+	}
 	// No marker: the same rule as the hostagent's, under the wrapper's retention.
 	act := reconcileOn(rec, now, host, hostStatus{Retention: time.Duration(w.RetentionDays) * 24 * time.Hour}, cancel)
 	return act

@@ -64,7 +64,7 @@ func decideStock(t *testing.T, c decisionCase, state func(string) markers.State,
 		return renderVerdict(t, from, started, string(act.Do), act.Verdict)
 	case "stock_reconcile":
 		now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-		rec := &markers.Record{ID: "ex_this", State: from, CreatedAt: now.Add(-duration("age"))}
+		rec := &markers.Record{ID: "ex_this", State: from, CreatedAt: now.Add(-duration("age")), ReviewRequired: c.flags["review"]}
 		var st levelStatus
 		switch level {
 		case GuaranteeMarkerScript:
