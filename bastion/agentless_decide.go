@@ -75,6 +75,10 @@ func stockExecVerdict(level Guarantee, host string, a stockAnswer) reconcileActi
 
 func stockExec(level Guarantee, host string, a stockAnswer) (verdict, reconcileDo) {
 	lost := a.Exit == nil && a.Signal == ""
+	if a.Answer != nil && a.Answer.Kind != agentless.Started && a.Answer.Kind != agentless.Duplicate && a.Answer.Kind != agentless.Refused {
+		// An answer an exec never gives first (status, warning): not one to decide on.
+		a.Answer, a.Unreadable = nil, true
+	}
 	switch {
 	case !a.Sent:
 		return verdict{To: markers.Failed, Note: fmt.Sprintf("could not send the command to %s (%v); nothing was sent", host, a.Err)}, settle
