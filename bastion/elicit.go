@@ -2,9 +2,14 @@ package bastion
 
 import (
 	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
 	"errors"
 	"fmt"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -27,9 +32,16 @@ import (
 //     a tool, so the model cannot call it through its client, and one the bridge refuses
 //     from its client, so only the answer to its own question reaches the daemon.
 //  3. The daemon journals it as a decision by "the agent's user, by elicitation" — only for
-//     the actor and agent run of the execution, only after an offer, only for a class that
-//     allows it (operator_approval_only, default true for irreversible). The operator CLI
+//     the actor and agent run of the execution, only with the offer's token, only for a class
+//     that allows it (operator_approval_only, default true for irreversible). The operator CLI
 //     decides as before; the first decision wins (a compare-and-set on awaiting_approval).
+//
+// The token is a random secret in the offer, which only the bridge sees (it strips the offer
+// before its client does): the kernel proves that a connection comes from a child of the
+// agent, not that it is that bridge, so without it any process the agent started — a shell
+// its model runs — could send the decision while the user is being asked. The daemon keeps
+// the token's hash in memory only: after a restart an offered execution waits for an
+// operator.
 //
 // Trust: the answer is as good as the client that relays it, which is what MCP elicitation
 // means on any transport; classes whose approvals must not rest on the agent's machine keep
@@ -53,7 +65,51 @@ func (b *Bastion) offerApproval(ctx context.Context, req *mcp.CallToolRequest, c
 	if rec == nil {
 		return nil
 	}
-	return map[string]any{"execution_id": rec.ID, "message": approvalMessage(rec)}
+	return map[string]any{"execution_id": rec.ID, "message": approvalMessage(rec), "token": b.offers.issue(rec.ID, b.now())}
+}
+
+// offerTokenTTL bounds how long an offer's token is kept for an execution nobody decides.
+const offerTokenTTL = 24 * time.Hour
+
+// offerTokens are the tokens of the offers made, by execution id, as SHA-256 hashes.
+type offerTokens struct {
+	mu sync.Mutex
+	m  map[string]offerToken
+}
+
+type offerToken struct {
+	sum [sha256.Size]byte
+	at  time.Time
+}
+
+// issue makes the token of execution id's offer, dropping tokens older than offerTokenTTL.
+func (o *offerTokens) issue(id string, now time.Time) string {
+	token := rand.Text()
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.m == nil {
+		o.m = map[string]offerToken{}
+	}
+	for k, t := range o.m {
+		if now.Sub(t.at) > offerTokenTTL {
+			delete(o.m, k)
+		}
+	}
+	o.m[id] = offerToken{sum: sha256.Sum256([]byte(token)), at: now}
+	return token
+}
+
+// redeem reports whether token is execution id's, and forgets it if so: a token decides once.
+func (o *offerTokens) redeem(id, token string) bool {
+	sum := sha256.Sum256([]byte(token))
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	t, ok := o.m[id]
+	if !ok || subtle.ConstantTimeCompare(t.sum[:], sum[:]) != 1 {
+		return false
+	}
+	delete(o.m, id)
+	return true
 }
 
 // offer journals that the approval of execution id is asked of the agent's user, unless it
@@ -155,6 +211,8 @@ type approvalParams struct {
 	ExecutionID string `json:"execution_id"`
 	Decision    string `json:"decision"`
 	Note        string `json:"note,omitempty"`
+	// Token is the offer's (offerTokens).
+	Token string `json:"token"`
 }
 
 type approvalResult struct {
@@ -184,7 +242,7 @@ func (b *Bastion) installElicitedApprovals(srv *mcp.Server) error {
 		if p == nil {
 			p = &approvalParams{}
 		}
-		rec, err := b.ElicitedDecision(ctx, c, p.ExecutionID, p.Decision, p.Note)
+		rec, err := b.ElicitedDecision(ctx, c, p.ExecutionID, p.Decision, p.Note, p.Token)
 		if err != nil {
 			return nil, err
 		}
@@ -193,8 +251,8 @@ func (b *Bastion) installElicitedApprovals(srv *mcp.Server) error {
 }
 
 // ElicitedDecision journals a decision the agent's user took in the client, relayed by the
-// stdio bridge: decision is approve or deny.
-func (b *Bastion) ElicitedDecision(ctx context.Context, c transport.Caller, id, decision, note string) (*markers.Record, error) {
+// stdio bridge that was offered it (token is the offer's): decision is approve or deny.
+func (b *Bastion) ElicitedDecision(ctx context.Context, c transport.Caller, id, decision, note, token string) (*markers.Record, error) {
 	rec, err := b.own(c, id)
 	if err != nil {
 		return nil, err
@@ -209,8 +267,8 @@ func (b *Bastion) ElicitedDecision(ctx context.Context, c transport.Caller, id, 
 	if err != nil {
 		return nil, journalError(err)
 	}
-	if !offered {
-		return nil, &ToolError{Code: "not_offered", ExecutionID: id, Message: "no approval was asked of the agent's user for " + id}
+	if !offered || !b.offers.redeem(id, token) {
+		return nil, &ToolError{Code: "not_offered", ExecutionID: id, Message: "no approval was asked of this bridge's user for " + id}
 	}
 	return b.decideElicited(ctx, c, rec, decision, note)
 }

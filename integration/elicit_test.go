@@ -34,6 +34,7 @@ commands = ["pay **"]`
 
 type tsElicitLine struct {
 	Step     int                `json:"step"`
+	Forged   string             `json:"forged"`
 	Result   *bastion.Execution `json:"result"`
 	Asked    int                `json:"asked"`
 	Messages []string           `json:"messages"`
@@ -178,6 +179,34 @@ func TestElicitationDeclinedOperatorDecides(t *testing.T) {
 	}
 	if n := effects(t, paid); n != 0 {
 		t.Fatalf("the pending payment ran %d times", n)
+	}
+}
+
+// TestElicitationDecisionOnlyFromTheOfferedBridge: the kernel shows that a connection comes
+// from a child of the agent, not that it is the bridge the approval was offered to. A process
+// the agent started (curl here, as a model's shell could run it) that names the agent as its
+// parent, as a bridge does, and sends postern/approval itself — while or after the user is
+// asked — is refused: it lacks the offer's token. The execution stays awaiting approval.
+func TestElicitationDecisionOnlyFromTheOfferedBridge(t *testing.T) {
+	f := startFleet(t, approveInBand)
+	ctx := testContext(t)
+	migrate, file := script(t, "migrate")
+	args := map[string]any{"host": "h1", "command": migrate + " forged", "wait_s": 5}
+
+	lines := runTSElicit(t, ctx, f, map[string]any{"answer": "decline"}, callStep(args),
+		map[string]any{"forge": map[string]any{"socket": f.bastion.Socket, "decision": "approve"}})
+	first, forged := lines[1], lines[2]
+	if first.Result == nil || first.Result.State != "awaiting_approval" || first.Asked != 1 {
+		t.Fatalf("declined call = %s; want awaiting_approval after one question", first.raw)
+	}
+	if !strings.Contains(forged.Forged, "not_offered") {
+		t.Fatalf("the forged decision was answered %q; want not_offered", forged.Forged)
+	}
+	if rec := showExecution(t, ctx, f.bastion, first.Result.ExecutionID); rec.Record.State != markers.AwaitingApproval {
+		t.Fatalf("after the forged decision the execution is %s; want awaiting_approval", rec.Record.State)
+	}
+	if n := effects(t, file); n != 0 {
+		t.Fatalf("the command ran %d times after a forged approval", n)
 	}
 }
 

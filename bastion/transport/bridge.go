@@ -41,10 +41,10 @@ const (
 	// elicitation capability, so the daemon may offer an approval to ask for.
 	BridgeElicitationHeader = "Postern-Bridge-Elicitation"
 	// MetaApprovalOffer is the _meta key of a tools/call result that carries an offer:
-	// {"execution_id", "message"}. The bridge removes it before the client sees the result.
+	// {"execution_id", "message", "token"}. The bridge removes it before the client sees the result.
 	MetaApprovalOffer = "dev.postern/approval-offer"
 	// MethodApproval is the daemon's JSON-RPC method the bridge sends the user's answer to:
-	// params {"execution_id", "decision": "approve"|"deny", "note"}. It is not a tool, so a
+	// params {"execution_id", "decision": "approve"|"deny", "note", "token"} (the offer's). It is not a tool, so a
 	// model cannot call it through its client, and the bridge refuses it from its client.
 	MethodApproval = "postern/approval"
 )

@@ -10,6 +10,9 @@ import (
 type approvalOffer struct {
 	ExecutionID string `json:"execution_id"`
 	Message     string `json:"message"`
+	// Token goes back with the decision: it shows the daemon that the decision comes from
+	// the bridge it offered the approval to.
+	Token string `json:"token"`
 }
 
 // ApprovalSchema is the form the client's user fills in: a decision and a note (the bridge
@@ -147,20 +150,20 @@ func (b *bridge) askApproval(ctx context.Context, offer approvalOffer) bool {
 	}
 	// A decision the daemon refuses (an operator decided first, the approval timed out) is
 	// not an error to the client: sending the call again shows what holds.
-	b.sendDecision(ctx, offer.ExecutionID, answer.Content.Decision, answer.Content.Note)
+	b.sendDecision(ctx, offer, answer.Content.Decision, answer.Content.Note)
 	return true
 }
 
-// sendDecision sends the user's decision to the daemon (MethodApproval). Its answer is not
-// needed: the call sent again afterwards shows what holds.
-func (b *bridge) sendDecision(ctx context.Context, executionID, decision, note string) {
+// sendDecision sends the user's decision on offer to the daemon (MethodApproval). Its answer
+// is not needed: the call sent again afterwards shows what holds.
+func (b *bridge) sendDecision(ctx context.Context, offer approvalOffer, decision, note string) {
 	b.mu.Lock()
 	b.askedSeq++
 	id, _ := json.Marshal(fmt.Sprintf("postern-decision-%d", b.askedSeq))
 	b.mu.Unlock()
 	line, err := json.Marshal(map[string]any{
 		"jsonrpc": "2.0", "id": json.RawMessage(id), "method": MethodApproval,
-		"params": map[string]any{"execution_id": executionID, "decision": decision, "note": note},
+		"params": map[string]any{"execution_id": offer.ExecutionID, "decision": decision, "note": note, "token": offer.Token},
 	})
 	if err != nil {
 		return

@@ -6,6 +6,10 @@
 //   {"connect": {"url": "...", "token": "...", "run": "..."}}          Streamable HTTP
 //   {"answer": "approve"|"deny"|"decline"|"cancel", "note": "..."}   how to answer from now on
 //   {"call": {"name": "ssh_exec", "arguments": {...}}}
+//   {"forge": {"socket": "/path/postern.sock", "decision": "approve"}}
+//       a child of this client (curl) sends postern/approval for the last call's execution
+//       to the daemon itself, naming this client as its parent as a bridge does; prints
+//       {"step": i, "forged": <the daemon's answer>}
 //
 // A call prints {"step": i, "result": <structuredContent>, "asked": <elicitations so far>,
 // "messages": [<their messages>]} or {"step": i, "error": "..."}.
@@ -13,10 +17,20 @@ import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StdioClientTransport } from '@modelcontextprotocol/sdk/client/stdio.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
 import { CallToolResultSchema, ElicitRequestSchema } from '@modelcontextprotocol/sdk/types.js';
+import { spawnSync } from 'node:child_process';
+import { readFileSync } from 'node:fs';
 
 const steps = JSON.parse(process.argv[2]);
 let answer = { action: 'decline' };
 const messages = [];
+let lastExecution = '';
+
+// selfRef is this process as a bridge names its parent: "<pid>-<start ticks>" (/proc).
+function selfRef() {
+  const stat = readFileSync('/proc/self/stat', 'utf8');
+  const fields = stat.slice(stat.lastIndexOf(')') + 2).split(' ');
+  return `${process.pid}-${fields[19]}`;
+}
 
 function print(obj) {
   process.stdout.write(JSON.stringify(obj) + '\n');
@@ -49,10 +63,19 @@ for (const [i, step] of steps.entries()) {
   } else if (step.call) {
     try {
       const res = await client.callTool(step.call, CallToolResultSchema, { timeout: 60000 });
+      lastExecution = res.structuredContent?.execution_id ?? lastExecution;
       print({ step: i, result: res.structuredContent ?? null, asked: messages.length, messages });
     } catch (err) {
       print({ step: i, error: String(err?.message ?? err), asked: messages.length });
     }
+  } else if (step.forge) {
+    const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'postern/approval',
+      params: { execution_id: lastExecution, decision: step.forge.decision, note: 'forged' } });
+    const out = spawnSync('curl', ['-sS', '--unix-socket', step.forge.socket, '-X', 'POST',
+      '-H', 'Content-Type: application/json', '-H', 'Accept: application/json, text/event-stream',
+      '-H', 'Mcp-Protocol-Version: 2025-11-25', '-H', `Postern-Bridge-Parent: ${selfRef()}`,
+      '--data-binary', body, 'http://localhost/mcp'], { encoding: 'utf8' });
+    print({ step: i, forged: (out.stdout ?? '') + (out.stderr ?? '') });
   }
 }
 await client?.close();
