@@ -56,9 +56,10 @@ func (b *Bastion) askable(ctx context.Context, x *Execution) bool {
 }
 
 // offerApproval returns the offer to attach to a bridged call's result, or nil: x awaits
-// approval and the caller is a stdio bridge whose client declared elicitation.
+// approval and the caller is a stdio bridge of the daemon's own binary whose client declared
+// elicitation.
 func (b *Bastion) offerApproval(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, x *Execution) map[string]any {
-	if !c.Local || !c.Bridged || req.Extra == nil || req.Extra.Header.Get(transport.BridgeElicitationHeader) != "form" || !b.askable(ctx, x) {
+	if !c.Local || !c.BridgeBinary || req.Extra == nil || req.Extra.Header.Get(transport.BridgeElicitationHeader) != "form" || !b.askable(ctx, x) {
 		return nil
 	}
 	rec := b.offer(ctx, c, x.ExecutionID)

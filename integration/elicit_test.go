@@ -186,21 +186,29 @@ func TestElicitationDeclinedOperatorDecides(t *testing.T) {
 // from a child of the agent, not that it is the bridge the approval was offered to. A process
 // the agent started (curl here, as a model's shell could run it) that names the agent as its
 // parent, as a bridge does, and sends postern/approval itself — while or after the user is
-// asked — is refused: it lacks the offer's token. The execution stays awaiting approval.
+// asked — is refused: it lacks the offer's token. The execution stays awaiting approval. Nor
+// is such a process, which is not the daemon's own binary, offered an approval (with a token)
+// for a call it makes itself.
 func TestElicitationDecisionOnlyFromTheOfferedBridge(t *testing.T) {
 	f := startFleet(t, approveInBand)
 	ctx := testContext(t)
 	migrate, file := script(t, "migrate")
 	args := map[string]any{"host": "h1", "command": migrate + " forged", "wait_s": 5}
 
+	other := map[string]any{"host": "h1", "command": migrate + " forged-too", "wait_s": 0}
 	lines := runTSElicit(t, ctx, f, map[string]any{"answer": "decline"}, callStep(args),
-		map[string]any{"forge": map[string]any{"socket": f.bastion.Socket, "decision": "approve"}})
-	first, forged := lines[1], lines[2]
+		map[string]any{"forge": map[string]any{"socket": f.bastion.Socket, "decision": "approve"}},
+		map[string]any{"forge": map[string]any{"socket": f.bastion.Socket, "call": map[string]any{"name": "ssh_exec", "arguments": other}}})
+	first, forged, forgedCall := lines[1], lines[2], lines[3]
 	if first.Result == nil || first.Result.State != "awaiting_approval" || first.Asked != 1 {
 		t.Fatalf("declined call = %s; want awaiting_approval after one question", first.raw)
 	}
 	if !strings.Contains(forged.Forged, "not_offered") {
 		t.Fatalf("the forged decision was answered %q; want not_offered", forged.Forged)
+	}
+	// Nor is such a process offered an approval (with its token) for a call of its own.
+	if !strings.Contains(forgedCall.Forged, "awaiting_approval") || strings.Contains(forgedCall.Forged, "approval-offer") {
+		t.Fatalf("a call from a child that is not the bridge was answered %q; want awaiting_approval without an offer", forgedCall.Forged)
 	}
 	if rec := showExecution(t, ctx, f.bastion, first.Result.ExecutionID); rec.Record.State != markers.AwaitingApproval {
 		t.Fatalf("after the forged decision the execution is %s; want awaiting_approval", rec.Record.State)

@@ -29,7 +29,12 @@ type Caller struct {
 	Cmdline    string
 	StartTicks uint64
 	// Bridged: the call came through the stdio bridge (`postern mcp`), which named the agent.
+	// The kernel confirms the parent, whatever program the peer is.
 	Bridged bool
+	// BridgeBinary: the bridge runs the daemon's own executable file. Only such a bridge is
+	// offered approvals to ask its client's user: any program the agent starts can name the
+	// agent as its parent.
+	BridgeBinary bool
 }
 
 // callerKey is the auth.TokenInfo.Extra key under which the transport stores the Caller.

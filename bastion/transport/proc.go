@@ -114,6 +114,9 @@ type peerProcess struct {
 	parentRef processRef
 	parent    agentProcess
 	parentErr error
+	// sameBinary: the peer runs this process's own executable file (a `postern mcp` of the
+	// daemon's binary), as opposed to any program that names its parent.
+	sameBinary bool
 }
 
 // procFS resolves unix-socket peers to agent processes. root is "/proc" except in tests.
@@ -128,7 +131,7 @@ func (p procFS) resolvePeer(peerPID int) (peerProcess, error) {
 	if err != nil {
 		return peerProcess{}, err
 	}
-	pp := peerProcess{self: self}
+	pp := peerProcess{self: self, sameBinary: p.sameExecutable(peerPID)}
 	parent, parentStat, err := p.process(st.PPID)
 	if err != nil {
 		pp.parentErr = fmt.Errorf("the parent %d of process %d cannot be read: %w", st.PPID, peerPID, err)
@@ -157,6 +160,17 @@ func (pp peerProcess) agent(claim string) (agentProcess, error) {
 			BridgeParentHeader, claim, pp.self.PID, pp.parentRef)
 	}
 	return pp.parent, nil
+}
+
+// sameExecutable reports whether pid runs the same executable file as this process (by
+// device and inode, so a path that was replaced since does not count).
+func (p procFS) sameExecutable(pid int) bool {
+	peer, err := os.Stat(filepath.Join(p.root, strconv.Itoa(pid), "exe"))
+	if err != nil {
+		return false
+	}
+	self, err := os.Stat(filepath.Join(p.root, "self", "exe"))
+	return err == nil && os.SameFile(peer, self)
 }
 
 // process reads pid's stat and executable.

@@ -193,15 +193,16 @@ func (p *peer) callerFor(claims []string) (Caller, error) {
 		return Caller{}, err
 	}
 	return Caller{
-		Actor:      p.actor,
-		Scope:      agent.Scope,
-		Local:      true,
-		PID:        agent.PID,
-		UID:        p.uid,
-		Exe:        agent.Exe,
-		Cmdline:    agent.Cmdline,
-		StartTicks: agent.StartTicks,
-		Bridged:    claim != "",
+		Actor:        p.actor,
+		Scope:        agent.Scope,
+		Local:        true,
+		PID:          agent.PID,
+		UID:          p.uid,
+		Exe:          agent.Exe,
+		Cmdline:      agent.Cmdline,
+		StartTicks:   agent.StartTicks,
+		Bridged:      claim != "",
+		BridgeBinary: claim != "" && p.process.sameBinary,
 	}, nil
 }
 

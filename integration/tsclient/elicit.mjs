@@ -10,6 +10,8 @@
 //       a child of this client (curl) sends postern/approval for the last call's execution
 //       to the daemon itself, naming this client as its parent as a bridge does; prints
 //       {"step": i, "forged": <the daemon's answer>}
+//   {"forge": {"socket": "/path/postern.sock", "call": {"name": ..., "arguments": ...}}}
+//       the same child sends that tools/call, as a bridge whose client declared elicitation
 //
 // A call prints {"step": i, "result": <structuredContent>, "asked": <elicitations so far>,
 // "messages": [<their messages>]} or {"step": i, "error": "..."}.
@@ -69,12 +71,15 @@ for (const [i, step] of steps.entries()) {
       print({ step: i, error: String(err?.message ?? err), asked: messages.length });
     }
   } else if (step.forge) {
-    const body = JSON.stringify({ jsonrpc: '2.0', id: 1, method: 'postern/approval',
-      params: { execution_id: lastExecution, decision: step.forge.decision, note: 'forged' } });
+    const msg = step.forge.call
+      ? { jsonrpc: '2.0', id: 1, method: 'tools/call', params: step.forge.call }
+      : { jsonrpc: '2.0', id: 1, method: 'postern/approval',
+          params: { execution_id: lastExecution, decision: step.forge.decision, note: 'forged' } };
     const out = spawnSync('curl', ['-sS', '--unix-socket', step.forge.socket, '-X', 'POST',
       '-H', 'Content-Type: application/json', '-H', 'Accept: application/json, text/event-stream',
       '-H', 'Mcp-Protocol-Version: 2025-11-25', '-H', `Postern-Bridge-Parent: ${selfRef()}`,
-      '--data-binary', body, 'http://localhost/mcp'], { encoding: 'utf8' });
+      '-H', 'Postern-Bridge-Elicitation: form',
+      '--data-binary', JSON.stringify(msg), 'http://localhost/mcp'], { encoding: 'utf8' });
     print({ step: i, forged: (out.stdout ?? '') + (out.stderr ?? '') });
   }
 }
