@@ -42,7 +42,7 @@ type Bastion struct {
 	cfg     Config
 	log     *slog.Logger
 	now     func() time.Time
-	journal *markers.Store
+	journal markers.JournalStore
 	fp      *Fingerprinter
 	inv     *Inventory
 	pool    *Pool
@@ -147,7 +147,7 @@ func Open(opts Options) (*Bastion, error) {
 func (b *Bastion) ClientPublicKey() gossh.PublicKey { return b.clientK.PublicKey() }
 
 // Journal exposes the journal to the operator API (reads, export).
-func (b *Bastion) Journal() *markers.Store { return b.journal }
+func (b *Bastion) Journal() markers.JournalStore { return b.journal }
 
 // Close stops the drivers (commands go on on their hosts; the next start reconciles them),
 // closes the SSH connections and the journal.
