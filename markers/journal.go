@@ -2,6 +2,7 @@ package markers
 
 import (
 	"context"
+	"errors"
 	"io"
 )
 
@@ -44,3 +45,32 @@ type JournalStore interface {
 }
 
 var _ JournalStore = (*Store)(nil)
+
+// Errors of a replicated journal that callers branch on.
+var (
+	// ErrRaced: a create lost the race for an intent's index entry to another replica, which
+	// accepted an execution of the same intent after this one looked it up. Nothing was
+	// written; the caller matches the call again (it will find the other execution).
+	ErrRaced = errors.New("markers: another replica accepted an execution of this intent first")
+	// ErrNotOwner: the write would dispatch an execution another live replica drives.
+	ErrNotOwner = errors.New("markers: another replica drives this execution")
+)
+
+// Replicated is implemented by a journal that several bastion replicas share (etcd). It
+// keeps "at most one driver acts on an execution" across them: a replica drives an
+// execution only while it owns it — an owner key bound to the replica's lease, taken with
+// the write that dispatches it or by Claim — and follows it otherwise, until it ends or its
+// owner's lease expires (the owner died), when it may Claim it and reconcile it with its host.
+type Replicated interface {
+	// Claim makes this replica the owner of execution id if it has no owner (or is already
+	// this replica's), and reports whether this replica owns it.
+	Claim(ctx context.Context, id string) (bool, error)
+	// Release gives up this replica's ownership of id (its driver ended).
+	Release(id string)
+	// Follow calls update with every new version of id's record, until the record is
+	// terminal (false) or has no owner any more (true: Claim it), or ctx ends.
+	Follow(ctx context.Context, id string, update func(*Record)) (ownerGone bool, err error)
+	// Leading reports whether this replica is the elected one that runs the background
+	// reconcile loop.
+	Leading() bool
+}
