@@ -104,18 +104,7 @@ func Open(opts Options) (*Bastion, error) {
 	if err != nil {
 		return nil, err
 	}
-	journal, err := markers.Open(cfg.journalDir(), markers.Options{
-		Graph:         markers.Journal,
-		Signer:        signer,
-		Origin:        "postern bastion journal",
-		MemTableBytes: markers.JournalMemTableBytes,
-		CacheBytes:    markers.JournalCacheBytes,
-		PresenceKeys:  markers.JournalPresenceKeys,
-		MaxOpenFiles:  1000,
-		Retention:     cls.retention(),
-		Logger:        opts.Logger.With("component", "journal"),
-		Now:           opts.Now,
-	})
+	journal, err := openJournal(cfg, signer, cls.retention(), opts.Logger, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("bastion: open journal: %w", err)
 	}
