@@ -204,6 +204,12 @@ func (b *Bastion) reconcileLoop() {
 			return
 		case <-t.C:
 		}
+		if r := b.replicas(); r != nil {
+			b.followInFlight()
+			if !r.Leading() {
+				continue
+			}
+		}
 		b.expireApprovals()
 		b.reconcileUnknown()
 	}
