@@ -159,3 +159,14 @@ func orDefault[T comparable](v, def T) T {
 	}
 	return v
 }
+
+// OpenJournalReadOnly opens the configured journal for reading (export, verify, copy) while
+// no bastion of this state dir serves (Pebble locks its dir); an etcd journal may be read
+// while replicas serve it.
+func OpenJournalReadOnly(cfg Config, log *slog.Logger) (markers.JournalStore, error) {
+	mo := markers.Options{ReadOnly: true, Graph: markers.Journal, Logger: log}
+	if cfg.Journal.Etcd() {
+		return OpenEtcdJournal(cfg.Journal, mo)
+	}
+	return markers.Open(cfg.journalDir(), mo)
+}

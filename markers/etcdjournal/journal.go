@@ -194,8 +194,12 @@ func (j *Journal) load() error {
 	ctx, cancel := j.opCtx()
 	defer cancel()
 	gk := j.prefix + "mgraph"
+	put := []clientv3.Op{clientv3.OpPut(gk, string(markers.Journal))}
+	if j.opts.ReadOnly {
+		put = nil // an empty prefix reads as an empty journal
+	}
 	resp, err := j.kv.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(gk), "=", 0)).
-		Then(clientv3.OpPut(gk, string(markers.Journal))).Else(clientv3.OpGet(gk)).Commit()
+		Then(put...).Else(clientv3.OpGet(gk)).Commit()
 	if err != nil {
 		return j.wrap("open", err)
 	}
