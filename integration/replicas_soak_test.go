@@ -47,7 +47,14 @@ func TestSoakReplicas(t *testing.T) {
 	defer cancel()
 
 	const clients = 4
-	seen := make([]string, calls) // the execution id a client was answered with, by call
+	// seen are the execution ids clients were answered with, by call; ended those they saw
+	// end (a delivered result); keyed the calls with an idempotency_key.
+	seen := make([]map[string]bool, calls)
+	ended := make([]map[string]bool, calls)
+	keyed := make([]bool, calls)
+	for i := range calls {
+		seen[i], ended[i] = map[string]bool{}, map[string]bool{}
+	}
 	var seenMu sync.Mutex
 	var kills int
 	done := make(chan struct{})
@@ -62,6 +69,7 @@ func TestSoakReplicas(t *testing.T) {
 				args := map[string]any{"host": "h1", "command": cmd, "wait_s": 10}
 				if rng.IntN(2) == 0 {
 					args["idempotency_key"] = "key-" + tag
+					keyed[i] = true
 				}
 				senders := 1
 				if rng.IntN(5) == 0 {
@@ -70,14 +78,15 @@ func TestSoakReplicas(t *testing.T) {
 				var sw sync.WaitGroup
 				for s := range senders {
 					sw.Go(func() {
-						if id := haCall(ctx, t, f, fmt.Sprint("run-", c), args, rand.New(rand.NewPCG(seed^uint64(i), uint64(s)))); id != "" {
-							seenMu.Lock()
-							if seen[i] != "" && seen[i] != id {
-								t.Errorf("%s: answered with %s and %s", tag, seen[i], id)
-							}
-							seen[i] = id
-							seenMu.Unlock()
+						id, end := haCall(ctx, f, fmt.Sprint("run-", c), args, rand.New(rand.NewPCG(seed^uint64(i), uint64(s))))
+						seenMu.Lock()
+						if id != "" {
+							seen[i][id] = true
 						}
+						if end {
+							ended[i][id] = true
+						}
+						seenMu.Unlock()
 					})
 				}
 				sw.Wait()
@@ -106,28 +115,34 @@ faults:
 	// died, reconciled with the host).
 	cs := f.session(t, 0, "checker")
 	lost := 0
-	for i, id := range seen {
-		if id == "" {
+	final := map[string]bastion.Execution{}
+	for i := range seen {
+		if len(seen[i]) == 0 {
 			t.Errorf("call %d was never answered with an execution", i)
 			lost++
-			continue
 		}
-		var x bastion.Execution
-		deadline := time.Now().Add(time.Minute)
-		for {
-			var err error
-			x, err = callExecution(ctx, cs, "execution_status", map[string]any{"execution_id": id})
-			if err == nil && markers.Journal.Terminal(markers.State(x.State)) || time.Now().After(deadline) {
-				break
+		for id := range seen[i] {
+			var x bastion.Execution
+			deadline := time.Now().Add(time.Minute)
+			for {
+				var err error
+				x, err = callExecution(ctx, cs, "execution_status", map[string]any{"execution_id": id})
+				if err == nil && markers.Journal.Terminal(markers.State(x.State)) || time.Now().After(deadline) {
+					break
+				}
+				time.Sleep(200 * time.Millisecond)
 			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		if x.State != "completed" {
-			t.Errorf("call %d (%s) ended %q, want completed: %+v", i, id, x.State, x)
-			lost++
+			if x.State != "completed" {
+				t.Errorf("call %d (%s) ended %q, want completed: %+v", i, id, x.State, x)
+				lost++
+			}
+			final[id] = x
 		}
 	}
-	// The outside: every call's line once, by the execution the client was answered with.
+	// The outside: every call's line once, by an execution a client was answered with. A
+	// second execution of an unkeyed call after a client received the first's result is the
+	// matching rule's new intent (one of the two senders of a call sent to two replicas came
+	// back after the other had its result), counted apart.
 	data, err := os.ReadFile(effectsFile)
 	if err != nil {
 		t.Fatal(err)
@@ -137,31 +152,42 @@ faults:
 		id, tag, _ := strings.Cut(line, " ")
 		byTag[tag] = append(byTag[tag], id)
 	}
-	dups := 0
-	for i, id := range seen {
+	dups, newIntents := 0, 0
+	for i := range seen {
 		tag := fmt.Sprintf("ha-%05d", i)
-		switch got := byTag[tag]; {
-		case len(got) > 1:
-			t.Errorf("%s ran %d times: %v", tag, len(got), got)
-			dups++
-		case len(got) == 0 && id != "":
-			t.Errorf("%s (%s) never ran", tag, id)
+		got := byTag[tag]
+		for _, id := range got {
+			if !seen[i][id] {
+				t.Errorf("%s ran as %s, which no client was answered with", tag, id)
+				lost++
+			}
+		}
+		if len(got) == 0 && len(seen[i]) > 0 {
+			t.Errorf("%s (%v) never ran", tag, seen[i])
 			lost++
-		case len(got) == 1 && id != "" && got[0] != id:
-			t.Errorf("%s ran as %s, the client was answered %s", tag, got[0], id)
+		}
+		for k := 1; k < len(got); k++ {
+			prev, next := final[got[k-1]], final[got[k]]
+			if !keyed[i] && ended[i][prev.ExecutionID] && prev.FinishedAt != nil && prev.FinishedAt.Before(next.AcceptedAt) {
+				newIntents++
+				continue
+			}
+			t.Errorf("%s (keyed %v) ran as %s and %s", tag, keyed[i], prev.ExecutionID, next.ExecutionID)
+			dups++
 		}
 	}
 	out, err := exec.Command(testutil.Binary(t, "postern"), "audit", "verify", "--require-sealed", "--config", f.replicas[0].ConfigPath).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "PASS") {
 		t.Errorf("audit verify: %v\n%s", err, out)
 	}
-	t.Logf("HA soak (seed %d): %d calls by %d clients over %v, %d replica kills; %d duplicates, %d lost; %s",
-		seed, calls, clients, load.Round(time.Millisecond), kills, dups, lost, strings.TrimSpace(string(out)))
+	t.Logf("HA soak (seed %d): %d calls by %d clients over %v, %d replica kills; %d duplicates, %d lost, %d new intents after a delivered result (unkeyed); %s",
+		seed, calls, clients, load.Round(time.Millisecond), kills, dups, lost, newIntents, strings.TrimSpace(string(out)))
 }
 
 // haCall makes one call until it sees a terminal state, retrying blindly on a random replica
-// after any error; it returns the execution id it was answered with ("" if never).
-func haCall(ctx context.Context, t *testing.T, f *haFleet, run string, args map[string]any, rng *rand.Rand) string {
+// after any error; it returns the execution id it was last answered with ("" if never) and
+// whether it saw that execution end.
+func haCall(ctx context.Context, f *haFleet, run string, args map[string]any, rng *rand.Rand) (string, bool) {
 	id := ""
 	for attempt := range 20 {
 		r := f.replicas[rng.IntN(len(f.replicas))]
@@ -181,12 +207,12 @@ func haCall(ctx context.Context, t *testing.T, f *haFleet, run string, args map[
 		if err == nil && x.ExecutionID != "" {
 			id = x.ExecutionID
 			if markers.Journal.Terminal(markers.State(x.State)) {
-				return id
+				return id, true
 			}
 		}
 		time.Sleep(time.Duration(50+rng.IntN(100*(attempt+1))) * time.Millisecond)
 	}
-	return id
+	return id, false
 }
 
 // connectQuietly is Connect returning the error (the replica may be down).

@@ -154,15 +154,15 @@ func (j *Journal) tryCommit(group []*request) ([]*request, error) {
 			forceSeal = true
 			continue
 		}
-		for _, c := range r.conds {
-			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.key), "=", c.rev))
-			elseOps = append(elseOps, clientv3.OpGet(c.key, clientv3.WithKeysOnly()))
-		}
 		events, next, err := r.w.Chain(head)
 		if err != nil {
 			committed = committed[:len(committed)-1]
 			r.done <- err
 			continue
+		}
+		for _, c := range r.conds {
+			cmps = append(cmps, clientv3.Compare(clientv3.ModRevision(c.key), "=", c.rev))
+			elseOps = append(elseOps, clientv3.OpGet(c.key, clientv3.WithKeysOnly()))
 		}
 		id := r.w.Record().ID
 		for _, ev := range events {
