@@ -110,6 +110,11 @@ type Journal struct {
 	seenMu sync.Mutex
 	seen   map[string]seenEntry
 
+	// written holds records as this replica last wrote them, with their mod_revision: a
+	// change of one starts from it instead of reading it back (see change).
+	wmu     sync.Mutex
+	written map[string]writtenRecord
+
 	smu     sync.Mutex // guards session
 	session *concurrency.Session
 	leading atomic.Bool // elected for the reconcile loop
@@ -156,7 +161,7 @@ func Open(opts Options) (*Journal, error) {
 	j := &Journal{
 		cli: opts.Client, kv: opts.Client.KV, prefix: opts.Prefix, opts: mo, name: opts.Replica,
 		log: mo.Logger.With("component", "etcdjournal"), ttl: opts.LeaseTTL, opTO: opts.OpTimeout,
-		ctx: ctx, cancel: cancel, headRev: -1, seen: map[string]seenEntry{},
+		ctx: ctx, cancel: cancel, headRev: -1, seen: map[string]seenEntry{}, written: map[string]writtenRecord{},
 	}
 	if err := j.load(); err != nil {
 		cancel()

@@ -227,6 +227,11 @@ func (j *Journal) tryCommit(group []*request) ([]*request, error) {
 		}
 		j.commits.Add(1)
 		j.events.Add(staged)
+		for _, r := range committed {
+			if r.w != nil && r.w.Prev() != r.w.Record() { // not a joined event: the record was put
+				j.wrote(r.w.Record(), resp.Header.Revision)
+			}
+		}
 		j.failAll(committed, nil)
 		return nil, nil
 	}
@@ -424,12 +429,29 @@ func (j *Journal) change(ctx context.Context, id string, kind markers.EventKind,
 	}
 	unlock := j.locks.lock(id)
 	defer unlock()
+	dispatch := false
+	for _, s := range path {
+		dispatch = dispatch || s == markers.Dispatched
+	}
 	for {
-		cur, rev, owner, err := j.getOwned(id)
-		if err != nil {
-			return nil, err
+		// Optimistic: a record this replica wrote last is planned on as written (the
+		// compare on its mod_revision catches any later write, and the change is planned
+		// again on a fresh read). A dispatch reads the owner key too, so it always reads.
+		cur, rev, ok := j.lastWritten(id)
+		var owner *mvccpb.KeyValue
+		if !ok || dispatch {
+			var err error
+			if cur, rev, owner, err = j.getOwned(id); err != nil {
+				return nil, err
+			}
 		}
 		w, answer, err := markers.PlanChange(cur, kind, from, path, note, result, call, j.now(), mutate)
+		if w == nil && ok && !dispatch {
+			// An answer without a write (a conflict, an idempotent repeat) is only given on
+			// a fresh read: the record as written may have changed since.
+			j.forgetWritten(id)
+			continue
+		}
 		if w == nil {
 			return answer, err
 		}
@@ -439,13 +461,50 @@ func (j *Journal) change(ctx context.Context, id string, kind markers.EventKind,
 		}
 		err = j.commitQueued(req)
 		if errors.Is(err, errStale) {
+			j.forgetWritten(id)
 			continue
 		}
 		if err != nil {
+			j.forgetWritten(id)
 			return nil, err
 		}
 		return w.Record().Clone(), nil
 	}
+}
+
+// writtenRecord is a record as this replica committed it, at its mod_revision.
+type writtenRecord struct {
+	rec *markers.Record // not to be changed: plans clone it
+	rev int64
+}
+
+// maxWritten bounds the written records kept; past it one is dropped (and read again when
+// changed).
+const maxWritten = 4096
+
+func (j *Journal) wrote(rec *markers.Record, rev int64) {
+	j.wmu.Lock()
+	defer j.wmu.Unlock()
+	if len(j.written) >= maxWritten {
+		for k := range j.written {
+			delete(j.written, k)
+			break
+		}
+	}
+	j.written[rec.ID] = writtenRecord{rec, rev}
+}
+
+func (j *Journal) lastWritten(id string) (*markers.Record, int64, bool) {
+	j.wmu.Lock()
+	defer j.wmu.Unlock()
+	w, ok := j.written[id]
+	return w.rec, w.rev, ok
+}
+
+func (j *Journal) forgetWritten(id string) {
+	j.wmu.Lock()
+	defer j.wmu.Unlock()
+	delete(j.written, id)
 }
 
 // ownerChange adds the owner key's part to a change: a dispatch takes the execution (it must
