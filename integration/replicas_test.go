@@ -27,7 +27,7 @@ type haFleet struct {
 // startHAFleet starts the cluster, the hostagent and n replicas. Replica 0 starts first and
 // makes the state every replica shares (fingerprint key, audit key, client key, inventory —
 // what an operator copies to each replica); the others get copies of it.
-func startHAFleet(t *testing.T, n int) *haFleet {
+func startHAFleet(t testing.TB, n int) *haFleet {
 	t.Helper()
 	f := &haFleet{etcd: etcdtest.Start(t, 3), host: testutil.StartHostagent(t)}
 	eps := `"` + strings.Join(f.etcd.Endpoints(), `", "`) + `"`
@@ -57,7 +57,7 @@ func startHAFleet(t *testing.T, n int) *haFleet {
 }
 
 // shareState copies from's keys, inventory and actors to to.
-func shareState(t *testing.T, from, to *testutil.Bastion) {
+func shareState(t testing.TB, from, to *testutil.Bastion) {
 	t.Helper()
 	for _, name := range []string{"fingerprint.key", "audit.key", "audit.key.pub", "hosts.toml"} {
 		data, err := os.ReadFile(filepath.Join(from.StateDir(), name))

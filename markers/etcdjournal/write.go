@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -75,17 +76,9 @@ var errLead = errors.New("etcdjournal: lead the next commit")
 // takeGroup takes the queued requests that fit one transaction (at least one); the caller
 // holds qmu.
 func (j *Journal) takeGroup() []*request {
-	ops, size, n := 2, 0, 0 // the head put and a checkpoint
-	for n < len(j.queue) {
-		o, b := j.queue[n].cost()
-		if n > 0 && (ops+o > MaxTxnOps || size+b > MaxTxnBytes) {
-			break
-		}
-		ops, size, n = ops+o, size+b, n+1
-	}
-	group := j.queue[:n:n]
-	j.queue = append([]*request(nil), j.queue[n:]...)
-	return group
+	group := []*request{j.queue[0]}
+	j.queue = j.queue[1:]
+	return append(group, j.takeMore(group)...)
 }
 
 // cost estimates a request's operations and bytes in a transaction.
@@ -127,8 +120,40 @@ func (j *Journal) commitGroup(group []*request) {
 			j.failAll(group, j.wrap("commit", err))
 			return
 		}
-		group = retry
+		if len(retry) == 0 {
+			return
+		}
+		// Another replica appended first. Wait a moment (so that the replicas' retries do
+		// not collide again in lockstep), and take the writes queued meanwhile into the
+		// retry: under contention each successful transaction carries more.
+		time.Sleep(time.Duration(rand.Int64N(int64(conflictJitter))))
+		j.qmu.Lock()
+		group = append(retry, j.takeMore(retry)...)
+		j.qmu.Unlock()
 	}
+}
+
+// conflictJitter bounds the pause after losing the chain head to another replica.
+const conflictJitter = 2 * time.Millisecond
+
+// takeMore takes queued requests that fit one transaction with group; the caller holds qmu.
+func (j *Journal) takeMore(group []*request) []*request {
+	ops, size := 2, 0
+	for _, r := range group {
+		o, b := r.cost()
+		ops, size = ops+o, size+b
+	}
+	n := 0
+	for n < len(j.queue) {
+		o, b := j.queue[n].cost()
+		if ops+o > MaxTxnOps || size+b > MaxTxnBytes {
+			break
+		}
+		ops, size, n = ops+o, size+b, n+1
+	}
+	more := j.queue[:n:n]
+	j.queue = append([]*request(nil), j.queue[n:]...)
+	return more
 }
 
 func (j *Journal) failAll(group []*request, err error) {
