@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net/http"
+	"runtime"
 	"strconv"
 	"sync/atomic"
 	"testing"
@@ -113,4 +114,23 @@ func BenchmarkReplicasP1P3(b *testing.B) {
 		[]string{"single node (Pebble)", f0(singleLoad.rate()), f2(ms(singleLoad.p(0.5))), f2(ms(singleLoad.p(0.99)))},
 		[]string{"HA (3 replicas, 3-member etcd)", f0(haLoad.rate()), f2(ms(haLoad.p(0.5))), f2(ms(haLoad.p(0.99)))},
 		[]string{"HA / single", f2(haLoad.rate() / singleLoad.rate()), f2(float64(haLoad.p(0.5)) / float64(singleLoad.p(0.5))), f2(float64(haLoad.p(0.99)) / float64(singleLoad.p(0.99)))})
+}
+
+// BenchmarkPooledSSHConnMemory is the memory (heap and goroutine stacks) one idle pooled SSH connection holds on the
+// bastion side (x/crypto/ssh, as the pool dials them): for the README's hosts-per-replica
+// math. Run with -benchtime 1x.
+func BenchmarkPooledSSHConnMemory(b *testing.B) {
+	h := testutil.StartHostagent(b)
+	const conns = 50
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapInuse + m.StackInuse // its goroutines too
+	}
+	before := heap()
+	for range conns {
+		h.Dial(b) // closed at cleanup
+	}
+	b.ReportMetric(float64(heap()-before)/conns/1024, "KiB/conn")
 }
