@@ -93,7 +93,11 @@ func (c *auditCommand) exportTo(ctx context.Context, cfg bastion.Config, w io.Wr
 	if !errors.Is(err, errBastionDown) {
 		return err
 	}
-	fmt.Fprintf(c.stderr, "note: %v; exporting the journal %s directly\n", err, cfg.JournalDir())
+	where := cfg.JournalDir()
+	if cfg.Journal.Etcd() {
+		where = "in etcd"
+	}
+	fmt.Fprintf(c.stderr, "note: %v; exporting the journal %s directly\n", err, where)
 	return exportOffline(cfg, w)
 }
 
