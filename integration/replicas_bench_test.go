@@ -116,9 +116,9 @@ func BenchmarkReplicasP1P3(b *testing.B) {
 		[]string{"HA / single", f2(haLoad.rate() / singleLoad.rate()), f2(float64(haLoad.p(0.5)) / float64(singleLoad.p(0.5))), f2(float64(haLoad.p(0.99)) / float64(singleLoad.p(0.99)))})
 }
 
-// BenchmarkPooledSSHConnMemory is the memory (heap and goroutine stacks) one idle pooled SSH connection holds on the
-// bastion side (x/crypto/ssh, as the pool dials them): for the README's hosts-per-replica
-// math. Run with -benchtime 1x.
+// BenchmarkPooledSSHConnMemory is the memory (heap and goroutine stacks) one idle pooled
+// SSH connection holds on the bastion side (x/crypto/ssh, as the pool dials them): for the
+// README's hosts-per-replica math. Run with -benchtime 1x.
 func BenchmarkPooledSSHConnMemory(b *testing.B) {
 	h := testutil.StartHostagent(b)
 	const conns = 50
