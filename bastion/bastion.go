@@ -205,7 +205,7 @@ func (b *Bastion) reconcileLoop() {
 		case <-t.C:
 		}
 		if r := b.replicas(); r != nil {
-			b.followInFlight()
+			b.followInFlight(r)
 			if !r.Leading() {
 				continue
 			}

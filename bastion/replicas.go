@@ -73,8 +73,12 @@ func (b *Bastion) release(d *driver) {
 }
 
 // followInFlight starts a driver — following, or driving once no replica owns it — for every
-// execution in flight that has none here.
-func (b *Bastion) followInFlight() {
+// execution in flight that has none here and has not changed for a lease TTL: a younger one
+// was just written by its owner, whose lease (were it dead) would not have expired yet, and
+// following every execution on every replica would cost each of its writes a watch event
+// per replica.
+func (b *Bastion) followInFlight(r markers.Replicated) {
+	settled := b.now().Add(-r.LeaseTTL())
 	for _, st := range []markers.State{markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running} {
 		cursor := ""
 		for {
@@ -83,8 +87,10 @@ func (b *Bastion) followInFlight() {
 				b.log.Error("list executions in flight", "state", st, "err", err)
 				return
 			}
-			for _, r := range recs {
-				b.startDriver(r)
+			for _, rec := range recs {
+				if rec.UpdatedAt.Before(settled) {
+					b.startDriver(rec)
+				}
 			}
 			if next == "" || b.ctx.Err() != nil {
 				break

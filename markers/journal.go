@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"io"
+	"time"
 )
 
 // JournalStore is what the bastion needs of its journal. *Store (Pebble, one node) is one
@@ -73,4 +74,6 @@ type Replicated interface {
 	// Leading reports whether this replica is the elected one that runs the background
 	// reconcile loop.
 	Leading() bool
+	// LeaseTTL is how long a dead replica's executions stay owned.
+	LeaseTTL() time.Duration
 }

@@ -288,26 +288,52 @@ func (j *Journal) Stats() markers.Stats {
 
 func (j *Journal) now() time.Time { return j.opts.Now().UTC() }
 
-// Export writes the chain as JSONL from one revision of the store, sealed first (see
-// markers.Store.Export).
+// Export writes the chain as JSONL from one revision of the store at which a checkpoint
+// covers the head (see markers.Store.Export): other replicas may append meanwhile, so it
+// seals and looks again until it finds one. A read-only journal cannot sign: its export ends
+// where the chain does.
 func (j *Journal) Export(w io.Writer) error {
 	if j.closed.Load() {
 		return markers.ErrClosed
 	}
-	if !j.opts.ReadOnly {
-		if err := j.commitQueued(&request{seal: true}); err != nil {
+	var resp *clientv3.TxnResponse
+	for attempt := 0; ; attempt++ {
+		ctx, cancel := j.opCtx()
+		cp := markers.CheckpointFamily
+		var err error
+		resp, err = j.kv.Txn(ctx).Then(
+			clientv3.OpGet(j.key(markers.BaseKey())),
+			clientv3.OpGet(j.key(markers.HeadKey())),
+			clientv3.OpGet(j.key(cp.Start), clientv3.WithRange(j.key(cp.End)), clientv3.WithKeysOnly(),
+				clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(1)),
+		).Commit()
+		cancel()
+		if err != nil {
+			return j.wrap("export", err)
+		}
+		var head markers.ChainPos
+		if kvs := resp.Responses[1].GetResponseRange().Kvs; len(kvs) == 1 {
+			if err := json.Unmarshal(kvs[0].Value, &head); err != nil {
+				return fmt.Errorf("%w: head: %v", markers.ErrCorrupt, err)
+			}
+		}
+		sealed := uint64(0)
+		if kvs := resp.Responses[2].GetResponseRange().Kvs; len(kvs) == 1 {
+			sealed = seqOfKey(kvs[0].Key)
+		}
+		if sealed == head.Seq || j.opts.ReadOnly {
+			break
+		}
+		if attempt == 5 {
+			return fmt.Errorf("etcdjournal: export: the chain keeps growing past every checkpoint")
+		}
+		if err := j.commitQueued(&request{seal: true, refresh: true}); err != nil {
 			return fmt.Errorf("etcdjournal: seal before export: %w", err)
 		}
 	}
-	ctx, cancel := j.opCtx()
-	resp, err := j.kv.Get(ctx, j.key(markers.BaseKey()))
-	cancel()
-	if err != nil {
-		return j.wrap("export", err)
-	}
 	base := markers.ChainPos{Hash: markers.GenesisHash()}
-	if len(resp.Kvs) == 1 {
-		if err := json.Unmarshal(resp.Kvs[0].Value, &base); err != nil {
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 {
+		if err := json.Unmarshal(kvs[0].Value, &base); err != nil {
 			return fmt.Errorf("%w: base: %v", markers.ErrCorrupt, err)
 		}
 	}

@@ -155,6 +155,9 @@ func (j *Journal) followed(kv *mvccpb.KeyValue, update func(*markers.Record)) (t
 // Leading reports whether this replica won the election for the reconcile loop.
 func (j *Journal) Leading() bool { return j.leading.Load() }
 
+// LeaseTTL is the TTL of this replica's lease.
+func (j *Journal) LeaseTTL() time.Duration { return j.ttl }
+
 // campaign runs for leadership of the reconcile loop, and again whenever this replica's
 // session ends, until Close.
 func (j *Journal) campaign() {

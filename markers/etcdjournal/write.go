@@ -26,7 +26,9 @@ type request struct {
 	// owner: put the owner key with this replica's lease (lease != 0) or delete it.
 	owner ownerOp
 	seal  bool
-	done  chan error
+	// refresh reads the chain head before committing (a seal of what other replicas wrote).
+	refresh bool
+	done    chan error
 }
 
 type cond struct {
@@ -103,6 +105,11 @@ func (j *Journal) commitGroup(group []*request) {
 			r.done <- markers.ErrClosed
 		}
 		return
+	}
+	for _, r := range group {
+		if r.refresh {
+			j.headRev = -1
+		}
 	}
 	for len(group) > 0 {
 		if j.headRev < 0 {
