@@ -337,6 +337,7 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	if errors.Is(err, markers.ErrRaced) {
 		// Another replica accepted this intent after it was matched here: match again, to
 		// join that execution.
+		b.log.Info("another replica accepted this intent first; matching the call again", "actor", c.Actor)
 		unlock()
 		admitted()
 		cl.record = claimed

@@ -134,7 +134,9 @@ func (j *Journal) Follow(ctx context.Context, id string, update func(*markers.Re
 			}
 			for _, ev := range w.Events {
 				if ev.Type == mvccpb.DELETE {
-					return true, nil
+					// The write that ends an execution deletes its owner key too, and the
+					// record's watch may not have told yet: gone only if it did not end.
+					return j.ownerGone(id, update)
 				}
 			}
 		}
@@ -142,6 +144,22 @@ func (j *Journal) Follow(ctx context.Context, id string, update func(*markers.Re
 }
 
 var errWatchEnded = errors.New("watch ended")
+
+// ownerGone reads id's record after its owner key went: true if the execution is still
+// driven (its owner died or gave it up), false if it ended (update hears of it).
+func (j *Journal) ownerGone(id string, update func(*markers.Record)) (bool, error) {
+	ctx, cancel := j.opCtx()
+	defer cancel()
+	resp, err := j.kv.Get(ctx, j.key(markers.RecordKey(id)))
+	if err != nil {
+		return false, j.wrap("follow "+id, err)
+	}
+	if len(resp.Kvs) == 0 {
+		return false, fmt.Errorf("%w: %s", markers.ErrNotFound, id)
+	}
+	ended, err := j.followed(resp.Kvs[0], update)
+	return !ended, err
+}
 
 func (j *Journal) followed(kv *mvccpb.KeyValue, update func(*markers.Record)) (terminal bool, _ error) {
 	rec, err := markers.DecodeRecord(kv.Value)
