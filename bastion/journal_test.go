@@ -1,11 +1,15 @@
 package bastion
 
 import (
+	"context"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/postern-dev/postern/internal/etcdtest"
+	"github.com/postern-dev/postern/markers"
 )
 
 func TestJournalConfigValidation(t *testing.T) {
@@ -43,5 +47,43 @@ func TestJournalConfigValidation(t *testing.T) {
 				t.Fatalf("got %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// The journal reaches an etcd cluster that serves TLS and requires client certificates
+// with the config's ca_file, cert_file and key_file; without a client certificate it is
+// refused (and Open fails: nothing can be journaled).
+func TestEtcdJournalOverTLS(t *testing.T) {
+	dir := t.TempDir()
+	files := etcdtest.WriteTLS(t, dir)
+	c := etcdtest.StartTLS(t, 1, files)
+	signer, _, err := markers.LoadOrCreateAuditKey(filepath.Join(dir, "audit.key"), "postern-test")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jc := JournalConfig{Backend: "etcd", Endpoints: c.Endpoints(), CAFile: files.CA, CertFile: files.ClientCert, KeyFile: files.ClientKey,
+		Replica: "r0", LeaseTTL: 2 * time.Second, Timeout: 3 * time.Second}
+	cfg := DefaultConfig(dir)
+	cfg.Journal = jc
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	j, err := OpenEtcdJournal(jc, markers.Options{Graph: markers.Journal, Signer: signer})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := &markers.Record{ID: "ex_01JTLS00000000000000000001", Actor: "alice", IntentScope: "run:1", Fingerprint: "fp"}
+	if _, err := j.Create(context.Background(), rec); err != nil {
+		t.Fatal(err)
+	}
+	if err := j.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	noCert := jc
+	noCert.CertFile, noCert.KeyFile = "", ""
+	if j, err := OpenEtcdJournal(noCert, markers.Options{Graph: markers.Journal, Signer: signer}); err == nil {
+		j.Close()
+		t.Fatal("a client without a certificate opened the journal")
 	}
 }

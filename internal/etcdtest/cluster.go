@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/server/v3/embed"
 	"go.uber.org/zap"
@@ -27,7 +28,13 @@ type Cluster struct {
 }
 
 // Start starts an n-member cluster and waits until it serves.
-func Start(t testing.TB, n int) *Cluster {
+func Start(t testing.TB, n int) *Cluster { return start(t, n, nil) }
+
+// StartTLS starts an n-member cluster serving its clients over TLS with the server
+// certificate of f, and requiring client certificates issued by f's CA.
+func StartTLS(t testing.TB, n int, f TLSFiles) *Cluster { return start(t, n, &f) }
+
+func start(t testing.TB, n int, tlsFiles *TLSFiles) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, members: make([]*embed.Etcd, n)}
 	var initial []string
@@ -36,6 +43,11 @@ func Start(t testing.TB, n int) *Cluster {
 		cfg.Name = fmt.Sprintf("m%d", i)
 		cfg.Dir = t.TempDir()
 		peer, client := freeURL(t), freeURL(t)
+		if tlsFiles != nil {
+			client.Scheme = "https"
+			cfg.ClientTLSInfo = transport.TLSInfo{CertFile: tlsFiles.ServerCert, KeyFile: tlsFiles.ServerKey,
+				TrustedCAFile: tlsFiles.CA, ClientCertAuth: true}
+		}
 		cfg.ListenPeerUrls, cfg.AdvertisePeerUrls = []url.URL{peer}, []url.URL{peer}
 		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 		cfg.InitialClusterToken = "postern-test"
@@ -98,7 +110,7 @@ func (c *Cluster) Endpoints() []string {
 	return eps
 }
 
-// Client is a client of every member, closed at cleanup.
+// Client is a client of every member, closed at cleanup (plaintext clusters only).
 func (c *Cluster) Client() *clientv3.Client {
 	cli, err := clientv3.New(clientv3.Config{Endpoints: c.Endpoints(), DialTimeout: 5 * time.Second, Logger: zap.NewNop()})
 	if err != nil {
