@@ -14,6 +14,7 @@ import (
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/etcdtest"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/plugins"
 )
 
 // haFleet is N bastion replicas (`postern serve` processes) on one journal in a 3-member
@@ -24,17 +25,18 @@ type haFleet struct {
 	host     *testutil.Hostagent
 }
 
-// startHAFleet starts the cluster, the hostagent and n replicas. Replica 0 starts first and
+// startHAFleet starts the cluster, the hostagent and n replicas (extraConfig: settings, then
+// tables, for every replica's config). Replica 0 starts first and
 // makes the state every replica shares (fingerprint key, audit key, client key, inventory —
 // what an operator copies to each replica); the others get copies of it.
-func startHAFleet(t testing.TB, n int) *haFleet {
+func startHAFleet(t testing.TB, n int, extraConfig ...string) *haFleet {
 	t.Helper()
 	f := &haFleet{etcd: etcdtest.Start(t, 3), host: testutil.StartHostagent(t)}
 	eps := `"` + strings.Join(f.etcd.Endpoints(), `", "`) + `"`
 	prefix := "/" + t.Name() + "/"
 	for i := range n {
-		b := testutil.NewBastion(t, f.host.ClientKey, fmt.Sprintf(
-			"[journal]\nbackend = \"etcd\"\nendpoints = [%s]\nprefix = %q\nreplica = \"r%d\"\nlease_ttl = \"2s\"\ntimeout = \"2s\"", eps, prefix, i))
+		b := testutil.NewBastion(t, f.host.ClientKey, append(extraConfig, fmt.Sprintf(
+			"[journal]\nbackend = \"etcd\"\nendpoints = [%s]\nprefix = %q\nreplica = \"r%d\"\nlease_ttl = \"2s\"\ntimeout = \"2s\"", eps, prefix, i))...)
 		if i == 0 {
 			b.Enroll(t, "h1", f.host)
 			b.Start(t)
@@ -186,5 +188,59 @@ func TestReplicasAcrossEtcdMemberLoss(t *testing.T) {
 	}
 	if n := effects(t, lostFile); n != 1 {
 		t.Fatalf("the command ran %d times after quorum returned, want 1", n)
+	}
+}
+
+// A replica is SIGKILLed while the target holds an http_request (which took effect): another
+// replica takes the execution over and the class decides, as after a single node's restart —
+// idempotent_write is sent again with the same Idempotency-Key (the target replays it),
+// irreversible stays unknown for review. The retry, on another replica, gets the same
+// execution either way.
+func TestReplicasHTTPReplicaKilledMidRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name, endpoint, wantState string
+		wantSent                  int
+	}{
+		{name: "idempotent_write", endpoint: epIdempotent, wantState: "completed", wantSent: 2},
+		{name: "irreversible", endpoint: epIrreversible, wantState: "unknown", wantSent: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			target := testutil.StartHTTPTarget(t, testutil.HTTPTargetOptions{})
+			secret := filepath.Join(t.TempDir(), "api.secret")
+			if err := os.WriteFile(secret, []byte("s3cr3t-ha\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			plugin := testutil.Binary(t, "postern-plugin-http")
+			sum, err := plugins.FileSHA256(plugin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := startHAFleet(t, 2,
+				fmt.Sprintf("[http_plugin]\npath = %q\nsha256 = %q", plugin, sum),
+				fmt.Sprintf("[[credentials]]\nname = \"api\"\nkind = \"bearer\"\nfile = %q", secret),
+				endpointTable(tc.endpoint, target.URL, map[string]string{epIdempotent: bastion.ClassIdempotentWrite, epIrreversible: bastion.ClassIrreversible}[tc.endpoint]))
+			ctx := testContext(t)
+			const path = "/v1/payments/ha"
+			target.Arm(path, testutil.FaultHold)
+			args := payment(tc.endpoint, path, 12)
+			lost := make(chan error, 1)
+			go func() {
+				_, err := callExecution(ctx, f.session(t, 0, "run-ha"), "http_request", args)
+				lost <- err
+			}()
+			target.WaitHeld(t, path)
+			f.replicas[0].Kill(t)
+			if err := <-lost; err == nil {
+				t.Fatal("the call returned a result from a killed replica")
+			}
+			target.Release(path)
+			x := mustCall(t, ctx, f.session(t, 1, "run-ha"), "http_request", args)
+			if x.State != tc.wantState || !x.Replayed {
+				t.Fatalf("retry on replica 1 = %+v; want the execution, replayed, %s", x, tc.wantState)
+			}
+			if reqs := target.RequestsTo(path); len(reqs) != tc.wantSent || target.Effects(x.ExecutionID) != 1 {
+				t.Fatalf("target saw %d requests, %d effects for %s; want %d, 1", len(reqs), target.Effects(x.ExecutionID), x.ExecutionID, tc.wantSent)
+			}
+		})
 	}
 }
