@@ -42,7 +42,7 @@ type Bastion struct {
 	cfg     Config
 	log     *slog.Logger
 	now     func() time.Time
-	journal *markers.Store
+	journal markers.JournalStore
 	fp      *Fingerprinter
 	inv     *Inventory
 	pool    *Pool
@@ -110,18 +110,7 @@ func Open(opts Options) (*Bastion, error) {
 	if err != nil {
 		return nil, err
 	}
-	journal, err := markers.Open(cfg.journalDir(), markers.Options{
-		Graph:         markers.Journal,
-		Signer:        signer,
-		Origin:        "postern bastion journal",
-		MemTableBytes: markers.JournalMemTableBytes,
-		CacheBytes:    markers.JournalCacheBytes,
-		PresenceKeys:  markers.JournalPresenceKeys,
-		MaxOpenFiles:  1000,
-		Retention:     cls.retention(),
-		Logger:        opts.Logger.With("component", "journal"),
-		Now:           opts.Now,
-	})
+	journal, err := openJournal(cfg, signer, cls.retention(), opts.Logger, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("bastion: open journal: %w", err)
 	}
@@ -153,7 +142,7 @@ func Open(opts Options) (*Bastion, error) {
 func (b *Bastion) ClientPublicKey() gossh.PublicKey { return b.clientK.PublicKey() }
 
 // Journal exposes the journal to the operator API (reads, export).
-func (b *Bastion) Journal() *markers.Store { return b.journal }
+func (b *Bastion) Journal() markers.JournalStore { return b.journal }
 
 // Close stops the drivers (commands go on on their hosts; the next start reconciles them),
 // closes the SSH connections and the journal.
@@ -220,6 +209,12 @@ func (b *Bastion) reconcileLoop() {
 		case <-b.ctx.Done():
 			return
 		case <-t.C:
+		}
+		if r := b.replicas(); r != nil {
+			b.followInFlight(r)
+			if !r.Leading() {
+				continue
+			}
 		}
 		b.expireApprovals()
 		b.reconcileUnknown()

@@ -189,7 +189,7 @@ func dedupAt(b *testing.B, h *testutil.Hostagent, n, base int, nsPerOp map[strin
 // stay in their initial state: a lookup reads the fingerprint index and the one record it
 // names, whatever state the others are in, and journaling each to completed would triple the
 // fill (every step's event carries the record) — minutes at 10⁶ on two cores.
-func fillJournal(b *testing.B, j *markers.Store, n int) {
+func fillJournal(b *testing.B, j markers.JournalStore, n int) {
 	b.Helper()
 	ctx := context.Background()
 	now := time.Now()

@@ -71,6 +71,8 @@ type Config struct {
 
 	// HTTPPlugin is the plugin binary that performs http_request (pinned by its SHA-256).
 	HTTPPlugin PluginConfig `toml:"http_plugin"`
+	// Journal chooses the journal's backend (Pebble in the state dir, or etcd for replicas).
+	Journal JournalConfig `toml:"journal"`
 	// Endpoints are the HTTP APIs agents may call, by name.
 	Endpoints []EndpointConfig `toml:"endpoints"`
 	// Credentials are the secrets endpoints use, by reference; their values are read at
@@ -427,5 +429,6 @@ func (c Config) Validate() error {
 		bad("max_request_body_bytes must be in 1..%d, got %d", markers.MaxResultBytes/2, c.MaxRequestBodyBytes)
 	}
 	errs = append(errs, c.validateHTTP(classes)...)
+	errs = append(errs, c.Journal.validate()...)
 	return errors.Join(errs...)
 }

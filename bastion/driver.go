@@ -174,6 +174,10 @@ func (b *Bastion) startDriverOf(rec *markers.Record, dispatched bool) *driver {
 		var once sync.Once
 		asked := func() { once.Do(func() { close(d.asked) }) }
 		defer asked()
+		if !b.drives(d, asked) {
+			return
+		}
+		defer b.release(d)
 		if !b.awaitSlot(d, asked) {
 			return
 		}
@@ -618,8 +622,8 @@ func (b *Bastion) journalFailed(d *driver, log *slog.Logger, step string, err er
 	if b.ctx.Err() != nil {
 		return
 	}
-	if errors.Is(err, markers.ErrConflict) {
-		// Someone else (a cancel, an operator) moved the record: follow it.
+	if errors.Is(err, markers.ErrConflict) || errors.Is(err, markers.ErrNotOwner) {
+		// Someone else (a cancel, an operator, another replica) moved the record: follow it.
 		if cur, gerr := b.journal.Get(d.id); gerr == nil {
 			d.set(cur)
 		}

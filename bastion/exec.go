@@ -291,6 +291,7 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		outcome matchOutcome
 	)
 	defer func() { unlock() }()
+	claimed := cl.record // as it was before matching and deciding, for a match again (ErrRaced)
 	for {
 		unlock = sync.OnceFunc(b.intake.lock(lockKey))
 		if prior, outcome, err = b.matchCall(cl, &facts); err != nil {
@@ -336,6 +337,15 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	}
 	defer admitted()
 	rec, dispatched, err := b.accept(ctx, cl, dec, outcome)
+	if errors.Is(err, markers.ErrRaced) {
+		// Another replica accepted this intent after it was matched here: match again, to
+		// join that execution.
+		b.log.Info("another replica accepted this intent first; matching the call again", "actor", c.Actor)
+		unlock()
+		admitted()
+		cl.record = claimed
+		return b.submit(ctx, cl, wait, progress)
+	}
 	if err != nil {
 		return nil, err
 	}
@@ -447,6 +457,9 @@ func (b *Bastion) accept(ctx context.Context, cl *claim, dec policy.Decision, ma
 		rec, err = b.journal.CreateFor(ctx, &r, call)
 	} else {
 		rec, err = b.journal.CreateAdvancedFor(ctx, &r, path, note, call)
+	}
+	if errors.Is(err, markers.ErrRaced) {
+		return nil, false, err
 	}
 	if err != nil {
 		return nil, false, journalError(err)

@@ -108,8 +108,11 @@ func (s *Store) Joined(ctx context.Context, id string, call *Call) error {
 	if err != nil {
 		return err
 	}
-	return s.submit(&commitReq{rec: rec, prev: rec, encoded: encoded, at: s.now(), call: call,
-		steps: []step{{kind: KindJoined, from: rec.State, to: rec.State, record: encoded}}})
+	w, err := PlanJoined(rec, encoded, call, s.now())
+	if err != nil {
+		return err
+	}
+	return s.submit(&commitReq{Write: w})
 }
 
 // Run returns the record of actor's agent run scope, or ErrNotFound.
@@ -194,7 +197,6 @@ func (s *Store) stageRun(b *pebble.Batch, r *Run) error {
 	} else if !errors.Is(err, pebble.ErrNotFound) {
 		return err
 	}
-	r.bound()
 	v, err := json.Marshal(r)
 	if err != nil {
 		return err

@@ -159,7 +159,7 @@ func (s *Store) commitGroup(group []*commitReq) {
 	}
 	var created [][]byte
 	for _, r := range committed {
-		if r.prev == nil && r.rec != nil {
+		if r.Write != nil && r.prev == nil {
 			created = append(append(created, recordKey(r.rec.ID)), pointerKeys(r.rec)...)
 		}
 	}
@@ -173,7 +173,7 @@ func (s *Store) commitGroup(group []*commitReq) {
 	}
 	s.events.Add(staged)
 	for _, r := range committed {
-		if r.rec != nil {
+		if r.Write != nil {
 			s.records.put(r.rec)
 		}
 	}
@@ -183,63 +183,36 @@ func (s *Store) commitGroup(group []*commitReq) {
 }
 
 // stage adds one request's writes to b and returns the new chain head.
-func (s *Store) stage(b *pebble.Batch, head chainPos, r *commitReq) (chainPos, error) {
-	var err error
+func (s *Store) stage(b *pebble.Batch, head ChainPos, r *commitReq) (ChainPos, error) {
+	events, next, err := r.Chain(head)
+	if err != nil {
+		return head, err
+	}
 	set := func(k, v []byte) {
 		if err == nil {
 			err = b.Set(k, v, nil)
 		}
 	}
-	at := r.rec.UpdatedAt
-	if !r.at.IsZero() {
-		at = r.at
-	}
-	for i, st := range r.steps {
-		ev := Event{
-			Seq:         head.Seq + 1,
-			At:          at,
-			ExecutionID: r.rec.ID,
-			Kind:        st.kind,
-			From:        st.from,
-			To:          st.to,
-			Note:        st.note,
-			Record:      st.record[1:],
-			PrevHash:    head.Hash,
-		}
-		if i == 0 {
-			ev.Call = r.call // the write's first event: the create, joined or update
-		}
-		line, serr := ev.seal()
-		if serr != nil {
-			return head, serr
-		}
-		set(seqKey(pEvent, ev.Seq), line)
+	for _, ev := range events {
+		set(seqKey(pEvent, ev.Seq), ev.Line)
 		set(execEventKey(r.rec.ID, ev.Seq), nil)
-		head = chainPos{Seq: ev.Seq, Hash: ev.ThisHash}
 	}
-	if r.call != nil && r.call.NewRun != nil && err == nil {
-		err = s.stageRun(b, r.call.NewRun)
+	if run := r.NewRun(); run != nil && err == nil {
+		err = s.stageRun(b, run)
 	}
-	if r.steps[0].kind != KindJoined { // a joined event leaves the record as it is
-		set(recordKey(r.rec.ID), r.encoded)
-	}
-	if r.result != nil {
-		set(resultKey(r.rec.ID), r.result)
-	}
-	if r.prev == nil {
-		for _, e := range indexEntries(r.rec) {
-			set(e.key, e.value)
-		}
-	} else if r.prev.State != r.rec.State {
+	puts, dels := r.Mutations()
+	for _, k := range dels {
 		if err == nil {
-			err = b.Delete(stateKey(r.prev.State, r.prev.ID), nil)
+			err = b.Delete(k, nil)
 		}
-		set(stateKey(r.rec.State, r.rec.ID), nil)
+	}
+	for _, kv := range puts {
+		set(kv.Key, kv.Value)
 	}
 	if err != nil {
 		return head, fmt.Errorf("markers: stage %s: %w", r.rec.ID, err)
 	}
-	return head, nil
+	return next, nil
 }
 
 // fail marks the store broken after a failed durable write: nothing may proceed on it, and

@@ -1,11 +1,9 @@
 package markers
 
 import (
-	"bufio"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
+	"iter"
 
 	"github.com/cockroachdb/pebble/v2"
 )
@@ -33,68 +31,30 @@ func (s *Store) Export(w io.Writer) error {
 }
 
 func exportFrom(r pebble.Reader, w io.Writer) error {
-	bw := bufio.NewWriterSize(w, 64<<10)
 	base, err := readChainPos(r, metaBase)
 	if err != nil {
 		return err
 	}
-	line := func(b []byte) error {
-		if _, err := bw.Write(b); err != nil {
-			return err
-		}
-		return bw.WriteByte('\n')
-	}
-	cps, err := r.NewIter(&pebble.IterOptions{LowerBound: []byte{pCheckpoint}, UpperBound: []byte{pCheckpoint + 1}})
-	if err != nil {
-		return fmt.Errorf("markers: export: %w", err)
-	}
-	defer cps.Close()
-	cpOK := cps.First()
-	// checkpointsThrough writes every checkpoint up to seq.
-	checkpointsThrough := func(seq uint64) error {
-		for ; cpOK; cpOK = cps.Next() {
-			cpSeq, err := seqOf(cps.Key())
-			if err != nil {
-				return err
-			}
-			if cpSeq > seq {
-				return nil
-			}
-			b, _ := json.Marshal(checkpointLine{Type: "checkpoint", Note: string(cps.Value())})
-			if err := line(b); err != nil {
-				return err
-			}
-		}
-		return cps.Error()
-	}
-	if base.Seq > 0 {
-		b, _ := json.Marshal(baseLine{Type: "base", Seq: base.Seq, Hash: base.Hash})
-		if err := line(b); err != nil {
-			return err
-		}
-	}
-	if err := checkpointsThrough(base.Seq); err != nil {
-		return err
-	}
-	evs, err := r.NewIter(&pebble.IterOptions{LowerBound: []byte{pEvent}, UpperBound: []byte{pEvent + 1}})
-	if err != nil {
-		return fmt.Errorf("markers: export: %w", err)
-	}
-	defer evs.Close()
-	for ok := evs.First(); ok; ok = evs.Next() {
-		seq, err := seqOf(evs.Key())
+	return WriteExport(w, base, scanSeq(r, CheckpointFamily), scanSeq(r, EventFamily))
+}
+
+// scanSeq yields the entries of a family of sequence-numbered keys in order.
+func scanSeq(r pebble.Reader, f Family) iter.Seq2[LogEntry, error] {
+	return func(yield func(LogEntry, error) bool) {
+		it, err := r.NewIter(&pebble.IterOptions{LowerBound: f.Start, UpperBound: f.End})
 		if err != nil {
-			return err
+			yield(LogEntry{}, fmt.Errorf("markers: export: %w", err))
+			return
 		}
-		if err := line(evs.Value()); err != nil {
-			return fmt.Errorf("markers: export: %w", err)
+		defer it.Close()
+		for ok := it.First(); ok; ok = it.Next() {
+			seq, err := seqOf(it.Key())
+			if !yield(LogEntry{Seq: seq, Value: it.Value()}, err) || err != nil {
+				return
+			}
 		}
-		if err := checkpointsThrough(seq); err != nil {
-			return err
+		if err := it.Error(); err != nil {
+			yield(LogEntry{}, err)
 		}
 	}
-	if err := errors.Join(evs.Error(), checkpointsThrough(^uint64(0))); err != nil {
-		return fmt.Errorf("markers: export: %w", err)
-	}
-	return bw.Flush()
 }

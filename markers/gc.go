@@ -157,7 +157,7 @@ func (s *Store) pruneEvents(cutoff time.Time) (uint64, uint64, error) {
 	err = b.DeleteRange(seqKey(pEvent, base.Seq+1), seqKey(pEvent, cut.Seq+1), nil)
 	// Keep the checkpoint at the cut: it attests the new base.
 	err = errors.Join(err, b.DeleteRange(seqKey(pCheckpoint, 0), seqKey(pCheckpoint, cut.Seq), nil))
-	pos, _ := json.Marshal(chainPos{Seq: cut.Seq, Hash: cut.Head})
+	pos, _ := json.Marshal(ChainPos{Seq: cut.Seq, Hash: cut.Head})
 	err = errors.Join(err, b.Set(metaBase, pos, nil))
 	if err == nil {
 		err = b.Commit(pebble.Sync)

@@ -66,7 +66,7 @@ type Store struct {
 	commitMu sync.Mutex
 
 	// Owned by the current commit leader.
-	head       chainPos
+	head       ChainPos
 	sealedSeq  uint64
 	lastSealAt time.Time
 	broken     error
@@ -81,28 +81,18 @@ type Store struct {
 	headSeq  atomic.Uint64
 }
 
-type chainPos struct {
+// ChainPos is a position in the hash chain: the newest event's sequence number and hash.
+type ChainPos struct {
 	Seq  uint64 `json:"seq"`
 	Hash string `json:"hash"`
 }
 
 type commitReq struct {
-	rec     *Record
-	prev    *Record // nil on create
-	encoded []byte  // EncodeRecord(rec)
+	*Write // nil for a checkpoint-only request
 	// durability is Sync unless the caller asked for NoSync.
 	durability Durability
-	// steps are the events of the write, in order; the last one carries rec.
-	steps []step
-	// result, if set, is stored under the record's result key in the same batch.
-	result []byte
-	// call, if set, is the tool call the write is for: carried by its first event, and its
-	// NewRun recorded with it.
-	call *Call
-	// at, if set, is the event time (a joined event does not change the record's times).
-	at   time.Time
-	seal bool // a checkpoint-only request
-	done chan error
+	seal       bool // a checkpoint-only request
+	done       chan error
 }
 
 // step is one state change of a write and the record right after it (versioned encoding).
@@ -204,18 +194,18 @@ func (s *Store) getMeta(key []byte) ([]byte, error) {
 	return append([]byte(nil), v...), nil
 }
 
-func readChainPos(r pebble.Reader, key []byte) (chainPos, error) {
+func readChainPos(r pebble.Reader, key []byte) (ChainPos, error) {
 	v, closer, err := r.Get(key)
 	if errors.Is(err, pebble.ErrNotFound) {
-		return chainPos{Hash: genesisHash}, nil
+		return ChainPos{Hash: genesisHash}, nil
 	}
 	if err != nil {
-		return chainPos{}, fmt.Errorf("markers: read %s: %w", key, err)
+		return ChainPos{}, fmt.Errorf("markers: read %s: %w", key, err)
 	}
 	defer closer.Close()
-	var p chainPos
+	var p ChainPos
 	if err := json.Unmarshal(v, &p); err != nil {
-		return chainPos{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, key, err)
+		return ChainPos{}, fmt.Errorf("%w: %s: %v", ErrCorrupt, key, err)
 	}
 	return p, nil
 }

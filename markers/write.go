@@ -42,8 +42,8 @@ func (s *Store) CreateAdvanced(ctx context.Context, r *Record, path []State, not
 // CreateAdvancedFor is CreateAdvanced for the tool call that asked for the execution: the
 // create event carries call (and call.NewRun becomes the run's record) in the same write.
 func (s *Store) CreateAdvancedFor(ctx context.Context, r *Record, path []State, note string, call *Call) (*Record, error) {
-	if err := s.opts.Graph.checkPath(s.opts.Graph.Initial(), path); err != nil {
-		return nil, err
+	if len(path) == 0 {
+		return nil, fmt.Errorf("%w: empty path", ErrIllegalTransition)
 	}
 	return s.create(ctx, r, path, note, call)
 }
@@ -52,52 +52,23 @@ func (s *Store) create(ctx context.Context, r *Record, path []State, note string
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	rec := r.Clone()
-	if rec.Graph == "" {
-		rec.Graph = s.opts.Graph
-	}
-	if rec.Graph != s.opts.Graph {
-		return nil, fmt.Errorf("markers: create %s: a %s record in a %s store", rec.ID, rec.Graph, s.opts.Graph)
-	}
-	if rec.State == "" {
-		rec.State = s.opts.Graph.Initial()
-	}
-	if rec.State != s.opts.Graph.Initial() {
-		return nil, fmt.Errorf("%w: records are created %s, not %s", ErrIllegalTransition, s.opts.Graph.Initial(), rec.State)
-	}
-	if err := rec.validateIdentity(); err != nil {
-		return nil, fmt.Errorf("markers: create: %w", err)
-	}
-	now := s.now()
-	rec.CreatedAt, rec.UpdatedAt = now, now
-	rec.StateTimes = map[State]time.Time{rec.State: now}
-	encoded, err := EncodeRecord(rec)
+	w, err := s.opts.Graph.PlanCreate(r, path, note, call, s.now())
 	if err != nil {
 		return nil, err
 	}
-	steps := []step{{kind: KindCreate, to: rec.State, record: encoded}}
-	for _, to := range path {
-		from := rec.State
-		advanceState(rec, to, now)
-		if encoded, err = EncodeRecord(rec); err != nil {
-			return nil, err
-		}
-		steps = append(steps, step{kind: KindTransition, from: from, to: to, note: note, record: encoded})
-	}
-
-	unlock := s.locks.lock(rec.ID)
+	unlock := s.locks.lock(w.rec.ID)
 	defer unlock()
-	existing, err := s.getLocked(rec.ID)
+	existing, err := s.getLocked(w.rec.ID)
 	if err == nil {
-		return existing.Clone(), fmt.Errorf("%w: %s is %s", ErrExists, rec.ID, existing.State)
+		return existing.Clone(), fmt.Errorf("%w: %s is %s", ErrExists, w.rec.ID, existing.State)
 	}
 	if !errors.Is(err, ErrNotFound) {
 		return nil, err
 	}
-	if err := s.submit(&commitReq{rec: rec, encoded: encoded, steps: steps, call: call}); err != nil {
+	if err := s.submit(&commitReq{Write: w}); err != nil {
 		return nil, err
 	}
-	return rec.Clone(), nil
+	return w.rec.Clone(), nil
 }
 
 // Transition moves execution id from state from to state to, if the record is in from, and
@@ -180,7 +151,7 @@ func (s *Store) RevokeDelivery(ctx context.Context, id, note string) (*Record, b
 
 // errUnchanged is returned by a mutate function that leaves the record as it is: nothing is
 // written and change returns the current record.
-var errUnchanged = errors.New("unchanged")
+var errUnchanged = errors.New("markers: unchanged")
 
 // UpdateFor is UpdateWith for a tool call: the update event carries call (the call that was
 // delivered the result, say).
@@ -202,70 +173,14 @@ func (s *Store) changeFor(ctx context.Context, id string, kind EventKind, from S
 	if err != nil {
 		return nil, err
 	}
-	if kind == KindTransition && cur.State != from {
-		if cur.State == path[len(path)-1] {
-			return cur.Clone(), nil
-		}
-		return cur.Clone(), fmt.Errorf("%w: %s is %s, not %s", ErrConflict, id, cur.State, from)
+	w, answer, err := PlanChange(cur, kind, from, path, note, result, call, s.now(), mutate)
+	if w == nil {
+		return answer, err
 	}
-	next := cur.Clone()
-	if mutate != nil {
-		if err := mutate(next); errors.Is(err, errUnchanged) {
-			return cur.Clone(), err
-		} else if err != nil {
-			return nil, fmt.Errorf("markers: %s %s: %w", kind, id, err)
-		}
-	}
-	if !next.sameIdentity(cur) || next.State != cur.State {
-		return nil, fmt.Errorf("%w (%s)", ErrImmutable, id)
-	}
-	// Review required holds only while the outcome is unknown: a way out of unknown clears it.
-	switch {
-	case kind == KindUpdate && next.ReviewRequired && next.State != Unknown:
-		return nil, fmt.Errorf("markers: update %s: review required is for unknown outcomes, and it is %s", id, next.State)
-	case kind == KindTransition && path[len(path)-1] != Unknown:
-		next.ReviewRequired = false
-	}
-	now := s.now()
-	next.UpdatedAt = now
-	if kind != KindTransition {
-		path = []State{cur.State}
-	}
-	// Each step's event carries the record as that step left it: intermediate steps show the
-	// state reached without mutate's changes (cloned only for multi-step paths); the last
-	// carries the mutated record that is stored.
-	steps := make([]step, 0, len(path))
-	var base *Record
-	last := len(path) - 1
-	for i, to := range path {
-		stepFrom := cur.State
-		if i > 0 {
-			stepFrom = path[i-1]
-		}
-		rec := next
-		if kind == KindTransition {
-			advanceState(next, to, now)
-			if i < last {
-				if base == nil {
-					base = cur.Clone()
-					base.UpdatedAt = now
-				}
-				advanceState(base, to, now)
-				base.ReviewRequired = base.ReviewRequired && to == Unknown
-				rec = base
-			}
-		}
-		encoded, err := EncodeRecord(rec)
-		if err != nil {
-			return nil, err
-		}
-		steps = append(steps, step{kind: kind, from: stepFrom, to: to, note: note, record: encoded})
-	}
-	final := steps[len(steps)-1].record
-	if err := s.submit(&commitReq{rec: next, prev: cur, encoded: final, durability: durability, steps: steps, result: result, call: call}); err != nil {
+	if err := s.submit(&commitReq{Write: w, durability: durability}); err != nil {
 		return nil, err
 	}
-	return next.Clone(), nil
+	return w.rec.Clone(), nil
 }
 
 func (g Graph) checkPath(from State, path []State) error {

@@ -34,7 +34,8 @@ subcommands:
                  the journal's event log as JSONL (to stdout, or atomically to FILE)
   verify [--file EXPORT.jsonl | --dir JOURNAL_DIR] [--key VERIFIER_KEY_FILE] [--require-sealed] [--json]
                  check the hash chain and the signed checkpoints; exit status 1 on FAIL.
-                 Without --file or --dir: the running bastion's export, else its journal dir.
+                 Without --file or --dir: the running bastion's export, else its journal
+                 (its dir, or the etcd cluster of [journal]).
 
 common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
@@ -92,7 +93,11 @@ func (c *auditCommand) exportTo(ctx context.Context, cfg bastion.Config, w io.Wr
 	if !errors.Is(err, errBastionDown) {
 		return err
 	}
-	fmt.Fprintf(c.stderr, "note: %v; exporting the journal %s directly\n", err, cfg.JournalDir())
+	where := cfg.JournalDir()
+	if cfg.Journal.Etcd() {
+		where = "in etcd"
+	}
+	fmt.Fprintf(c.stderr, "note: %v; exporting the journal %s directly\n", err, where)
 	return exportOffline(cfg, w)
 }
 
@@ -118,10 +123,10 @@ func fetchExport(ctx context.Context, cfg bastion.Config, w io.Writer) error {
 // exportOffline exports the journal dir while no daemon holds it, read-only: the export ends
 // where the log ends (the daemon seals the chain when it stops, so normally with a checkpoint).
 func exportOffline(cfg bastion.Config, w io.Writer) error {
-	if _, err := os.Stat(cfg.JournalDir()); err != nil {
+	if _, err := os.Stat(cfg.JournalDir()); err != nil && !cfg.Journal.Etcd() {
 		return fmt.Errorf("no journal to export: %w", err)
 	}
-	store, err := markers.Open(cfg.JournalDir(), markers.Options{ReadOnly: true, Graph: markers.Journal, Logger: quiet})
+	store, err := bastion.OpenJournalReadOnly(cfg, quiet)
 	if err != nil {
 		return err
 	}
@@ -229,6 +234,15 @@ func (c *auditCommand) verify(ctx context.Context, args []string) error {
 	return err
 }
 
+// verifyExport verifies an export as export writes it.
+func verifyExport(export func(io.Writer) error, verifier string, opts markers.VerifyOptions) (markers.Report, error) {
+	pr, pw := io.Pipe()
+	go func() { pw.CloseWithError(export(pw)) }()
+	rep, err := markers.VerifyJSONL(pr, verifier, opts)
+	pr.CloseWithError(io.ErrClosedPipe) // the writer, if still writing, stops
+	return rep, err
+}
+
 func verifyFile(path, verifier string, opts markers.VerifyOptions) (markers.Report, error) {
 	f, err := os.Open(path)
 	if err != nil {
@@ -242,6 +256,11 @@ func verifyFile(path, verifier string, opts markers.VerifyOptions) (markers.Repo
 // the daemon is down.
 func (c *auditCommand) verifyBastion(ctx context.Context, cfg bastion.Config, verifier string, opts markers.VerifyOptions) (string, markers.Report, error) {
 	resp, err := newOperatorClient(cfg.OperatorSocketPath()).do(ctx, "/v1/audit/export", nil)
+	if errors.Is(err, errBastionDown) && cfg.Journal.Etcd() {
+		fmt.Fprintf(c.stderr, "note: %v; verifying the etcd journal directly\n", err)
+		rep, err := verifyExport(func(w io.Writer) error { return exportOffline(cfg, w) }, verifier, opts)
+		return "the etcd journal", rep, err
+	}
 	if errors.Is(err, errBastionDown) {
 		fmt.Fprintf(c.stderr, "note: %v; verifying the journal %s directly\n", err, cfg.JournalDir())
 		rep, err := markers.VerifyDir(cfg.JournalDir(), verifier, opts)

@@ -1,0 +1,119 @@
+package main
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"iter"
+
+	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/markers"
+)
+
+func init() {
+	operatorCommands["journal"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
+		c := &journalCommand{operatorIO{stdin, stdout, stderr}}
+		return c.Run(ctx, args)
+	}
+}
+
+// journalCommand moves a journal between its backends: a single node's Pebble journal to
+// etcd, to grow it into replicas, and back.
+type journalCommand struct{ operatorIO }
+
+const journalUsage = `usage: postern journal SUBCOMMAND [flags]
+
+subcommands:
+  copy --to etcd|pebble
+                 copy the journal key for key: from the state dir's Pebble journal to the
+                 [journal] etcd cluster and prefix of the config (--to etcd), or back into a
+                 new Pebble journal in the state dir (--to pebble). Stop every bastion of the
+                 journal first. The copy is checked: both exports must be identical.
+
+common flags: --state-dir DIR, --config FILE (where the bastion is)
+`
+
+func (c *journalCommand) Run(ctx context.Context, args []string) error {
+	return dispatch(ctx, "journal", journalUsage, subcommands{"copy": c.copy}, args, c.stdout, c.stderr)
+}
+
+func (c *journalCommand) copy(ctx context.Context, args []string) error {
+	fs := newFlagSet("journal copy", "journal copy --to etcd|pebble [flags]", c.stderr)
+	var loc locator
+	loc.register(fs)
+	to := fs.String("to", "", "the backend to copy to: etcd or pebble")
+	if _, err := parseInterleaved(fs, args, 0); err != nil {
+		return err
+	}
+	if *to != "etcd" && *to != "pebble" {
+		return usageErrorf(c.stderr, "--to etcd or --to pebble")
+	}
+	cfg, err := loc.config()
+	if err != nil {
+		return err
+	}
+	if !cfg.Journal.Etcd() {
+		return usageErrorf(c.stderr, "the config's [journal] must name the etcd cluster (backend = \"etcd\", endpoints): it is one end of the copy")
+	}
+	pebbleCfg := cfg
+	pebbleCfg.Journal = bastion.JournalConfig{}
+	var n int
+	var src, dst markers.JournalStore
+	switch *to {
+	case "etcd":
+		if src, err = bastion.OpenJournalReadOnly(pebbleCfg, quiet); err != nil {
+			return fmt.Errorf("open the Pebble journal %s: %w", cfg.JournalDir(), err)
+		}
+		defer src.Close()
+		if dst, err = bastion.OpenJournalReadOnly(cfg, quiet); err != nil {
+			return err
+		}
+		defer dst.Close()
+		importer, ok := dst.(interface {
+			Import(iter.Seq2[markers.KV, error]) (int, error)
+		})
+		if !ok {
+			return errors.New("the etcd journal cannot import")
+		}
+		n, err = importer.Import(src.(markers.RawJournal).Raw())
+	case "pebble":
+		if src, err = bastion.OpenJournalReadOnly(cfg, quiet); err != nil {
+			return err
+		}
+		defer src.Close()
+		if n, err = markers.ImportRaw(cfg.JournalDir(), markers.Options{Graph: markers.Journal, Logger: quiet}, src.(markers.RawJournal).Raw()); err != nil {
+			return err
+		}
+		if dst, err = bastion.OpenJournalReadOnly(pebbleCfg, quiet); err != nil {
+			return err
+		}
+		defer dst.Close()
+	}
+	if err != nil {
+		return fmt.Errorf("copy: %w", err)
+	}
+	a, err := exportDigest(src)
+	if err != nil {
+		return fmt.Errorf("export the source: %w", err)
+	}
+	b, err := exportDigest(dst)
+	if err != nil {
+		return fmt.Errorf("export the copy: %w", err)
+	}
+	if a != b {
+		return fmt.Errorf("the copy's export differs from the source's (sha256 %s, not %s)", b, a)
+	}
+	fmt.Fprintf(c.stdout, "copied %d keys to %s; the exports are identical (sha256 %s)\n", n, *to, a)
+	return nil
+}
+
+func exportDigest(j markers.JournalStore) (string, error) {
+	h := sha256.New()
+	if err := j.Export(h); err != nil {
+		return "", err
+	}
+	return hex.EncodeToString(h.Sum(nil)), nil
+}

@@ -1,0 +1,246 @@
+package integration
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/etcdtest"
+	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/plugins"
+)
+
+// haFleet is N bastion replicas (`postern serve` processes) on one journal in a 3-member
+// etcd cluster started in the test, with one enrolled hostagent ("h1").
+type haFleet struct {
+	etcd     *etcdtest.Cluster
+	replicas []*testutil.Bastion
+	host     *testutil.Hostagent
+}
+
+// startHAFleet starts the cluster, the hostagent and n replicas (extraConfig: settings, then
+// tables, for every replica's config). Replica 0 starts first and
+// makes the state every replica shares (fingerprint key, audit key, client key, inventory —
+// what an operator copies to each replica); the others get copies of it.
+func startHAFleet(t testing.TB, n int, extraConfig ...string) *haFleet {
+	t.Helper()
+	f := &haFleet{etcd: etcdtest.Start(t, 3), host: testutil.StartHostagent(t)}
+	eps := `"` + strings.Join(f.etcd.Endpoints(), `", "`) + `"`
+	prefix := "/" + t.Name() + "/"
+	for i := range n {
+		b := testutil.NewBastion(t, f.host.ClientKey, append(extraConfig, fmt.Sprintf(
+			"[journal]\nbackend = \"etcd\"\nendpoints = [%s]\nprefix = %q\nreplica = \"r%d\"\nlease_ttl = \"2s\"\ntimeout = \"2s\"", eps, prefix, i))...)
+		if i == 0 {
+			b.Enroll(t, "h1", f.host)
+			b.Start(t)
+		} else {
+			b.Tokens = f.replicas[0].Tokens
+			shareState(t, f.replicas[0], b)
+			b.Start(t)
+		}
+		f.replicas = append(f.replicas, b)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for i, b := range f.replicas {
+				t.Logf("replica %d log:\n%s", i, b.Logs())
+			}
+			t.Logf("hostagent log:\n%s", f.host.Logs())
+		}
+	})
+	return f
+}
+
+// shareState copies from's keys, inventory and actors to to.
+func shareState(t testing.TB, from, to *testutil.Bastion) {
+	t.Helper()
+	for _, name := range []string{"fingerprint.key", "audit.key", "audit.key.pub", "hosts.toml"} {
+		data, err := os.ReadFile(filepath.Join(from.StateDir(), name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to.StateDir(), name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The same actors (tokens): the config's [[actors]] tables.
+	src, err := os.ReadFile(from.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	dst, err := os.ReadFile(to.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	head, _, _ := strings.Cut(string(dst), "[[actors]]")
+	_, actors, _ := strings.Cut(string(src), "[[actors]]")
+	if err := os.WriteFile(to.ConfigPath, []byte(head+"[[actors]]"+actors), 0o600); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (f *haFleet) session(t *testing.T, replica int, run string) *mcp.ClientSession {
+	t.Helper()
+	return f.replicas[replica].Connect(t, "agent", runHeader(run))
+}
+
+// Identical calls on different replicas at once are one execution: one side effect.
+func TestReplicasIdenticalConcurrentCallsAreOneExecution(t *testing.T) {
+	f := startHAFleet(t, 3)
+	ctx := testContext(t)
+	for round := range 3 {
+		cmd, file := appendCommand(t, fmt.Sprint("once-", round))
+		cmd += "; sleep 0.5"
+		var wg sync.WaitGroup
+		xs := make([]bastion.Execution, len(f.replicas))
+		for i := range f.replicas {
+			cs := f.session(t, i, "run-1")
+			wg.Go(func() { xs[i] = mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": cmd}) })
+		}
+		wg.Wait()
+		for i, x := range xs {
+			if x.ExecutionID != xs[0].ExecutionID {
+				t.Fatalf("round %d: replica %d answered %s, replica 0 %s", round, i, x.ExecutionID, xs[0].ExecutionID)
+			}
+		}
+		if n := effects(t, file); n != 1 {
+			t.Fatalf("round %d: the command ran %d times, want 1", round, n)
+		}
+	}
+}
+
+// The replica driving a command is SIGKILLed mid-command: another replica takes it over
+// (its lease expired) and reconciles it with the host; a retry on any replica attaches to
+// it; the command ran once.
+func TestReplicaKilledMidCommandIsTakenOver(t *testing.T) {
+	f := startHAFleet(t, 3)
+	ctx := testContext(t)
+	cmd, file := appendCommand(t, "taken-over")
+	cmd += "; sleep 3; echo finished"
+	args := map[string]any{"host": "h1", "command": cmd, "wait_s": 0}
+	first := mustCall(t, ctx, f.session(t, 0, "run-1"), "ssh_exec", args)
+	if first.State != "dispatched" && first.State != "running" {
+		t.Fatalf("first call: %+v", first)
+	}
+	f.replicas[0].Kill(t)
+	retry := mustCall(t, ctx, f.session(t, 1, "run-1"), "ssh_exec", map[string]any{"host": "h1", "command": cmd, "wait_s": 30})
+	if retry.ExecutionID != first.ExecutionID || retry.State != "completed" || !strings.Contains(retry.Stdout, "finished") {
+		t.Fatalf("retry on replica 1: %+v; want %s completed", retry, first.ExecutionID)
+	}
+	again := mustCall(t, ctx, f.session(t, 2, "run-1"), "execution_status", map[string]any{"execution_id": first.ExecutionID})
+	if again.State != "completed" {
+		t.Fatalf("status on replica 2: %+v", again)
+	}
+	if n := effects(t, file); n != 1 {
+		t.Fatalf("the command ran %d times, want 1", n)
+	}
+}
+
+// One etcd member stops while a command runs: quorum holds, nothing is interrupted. Then a
+// second one stops: calls fail closed (nothing dispatched, a clear error); when a member
+// returns, service does.
+func TestReplicasAcrossEtcdMemberLoss(t *testing.T) {
+	f := startHAFleet(t, 2)
+	ctx := testContext(t)
+	cmd, file := appendCommand(t, "through")
+	cmd += "; sleep 1"
+	cs := f.session(t, 0, "run-1")
+	started := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": cmd, "wait_s": 0})
+	f.etcd.Stop(0)
+	done := mustCall(t, ctx, f.session(t, 1, "run-1"), "ssh_exec", map[string]any{"host": "h1", "command": cmd, "wait_s": 30})
+	if done.ExecutionID != started.ExecutionID || done.State != "completed" {
+		t.Fatalf("after one member stopped: %+v", done)
+	}
+	if n := effects(t, file); n != 1 {
+		t.Fatalf("the command ran %d times, want 1", n)
+	}
+
+	f.etcd.Stop(1)
+	lost, lostFile := appendCommand(t, "no-quorum")
+	msg := mustRefuse(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": lost})
+	if !strings.Contains(msg, "nothing was dispatched") {
+		t.Fatalf("without quorum: %q; want a journal error saying nothing was dispatched", msg)
+	}
+	if n := effects(t, lostFile); n != 0 {
+		t.Fatalf("a command ran %d times without quorum", n)
+	}
+
+	f.etcd.Restart(1)
+	f.etcd.Ready()
+	var back bastion.Execution
+	testutil.WaitFor(t, "service after quorum returned", func() bool {
+		x, err := callExecution(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": lost, "wait_s": 30})
+		if err != nil && !errors.Is(err, errToolError) {
+			t.Fatal(err)
+		}
+		back = x
+		return err == nil
+	})
+	if back.State != "completed" {
+		t.Fatalf("after quorum returned: %+v", back)
+	}
+	if n := effects(t, lostFile); n != 1 {
+		t.Fatalf("the command ran %d times after quorum returned, want 1", n)
+	}
+}
+
+// A replica is SIGKILLed while the target holds an http_request (which took effect): another
+// replica takes the execution over and the class decides, as after a single node's restart —
+// idempotent_write is sent again with the same Idempotency-Key (the target replays it),
+// irreversible stays unknown for review. The retry, on another replica, gets the same
+// execution either way.
+func TestReplicasHTTPReplicaKilledMidRequest(t *testing.T) {
+	for _, tc := range []struct {
+		name, endpoint, wantState string
+		wantSent                  int
+	}{
+		{name: "idempotent_write", endpoint: epIdempotent, wantState: "completed", wantSent: 2},
+		{name: "irreversible", endpoint: epIrreversible, wantState: "unknown", wantSent: 1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			target := testutil.StartHTTPTarget(t, testutil.HTTPTargetOptions{})
+			secret := filepath.Join(t.TempDir(), "api.secret")
+			if err := os.WriteFile(secret, []byte("s3cr3t-ha\n"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			plugin := testutil.Binary(t, "postern-plugin-http")
+			sum, err := plugins.FileSHA256(plugin)
+			if err != nil {
+				t.Fatal(err)
+			}
+			f := startHAFleet(t, 2,
+				fmt.Sprintf("[http_plugin]\npath = %q\nsha256 = %q", plugin, sum),
+				fmt.Sprintf("[[credentials]]\nname = \"api\"\nkind = \"bearer\"\nfile = %q", secret),
+				endpointTable(tc.endpoint, target.URL, map[string]string{epIdempotent: bastion.ClassIdempotentWrite, epIrreversible: bastion.ClassIrreversible}[tc.endpoint]))
+			ctx := testContext(t)
+			const path = "/v1/payments/ha"
+			target.Arm(path, testutil.FaultHold)
+			args := payment(tc.endpoint, path, 12)
+			lost := make(chan error, 1)
+			go func() {
+				_, err := callExecution(ctx, f.session(t, 0, "run-ha"), "http_request", args)
+				lost <- err
+			}()
+			target.WaitHeld(t, path)
+			f.replicas[0].Kill(t)
+			if err := <-lost; err == nil {
+				t.Fatal("the call returned a result from a killed replica")
+			}
+			target.Release(path)
+			x := mustCall(t, ctx, f.session(t, 1, "run-ha"), "http_request", args)
+			if x.State != tc.wantState || !x.Replayed {
+				t.Fatalf("retry on replica 1 = %+v; want the execution, replayed, %s", x, tc.wantState)
+			}
+			if reqs := target.RequestsTo(path); len(reqs) != tc.wantSent || target.Effects(x.ExecutionID) != 1 {
+				t.Fatalf("target saw %d requests, %d effects for %s; want %d, 1", len(reqs), target.Effects(x.ExecutionID), x.ExecutionID, tc.wantSent)
+			}
+		})
+	}
+}

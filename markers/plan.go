@@ -1,0 +1,253 @@
+package markers
+
+import (
+	"errors"
+	"fmt"
+	"time"
+)
+
+// Write is one planned change of a record — a create, a transition, an update, a joined
+// call — with its events, computed by the same rules for every journal backend so that
+// both produce the same records, the same events and the same hash chain. A backend commits
+// a Write atomically: the record, its index entries, its result and its chained events
+// (Chain) together or not at all.
+type Write struct {
+	rec     *Record
+	prev    *Record // nil on create
+	encoded []byte  // EncodeRecord(rec)
+	// steps are the events of the write, in order; the last one carries rec.
+	steps []step
+	// result, if set, is stored under the record's result key in the same write.
+	result []byte
+	// call, if set, is the tool call the write is for: carried by its first event, and its
+	// NewRun recorded with it.
+	call *Call
+	// at, if set, is the event time (a joined event does not change the record's times).
+	at time.Time
+}
+
+// Record is the record as the write leaves it (the caller's to clone, not to change).
+func (w *Write) Record() *Record { return w.rec }
+
+// Prev is the record the write changes, nil for a create.
+func (w *Write) Prev() *Record { return w.prev }
+
+// NewRun is the agent run the write's call names for the first time, if any: a backend
+// records it unless the run is already recorded (the first contact stays).
+func (w *Write) NewRun() *Run {
+	if w.call == nil || w.call.NewRun == nil {
+		return nil
+	}
+	w.call.NewRun.bound()
+	return w.call.NewRun
+}
+
+// Events is the number of events the write appends.
+func (w *Write) Events() int { return len(w.steps) }
+
+// KV is one key and its value in the journal's key layout (see keys.go).
+type KV struct{ Key, Value []byte }
+
+// ChainedEvent is one event line of a write, at its place in the chain.
+type ChainedEvent struct {
+	Seq  uint64
+	Line []byte // as exported: the JSON line with this_hash, no newline
+}
+
+// Chain seals the write's events after head and returns them with the new head.
+func (w *Write) Chain(head ChainPos) ([]ChainedEvent, ChainPos, error) {
+	at := w.rec.UpdatedAt
+	if !w.at.IsZero() {
+		at = w.at
+	}
+	out := make([]ChainedEvent, 0, len(w.steps))
+	for i, st := range w.steps {
+		ev := Event{
+			Seq:         head.Seq + 1,
+			At:          at,
+			ExecutionID: w.rec.ID,
+			Kind:        st.kind,
+			From:        st.from,
+			To:          st.to,
+			Note:        st.note,
+			Record:      st.record[1:],
+			PrevHash:    head.Hash,
+		}
+		if i == 0 {
+			ev.Call = w.call // the write's first event: the create, joined or update
+		}
+		line, err := ev.seal()
+		if err != nil {
+			return nil, head, err
+		}
+		out = append(out, ChainedEvent{Seq: ev.Seq, Line: line})
+		head = ChainPos{Seq: ev.Seq, Hash: ev.ThisHash}
+	}
+	return out, head, nil
+}
+
+// Mutations are the keys the write sets and deletes besides its events and run: the
+// record, its result, and its secondary index entries.
+func (w *Write) Mutations() (puts []KV, dels [][]byte) {
+	if w.steps[0].kind != KindJoined { // a joined event leaves the record as it is
+		puts = append(puts, KV{recordKey(w.rec.ID), w.encoded})
+	}
+	if w.result != nil {
+		puts = append(puts, KV{resultKey(w.rec.ID), w.result})
+	}
+	if w.prev == nil {
+		for _, e := range indexEntries(w.rec) {
+			puts = append(puts, KV{e.key, e.value})
+		}
+	} else if w.prev.State != w.rec.State {
+		dels = append(dels, stateKey(w.prev.State, w.prev.ID))
+		puts = append(puts, KV{stateKey(w.rec.State, w.rec.ID), nil})
+	}
+	return puts, dels
+}
+
+// PlanCreate plans the create of r in g's initial state at now, followed by the steps of
+// path (each an event with note), its first event carrying call.
+func (g Graph) PlanCreate(r *Record, path []State, note string, call *Call, now time.Time) (*Write, error) {
+	if len(path) > 0 {
+		if err := g.checkPath(g.Initial(), path); err != nil {
+			return nil, err
+		}
+	}
+	rec := r.Clone()
+	if rec.Graph == "" {
+		rec.Graph = g
+	}
+	if rec.Graph != g {
+		return nil, fmt.Errorf("markers: create %s: a %s record in a %s store", rec.ID, rec.Graph, g)
+	}
+	if rec.State == "" {
+		rec.State = g.Initial()
+	}
+	if rec.State != g.Initial() {
+		return nil, fmt.Errorf("%w: records are created %s, not %s", ErrIllegalTransition, g.Initial(), rec.State)
+	}
+	if err := rec.validateIdentity(); err != nil {
+		return nil, fmt.Errorf("markers: create: %w", err)
+	}
+	rec.CreatedAt, rec.UpdatedAt = now, now
+	rec.StateTimes = map[State]time.Time{rec.State: now}
+	encoded, err := EncodeRecord(rec)
+	if err != nil {
+		return nil, err
+	}
+	steps := []step{{kind: KindCreate, to: rec.State, record: encoded}}
+	for _, to := range path {
+		from := rec.State
+		advanceState(rec, to, now)
+		if encoded, err = EncodeRecord(rec); err != nil {
+			return nil, err
+		}
+		steps = append(steps, step{kind: KindTransition, from: from, to: to, note: note, record: encoded})
+	}
+	return &Write{rec: rec, encoded: encoded, steps: steps, call: call}, nil
+}
+
+// PlanJoined plans a joined event for call on rec as it stands (encoded, if known, is its
+// encoding as stored), at at.
+func PlanJoined(rec *Record, encoded []byte, call *Call, at time.Time) (*Write, error) {
+	if encoded == nil {
+		var err error
+		if encoded, err = EncodeRecord(rec); err != nil {
+			return nil, err
+		}
+	}
+	return &Write{rec: rec, prev: rec, encoded: encoded, at: at, call: call,
+		steps: []step{{kind: KindJoined, from: rec.State, to: rec.State, record: encoded}}}, nil
+}
+
+// PlanChange plans a change of cur (the record as last committed; not modified): a
+// transition from → path (checked against the graph by the caller), an update or a
+// delivery revocation, mutate applied to the final record, at now. When there is nothing to
+// write it returns a nil Write with the record to answer and the error to answer with: nil
+// when cur already is in path's last state (re-applying a transition is idempotent),
+// ErrConflict when it is in another state than from, errUnchanged when mutate left it as it is.
+func PlanChange(cur *Record, kind EventKind, from State, path []State, note string, result []byte, call *Call, now time.Time, mutate func(*Record) error) (*Write, *Record, error) {
+	id := cur.ID
+	if kind == KindTransition && cur.State != from {
+		if cur.State == path[len(path)-1] {
+			return nil, cur.Clone(), nil
+		}
+		return nil, cur.Clone(), fmt.Errorf("%w: %s is %s, not %s", ErrConflict, id, cur.State, from)
+	}
+	next := cur.Clone()
+	if mutate != nil {
+		if err := mutate(next); errors.Is(err, errUnchanged) {
+			return nil, cur.Clone(), err
+		} else if err != nil {
+			return nil, nil, fmt.Errorf("markers: %s %s: %w", kind, id, err)
+		}
+	}
+	if !next.sameIdentity(cur) || next.State != cur.State {
+		return nil, nil, fmt.Errorf("%w (%s)", ErrImmutable, id)
+	}
+	// Review required holds only while the outcome is unknown: a way out of unknown clears it.
+	switch {
+	case kind == KindUpdate && next.ReviewRequired && next.State != Unknown:
+		return nil, nil, fmt.Errorf("markers: update %s: review required is for unknown outcomes, and it is %s", id, next.State)
+	case kind == KindTransition && path[len(path)-1] != Unknown:
+		next.ReviewRequired = false
+	}
+	next.UpdatedAt = now
+	if kind != KindTransition {
+		path = []State{cur.State}
+	}
+	// Each step's event carries the record as that step left it: intermediate steps show the
+	// state reached without mutate's changes (cloned only for multi-step paths); the last
+	// carries the mutated record that is stored.
+	steps := make([]step, 0, len(path))
+	var base *Record
+	last := len(path) - 1
+	for i, to := range path {
+		stepFrom := cur.State
+		if i > 0 {
+			stepFrom = path[i-1]
+		}
+		rec := next
+		if kind == KindTransition {
+			advanceState(next, to, now)
+			if i < last {
+				if base == nil {
+					base = cur.Clone()
+					base.UpdatedAt = now
+				}
+				advanceState(base, to, now)
+				base.ReviewRequired = base.ReviewRequired && to == Unknown
+				rec = base
+			}
+		}
+		encoded, err := EncodeRecord(rec)
+		if err != nil {
+			return nil, nil, err
+		}
+		steps = append(steps, step{kind: kind, from: stepFrom, to: to, note: note, record: encoded})
+	}
+	return &Write{rec: next, prev: cur, encoded: steps[len(steps)-1].record, steps: steps, result: result, call: call}, nil, nil
+}
+
+// ErrUnchanged is what a mutate function returns to leave the record as it is (nothing is
+// written); RevokeDelivery's callers see it as "not revoked".
+var ErrUnchanged = errUnchanged
+
+// CheckPath checks that from → path[0] → … is a path of g's edges.
+func (g Graph) CheckPath(from State, path []State) error { return g.checkPath(from, path) }
+
+// GenesisHash is the prev_hash of a journal's first event.
+func GenesisHash() string { return genesisHash }
+
+// SignCheckpoint signs a checkpoint of the chain at head (see checkpointBody).
+func SignCheckpoint(opts *Options, head ChainPos, at time.Time) ([]byte, error) {
+	return signCheckpoint(opts.Signer, opts.Origin, head.Seq, head.Hash, at)
+}
+
+// CheckpointSeq is the sequence number a checkpoint this package signed covers (its
+// signature is not checked).
+func CheckpointSeq(signed []byte) (uint64, error) {
+	cp, err := parseOwnCheckpoint(signed)
+	return cp.Seq, err
+}
