@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -316,11 +317,15 @@ func (b *Bastion) observedOutcome(ctx context.Context, rec *markers.Record) Obse
 	}
 	ctx, cancel := context.WithTimeout(ctx, markerAskTimeout)
 	defer cancel()
-	if host, err := b.inv.Host(rec.Host); err == nil && host.Level() != GuaranteeHostagent {
+	host, err := b.inv.Host(rec.Host)
+	if err == nil && host.Level() != GuaranteeHostagent {
 		o.MarkerNote = b.stockMarkerNote(ctx, rec, host) // agentless.go
 		return o
 	}
-	cc, err := b.hostControl(ctx, rec.Host)
+	var cc *client.ControlClient
+	if err == nil {
+		cc, err = b.hostControl(ctx, host)
+	}
 	if err != nil {
 		o.MarkerNote = fmt.Sprintf("host %s could not be asked: %v", rec.Host, err)
 		return o
