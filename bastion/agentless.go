@@ -28,7 +28,8 @@ import (
 // reconcileByLevel decides on.
 
 // ErrNoHostagent: the host runs a stock sshd, so the hostagent's control operations
-// (cancel, markers, spooled output) do not exist there.
+// (cancel, spooled output) do not exist there; a marker script's markers are read with its
+// own commands instead (stockmarkers.go).
 var ErrNoHostagent = errors.New("bastion: the host runs no hostagent")
 
 var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)

@@ -104,7 +104,7 @@ func readUntil(t *testing.T, r interface{ Read([]byte) (int, error) }, marker st
 // exactly its entries.
 func TestUpErrorsSayWhatToDo(t *testing.T) {
 	bin := testutil.Binary(t, "postern")
-	base := t.TempDir()
+	base := sockdir.New(t)
 	dir := filepath.Join(base, "state")
 	listen, agentListen := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	first, stdout, firstErr := startUp(t, bin, dir, listen, agentListen)
@@ -184,7 +184,7 @@ func TestUpErrorsSayWhatToDo(t *testing.T) {
 // allowed ("null") is refused before up writes anything.
 func TestUpBrowserOrigins(t *testing.T) {
 	bin := testutil.Binary(t, "postern")
-	base := t.TempDir()
+	base := sockdir.New(t)
 	if out, err := exec.Command(bin, "up", "--state-dir", filepath.Join(base, "never"), "--allow-origin", "null").CombinedOutput(); err == nil || !strings.Contains(string(out), `"null"`) {
 		t.Errorf("up --allow-origin null = %v:\n%s\nwant a refusal naming null", err, out)
 	}
