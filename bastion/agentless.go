@@ -28,7 +28,8 @@ import (
 // reconcileByLevel decides on.
 
 // ErrNoHostagent: the host runs a stock sshd, so the hostagent's control operations
-// (cancel, markers, spooled output) do not exist there.
+// (cancel, spooled output) do not exist there; a marker script's markers are read with its
+// own commands instead (stockmarkers.go).
 var ErrNoHostagent = errors.New("bastion: the host runs no hostagent")
 
 var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
@@ -191,22 +192,13 @@ func askMarkerScript(ctx context.Context, pool *Pool, host Host, id string) (age
 	if err != nil {
 		return agentless.Answer{}, err
 	}
-	conn, err := pool.Conn(ctx, host)
+	rep, err := queryMarkerScript(ctx, pool, host, line, 0)
 	if err != nil {
 		return agentless.Answer{}, err
 	}
-	var out, errb bytes.Buffer
-	res := runStock(ctx, conn, nil, fixedLine(line), &limitedBuffer{b: &out}, &limitedBuffer{b: &errb})
-	if res.Err != nil {
-		pool.Invalidate(host.Name, conn)
-		return agentless.Answer{}, res.Err
-	}
-	a, err := agentless.FindAnswer(out.Bytes())
+	a, err := agentless.FindAnswer(rep.Stdout)
 	if err != nil {
-		if r, rerr := agentless.FindAnswer(errb.Bytes()); rerr == nil && r.Kind == agentless.Refused {
-			return agentless.Answer{}, errors.New(refusalText(host.Name, r.Reason))
-		}
-		return agentless.Answer{}, fmt.Errorf("the marker script on %s gave no status: %w (stderr %q)", host.Name, err, lastBytes(errb.Bytes(), 200))
+		return agentless.Answer{}, fmt.Errorf("the marker script on %s gave no status: %w (stderr %q)", host.Name, err, lastBytes(rep.Stderr, 200))
 	}
 	if a.Kind != agentless.Status || a.ID != id {
 		return agentless.Answer{}, fmt.Errorf("the marker script on %s answered %q for %s", host.Name, a.Kind, id)

@@ -4,8 +4,11 @@ import (
 	"context"
 	"io"
 	"net"
+	"path/filepath"
 	"testing"
 	"time"
+
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 // TCP states of include/net/tcp_states.h besides ESTABLISHED.
@@ -121,7 +124,7 @@ func socketPair(t *testing.T, network string) (server, client net.Conn) {
 	t.Helper()
 	addr := "127.0.0.1:0"
 	if network == "unix" {
-		addr = t.TempDir() + "/s"
+		addr = filepath.Join(sockdir.New(t), "s")
 	}
 	l, err := net.Listen(network, addr)
 	if err != nil {

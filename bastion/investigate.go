@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -136,7 +137,7 @@ func (b *Bastion) Investigate(ctx context.Context, id string) (*Investigation, e
 		}
 		eventsOf[s.ID] = evs
 		inv.Siblings = append(inv.Siblings, siblingOf(s))
-		inv.Calls = append(inv.Calls, callsOf(s, evs)...)
+		inv.Calls = append(inv.Calls, callsOf(s, evs, b.guaranteeOf(s))...)
 	}
 	slices.SortStableFunc(inv.Calls, func(a, b InvestigatedCall) int { return a.At.Compare(b.At) })
 	seen := map[string]bool{}
@@ -225,9 +226,22 @@ func siblingOf(r *markers.Record) Sibling {
 		DeliveredAt: r.ResultDeliveredAt, IdempotencyKey: r.IdempotencyKey, PreviousAttempt: r.PreviousAttempt}
 }
 
+// guaranteeOf is the guarantee level of rec's host as enrolled now: "" for an HTTP execution
+// or a host no longer enrolled.
+func (b *Bastion) guaranteeOf(rec *markers.Record) Guarantee {
+	if rec.Channel == "http" {
+		return ""
+	}
+	host, err := b.inv.Host(rec.Host)
+	if err != nil {
+		return ""
+	}
+	return host.Level()
+}
+
 // callsOf are the calls that the events of execution rec name (delivery events are not
-// calls of their own: they say which call got the result).
-func callsOf(rec *markers.Record, evs []markers.Event) []InvestigatedCall {
+// calls of their own: they say which call got the result); level is its host's guarantee.
+func callsOf(rec *markers.Record, evs []markers.Event, level Guarantee) []InvestigatedCall {
 	var out []InvestigatedCall
 	for _, ev := range evs {
 		switch {
@@ -244,14 +258,15 @@ func callsOf(rec *markers.Record, evs []markers.Event) []InvestigatedCall {
 			}
 			out = append(out, InvestigatedCall{At: ev.At, ExecutionID: rec.ID, Call: c, What: what})
 		case ev.Kind == markers.KindJoined && ev.Call != nil:
-			out = append(out, InvestigatedCall{At: ev.At, ExecutionID: rec.ID, Call: *ev.Call, What: joinedWhat(rec, ev.Call.Match)})
+			out = append(out, InvestigatedCall{At: ev.At, ExecutionID: rec.ID, Call: *ev.Call, What: joinedWhat(rec, ev.Call.Match, level)})
 		}
 	}
 	return out
 }
 
-// joinedWhat says what a call that joined rec amounted to.
-func joinedWhat(rec *markers.Record, match string) string {
+// joinedWhat says what a call that joined rec amounted to; level (its host's guarantee, ""
+// when not known) says what reconciling an unknown outcome could ask.
+func joinedWhat(rec *markers.Record, match string, level Guarantee) string {
 	via := "same intent"
 	if rec.IdempotencyKey != "" {
 		via = "reused idempotency key " + rec.IdempotencyKey
@@ -266,13 +281,32 @@ func joinedWhat(rec *markers.Record, match string) string {
 	case matchContinue:
 		return fmt.Sprintf("joined %s (%s): continued it before dispatch", rec.ID, via)
 	case matchReconcile:
-		return fmt.Sprintf("joined %s (%s): its unknown outcome was reconciled with the host, nothing dispatched blindly", rec.ID, via)
+		return fmt.Sprintf("joined %s (%s): %s", rec.ID, via, reconcileWhat(rec, level))
 	case matchPending:
 		return fmt.Sprintf("joined %s (%s): returned it awaiting approval, no second approval", rec.ID, via)
 	case matchRejection:
 		return fmt.Sprintf("joined %s (%s): returned the same rejection", rec.ID, via)
 	}
 	return fmt.Sprintf("joined %s (%s)", rec.ID, match)
+}
+
+// reconcileWhat says what joining rec's unknown outcome did, by what its target can tell.
+func reconcileWhat(rec *markers.Record, level Guarantee) string {
+	switch {
+	case rec.Channel == "http":
+		class := "the endpoint's class"
+		if rec.Class != "" {
+			class += " (" + rec.Class + ")"
+		}
+		return "its unknown outcome was handled by " + class + ", nothing sent blindly"
+	case level == GuaranteeHostagent:
+		return "its unknown outcome was reconciled with the host, nothing dispatched blindly"
+	case level == GuaranteeMarkerScript:
+		return fmt.Sprintf("its unknown outcome was reconciled by reading its marker from the marker script on %s, nothing dispatched blindly", rec.Host)
+	case level == GuaranteeNone:
+		return fmt.Sprintf("its outcome was unknown and nothing can be asked of %s (guarantee level none: nothing there records executions), so it was returned as unknown and not sent again", rec.Host)
+	}
+	return fmt.Sprintf("its outcome was unknown, nothing dispatched blindly (%s is not enrolled now, so how it was reconciled cannot be told)", rec.Host)
 }
 
 func authorizationOf(rec *markers.Record, evs []markers.Event) Authorization {
@@ -316,11 +350,15 @@ func (b *Bastion) observedOutcome(ctx context.Context, rec *markers.Record) Obse
 	}
 	ctx, cancel := context.WithTimeout(ctx, markerAskTimeout)
 	defer cancel()
-	if host, err := b.inv.Host(rec.Host); err == nil && host.Level() != GuaranteeHostagent {
+	host, err := b.inv.Host(rec.Host)
+	if err == nil && host.Level() != GuaranteeHostagent {
 		o.MarkerNote = b.stockMarkerNote(ctx, rec, host) // agentless.go
 		return o
 	}
-	cc, err := b.hostControl(ctx, rec.Host)
+	var cc *client.ControlClient
+	if err == nil {
+		cc, err = b.hostControl(ctx, host)
+	}
 	if err != nil {
 		o.MarkerNote = fmt.Sprintf("host %s could not be asked: %v", rec.Host, err)
 		return o

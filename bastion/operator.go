@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"
@@ -30,7 +31,7 @@ import (
 //	GET /v1/doctor                                                 the daemon's version; every host asked now
 //	GET /v1/runs?actor=&scope=&limit=                               agent runs, newest first seen first
 //	GET /v1/hosts                                                  enrolled hosts
-//	GET /v1/markers/{host}?state=&limit=                           the host's markers (asks it)
+//	GET /v1/markers/{host}?state=&limit=&cursor=                   the host's markers (asks it)
 //	GET /v1/markers/{host}/{id}                                    one marker on the host
 //	GET /v1/audit/export                                           the journal's event log, JSONL
 //	GET /v1/audit/key                                              the audit verifier key
@@ -286,14 +287,8 @@ func (b *Bastion) opShowExecution(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, detail, nil)
 }
 
-func (b *Bastion) hostControl(ctx context.Context, name string) (*client.ControlClient, error) {
-	host, err := b.inv.Host(name)
-	if err != nil {
-		return nil, err
-	}
-	if host.Level() != GuaranteeHostagent {
-		return nil, fmt.Errorf("%w: %s (guarantee %s); its markers are on the host: ~/.postern/run list", ErrNoHostagent, name, host.Level())
-	}
+// hostControl opens the hostagent's control protocol on host.
+func (b *Bastion) hostControl(ctx context.Context, host Host) (*client.ControlClient, error) {
 	conn, err := b.pool.Conn(ctx, host)
 	if err != nil {
 		return nil, err
@@ -301,41 +296,91 @@ func (b *Bastion) hostControl(ctx context.Context, name string) (*client.Control
 	return client.DialControl(conn)
 }
 
+// markerHost is the host a markers request names, once its level keeps markers.
+func (b *Bastion) markerHost(name string) (Host, error) {
+	host, err := b.inv.Host(name)
+	if err == nil && host.Level() == GuaranteeNone {
+		err = noMarkersError(host)
+	}
+	return host, err
+}
+
+// opListMarkers lists a host's markers: the hostagent's through its control protocol, the
+// marker script's with its list command (stockmarkers.go).
 func (b *Bastion) opListMarkers(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	cc, err := b.hostControl(ctx, r.PathValue("host"))
+	host, err := b.markerHost(r.PathValue("host"))
 	if err != nil {
 		writeJSON(w, nil, err)
 		return
 	}
-	defer cc.Close()
 	q := client.ControlListQuery{State: markers.State(r.FormValue("state")), Cursor: r.FormValue("cursor"), Newest: true}
 	if !formLimit(w, r, 1000, &q.Limit) {
 		return
 	}
-	page, next, err := cc.List(ctx, q)
-	writeJSON(w, MarkerPage{Host: r.PathValue("host"), Markers: page, Next: next}, err)
+	var page []*markers.Record
+	var next string
+	if host.Level() == GuaranteeMarkerScript {
+		var list []agentless.Answer
+		if list, err = listMarkerScript(ctx, b.pool, host); err == nil {
+			page, next, err = scriptMarkerPage(host, list, scriptMarkerQuery{State: q.State, Cursor: q.Cursor, Limit: q.Limit})
+		}
+	} else {
+		var cc *client.ControlClient
+		if cc, err = b.hostControl(ctx, host); err == nil {
+			page, next, err = cc.List(ctx, q)
+			cc.Close()
+		}
+	}
+	writeJSON(w, MarkerPage{Host: host.Name, Markers: page, Next: next}, err)
 }
 
 func (b *Bastion) opShowMarker(w http.ResponseWriter, r *http.Request) {
 	ctx, cancel := context.WithTimeout(r.Context(), 30*time.Second)
 	defer cancel()
-	cc, err := b.hostControl(ctx, r.PathValue("host"))
+	host, err := b.markerHost(r.PathValue("host"))
 	if err != nil {
 		writeJSON(w, nil, err)
 		return
+	}
+	id := r.PathValue("id")
+	var found *markers.Record
+	if host.Level() == GuaranteeMarkerScript {
+		found, err = b.showScriptMarker(ctx, host, id)
+	} else {
+		found, err = b.showHostagentMarker(ctx, host, id)
+	}
+	if err == nil && found == nil {
+		err = fmt.Errorf("%w: host %s has no marker %s", markers.ErrNotFound, host.Name, id)
+	}
+	writeJSON(w, found, err)
+}
+
+// showHostagentMarker is the hostagent's marker of id (nil: none).
+func (b *Bastion) showHostagentMarker(ctx context.Context, host Host, id string) (*markers.Record, error) {
+	cc, err := b.hostControl(ctx, host)
+	if err != nil {
+		return nil, err
 	}
 	defer cc.Close()
-	found, _, err := cc.Status(ctx, []string{r.PathValue("id")})
-	if err == nil && len(found) == 0 {
-		err = fmt.Errorf("%w: host %s has no marker %s", markers.ErrNotFound, r.PathValue("host"), r.PathValue("id"))
+	found, _, err := cc.Status(ctx, []string{id})
+	if err != nil || len(found) == 0 {
+		return nil, err
 	}
-	if err != nil {
-		writeJSON(w, nil, err)
-		return
+	return found[0], nil
+}
+
+// showScriptMarker is the marker script's marker of id (nil: none).
+func (b *Bastion) showScriptMarker(ctx context.Context, host Host, id string) (*markers.Record, error) {
+	if !markers.ValidExecutionID(id) {
+		return nil, invalid("%q is not an execution id", id)
 	}
-	writeJSON(w, found[0], nil)
+	a, err := askMarkerScript(ctx, b.pool, host, id)
+	if err != nil || a.State == agentless.Absent {
+		return nil, err
+	}
+	return scriptMarker(host, a), nil
 }
 
 // formLimit reads the request's limit (1..most) into limit, if given; false when it is
@@ -443,6 +488,8 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 			status, code = http.StatusConflict, "not_awaiting_approval"
 		case errors.Is(err, ErrNotReviewable):
 			status, code = http.StatusConflict, "not_reviewable"
+		case errors.Is(err, ErrNoMarkers):
+			status, code = http.StatusConflict, "no_markers"
 		case errors.Is(err, ErrNoHostagent):
 			status, code = http.StatusConflict, "no_hostagent"
 		}

@@ -25,6 +25,7 @@ import (
 
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -231,12 +232,7 @@ func (w testLogWriter) Write(p []byte) (int, error) {
 // socketPath is a fresh unix socket path, short enough for sun_path.
 func socketPath(t *testing.T) string {
 	t.Helper()
-	dir, err := os.MkdirTemp("", "pctl")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return filepath.Join(dir, "control.sock")
+	return filepath.Join(sockdir.New(t), "control.sock")
 }
 
 // serveLocalForTest runs the local socket server until the test ends.

@@ -13,6 +13,7 @@ import (
 
 	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 // TestOpenSSHClient drives the server with the stock ssh(1) client, the compatibility the
@@ -91,7 +92,7 @@ func TestOpenSSHMaxSessions(t *testing.T) {
 	}
 	const limit = 2
 	ts := startServer(t, func(c *hostagent.Config) { c.MaxSessions = limit })
-	dir := t.TempDir()
+	dir := sockdir.New(t) // holds the control master's socket
 	_, port, _ := net.SplitHostPort(ts.addr)
 	knownHosts := testutil.WriteKnownHosts(t, filepath.Join(dir, "known_hosts"), ts.addr, ts.srv.HostPublicKey())
 	keyFile := ts.key.WritePrivateKey(t, filepath.Join(dir, "id_ed25519"))

@@ -230,6 +230,9 @@ func TestStockHostLevelNoneCutAfterStart(t *testing.T) {
 	if !strings.Contains(inv.Answers[2], "cannot be known") || !strings.Contains(inv.Answers[2], "guarantee level none") {
 		t.Errorf("investigate answer 3 = %q; want it to say what cannot be known", inv.Answers[2])
 	}
+	if a := inv.Answers[4]; !strings.Contains(a, "nothing can be asked of s1") || strings.Contains(a, "reconciled with the host") {
+		t.Errorf("investigate answer 5 = %q; want the retry's join to say nothing could be asked of the host", a)
+	}
 	postern(t, f.bastion, "review", id, "--outcome", "completed", "--note", "effects file has the line")
 	if rec := journaled(t, f.bastion, id); rec.State != markers.Completed {
 		t.Fatalf("after review: %s", rec.State)

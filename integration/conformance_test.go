@@ -17,6 +17,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 // conformanceScenarios are the MCP conformance suite's server scenarios that apply to
@@ -63,7 +64,7 @@ func TestConformance(t *testing.T) {
 	}
 
 	bin := testutil.Binary(t, "postern")
-	dir := filepath.Join(t.TempDir(), "state")
+	dir := filepath.Join(sockdir.New(t), "state")
 	up, stdout, stderr := startUp(t, bin, dir, "127.0.0.1:0", "127.0.0.1:0")
 	t.Cleanup(func() {
 		up.Process.Signal(syscall.SIGTERM)

@@ -17,6 +17,7 @@ import (
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/plugins"
 )
 
@@ -63,7 +64,7 @@ func BenchmarkHTTPRequest(b *testing.B) {
 	ctx := context.Background()
 
 	// The same bastion code in this process, on its own state dir: no MCP, no HTTP transport.
-	cfg := bastion.DefaultConfig(filepath.Join(b.TempDir(), "state"))
+	cfg := bastion.DefaultConfig(filepath.Join(sockdir.New(b), "state"))
 	cfg.Listen = ""
 	cfg.Actors = []policy.Actor{{Name: "bench", TokenSHA256: transport.HashToken("bench")}}
 	cfg.HTTPPlugin = bastion.PluginConfig{Path: pluginPath, SHA256: sum}

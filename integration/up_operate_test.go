@@ -11,6 +11,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 // TestUpSecondHostAndPolicyCheck: a second host enrolled into `postern up`'s state dir (its
@@ -19,7 +20,7 @@ import (
 // from the state dir when it is down.
 func TestUpSecondHostAndPolicyCheck(t *testing.T) {
 	bin := testutil.Binary(t, "postern")
-	dir := filepath.Join(t.TempDir(), "state")
+	dir := filepath.Join(sockdir.New(t), "state")
 	listen, agentListen := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	up := func() (*exec.Cmd, string) {
 		cmd := exec.Command(bin, "up", "--state-dir", dir, "--listen", listen, "--hostagent-listen", agentListen)

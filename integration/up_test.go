@@ -19,6 +19,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 // TestUpOnAFreshStateDir runs the README's first command: `postern up` brings up a bastion
@@ -26,7 +27,7 @@ import (
 // "local" — and comes back up on the same state dir with the same keys.
 func TestUpOnAFreshStateDir(t *testing.T) {
 	bin := testutil.Binary(t, "postern")
-	dir := filepath.Join(t.TempDir(), "state")
+	dir := filepath.Join(sockdir.New(t), "state")
 	listen, agentListen := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	for round := 1; round <= 2; round++ {
 		cmd, stdout, stderr := startUp(t, bin, dir, listen, agentListen)
@@ -103,7 +104,7 @@ func readUntil(t *testing.T, r interface{ Read([]byte) (int, error) }, marker st
 // exactly its entries.
 func TestUpErrorsSayWhatToDo(t *testing.T) {
 	bin := testutil.Binary(t, "postern")
-	base := t.TempDir()
+	base := sockdir.New(t)
 	dir := filepath.Join(base, "state")
 	listen, agentListen := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	first, stdout, firstErr := startUp(t, bin, dir, listen, agentListen)
@@ -155,7 +156,7 @@ func TestUpErrorsSayWhatToDo(t *testing.T) {
 		{"hostagent port in use", testutil.FreeAddr(t), agentListen, "--hostagent-listen ADDR"},
 	} {
 		t.Run(tt.name+", fresh state dir", func(t *testing.T) {
-			parent := filepath.Join(shortTempDir(t), "made-by-up") // unix socket paths are short
+			parent := filepath.Join(sockdir.New(t), "made-by-up") // unix socket paths are short
 			out := failedUp(t, filepath.Join(parent, "state"), tt.listen, tt.agentListen)
 			if !strings.Contains(out, "address already in use") || !strings.Contains(out, tt.flag) {
 				t.Errorf("up said %q; want the port in use and %q", out, tt.flag)
@@ -165,7 +166,7 @@ func TestUpErrorsSayWhatToDo(t *testing.T) {
 			}
 		})
 		t.Run(tt.name+", existing state dir", func(t *testing.T) {
-			existing := shortTempDir(t)
+			existing := sockdir.New(t)
 			if err := os.WriteFile(filepath.Join(existing, "mine"), []byte("kept\n"), 0o600); err != nil {
 				t.Fatal(err)
 			}
@@ -177,25 +178,13 @@ func TestUpErrorsSayWhatToDo(t *testing.T) {
 	}
 }
 
-// shortTempDir is a t.TempDir whose path leaves room for the unix sockets up makes inside it
-// (sun_path is 108 bytes; t.TempDir names it after the test).
-func shortTempDir(t *testing.T) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "up")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // TestUpBrowserOrigins: a browser page on a loopback origin (the MCP Inspector's) gets its
 // CORS preflight answered and its call served; `--allow-origin` admits another origin; any
 // other origin is refused with a body that names the flag; an origin that can never be
 // allowed ("null") is refused before up writes anything.
 func TestUpBrowserOrigins(t *testing.T) {
 	bin := testutil.Binary(t, "postern")
-	base := t.TempDir()
+	base := sockdir.New(t)
 	if out, err := exec.Command(bin, "up", "--state-dir", filepath.Join(base, "never"), "--allow-origin", "null").CombinedOutput(); err == nil || !strings.Contains(string(out), `"null"`) {
 		t.Errorf("up --allow-origin null = %v:\n%s\nwant a refusal naming null", err, out)
 	}

@@ -19,6 +19,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 )
 
@@ -35,7 +36,7 @@ func TestListenUnixSharedMode(t *testing.T) {
 	assertMode(t, path, fs.ModeSocket|0o666)
 
 	// Listing only the owners keeps the socket private.
-	private := filepath.Join(shortTempDir(t), "p.sock")
+	private := filepath.Join(sockdir.New(t), "p.sock")
 	lp, err := ListenUnix(private, UnixAccess{UIDs: []int{0, os.Geteuid()}})
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +45,7 @@ func TestListenUnixSharedMode(t *testing.T) {
 	assertMode(t, private, fs.ModeSocket|0o600)
 
 	// Other uids could not reach a socket under a 0700 directory: refused with a clear error.
-	closed := filepath.Join(shortTempDir(t), "mcp.sock")
+	closed := filepath.Join(sockdir.New(t), "mcp.sock")
 	if _, err := ListenUnix(closed, UnixAccess{UIDs: []int{other}}); !errors.Is(err, ErrSocketDirClosed) {
 		t.Fatalf("ListenUnix under a 0700 dir = %v; want ErrSocketDirClosed", err)
 	}

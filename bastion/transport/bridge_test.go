@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 // bridgeFixture runs Bridge in-process with pipes for its stdin and stdout.
@@ -282,7 +283,7 @@ func TestBridgeEndsWithContext(t *testing.T) {
 }
 
 func TestBridgeWithoutDaemon(t *testing.T) {
-	sock := filepath.Join(shortTempDir(t), "absent.sock")
+	sock := filepath.Join(sockdir.New(t), "absent.sock")
 	err := Bridge(t.Context(), sock, "/mcp", strings.NewReader(""), io.Discard)
 	if !errors.Is(err, ErrDaemonNotRunning) || !strings.Contains(err.Error(), sock) {
 		t.Errorf("Bridge = %v; want ErrDaemonNotRunning naming %s", err, sock)

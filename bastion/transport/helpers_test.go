@@ -14,6 +14,7 @@ import (
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 // bridgeRoleEnv, when set, makes the test binary run as `postern mcp` does: the stdio bridge
@@ -138,22 +139,10 @@ func unixHTTPClient(socketPath string, header http.Header) *http.Client {
 	return &http.Client{Transport: headerRoundTripper{header: header, base: base}}
 }
 
-// shortTempDir returns a temporary directory with a path short enough for a unix socket
-// (sun_path is 108 bytes; t.TempDir paths embed the test name).
-func shortTempDir(t testing.TB) string {
-	t.Helper()
-	dir, err := os.MkdirTemp("", "pst")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	return dir
-}
-
 // serveUnix serves the test server on a fresh socket and returns the socket path.
 func serveUnix(t testing.TB, ts *testServer) string {
 	t.Helper()
-	path := filepath.Join(shortTempDir(t), "run", "postern.sock")
+	path := filepath.Join(sockdir.New(t), "run", "postern.sock")
 	l, err := ListenUnix(path, UnixAccess{})
 	if err != nil {
 		t.Fatal(err)

@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 func TestUnixCallerFromKernel(t *testing.T) {
@@ -111,7 +112,7 @@ func TestUnixBodyBound(t *testing.T) {
 }
 
 func TestListenUnix(t *testing.T) {
-	dir := shortTempDir(t)
+	dir := sockdir.New(t)
 	path := filepath.Join(dir, "sub", "p.sock")
 
 	l, err := ListenUnix(path, UnixAccess{})

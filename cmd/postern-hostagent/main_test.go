@@ -17,6 +17,7 @@ import (
 	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/hostagent/shim"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 func TestUsageErrors(t *testing.T) {
@@ -53,7 +54,7 @@ func TestMain(m *testing.M) {
 }
 
 func TestInstallThenServe(t *testing.T) {
-	root := t.TempDir()
+	root := sockdir.New(t) // the installed data dir holds the control socket
 	var out bytes.Buffer
 	if err := run(context.Background(), []string{"install", "--root", root}, &out, &out); err != nil {
 		t.Fatalf("install: %v\n%s", err, out.String())
@@ -89,6 +90,11 @@ func TestInstallThenServe(t *testing.T) {
 	var client *gossh.Client
 	deadline := time.Now().Add(60 * time.Second)
 	for client == nil {
+		select {
+		case err := <-done:
+			t.Fatalf("serve returned %v before it served\n%s", err, stderr.String())
+		default:
+		}
 		client, err = testutil.DialSSH(t, addr, u.Username, hostKey.PublicKey(), gossh.PublicKeys(key.Signer))
 		if err != nil && time.Now().After(deadline) {
 			t.Fatalf("dial: %v\n%s", err, stderr.String())

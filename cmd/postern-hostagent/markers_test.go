@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -69,11 +70,7 @@ type agentDir struct {
 
 func newAgentDir(t *testing.T) (*agentDir, *markers.Store) {
 	t.Helper()
-	base, err := os.MkdirTemp("", "pha")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(base) })
+	base := sockdir.New(t) // the data dir holds the control socket
 	d := &agentDir{dataDir: filepath.Join(base, "data"), config: filepath.Join(base, "config.toml")}
 	if err := os.WriteFile(d.config, []byte(fmt.Sprintf("data_dir = %q\n", d.dataDir)), 0o600); err != nil {
 		t.Fatal(err)

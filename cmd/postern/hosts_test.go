@@ -13,13 +13,14 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 // TestHostsEnroll enrolls real hostagents into a state dir with no daemon: each step runs
 // on the inventory the steps before it left.
 func TestHostsEnroll(t *testing.T) {
 	first, second := testutil.StartHostagent(t), testutil.StartHostagent(t)
-	stateDir := filepath.Join(t.TempDir(), "state")
+	stateDir := filepath.Join(sockdir.New(t), "state")
 	inventory := bastion.DefaultConfig(stateDir).InventoryPath()
 	fp := gossh.FingerprintSHA256
 	enroll := func(args ...string) []string {

@@ -21,8 +21,9 @@ func init() {
 	}
 }
 
-// markersCommand reads a host's markers: the daemon asks the host's hostagent over its
-// pooled SSH connection, so this works only while the daemon runs.
+// markersCommand reads a host's markers: the daemon asks the host — its hostagent, or on a
+// host without one its marker script — over its pooled SSH connection, so this works only
+// while the daemon runs.
 type markersCommand struct {
 	operatorIO
 	// loc and host may be given before the subcommand (`markers --host h1 list`) or after it.
@@ -73,7 +74,7 @@ func (c *markersCommand) client() (*operatorClient, error) {
 // onDaemonDown says what to do instead when the bastion is not running.
 func (c *markersCommand) onDaemonDown(err error) error {
 	if errors.Is(err, errBastionDown) {
-		return fmt.Errorf("%w; markers are read through it (on the host itself: postern-hostagent markers)", err)
+		return fmt.Errorf("%w; markers are read through it (on the host itself: postern-hostagent markers list, or ~/.postern/run list where the marker script keeps them)", err)
 	}
 	return err
 }

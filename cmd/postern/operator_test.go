@@ -16,6 +16,7 @@ import (
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -418,7 +419,7 @@ func TestOperatorCommands(t *testing.T) {
 }
 
 func TestBastionNeverStarted(t *testing.T) {
-	dir := t.TempDir()
+	dir := sockdir.New(t)
 	res := runCLI(t, "", "executions", "list", "--state-dir", dir)
 	want := "the bastion is not running (no socket at " + filepath.Join(dir, "operator.sock") + ")"
 	if !errors.Is(res.err, errBastionDown) || res.err.Error() != want {

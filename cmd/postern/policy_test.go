@@ -7,10 +7,11 @@ import (
 	"testing"
 
 	"github.com/postern-dev/postern/bastion/policy"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 func TestPolicyCheckExplainsTheDecision(t *testing.T) {
-	dir := t.TempDir()
+	dir := sockdir.New(t) // the CLI dials the operator socket in it
 	config := filepath.Join(dir, "postern.toml")
 	err := os.WriteFile(config, []byte(`state_dir = "`+filepath.Join(dir, "state")+`"
 [[actors]]

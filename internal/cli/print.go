@@ -217,7 +217,9 @@ func WriteMarker(w io.Writer, host string, r *markers.Record) error {
 	row("cwd", r.Cwd)
 	row("operation key", r.OperationKey)
 	row("fingerprint", r.Fingerprint)
-	row("created", r.CreatedAt.Local().Format(time.RFC3339))
+	if !r.CreatedAt.IsZero() { // a marker script keeps no times
+		row("created", r.CreatedAt.Local().Format(time.RFC3339))
+	}
 	for _, s := range markers.Host.States() {
 		if at, ok := r.StateTimes[s]; ok && s != r.Graph.Initial() {
 			row(string(s), at.Local().Format(time.RFC3339))

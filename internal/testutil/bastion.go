@@ -15,6 +15,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 // Bastion is a `postern serve` process for tests, with two actors ("agent" and "other")
@@ -36,7 +37,7 @@ type Bastion struct {
 // extraConfig lines (settings, then any tables) are added to the TOML config.
 func NewBastion(t testing.TB, key SSHKey, extraConfig ...string) *Bastion {
 	t.Helper()
-	dir := t.TempDir()
+	dir := sockdir.New(t) // holds the MCP and operator sockets
 	b := &Bastion{
 		Dir: dir, ConfigPath: filepath.Join(dir, "postern.toml"), Addr: FreeAddr(t),
 		Tokens: map[string]string{}, ClientKey: key, daemon: daemon{what: "bastion"},

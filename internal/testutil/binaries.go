@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	gossh "golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
 )
@@ -131,7 +132,7 @@ func NewHostagent(t testing.TB, extraConfig ...string) *Hostagent {
 // NewHostagentFor is NewHostagent with accounts as allowed_accounts; Account is the first.
 func NewHostagentFor(t testing.TB, accounts []string, extraConfig ...string) *Hostagent {
 	t.Helper()
-	dir := t.TempDir()
+	dir := sockdir.New(t) // the data dir holds the control socket
 	h := &Hostagent{
 		Addr: FreeAddr(t), Dir: dir, DataDir: filepath.Join(dir, "data"),
 		ConfigPath: filepath.Join(dir, "hostagent.toml"), Account: accounts[0], ClientKey: NewSSHKey(t),

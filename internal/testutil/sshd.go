@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	gossh "golang.org/x/crypto/ssh"
 )
 
@@ -185,13 +186,7 @@ func (s *SSHD) Logs() string {
 // The master is closed (ssh -O exit) at cleanup.
 func (s *SSHD) Multiplexed(t testing.TB) []string {
 	t.Helper()
-	// A unix socket path must fit in sun_path (108 bytes, 104 on some systems): t.TempDir
-	// paths include the test name and can be longer.
-	cmDir, err := os.MkdirTemp("", "cm")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(cmDir) })
+	cmDir := sockdir.New(t) // holds the control master's socket
 	args := append(OpenSSHArgs(s.KnownHosts, s.Identity, s.Port),
 		"-o", "ControlMaster=auto",
 		"-o", "ControlPath="+filepath.Join(cmDir, "m"),
