@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/internal/unixpath"
 )
 
 // LocalLimits bound the connections to the local socket, which every local account can
@@ -96,6 +97,9 @@ var ErrSocketInUse = errors.New("hostagent: control socket in use")
 // credentials). A stale socket left by a previous run is removed; a live one is
 // ErrSocketInUse, and a path that is not a socket is left alone and is an error.
 func ListenLocal(path string) (net.Listener, error) {
+	if err := unixpath.Check(path, "data_dir"); err != nil {
+		return nil, fmt.Errorf("hostagent: control socket: %w", err)
+	}
 	// The directory must let every account reach the socket (0755); the socket itself is
 	// guarded by peer credentials.
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {

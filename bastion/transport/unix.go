@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
+
+	"github.com/postern-dev/postern/internal/unixpath"
 )
 
 // ErrSocketInUse is returned by ListenUnix when a live server already listens on the path.
@@ -27,6 +29,9 @@ var ErrSocketInUse = errors.New("socket in use by a running server")
 // directory created 0700 if missing; one that other uids may use is made 0666 in a directory
 // created 0755 if missing, and every directory above it must let other users search it.
 func ListenUnix(path string, access UnixAccess) (net.Listener, error) {
+	if err := unixpath.Check(path, "state_dir"); err != nil {
+		return nil, fmt.Errorf("transport: %w", err)
+	}
 	mode, dirMode := os.FileMode(0o600), os.FileMode(0o700)
 	if access.Shared() {
 		mode, dirMode = 0o666, 0o755

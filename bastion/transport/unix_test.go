@@ -14,6 +14,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
+	"github.com/postern-dev/postern/internal/unixpath"
 )
 
 func TestUnixCallerFromKernel(t *testing.T) {
@@ -355,4 +356,17 @@ func FuzzParseProcStat(f *testing.F) {
 			t.Fatalf("start %d does not come from field 22 %q", got.StartTicks, fields[19])
 		}
 	})
+}
+
+// TestListenUnixNamesTheLengthLimit: a socket path past sun_path's limit is refused before
+// anything is created, with an error that names the limit and the setting to shorten.
+func TestListenUnixNamesTheLengthLimit(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), strings.Repeat("d", 120))
+	_, err := ListenUnix(filepath.Join(dir, "mcp.sock"), UnixAccess{})
+	if !errors.Is(err, unixpath.ErrTooLong) || !strings.Contains(err.Error(), "state_dir") {
+		t.Fatalf("ListenUnix: %v, want unixpath.ErrTooLong naming state_dir", err)
+	}
+	if _, err := os.Stat(dir); !errors.Is(err, fs.ErrNotExist) {
+		t.Fatalf("the socket's dir was created anyway: %v", err)
+	}
 }

@@ -19,6 +19,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/cli"
+	"github.com/postern-dev/postern/internal/unixpath"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -75,6 +76,9 @@ func newOperatorClient(socket string) *operatorClient {
 	c := &operatorClient{socket: socket}
 	c.hc = &http.Client{Transport: &http.Transport{
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			if err := unixpath.Check(socket, "state_dir (or --state-dir)"); err != nil {
+				return nil, fmt.Errorf("operator socket: %w", err)
+			}
 			var d net.Dialer
 			conn, err := d.DialContext(ctx, "unix", socket)
 			switch {
