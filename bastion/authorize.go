@@ -57,7 +57,7 @@ func (b *Bastion) decide(c transport.Caller, cl *claim) (policy.Decision, func()
 	if dec.Outcome == policy.Rejected || !ok || !actor.Limited() {
 		return dec, func() {}, nil
 	}
-	release := sync.OnceFunc(b.intake.lock("a\x00" + actor.Name))
+	release := sync.OnceFunc(b.intake.Lock("a\x00" + actor.Name))
 	if err := b.checkLimits(c, actor, cl.scope, dec.Outcome == policy.Authorized); err != nil {
 		release()
 		return dec, nil, err

@@ -18,6 +18,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/durable"
+	"github.com/postern-dev/postern/internal/keylock"
 	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
@@ -56,9 +57,9 @@ type Bastion struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // drivers and the reconcile loop
 
-	intake keyLocks  // serializes match-and-create per intent and per idempotency key
-	runs   knownRuns // agent runs the journal already holds (calls.go)
-	posts  sync.Map  // POSTs in flight by postKeyHeader → *postState (tools.go)
+	intake keylock.Set // serializes match-and-create per intent and per idempotency key
+	runs   knownRuns   // agent runs the journal already holds (calls.go)
+	posts  sync.Map    // POSTs in flight by postKeyHeader → *postState (tools.go)
 	// taskWaits counts each actor's tasks/result requests waiting for an execution to end
 	// (mcptasks.go).
 	taskWaits waitSlots
@@ -282,38 +283,4 @@ func LoadOrCreateClientKey(path string) (gossh.Signer, error) {
 		}
 	}
 	return signer, nil
-}
-
-// keyLocks is a set of mutexes by key, created on demand and dropped when unused.
-type keyLocks struct {
-	mu    sync.Mutex
-	locks map[string]*keyLock
-}
-
-type keyLock struct {
-	sync.Mutex
-	users int
-}
-
-func (k *keyLocks) lock(key string) (unlock func()) {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[string]*keyLock{}
-	}
-	l := k.locks[key]
-	if l == nil {
-		l = &keyLock{}
-		k.locks[key] = l
-	}
-	l.users++
-	k.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		k.mu.Lock()
-		if l.users--; l.users == 0 {
-			delete(k.locks, key)
-		}
-		k.mu.Unlock()
-	}
 }

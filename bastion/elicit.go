@@ -116,7 +116,7 @@ func (o *offerTokens) redeem(id, token string) bool {
 // offer journals that the approval of execution id is asked of the agent's user, unless it
 // was before (then, or on a failed write, nil: nothing is asked).
 func (b *Bastion) offer(ctx context.Context, c transport.Caller, id string) *markers.Record {
-	defer b.intake.lock("e\x00" + id)()
+	defer b.intake.Lock("e\x00" + id)()
 	offered, err := b.approvalOffered(id)
 	if err != nil || offered {
 		return nil

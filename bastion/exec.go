@@ -293,7 +293,7 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	defer func() { unlock() }()
 	claimed := cl.record // as it was before matching and deciding, for a match again (ErrRaced)
 	for {
-		unlock = sync.OnceFunc(b.intake.lock(lockKey))
+		unlock = sync.OnceFunc(b.intake.Lock(lockKey))
 		if prior, outcome, err = b.matchCall(cl, &facts); err != nil {
 			return nil, err
 		}

@@ -408,7 +408,7 @@ func (b *Bastion) revokeDelivery(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	if rec.IdempotencyKey == "" {
-		defer b.intake.lock(intentLockKey(rec.Actor, rec.IntentScope, rec.Fingerprint))()
+		defer b.intake.Lock(intentLockKey(rec.Actor, rec.IntentScope, rec.Fingerprint))()
 		latest, err := b.journal.FindByFingerprint(rec.Actor, rec.IntentScope, rec.Fingerprint)
 		if err != nil && !errors.Is(err, markers.ErrNotFound) {
 			return false, err

@@ -90,7 +90,7 @@ func (s *Store) Joined(ctx context.Context, id string, call *Call) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	unlock := s.locks.lock(id)
+	unlock := s.locks.Lock(id)
 	defer unlock()
 	if err := s.readable(); err != nil {
 		return err

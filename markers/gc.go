@@ -74,7 +74,7 @@ func (s *Store) scanIDs(prefix []byte) ([]string, error) {
 // removeIfExpired deletes a terminal record, its index entries and its event index under the
 // record's lock, if its retention has passed.
 func (s *Store) removeIfExpired(id string, now time.Time) (bool, error) {
-	unlock := s.locks.lock(id)
+	unlock := s.locks.Lock(id)
 	defer unlock()
 	rec, err := s.getLocked(id)
 	if errors.Is(err, ErrNotFound) {

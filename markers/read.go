@@ -14,7 +14,7 @@ import (
 // Get returns the durable record of execution id, or ErrNotFound. The record is the
 // caller's own copy.
 func (s *Store) Get(id string) (*Record, error) {
-	unlock := s.locks.lock(id)
+	unlock := s.locks.Lock(id)
 	defer unlock()
 	rec, err := s.getLocked(id)
 	if err != nil {
@@ -54,7 +54,7 @@ func (s *Store) getLocked(id string) (*Record, error) {
 
 // Result returns the result stored with execution id by AdvanceWithResult, or ErrNotFound.
 func (s *Store) Result(id string) ([]byte, error) {
-	unlock := s.locks.lock(id)
+	unlock := s.locks.Lock(id)
 	defer unlock()
 	if err := s.readable(); err != nil {
 		return nil, err
@@ -212,7 +212,7 @@ func (s *Store) List(q Query) ([]*Record, string, error) {
 
 // Events returns the events of execution id in order: the story of the execution.
 func (s *Store) Events(id string) ([]Event, error) {
-	unlock := s.locks.lock(id) // events of a write in flight are not durable yet
+	unlock := s.locks.Lock(id) // events of a write in flight are not durable yet
 	defer unlock()
 	if err := s.readable(); err != nil {
 		return nil, err

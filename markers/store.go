@@ -13,6 +13,8 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/bloom"
 	"github.com/cockroachdb/pebble/v2/vfs"
+
+	"github.com/postern-dev/postern/internal/keylock"
 )
 
 // FormatVersion is the Pebble on-disk format every store is created with. It is pinned (never
@@ -42,7 +44,7 @@ type Store struct {
 	opts  Options
 	log   *slog.Logger
 	db    *pebble.DB
-	locks keyLocks
+	locks keylock.Set
 	// present answers "certainly absent" for lookups of keys never written.
 	present *presence
 	// records holds decoded records as last committed (see recordCache).

@@ -56,7 +56,7 @@ func (s *Store) create(ctx context.Context, r *Record, path []State, note string
 	if err != nil {
 		return nil, err
 	}
-	unlock := s.locks.lock(w.rec.ID)
+	unlock := s.locks.Lock(w.rec.ID)
 	defer unlock()
 	existing, err := s.getLocked(w.rec.ID)
 	if err == nil {
@@ -167,7 +167,7 @@ func (s *Store) changeFor(ctx context.Context, id string, kind EventKind, from S
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	unlock := s.locks.lock(id)
+	unlock := s.locks.Lock(id)
 	defer unlock()
 	cur, err := s.getLocked(id)
 	if err != nil {

@@ -49,6 +49,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/postern-dev/postern/internal/keylock"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -88,7 +89,9 @@ type Journal struct {
 	ttl    time.Duration
 	opTO   time.Duration
 
-	locks keyLocks
+	// locks serializes the writers of one execution on this replica; those of other replicas
+	// are fenced by the record's mod_revision.
+	locks keylock.Set
 
 	ctx    context.Context // ended by Close
 	cancel context.CancelFunc
@@ -363,42 +366,6 @@ func (j *Journal) scan(f markers.Family, rev int64) iter.Seq2[markers.LogEntry, 
 			}
 			from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
 		}
-	}
-}
-
-// keyLocks is a set of mutexes by key, created on demand and dropped when unused: writers of
-// one execution on this replica go one at a time (those of other replicas are fenced by the
-// record's mod_revision).
-type keyLocks struct {
-	mu    sync.Mutex
-	locks map[string]*keyLock
-}
-
-type keyLock struct {
-	sync.Mutex
-	users int
-}
-
-func (k *keyLocks) lock(key string) (unlock func()) {
-	k.mu.Lock()
-	if k.locks == nil {
-		k.locks = map[string]*keyLock{}
-	}
-	l := k.locks[key]
-	if l == nil {
-		l = &keyLock{}
-		k.locks[key] = l
-	}
-	l.users++
-	k.mu.Unlock()
-	l.Lock()
-	return func() {
-		l.Unlock()
-		k.mu.Lock()
-		if l.users--; l.users == 0 {
-			delete(k.locks, key)
-		}
-		k.mu.Unlock()
 	}
 }
 

@@ -357,7 +357,7 @@ func (j *Journal) create(ctx context.Context, r *markers.Record, path []markers.
 		return nil, err
 	}
 	rec := w.Record()
-	unlock := j.locks.lock(rec.ID)
+	unlock := j.locks.Lock(rec.ID)
 	defer unlock()
 	req := &request{w: w, conds: []cond{{key: j.key(markers.RecordKey(rec.ID)), rev: 0}}}
 	for _, k := range markers.PointerKeys(rec) {
@@ -459,7 +459,7 @@ func (j *Journal) change(ctx context.Context, id string, kind markers.EventKind,
 	if err := j.writable(ctx); err != nil {
 		return nil, err
 	}
-	unlock := j.locks.lock(id)
+	unlock := j.locks.Lock(id)
 	defer unlock()
 	dispatch := false
 	for _, s := range path {
@@ -578,7 +578,7 @@ func (j *Journal) Joined(ctx context.Context, id string, call *markers.Call) err
 	if err := j.writable(ctx); err != nil {
 		return err
 	}
-	unlock := j.locks.lock(id)
+	unlock := j.locks.Lock(id)
 	defer unlock()
 	cur, _, _, err := j.getOwned(id)
 	if err != nil {
