@@ -2,7 +2,6 @@ package bastion
 
 import (
 	"context"
-	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -207,12 +206,10 @@ func (t taskBackend) List(ctx context.Context, extra *mcp.RequestExtra, cursor s
 	if err != nil {
 		return nil, "", err
 	}
-	if _, err := hex.DecodeString(cursor); err != nil {
-		// The journal's cursors are hex; one that decodes but that the journal did not make
-		// is refused by it (an internal error: markers has no sentinel for it).
+	recs, next, err := t.b.journal.List(markers.Query{Actor: c.Actor, Newest: true, Limit: limit, Cursor: cursor})
+	if errors.Is(err, markers.ErrInvalidCursor) {
 		return nil, "", tasks.ErrBadCursor
 	}
-	recs, next, err := t.b.journal.List(markers.Query{Actor: c.Actor, Newest: true, Limit: limit, Cursor: cursor})
 	if err != nil {
 		return nil, "", journalError(err)
 	}

@@ -161,6 +161,9 @@ func (b *Bastion) opListExecutions(w http.ResponseWriter, r *http.Request) {
 	}
 	page := ExecutionPage{Executions: []*markers.Record{}}
 	recs, next, err := b.journal.List(q)
+	if errors.Is(err, markers.ErrInvalidCursor) {
+		err = invalid("cursor: not one this journal handed out; list again without it")
+	}
 	if err != nil {
 		writeJSON(w, nil, err)
 		return

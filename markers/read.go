@@ -135,19 +135,15 @@ type Query struct {
 
 const maxPage = 1000
 
-// List returns one page of records matching q, and the cursor of the next page ("" when
-// this was the last).
-func (s *Store) List(q Query) ([]*Record, string, error) {
-	if err := s.readable(); err != nil {
-		return nil, "", err
-	}
-	limit := q.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	limit = min(limit, maxPage)
-	var prefix []byte
-	lower, upper := []byte{pTime}, []byte{pTime + 1}
+// ErrInvalidCursor: a List cursor that no List of this journal handed out.
+var ErrInvalidCursor = errors.New("markers: list: invalid cursor")
+
+// ListBounds is the key range [lower, upper) that a List of q scans, on any backend: the
+// state index under prefix when q names a state (the id follows prefix), else the time index
+// (the id follows its 9-byte prefix); a cursor narrows it past its key. A cursor that is not
+// a key of the scanned index is ErrInvalidCursor.
+func ListBounds(q Query) (lower, upper, prefix []byte, err error) {
+	lower, upper = []byte{pTime}, []byte{pTime + 1}
 	if q.State != "" {
 		prefix = append(joinKey(pState, string(q.State)), 0)
 		lower, upper = prefix, prefixEnd(prefix)
@@ -159,16 +155,35 @@ func (s *Store) List(q Query) ([]*Record, string, error) {
 			upper = timePrefix(q.Until)
 		}
 	}
-	if q.Cursor != "" {
-		c, err := hex.DecodeString(q.Cursor)
-		if err != nil || !bytes.HasPrefix(c, lower[:1]) {
-			return nil, "", fmt.Errorf("markers: list: invalid cursor")
-		}
-		if q.Newest {
-			upper = c
-		} else {
-			lower = append(c, 0)
-		}
+	if q.Cursor == "" {
+		return lower, upper, prefix, nil
+	}
+	c, err := hex.DecodeString(q.Cursor)
+	if err != nil || !bytes.HasPrefix(c, lower[:1]) || prefix != nil && !bytes.HasPrefix(c, prefix) {
+		return nil, nil, nil, ErrInvalidCursor
+	}
+	if q.Newest {
+		upper = c
+	} else {
+		lower = append(c, 0)
+	}
+	return lower, upper, prefix, nil
+}
+
+// List returns one page of records matching q, and the cursor of the next page ("" when
+// this was the last).
+func (s *Store) List(q Query) ([]*Record, string, error) {
+	if err := s.readable(); err != nil {
+		return nil, "", err
+	}
+	limit := q.Limit
+	if limit <= 0 {
+		limit = 100
+	}
+	limit = min(limit, maxPage)
+	lower, upper, prefix, err := ListBounds(q)
+	if err != nil {
+		return nil, "", err
 	}
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
 	if err != nil {

@@ -283,8 +283,19 @@ func TestListPaginates(t *testing.T) {
 			}
 		})
 	}
-	if _, _, err := s.List(markers.Query{Cursor: "zz"}); err == nil {
-		t.Error("bad cursor accepted")
+	_, timeCursor, err := s.List(markers.Query{Limit: 1})
+	if err != nil || timeCursor == "" {
+		t.Fatalf("a first page of one: cursor %q, %v", timeCursor, err)
+	}
+	for _, bad := range []markers.Query{
+		{Cursor: "zz"},   // not hex
+		{Cursor: "ff00"}, // hex, not a time index key
+		{State: markers.Accepted, Cursor: timeCursor}, // a time cursor for a state listing
+		{State: markers.Authorized, Cursor: "0a"},     // another index's family byte alone
+	} {
+		if _, _, err := s.List(bad); !errors.Is(err, markers.ErrInvalidCursor) {
+			t.Errorf("List(%+v): %v, want ErrInvalidCursor", bad, err)
+		}
 	}
 }
 

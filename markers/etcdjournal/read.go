@@ -1,7 +1,6 @@
 package etcdjournal
 
 import (
-	"bytes"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -151,30 +150,9 @@ func (j *Journal) List(q markers.Query) ([]*markers.Record, string, error) {
 		limit = 100
 	}
 	limit = min(limit, maxPage)
-	f := markers.TimeFamily
-	var prefix []byte
-	if q.State != "" {
-		f = markers.StateFamily(q.State)
-		prefix = f.Start
-	} else {
-		if !q.Since.IsZero() {
-			f.Start = markers.TimeBound(q.Since)
-		}
-		if !q.Until.IsZero() {
-			f.End = markers.TimeBound(q.Until)
-		}
-	}
-	lower, upper := f.Start, f.End
-	if q.Cursor != "" {
-		c, err := hex.DecodeString(q.Cursor)
-		if err != nil || !bytes.HasPrefix(c, lower[:1]) {
-			return nil, "", fmt.Errorf("etcdjournal: list: invalid cursor")
-		}
-		if q.Newest {
-			upper = c
-		} else {
-			lower = append(c, 0)
-		}
+	lower, upper, prefix, err := markers.ListBounds(q)
+	if err != nil {
+		return nil, "", err
 	}
 	var out []*markers.Record
 	var lastKey []byte
