@@ -8,8 +8,8 @@
 //     Pebble store, so exports of both verify alike and a journal copies between them.
 //   - Every write is one etcd transaction. A create compares the record's create_revision
 //     with 0 (create-if-absent) and each index entry it takes over with the mod_revision this
-//     journal saw when it looked the entry up (another replica's acceptance in between makes
-//     it ErrRaced); a change compares the record's mod_revision with the one it read
+//     journal saw when it looked the entry up — the entry the call was matched on as absent
+//     if it did not (another replica's acceptance in between makes it ErrRaced); a change compares the record's mod_revision with the one it read
 //     (compare-and-set; a lost race reads again and re-applies the change, with the same
 //     conflict and idempotence rules as the Pebble store).
 //   - The chain is one chain across replicas: its head key is advanced in the same
