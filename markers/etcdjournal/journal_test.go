@@ -45,6 +45,7 @@ func TestJournal(t *testing.T) {
 		"CreateIfAbsentAcrossReplicas": testCreateIfAbsentAcrossReplicas,
 		"IntentRaceIsDetected":         testIntentRaceIsDetected,
 		"UnseenIndexEntryIsRaced":      testUnseenIndexEntryIsRaced,
+		"CancelsReachOtherReplicas":    testCancelsReachOtherReplicas,
 		"TransitionsCompareAndSet":     testTransitionsCompareAndSet,
 		"OneChainAcrossReplicas":       testOneChainAcrossReplicas,
 		"OwnershipFollowsTheLease":     testOwnershipFollowsTheLease,
@@ -138,6 +139,47 @@ func testUnseenIndexEntryIsRaced(t *testing.T, c *etcdtest.Cluster) {
 		if _, err := js[1].Get(second.ID); !errors.Is(err, markers.ErrNotFound) {
 			t.Fatalf("the raced create wrote %s: %v", second.ID, err)
 		}
+	}
+}
+
+// A cancel published on one replica reaches the others' watches, not its own.
+func testCancelsReachOtherReplicas(t *testing.T, c *etcdtest.Cluster) {
+	js, _ := replicas(t, c, 2, 5*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	got := [2]chan string{make(chan string, 4), make(chan string, 4)}
+	for i, j := range js {
+		wg.Go(func() {
+			j.WatchCancels(ctx, func(k []byte) {
+				select {
+				case got[i] <- string(k):
+				default: // a repeat of the publish below
+				}
+			})
+		})
+	}
+	// The watches start asynchronously: publish until replica 1 hears one.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if err := js[0].PublishCancel(ctx, []byte("alice/run:1/7")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case k := <-got[1]:
+			if k != "alice/run:1/7" {
+				t.Fatalf("replica 1 heard %q", k)
+			}
+		case <-time.After(100 * time.Millisecond):
+			if time.Now().After(deadline) {
+				t.Fatal("replica 1 never heard the cancel")
+			}
+			continue
+		}
+		break
+	}
+	if len(got[0]) != 0 {
+		t.Fatalf("the publishing replica heard its own cancel: %q", <-got[0])
 	}
 }
 
