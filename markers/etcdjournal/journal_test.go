@@ -46,6 +46,7 @@ func TestJournal(t *testing.T) {
 		"IntentRaceIsDetected":         testIntentRaceIsDetected,
 		"UnseenIndexEntryIsRaced":      testUnseenIndexEntryIsRaced,
 		"CancelsReachOtherReplicas":    testCancelsReachOtherReplicas,
+		"CloseHandsOverAtOnce":         testCloseHandsOverAtOnce,
 		"TransitionsCompareAndSet":     testTransitionsCompareAndSet,
 		"OneChainAcrossReplicas":       testOneChainAcrossReplicas,
 		"OwnershipFollowsTheLease":     testOwnershipFollowsTheLease,
@@ -180,6 +181,26 @@ func testCancelsReachOtherReplicas(t *testing.T, c *etcdtest.Cluster) {
 	}
 	if len(got[0]) != 0 {
 		t.Fatalf("the publishing replica heard its own cancel: %q", <-got[0])
+	}
+}
+
+// A replica that closes cleanly revokes its lease: another replica claims its execution at
+// once, not a lease TTL later.
+func testCloseHandsOverAtOnce(t *testing.T, c *etcdtest.Cluster) {
+	js, _ := replicas(t, c, 2, time.Hour)
+	ctx := context.Background()
+	id := "01JCLOSE000000000000000001"
+	if _, err := js[0].CreateAdvancedFor(ctx, newRecord(id, "closing"), []markers.State{markers.Authorized, markers.Dispatched}, "dispatching", nil); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := js[1].Claim(ctx, id); err != nil || ok {
+		t.Fatalf("claim while its owner serves: %v %v, want false", ok, err)
+	}
+	if err := js[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := js[1].Claim(ctx, id); err != nil || !ok {
+		t.Fatalf("claim after its owner closed: %v %v, want true", ok, err)
 	}
 }
 
