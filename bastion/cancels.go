@@ -2,9 +2,12 @@ package bastion
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"sync"
 	"time"
+
+	"github.com/postern-dev/postern/markers"
 )
 
 // A client that gives up on a tool call (the official SDKs' timeout or AbortSignal) sends
@@ -13,13 +16,30 @@ import (
 // result: before the result was delivered, delivery is never recorded for the request; after
 // it, within the grace window, delivery is revoked (a journaled event), so the re-issue joins
 // the execution and gets the stored result replayed. cancels matches the notification to the
-// call by (actor, scope, JSON-RPC request id).
+// call by (actor, scope, JSON-RPC request id). With replicas the notification may reach
+// another replica than the one serving the request (a load balancer sends each POST where it
+// likes): the replica that receives it publishes it through the journal's etcd, and every
+// replica applies it to its own registry as if received (watchCancels).
 
 // requestKey names one JSON-RPC request of one caller: the actor, the scope the transport
 // knows (the Postern-Run header of a remote caller, the agent's run of a local one; "" for
 // neither) and the request id in compact JSON.
 type requestKey struct {
 	actor, scope, id string
+}
+
+// encode is k as a replica publishes it to the others (markers.Replicated.PublishCancel).
+func (k requestKey) encode() []byte {
+	b, _ := json.Marshal([]string{k.actor, k.scope, k.id}) // strings: cannot fail
+	return b
+}
+
+func decodeRequestKey(b []byte) (requestKey, bool) {
+	var f []string
+	if json.Unmarshal(b, &f) != nil || len(f) != 3 {
+		return requestKey{}, false
+	}
+	return requestKey{f[0], f[1], f[2]}, true
 }
 
 // Bounds of the cancel registry.
@@ -245,3 +265,17 @@ func compactID(raw json.RawMessage) string {
 
 // maxRequestIDBytes bounds a request id the registry keeps.
 const maxRequestIDBytes = 256
+
+// watchCancels applies the cancels other replicas received to reg, until ctx ends.
+func (b *Bastion) watchCancels(ctx context.Context, r markers.Replicated, reg *cancels) {
+	r.WatchCancels(ctx, func(k []byte) {
+		key, ok := decodeRequestKey(k)
+		if !ok {
+			b.log.Warn("ignored a malformed cancel published by another replica")
+			return
+		}
+		if err := b.revokeDeliveries(ctx, reg.cancel(key)); err != nil {
+			b.log.Error("journal delivery revocation", "actor", key.actor, "err", err)
+		}
+	})
+}

@@ -144,6 +144,10 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 
 	errs := make(chan error, len(servers))
 	var wg sync.WaitGroup
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	if r := b.replicas(); r != nil {
+		wg.Go(func() { b.watchCancels(watchCtx, r, reg) })
+	}
 	for i, s := range servers {
 		wg.Go(func() {
 			if err := s.Serve(listeners[i]); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -165,6 +169,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	for _, s := range servers {
 		s.Shutdown(shutdownCtx)
 	}
+	stopWatch()
 	wg.Wait()
 	return serveErr
 }

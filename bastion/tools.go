@@ -303,7 +303,13 @@ func (b *Bastion) trackDelivery(next http.Handler, reg *cancels) http.Handler {
 			if m.Cancelled == "" {
 				continue
 			}
-			if err := b.revokeDeliveries(ctx, reg.cancel(requestKey{caller.Actor, scope, m.Cancelled})); err != nil {
+			key := requestKey{caller.Actor, scope, m.Cancelled}
+			err := b.revokeDeliveries(ctx, reg.cancel(key))
+			if r := b.replicas(); r != nil && err == nil {
+				// The request may be served by another replica: it applies the cancel too.
+				err = r.PublishCancel(ctx, key.encode())
+			}
+			if err != nil {
 				b.log.Error("journal delivery revocation", "actor", caller.Actor, "err", err)
 				http.Error(w, "the journal could not record the cancellation", http.StatusServiceUnavailable)
 				return

@@ -329,26 +329,20 @@ func sseResult(t *testing.T, body []byte) bastion.Execution {
 	return bastion.Execution{}
 }
 
-// TestCancelOvertakenByReissue: over Streamable HTTP a client's notifications/cancelled is a
-// POST of its own, and the re-issue that follows an abort can reach the bastion first. The
-// re-issue waits out delivery_settle, the cancel revokes the delivery meanwhile, and the
-// re-issue gets the first execution back: one effect. Raw HTTP, as any client sends it.
-func TestCancelOvertakenByReissue(t *testing.T) {
-	f := startFleet(t)
-	ctx := testContext(t)
-	cmd, file := appendCommand(t, "overtaken")
-	// send posts one JSON-RPC message and returns the response body (safe off the test
-	// goroutine); post is send for the test goroutine.
-	send := func(msg map[string]any) ([]byte, error) {
+// rawPoster returns send, which posts one JSON-RPC message to b as the agent of run
+// "raw-run" and returns the response body (safe off the test goroutine), and post, send for
+// the test goroutine.
+func rawPoster(t *testing.T, ctx context.Context, b *testutil.Bastion) (send func(map[string]any) ([]byte, error), post func(map[string]any) []byte) {
+	send = func(msg map[string]any) ([]byte, error) {
 		body, err := json.Marshal(msg)
 		if err != nil {
 			return nil, err
 		}
-		req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.bastion.URL, bytes.NewReader(body))
+		req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.URL, bytes.NewReader(body))
 		if err != nil {
 			return nil, err
 		}
-		for k, v := range map[string]string{"Authorization": "Bearer " + f.bastion.Tokens["agent"], "Postern-Run": "raw-run",
+		for k, v := range map[string]string{"Authorization": "Bearer " + b.Tokens["agent"], "Postern-Run": "raw-run",
 			"Content-Type": "application/json", "Accept": "application/json, text/event-stream", "Mcp-Protocol-Version": "2025-06-18"} {
 			req.Header.Set(k, v)
 		}
@@ -363,7 +357,7 @@ func TestCancelOvertakenByReissue(t *testing.T) {
 		}
 		return out, err
 	}
-	post := func(msg map[string]any) []byte {
+	post = func(msg map[string]any) []byte {
 		t.Helper()
 		out, err := send(msg)
 		if err != nil {
@@ -371,6 +365,18 @@ func TestCancelOvertakenByReissue(t *testing.T) {
 		}
 		return out
 	}
+	return send, post
+}
+
+// TestCancelOvertakenByReissue: over Streamable HTTP a client's notifications/cancelled is a
+// POST of its own, and the re-issue that follows an abort can reach the bastion first. The
+// re-issue waits out delivery_settle, the cancel revokes the delivery meanwhile, and the
+// re-issue gets the first execution back: one effect. Raw HTTP, as any client sends it.
+func TestCancelOvertakenByReissue(t *testing.T) {
+	f := startFleet(t)
+	ctx := testContext(t)
+	cmd, file := appendCommand(t, "overtaken")
+	send, post := rawPoster(t, ctx, f.bastion)
 	call := func(id int) map[string]any {
 		return map[string]any{"jsonrpc": "2.0", "id": id, "method": "tools/call",
 			"params": map[string]any{"name": "ssh_exec", "arguments": map[string]any{"host": "h1", "command": cmd, "wait_s": 30}}}

@@ -244,3 +244,37 @@ func TestReplicasHTTPReplicaKilledMidRequest(t *testing.T) {
 		})
 	}
 }
+
+// A client's notifications/cancelled is a POST of its own, which the load balancer may send
+// to another replica than the one that served the request: the cancel still revokes the
+// delivery there (it is published through etcd), and the re-issue — on the other replica —
+// gets the first execution replayed: one effect.
+func TestReplicasCancelOnAnotherReplica(t *testing.T) {
+	f := startHAFleet(t, 2)
+	ctx := testContext(t)
+	cmd, file := appendCommand(t, "cancel-elsewhere")
+	_, post0 := rawPoster(t, ctx, f.replicas[0])
+	_, post1 := rawPoster(t, ctx, f.replicas[1])
+	call := func(id int) map[string]any {
+		return map[string]any{"jsonrpc": "2.0", "id": id, "method": "tools/call",
+			"params": map[string]any{"name": "ssh_exec", "arguments": map[string]any{"host": "h1", "command": cmd, "wait_s": 30}}}
+	}
+	first := sseResult(t, post0(call(1)))
+	if first.State != "completed" {
+		t.Fatalf("first call = %+v; want completed", first)
+	}
+	testutil.WaitFor(t, "the first result to be journaled as delivered", func() bool {
+		return journaled(t, f.replicas[0], first.ExecutionID).ResultDeliveredAt != nil
+	})
+	post1(map[string]any{"jsonrpc": "2.0", "method": "notifications/cancelled", "params": map[string]any{"requestId": 1, "reason": "timeout"}})
+	testutil.WaitFor(t, "the replica that served the call to revoke its delivery", func() bool {
+		return journaled(t, f.replicas[1], first.ExecutionID).ResultDeliveredAt == nil
+	})
+	again := sseResult(t, post1(call(2)))
+	if again.ExecutionID != first.ExecutionID || !again.Replayed {
+		t.Fatalf("re-issue = %s (replayed %v); want %s replayed: the client cancelled the first call", again.ExecutionID, again.Replayed, first.ExecutionID)
+	}
+	if n := effects(t, file); n != 1 {
+		t.Fatalf("command ran %d times; want 1", n)
+	}
+}

@@ -76,4 +76,11 @@ type Replicated interface {
 	Leading() bool
 	// LeaseTTL is how long a dead replica's executions stay owned.
 	LeaseTTL() time.Duration
+	// PublishCancel tells every other replica that a client cancelled a request (a
+	// notifications/cancelled, which a load balancer may send to another replica than the
+	// one serving the request): key names the request, as the bastion matches cancels.
+	PublishCancel(ctx context.Context, key []byte) error
+	// WatchCancels calls cancelled with the key of every cancel another replica publishes
+	// from now on, until ctx ends.
+	WatchCancels(ctx context.Context, cancelled func(key []byte))
 }

@@ -8,8 +8,8 @@
 //     Pebble store, so exports of both verify alike and a journal copies between them.
 //   - Every write is one etcd transaction. A create compares the record's create_revision
 //     with 0 (create-if-absent) and each index entry it takes over with the mod_revision this
-//     journal saw when it looked the entry up (another replica's acceptance in between makes
-//     it ErrRaced); a change compares the record's mod_revision with the one it read
+//     journal saw when it looked the entry up — the entry the call was matched on as absent
+//     if it did not (another replica's acceptance in between makes it ErrRaced); a change compares the record's mod_revision with the one it read
 //     (compare-and-set; a lost race reads again and re-applies the change, with the same
 //     conflict and idempotence rules as the Pebble store).
 //   - The chain is one chain across replicas: its head key is advanced in the same
@@ -262,9 +262,9 @@ func seqOfKey(k []byte) uint64 {
 	return n
 }
 
-// Close seals the chain, stops the lease (this replica's executions are taken over once it
-// expires: Close does not revoke it, so that they stay owned while a restart is quick) and
-// the campaign. The client stays open.
+// Close seals the chain, stops the campaign and revokes this replica's lease, so that its
+// executions in flight are taken over at once (call it once nothing drives them here). The
+// client stays open.
 func (j *Journal) Close() error {
 	if j.closed.Load() {
 		return markers.ErrClosed
@@ -277,10 +277,18 @@ func (j *Journal) Close() error {
 	j.cancel()
 	j.wg.Wait()
 	j.smu.Lock()
+	defer j.smu.Unlock()
 	if j.session != nil {
 		j.session.Orphan()
+		// Revoked (its owner keys and election key go with it) so that the other replicas
+		// take this one's executions over at once: its drivers have stopped (the bastion
+		// closes the journal last), and a restart of it would hold a new lease anyway.
+		ctx, cancel := context.WithTimeout(context.Background(), j.opTO)
+		defer cancel()
+		if _, err := j.cli.Revoke(ctx, j.session.Lease()); err != nil {
+			j.log.Warn("revoke replica lease; its executions are taken over once it expires", "err", err)
+		}
 	}
-	j.smu.Unlock()
 	return sealErr
 }
 

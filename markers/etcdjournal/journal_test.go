@@ -44,6 +44,9 @@ func TestJournal(t *testing.T) {
 	for name, f := range map[string]func(*testing.T, *etcdtest.Cluster){
 		"CreateIfAbsentAcrossReplicas": testCreateIfAbsentAcrossReplicas,
 		"IntentRaceIsDetected":         testIntentRaceIsDetected,
+		"UnseenIndexEntryIsRaced":      testUnseenIndexEntryIsRaced,
+		"CancelsReachOtherReplicas":    testCancelsReachOtherReplicas,
+		"CloseHandsOverAtOnce":         testCloseHandsOverAtOnce,
 		"TransitionsCompareAndSet":     testTransitionsCompareAndSet,
 		"OneChainAcrossReplicas":       testOneChainAcrossReplicas,
 		"OwnershipFollowsTheLease":     testOwnershipFollowsTheLease,
@@ -64,7 +67,7 @@ func testCreateIfAbsentAcrossReplicas(t *testing.T, c *etcdtest.Cluster) {
 		var wg sync.WaitGroup
 		errs := make([]error, len(js))
 		for i, j := range js {
-			wg.Go(func() { _, errs[i] = j.Create(ctx, newRecord(id, "fp")) })
+			wg.Go(func() { _, errs[i] = j.Create(ctx, newRecord(id, fmt.Sprintf("fp%d", round))) })
 		}
 		wg.Wait()
 		created := 0
@@ -102,6 +105,118 @@ func testIntentRaceIsDetected(t *testing.T, c *etcdtest.Cluster) {
 	if err != nil || got.ID != "01JRACE0000000000000000001" {
 		t.Fatalf("after the race: %v %v", got, err)
 	}
+}
+
+// A create whose matched index entry this replica never looked up (or forgot: the lookups
+// it remembers are bounded) is compared as absent: another replica's execution of the intent
+// makes it ErrRaced instead of being overwritten by a second execution of one intent. The
+// same for an idempotency key.
+func testUnseenIndexEntryIsRaced(t *testing.T, c *etcdtest.Cluster) {
+	js, _ := replicas(t, c, 2, 5*time.Second)
+	ctx := context.Background()
+	keyed := func(id string) *markers.Record {
+		r := newRecord(id, "keyed")
+		r.IdempotencyKey = "k1"
+		return r
+	}
+	for _, mk := range []func(string) *markers.Record{
+		func(id string) *markers.Record { return newRecord(id, "unseen") },
+		keyed,
+	} {
+		first, second := mk("01JSEEN0000000000000000001"), mk("01JSEEN0000000000000000002")
+		if first.IdempotencyKey != "" {
+			first.ID, second.ID = "01JSEEN0000000000000000003", "01JSEEN0000000000000000004"
+		}
+		if _, err := js[0].Create(ctx, first); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := js[1].Create(ctx, second); !errors.Is(err, markers.ErrRaced) {
+			t.Fatalf("create of the same intent on the other replica, unseen: %v, want ErrRaced", err)
+		}
+		got := lookup(t, js[1], first)
+		if got.ID != first.ID {
+			t.Fatalf("index names %s, want %s", got.ID, first.ID)
+		}
+		if _, err := js[1].Get(second.ID); !errors.Is(err, markers.ErrNotFound) {
+			t.Fatalf("the raced create wrote %s: %v", second.ID, err)
+		}
+	}
+}
+
+// A cancel published on one replica reaches the others' watches, not its own.
+func testCancelsReachOtherReplicas(t *testing.T, c *etcdtest.Cluster) {
+	js, _ := replicas(t, c, 2, 5*time.Second)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
+	got := [2]chan string{make(chan string, 4), make(chan string, 4)}
+	for i, j := range js {
+		wg.Go(func() {
+			j.WatchCancels(ctx, func(k []byte) {
+				select {
+				case got[i] <- string(k):
+				default: // a repeat of the publish below
+				}
+			})
+		})
+	}
+	// The watches start asynchronously: publish until replica 1 hears one.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		if err := js[0].PublishCancel(ctx, []byte("alice/run:1/7")); err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case k := <-got[1]:
+			if k != "alice/run:1/7" {
+				t.Fatalf("replica 1 heard %q", k)
+			}
+		case <-time.After(100 * time.Millisecond):
+			if time.Now().After(deadline) {
+				t.Fatal("replica 1 never heard the cancel")
+			}
+			continue
+		}
+		break
+	}
+	if len(got[0]) != 0 {
+		t.Fatalf("the publishing replica heard its own cancel: %q", <-got[0])
+	}
+}
+
+// A replica that closes cleanly revokes its lease: another replica claims its execution at
+// once, not a lease TTL later.
+func testCloseHandsOverAtOnce(t *testing.T, c *etcdtest.Cluster) {
+	js, _ := replicas(t, c, 2, time.Hour)
+	ctx := context.Background()
+	id := "01JCLOSE000000000000000001"
+	if _, err := js[0].CreateAdvancedFor(ctx, newRecord(id, "closing"), []markers.State{markers.Authorized, markers.Dispatched}, "dispatching", nil); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := js[1].Claim(ctx, id); err != nil || ok {
+		t.Fatalf("claim while its owner serves: %v %v, want false", ok, err)
+	}
+	if err := js[0].Close(); err != nil {
+		t.Fatal(err)
+	}
+	if ok, err := js[1].Claim(ctx, id); err != nil || !ok {
+		t.Fatalf("claim after its owner closed: %v %v, want true", ok, err)
+	}
+}
+
+func lookup(t *testing.T, j *etcdjournal.Journal, r *markers.Record) *markers.Record {
+	t.Helper()
+	var got *markers.Record
+	var err error
+	if r.IdempotencyKey != "" {
+		got, err = j.FindByIdempotencyKey(r.Actor, r.IdempotencyKey)
+	} else {
+		got, err = j.FindByFingerprint(r.Actor, r.IntentScope, r.Fingerprint)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return got
 }
 
 // Compare-and-set: replicas moving one record from one state at once — one moves it, the

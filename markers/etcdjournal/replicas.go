@@ -2,11 +2,13 @@ package etcdjournal
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
+	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
@@ -168,6 +170,84 @@ func (j *Journal) followed(kv *mvccpb.KeyValue, update func(*markers.Record)) (t
 	}
 	update(rec)
 	return markers.Journal.Terminal(rec.State) || !driven(rec.State), nil
+}
+
+// cancelKey is the one key every published cancel is a put of: a cancel is an event (the
+// watch delivers each revision), not a state, so one key serves them all and etcd's
+// compaction clears their history.
+func (j *Journal) cancelKey() string { return j.prefix + "Ccancels" }
+
+// maxCancelKey bounds a published cancel's key (the request's actor, scope and JSON-RPC id).
+const maxCancelKey = 4096
+
+// PublishCancel puts a cancel of request key for the other replicas to watch.
+func (j *Journal) PublishCancel(ctx context.Context, key []byte) error {
+	if err := j.writable(ctx); err != nil {
+		return err
+	}
+	if len(key) > maxCancelKey {
+		return fmt.Errorf("etcdjournal: cancel key of %d bytes, more than %d", len(key), maxCancelKey)
+	}
+	v, err := json.Marshal(publishedCancel{From: j.name, Key: key})
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, j.opTO)
+	defer cancel()
+	if _, err := j.kv.Put(ctx, j.cancelKey(), string(v)); err != nil {
+		return j.wrap("publish cancel", err)
+	}
+	return nil
+}
+
+type publishedCancel struct {
+	From string `json:"from"` // the replica that received it (it applied it itself)
+	Key  []byte `json:"key"`
+}
+
+// WatchCancels watches the cancels other replicas publish, from the current revision on,
+// until ctx ends. A watch that fails (no leader, a member down) is resumed after the last
+// revision it delivered, so no cancel in between is missed — unless etcd compacted it away
+// meanwhile, which is logged.
+func (j *Journal) WatchCancels(ctx context.Context, cancelled func(key []byte)) {
+	var next int64 // 0: from now
+	for ctx.Err() == nil {
+		err := j.watchCancels(ctx, &next, cancelled)
+		if ctx.Err() != nil {
+			break
+		}
+		j.log.Warn("watch of cancels ended; resuming", "err", err)
+		if errors.Is(err, rpctypes.ErrCompacted) {
+			next = 0
+		}
+		if !sleep(ctx, time.Second) {
+			break
+		}
+	}
+}
+
+func (j *Journal) watchCancels(ctx context.Context, next *int64, cancelled func(key []byte)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var opts []clientv3.OpOption
+	if *next > 0 {
+		opts = append(opts, clientv3.WithRev(*next))
+	}
+	wc := j.cli.Watch(clientv3.WithRequireLeader(ctx), j.cancelKey(), opts...)
+	for w := range wc {
+		if err := w.Err(); err != nil {
+			return err
+		}
+		for _, ev := range w.Events {
+			*next = ev.Kv.ModRevision + 1
+			var c publishedCancel
+			if ev.Type != mvccpb.PUT || json.Unmarshal(ev.Kv.Value, &c) != nil || c.From == j.name {
+				continue
+			}
+			cancelled(c.Key)
+		}
+	}
+	return errWatchEnded
 }
 
 // Leading reports whether this replica won the election for the reconcile loop.

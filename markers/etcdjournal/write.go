@@ -347,7 +347,8 @@ func (j *Journal) CreateAdvancedFor(ctx context.Context, r *markers.Record, path
 // create is create-if-absent on the id and compare-and-set on the index entries the record
 // takes over: each must be as this journal last looked it up (the bastion matched the call
 // on what it saw), or another replica accepted an execution of the same intent meanwhile
-// (ErrRaced). An entry this journal never looked up is not compared.
+// (ErrRaced). The entry a call is matched on (its idempotency key, else its fingerprint) is
+// compared as absent if this journal never looked it up.
 func (j *Journal) create(ctx context.Context, r *markers.Record, path []markers.State, note string, call *markers.Call) (*markers.Record, error) {
 	if err := j.writable(ctx); err != nil {
 		return nil, err
@@ -360,8 +361,17 @@ func (j *Journal) create(ctx context.Context, r *markers.Record, path []markers.
 	unlock := j.locks.Lock(rec.ID)
 	defer unlock()
 	req := &request{w: w, conds: []cond{{key: j.key(markers.RecordKey(rec.ID)), rev: 0}}}
+	matched := matchKey(rec)
 	for _, k := range markers.PointerKeys(rec) {
-		if rev, ok := j.seenRev(string(k)); ok {
+		rev, ok := j.seenRev(string(k))
+		if !ok && string(k) == string(matched) {
+			// The entry the call is matched on is always compared: one this journal did not
+			// look up (or no longer remembers) must be absent, as the caller acted as if it
+			// were — a create overwriting another replica's entry unseen would accept a
+			// second execution of one intent. (An operation key is the host's to enforce.)
+			ok = true
+		}
+		if ok {
 			req.conds = append(req.conds, cond{key: j.key(k), rev: rev})
 		}
 	}
@@ -384,6 +394,18 @@ func (j *Journal) create(ctx context.Context, r *markers.Record, path []markers.
 	}
 	j.forget(markers.PointerKeys(rec))
 	return rec.Clone(), nil
+}
+
+// matchKey is the index entry a call of r is matched on (see the bastion's matchCall): its
+// idempotency key, else its intent's fingerprint; nil for neither.
+func matchKey(r *markers.Record) []byte {
+	switch {
+	case r.IdempotencyKey != "":
+		return markers.IdempotencyKeyKey(r.Actor, r.IdempotencyKey)
+	case r.Fingerprint != "":
+		return markers.FingerprintKey(r.Actor, r.IntentScope, r.Fingerprint)
+	}
+	return nil
 }
 
 // driven: states an execution has a driver in (it has an owner while in them).
@@ -609,7 +631,7 @@ func (j *Journal) saw(k string, rev int64) {
 				delete(j.seen, k)
 			}
 		}
-		if len(j.seen) >= maxSeen { // all recent: drop any (its create is compared on the id only)
+		if len(j.seen) >= maxSeen { // all recent: drop any (its create is then compared as absent: ErrRaced, matched again)
 			for k := range j.seen {
 				delete(j.seen, k)
 				break
