@@ -11,7 +11,7 @@ func TestLockSerializesOneKeyAndForgetsIt(t *testing.T) {
 	var s Set
 	var wg sync.WaitGroup
 	counts := map[string]*int{"a": new(int), "b": new(int), "c": new(int)} // read-only map
-	var inside sync.Map // key -> holding now
+	var inside sync.Map                                                    // key -> holding now
 	for i := range 200 {
 		key := []string{"a", "b", "c"}[i%3]
 		wg.Go(func() {
