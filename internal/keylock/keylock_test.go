@@ -10,8 +10,9 @@ import (
 func TestLockSerializesOneKeyAndForgetsIt(t *testing.T) {
 	var s Set
 	var wg sync.WaitGroup
-	counts := map[string]*int{"a": new(int), "b": new(int), "c": new(int)} // read-only map
-	var inside sync.Map                                                    // key -> holding now
+	// counts is only read as a map; each count is written under its key's lock.
+	counts := map[string]*int{"a": new(int), "b": new(int), "c": new(int)}
+	var inside sync.Map // key -> a holder is inside now
 	for i := range 200 {
 		key := []string{"a", "b", "c"}[i%3]
 		wg.Go(func() {
