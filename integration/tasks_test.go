@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -127,12 +128,30 @@ func TestTSTasksSurviveRestart(t *testing.T) {
 	g.open(t) // the command ends while the bastion is down
 	f.bastion.Start(t)
 
+	// The client stays connected until the bastion has judged its tasks/result responses
+	// delivered: an agent that exits the instant it has read a result may be judged "not
+	// delivered" (safe: a retry replays it), which is not what this test is about.
+	delivered := filepath.Join(t.TempDir(), "delivered")
+	watchCtx, stopWatch := context.WithCancel(ctx)
+	var watch sync.WaitGroup
+	watch.Go(func() {
+		for watchCtx.Err() == nil {
+			if journaledDelivered(f.bastion, id) {
+				os.WriteFile(delivered, nil, 0o600)
+				return
+			}
+			sleepCtx(watchCtx, 50*time.Millisecond)
+		}
+	})
 	second := runTSTasks(t, ctx, conn,
 		map[string]any{"get": id},
 		map[string]any{"result": id},
 		map[string]any{"result": id},
 		map[string]any{"list": true},
+		map[string]any{"wait_for": delivered},
 	)
+	stopWatch()
+	watch.Wait()
 	if got := second[1].Task; got == nil || got.Status != "completed" || got.TaskID != id {
 		t.Fatalf("tasks/get after the restart = %s, want %s completed", second[1].raw, id)
 	}
@@ -152,9 +171,9 @@ func TestTSTasksSurviveRestart(t *testing.T) {
 	if n := effects(t, g.file); n != 1 {
 		t.Fatalf("the command ran %d times, want 1", n)
 	}
-	testutil.WaitFor(t, "the result tasks/result returned journaled as delivered", func() bool {
-		return journaled(t, f.bastion, id).ResultDeliveredAt != nil
-	})
+	if journaled(t, f.bastion, id).ResultDeliveredAt == nil {
+		t.Fatalf("the result tasks/result returned is not journaled as delivered")
+	}
 
 	// Another actor: the task does not exist for it.
 	other := map[string]any{"connect": map[string]any{"url": f.bastion.URL, "token": f.bastion.Tokens["other"]}}
@@ -506,4 +525,22 @@ func TestTSTasksThroughBridgeAcrossRestart(t *testing.T) {
 	if n := effects(t, g.file); n != 1 {
 		t.Fatalf("the command ran %d times, want 1", n)
 	}
+}
+
+// journaledDelivered reports whether the operator API shows execution id's result delivered;
+// false on any error, so a watcher goroutine can poll it (it cannot fail the test).
+func journaledDelivered(b *testutil.Bastion, id string) bool {
+	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", b.OperatorSocket)
+	}}}
+	defer hc.CloseIdleConnections()
+	resp, err := hc.Get("http://operator/v1/executions/" + id)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	var d bastion.ExecutionDetail
+	return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&d) == nil &&
+		d.Record != nil && d.Record.ResultDeliveredAt != nil
 }
