@@ -24,6 +24,11 @@ func TestJournalCopyPebbleToEtcdAndBack(t *testing.T) {
 	for i := range 5 {
 		mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": fmt.Sprintf("echo %d", i)})
 	}
+	// The first result's delivery is journaled once it settled; the copy must carry it (below,
+	// the same command is then a new intent), so the bastion is not killed before that.
+	testutil.WaitFor(t, "the first result journaled as delivered", func() bool {
+		return journaled(t, f.bastion, first.ExecutionID).ResultDeliveredAt != nil
+	})
 	f.bastion.Kill(t)
 
 	cluster := etcdtest.Start(t, 3)
