@@ -24,12 +24,13 @@ func TestJournalCopyPebbleToEtcdAndBack(t *testing.T) {
 	for i := range 5 {
 		mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": fmt.Sprintf("echo %d", i)})
 	}
-	// The first result's delivery is journaled once it settled; the copy must carry it (below,
-	// the same command is then a new intent), so the bastion is not killed before that.
+	// The first result's delivery is journaled once it settled, unsynced; the copy must carry
+	// it (below, the same command is then a new intent), so the bastion is stopped cleanly
+	// after that, as the README says to before a copy.
 	testutil.WaitFor(t, "the first result journaled as delivered", func() bool {
 		return journaled(t, f.bastion, first.ExecutionID).ResultDeliveredAt != nil
 	})
-	f.bastion.Kill(t)
+	f.bastion.Stop(t)
 
 	cluster := etcdtest.Start(t, 3)
 	cfg, err := os.ReadFile(f.bastion.ConfigPath)
@@ -71,7 +72,7 @@ func TestJournalCopyPebbleToEtcdAndBack(t *testing.T) {
 	if out := postern("audit", "verify", "--require-sealed"); !strings.Contains(out, "export: PASS") {
 		t.Fatalf("verify the serving replica's export: %s", out)
 	}
-	f.bastion.Kill(t)
+	f.bastion.Stop(t)
 
 	dir := bastion.DefaultConfig(f.bastion.StateDir()).JournalDir()
 	if err := os.Rename(dir, dir+".before"); err != nil {

@@ -289,10 +289,14 @@ func (cl *soakClient) connectBridge(ctx context.Context, attempt int) (*mcp.Clie
 
 // killBridgeLater SIGKILLs the bridge after a random delay unless stop is called first; it
 // reports whether it killed it.
-func killBridgeLater(bridge *exec.Cmd, rng *rand.Rand) (stop func() bool) {
+func killBridgeLater(bridge *exec.Cmd, rng *rand.Rand, soon bool) (stop func() bool) {
 	var killed bool
 	var mu sync.Mutex
-	timer := time.AfterFunc(time.Duration(5+rng.IntN(400))*time.Millisecond, func() {
+	delay := time.Duration(5+rng.IntN(400)) * time.Millisecond
+	if soon { // owed: killed before even a fast call can end
+		delay = time.Duration(1+rng.IntN(3)) * time.Millisecond
+	}
+	timer := time.AfterFunc(delay, func() {
 		mu.Lock()
 		defer mu.Unlock()
 		killed = bridge.Process.Signal(syscall.SIGKILL) == nil

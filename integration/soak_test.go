@@ -469,8 +469,10 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 		var bridgeKilled func() bool
 		cut := rng.Float64() < soakCutChance || cl.s.faults.owed(faultMCPCut)
 		switch {
-		case c.bridged && (rng.Float64() < soakBridgeKillChance || cl.s.faults.owed(faultBridgeRestart)):
-			bridgeKilled = killBridgeLater(bridge, rng)
+		case c.bridged && cl.s.faults.owed(faultBridgeRestart):
+			bridgeKilled = killBridgeLater(bridge, rng, true)
+		case c.bridged && rng.Float64() < soakBridgeKillChance:
+			bridgeKilled = killBridgeLater(bridge, rng, false)
 		case cut && !c.bridged:
 			callCtx, cancel = context.WithTimeout(ctx, time.Duration(5+rng.IntN(300))*time.Millisecond)
 		}

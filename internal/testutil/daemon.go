@@ -68,6 +68,21 @@ func (d *daemon) Kill(t testing.TB) {
 	cmd.Wait()
 }
 
+// Stop asks the process to shut down (SIGTERM) and waits for it: a clean stop, which
+// writes out what a kill may lose (e.g. a journal's unsynced writes).
+func (d *daemon) Stop(t testing.TB) {
+	t.Helper()
+	d.mu.Lock()
+	cmd := d.cmd
+	d.cmd = nil
+	d.mu.Unlock()
+	if cmd == nil {
+		return
+	}
+	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Wait()
+}
+
 // PID is the running process's id (0 when stopped).
 func (d *daemon) PID() int {
 	d.mu.Lock()
