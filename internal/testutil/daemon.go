@@ -57,21 +57,17 @@ func (d *daemon) start(t testing.TB, ready, bin string, args ...string) {
 // Kill SIGKILLs the process (what it started in other sessions lives on).
 func (d *daemon) Kill(t testing.TB) {
 	t.Helper()
-	d.mu.Lock()
-	cmd := d.cmd
-	d.cmd = nil
-	d.mu.Unlock()
-	if cmd == nil {
-		return
-	}
-	cmd.Process.Signal(syscall.SIGKILL)
-	cmd.Wait()
+	d.signalAndWait(syscall.SIGKILL)
 }
 
 // Stop asks the process to shut down (SIGTERM) and waits for it: a clean stop, which
 // writes out what a kill may lose (e.g. a journal's unsynced writes).
 func (d *daemon) Stop(t testing.TB) {
 	t.Helper()
+	d.signalAndWait(syscall.SIGTERM)
+}
+
+func (d *daemon) signalAndWait(sig syscall.Signal) {
 	d.mu.Lock()
 	cmd := d.cmd
 	d.cmd = nil
@@ -79,7 +75,7 @@ func (d *daemon) Stop(t testing.TB) {
 	if cmd == nil {
 		return
 	}
-	cmd.Process.Signal(syscall.SIGTERM)
+	cmd.Process.Signal(sig)
 	cmd.Wait()
 }
 
