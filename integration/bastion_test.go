@@ -215,21 +215,30 @@ func listOf(t *testing.T, ctx context.Context, cs *mcp.ClientSession) []*bastion
 // actor and scope included, and its events).
 func operatorDetail(t *testing.T, b *testutil.Bastion, id string) bastion.ExecutionDetail {
 	t.Helper()
+	d, err := readOperatorDetail(b, id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+// readOperatorDetail is operatorDetail for a goroutine that polls (it cannot fail the test).
+func readOperatorDetail(b *testutil.Bastion, id string) (bastion.ExecutionDetail, error) {
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", b.OperatorSocket)
 	}}}
 	defer hc.CloseIdleConnections()
+	var d bastion.ExecutionDetail
 	resp, err := hc.Get("http://operator/v1/executions/" + id)
 	if err != nil {
-		t.Fatal(err)
+		return d, err
 	}
 	defer resp.Body.Close()
-	var d bastion.ExecutionDetail
 	if err := json.NewDecoder(resp.Body).Decode(&d); err != nil || resp.StatusCode != http.StatusOK || d.Record == nil {
-		t.Fatalf("operator show %s: %s, %v", id, resp.Status, err)
+		return d, fmt.Errorf("operator show %s: %s, %v", id, resp.Status, err)
 	}
-	return d
+	return d, nil
 }
 
 // metric reads one series (name and labels as exposed, e.g.

@@ -7,7 +7,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -136,7 +135,7 @@ func TestTSTasksSurviveRestart(t *testing.T) {
 	var watch sync.WaitGroup
 	watch.Go(func() {
 		for watchCtx.Err() == nil {
-			if journaledDelivered(f.bastion, id) {
+			if d, err := readOperatorDetail(f.bastion, id); err == nil && d.Record.ResultDeliveredAt != nil {
 				os.WriteFile(delivered, nil, 0o600)
 				return
 			}
@@ -525,22 +524,4 @@ func TestTSTasksThroughBridgeAcrossRestart(t *testing.T) {
 	if n := effects(t, g.file); n != 1 {
 		t.Fatalf("the command ran %d times, want 1", n)
 	}
-}
-
-// journaledDelivered reports whether the operator API shows execution id's result delivered;
-// false on any error, so a watcher goroutine can poll it (it cannot fail the test).
-func journaledDelivered(b *testutil.Bastion, id string) bool {
-	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "unix", b.OperatorSocket)
-	}}}
-	defer hc.CloseIdleConnections()
-	resp, err := hc.Get("http://operator/v1/executions/" + id)
-	if err != nil {
-		return false
-	}
-	defer resp.Body.Close()
-	var d bastion.ExecutionDetail
-	return resp.StatusCode == http.StatusOK && json.NewDecoder(resp.Body).Decode(&d) == nil &&
-		d.Record != nil && d.Record.ResultDeliveredAt != nil
 }
