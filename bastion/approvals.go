@@ -122,7 +122,7 @@ func (b *Bastion) Review(ctx context.Context, operator, id, outcome, note string
 	if !reviewable(cur.State, driven) {
 		why := "Postern is still carrying it to an outcome (cancel it, or wait)"
 		switch {
-		case markers.Journal.Terminal(cur.State):
+		case markers.JournalGraph.Terminal(cur.State):
 			why = "its outcome is known"
 		case cur.State == markers.AwaitingApproval:
 			why = "it awaits approval (approve or deny it)"

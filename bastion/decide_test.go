@@ -263,7 +263,7 @@ func checkJournalPath(t *testing.T, from markers.State, path []markers.State, to
 	t.Helper()
 	prev := from
 	for _, s := range path {
-		if !markers.Journal.Allows(prev, s) {
+		if !markers.JournalGraph.Allows(prev, s) {
 			t.Errorf("journal path from %s to %s takes the illegal edge %s → %s", from, to, prev, s)
 		}
 		prev = s
@@ -282,12 +282,12 @@ var driverStates = []markers.State{markers.Dispatched, markers.Running, markers.
 // again after a cancel, and an absent marker past the host's retention proves nothing.
 func TestEveryHostAnswerIsLegal(t *testing.T) {
 	now := time.Now()
-	for _, ms := range markers.Host.States() {
+	for _, ms := range markers.HostGraph.States() {
 		if _, ok := hostOutcomes[ms]; !ok {
 			t.Errorf("host state %s has no row in hostOutcomes", ms)
 		}
 	}
-	answers := append([]markers.State{""}, markers.Host.States()...)
+	answers := append([]markers.State{""}, markers.HostGraph.States()...)
 	for _, from := range driverStates {
 		for _, ms := range answers {
 			for _, confirmed := range []bool{false, true} {
@@ -340,7 +340,7 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	journal, err := markers.Open(filepath.Join(t.TempDir(), "journal"), markers.Options{Graph: markers.Journal, Signer: signer})
+	journal, err := markers.Open(filepath.Join(t.TempDir(), "journal"), markers.Options{Graph: markers.JournalGraph, Signer: signer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,7 +353,7 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 	}
 	n := 0
 	for _, from := range driverStates {
-		for _, ms := range markers.Host.States() {
+		for _, ms := range markers.HostGraph.States() {
 			for _, confirmed := range []bool{false, true} {
 				n++
 				id := fmt.Sprintf("ex_%04d", n)

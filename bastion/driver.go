@@ -529,7 +529,7 @@ func (b *Bastion) conclude(d *driver, v verdict) bool {
 	var result []byte
 	// A refusal for an operation key keeps no output: the host's stderr names the holder,
 	// which may be another actor's execution.
-	if markers.Journal.Terminal(v.To) && v.TakenBy == "" {
+	if markers.JournalGraph.Terminal(v.To) && v.TakenBy == "" {
 		out, outFrom := d.stdout.last(b.cfg.OutputTailBytes)
 		errb, errFrom := d.stderr.last(b.cfg.OutputTailBytes)
 		var err error
@@ -599,10 +599,10 @@ func (b *Bastion) advance(d *driver, to markers.State, note string, review bool,
 		return false
 	}
 	d.set(next)
-	if path != nil && (to == markers.Unknown || markers.Journal.Terminal(to)) {
+	if path != nil && (to == markers.Unknown || markers.JournalGraph.Terminal(to)) {
 		b.metrics.finished.WithLabelValues(string(to)).Inc()
 	}
-	if markers.Journal.Terminal(to) {
+	if markers.JournalGraph.Terminal(to) {
 		b.mu.Lock()
 		delete(b.cancels, rec.ID)
 		b.mu.Unlock()

@@ -423,7 +423,7 @@ func (b *Bastion) driveHTTP(d *driver, asked func()) {
 			}
 			asked()
 		}
-		if markers.Journal.Terminal(d.record().State) {
+		if markers.JournalGraph.Terminal(d.record().State) {
 			return
 		}
 		b.performHTTP(d, log)

@@ -544,7 +544,7 @@ func answerDelivery(inv *Investigation) string {
 		fmt.Fprintf(&b, "The result counts as delivered (%s): an identical call after it is a new intent.", stamp(*d.DeliveredAt))
 	case rec.State == markers.Completed:
 		b.WriteString("Yes: the target completed but the result is not delivered (completed_result_not_delivered); a retry replays it.")
-	case markers.Journal.Terminal(rec.State):
+	case markers.JournalGraph.Terminal(rec.State):
 		fmt.Fprintf(&b, "No result was delivered (it ended %s).", rec.State)
 	default:
 		fmt.Fprintf(&b, "Not yet: it is %s.", rec.State)

@@ -95,7 +95,7 @@ func (j JournalConfig) validate() []error {
 // openJournal opens the configured journal.
 func openJournal(cfg Config, signer note.Signer, retention map[string]time.Duration, log *slog.Logger, now func() time.Time) (markers.JournalStore, error) {
 	mo := markers.Options{
-		Graph:         markers.Journal,
+		Graph:         markers.JournalGraph,
 		Signer:        signer,
 		Origin:        "postern bastion journal",
 		MemTableBytes: markers.JournalMemTableBytes,
@@ -164,7 +164,7 @@ func orDefault[T comparable](v, def T) T {
 // no bastion of this state dir serves (Pebble locks its dir); an etcd journal may be read
 // while replicas serve it.
 func OpenJournalReadOnly(cfg Config, log *slog.Logger) (markers.JournalStore, error) {
-	mo := markers.Options{ReadOnly: true, Graph: markers.Journal, Logger: log}
+	mo := markers.Options{ReadOnly: true, Graph: markers.JournalGraph, Logger: log}
 	if cfg.Journal.Etcd() {
 		return OpenEtcdJournal(cfg.Journal, mo)
 	}

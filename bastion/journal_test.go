@@ -68,7 +68,7 @@ func TestEtcdJournalOverTLS(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	j, err := OpenEtcdJournal(jc, markers.Options{Graph: markers.Journal, Signer: signer})
+	j, err := OpenEtcdJournal(jc, markers.Options{Graph: markers.JournalGraph, Signer: signer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestEtcdJournalOverTLS(t *testing.T) {
 
 	noCert := jc
 	noCert.CertFile, noCert.KeyFile = "", ""
-	if j, err := OpenEtcdJournal(noCert, markers.Options{Graph: markers.Journal, Signer: signer}); err == nil {
+	if j, err := OpenEtcdJournal(noCert, markers.Options{Graph: markers.JournalGraph, Signer: signer}); err == nil {
 		j.Close()
 		t.Fatal("a client without a certificate opened the journal")
 	}

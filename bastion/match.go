@@ -73,7 +73,7 @@ func matchRule(prior *markers.Record, in callFacts, now time.Time, class ClassCo
 		switch {
 		case prior == nil || prior.Actor != in.Actor || prior.IdempotencyKey != in.IdempotencyKey:
 			return matchNew
-		case markers.Journal.Terminal(prior.State) && now.Sub(finishedAt(prior)) > class.Retention:
+		case markers.JournalGraph.Terminal(prior.State) && now.Sub(finishedAt(prior)) > class.Retention:
 			return matchNew // the key's retention has passed: it is free again
 		case !in.SameRequest:
 			return matchKeyReused
@@ -122,7 +122,7 @@ func recoverOrAttach(prior *markers.Record) matchOutcome {
 // observed — not when its record last changed (a delivery write changes that). Zero for an
 // execution that has not ended.
 func finishedAt(rec *markers.Record) time.Time {
-	if !markers.Journal.Terminal(rec.State) {
+	if !markers.JournalGraph.Terminal(rec.State) {
 		return time.Time{}
 	}
 	if t, ok := rec.StateTimes[rec.State]; ok {

@@ -143,11 +143,11 @@ func (t taskBackend) Result(ctx context.Context, extra *mcp.RequestExtra, id str
 			return nil, err
 		}
 		// The status when the wait begins, then every change (the last one terminal).
-		if changed != nil && rec.State != last && (last != "" || !markers.Journal.Terminal(rec.State)) {
+		if changed != nil && rec.State != last && (last != "" || !markers.JournalGraph.Terminal(rec.State)) {
 			changed(t.execution(rec))
 		}
 		last = rec.State
-		if markers.Journal.Terminal(rec.State) {
+		if markers.JournalGraph.Terminal(rec.State) {
 			x := b.stored(rec)
 			x.Replayed, x.ResultDelivered = false, false
 			if rec.ResultDeliveredAt == nil {

@@ -73,8 +73,8 @@ const maxCounted = 100000
 func (c inFlight) Describe(ch chan<- *prometheus.Desc) { ch <- inFlightDesc }
 
 func (c inFlight) Collect(ch chan<- prometheus.Metric) {
-	for _, st := range markers.Journal.States() {
-		if markers.Journal.Terminal(st) {
+	for _, st := range markers.JournalGraph.States() {
+		if markers.JournalGraph.Terminal(st) {
 			continue
 		}
 		n, cursor := 0, ""

@@ -126,7 +126,7 @@ func (b *Bastion) operatorHandler() http.Handler {
 func (b *Bastion) opListExecutions(w http.ResponseWriter, r *http.Request) {
 	q := markers.Query{Newest: true, Limit: 100, Actor: r.FormValue("actor"), Cursor: r.FormValue("cursor")}
 	if st := r.FormValue("state"); st != "" {
-		if !markers.Journal.Has(markers.State(st)) {
+		if !markers.JournalGraph.Has(markers.State(st)) {
 			writeJSON(w, nil, invalid("unknown state %q", st))
 			return
 		}

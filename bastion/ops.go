@@ -107,7 +107,7 @@ type ListResult struct {
 func (b *Bastion) List(c transport.Caller, a ListArgs) (*ListResult, error) {
 	q := markers.Query{Actor: c.Actor, Newest: true, Limit: 50}
 	if a.State != "" {
-		if !markers.Journal.Has(markers.State(a.State)) {
+		if !markers.JournalGraph.Has(markers.State(a.State)) {
 			return nil, invalid("unknown state %q", a.State)
 		}
 		q.State = markers.State(a.State)

@@ -43,7 +43,7 @@ func (b *Bastion) drives(d *driver, asked func()) bool {
 				return false
 			}
 			d.set(cur)
-			if markers.Journal.Terminal(cur.State) || cur.State == markers.AwaitingApproval {
+			if markers.JournalGraph.Terminal(cur.State) || cur.State == markers.AwaitingApproval {
 				r.Release(d.id) // it ended (or waits for an operator) before the claim
 				return false
 			}
@@ -66,7 +66,7 @@ func (b *Bastion) drives(d *driver, asked func()) bool {
 // execution's owner key went with the write that ended it.
 func (b *Bastion) release(d *driver) {
 	r := b.replicas()
-	if r == nil || markers.Journal.Terminal(d.record().State) || b.ctx.Err() != nil {
+	if r == nil || markers.JournalGraph.Terminal(d.record().State) || b.ctx.Err() != nil {
 		return
 	}
 	r.Release(d.id)

@@ -107,7 +107,7 @@ func parseScriptList(host string, out []byte) ([]agentless.Answer, error) {
 // the exit code only (no times, no output); its states map onto the host graph: claimed is
 // started (the id is taken, the command not started yet), the others are the same.
 func scriptMarker(host Host, a agentless.Answer) *markers.Record {
-	r := &markers.Record{ID: a.ID, Graph: markers.Host, Host: host.Name, Account: host.Account}
+	r := &markers.Record{ID: a.ID, Graph: markers.HostGraph, Host: host.Name, Account: host.Account}
 	var note string
 	switch a.State {
 	case agentless.Claimed:
@@ -142,7 +142,7 @@ type scriptMarkerQuery struct {
 // scriptMarkerPage is the page of list that q selects, and the cursor of the next (""
 // when none). Execution ids sort by creation time, so newest first is by id, descending.
 func scriptMarkerPage(host Host, list []agentless.Answer, q scriptMarkerQuery) ([]*markers.Record, string, error) {
-	if q.State != "" && !markers.Host.Has(q.State) {
+	if q.State != "" && !markers.HostGraph.Has(q.State) {
 		return nil, "", invalid("state %q is not a marker state", q.State)
 	}
 	if q.Cursor != "" && !markers.ValidExecutionID(q.Cursor) {

@@ -94,7 +94,7 @@ func TestScriptMarkerPage(t *testing.T) {
 			var got []string
 			for _, r := range page {
 				got = append(got, r.ID+" "+string(r.State))
-				if r.Graph != markers.Host || r.Host != "s1" || r.Account != "deploy" || len(r.Evidence) == 0 {
+				if r.Graph != markers.HostGraph || r.Host != "s1" || r.Account != "deploy" || len(r.Evidence) == 0 {
 					t.Errorf("marker %+v; want a host marker of s1 as deploy, with evidence", r)
 				}
 			}

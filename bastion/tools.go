@@ -188,7 +188,7 @@ func (b *Bastion) result(ctx context.Context, role toolRole, x *Execution, err e
 		return nil, nil, err
 	}
 	// A task-augmented call answers with the task, not the result: nothing is delivered.
-	if markers.Journal.Terminal(markers.State(x.State)) && !x.ResultDelivered && !tasks.Creating(ctx) {
+	if markers.JournalGraph.Terminal(markers.State(x.State)) && !x.ResultDelivered && !tasks.Creating(ctx) {
 		if dl := deliveriesFrom(ctx); dl != nil {
 			dl.add(x.ExecutionID)
 		}

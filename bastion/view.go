@@ -269,7 +269,7 @@ func (b *Bastion) stored(rec *markers.Record) *Execution {
 // live returns a driven execution's view with the last output it holds.
 func (b *Bastion) live(d *driver) *Execution {
 	rec := d.record()
-	if markers.Journal.Terminal(rec.State) {
+	if markers.JournalGraph.Terminal(rec.State) {
 		return b.stored(rec)
 	}
 	x := b.view(rec)
@@ -340,7 +340,7 @@ func (b *Bastion) Delivered(ctx context.Context, id string) error {
 		}
 	}
 	_, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, call, markers.NoSync, func(r *markers.Record) error {
-		if r.ResultDeliveredAt == nil && markers.Journal.Terminal(r.State) {
+		if r.ResultDeliveredAt == nil && markers.JournalGraph.Terminal(r.State) {
 			t := b.now().UTC()
 			r.ResultDeliveredAt = &t
 		}
@@ -415,7 +415,7 @@ func (b *Bastion) output(ctx context.Context, rec *markers.Record, a OutputArgs)
 	}
 	wait := b.waitFor(a.WaitS)
 	d := b.liveDriver(a.ExecutionID)
-	if d == nil && !markers.Journal.Terminal(rec.State) && rec.State != markers.AwaitingApproval && rec.State != markers.Rejected {
+	if d == nil && !markers.JournalGraph.Terminal(rec.State) && rec.State != markers.AwaitingApproval && rec.State != markers.Rejected {
 		d = b.startDriver(rec) // attach: reconcile with the host and follow it
 	}
 	if d != nil {
@@ -431,7 +431,7 @@ func (b *Bastion) output(ctx context.Context, rec *markers.Record, a OutputArgs)
 			}
 			break
 		}
-		if !markers.Journal.Terminal(d.record().State) {
+		if !markers.JournalGraph.Terminal(d.record().State) {
 			x := b.view(d.record())
 			limit := b.cfg.OutputTailBytes
 			out, outFrom := d.stdout.read(a.Offset, limit)

@@ -22,7 +22,7 @@ func journalOnly(t *testing.T) *Bastion {
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, err := markers.Open(filepath.Join(dir, "journal"), markers.Options{Graph: markers.Journal, Signer: signer, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	j, err := markers.Open(filepath.Join(dir, "journal"), markers.Options{Graph: markers.JournalGraph, Signer: signer, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}

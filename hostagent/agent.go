@@ -62,7 +62,7 @@ func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, erro
 		return nil, err
 	}
 	store, err := markers.Open(cfg.MarkersDir(), markers.Options{
-		Graph: markers.Host, Signer: signer, Origin: "postern hostagent " + host,
+		Graph: markers.HostGraph, Signer: signer, Origin: "postern hostagent " + host,
 		DefaultRetention: cfg.MarkerRetention, Logger: logger,
 	})
 	if err != nil {

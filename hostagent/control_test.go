@@ -51,7 +51,7 @@ var _ controlBackend = (*fakeBackend)(nil)
 func newFakeBackend(t *testing.T) *fakeBackend {
 	t.Helper()
 	return &fakeBackend{
-		store:   testutil.OpenStore(t, markers.Host),
+		store:   testutil.OpenStore(t, markers.HostGraph),
 		outputs: map[string]*fakeOutput{},
 		owners:  map[string]int{},
 	}

@@ -521,7 +521,7 @@ func (e *Executor) duplicate(ctx context.Context, s gliderssh.Session, req ExecR
 		fmt.Fprintf(s.Stderr(), "postern: %s did not start: %s; it did not run\n", rec.ID, rec.StartError)
 		e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true, Final: true})
 		s.Exit(exitStatus(rec))
-	case markers.Host.Terminal(rec.State) && rec.State != markers.Interrupted:
+	case markers.HostGraph.Terminal(rec.State) && rec.State != markers.Interrupted:
 		fmt.Fprintf(s.Stderr(), "postern: %s already ran at %s (%s), replaying\n", rec.ID, startedAt(rec), rec.State)
 		e.replay(s, rec)
 		e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true, Final: true})

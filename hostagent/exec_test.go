@@ -108,7 +108,7 @@ func execOn(b testing.TB, c *gossh.Client, command string) {
 // (an in-memory stand-in), interleaved so both see the same machine, and reports the p50 of
 // each and the marker's cost.
 func BenchmarkExecTrue(b *testing.B) {
-	store := testutil.OpenStore(b, markers.Host)
+	store := testutil.OpenStore(b, markers.HostGraph)
 	on := startExecAgent(b, func(o *hostagent.ExecutorOptions) { o.Store = store.Store })
 	off := startExecAgent(b, func(o *hostagent.ExecutorOptions) { o.Store = newMemStore() })
 	var withM, without []time.Duration
@@ -133,7 +133,7 @@ func BenchmarkExecTrue(b *testing.B) {
 // BenchmarkExecConcurrent runs `true` from 64 concurrent sessions over 8 connections and
 // reports executions/s and marker fsyncs per execution.
 func BenchmarkExecConcurrent(b *testing.B) {
-	store := testutil.OpenStore(b, markers.Host)
+	store := testutil.OpenStore(b, markers.HostGraph)
 	ea := startExecAgent(b, func(o *hostagent.ExecutorOptions) { o.Store = store.Store })
 	clients := []*gossh.Client{ea.client}
 	for len(clients) < 8 {
@@ -163,7 +163,7 @@ func BenchmarkExecConcurrent(b *testing.B) {
 // start_failed with the real cause, exits 255 without running, and the same execution id
 // sent again is answered from the marker — it is not tried again.
 func TestStartFailureIsFinal(t *testing.T) {
-	store := testutil.OpenStore(t, markers.Host)
+	store := testutil.OpenStore(t, markers.HostGraph)
 	ea := startExecAgent(t, func(o *hostagent.ExecutorOptions) { o.Store = store.Store })
 	effects := filepath.Join(t.TempDir(), "effects")
 	id, _ := markers.NewExecutionID(time.Now())

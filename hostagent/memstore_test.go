@@ -31,7 +31,7 @@ func (m *memStore) Create(_ context.Context, r *markers.Record) (*markers.Record
 		return prior.Clone(), markers.ErrExists
 	}
 	rec := r.Clone()
-	rec.Graph, rec.State = markers.Host, markers.Started
+	rec.Graph, rec.State = markers.HostGraph, markers.Started
 	m.recs[r.ID] = rec
 	return rec.Clone(), nil
 }

@@ -12,7 +12,7 @@ import (
 )
 
 func TestRemoveOrphanSpools(t *testing.T) {
-	store := testutil.OpenStore(t, markers.Host)
+	store := testutil.OpenStore(t, markers.HostGraph)
 	cfg := DefaultConfig()
 	cfg.DataDir = t.TempDir()
 	e, err := NewExecutor(ExecutorOptions{Config: cfg, Store: store.Store, ShimExe: "/nonexistent"})

@@ -18,7 +18,7 @@ import (
 // refused before it starts: exit 255 with the reason, a not_started marker that says why, no
 // spool dir, and no side effect. Freeing the spool lets commands run again.
 func TestSpoolCapRefusesBeforeStart(t *testing.T) {
-	store := testutil.OpenStore(t, markers.Host)
+	store := testutil.OpenStore(t, markers.HostGraph)
 	ea := startExecAgent(t, func(o *hostagent.ExecutorOptions) {
 		o.Store = store.Store
 		o.Config.OutputCap = 1 << 10

@@ -191,7 +191,7 @@ func followOutput(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id s
 		}
 		out.WriteString(x.Stdout[offset-x.StdoutOffset:])
 		offset = x.StdoutOffset + int64(len(x.Stdout))
-		if markers.Journal.Terminal(markers.State(x.State)) {
+		if markers.JournalGraph.Terminal(markers.State(x.State)) {
 			return x, out.String()
 		}
 		if ctx.Err() != nil {

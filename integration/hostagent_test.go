@@ -445,7 +445,7 @@ func TestNeverStartedRunsOnRetry(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := markers.Open(filepath.Join(h.DataDir, "markers"), markers.Options{Graph: markers.Host, Signer: signer})
+	store, err := markers.Open(filepath.Join(h.DataDir, "markers"), markers.Options{Graph: markers.HostGraph, Signer: signer})
 	if err != nil {
 		t.Fatal(err)
 	}

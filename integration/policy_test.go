@@ -418,7 +418,7 @@ func TestActorLimits(t *testing.T) {
 		g := newGatedCommand(t)
 		t.Cleanup(func() { g.open(t) })
 		running := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": g.cmd, "wait_s": 0})
-		if markers.Journal.Terminal(markers.State(running.State)) {
+		if markers.JournalGraph.Terminal(markers.State(running.State)) {
 			t.Fatalf("gated command = %+v; want it in flight", running)
 		}
 		msg := mustRefuse(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo second"})
@@ -603,7 +603,7 @@ commands = ["migrate **"]`}}, testutil.ActorSpec{Name: "serial", MaxConcurrent: 
 		t.Fatal(err)
 	}
 	holder := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": hold, "wait_s": 0})
-	if markers.Journal.Terminal(markers.State(holder.State)) {
+	if markers.JournalGraph.Terminal(markers.State(holder.State)) {
 		t.Fatalf("gated command = %+v; want it in flight", holder)
 	}
 	waitJournaled(t, f.bastion, holder.ExecutionID, markers.Running)
@@ -694,7 +694,7 @@ commands = ["forbidden **"]`}},
 		g := newGatedCommand(t)
 		t.Cleanup(func() { g.open(t) })
 		running := mustCall(t, ctx, a, "ssh_exec", map[string]any{"host": "h1", "command": g.cmd, "wait_s": 0})
-		if markers.Journal.Terminal(markers.State(running.State)) {
+		if markers.JournalGraph.Terminal(markers.State(running.State)) {
 			t.Fatalf("gated command = %+v; want it in flight", running)
 		}
 		if msg := mustRefuse(t, ctx, a, "ssh_exec", map[string]any{"host": "h1", "command": "echo a2"}); !strings.Contains(msg, bastion.CodeConcurrencyLimit) {

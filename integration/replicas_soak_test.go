@@ -127,7 +127,7 @@ faults:
 			for {
 				var err error
 				x, err = callExecution(ctx, cs, "execution_status", map[string]any{"execution_id": id})
-				if err == nil && markers.Journal.Terminal(markers.State(x.State)) || time.Now().After(deadline) {
+				if err == nil && markers.JournalGraph.Terminal(markers.State(x.State)) || time.Now().After(deadline) {
 					break
 				}
 				time.Sleep(200 * time.Millisecond)
@@ -206,7 +206,7 @@ func haCall(ctx context.Context, f *haFleet, run string, args map[string]any, rn
 		}()
 		if err == nil && x.ExecutionID != "" {
 			id = x.ExecutionID
-			if markers.Journal.Terminal(markers.State(x.State)) {
+			if markers.JournalGraph.Terminal(markers.State(x.State)) {
 				return id, true
 			}
 		}

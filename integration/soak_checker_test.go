@@ -395,7 +395,7 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 				v.fail("final views hold", "%s: the client saw %s completed (exit %v, HTTP %d); the journal says %s (exit %v, HTTP %d)",
 					c.tag, id, deref(x.ExitCode), x.HTTPStatus, r.State, deref(r.ExitCode), r.HTTPStatus)
 			}
-			if markers.Journal.Terminal(markers.State(x.State)) && string(r.State) != x.State {
+			if markers.JournalGraph.Terminal(markers.State(x.State)) && string(r.State) != x.State {
 				v.fail("final views hold", "%s: the client saw %s %s; the journal says %s", c.tag, id, x.State, r.State)
 			}
 		}

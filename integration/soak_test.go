@@ -105,7 +105,7 @@ func (o *soakObservation) saw(x bastion.Execution) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.views[x.ExecutionID] = x
-	o.settled = markers.Journal.Terminal(markers.State(x.State))
+	o.settled = markers.JournalGraph.Terminal(markers.State(x.State))
 }
 
 func (o *soakObservation) cancelLost() {
@@ -119,7 +119,7 @@ func (o *soakObservation) sawEnd(id string) bool {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	x, ok := o.views[id]
-	return ok && markers.Journal.Terminal(markers.State(x.State))
+	return ok && markers.JournalGraph.Terminal(markers.State(x.State))
 }
 
 // settledNow reports whether the last answer the client saw was terminal.
@@ -510,7 +510,7 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 		}
 		o.saw(x)
 		lastID = x.ExecutionID
-		if markers.Journal.Terminal(markers.State(x.State)) {
+		if markers.JournalGraph.Terminal(markers.State(x.State)) {
 			return
 		}
 		// unknown, or still in flight: call again (the retry joins and reconciles).

@@ -105,7 +105,7 @@ func journalDispatched(t *testing.T, b *testutil.Bastion, at time.Time, command 
 	if err != nil {
 		t.Fatal(err)
 	}
-	store, err := markers.Open(cfg.JournalDir(), markers.Options{Graph: markers.Journal, Signer: signer, Now: func() time.Time { return at }})
+	store, err := markers.Open(cfg.JournalDir(), markers.Options{Graph: markers.JournalGraph, Signer: signer, Now: func() time.Time { return at }})
 	if err != nil {
 		t.Fatal(err)
 	}

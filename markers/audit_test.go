@@ -18,7 +18,7 @@ import (
 // events and returns the export and the verifier key.
 func exportLog(t testing.TB, n int) ([]byte, string) {
 	t.Helper()
-	s := testutil.OpenStore(t, markers.Host, func(o *markers.Options) { o.CheckpointEvery = 10 })
+	s := testutil.OpenStore(t, markers.HostGraph, func(o *markers.Options) { o.CheckpointEvery = 10 })
 	ctx := context.Background()
 	for i := range n {
 		id := fmt.Sprintf("ex_%03d", i)
@@ -132,7 +132,7 @@ func TestVerifyRejectsWrongVerifierKey(t *testing.T) {
 
 func TestGCKeepsNonTerminalAndChain(t *testing.T) {
 	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	s := testutil.OpenStore(t, markers.Journal, func(o *markers.Options) {
+	s := testutil.OpenStore(t, markers.JournalGraph, func(o *markers.Options) {
 		o.Now = func() time.Time { return clock }
 		o.CheckpointEvery = 5
 		o.Retention = map[string]time.Duration{"read_only": time.Hour}

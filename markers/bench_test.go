@@ -20,7 +20,7 @@ import (
 // Transition, so all three see the same disk in the same moment; it reports each one's p50
 // and its ratio to the raw fsync.
 func BenchmarkDurableWrite(b *testing.B) {
-	s := testutil.OpenStore(b, markers.Host)
+	s := testutil.OpenStore(b, markers.HostGraph)
 	f, err := os.Create(filepath.Join(b.TempDir(), "raw"))
 	if err != nil {
 		b.Fatal(err)
@@ -66,7 +66,7 @@ func BenchmarkConcurrentWriters(b *testing.B) {
 	for _, sizing := range []string{"hostagent", "journal"} {
 		for _, writers := range []int{1, 16, 64} {
 			b.Run(fmt.Sprintf("sizing=%s/writers=%d", sizing, writers), func(b *testing.B) {
-				s := testutil.OpenStore(b, markers.Host, func(o *markers.Options) {
+				s := testutil.OpenStore(b, markers.HostGraph, func(o *markers.Options) {
 					if sizing == "journal" {
 						o.MemTableBytes, o.CacheBytes = markers.JournalMemTableBytes, markers.JournalCacheBytes
 					}
@@ -112,7 +112,7 @@ func BenchmarkFindByFingerprint(b *testing.B) {
 		sizes = []int{1_000, 100_000}
 	}
 	for _, n := range sizes {
-		s := testutil.OpenStore(b, markers.Journal, func(o *markers.Options) {
+		s := testutil.OpenStore(b, markers.JournalGraph, func(o *markers.Options) {
 			o.MemTableBytes, o.CacheBytes = markers.JournalMemTableBytes, markers.JournalCacheBytes
 		})
 		fill(b, s.Store, n)
@@ -197,7 +197,7 @@ func rssProbe() int {
 		return 2
 	}
 	n, _ := strconv.Atoi(os.Getenv("RECORDS"))
-	s, err := markers.Open(os.Getenv("STORE_DIR"), markers.Options{Graph: markers.Host, Signer: signer})
+	s, err := markers.Open(os.Getenv("STORE_DIR"), markers.Options{Graph: markers.HostGraph, Signer: signer})
 	if err != nil {
 		fmt.Println(err)
 		return 2

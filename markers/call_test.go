@@ -12,7 +12,7 @@ import (
 // A call that creates an execution and the calls that join it are events of the chain; a
 // run is recorded once, at its first contact; siblings are every execution of one intent.
 func TestCallsAndRunsAreJournaled(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal)
+	s := testutil.OpenStore(t, markers.JournalGraph)
 	ctx := context.Background()
 	uid := 1000
 	first := &markers.Run{Actor: "local:ann", Scope: "run:1-2", FirstSeen: time.Now(), Transport: "unix",

@@ -34,7 +34,7 @@ func crashWriter() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
-	s, err := markers.Open(dir, markers.Options{Graph: markers.Host, Signer: signer, CheckpointEvery: 50, Logger: slog.New(slog.DiscardHandler)})
+	s, err := markers.Open(dir, markers.Options{Graph: markers.HostGraph, Signer: signer, CheckpointEvery: 50, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -117,7 +117,7 @@ func TestCrashKeepsAcknowledgedWrites(t *testing.T) {
 		}
 		opts, _ := testutil.AuditKey(t)
 		signer, _, _ := markers.LoadOrCreateAuditKey(keyPath, "postern-test")
-		opts.Graph, opts.Signer = markers.Host, signer
+		opts.Graph, opts.Signer = markers.HostGraph, signer
 		s, err := markers.Open(storeDir, opts)
 		if err != nil {
 			t.Fatalf("round %d: reopen: %v", round, err)

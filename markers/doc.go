@@ -9,7 +9,7 @@
 //     record that may not exist. The one exception is asked for per write (UpdateWith, NoSync):
 //     it returns before its fsync, and a crash can lose it only together with every later
 //     write, so the store and the chain stay a consistent prefix.
-//   - A record's state only moves along the edges of its Graph (Journal or Host); an illegal
+//   - A record's state only moves along the edges of its Graph (JournalGraph or HostGraph); an illegal
 //     edge is ErrIllegalTransition and changes nothing. Transitions are compare-and-set on the
 //     current state.
 //   - Create is create-if-absent on the execution id, race-free: writers of one id are

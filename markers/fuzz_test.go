@@ -10,7 +10,7 @@ import (
 )
 
 func FuzzDecodeRecord(f *testing.F) {
-	good, _ := markers.EncodeRecord(&markers.Record{ID: "ex_1", Graph: markers.Host, State: markers.Running, Command: []string{"true"}})
+	good, _ := markers.EncodeRecord(&markers.Record{ID: "ex_1", Graph: markers.HostGraph, State: markers.Running, Command: []string{"true"}})
 	f.Add(good)
 	f.Add([]byte{1, '{', '}'})
 	f.Add([]byte{2})
@@ -56,7 +56,7 @@ func FuzzVerifyJSONL(f *testing.F) {
 // FuzzEventBody checks the store's hand-written event encoding against json.Marshal: byte
 // for byte the same, whatever the note, ids and time.
 func FuzzEventBody(f *testing.F) {
-	rec, _ := markers.EncodeRecord(&markers.Record{ID: "ex_1", Graph: markers.Journal, State: markers.Dispatched, Command: []string{"sh", "-c", "a <b> && c\n"}})
+	rec, _ := markers.EncodeRecord(&markers.Record{ID: "ex_1", Graph: markers.JournalGraph, State: markers.Dispatched, Command: []string{"sh", "-c", "a <b> && c\n"}})
 	f.Add("ex_1", "dispatching to h1", int64(1767225600123456789), rec[1:])
 	f.Add("ex_\x00\"\\", "ünïcode <&> \u2028 \b\f\t \xff", int64(-62135596800), []byte(nil))
 	f.Add("", "", int64(253402300800), []byte(`{"a":1}`))

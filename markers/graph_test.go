@@ -21,7 +21,7 @@ var rewrite = flag.Bool("rewrite", false, "rewrite testdata golden files from th
 func TestTransitionGraph(t *testing.T) {
 	ctx := context.Background()
 	var got strings.Builder
-	for _, g := range []markers.Graph{markers.Journal, markers.Host} {
+	for _, g := range []markers.Graph{markers.JournalGraph, markers.HostGraph} {
 		s := testutil.OpenStore(t, g)
 		states := g.States()
 		n := 0

@@ -94,7 +94,7 @@ func indexEntries(r *Record) []indexEntry {
 	for _, k := range pointerKeys(r) {
 		e = append(e, indexEntry{key: k, value: []byte(r.ID)})
 	}
-	if r.Graph == Journal && r.Fingerprint != "" {
+	if r.Graph == JournalGraph && r.Fingerprint != "" {
 		e = append(e, indexEntry{key: joinKey(pSiblings, r.Actor, r.IntentScope, r.Fingerprint, r.ID)})
 	}
 	return e

@@ -12,7 +12,7 @@ import (
 // Options configure a Store. Zero values take the documented defaults (EnsureDefaults), which
 // are sized for a fleet machine: a few MB of memory.
 type Options struct {
-	// Graph is the state machine of the records: Journal (bastion) or Host (hostagent).
+	// Graph is the state machine of the records: JournalGraph (bastion) or HostGraph (hostagent).
 	// Required; a store keeps the graph it was created with.
 	Graph Graph
 	// Signer signs checkpoints with the installation's Ed25519 audit key
@@ -108,7 +108,7 @@ func (o *Options) EnsureDefaults() {
 func (o *Options) Validate() error {
 	var errs []error
 	if !o.Graph.Valid() {
-		errs = append(errs, fmt.Errorf("graph %q: want %q or %q", o.Graph, Journal, Host))
+		errs = append(errs, fmt.Errorf("graph %q: want %q or %q", o.Graph, JournalGraph, HostGraph))
 	}
 	if o.Signer == nil && !o.ReadOnly {
 		errs = append(errs, errors.New("signer: an audit key is required"))

@@ -13,7 +13,7 @@ import (
 // TestStoreFilesArePrivate: whatever the umask, Pebble's files are created 0600 and its
 // directories 0700 (they hold commands and output tails).
 func TestStoreFilesArePrivate(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Host)
+	s := testutil.OpenStore(t, markers.HostGraph)
 	if _, err := s.Create(context.Background(), &markers.Record{ID: "ex_private", Command: []string{"/bin/sh", "-c", "secret"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -46,12 +46,12 @@ const (
 type Graph string
 
 const (
-	Journal Graph = "journal"
-	Host    Graph = "host"
+	JournalGraph Graph = "journal"
+	HostGraph    Graph = "host"
 )
 
 var edges = map[Graph]map[State][]State{
-	Journal: {
+	JournalGraph: {
 		Accepted:         {Authorized, AwaitingApproval, Rejected, Failed},
 		AwaitingApproval: {Authorized, Rejected},
 		Authorized:       {Dispatched, Failed, Cancelled},
@@ -64,7 +64,7 @@ var edges = map[Graph]map[State][]State{
 		// id), running (attach) or finished; an operator's review may record either outcome.
 		Unknown: {Dispatched, Running, Completed, Failed, Cancelled, TimedOut},
 	},
-	Host: {
+	HostGraph: {
 		// Started → Interrupted: after a crash the shim record exists (so the command may
 		// have started) but the shim is gone without an exit record.
 		Started:    {Running, NotStarted, StartFailed, Cancelled, Interrupted},
@@ -73,7 +73,7 @@ var edges = map[Graph]map[State][]State{
 	},
 }
 
-var initial = map[Graph]State{Journal: Accepted, Host: Started}
+var initial = map[Graph]State{JournalGraph: Accepted, HostGraph: Started}
 
 // ErrIllegalTransition: the edge is not in the graph. Nothing was written.
 var ErrIllegalTransition = errors.New("markers: illegal transition")

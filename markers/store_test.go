@@ -15,7 +15,7 @@ import (
 )
 
 func TestCreateRace(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Host)
+	s := testutil.OpenStore(t, markers.HostGraph)
 	ctx := context.Background()
 	const n = 100
 	var wg sync.WaitGroup
@@ -56,7 +56,7 @@ func TestCreateRace(t *testing.T) {
 }
 
 func TestTransitionCompareAndSet(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Host)
+	s := testutil.OpenStore(t, markers.HostGraph)
 	ctx := context.Background()
 	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1"}); err != nil {
 		t.Fatal(err)
@@ -102,7 +102,7 @@ func TestTransitionCompareAndSet(t *testing.T) {
 }
 
 func TestUpdateKeepsIdentity(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal)
+	s := testutil.OpenStore(t, markers.JournalGraph)
 	ctx := context.Background()
 	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1", Actor: "alice", Fingerprint: "fp"}); err != nil {
 		t.Fatal(err)
@@ -135,14 +135,14 @@ func TestUpdateKeepsIdentity(t *testing.T) {
 var errSentinel = errors.New("caller refused")
 
 func TestCreateRejectsBadIdentity(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal)
+	s := testutil.OpenStore(t, markers.JournalGraph)
 	tests := []struct {
 		name string
 		rec  markers.Record
 	}{
 		{"empty id", markers.Record{}},
 		{"NUL in actor", markers.Record{ID: "ex_1", Actor: "a\x00b"}},
-		{"wrong graph", markers.Record{ID: "ex_1", Graph: markers.Host}},
+		{"wrong graph", markers.Record{ID: "ex_1", Graph: markers.HostGraph}},
 		{"not the initial state", markers.Record{ID: "ex_1", State: markers.Completed}},
 		{"oversized key field", markers.Record{ID: "ex_1", IdempotencyKey: string(make([]byte, 4096))}},
 	}
@@ -159,7 +159,7 @@ func TestCreateRejectsBadIdentity(t *testing.T) {
 }
 
 func TestLookups(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal)
+	s := testutil.OpenStore(t, markers.JournalGraph)
 	ctx := context.Background()
 	mk := func(id, actor, scope, fp, key string) {
 		t.Helper()
@@ -209,7 +209,7 @@ func TestLookups(t *testing.T) {
 
 func TestListPaginates(t *testing.T) {
 	clock := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
-	s := testutil.OpenStore(t, markers.Journal, func(o *markers.Options) {
+	s := testutil.OpenStore(t, markers.JournalGraph, func(o *markers.Options) {
 		o.Now = func() time.Time { clock = clock.Add(time.Second); return clock }
 	})
 	ctx := context.Background()
@@ -300,7 +300,7 @@ func TestListPaginates(t *testing.T) {
 }
 
 func TestEventsTellTheStory(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal)
+	s := testutil.OpenStore(t, markers.JournalGraph)
 	ctx := context.Background()
 	s.Create(ctx, &markers.Record{ID: "ex_1"})
 	s.Transition(ctx, "ex_1", markers.Accepted, markers.Authorized, "policy: allow", nil)
@@ -321,7 +321,7 @@ func TestEventsTellTheStory(t *testing.T) {
 }
 
 func TestReopenKeepsChain(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Host)
+	s := testutil.OpenStore(t, markers.HostGraph)
 	ctx := context.Background()
 	for i := range 10 {
 		s.Create(ctx, &markers.Record{ID: fmt.Sprintf("ex_%d", i)})
@@ -348,13 +348,13 @@ func TestReopenKeepsChain(t *testing.T) {
 }
 
 func TestReadOnly(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Host)
+	s := testutil.OpenStore(t, markers.HostGraph)
 	ctx := context.Background()
 	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1"}); err != nil {
 		t.Fatal(err)
 	}
 	s.Close()
-	ro, err := markers.Open(s.Dir, markers.Options{Graph: markers.Host, ReadOnly: true})
+	ro, err := markers.Open(s.Dir, markers.Options{Graph: markers.HostGraph, ReadOnly: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -369,7 +369,7 @@ func TestReadOnly(t *testing.T) {
 	if err := ro.Export(&export); err != nil || !bytes.Contains(export.Bytes(), []byte(`"ex_1"`)) {
 		t.Errorf("read-only export = %q, %v; want the log (unsealed if need be)", export.String(), err)
 	}
-	if _, err := markers.Open(t.TempDir(), markers.Options{Graph: markers.Host, ReadOnly: true}); err == nil {
+	if _, err := markers.Open(t.TempDir(), markers.Options{Graph: markers.HostGraph, ReadOnly: true}); err == nil {
 		t.Error("read-only open of an empty dir succeeded")
 	}
 }
@@ -378,7 +378,7 @@ func TestReadOnly(t *testing.T) {
 // must find every key, while it grows and after a reopen.
 func TestPresenceNeverHidesAKey(t *testing.T) {
 	defer markers.SetPresenceMinCap(256)()
-	s := testutil.OpenStore(t, markers.Journal)
+	s := testutil.OpenStore(t, markers.JournalGraph)
 	ctx := context.Background()
 	const n = 1_000 // two keys each: the filter grows three times
 	var wg sync.WaitGroup
@@ -413,7 +413,7 @@ func TestPresenceNeverHidesAKey(t *testing.T) {
 }
 
 func TestAdvanceWritesEveryStepInOneCommit(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Host)
+	s := testutil.OpenStore(t, markers.HostGraph)
 	ctx := context.Background()
 	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1"}); err != nil {
 		t.Fatal(err)
@@ -449,7 +449,7 @@ func TestAdvanceWritesEveryStepInOneCommit(t *testing.T) {
 }
 
 func TestFailedCommitFailsClosed(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Host)
+	s := testutil.OpenStore(t, markers.HostGraph)
 	ctx := context.Background()
 	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1"}); err != nil {
 		t.Fatal(err)
@@ -480,7 +480,7 @@ func TestFailedCommitFailsClosed(t *testing.T) {
 }
 
 func TestResultIsStoredWithTheOutcome(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal)
+	s := testutil.OpenStore(t, markers.JournalGraph)
 	ctx := context.Background()
 	if _, err := s.Create(ctx, &markers.Record{ID: "ex_r"}); err != nil {
 		t.Fatal(err)
@@ -514,7 +514,7 @@ func TestResultIsStoredWithTheOutcome(t *testing.T) {
 // failed attempt; the link is fixed at creation.
 func TestNewAttemptTakesOverTheIdempotencyKey(t *testing.T) {
 	clock := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	s := testutil.OpenStore(t, markers.Journal, func(o *markers.Options) {
+	s := testutil.OpenStore(t, markers.JournalGraph, func(o *markers.Options) {
 		o.Now = func() time.Time { return clock }
 		o.DefaultRetention = time.Hour
 	})
@@ -548,7 +548,7 @@ func TestNewAttemptTakesOverTheIdempotencyKey(t *testing.T) {
 }
 
 func TestRevokeDeliveryIsAJournaledEvent(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal)
+	s := testutil.OpenStore(t, markers.JournalGraph)
 	ctx := context.Background()
 	s.Create(ctx, &markers.Record{ID: "ex_1"})
 	if _, revoked, err := s.RevokeDelivery(ctx, "ex_1", "never delivered"); err != nil || revoked {
@@ -583,7 +583,7 @@ func TestRevokeDeliveryIsAJournaledEvent(t *testing.T) {
 // TestReviewRequiredOnlyWhileUnknown: review required marks an unknown outcome; any way out
 // of unknown clears it, and it cannot be set on a record that is not unknown.
 func TestReviewRequiredOnlyWhileUnknown(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal)
+	s := testutil.OpenStore(t, markers.JournalGraph)
 	ctx := context.Background()
 	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1", Actor: "alice"}); err != nil {
 		t.Fatal(err)
@@ -609,7 +609,7 @@ func TestReviewRequiredOnlyWhileUnknown(t *testing.T) {
 }
 
 func TestCreateAdvancedWritesEveryStepInOneCommit(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal)
+	s := testutil.OpenStore(t, markers.JournalGraph)
 	ctx := context.Background()
 	if _, err := s.CreateAdvanced(ctx, &markers.Record{ID: "ex_bad", Actor: "a"}, []markers.State{markers.Dispatched}, ""); !errors.Is(err, markers.ErrIllegalTransition) {
 		t.Fatalf("accepted → dispatched: %v; want ErrIllegalTransition", err)
@@ -652,7 +652,7 @@ func TestCreateAdvancedWritesEveryStepInOneCommit(t *testing.T) {
 // TestNoSyncWrite: an update asked for NoSync commits without an fsync, is seen at once, is
 // chained like any other, and survives a clean reopen (Close's checkpoint syncs it).
 func TestNoSyncWrite(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal)
+	s := testutil.OpenStore(t, markers.JournalGraph)
 	ctx := context.Background()
 	if _, err := s.Create(ctx, &markers.Record{ID: "ex_1", Actor: "a"}); err != nil {
 		t.Fatal(err)
@@ -700,7 +700,7 @@ func closeAndVerify(t *testing.T, s *testutil.Store) markers.Report {
 // TestRecordsAreCopies: whatever a caller does to a record it was handed, the store's (and
 // its cache's) stays as written.
 func TestRecordsAreCopies(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal)
+	s := testutil.OpenStore(t, markers.JournalGraph)
 	ctx := context.Background()
 	created, err := s.Create(ctx, &markers.Record{ID: "ex_1", Actor: "a", Command: []string{"true"}, Env: map[string]string{"A": "1"}})
 	if err != nil {
@@ -739,7 +739,7 @@ func TestRecordsAreCopies(t *testing.T) {
 // TestRecordCacheBounded: with a cache of two records, reads and writes of many still see
 // each record as last written.
 func TestRecordCacheBounded(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal, func(o *markers.Options) { o.RecordCacheEntries = 2 })
+	s := testutil.OpenStore(t, markers.JournalGraph, func(o *markers.Options) { o.RecordCacheEntries = 2 })
 	ctx := context.Background()
 	for i := range 10 {
 		if _, err := s.Create(ctx, &markers.Record{ID: fmt.Sprint("ex_", i), Actor: "a"}); err != nil {
@@ -766,7 +766,7 @@ func TestRecordCacheBounded(t *testing.T) {
 // TestConcurrentWritersAndReaders: writers and readers of the same records at once (run with
 // -race): every update lands once, and each record's events tell the same story as the record.
 func TestConcurrentWritersAndReaders(t *testing.T) {
-	s := testutil.OpenStore(t, markers.Journal, func(o *markers.Options) { o.RecordCacheEntries = 3 })
+	s := testutil.OpenStore(t, markers.JournalGraph, func(o *markers.Options) { o.RecordCacheEntries = 3 })
 	ctx := context.Background()
 	const ids, writers, updates = 4, 4, 25
 	for i := range ids {

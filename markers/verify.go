@@ -126,7 +126,7 @@ func readLine(br *bufio.Reader) ([]byte, error) {
 // event chain and checkpoints as VerifyJSONL does, and that every record equals the record
 // in its last event.
 func VerifyDir(dir, verifierKey string, opts VerifyOptions) (Report, error) {
-	o := Options{Graph: Journal}
+	o := Options{Graph: JournalGraph}
 	o.EnsureDefaults()
 	db, err := openPebble(dir, &o, true)
 	if err != nil {

@@ -57,7 +57,7 @@ func DialectFor(protocolVersion string) Dialect {
 
 // Facts are what a task's status is decided from: one execution's journal record.
 type Facts struct {
-	// State is the journal state (markers.Journal): accepted, authorized, awaiting_approval,
+	// State is the journal state (markers.JournalGraph): accepted, authorized, awaiting_approval,
 	// rejected, dispatched, running, unknown, completed, failed, cancelled, timed_out.
 	State string
 	// IsError: the outcome was a failure (non-zero exit, signal, HTTP error status).

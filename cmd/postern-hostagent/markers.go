@@ -133,7 +133,7 @@ func (f *agentFlags) open(ctx context.Context, stderr io.Writer) (markerSource, 
 	if !agentDown(err) || f.dataDir == "" {
 		return nil, err
 	}
-	store, err := markers.Open(f.paths.MarkersDir(), markers.Options{Graph: markers.Host, ReadOnly: true})
+	store, err := markers.Open(f.paths.MarkersDir(), markers.Options{Graph: markers.HostGraph, ReadOnly: true})
 	if err != nil {
 		return nil, fmt.Errorf("agent not reachable at %s, and the store cannot be read: %w", f.socket, err)
 	}
@@ -251,7 +251,7 @@ func (c *MarkersCommand) list(ctx context.Context, args []string) error {
 	var q client.ControlListQuery
 	fs.Func("state", "only markers in this state ("+statesList()+")", func(s string) error {
 		q.State = markers.State(s)
-		if !markers.Host.Has(q.State) {
+		if !markers.HostGraph.Has(q.State) {
 			return fmt.Errorf("unknown state %q", s)
 		}
 		return nil
@@ -310,7 +310,7 @@ func (c *MarkersCommand) list(ctx context.Context, args []string) error {
 
 func statesList() string {
 	var names []string
-	for _, s := range markers.Host.States() {
+	for _, s := range markers.HostGraph.States() {
 		names = append(names, string(s))
 	}
 	return strings.Join(names, ", ")

@@ -81,7 +81,7 @@ func newAgentDir(t *testing.T) (*agentDir, *markers.Store) {
 		t.Fatal(err)
 	}
 	store, err := markers.Open(paths.MarkersDir(), markers.Options{
-		Graph: markers.Host, Signer: signer, Logger: slog.New(slog.DiscardHandler)})
+		Graph: markers.HostGraph, Signer: signer, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}

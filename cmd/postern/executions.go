@@ -52,7 +52,7 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 	fs := newFlagSet("executions list", "executions list [flags]", c.stderr)
 	var loc locator
 	loc.register(fs)
-	state := fs.String("state", "", "only executions in this state ("+cli.States(markers.Journal)+")")
+	state := fs.String("state", "", "only executions in this state ("+cli.States(markers.JournalGraph)+")")
 	actor := fs.String("actor", "", "only this actor's executions, named as the journal names it (token:NAME, local:USER)")
 	host := fs.String("host", "", "only executions on this host")
 	review := fs.Bool("review-required", false, "only unknown outcomes that wait for an operator's review")
@@ -63,8 +63,8 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 	if _, err := parseInterleaved(fs, args, 0); err != nil {
 		return err
 	}
-	if *state != "" && !markers.Journal.Has(markers.State(*state)) {
-		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, cli.States(markers.Journal))
+	if *state != "" && !markers.JournalGraph.Has(markers.State(*state)) {
+		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, cli.States(markers.JournalGraph))
 	}
 	if *since != "" {
 		if _, err := time.Parse(time.RFC3339, *since); err != nil {
@@ -166,7 +166,7 @@ func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
 	row("execution", r.ID)
 	row("state", stateLabel(r))
 	row("did not start", r.StartError)
-	if markers.Journal.Terminal(r.State) || r.State == markers.Unknown {
+	if markers.JournalGraph.Terminal(r.State) || r.State == markers.Unknown {
 		row("outcome", cli.OutcomeText(r))
 	}
 	row("actor", r.Actor)

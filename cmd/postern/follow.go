@@ -55,7 +55,7 @@ func (c *executionsCommand) follow(ctx context.Context, args []string) error {
 		first = false
 		outOff = c.emit(c.stdout, "stdout", x.Stdout, x.StdoutOffset, outOff)
 		errOff = c.emit(c.stderr, "stderr", x.Stderr, x.StderrOffset, errOff)
-		ended := markers.Journal.Terminal(markers.State(x.State))
+		ended := markers.JournalGraph.Terminal(markers.State(x.State))
 		if ended && x.Stdout == "" && x.Stderr == "" {
 			fmt.Fprintf(c.stderr, "%s %s%s\n", id, x.State, endedHow(&x))
 			return nil

@@ -84,7 +84,7 @@ func (c *journalCommand) copy(ctx context.Context, args []string) error {
 			return err
 		}
 		defer src.Close()
-		if n, err = markers.ImportRaw(cfg.JournalDir(), markers.Options{Graph: markers.Journal, Logger: quiet}, src.(markers.RawJournal).Raw()); err != nil {
+		if n, err = markers.ImportRaw(cfg.JournalDir(), markers.Options{Graph: markers.JournalGraph, Logger: quiet}, src.(markers.RawJournal).Raw()); err != nil {
 			return err
 		}
 		if dst, err = bastion.OpenJournalReadOnly(pebbleCfg, quiet); err != nil {

@@ -82,15 +82,15 @@ func (c *markersCommand) onDaemonDown(err error) error {
 func (c *markersCommand) list(ctx context.Context, args []string) error {
 	fs := newFlagSet("markers list", "markers --host H list [flags]", c.stderr)
 	c.registerGroupFlags(fs)
-	state := fs.String("state", "", "only markers in this state ("+cli.States(markers.Host)+")")
+	state := fs.String("state", "", "only markers in this state ("+cli.States(markers.HostGraph)+")")
 	limit := fs.Int("limit", 50, "at most this many markers (1..1000)")
 	cursor := fs.String("cursor", "", "continue from where a previous list stopped")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if _, err := parseInterleaved(fs, args, 0); err != nil {
 		return err
 	}
-	if *state != "" && !markers.Host.Has(markers.State(*state)) {
-		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, cli.States(markers.Host))
+	if *state != "" && !markers.HostGraph.Has(markers.State(*state)) {
+		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, cli.States(markers.HostGraph))
 	}
 	if *limit < 1 || *limit > maxPageLimit {
 		return usageErrorf(c.stderr, "--limit must be in 1..%d", maxPageLimit)

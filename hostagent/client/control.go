@@ -197,7 +197,7 @@ func (req ControlRequest) Validate() error {
 			}
 		}
 	case OpList:
-		if req.State != "" && !markers.Host.Has(req.State) {
+		if req.State != "" && !markers.HostGraph.Has(req.State) {
 			return badRequest("unknown state %q", boundForLog(string(req.State)))
 		}
 		if req.Limit < 0 || req.Limit > maxListLimit {

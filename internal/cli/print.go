@@ -220,7 +220,7 @@ func WriteMarker(w io.Writer, host string, r *markers.Record) error {
 	if !r.CreatedAt.IsZero() { // a marker script keeps no times
 		row("created", r.CreatedAt.Local().Format(time.RFC3339))
 	}
-	for _, s := range markers.Host.States() {
+	for _, s := range markers.HostGraph.States() {
 		if at, ok := r.StateTimes[s]; ok && s != r.Graph.Initial() {
 			row(string(s), at.Local().Format(time.RFC3339))
 		}

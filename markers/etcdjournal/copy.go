@@ -75,7 +75,7 @@ func (j *Journal) Import(kvs iter.Seq2[markers.KV, error]) (int, error) {
 		if !isLayoutKey(kv.Key) {
 			return n, errors.New("etcdjournal: import: a key outside the journal layout")
 		}
-		if string(kv.Key) == "mgraph" && string(kv.Value) != string(markers.Journal) {
+		if string(kv.Key) == "mgraph" && string(kv.Value) != string(markers.JournalGraph) {
 			return n, fmt.Errorf("etcdjournal: import: the source holds %s records, not journal ones", kv.Value)
 		}
 		if len(ops) == MaxTxnOps || size+len(kv.Key)+len(kv.Value) > MaxTxnBytes {

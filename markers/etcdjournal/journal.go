@@ -143,7 +143,7 @@ const (
 // ReadOnly) starts this replica's lease and its campaign for the reconcile loop.
 func Open(opts Options) (*Journal, error) {
 	mo := opts.Markers
-	mo.Graph = markers.Journal
+	mo.Graph = markers.JournalGraph
 	mo.EnsureDefaults()
 	if err := mo.Validate(); err != nil {
 		return nil, err
@@ -202,7 +202,7 @@ func (j *Journal) load() error {
 	ctx, cancel := j.opCtx()
 	defer cancel()
 	gk := j.prefix + "mgraph"
-	put := []clientv3.Op{clientv3.OpPut(gk, string(markers.Journal))}
+	put := []clientv3.Op{clientv3.OpPut(gk, string(markers.JournalGraph))}
 	if j.opts.ReadOnly {
 		put = nil // an empty prefix reads as an empty journal
 	}
@@ -212,7 +212,7 @@ func (j *Journal) load() error {
 		return j.wrap("open", err)
 	}
 	if !resp.Succeeded {
-		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 && string(kvs[0].Value) != string(markers.Journal) {
+		if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 && string(kvs[0].Value) != string(markers.JournalGraph) {
 			return fmt.Errorf("etcdjournal: prefix %s holds %s records, not journal ones", j.prefix, kvs[0].Value)
 		}
 	}

@@ -169,7 +169,7 @@ func (j *Journal) followed(kv *mvccpb.KeyValue, update func(*markers.Record)) (t
 		return false, err
 	}
 	update(rec)
-	return markers.Journal.Terminal(rec.State) || !driven(rec.State), nil
+	return markers.JournalGraph.Terminal(rec.State) || !driven(rec.State), nil
 }
 
 // cancelKey is the one key every published cancel is a put of: a cancel is an event (the

@@ -353,7 +353,7 @@ func (j *Journal) create(ctx context.Context, r *markers.Record, path []markers.
 	if err := j.writable(ctx); err != nil {
 		return nil, err
 	}
-	w, err := markers.Journal.PlanCreate(r, path, note, call, j.now())
+	w, err := markers.JournalGraph.PlanCreate(r, path, note, call, j.now())
 	if err != nil {
 		return nil, err
 	}
@@ -429,7 +429,7 @@ func (j *Journal) TransitionWith(ctx context.Context, id string, from, to marker
 
 // Advance moves id along path in one transaction (see markers.Store.Advance).
 func (j *Journal) Advance(ctx context.Context, id string, from markers.State, path []markers.State, note string, mutate func(*markers.Record) error) (*markers.Record, error) {
-	if err := markers.Journal.CheckPath(from, path); err != nil {
+	if err := markers.JournalGraph.CheckPath(from, path); err != nil {
 		return nil, err
 	}
 	return j.change(ctx, id, markers.KindTransition, from, path, note, nil, nil, mutate)
@@ -443,7 +443,7 @@ func (j *Journal) AdvanceWithResult(ctx context.Context, id string, from markers
 	if result == nil {
 		result = []byte{}
 	}
-	if err := markers.Journal.CheckPath(from, path); err != nil {
+	if err := markers.JournalGraph.CheckPath(from, path); err != nil {
 		return nil, err
 	}
 	return j.change(ctx, id, markers.KindTransition, from, path, note, result, nil, mutate)
