@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion/policy"
@@ -26,7 +28,7 @@ import (
 
 // Options configure Open.
 type Options struct {
-	Config Config
+	Config config.Config
 	Logger *slog.Logger
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
@@ -40,14 +42,14 @@ type Options struct {
 // driver acts on an execution at a time; nothing is dispatched twice except an execution
 // whose host marker is absent, under the same execution id (the host refuses duplicates).
 type Bastion struct {
-	cfg     Config
+	cfg     config.Config
 	log     *slog.Logger
 	now     func() time.Time
 	journal markers.JournalStore
 	fp      *Fingerprinter
 	inv     *Inventory
 	pool    *Pool
-	classes *classes
+	classes *config.Classes
 	metrics *metrics
 	clientK gossh.Signer
 	plugin  *plugins.Manager // nil when no HTTP plugin is configured
@@ -90,28 +92,28 @@ func Open(opts Options) (*Bastion, error) {
 	if err := privdir.Ensure(cfg.StateDir, "state dir", opts.Logger); err != nil {
 		return nil, fmt.Errorf("bastion: %w", err)
 	}
-	fp, err := LoadOrCreateFingerprintKey(cfg.fingerprintPath())
+	fp, err := LoadOrCreateFingerprintKey(cfg.FingerprintKeyPath())
 	if err != nil {
 		return nil, err
 	}
-	clientKey, err := LoadOrCreateClientKey(cfg.clientKeyPath())
+	clientKey, err := LoadOrCreateClientKey(cfg.ClientKeyPath())
 	if err != nil {
 		return nil, err
 	}
-	inv, err := OpenInventory(cfg.inventoryPath())
+	inv, err := OpenInventory(cfg.InventoryPath())
 	if err != nil {
 		return nil, err
 	}
-	signer, _, err := markers.LoadOrCreateAuditKey(cfg.auditKeyPath(), "postern-bastion")
+	signer, _, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-bastion")
 	if err != nil {
 		return nil, err
 	}
-	cls := newClasses(cfg)
+	cls := cfg.ResolveClasses()
 	pol, err := cfg.Policy()
 	if err != nil {
 		return nil, err
 	}
-	journal, err := openJournal(cfg, signer, cls.retention(), opts.Logger, opts.Now)
+	journal, err := openJournal(cfg, signer, cls.Retention(), opts.Logger, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("bastion: open journal: %w", err)
 	}

@@ -17,6 +17,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion"
@@ -54,9 +56,9 @@ func startHostagent(b testing.TB) *testutil.Hostagent {
 
 // openBastion opens a bastion on a fresh state dir (no HTTP listener) that authenticates to
 // h with h's authorized client key and has h enrolled as "h1". adjust changes its config.
-func openBastion(b testing.TB, h *testutil.Hostagent, adjust ...func(*bastion.Config)) *bastion.Bastion {
+func openBastion(b testing.TB, h *testutil.Hostagent, adjust ...func(*config.Config)) *bastion.Bastion {
 	b.Helper()
-	cfg := bastion.DefaultConfig(b.TempDir())
+	cfg := config.DefaultConfig(b.TempDir())
 	cfg.Listen = ""
 	for _, f := range adjust {
 		f(&cfg)
@@ -302,7 +304,7 @@ func BenchmarkExecConcurrent64(b *testing.B) {
 // mcp.(*StreamableHTTPHandler).ServeHTTP; the clients' under mcp.(*ClientSession)).
 func BenchmarkMCPConcurrent64(b *testing.B) {
 	h := startHostagent(b)
-	bs := openBastion(b, h, func(c *bastion.Config) { c.Listen = "127.0.0.1:0" })
+	bs := openBastion(b, h, func(c *config.Config) { c.Listen = "127.0.0.1:0" })
 	ctx, cancel := context.WithCancel(context.Background())
 	endpoints := make(chan bastion.Endpoints, 1)
 	served := make(chan error, 1)

@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
 )
@@ -319,12 +321,12 @@ func TestEveryHostAnswerIsLegal(t *testing.T) {
 // TestEveryClassHandlesAnUnknownOutcome: every built-in class has an answer to an unknown
 // outcome, and an SSH execution of any class asks its host.
 func TestEveryClassHandlesAnUnknownOutcome(t *testing.T) {
-	for _, cl := range builtinClasses {
-		if _, ok := unknownHandling[cl.Name]; !ok {
-			t.Errorf("class %s has no unknown handling", cl.Name)
+	for _, name := range config.BuiltinClassNames() {
+		if _, ok := unknownHandling[name]; !ok {
+			t.Errorf("class %s has no unknown handling", name)
 		}
-		if got := unknownHandlingFor("ssh", cl.Name); got != askHost {
-			t.Errorf("ssh execution of class %s: %s; want %s", cl.Name, got, askHost)
+		if got := unknownHandlingFor("ssh", name); got != askHost {
+			t.Errorf("ssh execution of class %s: %s; want %s", name, got, askHost)
 		}
 	}
 	if got := unknownHandlingFor("http", "my_custom_class"); got != stopForReview {
@@ -345,7 +347,7 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { journal.Close() })
-	b := &Bastion{cfg: DefaultConfig(t.TempDir()), log: slog.New(slog.DiscardHandler), journal: journal, metrics: newMetrics(), ctx: t.Context(), cancels: map[string]bool{}}
+	b := &Bastion{cfg: config.DefaultConfig(t.TempDir()), log: slog.New(slog.DiscardHandler), journal: journal, metrics: newMetrics(), ctx: t.Context(), cancels: map[string]bool{}}
 	walk := map[markers.State][]markers.State{
 		markers.Dispatched: {markers.Authorized, markers.Dispatched},
 		markers.Running:    {markers.Authorized, markers.Dispatched, markers.Running},

@@ -52,7 +52,7 @@ const approvalOfferedNote = "approval asked of the agent's user by elicitation"
 
 // askable reports whether x is an execution a client's user may be asked to approve.
 func (b *Bastion) askable(ctx context.Context, x *Execution) bool {
-	return x != nil && x.State == string(markers.AwaitingApproval) && !tasks.Creating(ctx) && b.classes.inBandApproval(x.Class)
+	return x != nil && x.State == string(markers.AwaitingApproval) && !tasks.Creating(ctx) && b.classes.InBandApproval(x.Class)
 }
 
 // offerApproval returns the offer to attach to a bridged call's result, or nil: x awaits
@@ -261,7 +261,7 @@ func (b *Bastion) ElicitedDecision(ctx context.Context, c transport.Caller, id, 
 	switch {
 	case !c.Local || !c.Bridged || rec.IntentScope != c.Scope:
 		return nil, &ToolError{Code: "not_offered", ExecutionID: id, Message: "only the stdio bridge of the agent run that made the execution relays its user's decision"}
-	case !b.classes.inBandApproval(rec.Class):
+	case !b.classes.InBandApproval(rec.Class):
 		return nil, &ToolError{Code: "operator_approval_only", ExecutionID: id, Message: "approvals of class " + rec.Class + " are decided by an operator only (`postern approve`)"}
 	}
 	offered, err := b.approvalOffered(id)

@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion/policy"
@@ -235,7 +237,7 @@ func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*claim, error) {
 		TimeoutSeconds: a.TimeoutS,
 	}
 	cl.ask = policy.Request{Tool: policy.ToolSSHExec, Host: host.Name, Groups: host.Groups, Command: a.Command}
-	cl.defaultClass = ClassRemoteCommand
+	cl.defaultClass = config.ClassRemoteCommand
 	cl.host = &host
 	return cl, nil
 }
@@ -388,9 +390,9 @@ func (b *Bastion) matchCall(cl *claim, facts *callFacts) (*markers.Record, match
 	case err != nil:
 		return nil, "", journalError(err)
 	}
-	class := ClassConfig{}
+	class := config.Class{}
 	if prior != nil {
-		class = b.classes.get(prior.Class)
+		class = b.classes.Get(prior.Class)
 		if facts.IdempotencyKey != "" {
 			if facts.SameRequest, err = b.sameRequest(prior, cl); err != nil {
 				return nil, "", err
@@ -407,7 +409,7 @@ func intentLockKey(actor, scope, fingerprint string) string {
 }
 
 // deliverySettling is how long a call must wait before a new-intent decision that rests on
-// prior's delivery is final (see Config.DeliverySettle); 0 when it needs no wait.
+// prior's delivery is final (see config.Config.DeliverySettle); 0 when it needs no wait.
 func (b *Bastion) deliverySettling(prior *markers.Record, outcome matchOutcome) time.Duration {
 	if outcome != matchNew || prior == nil || prior.State != markers.Completed || prior.ResultDeliveredAt == nil {
 		return 0

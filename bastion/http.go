@@ -9,11 +9,12 @@ import (
 	"net/url"
 	"os"
 	"path"
-	"regexp"
 	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
+
+	"github.com/postern-dev/postern/bastion/config"
 
 	"github.com/gowebpki/jcs"
 
@@ -56,136 +57,19 @@ type storedResponse struct {
 	IdempotentReplayed bool                `json:"idempotent_replayed,omitempty"`
 }
 
-// Defaults and bounds of endpoints and requests.
+// Bounds of requests (endpoint defaults are in bastion/config).
 const (
-	defaultEndpointTimeout  = 30 * time.Second
-	defaultMaxResponseBytes = 256 << 10
-	maxQueryKeys            = 64
-	maxQueryBytes           = 16 << 10
-	maxHeaders              = 32
-	maxHeaderValueBytes     = 4096
-	maxSecretBytes          = 16 << 10
+	maxQueryKeys        = 64
+	maxQueryBytes       = 16 << 10
+	maxHeaders          = 32
+	maxHeaderValueBytes = 4096
+	maxSecretBytes      = 16 << 10
 )
-
-var defaultKeepHeaders = []string{"Content-Type", "Location", "Idempotent-Replayed", "Retry-After"}
-
-// forbiddenHeaders are set by the bastion or the transport, never by an agent.
-var forbiddenHeaders = map[string]bool{
-	"Authorization": true, "Proxy-Authorization": true, "Cookie": true, "Host": true,
-	"Content-Length": true, "Transfer-Encoding": true, "Connection": true, "Upgrade": true,
-	"Te": true, "Trailer": true, "Keep-Alive": true, "Proxy-Connection": true, "Idempotency-Key": true,
-	"Expect": true,
-}
-
-var headerName = regexp.MustCompile("^[!#$%&'*+.^_`|~0-9A-Za-z-]{1,128}$")
-
-// validateHTTP checks the endpoints, credentials and plugin of a config.
-func (c Config) validateHTTP(classes map[string]bool) []error {
-	var errs []error
-	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("config: "+format, args...)) }
-	if (c.HTTPPlugin.Path == "") != (c.HTTPPlugin.SHA256 == "") {
-		bad("http_plugin: path and sha256 go together (sha256sum the binary to pin it)")
-	}
-	if len(c.Endpoints) > 0 && c.HTTPPlugin.Path == "" {
-		bad("endpoints need an [http_plugin] path and sha256")
-	}
-	creds := map[string]bool{}
-	for i, cr := range c.Credentials {
-		switch {
-		case !actorName.MatchString(cr.Name):
-			bad("credentials[%d]: invalid name %q", i, cr.Name)
-		case creds[cr.Name]:
-			bad("credentials[%d]: duplicate name %q", i, cr.Name)
-		case cr.Kind != "bearer" && cr.Kind != "basic" && cr.Kind != "header":
-			bad("credentials[%d] (%s): kind must be bearer, basic or header", i, cr.Name)
-		case cr.Kind == "header" && (!headerName.MatchString(cr.Header) || forbiddenHeaders[http.CanonicalHeaderKey(cr.Header)] && http.CanonicalHeaderKey(cr.Header) != "Authorization"):
-			bad("credentials[%d] (%s): header must be a valid header name", i, cr.Name)
-		case cr.Kind == "basic" && cr.Username == "":
-			bad("credentials[%d] (%s): basic needs a username", i, cr.Name)
-		case (cr.File == "") == (cr.Env == ""):
-			bad("credentials[%d] (%s): exactly one of file and env holds the secret", i, cr.Name)
-		case cr.File != "" && !strings.HasPrefix(cr.File, "/"):
-			bad("credentials[%d] (%s): file must be an absolute path", i, cr.Name)
-		}
-		creds[cr.Name] = true
-	}
-	names := map[string]bool{}
-	for i, e := range c.Endpoints {
-		if !actorName.MatchString(e.Name) || names[e.Name] {
-			bad("endpoints[%d]: invalid or duplicate name %q", i, e.Name)
-		}
-		names[e.Name] = true
-		u, err := url.Parse(e.BaseURL)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || u.User != nil || u.RawQuery != "" || u.Fragment != "" {
-			bad("endpoints[%d] (%s): base_url must be an http(s) URL without credentials, query or fragment", i, e.Name)
-		}
-		for _, m := range e.Methods {
-			if m != strings.ToUpper(m) || !headerName.MatchString(m) {
-				bad("endpoints[%d] (%s): method %q must be an upper-case token", i, e.Name, m)
-			}
-		}
-		for _, p := range e.PathPrefixes {
-			if !strings.HasPrefix(p, "/") || path.Clean(p) != strings.TrimSuffix(p, "/") && p != "/" {
-				bad("endpoints[%d] (%s): path prefix %q must be a clean absolute path", i, e.Name, p)
-			}
-		}
-		if e.Class != "" && !classes[e.Class] {
-			bad("endpoints[%d] (%s): unknown class %q", i, e.Name, e.Class)
-		}
-		if e.Credential != "" && !creds[e.Credential] {
-			bad("endpoints[%d] (%s): unknown credential %q", i, e.Name, e.Credential)
-		}
-		if e.Timeout < 0 || e.MaxResponseBytes < 0 || e.MaxResponseBytes > markers.MaxResultBytes/2 {
-			bad("endpoints[%d] (%s): timeout and max_response_bytes (≤ %d) must not be negative", i, e.Name, markers.MaxResultBytes/2)
-		}
-		if e.Class == ClassConditionalWrite && e.StatusCheck == "" {
-			bad("endpoints[%d] (%s): a conditional_write endpoint needs a status_check path", i, e.Name)
-		}
-	}
-	return errs
-}
-
-// endpoint returns the configured endpoint with defaults applied.
-func (b *Bastion) endpoint(name string) (EndpointConfig, bool) {
-	for _, e := range b.cfg.Endpoints {
-		if e.Name == name {
-			if len(e.Methods) == 0 {
-				e.Methods = []string{"GET"}
-			}
-			if len(e.PathPrefixes) == 0 {
-				e.PathPrefixes = []string{"/"}
-			}
-			if e.Class == "" {
-				e.Class = ClassIdempotentWrite
-			}
-			if e.Timeout == 0 {
-				e.Timeout = defaultEndpointTimeout
-			}
-			if e.MaxResponseBytes == 0 {
-				e.MaxResponseBytes = defaultMaxResponseBytes
-			}
-			if len(e.KeepHeaders) == 0 {
-				e.KeepHeaders = defaultKeepHeaders
-			}
-			return e, true
-		}
-	}
-	return EndpointConfig{}, false
-}
-
-func (b *Bastion) credential(name string) (CredentialConfig, bool) {
-	for _, c := range b.cfg.Credentials {
-		if c.Name == name {
-			return c, true
-		}
-	}
-	return CredentialConfig{}, false
-}
 
 // resolveHTTP validates an http_request and reduces it to its claim. Nothing here reads a
 // secret: the credential enters only by its reference.
 func (b *Bastion) resolveHTTP(c transport.Caller, a HTTPArgs) (*claim, error) {
-	ep, ok := b.endpoint(a.Endpoint)
+	ep, ok := b.cfg.Endpoint(a.Endpoint)
 	if !ok {
 		return nil, &ToolError{Code: "unknown_endpoint", Message: fmt.Sprintf("no endpoint %q is configured", a.Endpoint)}
 	}
@@ -314,21 +198,21 @@ func normalizeQuery(q map[string][]string) (url.Values, error) {
 
 // checkHeaders refuses headers the bastion sets itself (credentials above all) and values
 // that could split a header (CR, LF, NUL).
-func (b *Bastion) checkHeaders(h map[string]string, ep EndpointConfig) (map[string][]string, error) {
+func (b *Bastion) checkHeaders(h map[string]string, ep config.Endpoint) (map[string][]string, error) {
 	if len(h) > maxHeaders {
 		return nil, invalid("at most %d headers", maxHeaders)
 	}
 	credHeader := ""
-	if cr, ok := b.credential(ep.Credential); ok && cr.Kind == "header" {
+	if cr, ok := b.cfg.Credential(ep.Credential); ok && cr.Kind == "header" {
 		credHeader = http.CanonicalHeaderKey(cr.Header)
 	}
 	out := map[string][]string{}
 	for k, v := range h {
 		name := http.CanonicalHeaderKey(k)
 		switch {
-		case !headerName.MatchString(k):
+		case !config.ValidHeaderName(k):
 			return nil, invalid("header name %q is not a valid token", k)
-		case forbiddenHeaders[name] || name == credHeader:
+		case config.ForbiddenHeader(name) || name == credHeader:
 			return nil, invalid("header %s is set by the bastion, not by the caller (credentials are injected from the endpoint's credential_ref)", name)
 		case len(v) > maxHeaderValueBytes || strings.ContainsAny(v, "\r\n\x00") || !utf8.ValidString(v):
 			return nil, invalid("header %s: the value must be one line of UTF-8 text, at most %d bytes", name, maxHeaderValueBytes)
@@ -371,7 +255,7 @@ func (b *Bastion) requestBody(a HTTPArgs) (body []byte, arg any, contentType str
 // channel and never stored, logged or returned: whatever comes back from the plugin (a
 // response that echoes it, an error that quotes it) is redacted with its Redactor before it
 // is journaled (httpJournal, statusCheck, performHTTP).
-func secret(cr CredentialConfig) (*plugins.Credential, error) {
+func secret(cr config.Credential) (*plugins.Credential, error) {
 	var value string
 	if cr.File != "" {
 		data, err := os.ReadFile(cr.File)
@@ -437,7 +321,7 @@ func (b *Bastion) driveHTTP(d *driver, asked func()) {
 // endpoint's status check when its class wants one. It returns true to send it again.
 func (b *Bastion) resolveUnknownHTTP(d *driver, log interface{ Info(string, ...any) }) bool {
 	rec := d.record()
-	ep, configured := b.endpoint(rec.Host)
+	ep, configured := b.cfg.Endpoint(rec.Host)
 	act := decideUnknownHTTP(rec, configured, nil)
 	var checked *plugins.HTTPResponse
 	if act.Do == statusCheck {
@@ -457,7 +341,7 @@ func (b *Bastion) resolveUnknownHTTP(d *driver, log interface{ Info(string, ...a
 
 // statusCheck asks a conditional_write endpoint whether the execution took effect, and
 // returns its answer (and response, to store when it proves the effect).
-func (b *Bastion) statusCheck(rec *markers.Record, ep EndpointConfig) (statusAnswer, *plugins.HTTPResponse) {
+func (b *Bastion) statusCheck(rec *markers.Record, ep config.Endpoint) (statusAnswer, *plugins.HTTPResponse) {
 	if ep.StatusCheck == "" {
 		return statusAnswer{Err: fmt.Errorf("endpoint %s has no status_check", ep.Name)}, nil
 	}
@@ -480,13 +364,13 @@ func (b *Bastion) statusCheck(rec *markers.Record, ep EndpointConfig) (statusAns
 }
 
 // httpAction builds what the plugin sends, with the credential resolved now.
-func (b *Bastion) httpAction(rec *markers.Record, ep EndpointConfig, req httpRequest) (plugins.HTTPAction, error) {
+func (b *Bastion) httpAction(rec *markers.Record, ep config.Endpoint, req httpRequest) (plugins.HTTPAction, error) {
 	action := plugins.HTTPAction{
 		ExecutionID: rec.ID, Method: req.Method, URL: req.URL, Header: req.Header, Body: req.Body,
 		Timeout: ep.Timeout, MaxResponseBytes: ep.MaxResponseBytes, KeepHeaders: ep.KeepHeaders,
 	}
 	if ep.Credential != "" {
-		cr, ok := b.credential(ep.Credential)
+		cr, ok := b.cfg.Credential(ep.Credential)
 		if !ok {
 			return action, fmt.Errorf("credential %s is not configured", ep.Credential)
 		}
@@ -502,7 +386,7 @@ func (b *Bastion) httpAction(rec *markers.Record, ep EndpointConfig, req httpReq
 // performHTTP sends the execution's request once through the plugin.
 func (b *Bastion) performHTTP(d *driver, log interface{ Warn(string, ...any) }) {
 	rec := d.record()
-	ep, ok := b.endpoint(rec.Host)
+	ep, ok := b.cfg.Endpoint(rec.Host)
 	var req httpRequest
 	if ok {
 		ok = json.Unmarshal(rec.Request, &req) == nil

@@ -3,6 +3,8 @@ package bastion
 import (
 	"strings"
 	"testing"
+
+	"github.com/postern-dev/postern/bastion/config"
 )
 
 func TestCheckPath(t *testing.T) {
@@ -33,8 +35,8 @@ func TestCheckPath(t *testing.T) {
 }
 
 func TestCheckHeaders(t *testing.T) {
-	b := &Bastion{cfg: Config{Credentials: []CredentialConfig{{Name: "api", Kind: "header", Header: "X-Api-Key", Env: "K"}}}}
-	ep := EndpointConfig{Name: "e", Credential: "api"}
+	b := &Bastion{cfg: config.Config{Credentials: []config.Credential{{Name: "api", Kind: "header", Header: "X-Api-Key", Env: "K"}}}}
+	ep := config.Endpoint{Name: "e", Credential: "api"}
 	tests := []struct {
 		name    string
 		headers map[string]string
@@ -59,7 +61,7 @@ func TestCheckHeaders(t *testing.T) {
 }
 
 func TestRequestBodyIsCanonical(t *testing.T) {
-	b := &Bastion{cfg: DefaultConfig("/x")}
+	b := &Bastion{cfg: config.DefaultConfig("/x")}
 	one, _, ct, err := b.requestBody(HTTPArgs{JSON: map[string]any{"b": 1.0, "a": []any{"x", true}}})
 	if err != nil || ct != "application/json" {
 		t.Fatal(err, ct)
@@ -77,49 +79,16 @@ func TestRequestBodyIsCanonical(t *testing.T) {
 	}
 }
 
-func TestValidateHTTPConfig(t *testing.T) {
-	base := func() Config {
-		c := DefaultConfig("/x")
-		c.HTTPPlugin = PluginConfig{Path: "/usr/lib/postern/postern-plugin-http", SHA256: strings.Repeat("a", 64)}
-		c.Credentials = []CredentialConfig{{Name: "api", Kind: "bearer", File: "/etc/postern/api"}}
-		c.Endpoints = []EndpointConfig{{Name: "pay", BaseURL: "https://pay.example/api", Methods: []string{"POST"}, PathPrefixes: []string{"/v1"}, Class: ClassIrreversible, Credential: "api"}}
-		return c
-	}
-	tests := []struct {
-		name    string
-		mutate  func(*Config)
-		wantErr string
-	}{
-		{"ok", func(*Config) {}, ""},
-		{"endpoints without plugin", func(c *Config) { c.HTTPPlugin = PluginConfig{} }, "http_plugin"},
-		{"credential in the URL", func(c *Config) { c.Endpoints[0].BaseURL = "https://u:p@pay.example" }, "without credentials"},
-		{"unknown credential", func(c *Config) { c.Endpoints[0].Credential = "nope" }, "unknown credential"},
-		{"secret in two places", func(c *Config) { c.Credentials[0].Env = "X" }, "exactly one"},
-		{"conditional without status check", func(c *Config) { c.Endpoints[0].Class = ClassConditionalWrite }, "status_check"},
-		{"lower-case method", func(c *Config) { c.Endpoints[0].Methods = []string{"post"} }, "upper-case"},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			c := base()
-			tt.mutate(&c)
-			err := c.Validate()
-			if tt.wantErr == "" && err != nil || tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {
-				t.Fatalf("Validate = %v; want %q", err, tt.wantErr)
-			}
-		})
-	}
-}
-
 // FuzzHTTPArgs: whatever the checks accept cannot split a header or leave the prefixes.
 func FuzzHTTPArgs(f *testing.F) {
 	f.Add("/v1/x", "X-A", "v", "k", "v")
 	f.Add("/v1/../x", "Authorization", "Bearer a\r\nB: c", "a&b", "c=d")
-	b := &Bastion{cfg: DefaultConfig("/x")}
+	b := &Bastion{cfg: config.DefaultConfig("/x")}
 	f.Fuzz(func(t *testing.T, p, hName, hValue, qKey, qValue string) {
 		if checkPath(p, []string{"/v1"}) == nil && (!strings.HasPrefix(p, "/v1") || strings.Contains(p, "..") || strings.ContainsAny(p, "?#\r\n")) {
 			t.Fatalf("path %q accepted", p)
 		}
-		if h, err := b.checkHeaders(map[string]string{hName: hValue}, EndpointConfig{}); err == nil {
+		if h, err := b.checkHeaders(map[string]string{hName: hValue}, config.Endpoint{}); err == nil {
 			for k, vs := range h {
 				if strings.ContainsAny(k+strings.Join(vs, ""), "\r\n\x00") || k == "Authorization" {
 					t.Fatalf("header %q: %q accepted", k, vs)

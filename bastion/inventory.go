@@ -13,6 +13,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/BurntSushi/toml"
 	gossh "golang.org/x/crypto/ssh"
 
@@ -159,7 +161,7 @@ func readInventoryFile(path string) (inventoryFile, error) {
 }
 
 func (e hostEntry) host() (Host, error) {
-	if !actorName.MatchString(e.Name) {
+	if !config.ValidName(e.Name) {
 		return Host{}, fmt.Errorf("name %q: want 1-64 of [A-Za-z0-9_.-]", e.Name)
 	}
 	if _, _, err := net.SplitHostPort(e.Addr); err != nil {

@@ -206,7 +206,7 @@ func (b *Bastion) siblings(rec *markers.Record) ([]*markers.Record, error) {
 // related are the actor's executions of the same command on the same target from other
 // agent runs, accepted within the class's attach window of rec.
 func (b *Bastion) related(rec *markers.Record) ([]Sibling, error) {
-	window := b.classes.get(rec.Class).AttachWindow
+	window := b.classes.Get(rec.Class).AttachWindow
 	recs, _, err := b.journal.List(markers.Query{Actor: rec.Actor, Since: rec.CreatedAt.Add(-window), Until: rec.CreatedAt.Add(window), Limit: maxRelatedScanned})
 	if err != nil {
 		return nil, err

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -24,7 +26,7 @@ func TestJoinedReconcileWording(t *testing.T) {
 		{name: "marker script", rec: ssh, level: GuaranteeMarkerScript, want: []string{"reading its marker from the marker script on s1", "nothing dispatched blindly"}, notWant: "with the host"},
 		{name: "none", rec: ssh, level: GuaranteeNone, want: []string{"nothing can be asked of s1", "guarantee level none", "not sent again"}, notWant: "reconciled"},
 		{name: "host no longer enrolled", rec: ssh, want: []string{"s1 is not enrolled now", "nothing dispatched blindly"}, notWant: "reconciled with"},
-		{name: "http", rec: &markers.Record{ID: id1, Channel: "http", Host: "api", Class: ClassIdempotentWrite}, want: []string{"endpoint's class (" + ClassIdempotentWrite + ")", "nothing sent blindly"}, notWant: "host"},
+		{name: "http", rec: &markers.Record{ID: id1, Channel: "http", Host: "api", Class: config.ClassIdempotentWrite}, want: []string{"endpoint's class (" + config.ClassIdempotentWrite + ")", "nothing sent blindly"}, notWant: "host"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -3,6 +3,8 @@ package bastion
 import (
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -68,7 +70,7 @@ type callFacts struct {
 // idempotency_key_reused. An unkeyed call joins a prior execution of the same intent (same
 // actor, scope and fingerprint, no key) that is still live or whose result was not delivered,
 // within the class's attach window.
-func matchRule(prior *markers.Record, in callFacts, now time.Time, class ClassConfig) matchOutcome {
+func matchRule(prior *markers.Record, in callFacts, now time.Time, class config.Class) matchOutcome {
 	if in.IdempotencyKey != "" {
 		switch {
 		case prior == nil || prior.Actor != in.Actor || prior.IdempotencyKey != in.IdempotencyKey:

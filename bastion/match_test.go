@@ -4,14 +4,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/markers"
 )
 
 // TestMatchRule mirrors DESIGN.md's matching rule, its idempotency_key paragraph (keyed
 // retries included) and the recover_or_attach table, row by row.
+const day = 24 * time.Hour
+
 func TestMatchRule(t *testing.T) {
 	now := time.Date(2026, 7, 22, 12, 0, 0, 0, time.UTC)
-	class := ClassConfig{Name: "test", AttachWindow: time.Hour, Retention: 30 * day}
+	class := config.Class{Name: "test", AttachWindow: time.Hour, Retention: 30 * day}
 	const (
 		actor, scope, fp, key = "token:deploy-bot", "run:5f8097", "hmac-sha256:aa", "deploy-2026-07-22"
 	)
@@ -150,7 +154,7 @@ func TestFinishedAtIsWhenTheOutcomeWasObserved(t *testing.T) {
 // delivery_settle waits, and only for what is left of it.
 func TestDeliverySettling(t *testing.T) {
 	now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
-	b := &Bastion{cfg: Config{DeliverySettle: time.Second}, now: func() time.Time { return now }}
+	b := &Bastion{cfg: config.Config{DeliverySettle: time.Second}, now: func() time.Time { return now }}
 	at := func(d time.Duration) *time.Time { v := now.Add(-d); return &v }
 	tests := []struct {
 		name    string

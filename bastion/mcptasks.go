@@ -88,7 +88,7 @@ func (t taskBackend) execution(rec *markers.Record) *tasks.Execution {
 		},
 		CreatedAt: rec.CreatedAt,
 		UpdatedAt: rec.UpdatedAt,
-		Retention: t.b.classes.get(rec.Class).Retention,
+		Retention: t.b.classes.Get(rec.Class).Retention,
 	}
 }
 

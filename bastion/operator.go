@@ -113,7 +113,7 @@ func (b *Bastion) operatorHandler() http.Handler {
 		return b.Review(r.Context(), operatorOf(r), r.PathValue("id"), body.Outcome, body.Note)
 	}))
 	mux.HandleFunc("GET /v1/audit/key", func(w http.ResponseWriter, _ *http.Request) {
-		_, key, err := markers.LoadOrCreateAuditKey(b.cfg.auditKeyPath(), "postern-bastion")
+		_, key, err := markers.LoadOrCreateAuditKey(b.cfg.AuditKeyPath(), "postern-bastion")
 		if err != nil {
 			writeJSON(w, nil, err)
 			return

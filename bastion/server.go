@@ -118,7 +118,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
 	}
 
-	local, err := transport.ListenUnix(b.cfg.socketPath(), b.cfg.socketAccess(b.cfg.localUIDs(), b.log.With("component", "unix")))
+	local, err := transport.ListenUnix(b.cfg.SocketPath(), b.cfg.SocketAccess(b.cfg.LocalUIDs(), b.log.With("component", "unix")))
 	if err != nil {
 		closeAll()
 		return err
@@ -131,16 +131,16 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	})
 	unixServer.ConnContext = rememberConn(unixServer.ConnContext)
 	servers = append(servers, unixServer)
-	ep.Socket = b.cfg.socketPath()
+	ep.Socket = b.cfg.SocketPath()
 
-	op, err := transport.ListenUnix(b.cfg.operatorPath(), b.cfg.socketAccess(nil, b.log.With("component", "operator")))
+	op, err := transport.ListenUnix(b.cfg.OperatorSocketPath(), b.cfg.SocketAccess(nil, b.log.With("component", "operator")))
 	if err != nil {
 		closeAll()
 		return err
 	}
 	listeners = append(listeners, op)
 	servers = append(servers, &http.Server{Handler: b.operatorHandler(), ReadHeaderTimeout: 10 * time.Second, ConnContext: operatorConnContext})
-	ep.OperatorSocket = b.cfg.operatorPath()
+	ep.OperatorSocket = b.cfg.OperatorSocketPath()
 
 	errs := make(chan error, len(servers))
 	var wg sync.WaitGroup

@@ -9,14 +9,16 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/internal/privdir"
 )
 
-func stateDirConfig(dir string) bastion.Config {
-	cfg := bastion.DefaultConfig(dir)
+func stateDirConfig(dir string) config.Config {
+	cfg := config.DefaultConfig(dir)
 	cfg.Listen = ""
 	cfg.Actors = []policy.Actor{{Name: "t", TokenSHA256: transport.HashToken("t")}}
 	return cfg

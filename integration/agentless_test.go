@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion"
@@ -370,7 +372,7 @@ func TestStockHostChangedKeyIsRefused(t *testing.T) {
 	f := startStockFleet(t, "rekey", false, false)
 	ctx := testContext(t)
 	other := startStockSSHD(t, f.account, f.bastion.ClientKey)
-	inv := bastion.DefaultConfig(f.bastion.StateDir()).InventoryPath()
+	inv := config.DefaultConfig(f.bastion.StateDir()).InventoryPath()
 	if err := bastion.Enroll(inv, bastion.Host{Name: "s1", Addr: other.Addr, Account: f.account.Name, HostKey: f.sshd.HostKey, Guarantee: bastion.GuaranteeNone}); err != nil {
 		t.Fatal(err)
 	}
@@ -396,7 +398,7 @@ func TestStockHostEnrollNeedsTheKey(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), b.ClientKey.AuthorizedLine()) || !strings.Contains(string(out), "not enrolled") {
 		t.Fatalf("enroll without the key: %v\n%s", err, out)
 	}
-	inv, err := bastion.OpenInventory(bastion.DefaultConfig(b.StateDir()).InventoryPath())
+	inv, err := bastion.OpenInventory(config.DefaultConfig(b.StateDir()).InventoryPath())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
 )
@@ -15,7 +17,7 @@ import (
 func TestExecEnvTheHostWouldDrop(t *testing.T) {
 	h := testutil.StartHostagent(t, `accept_env = ["APP_*"]`)
 	b := testutil.NewBastion(t, h.ClientKey)
-	inventory := bastion.DefaultConfig(b.StateDir()).InventoryPath()
+	inventory := config.DefaultConfig(b.StateDir()).InventoryPath()
 	for name, accept := range map[string][]string{"h1": {"APP_*"}, "h2": nil} {
 		if err := bastion.Enroll(inventory, bastion.Host{Name: name, Addr: h.Addr, Account: h.Account, HostKey: h.HostKey, AcceptEnv: accept}); err != nil {
 			t.Fatal(err)

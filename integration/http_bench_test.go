@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
@@ -58,19 +60,19 @@ func BenchmarkHTTPRequest(b *testing.B) {
 	bs := testutil.NewBastion(b, testutil.NewSSHKey(b),
 		fmt.Sprintf("[http_plugin]\npath = %q\nsha256 = %q", pluginPath, sum),
 		fmt.Sprintf("[[credentials]]\nname = \"api\"\nkind = \"bearer\"\nfile = %q", secretFile),
-		endpointTable(endpoint, target.URL, bastion.ClassIdempotentWrite))
+		endpointTable(endpoint, target.URL, config.ClassIdempotentWrite))
 	bs.Start(b)
 	cs := bs.Connect(b, "agent", runHeader("bench"))
 	ctx := context.Background()
 
 	// The same bastion code in this process, on its own state dir: no MCP, no HTTP transport.
-	cfg := bastion.DefaultConfig(filepath.Join(sockdir.New(b), "state"))
+	cfg := config.DefaultConfig(filepath.Join(sockdir.New(b), "state"))
 	cfg.Listen = ""
 	cfg.Actors = []policy.Actor{{Name: "bench", TokenSHA256: transport.HashToken("bench")}}
-	cfg.HTTPPlugin = bastion.PluginConfig{Path: pluginPath, SHA256: sum}
-	cfg.Credentials = []bastion.CredentialConfig{{Name: "api", Kind: "bearer", File: secretFile}}
-	cfg.Endpoints = []bastion.EndpointConfig{{Name: endpoint, BaseURL: target.URL, Methods: []string{"POST"}, PathPrefixes: []string{"/v1"},
-		Class: bastion.ClassIdempotentWrite, Credential: "api", Timeout: 30 * time.Second}}
+	cfg.HTTPPlugin = config.Plugin{Path: pluginPath, SHA256: sum}
+	cfg.Credentials = []config.Credential{{Name: "api", Kind: "bearer", File: secretFile}}
+	cfg.Endpoints = []config.Endpoint{{Name: endpoint, BaseURL: target.URL, Methods: []string{"POST"}, PathPrefixes: []string{"/v1"},
+		Class: config.ClassIdempotentWrite, Credential: "api", Timeout: 30 * time.Second}}
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	inproc, err := bastion.Open(bastion.Options{Config: cfg, Logger: quiet})
 	if err != nil {

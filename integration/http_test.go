@@ -21,6 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion"
@@ -63,7 +65,7 @@ type httpFleetOptions struct {
 // endpointTable is one [[endpoints]] entry on baseURL with the bearer credential "api".
 func endpointTable(name, baseURL, class string) string {
 	extra := ""
-	if class == bastion.ClassConditionalWrite {
+	if class == config.ClassConditionalWrite {
 		extra = "status_check = \"/status/{execution_id}\"\n"
 	}
 	return fmt.Sprintf("[[endpoints]]\nname = %q\nbase_url = %q\nmethods = [\"GET\", \"POST\", \"PUT\"]\npath_prefixes = [\"/v1\"]\nclass = %q\ncredential = \"api\"\ntimeout = \"30s\"\n%s",
@@ -93,10 +95,10 @@ func newHTTPFleet(t *testing.T, opts httpFleetOptions) *httpFleet {
 		fmt.Sprintf("[[credentials]]\nname = \"api\"\nkind = \"bearer\"\nfile = %q", secretFile),
 	}
 	for _, ep := range []struct{ name, class string }{
-		{epIdempotent, bastion.ClassIdempotentWrite},
-		{epIrreversible, bastion.ClassIrreversible},
-		{epConditional, bastion.ClassConditionalWrite},
-		{epReadOnly, bastion.ClassReadOnly},
+		{epIdempotent, config.ClassIdempotentWrite},
+		{epIrreversible, config.ClassIrreversible},
+		{epConditional, config.ClassConditionalWrite},
+		{epReadOnly, config.ClassReadOnly},
 	} {
 		lines = append(lines, endpointTable(ep.name, f.target.URL, ep.class))
 	}
@@ -381,7 +383,7 @@ func TestHTTPLostMCPResponseIsReplayed(t *testing.T) {
 // a new execution and takes effect once.
 func TestHTTPConnectionRefusedFails(t *testing.T) {
 	downAddr, release := testutil.ClosedAddr(t)
-	f := newHTTPFleet(t, httpFleetOptions{endpoints: []string{endpointTable("down", "http://"+downAddr, bastion.ClassIrreversible)}})
+	f := newHTTPFleet(t, httpFleetOptions{endpoints: []string{endpointTable("down", "http://"+downAddr, config.ClassIrreversible)}})
 	ctx := testContext(t)
 	cs := f.bastion.Connect(t, "agent", runHeader("run-down"))
 	args := payment("down", "/v1/payments", 5)
@@ -892,7 +894,7 @@ func blackHole(t *testing.T) (string, func() int64) {
 // and no evidence is added, however many reconcile intervals pass (the fleet's is 1s).
 func TestHTTPUnknownIsLeftAloneInBackground(t *testing.T) {
 	hole, sent := blackHole(t)
-	f := newHTTPFleet(t, httpFleetOptions{endpoints: []string{endpointTable("hole", "http://"+hole, bastion.ClassIdempotentWrite)}})
+	f := newHTTPFleet(t, httpFleetOptions{endpoints: []string{endpointTable("hole", "http://"+hole, config.ClassIdempotentWrite)}})
 	ctx := testContext(t)
 	cs := f.bastion.Connect(t, "agent", runHeader("run-background"))
 

@@ -7,7 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/internal/etcdtest"
 	"github.com/postern-dev/postern/internal/testutil"
 )
@@ -74,7 +75,7 @@ func TestJournalCopyPebbleToEtcdAndBack(t *testing.T) {
 	}
 	f.bastion.Stop(t)
 
-	dir := bastion.DefaultConfig(f.bastion.StateDir()).JournalDir()
+	dir := config.DefaultConfig(f.bastion.StateDir()).JournalDir()
 	if err := os.Rename(dir, dir+".before"); err != nil {
 		t.Fatal(err)
 	}

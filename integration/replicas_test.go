@@ -9,6 +9,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion"
@@ -218,7 +220,7 @@ func TestReplicasHTTPReplicaKilledMidRequest(t *testing.T) {
 			f := startHAFleet(t, 2,
 				fmt.Sprintf("[http_plugin]\npath = %q\nsha256 = %q", plugin, sum),
 				fmt.Sprintf("[[credentials]]\nname = \"api\"\nkind = \"bearer\"\nfile = %q", secret),
-				endpointTable(tc.endpoint, target.URL, map[string]string{epIdempotent: bastion.ClassIdempotentWrite, epIrreversible: bastion.ClassIrreversible}[tc.endpoint]))
+				endpointTable(tc.endpoint, target.URL, map[string]string{epIdempotent: config.ClassIdempotentWrite, epIrreversible: config.ClassIrreversible}[tc.endpoint]))
 			ctx := testContext(t)
 			const path = "/v1/payments/ha"
 			target.Arm(path, testutil.FaultHold)

@@ -10,6 +10,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
@@ -33,7 +35,7 @@ func newStockSoakHost(t *testing.T, b *testutil.Bastion, name string) *soakHost 
 		t.Fatal(err)
 	}
 	h.Guarantee, h.ScriptSHA256 = bastion.GuaranteeMarkerScript, digest
-	if err := bastion.Enroll(bastion.DefaultConfig(b.StateDir()).InventoryPath(), h); err != nil {
+	if err := bastion.Enroll(config.DefaultConfig(b.StateDir()).InventoryPath(), h); err != nil {
 		t.Fatal(err)
 	}
 	return sh

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
@@ -100,7 +102,7 @@ func containsAll(ev []string, substr string) bool {
 // journaled as dispatched before it stopped — the host never got it. The bastion must not run.
 func journalDispatched(t *testing.T, b *testutil.Bastion, at time.Time, command string) string {
 	t.Helper()
-	cfg := bastion.DefaultConfig(b.StateDir())
+	cfg := config.DefaultConfig(b.StateDir())
 	signer, _, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-bastion")
 	if err != nil {
 		t.Fatal(err)
@@ -118,7 +120,7 @@ func journalDispatched(t *testing.T, b *testutil.Bastion, at time.Time, command 
 	if _, err := store.Create(ctx, &markers.Record{
 		ID: id, Actor: "token:agent", IntentScope: "run:before-the-crash", Fingerprint: "hmac-sha256:" + id,
 		Tool: "ssh_exec", Channel: "ssh", Target: "host:h1", Command: []string{"sh", "-c", command},
-		Cwd: t.TempDir(), Class: bastion.ClassRemoteCommand, Decision: "authorized", Host: "h1",
+		Cwd: t.TempDir(), Class: config.ClassRemoteCommand, Decision: "authorized", Host: "h1",
 	}); err != nil {
 		t.Fatal(err)
 	}

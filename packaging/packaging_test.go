@@ -13,12 +13,13 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/hostagent"
 )
 
 func TestBastionConfigLoads(t *testing.T) {
-	cfg, err := bastion.LoadConfig("postern/postern.toml")
+	cfg, err := config.LoadConfig("postern/postern.toml")
 	if err != nil {
 		t.Fatal(err)
 	}

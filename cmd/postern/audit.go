@@ -11,6 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
@@ -88,7 +90,7 @@ func (c *auditCommand) export(ctx context.Context, args []string) error {
 
 // exportTo writes the journal's export to w: from the daemon, or from the journal dir when
 // the daemon is down.
-func (c *auditCommand) exportTo(ctx context.Context, cfg bastion.Config, w io.Writer) error {
+func (c *auditCommand) exportTo(ctx context.Context, cfg config.Config, w io.Writer) error {
 	err := fetchExport(ctx, cfg, w)
 	if !errors.Is(err, errBastionDown) {
 		return err
@@ -104,7 +106,7 @@ func (c *auditCommand) exportTo(ctx context.Context, cfg bastion.Config, w io.Wr
 // fetchExport streams the daemon's export to w. The daemon can only log a failure once the
 // export has started, so a truncated stream is caught here: an export always ends with a
 // signed checkpoint line.
-func fetchExport(ctx context.Context, cfg bastion.Config, w io.Writer) error {
+func fetchExport(ctx context.Context, cfg config.Config, w io.Writer) error {
 	resp, err := newOperatorClient(cfg.OperatorSocketPath()).do(ctx, "/v1/audit/export", nil)
 	if err != nil {
 		return err
@@ -122,7 +124,7 @@ func fetchExport(ctx context.Context, cfg bastion.Config, w io.Writer) error {
 
 // exportOffline exports the journal dir while no daemon holds it, read-only: the export ends
 // where the log ends (the daemon seals the chain when it stops, so normally with a checkpoint).
-func exportOffline(cfg bastion.Config, w io.Writer) error {
+func exportOffline(cfg config.Config, w io.Writer) error {
 	if _, err := os.Stat(cfg.JournalDir()); err != nil && !cfg.Journal.Etcd() {
 		return fmt.Errorf("no journal to export: %w", err)
 	}
@@ -254,7 +256,7 @@ func verifyFile(path, verifier string, opts markers.VerifyOptions) (markers.Repo
 
 // verifyBastion verifies the running daemon's export as it streams, or the journal dir when
 // the daemon is down.
-func (c *auditCommand) verifyBastion(ctx context.Context, cfg bastion.Config, verifier string, opts markers.VerifyOptions) (string, markers.Report, error) {
+func (c *auditCommand) verifyBastion(ctx context.Context, cfg config.Config, verifier string, opts markers.VerifyOptions) (string, markers.Report, error) {
 	resp, err := newOperatorClient(cfg.OperatorSocketPath()).do(ctx, "/v1/audit/export", nil)
 	if errors.Is(err, errBastionDown) && cfg.Journal.Etcd() {
 		fmt.Fprintf(c.stderr, "note: %v; verifying the etcd journal directly\n", err)

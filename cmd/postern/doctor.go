@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion"
@@ -153,7 +155,7 @@ func startFix(loc locator) string {
 }
 
 // stateDirChecks: the state dir belongs to this user and admits nobody else.
-func stateDirChecks(cfg bastion.Config) []doctorCheck {
+func stateDirChecks(cfg config.Config) []doctorCheck {
 	info, err := os.Stat(cfg.StateDir)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -173,7 +175,7 @@ func stateDirChecks(cfg bastion.Config) []doctorCheck {
 
 // keyChecks: the client key and its public half, and the audit key: present, private, and
 // the public file matching the key.
-func keyChecks(cfg bastion.Config) []doctorCheck {
+func keyChecks(cfg config.Config) []doctorCheck {
 	var out []doctorCheck
 	for _, p := range []string{cfg.ClientKeyPath(), cfg.AuditKeyPath()} {
 		info, err := os.Stat(p)
@@ -210,7 +212,7 @@ func keyChecks(cfg bastion.Config) []doctorCheck {
 
 // portChecks: the HTTP listen address answers while the daemon runs, and is free while it
 // does not.
-func portChecks(cfg bastion.Config, running bool) []doctorCheck {
+func portChecks(cfg config.Config, running bool) []doctorCheck {
 	if cfg.Listen == "" {
 		return []doctorCheck{{Check: "port", Status: "note", Detail: "Streamable HTTP is disabled (listen = \"\"): local agents only"}}
 	}

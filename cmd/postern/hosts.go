@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion"
@@ -253,7 +255,7 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 // installMarkerScript installs the marker script on h over SSH, with the pinned key the
 // operator just confirmed, and records its digest in h. Without the bastion's key in the
 // account's authorized_keys nothing is enrolled: the operator is shown the line to add.
-func (c *hostsCommand) installMarkerScript(ctx context.Context, cfg bastion.Config, h *bastion.Host) error {
+func (c *hostsCommand) installMarkerScript(ctx context.Context, cfg config.Config, h *bastion.Host) error {
 	signer, err := bastion.LoadOrCreateClientKey(cfg.ClientKeyPath())
 	if err != nil {
 		return err
@@ -328,7 +330,7 @@ func (c *hostsCommand) key(ctx context.Context, args []string) error {
 // printBastionKey prints the line the host must authorize: the bastion's public client key,
 // for its hostagent or, without one, for sshd. A state dir without a key gets one now, as the
 // daemon would on its first start.
-func (c *hostsCommand) printBastionKey(cfg bastion.Config, h bastion.Host) error {
+func (c *hostsCommand) printBastionKey(cfg config.Config, h bastion.Host) error {
 	signer, err := bastion.LoadOrCreateClientKey(cfg.ClientKeyPath())
 	if err != nil {
 		return fmt.Errorf("the host is enrolled, but the bastion's client key cannot be read: %w", err)

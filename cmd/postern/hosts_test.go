@@ -9,6 +9,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion"
@@ -21,7 +23,7 @@ import (
 func TestHostsEnroll(t *testing.T) {
 	first, second := testutil.StartHostagent(t), testutil.StartHostagent(t)
 	stateDir := filepath.Join(sockdir.New(t), "state")
-	inventory := bastion.DefaultConfig(stateDir).InventoryPath()
+	inventory := config.DefaultConfig(stateDir).InventoryPath()
 	fp := gossh.FingerprintSHA256
 	enroll := func(args ...string) []string {
 		return append(append([]string{"hosts", "enroll"}, args...), "--state-dir", stateDir)
@@ -107,7 +109,7 @@ func TestHostsEnroll(t *testing.T) {
 
 	t.Run("prints the bastion's key for authorized_keys", func(t *testing.T) {
 		res := mustRun(t, enroll("db", first.Addr, "--yes", "--account", "deploy", "--cwd", "/srv", "--group", "a", "--group", "b")...)
-		data, err := os.ReadFile(bastion.DefaultConfig(stateDir).ClientKeyPath())
+		data, err := os.ReadFile(config.DefaultConfig(stateDir).ClientKeyPath())
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -9,6 +9,8 @@ import (
 	"io"
 	"iter"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/markers"
 )
@@ -59,7 +61,7 @@ func (c *journalCommand) copy(ctx context.Context, args []string) error {
 		return usageErrorf(c.stderr, "the config's [journal] must name the etcd cluster (backend = \"etcd\", endpoints): it is one end of the copy")
 	}
 	pebbleCfg := cfg
-	pebbleCfg.Journal = bastion.JournalConfig{}
+	pebbleCfg.Journal = config.Journal{}
 	var n int
 	var src, dst markers.JournalStore
 	switch *to {

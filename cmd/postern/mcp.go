@@ -7,6 +7,8 @@ import (
 	"io"
 	"path/filepath"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/transport"
 )
@@ -32,7 +34,7 @@ func mcpCommand(ctx context.Context, args []string, stdin io.Reader, stdout, std
 	}
 	path := *socket
 	if path == "" {
-		path = bastion.DefaultConfig(filepath.Clean(*stateDir)).SocketPath()
+		path = config.DefaultConfig(filepath.Clean(*stateDir)).SocketPath()
 	}
 	if _, err := transport.BridgeParentClaim(); err != nil {
 		fmt.Fprintf(stderr, "postern mcp: warning: %v; this bridge is its own agent, so a call re-issued through another bridge is a new intent\n", err)

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/unixpath"
@@ -190,12 +192,12 @@ func (l *locator) register(fs *flag.FlagSet) {
 
 // config returns the bastion's configuration: the file's when --config is given (with
 // --state-dir overriding its state_dir), else the defaults for the state dir.
-func (l *locator) config() (bastion.Config, error) {
-	var cfg bastion.Config
+func (l *locator) config() (config.Config, error) {
+	var cfg config.Config
 	if l.configPath != "" {
-		loaded, err := bastion.LoadConfig(l.configPath)
+		loaded, err := config.LoadConfig(l.configPath)
 		if err != nil {
-			return bastion.Config{}, err
+			return config.Config{}, err
 		}
 		cfg = loaded
 	}
@@ -206,10 +208,10 @@ func (l *locator) config() (bastion.Config, error) {
 		}
 		abs, err := filepath.Abs(dir)
 		if err != nil {
-			return bastion.Config{}, fmt.Errorf("state dir: %w", err)
+			return config.Config{}, fmt.Errorf("state dir: %w", err)
 		}
 		if l.configPath == "" {
-			cfg = bastion.DefaultConfig(abs)
+			cfg = config.DefaultConfig(abs)
 		}
 		cfg.StateDir = abs
 	}

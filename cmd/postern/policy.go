@@ -7,6 +7,8 @@ import (
 	"io"
 	"strings"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/cli"
@@ -116,7 +118,7 @@ func (c *policyCommand) check(ctx context.Context, args []string) error {
 
 // decideFromConfig decides req with the policy of cfg (the daemon is down). A state dir of
 // `postern up` has up's actor, as up would configure it.
-func (c *policyCommand) decideFromConfig(cfg bastion.Config, req policy.Request) (policy.Decision, error) {
+func (c *policyCommand) decideFromConfig(cfg config.Config, req policy.Request) (policy.Decision, error) {
 	if len(cfg.Actors) == 0 {
 		actors, err := upActors(cfg.StateDir)
 		if err != nil {

@@ -10,6 +10,8 @@ import (
 	"os"
 	"path/filepath"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/postern-dev/postern/bastion"
 )
 
@@ -74,13 +76,13 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 
 // loadConfig reads the config file; with none at the default path and a state dir given,
 // the defaults apply.
-func loadConfig(path, stateDir string) (bastion.Config, error) {
-	cfg, err := bastion.LoadConfig(path)
+func loadConfig(path, stateDir string) (config.Config, error) {
+	cfg, err := config.LoadConfig(path)
 	if errors.Is(err, os.ErrNotExist) && path == defaultConfigPath && stateDir != "" {
-		cfg, err = bastion.DefaultConfig(stateDir), nil
+		cfg, err = config.DefaultConfig(stateDir), nil
 	}
 	if err != nil {
-		return bastion.Config{}, err
+		return config.Config{}, err
 	}
 	if stateDir != "" {
 		cfg.StateDir = stateDir

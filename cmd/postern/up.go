@@ -17,6 +17,8 @@ import (
 	"text/template"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion"
@@ -113,31 +115,31 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // upConfig writes the quick start's config and bearer token on first run and reads them
 // after. The config holds only the token's hash; the token itself is in a 0600 file for the
 // local user's clients. origins are the --allow-origin values.
-func upConfig(dir, listen string, origins []string, logger *slog.Logger) (bastion.Config, error) {
+func upConfig(dir, listen string, origins []string, logger *slog.Logger) (config.Config, error) {
 	// Checked before the token is written into it; bastion.Open checks again.
 	if err := privdir.Ensure(dir, "state dir", logger); err != nil {
-		return bastion.Config{}, err
+		return config.Config{}, err
 	}
 	tokenPath := filepath.Join(dir, "token")
 	data, err := os.ReadFile(tokenPath)
 	if errors.Is(err, os.ErrNotExist) {
 		tok, terr := transport.NewToken()
 		if terr != nil {
-			return bastion.Config{}, terr
+			return config.Config{}, terr
 		}
 		if err := durable.WriteFile(tokenPath, []byte(tok+"\n"), 0o600); err != nil {
-			return bastion.Config{}, err
+			return config.Config{}, err
 		}
 		data = []byte(tok)
 	} else if err != nil {
-		return bastion.Config{}, err
+		return config.Config{}, err
 	}
-	cfg := bastion.DefaultConfig(dir)
+	cfg := config.DefaultConfig(dir)
 	cfg.Listen = listen
 	cfg.AllowedOrigins = origins
 	cfg.Actors = upActorsFor(strings.TrimSpace(string(data)))
 	if err := cfg.Validate(); err != nil {
-		return bastion.Config{}, err
+		return config.Config{}, err
 	}
 	return cfg, nil
 }

@@ -11,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/config"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion"
@@ -62,7 +64,7 @@ func NewBastion(t testing.TB, key SSHKey, extraConfig ...string) *Bastion {
 	if err := os.WriteFile(b.ConfigPath, []byte(cfg.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	c := bastion.DefaultConfig(stateDir)
+	c := config.DefaultConfig(stateDir)
 	b.URL = "http://" + b.Addr + bastion.MCPPath
 	b.Socket, b.OperatorSocket = c.SocketPath(), c.OperatorSocketPath()
 	t.Cleanup(func() { b.Kill(t) })
@@ -81,7 +83,7 @@ func (b *Bastion) Enroll(t testing.TB, name string, h *Hostagent) {
 // EnrollAt enrolls h under name but reached at addr (a fault proxy in front of it).
 func (b *Bastion) EnrollAt(t testing.TB, name, addr string, h *Hostagent) {
 	t.Helper()
-	inv := bastion.DefaultConfig(b.StateDir()).InventoryPath()
+	inv := config.DefaultConfig(b.StateDir()).InventoryPath()
 	if err := bastion.Enroll(inv, bastion.Host{Name: name, Addr: addr, Account: h.Account, HostKey: h.HostKey}); err != nil {
 		t.Fatal(err)
 	}

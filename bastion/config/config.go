@@ -1,4 +1,8 @@
-package bastion
+// Package config is the bastion's configuration file: the TOML it reads (DefaultConfig, then
+// ParseConfig), the paths under the state dir, the action classes, the HTTP endpoints and
+// credentials by reference, and the journal backend. Validate reports every problem at once; a
+// config that does not validate is never served.
+package config
 
 import (
 	"encoding/hex"
@@ -64,20 +68,20 @@ type Config struct {
 	// may use and its limits. Local callers of the bastion's own uid need no entry.
 	Actors []policy.Actor `toml:"actors"`
 	// Classes override the built-in action classes' windows and retention, or add classes.
-	Classes []ClassConfig `toml:"classes"`
+	Classes []Class `toml:"classes"`
 	// Rules map actors, hosts and command patterns (or endpoints and methods) to action
 	// classes, denials and approval requirements (bastion/policy: deny wins).
 	Rules []policy.Rule `toml:"rules"`
 
 	// HTTPPlugin is the plugin binary that performs http_request (pinned by its SHA-256).
-	HTTPPlugin PluginConfig `toml:"http_plugin"`
+	HTTPPlugin Plugin `toml:"http_plugin"`
 	// Journal chooses the journal's backend (Pebble in the state dir, or etcd for replicas).
-	Journal JournalConfig `toml:"journal"`
+	Journal Journal `toml:"journal"`
 	// Endpoints are the HTTP APIs agents may call, by name.
-	Endpoints []EndpointConfig `toml:"endpoints"`
+	Endpoints []Endpoint `toml:"endpoints"`
 	// Credentials are the secrets endpoints use, by reference; their values are read at
 	// dispatch from a file or an environment variable, never stored.
-	Credentials []CredentialConfig `toml:"credentials"`
+	Credentials []Credential `toml:"credentials"`
 	// MaxRequestBodyBytes bounds an http_request body. Default 256 KiB.
 	MaxRequestBodyBytes int `toml:"max_request_body_bytes"`
 
@@ -110,9 +114,9 @@ type Config struct {
 	DeliverySettle time.Duration `toml:"delivery_settle"`
 }
 
-// ClassConfig sets an action class's attach window (how long a retry joins a prior
+// Class sets an action class's attach window (how long a retry joins a prior
 // execution of the same intent) and retention (how long a finished record is kept).
-type ClassConfig struct {
+type Class struct {
 	Name         string        `toml:"name"`
 	AttachWindow time.Duration `toml:"attach_window"`
 	Retention    time.Duration `toml:"retention"`
@@ -122,14 +126,14 @@ type ClassConfig struct {
 	OperatorApprovalOnly *bool `toml:"operator_approval_only"`
 }
 
-// PluginConfig locates a plugin binary and pins it.
-type PluginConfig struct {
+// Plugin locates a plugin binary and pins it.
+type Plugin struct {
 	Path   string `toml:"path"`
 	SHA256 string `toml:"sha256"`
 }
 
-// EndpointConfig is one HTTP API agents may call through http_request.
-type EndpointConfig struct {
+// Endpoint is one HTTP API agents may call through http_request.
+type Endpoint struct {
 	Name    string `toml:"name"`
 	BaseURL string `toml:"base_url"`
 	// Methods allowed (upper case). Default ["GET"].
@@ -152,8 +156,8 @@ type EndpointConfig struct {
 	MaxResponseBytes int64 `toml:"max_response_bytes"`
 }
 
-// CredentialConfig is a secret by reference.
-type CredentialConfig struct {
+// Credential is a secret by reference.
+type Credential struct {
 	Name string `toml:"name"`
 	// Kind is bearer (Authorization: Bearer), basic (with Username) or header (Header: value).
 	Kind     string `toml:"kind"`
@@ -219,8 +223,8 @@ func DefaultConfig(dir string) Config {
 	}
 }
 
-// localUIDs are the uids of the configured local actors: they may connect to the MCP socket.
-func (c Config) localUIDs() []int {
+// LocalUIDs are the uids of the configured local actors: they may connect to the MCP socket.
+func (c Config) LocalUIDs() []int {
 	var uids []int
 	for _, a := range c.Actors {
 		if a.UID != nil && !slices.Contains(uids, *a.UID) {
@@ -230,50 +234,43 @@ func (c Config) localUIDs() []int {
 	return uids
 }
 
-// socketAccess is who may connect to the MCP socket (uids = the local actors' uids) or to
+// SocketAccess is who may connect to the MCP socket (uids = the local actors' uids) or to
 // the operator socket (uids = nil: the owners only).
-func (c Config) socketAccess(uids []int, log *slog.Logger) transport.UnixAccess {
+func (c Config) SocketAccess(uids []int, log *slog.Logger) transport.UnixAccess {
 	return transport.UnixAccess{UIDs: uids, MaxConns: c.MaxLocalConns, MaxConnsPerUID: c.MaxLocalConnsPerUID, Logger: log}
 }
 
-// Paths under the state dir.
-func (c Config) socketPath() string   { return c.orState(c.Socket, "mcp.sock") }
-func (c Config) operatorPath() string { return c.orState(c.OperatorSocket, "operator.sock") }
-func (c Config) inventoryPath() string {
-	return c.orState(c.InventoryFile, "hosts.toml")
-}
-func (c Config) clientKeyPath() string   { return c.orState(c.ClientKeyFile, "bastion_ed25519") }
-func (c Config) journalDir() string      { return filepath.Join(c.StateDir, "journal") }
-func (c Config) auditKeyPath() string    { return filepath.Join(c.StateDir, "audit.key") }
-func (c Config) fingerprintPath() string { return filepath.Join(c.StateDir, "fingerprint.key") }
+// SocketPath is where the local MCP endpoint listens (what `postern mcp` connects to).
+func (c Config) SocketPath() string { return c.orState(c.Socket, "mcp.sock") }
+
+// OperatorSocketPath is where the operator API listens.
+func (c Config) OperatorSocketPath() string { return c.orState(c.OperatorSocket, "operator.sock") }
+
+// InventoryPath is the enrolled-hosts file.
+func (c Config) InventoryPath() string { return c.orState(c.InventoryFile, "hosts.toml") }
+
+// ClientKeyPath is the bastion's SSH private key.
+func (c Config) ClientKeyPath() string { return c.orState(c.ClientKeyFile, "bastion_ed25519") }
+
+// ClientPublicKeyPath is its public key, an authorized_keys line (written by
+// fleet.LoadOrCreateClientKey): what `postern hosts key` prints.
+func (c Config) ClientPublicKeyPath() string { return c.ClientKeyPath() + ".pub" }
+
+// JournalDir is the journal's Pebble data dir.
+func (c Config) JournalDir() string { return filepath.Join(c.StateDir, "journal") }
+
+// AuditKeyPath is the journal's Ed25519 audit key.
+func (c Config) AuditKeyPath() string { return filepath.Join(c.StateDir, "audit.key") }
+
+// FingerprintKeyPath is the per-installation secret of intent fingerprints.
+func (c Config) FingerprintKeyPath() string { return filepath.Join(c.StateDir, "fingerprint.key") }
+
 func (c Config) orState(p, name string) string {
 	if p != "" {
 		return p
 	}
 	return filepath.Join(c.StateDir, name)
 }
-
-// SocketPath is where the local MCP endpoint listens (what `postern mcp` connects to).
-func (c Config) SocketPath() string { return c.socketPath() }
-
-// OperatorSocketPath is where the operator API listens.
-func (c Config) OperatorSocketPath() string { return c.operatorPath() }
-
-// InventoryPath is the enrolled-hosts file.
-func (c Config) InventoryPath() string { return c.inventoryPath() }
-
-// ClientKeyPath is the bastion's SSH private key.
-func (c Config) ClientKeyPath() string { return c.clientKeyPath() }
-
-// ClientPublicKeyPath is its public key, an authorized_keys line (written by
-// LoadOrCreateClientKey): what `postern hosts key` prints.
-func (c Config) ClientPublicKeyPath() string { return c.clientKeyPath() + ".pub" }
-
-// JournalDir is the journal's Pebble data dir.
-func (c Config) JournalDir() string { return c.journalDir() }
-
-// AuditKeyPath is the journal's Ed25519 audit key.
-func (c Config) AuditKeyPath() string { return c.auditKeyPath() }
 
 var durationKeys = []string{"default_wait", "max_wait", "reconcile_interval", "approval_timeout", "delivery_revoke_grace", "delivery_settle"}
 
@@ -329,6 +326,10 @@ func LoadConfig(path string) (Config, error) {
 }
 
 var actorName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$`)
+
+// ValidName reports whether s is a valid name of an actor, class, endpoint, credential or host:
+// 1-64 of [A-Za-z0-9_.-], starting with a letter or digit.
+func ValidName(s string) bool { return actorName.MatchString(s) }
 
 // Validate reports every problem at once.
 func (c Config) Validate() error {
@@ -416,7 +417,7 @@ func (c Config) Validate() error {
 	if c.MaxLocalConnsPerUID <= 0 || c.MaxLocalConnsPerUID > c.MaxLocalConns {
 		bad("max_local_conns_per_uid must be in 1..max_local_conns (%d), got %d", c.MaxLocalConns, c.MaxLocalConnsPerUID)
 	}
-	if c.socketAccess(c.localUIDs(), nil).Shared() && filepath.Clean(filepath.Dir(c.socketPath())) == filepath.Clean(c.StateDir) {
+	if c.SocketAccess(c.LocalUIDs(), nil).Shared() && filepath.Clean(filepath.Dir(c.SocketPath())) == filepath.Clean(c.StateDir) {
 		bad("actors name other uids, who must reach the MCP socket: set socket outside state_dir (which stays 0700), e.g. socket = \"/run/postern/mcp.sock\"")
 	}
 	if c.DeliveryRevokeGrace < 0 || c.DeliveryRevokeGrace > maxDeliveryRevokeGrace {
