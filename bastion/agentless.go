@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion/agentless"
@@ -56,19 +58,19 @@ func checkGuarantee(g Guarantee, digest string) error {
 // on a marker-script host an env HOME — sshd's env, or the exports at the head of the line,
 // reach the wrapper too, and HOME would move its markers away from where the bastion reads
 // them (no marker there means "never started").
-func checkStockCall(host Host, a ExecArgs, cwd string) error {
+func checkStockCall(host Host, a api.ExecArgs, cwd string) error {
 	if host.Level() == GuaranteeHostagent {
 		return nil
 	}
 	if a.OperationKey != "" {
-		return invalid("operation_key needs the hostagent, and %s runs none (guarantee %s); leave it out, or use idempotency_key", host.Name, host.Level())
+		return api.Invalid("operation_key needs the hostagent, and %s runs none (guarantee %s); leave it out, or use idempotency_key", host.Name, host.Level())
 	}
 	if _, ok := a.Env["HOME"]; ok && host.Level() == GuaranteeMarkerScript {
-		return invalid("env HOME: the marker script on %s keeps its markers under the account's home, so HOME cannot be set there; set it inside the command instead", host.Name)
+		return api.Invalid("env HOME: the marker script on %s keeps its markers under the account's home, so HOME cannot be set there; set it inside the command instead", host.Name)
 	}
 	_, err := stockLine(host, &markers.Record{ID: placeholderID, Command: shellCommand(a.Command), Cwd: cwd, TimeoutSeconds: a.TimeoutS}, a.Env)
 	if errors.Is(err, agentless.ErrTooLong) {
-		return invalid("command is too long for %s, which runs no hostagent: %v", host.Name, err)
+		return api.Invalid("command is too long for %s, which runs no hostagent: %v", host.Name, err)
 	}
 	return err
 }
@@ -381,8 +383,8 @@ func (b *Bastion) stockMarkerNote(ctx context.Context, rec *markers.Record, host
 
 // stockHealth is the doctor's answer for a host without the hostagent: it connects with the
 // pinned key and, for the marker script, reads a marker (which checks the script's digest).
-func (b *Bastion) stockHealth(ctx context.Context, h Host) HostHealth {
-	hh := HostHealth{Name: h.Name, Addr: h.Addr, Guarantee: h.Level()}
+func (b *Bastion) stockHealth(ctx context.Context, h Host) api.HostHealth {
+	hh := api.HostHealth{Name: h.Name, Addr: h.Addr, Guarantee: string(h.Level())}
 	_, err := b.pool.Conn(ctx, h)
 	if err == nil && h.Level() == GuaranteeMarkerScript {
 		_, err = askMarkerScript(ctx, b.pool, h, placeholderID)

@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/markers"
 )
@@ -127,7 +129,7 @@ func TestCheckStockCallKeepsTheWrapperAtHome(t *testing.T) {
 		{"level none, HOME", Host{Name: "h1", Guarantee: GuaranteeNone}, map[string]string{"HOME": "/tmp/elsewhere"}, false},
 		{"hostagent, HOME", Host{Name: "h1"}, map[string]string{"HOME": "/tmp/elsewhere"}, false},
 	} {
-		err := checkStockCall(tc.host, ExecArgs{Command: "true", Env: tc.env}, "")
+		err := checkStockCall(tc.host, api.ExecArgs{Command: "true", Env: tc.env}, "")
 		if (err != nil) != tc.wantErr {
 			t.Errorf("%s: checkStockCall = %v; want error %v", tc.name, err, tc.wantErr)
 		}

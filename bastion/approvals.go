@@ -8,6 +8,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -28,9 +30,9 @@ const maxNoteBytes = 1024
 func checkNote(what, s string, required bool) error {
 	switch {
 	case required && strings.TrimSpace(s) == "":
-		return invalid("%s is required", what)
+		return api.Invalid("%s is required", what)
 	case len(s) > maxNoteBytes || !utf8.ValidString(s) || strings.ContainsAny(s, "\x00\r"):
-		return invalid("%s must be UTF-8 text of at most %d bytes", what, maxNoteBytes)
+		return api.Invalid("%s must be UTF-8 text of at most %d bytes", what, maxNoteBytes)
 	}
 	return nil
 }
@@ -66,7 +68,7 @@ func (b *Bastion) decideApproval(ctx context.Context, id string, to markers.Stat
 	case errors.Is(err, markers.ErrConflict):
 		return rec, fmt.Errorf("%w: %s is %s", ErrNotAwaitingApproval, id, rec.State)
 	case errors.Is(err, markers.ErrNotFound):
-		return nil, &ToolError{Code: CodeNotFound, Message: "no execution " + id}
+		return nil, &api.ToolError{Code: api.CodeNotFound, Message: "no execution " + id}
 	case err != nil:
 		return nil, journalError(err)
 	}
@@ -109,12 +111,12 @@ func (b *Bastion) Review(ctx context.Context, operator, id, outcome, note string
 	case "not-run":
 		to, msg = markers.Failed, "reviewed by "+operator+": it did not run: "+note
 	default:
-		return nil, invalid("outcome must be completed or not-run")
+		return nil, api.Invalid("outcome must be completed or not-run")
 	}
 	cur, err := b.journal.Get(id)
 	switch {
 	case errors.Is(err, markers.ErrNotFound):
-		return nil, &ToolError{Code: CodeNotFound, Message: "no execution " + id}
+		return nil, &api.ToolError{Code: api.CodeNotFound, Message: "no execution " + id}
 	case err != nil:
 		return nil, journalError(err)
 	}

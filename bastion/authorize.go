@@ -15,13 +15,6 @@ import (
 // is accepted; the decision and the ladder's steps are journaled with the execution. The
 // journal being unavailable is the ladder's first step: acceptance fails closed.
 
-// Codes of calls refused by an actor's limits (nothing is journaled for them).
-const (
-	CodeQuotaExceeded     = "quota_exceeded"
-	CodeConcurrencyLimit  = "concurrency_limit"
-	CodeActorNotPermitted = "actor_unknown"
-)
-
 // policyActor resolves the caller to its configured actor: by token name for remote
 // callers, by process (uid, executable) for local ones.
 func (b *Bastion) policyActor(c transport.Caller) (policy.Actor, bool) {

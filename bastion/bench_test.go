@@ -17,6 +17,8 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -85,7 +87,7 @@ func openBastion(b testing.TB, h *testutil.Hostagent, adjust ...func(*config.Con
 func execTrue(ctx context.Context, bs *bastion.Bastion, run string) error {
 	c := benchActor
 	c.RunID = run
-	x, err := bs.Exec(ctx, c, bastion.ExecArgs{Host: "h1", Command: "true"}, nil)
+	x, err := bs.Exec(ctx, c, api.ExecArgs{Host: "h1", Command: "true"}, nil)
 	if err != nil {
 		return fmt.Errorf("exec (run %s): %w", run, err)
 	}
@@ -141,7 +143,7 @@ func dedupAt(b *testing.B, h *testutil.Hostagent, n, base int, nsPerOp map[strin
 	bs := openBastion(b, h)
 	retry := benchActor
 	retry.RunID = "dedup"
-	args := bastion.ExecArgs{Host: "h1", Command: "true"}
+	args := api.ExecArgs{Host: "h1", Command: "true"}
 	first, err := bs.Exec(ctx, retry, args, nil)
 	if err != nil || first.State != "completed" || first.Replayed {
 		b.Fatalf("first exec: %+v, %v", first, err)
@@ -328,7 +330,7 @@ func BenchmarkMCPConcurrent64(b *testing.B) {
 	var runs atomic.Int64
 	call := func(cs *mcp.ClientSession) error {
 		run := fmt.Sprintf("mcp64-%d", runs.Add(1))
-		var x bastion.Execution
+		var x api.Execution
 		res, err := testutil.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "true", "run_id": run}, &x)
 		if err != nil {
 			return err

@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -20,26 +22,26 @@ func TestValidateExecArgs(t *testing.T) {
 	wait := func(n int) *int { return &n }
 	tests := []struct {
 		name    string
-		args    ExecArgs
+		args    api.ExecArgs
 		wantErr string
 	}{
-		{name: "ok", args: ExecArgs{Host: "h", Command: "true", Cwd: "/srv", Env: map[string]string{"RAILS_ENV": "x"}, TimeoutS: 5, WaitS: wait(0)}},
-		{name: "no host", args: ExecArgs{Command: "true"}, wantErr: "host is required"},
-		{name: "blank command", args: ExecArgs{Host: "h", Command: "  "}, wantErr: "command is required"},
-		{name: "oversized command", args: ExecArgs{Host: "h", Command: strings.Repeat("x", 33)}, wantErr: "limit is 32"},
-		{name: "NUL in command", args: ExecArgs{Host: "h", Command: "a\x00b"}, wantErr: "NUL"},
-		{name: "invalid UTF-8", args: ExecArgs{Host: "h", Command: "a\xffb"}, wantErr: "UTF-8"},
-		{name: "relative cwd", args: ExecArgs{Host: "h", Command: "true", Cwd: "srv"}, wantErr: "cwd"},
-		{name: "unclean cwd", args: ExecArgs{Host: "h", Command: "true", Cwd: "/srv/../etc"}, wantErr: "cwd"},
-		{name: "env name", args: ExecArgs{Host: "h", Command: "true", Env: map[string]string{"A=B": "x"}}, wantErr: "variable name"},
-		{name: "reserved env", args: ExecArgs{Host: "h", Command: "true", Env: map[string]string{"POSTERN_EXECUTION_ID": "ex_x"}}, wantErr: "set by the bastion"},
-		{name: "LD_PRELOAD", args: ExecArgs{Host: "h", Command: "true", Env: map[string]string{"LD_PRELOAD": "/x.so"}}, wantErr: "no host accepts it"},
-		{name: "PATH", args: ExecArgs{Host: "h", Command: "true", Env: map[string]string{"PATH": "/tmp"}}, wantErr: "no host accepts it"},
-		{name: "negative timeout", args: ExecArgs{Host: "h", Command: "true", TimeoutS: -1}, wantErr: "timeout_s"},
-		{name: "wait too long", args: ExecArgs{Host: "h", Command: "true", WaitS: wait(3600)}, wantErr: "wait_s"},
-		{name: "run id with newline", args: ExecArgs{Host: "h", Command: "true", RunID: "a\nb"}, wantErr: "run_id"},
-		{name: "idempotency key control char", args: ExecArgs{Host: "h", Command: "true", IdempotencyKey: "k\x01"}, wantErr: "idempotency_key"},
-		{name: "operation key with space", args: ExecArgs{Host: "h", Command: "true", OperationKey: "a b"}, wantErr: "operation_key"},
+		{name: "ok", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "/srv", Env: map[string]string{"RAILS_ENV": "x"}, TimeoutS: 5, WaitS: wait(0)}},
+		{name: "no host", args: api.ExecArgs{Command: "true"}, wantErr: "host is required"},
+		{name: "blank command", args: api.ExecArgs{Host: "h", Command: "  "}, wantErr: "command is required"},
+		{name: "oversized command", args: api.ExecArgs{Host: "h", Command: strings.Repeat("x", 33)}, wantErr: "limit is 32"},
+		{name: "NUL in command", args: api.ExecArgs{Host: "h", Command: "a\x00b"}, wantErr: "NUL"},
+		{name: "invalid UTF-8", args: api.ExecArgs{Host: "h", Command: "a\xffb"}, wantErr: "UTF-8"},
+		{name: "relative cwd", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "srv"}, wantErr: "cwd"},
+		{name: "unclean cwd", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "/srv/../etc"}, wantErr: "cwd"},
+		{name: "env name", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"A=B": "x"}}, wantErr: "variable name"},
+		{name: "reserved env", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"POSTERN_EXECUTION_ID": "ex_x"}}, wantErr: "set by the bastion"},
+		{name: "LD_PRELOAD", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"LD_PRELOAD": "/x.so"}}, wantErr: "no host accepts it"},
+		{name: "PATH", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"PATH": "/tmp"}}, wantErr: "no host accepts it"},
+		{name: "negative timeout", args: api.ExecArgs{Host: "h", Command: "true", TimeoutS: -1}, wantErr: "timeout_s"},
+		{name: "wait too long", args: api.ExecArgs{Host: "h", Command: "true", WaitS: wait(3600)}, wantErr: "wait_s"},
+		{name: "run id with newline", args: api.ExecArgs{Host: "h", Command: "true", RunID: "a\nb"}, wantErr: "run_id"},
+		{name: "idempotency key control char", args: api.ExecArgs{Host: "h", Command: "true", IdempotencyKey: "k\x01"}, wantErr: "idempotency_key"},
+		{name: "operation key with space", args: api.ExecArgs{Host: "h", Command: "true", OperationKey: "a b"}, wantErr: "operation_key"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -110,7 +112,7 @@ func FuzzExecArgs(f *testing.F) {
 	f.Add("h", "migrate up; echo \"ok\"", "", "", "", 0, "", "")
 	f.Fuzz(func(t *testing.T, host, command, cwd, envName, envValue string, timeout int, runID, idemKey string) {
 		b := &Bastion{cfg: config.DefaultConfig("/x"), fp: &Fingerprinter{key: make([]byte, 32)}}
-		a := ExecArgs{Host: host, Command: command, Cwd: cwd, TimeoutS: timeout, RunID: runID, IdempotencyKey: idemKey}
+		a := api.ExecArgs{Host: host, Command: command, Cwd: cwd, TimeoutS: timeout, RunID: runID, IdempotencyKey: idemKey}
 		if envName != "" {
 			a.Env = map[string]string{envName: envValue}
 		}

@@ -8,30 +8,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/version"
 )
-
-// DoctorReport is what the running bastion can tell `postern doctor`: its own build and,
-// for every enrolled host, whether it answers with its pinned host key and which hostagent
-// build it runs.
-type DoctorReport struct {
-	Version string       `json:"version"`
-	Hosts   []HostHealth `json:"hosts"`
-}
-
-// HostHealth is one enrolled host, asked now.
-type HostHealth struct {
-	Name    string `json:"name"`
-	Addr    string `json:"addr"`
-	OK      bool   `json:"ok"`
-	Version string `json:"version,omitempty"`
-	// Guarantee is set for hosts without the hostagent (no version to report).
-	Guarantee Guarantee `json:"guarantee,omitempty"`
-	// Problem and Fix say what is wrong and what to do about it (empty when OK).
-	Problem string `json:"problem,omitempty"`
-	Fix     string `json:"fix,omitempty"`
-}
 
 // hostAskTimeout bounds how long the doctor waits for one host.
 const hostAskTimeout = 10 * time.Second
@@ -42,12 +23,12 @@ const placeholderID = "ex_00000000000000000000000000"
 
 // Doctor asks every enrolled host, in parallel, over the pooled connection (strict host key
 // checking against the pinned key).
-func (b *Bastion) Doctor(ctx context.Context) (*DoctorReport, error) {
+func (b *Bastion) Doctor(ctx context.Context) (*api.DoctorReport, error) {
 	hosts, err := b.inv.Hosts()
 	if err != nil {
 		return nil, err
 	}
-	rep := &DoctorReport{Version: version.String(), Hosts: make([]HostHealth, len(hosts))}
+	rep := &api.DoctorReport{Version: version.String(), Hosts: make([]api.HostHealth, len(hosts))}
 	var wg sync.WaitGroup
 	for i, h := range hosts {
 		wg.Go(func() {
@@ -60,8 +41,8 @@ func (b *Bastion) Doctor(ctx context.Context) (*DoctorReport, error) {
 	return rep, nil
 }
 
-func (b *Bastion) hostHealth(ctx context.Context, h Host) HostHealth {
-	hh := HostHealth{Name: h.Name, Addr: h.Addr}
+func (b *Bastion) hostHealth(ctx context.Context, h Host) api.HostHealth {
+	hh := api.HostHealth{Name: h.Name, Addr: h.Addr}
 	if h.Level() != GuaranteeHostagent {
 		return b.stockHealth(ctx, h) // agentless.go
 	}

@@ -7,7 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/hostagent/client"
 )
 
@@ -26,7 +27,7 @@ func TestExecSyncsTwice(t *testing.T) {
 	before := j.Stats()
 	c := benchActor
 	c.RunID = "two-syncs"
-	x, err := bs.Exec(ctx, c, bastion.ExecArgs{Host: "h1", Command: "true"}, nil)
+	x, err := bs.Exec(ctx, c, api.ExecArgs{Host: "h1", Command: "true"}, nil)
 	if err != nil || x.State != "completed" {
 		t.Fatalf("exec = %+v, %v; want completed", x, err)
 	}
@@ -94,10 +95,10 @@ func TestExecFailsClosedWithoutJournal(t *testing.T) {
 	}
 	c := benchActor
 	c.RunID = "no-journal"
-	_, err = bs.Exec(ctx, c, bastion.ExecArgs{Host: "h1", Command: "true"}, nil)
-	var te *bastion.ToolError
-	if !errors.As(err, &te) || te.Code != bastion.CodeJournalUnavailable {
-		t.Fatalf("exec with the journal closed = %v; want %s", err, bastion.CodeJournalUnavailable)
+	_, err = bs.Exec(ctx, c, api.ExecArgs{Host: "h1", Command: "true"}, nil)
+	var te *api.ToolError
+	if !errors.As(err, &te) || te.Code != api.CodeJournalUnavailable {
+		t.Fatalf("exec with the journal closed = %v; want %s", err, api.CodeJournalUnavailable)
 	}
 	if n := markersOnHost(); n != onHost {
 		t.Errorf("the host has %d markers, %d before: something was dispatched", n, onHost)

@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion/tasks"
@@ -51,14 +53,14 @@ import (
 const approvalOfferedNote = "approval asked of the agent's user by elicitation"
 
 // askable reports whether x is an execution a client's user may be asked to approve.
-func (b *Bastion) askable(ctx context.Context, x *Execution) bool {
+func (b *Bastion) askable(ctx context.Context, x *api.Execution) bool {
 	return x != nil && x.State == string(markers.AwaitingApproval) && !tasks.Creating(ctx) && b.classes.InBandApproval(x.Class)
 }
 
 // offerApproval returns the offer to attach to a bridged call's result, or nil: x awaits
 // approval and the caller is a stdio bridge of the daemon's own binary whose client declared
 // elicitation.
-func (b *Bastion) offerApproval(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, x *Execution) map[string]any {
+func (b *Bastion) offerApproval(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, x *api.Execution) map[string]any {
 	if !c.Local || !c.BridgeBinary || req.Extra == nil || req.Extra.Header.Get(transport.BridgeElicitationHeader) != "form" || !b.askable(ctx, x) {
 		return nil
 	}
@@ -149,7 +151,7 @@ func sessionElicits(ss *mcp.ServerSession) bool {
 
 // askInSession asks the user of a stateful Streamable HTTP session about x (elicitation,
 // within the call) and journals the answer; it reports whether a decision was journaled.
-func (b *Bastion) askInSession(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, x *Execution) bool {
+func (b *Bastion) askInSession(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, x *api.Execution) bool {
 	if c.Local || !sessionElicits(req.Session) || !b.askable(ctx, x) {
 		return false
 	}
@@ -260,16 +262,16 @@ func (b *Bastion) ElicitedDecision(ctx context.Context, c transport.Caller, id, 
 	}
 	switch {
 	case !c.Local || !c.Bridged || rec.IntentScope != c.Scope:
-		return nil, &ToolError{Code: "not_offered", ExecutionID: id, Message: "only the stdio bridge of the agent run that made the execution relays its user's decision"}
+		return nil, &api.ToolError{Code: "not_offered", ExecutionID: id, Message: "only the stdio bridge of the agent run that made the execution relays its user's decision"}
 	case !b.classes.InBandApproval(rec.Class):
-		return nil, &ToolError{Code: "operator_approval_only", ExecutionID: id, Message: "approvals of class " + rec.Class + " are decided by an operator only (`postern approve`)"}
+		return nil, &api.ToolError{Code: "operator_approval_only", ExecutionID: id, Message: "approvals of class " + rec.Class + " are decided by an operator only (`postern approve`)"}
 	}
 	offered, err := b.approvalOffered(id)
 	if err != nil {
 		return nil, journalError(err)
 	}
 	if !offered || !b.offers.redeem(id, token) {
-		return nil, &ToolError{Code: "not_offered", ExecutionID: id, Message: "no approval was asked of this bridge's user for " + id}
+		return nil, &api.ToolError{Code: "not_offered", ExecutionID: id, Message: "no approval was asked of this bridge's user for " + id}
 	}
 	return b.decideElicited(ctx, c, rec, decision, note)
 }
@@ -287,5 +289,5 @@ func (b *Bastion) decideElicited(ctx context.Context, c transport.Caller, rec *m
 		}
 		return b.Deny(ctx, who, id, note)
 	}
-	return nil, invalid("decision must be approve or deny")
+	return nil, api.Invalid("decision must be approve or deny")
 }

@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -21,42 +23,6 @@ import (
 	"github.com/postern-dev/postern/internal/envpolicy"
 	"github.com/postern-dev/postern/markers"
 )
-
-// ExecArgs are the arguments of ssh_exec.
-type ExecArgs struct {
-	Host           string            `json:"host" jsonschema:"inventory name of the host (see hosts_list)"`
-	Command        string            `json:"command" jsonschema:"command line, run by the account's shell on the host"`
-	Cwd            string            `json:"cwd,omitempty" jsonschema:"absolute working directory; default: the host's configured directory or the account's home"`
-	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables to set: LANG, LC_* and the host's accept_env list (others are refused)"`
-	TimeoutS       int               `json:"timeout_s,omitempty" jsonschema:"kill the command after this many seconds (exit 124); 0 means no timeout"`
-	WaitS          *int              `json:"wait_s,omitempty" jsonschema:"how long to wait for the command before returning it as running (default 30)"`
-	RunID          string            `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to; retries with the same run_id join the same execution"`
-	IdempotencyKey string            `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution, from any run; if that execution failed without effect (nothing ran), the retry is a new attempt linked to it (previous_attempt); the same key with other arguments is an error (idempotency_key_reused)"`
-	OperationKey   string            `json:"operation_key,omitempty" jsonschema:"host-scoped key such as migration:2026_07_22: the host refuses a second execution of the operation"`
-}
-
-// ToolError is an error a caller can act on; Code is stable.
-type ToolError struct {
-	Code    string
-	Message string
-	// ExecutionID is set when the error concerns an existing execution.
-	ExecutionID string
-}
-
-func (e *ToolError) Error() string { return e.Code + ": " + e.Message }
-
-// Error codes.
-const (
-	CodeInvalidArgument      = "invalid_argument"
-	CodeUnknownHost          = "unknown_host"
-	CodeIdempotencyKeyReused = "idempotency_key_reused"
-	CodeNotFound             = "not_found"
-	CodeJournalUnavailable   = "journal_unavailable"
-)
-
-func invalid(format string, args ...any) error {
-	return &ToolError{Code: CodeInvalidArgument, Message: fmt.Sprintf(format, args...)}
-}
 
 // Bounds on arguments, besides the configured command size.
 const (
@@ -68,43 +34,43 @@ const (
 )
 
 // validate checks every argument before anything is journaled.
-func (b *Bastion) validate(a *ExecArgs) error {
+func (b *Bastion) validate(a *api.ExecArgs) error {
 	switch {
 	case a.Host == "":
-		return invalid("host is required")
+		return api.Invalid("host is required")
 	case len(a.Host) > 64:
-		return invalid("host is longer than 64 bytes")
+		return api.Invalid("host is longer than 64 bytes")
 	case a.Command == "" || strings.TrimSpace(a.Command) == "":
-		return invalid("command is required")
+		return api.Invalid("command is required")
 	case len(a.Command) > b.cfg.MaxCommandBytes:
-		return invalid("command is %d bytes; the limit is %d", len(a.Command), b.cfg.MaxCommandBytes)
+		return api.Invalid("command is %d bytes; the limit is %d", len(a.Command), b.cfg.MaxCommandBytes)
 	case !utf8.ValidString(a.Command) || strings.IndexByte(a.Command, 0) >= 0:
-		return invalid("command must be UTF-8 text without NUL bytes")
+		return api.Invalid("command must be UTF-8 text without NUL bytes")
 	case a.Cwd != "" && (len(a.Cwd) > maxCwdBytes || !filepath.IsAbs(a.Cwd) || filepath.Clean(a.Cwd) != a.Cwd || !utf8.ValidString(a.Cwd)):
-		return invalid("cwd must be an absolute, clean path of at most %d bytes", maxCwdBytes)
+		return api.Invalid("cwd must be an absolute, clean path of at most %d bytes", maxCwdBytes)
 	case len(a.Env) > maxEnvVars:
-		return invalid("at most %d env variables", maxEnvVars)
+		return api.Invalid("at most %d env variables", maxEnvVars)
 	case a.TimeoutS < 0 || a.TimeoutS > maxTimeoutS:
-		return invalid("timeout_s must be in 0..%d", maxTimeoutS)
+		return api.Invalid("timeout_s must be in 0..%d", maxTimeoutS)
 	case a.WaitS != nil && (*a.WaitS < 0 || time.Duration(*a.WaitS)*time.Second > b.cfg.MaxWait):
-		return invalid("wait_s must be in 0..%d", int(b.cfg.MaxWait/time.Second))
+		return api.Invalid("wait_s must be in 0..%d", int(b.cfg.MaxWait/time.Second))
 	case a.RunID != "" && !transport.ValidRunID(a.RunID):
-		return invalid("run_id must be 1-128 printable ASCII characters")
+		return api.Invalid("run_id must be 1-128 printable ASCII characters")
 	case !validKey(a.IdempotencyKey):
-		return invalid("idempotency_key must be at most %d printable ASCII characters", maxKeyBytes)
+		return api.Invalid("idempotency_key must be at most %d printable ASCII characters", maxKeyBytes)
 	case !validKey(a.OperationKey) || strings.Contains(a.OperationKey, " "):
-		return invalid("operation_key must be at most %d visible ASCII characters", maxKeyBytes)
+		return api.Invalid("operation_key must be at most %d visible ASCII characters", maxKeyBytes)
 	}
 	for k, v := range a.Env {
 		switch {
 		case !envpolicy.ValidName(k):
-			return invalid("env name %q is not a valid variable name", k)
+			return api.Invalid("env name %q is not a valid variable name", k)
 		case strings.HasPrefix(k, "POSTERN_"):
-			return invalid("env %s: POSTERN_* variables are set by the bastion", k)
+			return api.Invalid("env %s: POSTERN_* variables are set by the bastion", k)
 		case envpolicy.IsForbidden(k):
-			return invalid("env %s: no host accepts it (it can make the command run other code); hosts accept LANG, LC_* and their accept_env", k)
+			return api.Invalid("env %s: no host accepts it (it can make the command run other code); hosts accept LANG, LC_* and their accept_env", k)
 		case len(v) > maxEnvValueBytes || strings.IndexByte(v, 0) >= 0 || !utf8.ValidString(v):
-			return invalid("env %s: values are UTF-8 without NUL, at most %d bytes", k, maxEnvValueBytes)
+			return api.Invalid("env %s: values are UTF-8 without NUL, at most %d bytes", k, maxEnvValueBytes)
 		}
 	}
 	return nil
@@ -127,7 +93,7 @@ func checkHostEnv(env map[string]string, host Host) error {
 	if len(dropped) == 0 {
 		return nil
 	}
-	return invalid("env %s: host %s would drop it, since it accepts only %s. Leave it out, or ask the operator to add it to accept_env in the hostagent's config on %s and in %s's inventory entry",
+	return api.Invalid("env %s: host %s would drop it, since it accepts only %s. Leave it out, or ask the operator to add it to accept_env in the hostagent's config on %s and in %s's inventory entry",
 		strings.Join(dropped, ", "), host.Name, allow, host.Name, host.Name)
 }
 
@@ -177,13 +143,13 @@ type claim struct {
 	host *Host
 }
 
-func (b *Bastion) resolve(c transport.Caller, a ExecArgs) (*claim, error) {
+func (b *Bastion) resolve(c transport.Caller, a api.ExecArgs) (*claim, error) {
 	if err := b.validate(&a); err != nil {
 		return nil, err
 	}
 	host, err := b.inv.Host(a.Host)
 	if errors.Is(err, ErrUnknownHost) {
-		return nil, &ToolError{Code: CodeUnknownHost, Message: err.Error()}
+		return nil, &api.ToolError{Code: api.CodeUnknownHost, Message: err.Error()}
 	}
 	if err != nil {
 		return nil, err
@@ -258,7 +224,7 @@ func (b *Bastion) sameRequest(prior *markers.Record, in *claim) (bool, error) {
 // Exec runs ssh_exec: it finds the execution this call belongs to — a prior one of the
 // same intent, by the matching rule or the idempotency key — or accepts a new one, and waits
 // up to wait_s for it. progress, if set, is told about the execution while it waits.
-func (b *Bastion) Exec(ctx context.Context, c transport.Caller, a ExecArgs, progress func(*Execution)) (*Execution, error) {
+func (b *Bastion) Exec(ctx context.Context, c transport.Caller, a api.ExecArgs, progress func(*api.Execution)) (*api.Execution, error) {
 	cl, err := b.resolve(c, a)
 	if err != nil {
 		b.metrics.rejected.WithLabelValues(errorCode(err)).Inc()
@@ -270,10 +236,10 @@ func (b *Bastion) Exec(ctx context.Context, c transport.Caller, a ExecArgs, prog
 // submit fingerprints a claim and answers it by the matching rule (match.go): the prior
 // execution it belongs to — found by its idempotency key if it has one, else by its
 // fingerprint in its scope — or a new execution, accepted (journaled) and handed to a driver.
-func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, progress func(*Execution)) (*Execution, error) {
+func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, progress func(*api.Execution)) (*api.Execution, error) {
 	c := cl.caller
 	if c.Actor == "" {
-		return nil, &ToolError{Code: "unauthenticated", Message: "no caller identity"}
+		return nil, &api.ToolError{Code: "unauthenticated", Message: "no caller identity"}
 	}
 	var err error
 	if cl.fingerprint, err = b.fp.Fingerprint(cl.action); err != nil {
@@ -315,11 +281,11 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	switch {
 	case outcome == matchKeyReused:
 		unlock()
-		b.metrics.rejected.WithLabelValues(CodeIdempotencyKeyReused).Inc()
+		b.metrics.rejected.WithLabelValues(api.CodeIdempotencyKeyReused).Inc()
 		if err := b.journalJoin(ctx, c, cl.scope, prior.ID, outcome); err != nil {
 			return nil, err
 		}
-		return nil, &ToolError{Code: CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
+		return nil, &api.ToolError{Code: api.CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
 			"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", key, prior.ID)}
 	case outcome.joins():
 		unlock()
@@ -369,7 +335,7 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	unlock()
 	admitted() // the driver counts towards the actor's limits now
 	if d == nil {
-		return nil, &ToolError{Code: "shutting_down", Message: "the bastion is shutting down; " + rec.ID + " was accepted and will be dispatched after restart"}
+		return nil, &api.ToolError{Code: "shutting_down", Message: "the bastion is shutting down; " + rec.ID + " was accepted and will be dispatched after restart"}
 	}
 	return b.await(ctx, d, wait, false, progress), nil
 }
@@ -487,7 +453,7 @@ func (b *Bastion) connected(h Host) bool {
 // join answers a call that belongs to an existing execution (recover_or_attach): never a
 // second dispatch. A live execution is followed by its driver — continued, attached to or
 // reconciled — for up to wait; any other is returned as journaled.
-func (b *Bastion) join(ctx context.Context, prior *markers.Record, outcome matchOutcome, wait time.Duration, progress func(*Execution)) (*Execution, error) {
+func (b *Bastion) join(ctx context.Context, prior *markers.Record, outcome matchOutcome, wait time.Duration, progress func(*api.Execution)) (*api.Execution, error) {
 	switch outcome {
 	case matchContinue, matchAttach, matchReconcile:
 		if d := b.startDriver(prior); d != nil {
@@ -521,15 +487,15 @@ func (b *Bastion) waitFor(waitS *int) time.Duration {
 
 // journalError reports a failed journal read or write: the call fails closed.
 func journalError(err error) error {
-	var te *ToolError
+	var te *api.ToolError
 	if errors.As(err, &te) {
 		return err
 	}
-	return &ToolError{Code: CodeJournalUnavailable, Message: "the journal could not record this call, so nothing was dispatched: " + err.Error()}
+	return &api.ToolError{Code: api.CodeJournalUnavailable, Message: "the journal could not record this call, so nothing was dispatched: " + err.Error()}
 }
 
 func errorCode(err error) string {
-	var te *ToolError
+	var te *api.ToolError
 	if errors.As(err, &te) {
 		return te.Code
 	}

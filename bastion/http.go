@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	"github.com/gowebpki/jcs"
@@ -23,20 +25,6 @@ import (
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
 )
-
-// HTTPArgs are the arguments of http_request.
-type HTTPArgs struct {
-	Endpoint       string              `json:"endpoint" jsonschema:"name of a configured endpoint"`
-	Method         string              `json:"method" jsonschema:"HTTP method, allowed by the endpoint"`
-	Path           string              `json:"path" jsonschema:"path under the endpoint's base URL, within its allowed prefixes"`
-	Query          map[string][]string `json:"query,omitempty" jsonschema:"query parameters"`
-	JSON           any                 `json:"json,omitempty" jsonschema:"JSON request body (sent in RFC 8785 canonical form)"`
-	Text           *string             `json:"text,omitempty" jsonschema:"text request body (instead of json)"`
-	Headers        map[string]string   `json:"headers,omitempty" jsonschema:"extra request headers (never Authorization or the credential's header: the bastion injects the credential)"`
-	RunID          string              `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to"`
-	IdempotencyKey string              `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution, from any run; if that execution failed without effect (nothing ran), the retry is a new attempt linked to it (previous_attempt); the same key with other arguments is an error (idempotency_key_reused)"`
-	WaitS          *int                `json:"wait_s,omitempty" jsonschema:"how long to wait for the response (default 30)"`
-}
 
 // httpRequest is what an HTTP execution sends, as journaled (Record.Request): never the
 // credential, which is resolved at each dispatch.
@@ -68,25 +56,25 @@ const (
 
 // resolveHTTP validates an http_request and reduces it to its claim. Nothing here reads a
 // secret: the credential enters only by its reference.
-func (b *Bastion) resolveHTTP(c transport.Caller, a HTTPArgs) (*claim, error) {
+func (b *Bastion) resolveHTTP(c transport.Caller, a api.HTTPArgs) (*claim, error) {
 	ep, ok := b.cfg.Endpoint(a.Endpoint)
 	if !ok {
-		return nil, &ToolError{Code: "unknown_endpoint", Message: fmt.Sprintf("no endpoint %q is configured", a.Endpoint)}
+		return nil, &api.ToolError{Code: "unknown_endpoint", Message: fmt.Sprintf("no endpoint %q is configured", a.Endpoint)}
 	}
 	if b.plugin == nil {
-		return nil, &ToolError{Code: "http_unavailable", Message: "no HTTP plugin is configured"}
+		return nil, &api.ToolError{Code: "http_unavailable", Message: "no HTTP plugin is configured"}
 	}
 	switch {
 	case a.RunID != "" && !transport.ValidRunID(a.RunID):
-		return nil, invalid("run_id must be 1-128 printable ASCII characters")
+		return nil, api.Invalid("run_id must be 1-128 printable ASCII characters")
 	case !validKey(a.IdempotencyKey):
-		return nil, invalid("idempotency_key must be at most %d printable ASCII characters", maxKeyBytes)
+		return nil, api.Invalid("idempotency_key must be at most %d printable ASCII characters", maxKeyBytes)
 	case a.WaitS != nil && (*a.WaitS < 0 || time.Duration(*a.WaitS)*time.Second > b.cfg.MaxWait):
-		return nil, invalid("wait_s must be in 0..%d", int(b.cfg.MaxWait/time.Second))
+		return nil, api.Invalid("wait_s must be in 0..%d", int(b.cfg.MaxWait/time.Second))
 	}
 	method := a.Method
 	if !slices.Contains(ep.Methods, method) {
-		return nil, invalid("method %q is not allowed on endpoint %s (allowed: %s)", method, ep.Name, strings.Join(ep.Methods, ", "))
+		return nil, api.Invalid("method %q is not allowed on endpoint %s (allowed: %s)", method, ep.Name, strings.Join(ep.Methods, ", "))
 	}
 	if err := checkPath(a.Path, ep.PathPrefixes); err != nil {
 		return nil, err
@@ -151,7 +139,7 @@ func (b *Bastion) resolveHTTP(c transport.Caller, a HTTPArgs) (*claim, error) {
 
 // HTTPRequest runs http_request: the same identity, matching rule and lifecycle as ssh_exec,
 // performed by the HTTP plugin.
-func (b *Bastion) HTTPRequest(ctx context.Context, c transport.Caller, a HTTPArgs, progress func(*Execution)) (*Execution, error) {
+func (b *Bastion) HTTPRequest(ctx context.Context, c transport.Caller, a api.HTTPArgs, progress func(*api.Execution)) (*api.Execution, error) {
 	cl, err := b.resolveHTTP(c, a)
 	if err != nil {
 		b.metrics.rejected.WithLabelValues(errorCode(err)).Inc()
@@ -163,7 +151,7 @@ func (b *Bastion) HTTPRequest(ctx context.Context, c transport.Caller, a HTTPArg
 // checkPath accepts a clean absolute path under one of the prefixes (on a segment boundary).
 func checkPath(p string, prefixes []string) error {
 	if p == "" || p[0] != '/' || len(p) > 2048 || !utf8.ValidString(p) || strings.ContainsAny(p, "?#\\\x00\r\n") || path.Clean(p) != p && path.Clean(p)+"/" != p {
-		return invalid("path must be a clean absolute path without query or fragment (use query)")
+		return api.Invalid("path must be a clean absolute path without query or fragment (use query)")
 	}
 	for _, pre := range prefixes {
 		pre = strings.TrimSuffix(pre, "/")
@@ -171,13 +159,13 @@ func checkPath(p string, prefixes []string) error {
 			return nil
 		}
 	}
-	return invalid("path %q is not under the endpoint's allowed prefixes (%s)", p, strings.Join(prefixes, ", "))
+	return api.Invalid("path %q is not under the endpoint's allowed prefixes (%s)", p, strings.Join(prefixes, ", "))
 }
 
 // normalizeQuery bounds the query; url.Values.Encode sorts it by key.
 func normalizeQuery(q map[string][]string) (url.Values, error) {
 	if len(q) > maxQueryKeys {
-		return nil, invalid("at most %d query keys", maxQueryKeys)
+		return nil, api.Invalid("at most %d query keys", maxQueryKeys)
 	}
 	out := url.Values{}
 	size := 0
@@ -185,13 +173,13 @@ func normalizeQuery(q map[string][]string) (url.Values, error) {
 		for _, v := range vs {
 			size += len(k) + len(v)
 			if !utf8.ValidString(k) || !utf8.ValidString(v) || strings.ContainsRune(k+v, 0) {
-				return nil, invalid("query must be UTF-8 text")
+				return nil, api.Invalid("query must be UTF-8 text")
 			}
 		}
 		out[k] = append([]string(nil), vs...)
 	}
 	if size > maxQueryBytes {
-		return nil, invalid("query is longer than %d bytes", maxQueryBytes)
+		return nil, api.Invalid("query is longer than %d bytes", maxQueryBytes)
 	}
 	return out, nil
 }
@@ -200,7 +188,7 @@ func normalizeQuery(q map[string][]string) (url.Values, error) {
 // that could split a header (CR, LF, NUL).
 func (b *Bastion) checkHeaders(h map[string]string, ep config.Endpoint) (map[string][]string, error) {
 	if len(h) > maxHeaders {
-		return nil, invalid("at most %d headers", maxHeaders)
+		return nil, api.Invalid("at most %d headers", maxHeaders)
 	}
 	credHeader := ""
 	if cr, ok := b.cfg.Credential(ep.Credential); ok && cr.Kind == "header" {
@@ -211,11 +199,11 @@ func (b *Bastion) checkHeaders(h map[string]string, ep config.Endpoint) (map[str
 		name := http.CanonicalHeaderKey(k)
 		switch {
 		case !config.ValidHeaderName(k):
-			return nil, invalid("header name %q is not a valid token", k)
+			return nil, api.Invalid("header name %q is not a valid token", k)
 		case config.ForbiddenHeader(name) || name == credHeader:
-			return nil, invalid("header %s is set by the bastion, not by the caller (credentials are injected from the endpoint's credential_ref)", name)
+			return nil, api.Invalid("header %s is set by the bastion, not by the caller (credentials are injected from the endpoint's credential_ref)", name)
 		case len(v) > maxHeaderValueBytes || strings.ContainsAny(v, "\r\n\x00") || !utf8.ValidString(v):
-			return nil, invalid("header %s: the value must be one line of UTF-8 text, at most %d bytes", name, maxHeaderValueBytes)
+			return nil, api.Invalid("header %s: the value must be one line of UTF-8 text, at most %d bytes", name, maxHeaderValueBytes)
 		}
 		out[name] = []string{v}
 	}
@@ -225,28 +213,28 @@ func (b *Bastion) checkHeaders(h map[string]string, ep config.Endpoint) (map[str
 // requestBody returns the bytes to send, the body as it enters the fingerprint, and its
 // content type. A JSON body is sent in its RFC 8785 canonical form, so what is fingerprinted
 // is exactly what is sent.
-func (b *Bastion) requestBody(a HTTPArgs) (body []byte, arg any, contentType string, err error) {
+func (b *Bastion) requestBody(a api.HTTPArgs) (body []byte, arg any, contentType string, err error) {
 	switch {
 	case a.JSON != nil && a.Text != nil:
-		return nil, nil, "", invalid("give json or text, not both")
+		return nil, nil, "", api.Invalid("give json or text, not both")
 	case a.JSON != nil:
 		raw, err := json.Marshal(a.JSON)
 		if err != nil {
-			return nil, nil, "", invalid("json body: %v", err)
+			return nil, nil, "", api.Invalid("json body: %v", err)
 		}
 		if body, err = jcs.Transform(raw); err != nil {
-			return nil, nil, "", invalid("json body: %v", err)
+			return nil, nil, "", api.Invalid("json body: %v", err)
 		}
 		arg = map[string]any{"json": a.JSON}
 		contentType = "application/json"
 	case a.Text != nil:
 		if !utf8.ValidString(*a.Text) {
-			return nil, nil, "", invalid("text body must be UTF-8")
+			return nil, nil, "", api.Invalid("text body must be UTF-8")
 		}
 		body, arg, contentType = []byte(*a.Text), map[string]any{"text": *a.Text}, "text/plain; charset=utf-8"
 	}
 	if len(body) > b.cfg.MaxRequestBodyBytes {
-		return nil, nil, "", invalid("body is %d bytes; the limit is %d", len(body), b.cfg.MaxRequestBodyBytes)
+		return nil, nil, "", api.Invalid("body is %d bytes; the limit is %d", len(body), b.cfg.MaxRequestBodyBytes)
 	}
 	return body, arg, contentType, nil
 }

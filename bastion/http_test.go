@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 )
 
@@ -62,7 +64,7 @@ func TestCheckHeaders(t *testing.T) {
 
 func TestRequestBodyIsCanonical(t *testing.T) {
 	b := &Bastion{cfg: config.DefaultConfig("/x")}
-	one, _, ct, err := b.requestBody(HTTPArgs{JSON: map[string]any{"b": 1.0, "a": []any{"x", true}}})
+	one, _, ct, err := b.requestBody(api.HTTPArgs{JSON: map[string]any{"b": 1.0, "a": []any{"x", true}}})
 	if err != nil || ct != "application/json" {
 		t.Fatal(err, ct)
 	}
@@ -70,11 +72,11 @@ func TestRequestBodyIsCanonical(t *testing.T) {
 		t.Fatalf("body = %s; want RFC 8785 canonical JSON", one)
 	}
 	text := "hi"
-	if _, _, _, err := b.requestBody(HTTPArgs{JSON: map[string]any{}, Text: &text}); err == nil {
+	if _, _, _, err := b.requestBody(api.HTTPArgs{JSON: map[string]any{}, Text: &text}); err == nil {
 		t.Fatal("json and text together were accepted")
 	}
 	b.cfg.MaxRequestBodyBytes = 4
-	if _, _, _, err := b.requestBody(HTTPArgs{Text: &[]string{"12345"}[0]}); err == nil || !strings.Contains(err.Error(), "limit") {
+	if _, _, _, err := b.requestBody(api.HTTPArgs{Text: &[]string{"12345"}[0]}); err == nil || !strings.Contains(err.Error(), "limit") {
 		t.Fatalf("oversize body: %v", err)
 	}
 }

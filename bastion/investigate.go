@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
 )
@@ -26,91 +28,6 @@ import (
 // fingerprint, and the keyed attempts linked to it (previous_attempt). Calls are what their
 // create, joined and delivery events say (calls.go).
 
-// Investigation is the answer to the five questions about one execution.
-type Investigation struct {
-	ExecutionID string          `json:"execution_id"`
-	Record      *markers.Record `json:"record"`
-	// Answers are the five answers in order, one paragraph each.
-	Answers []string `json:"answers"`
-
-	// 1: every call of the intent, oldest first, and the agent runs that sent them.
-	Calls []InvestigatedCall `json:"calls"`
-	Runs  []*markers.Run     `json:"runs"`
-	// Related are executions of the same command by the same actor from other agent runs
-	// within the attach window: separate intents, shown so "two agents" is visible.
-	Related []Sibling `json:"related,omitempty"`
-	// 2
-	Authorization Authorization `json:"authorization"`
-	// 3
-	Outcome ObservedOutcome `json:"outcome"`
-	// 4
-	Delivery DeliveryAnswer `json:"delivery"`
-	// 5: the later calls are Calls after the first; Siblings are the executions of the
-	// intent, oldest first (this one included).
-	Siblings []Sibling `json:"siblings"`
-}
-
-// InvestigatedCall is one call, the execution it touched and what it amounted to.
-type InvestigatedCall struct {
-	At          time.Time `json:"at"`
-	ExecutionID string    `json:"execution_id"`
-	markers.Call
-	// What is the call in words: "created the execution", "joined (attach): …".
-	What string `json:"what"`
-}
-
-// Authorization is the answer to question 2.
-type Authorization struct {
-	Decision     string     `json:"decision"`
-	Rule         string     `json:"rule,omitempty"`
-	Class        string     `json:"class,omitempty"`
-	AcceptedAt   time.Time  `json:"accepted_at"`
-	AuthorizedAt *time.Time `json:"authorized_at,omitempty"`
-	DispatchedAt *time.Time `json:"dispatched_at,omitempty"`
-	// Steps are the approval and rejection events (operator decisions included).
-	Steps []string `json:"steps,omitempty"`
-}
-
-// ObservedOutcome is the answer to question 3: what the bastion journaled, and what the
-// host's marker says now.
-type ObservedOutcome struct {
-	State      string     `json:"state"`
-	ExitCode   *int       `json:"exit_code,omitempty"`
-	Signal     string     `json:"signal,omitempty"`
-	HTTPStatus int        `json:"http_status,omitempty"`
-	ObservedAt *time.Time `json:"observed_at,omitempty"`
-	Evidence   []string   `json:"evidence,omitempty"`
-	// Marker is the host's marker, asked live; MarkerNote says what the host answered or
-	// why it could not be asked.
-	Marker     *markers.Record `json:"marker,omitempty"`
-	MarkerNote string          `json:"marker_note"`
-}
-
-// DeliveryAnswer is the answer to question 4.
-type DeliveryAnswer struct {
-	DeliveredAt *time.Time      `json:"delivered_at,omitempty"`
-	Deliveries  []DeliveryEvent `json:"deliveries,omitempty"`
-	Revocations []DeliveryEvent `json:"revocations,omitempty"`
-}
-
-// DeliveryEvent is one delivery or revocation of the result.
-type DeliveryEvent struct {
-	At   time.Time     `json:"at"`
-	Call *markers.Call `json:"call,omitempty"`
-	Note string        `json:"note,omitempty"`
-}
-
-// Sibling is one execution of the intent (or a related one), summarized.
-type Sibling struct {
-	ExecutionID     string     `json:"execution_id"`
-	State           string     `json:"state"`
-	Scope           string     `json:"intent_scope"`
-	AcceptedAt      time.Time  `json:"accepted_at"`
-	DeliveredAt     *time.Time `json:"result_delivered_at,omitempty"`
-	IdempotencyKey  string     `json:"idempotency_key,omitempty"`
-	PreviousAttempt string     `json:"previous_attempt,omitempty"`
-}
-
 // Bounds of an investigation.
 const (
 	maxSiblings       = 50
@@ -119,12 +36,12 @@ const (
 )
 
 // Investigate answers the five questions about execution id.
-func (b *Bastion) Investigate(ctx context.Context, id string) (*Investigation, error) {
+func (b *Bastion) Investigate(ctx context.Context, id string) (*api.Investigation, error) {
 	rec, err := b.journal.Get(id)
 	if err != nil {
 		return nil, err
 	}
-	inv := &Investigation{ExecutionID: id, Record: rec, Calls: []InvestigatedCall{}, Runs: []*markers.Run{}}
+	inv := &api.Investigation{ExecutionID: id, Record: rec, Calls: []api.InvestigatedCall{}, Runs: []*markers.Run{}}
 	siblings, err := b.siblings(rec)
 	if err != nil {
 		return nil, err
@@ -139,7 +56,7 @@ func (b *Bastion) Investigate(ctx context.Context, id string) (*Investigation, e
 		inv.Siblings = append(inv.Siblings, siblingOf(s))
 		inv.Calls = append(inv.Calls, callsOf(s, evs, b.guaranteeOf(s))...)
 	}
-	slices.SortStableFunc(inv.Calls, func(a, b InvestigatedCall) int { return a.At.Compare(b.At) })
+	slices.SortStableFunc(inv.Calls, func(a, b api.InvestigatedCall) int { return a.At.Compare(b.At) })
 	seen := map[string]bool{}
 	for _, c := range inv.Calls {
 		if c.Run == "" || seen[c.Run] {
@@ -205,13 +122,13 @@ func (b *Bastion) siblings(rec *markers.Record) ([]*markers.Record, error) {
 
 // related are the actor's executions of the same command on the same target from other
 // agent runs, accepted within the class's attach window of rec.
-func (b *Bastion) related(rec *markers.Record) ([]Sibling, error) {
+func (b *Bastion) related(rec *markers.Record) ([]api.Sibling, error) {
 	window := b.classes.Get(rec.Class).AttachWindow
 	recs, _, err := b.journal.List(markers.Query{Actor: rec.Actor, Since: rec.CreatedAt.Add(-window), Until: rec.CreatedAt.Add(window), Limit: maxRelatedScanned})
 	if err != nil {
 		return nil, err
 	}
-	var out []Sibling
+	var out []api.Sibling
 	for _, r := range recs {
 		if r.ID != rec.ID && r.IntentScope != rec.IntentScope && r.Target == rec.Target &&
 			slices.Equal(r.Command, rec.Command) && r.Cwd == rec.Cwd && r.Tool == rec.Tool {
@@ -221,8 +138,8 @@ func (b *Bastion) related(rec *markers.Record) ([]Sibling, error) {
 	return out, nil
 }
 
-func siblingOf(r *markers.Record) Sibling {
-	return Sibling{ExecutionID: r.ID, State: string(r.State), Scope: r.IntentScope, AcceptedAt: r.CreatedAt,
+func siblingOf(r *markers.Record) api.Sibling {
+	return api.Sibling{ExecutionID: r.ID, State: string(r.State), Scope: r.IntentScope, AcceptedAt: r.CreatedAt,
 		DeliveredAt: r.ResultDeliveredAt, IdempotencyKey: r.IdempotencyKey, PreviousAttempt: r.PreviousAttempt}
 }
 
@@ -241,8 +158,8 @@ func (b *Bastion) guaranteeOf(rec *markers.Record) Guarantee {
 
 // callsOf are the calls that the events of execution rec name (delivery events are not
 // calls of their own: they say which call got the result); level is its host's guarantee.
-func callsOf(rec *markers.Record, evs []markers.Event, level Guarantee) []InvestigatedCall {
-	var out []InvestigatedCall
+func callsOf(rec *markers.Record, evs []markers.Event, level Guarantee) []api.InvestigatedCall {
+	var out []api.InvestigatedCall
 	for _, ev := range evs {
 		switch {
 		case ev.Kind == markers.KindCreate:
@@ -256,9 +173,9 @@ func callsOf(rec *markers.Record, evs []markers.Event, level Guarantee) []Invest
 			} else if rec.IdempotencyKey != "" {
 				what += " with idempotency key " + rec.IdempotencyKey
 			}
-			out = append(out, InvestigatedCall{At: ev.At, ExecutionID: rec.ID, Call: c, What: what})
+			out = append(out, api.InvestigatedCall{At: ev.At, ExecutionID: rec.ID, Call: c, What: what})
 		case ev.Kind == markers.KindJoined && ev.Call != nil:
-			out = append(out, InvestigatedCall{At: ev.At, ExecutionID: rec.ID, Call: *ev.Call, What: joinedWhat(rec, ev.Call.Match, level)})
+			out = append(out, api.InvestigatedCall{At: ev.At, ExecutionID: rec.ID, Call: *ev.Call, What: joinedWhat(rec, ev.Call.Match, level)})
 		}
 	}
 	return out
@@ -309,8 +226,8 @@ func reconcileWhat(rec *markers.Record, level Guarantee) string {
 	return fmt.Sprintf("its outcome was unknown, nothing dispatched blindly (%s is not enrolled now, so how it was reconciled cannot be told)", rec.Host)
 }
 
-func authorizationOf(rec *markers.Record, evs []markers.Event) Authorization {
-	a := Authorization{Decision: rec.Decision, Class: rec.Class, AcceptedAt: rec.CreatedAt}
+func authorizationOf(rec *markers.Record, evs []markers.Event) api.Authorization {
+	a := api.Authorization{Decision: rec.Decision, Class: rec.Class, AcceptedAt: rec.CreatedAt}
 	for _, e := range rec.Evidence {
 		// The decision's evidence line: "policy: <outcome> (<rule>)".
 		if rest, ok := strings.CutPrefix(e, "policy: "); ok {
@@ -335,8 +252,8 @@ func authorizationOf(rec *markers.Record, evs []markers.Event) Authorization {
 }
 
 // observedOutcome is what the journal holds, and what the host's marker says now.
-func (b *Bastion) observedOutcome(ctx context.Context, rec *markers.Record) ObservedOutcome {
-	o := ObservedOutcome{State: string(rec.State), ExitCode: rec.ExitCode, Signal: rec.Signal, HTTPStatus: rec.HTTPStatus, Evidence: rec.Evidence}
+func (b *Bastion) observedOutcome(ctx context.Context, rec *markers.Record) api.ObservedOutcome {
+	o := api.ObservedOutcome{State: string(rec.State), ExitCode: rec.ExitCode, Signal: rec.Signal, HTTPStatus: rec.HTTPStatus, Evidence: rec.Evidence}
 	if t := finishedAt(rec); !t.IsZero() {
 		o.ObservedAt = &t
 	}
@@ -392,23 +309,24 @@ func markerOutcome(m *markers.Record) string {
 	return s
 }
 
-func deliveryOf(rec *markers.Record, evs []markers.Event) DeliveryAnswer {
-	d := DeliveryAnswer{DeliveredAt: rec.ResultDeliveredAt}
+func deliveryOf(rec *markers.Record, evs []markers.Event) api.DeliveryAnswer {
+	d := api.DeliveryAnswer{DeliveredAt: rec.ResultDeliveredAt}
 	for _, ev := range evs {
 		switch {
 		case ev.Kind == markers.KindUpdate && ev.Note == deliveredNote:
 			if r, err := ev.DecodedRecord(); err != nil || r.ResultDeliveredAt == nil {
 				continue // not a delivery after all (the execution had not ended)
 			}
-			d.Deliveries = append(d.Deliveries, DeliveryEvent{At: ev.At, Call: ev.Call})
+			d.Deliveries = append(d.Deliveries, api.DeliveryEvent{At: ev.At, Call: ev.Call})
 		case ev.Kind == markers.KindDeliveryRevoked:
-			d.Revocations = append(d.Revocations, DeliveryEvent{At: ev.At, Note: ev.Note})
+			d.Revocations = append(d.Revocations, api.DeliveryEvent{At: ev.At, Note: ev.Note})
 		}
 	}
 	return d
 }
 
-func (inv *Investigation) run(scope string) *markers.Run {
+// runOf is the run of scope among inv's runs, nil if it has none.
+func runOf(inv *api.Investigation, scope string) *markers.Run {
 	for _, r := range inv.Runs {
 		if r.Scope == scope {
 			return r
@@ -441,7 +359,7 @@ func runText(r *markers.Run) string {
 	return s + ", via " + r.Transport
 }
 
-func answerWho(inv *Investigation) string {
+func answerWho(inv *api.Investigation) string {
 	runs := map[string]bool{}
 	for _, c := range inv.Calls {
 		runs[c.Run] = true
@@ -472,17 +390,17 @@ func answerWho(inv *Investigation) string {
 	return b.String()
 }
 
-func scopeText(inv *Investigation, scope string) string {
+func scopeText(inv *api.Investigation, scope string) string {
 	if scope == "" {
 		return "an unnamed run"
 	}
-	if r := inv.run(scope); r != nil {
+	if r := runOf(inv, scope); r != nil {
 		return scope + " — " + runText(r)
 	}
 	return scope + " (no run record)"
 }
 
-func answerAuthorization(inv *Investigation) string {
+func answerAuthorization(inv *api.Investigation) string {
 	a := inv.Authorization
 	var b strings.Builder
 	fmt.Fprintf(&b, "Accepted %s; policy decided %s", stamp(a.AcceptedAt), dash(a.Decision))
@@ -507,7 +425,7 @@ func answerAuthorization(inv *Investigation) string {
 	return b.String()
 }
 
-func answerOutcome(inv *Investigation) string {
+func answerOutcome(inv *api.Investigation) string {
 	o := inv.Outcome
 	var b strings.Builder
 	switch {
@@ -529,7 +447,7 @@ func answerOutcome(inv *Investigation) string {
 	return b.String()
 }
 
-func answerDelivery(inv *Investigation) string {
+func answerDelivery(inv *api.Investigation) string {
 	d := inv.Delivery
 	rec := inv.Record
 	var b strings.Builder
@@ -552,7 +470,7 @@ func answerDelivery(inv *Investigation) string {
 	return strings.TrimSpace(b.String())
 }
 
-func answerLater(inv *Investigation) string {
+func answerLater(inv *api.Investigation) string {
 	var b strings.Builder
 	first := true
 	for _, c := range inv.Calls {

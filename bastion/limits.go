@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
@@ -19,7 +21,7 @@ import (
 //   - max_concurrent counts the executions the bastion is carrying for the actor (its live
 //     drivers, queued ones included). An execution about to be dispatched that was not
 //     admitted by that check — approved by an operator, or recovered after a restart —
-//     waits for a slot instead: it stays authorized, queued (evidence, Execution.Queued),
+//     waits for a slot instead: it stays authorized, queued (evidence, api.Execution.Queued),
 //     and is dispatched when the executions in flight drop below the limit.
 //   - daily_quota counts the executions accepted since 00:00 UTC that dispatched or may
 //     still (countsTowardQuota): rejected ones, and ones cancelled or failed before dispatch,
@@ -34,8 +36,8 @@ func (b *Bastion) checkLimits(c transport.Caller, actor policy.Actor, scope stri
 		all, run := b.inFlightLocked(actor.Name, scope, nil, false)
 		b.mu.Unlock()
 		if why := concurrencyExceeded(actor, all, run); why != "" {
-			b.metrics.rejected.WithLabelValues(CodeConcurrencyLimit).Inc()
-			return &ToolError{Code: CodeConcurrencyLimit, Message: why + "; wait for one to end (nothing was started)"}
+			b.metrics.rejected.WithLabelValues(api.CodeConcurrencyLimit).Inc()
+			return &api.ToolError{Code: api.CodeConcurrencyLimit, Message: why + "; wait for one to end (nothing was started)"}
 		}
 	}
 	if actor.DailyQuota > 0 || actor.RunDailyQuota > 0 {
@@ -51,8 +53,8 @@ func (b *Bastion) checkLimits(c transport.Caller, actor policy.Actor, scope stri
 			why = fmt.Sprintf("this agent run of actor %s used its daily quota of %d executions (run_daily_quota)", actor.Name, actor.RunDailyQuota)
 		}
 		if why != "" {
-			b.metrics.rejected.WithLabelValues(CodeQuotaExceeded).Inc()
-			return &ToolError{Code: CodeQuotaExceeded, Message: why + " (resets at 00:00 UTC; rejected executions do not count); nothing was started"}
+			b.metrics.rejected.WithLabelValues(api.CodeQuotaExceeded).Inc()
+			return &api.ToolError{Code: api.CodeQuotaExceeded, Message: why + " (resets at 00:00 UTC; rejected executions do not count); nothing was started"}
 		}
 	}
 	return nil

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion/tasks"
@@ -63,7 +65,7 @@ func (t taskBackend) caller(extra *mcp.RequestExtra) (transport.Caller, error) {
 			return c, nil
 		}
 	}
-	return transport.Caller{}, &ToolError{Code: "unauthenticated", Message: "the transport did not identify the caller"}
+	return transport.Caller{}, &api.ToolError{Code: "unauthenticated", Message: "the transport did not identify the caller"}
 }
 
 func (t taskBackend) own(extra *mcp.RequestExtra, id string) (*markers.Record, error) {
@@ -72,8 +74,8 @@ func (t taskBackend) own(extra *mcp.RequestExtra, id string) (*markers.Record, e
 		return nil, err
 	}
 	rec, err := t.b.own(c, id)
-	var te *ToolError
-	if errors.As(err, &te) && te.Code == CodeNotFound {
+	var te *api.ToolError
+	if errors.As(err, &te) && te.Code == api.CodeNotFound {
 		return nil, tasks.ErrNotFound
 	}
 	return rec, err
@@ -158,12 +160,12 @@ func (t taskBackend) Result(ctx context.Context, extra *mcp.RequestExtra, id str
 			return &mcp.CallToolResult{
 				Content:           []mcp.Content{&mcp.TextContent{Text: x.Summary()}},
 				StructuredContent: x,
-				IsError:           x.callFailed(),
+				IsError:           x.CallFailed(),
 			}, nil
 		}
 		if waiting == "" {
 			if !b.taskWaits.acquire(rec.Actor, maxTaskWaitsPerActor) {
-				return nil, &ToolError{Code: "too_many_waits", ExecutionID: id, Message: fmt.Sprintf("%d tasks/result requests of yours already wait; ask tasks/get instead, or again once one ended", maxTaskWaitsPerActor)}
+				return nil, &api.ToolError{Code: "too_many_waits", ExecutionID: id, Message: fmt.Sprintf("%d tasks/result requests of yours already wait; ask tasks/get instead, or again once one ended", maxTaskWaitsPerActor)}
 			}
 			waiting = rec.Actor
 		}
@@ -178,7 +180,7 @@ func (t taskBackend) Result(ctx context.Context, extra *mcp.RequestExtra, id str
 			return nil, ctx.Err()
 		case <-b.ctx.Done():
 			timer.Stop()
-			return nil, &ToolError{Code: "shutting_down", Message: "the bastion is shutting down; ask again after its restart: the task is journaled"}
+			return nil, &api.ToolError{Code: "shutting_down", Message: "the bastion is shutting down; ask again after its restart: the task is journaled"}
 		case <-done:
 		case <-timer.C:
 		}
@@ -192,8 +194,8 @@ func (t taskBackend) Cancel(ctx context.Context, extra *mcp.RequestExtra, id str
 		return nil, err
 	}
 	if _, err := t.b.Cancel(ctx, c, id); err != nil {
-		var te *ToolError
-		if errors.As(err, &te) && te.Code == CodeNotFound {
+		var te *api.ToolError
+		if errors.As(err, &te) && te.Code == api.CodeNotFound {
 			return nil, tasks.ErrNotFound
 		}
 		return nil, err

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
@@ -39,31 +41,6 @@ import (
 //	POST /v1/approvals/{id}/approve  {"note"}                      authorize and dispatch
 //	POST /v1/approvals/{id}/deny     {"reason"}                    reject
 //	POST /v1/executions/{id}/review  {"outcome","note"}            an unknown (or stuck) outcome, verified
-
-// ExecutionDetail is one execution for operators: the record, its event story and output.
-type ExecutionDetail struct {
-	Record *markers.Record `json:"record"`
-	Events []markers.Event `json:"events"`
-	// Output is the stored result as agents see it (an SSH output tail or an HTTP response),
-	// when the execution has one.
-	Output *Execution `json:"output,omitempty"`
-	// Run is the agent run of its intent scope, as first seen (absent for executions
-	// accepted before runs were journaled).
-	Run *markers.Run `json:"run,omitempty"`
-}
-
-// ExecutionPage is one page of executions.
-type ExecutionPage struct {
-	Executions []*markers.Record `json:"executions"`
-	Next       string            `json:"next,omitempty"`
-}
-
-// MarkerPage is a host's answer to a markers query.
-type MarkerPage struct {
-	Host    string            `json:"host"`
-	Markers []*markers.Record `json:"markers"`
-	Next    string            `json:"next,omitempty"`
-}
 
 func (b *Bastion) operatorHandler() http.Handler {
 	mux := http.NewServeMux()
@@ -101,7 +78,7 @@ func (b *Bastion) operatorHandler() http.Handler {
 	})
 	mux.HandleFunc("GET /v1/approvals", func(w http.ResponseWriter, _ *http.Request) {
 		recs, err := b.PendingApprovals(1000)
-		writeJSON(w, ExecutionPage{Executions: nonNil(recs)}, err)
+		writeJSON(w, api.ExecutionPage{Executions: nonNil(recs)}, err)
 	})
 	mux.HandleFunc("POST /v1/approvals/{id}/approve", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
 		return b.Approve(r.Context(), operatorOf(r), r.PathValue("id"), body.Note)
@@ -127,7 +104,7 @@ func (b *Bastion) opListExecutions(w http.ResponseWriter, r *http.Request) {
 	q := markers.Query{Newest: true, Limit: 100, Actor: r.FormValue("actor"), Cursor: r.FormValue("cursor")}
 	if st := r.FormValue("state"); st != "" {
 		if !markers.JournalGraph.Has(markers.State(st)) {
-			writeJSON(w, nil, invalid("unknown state %q", st))
+			writeJSON(w, nil, api.Invalid("unknown state %q", st))
 			return
 		}
 		q.State = markers.State(st)
@@ -135,7 +112,7 @@ func (b *Bastion) opListExecutions(w http.ResponseWriter, r *http.Request) {
 	if s := r.FormValue("since"); s != "" {
 		t, err := time.Parse(time.RFC3339, s)
 		if err != nil {
-			writeJSON(w, nil, invalid("since: %v", err))
+			writeJSON(w, nil, api.Invalid("since: %v", err))
 			return
 		}
 		q.Since = t
@@ -148,21 +125,21 @@ func (b *Bastion) opListExecutions(w http.ResponseWriter, r *http.Request) {
 	if v := r.FormValue("review_required"); v != "" {
 		var err error
 		if review, err = strconv.ParseBool(v); err != nil {
-			writeJSON(w, nil, invalid("review_required must be true or false"))
+			writeJSON(w, nil, api.Invalid("review_required must be true or false"))
 			return
 		}
 		if review && q.State != "" && q.State != markers.Unknown {
-			writeJSON(w, nil, invalid("review_required selects unknown executions, not %s", q.State))
+			writeJSON(w, nil, api.Invalid("review_required selects unknown executions, not %s", q.State))
 			return
 		}
 		if review {
 			q.State = markers.Unknown
 		}
 	}
-	page := ExecutionPage{Executions: []*markers.Record{}}
+	page := api.ExecutionPage{Executions: []*markers.Record{}}
 	recs, next, err := b.journal.List(q)
 	if errors.Is(err, markers.ErrInvalidCursor) {
-		err = invalid("cursor: not one this journal handed out; list again without it")
+		err = api.Invalid("cursor: not one this journal handed out; list again without it")
 	}
 	if err != nil {
 		writeJSON(w, nil, err)
@@ -181,7 +158,7 @@ func (b *Bastion) opListExecutions(w http.ResponseWriter, r *http.Request) {
 // what to do; other errors pass unchanged.
 func unknownExecution(id string, err error) error {
 	if errors.Is(err, markers.ErrNotFound) {
-		return &ToolError{Code: CodeNotFound, ExecutionID: id, Message: fmt.Sprintf(
+		return &api.ToolError{Code: api.CodeNotFound, ExecutionID: id, Message: fmt.Sprintf(
 			"the journal has no execution %s: check the id (`postern executions list` shows the recent ones); executions past their class's retention are removed", id)}
 	}
 	return err
@@ -212,12 +189,12 @@ func (b *Bastion) PolicyCheck(req policy.Request) (policy.Decision, error) {
 // more or the end, as execution_output does for agents (reading it is not a delivery).
 func (b *Bastion) opOutput(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	a := OutputArgs{ExecutionID: id}
+	a := api.OutputArgs{ExecutionID: id}
 	for name, dst := range map[string]*int64{"stdout_offset": &a.Offset, "stderr_offset": &a.StderrOffset} {
 		if v := r.FormValue(name); v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
-				writeJSON(w, nil, invalid("%s must be a byte offset", name))
+				writeJSON(w, nil, api.Invalid("%s must be a byte offset", name))
 				return
 			}
 			*dst = n
@@ -226,7 +203,7 @@ func (b *Bastion) opOutput(w http.ResponseWriter, r *http.Request) {
 	if v := r.FormValue("wait_s"); v != "" {
 		n, err := strconv.Atoi(v)
 		if err != nil {
-			writeJSON(w, nil, invalid("wait_s must be a number of seconds"))
+			writeJSON(w, nil, api.Invalid("wait_s must be a number of seconds"))
 			return
 		}
 		a.WaitS = &n
@@ -238,11 +215,6 @@ func (b *Bastion) opOutput(w http.ResponseWriter, r *http.Request) {
 	}
 	x, err := b.output(r.Context(), rec, a)
 	writeJSON(w, x, err)
-}
-
-// RunPage is a list of agent runs.
-type RunPage struct {
-	Runs []*markers.Run `json:"runs"`
 }
 
 func (b *Bastion) opListRuns(w http.ResponseWriter, r *http.Request) {
@@ -259,7 +231,7 @@ func (b *Bastion) opListRuns(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, nil, err)
 		return
 	}
-	page := RunPage{Runs: []*markers.Run{}}
+	page := api.RunPage{Runs: []*markers.Run{}}
 	for _, run := range runs {
 		if scope == "" || run.Scope == scope {
 			page.Runs = append(page.Runs, run)
@@ -280,7 +252,7 @@ func (b *Bastion) opShowExecution(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, nil, err)
 		return
 	}
-	detail := ExecutionDetail{Record: rec, Events: events}
+	detail := api.ExecutionDetail{Record: rec, Events: events}
 	if run, err := b.journal.Run(rec.Actor, rec.IntentScope); err == nil {
 		detail.Run = run
 	}
@@ -336,7 +308,7 @@ func (b *Bastion) opListMarkers(w http.ResponseWriter, r *http.Request) {
 			cc.Close()
 		}
 	}
-	writeJSON(w, MarkerPage{Host: host.Name, Markers: page, Next: next}, err)
+	writeJSON(w, api.MarkerPage{Host: host.Name, Markers: page, Next: next}, err)
 }
 
 func (b *Bastion) opShowMarker(w http.ResponseWriter, r *http.Request) {
@@ -377,7 +349,7 @@ func (b *Bastion) showHostagentMarker(ctx context.Context, host Host, id string)
 // showScriptMarker is the marker script's marker of id (nil: none).
 func (b *Bastion) showScriptMarker(ctx context.Context, host Host, id string) (*markers.Record, error) {
 	if !markers.ValidExecutionID(id) {
-		return nil, invalid("%q is not an execution id", id)
+		return nil, api.Invalid("%q is not an execution id", id)
 	}
 	a, err := askMarkerScript(ctx, b.pool, host, id)
 	if err != nil || a.State == agentless.Absent {
@@ -395,7 +367,7 @@ func formLimit(w http.ResponseWriter, r *http.Request, most int, limit *int) boo
 	}
 	n, err := strconv.Atoi(l)
 	if err != nil || n < 1 || n > most {
-		writeJSON(w, nil, invalid("limit must be in 1..%d", most))
+		writeJSON(w, nil, api.Invalid("limit must be in 1..%d", most))
 		return false
 	}
 	*limit = n
@@ -437,7 +409,7 @@ func readBody(w http.ResponseWriter, r *http.Request, v any) bool {
 	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxOperatorBody))
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(v); err != nil {
-		writeJSON(w, nil, invalid("request body: %v", err))
+		writeJSON(w, nil, api.Invalid("request body: %v", err))
 		return false
 	}
 	return true
@@ -466,27 +438,21 @@ func operatorOf(r *http.Request) string {
 	return "operator:unknown"
 }
 
-// OperatorError is the operator API's error body.
-type OperatorError struct {
-	Error string `json:"error"`
-	Code  string `json:"code"`
-}
-
 func writeJSON(w http.ResponseWriter, v any, err error) {
 	w.Header().Set("Content-Type", "application/json")
 	if err != nil {
 		status, code := http.StatusInternalServerError, "internal"
-		var te *ToolError
+		var te *api.ToolError
 		switch {
 		case errors.As(err, &te):
 			status, code = http.StatusBadRequest, te.Code
-			if te.Code == CodeNotFound {
+			if te.Code == api.CodeNotFound {
 				status = http.StatusNotFound
 			}
 		case errors.Is(err, markers.ErrNotFound):
-			status, code = http.StatusNotFound, CodeNotFound
+			status, code = http.StatusNotFound, api.CodeNotFound
 		case errors.Is(err, ErrUnknownHost):
-			status, code = http.StatusNotFound, CodeUnknownHost
+			status, code = http.StatusNotFound, api.CodeUnknownHost
 		case errors.Is(err, ErrNotAwaitingApproval):
 			status, code = http.StatusConflict, "not_awaiting_approval"
 		case errors.Is(err, ErrNotReviewable):
@@ -497,7 +463,7 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 			status, code = http.StatusConflict, "no_hostagent"
 		}
 		w.WriteHeader(status)
-		json.NewEncoder(w).Encode(OperatorError{Error: err.Error(), Code: code})
+		json.NewEncoder(w).Encode(api.OperatorError{Error: err.Error(), Code: code})
 		return
 	}
 	json.NewEncoder(w).Encode(v)

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
@@ -18,7 +20,7 @@ const cancelWait = 15 * time.Second
 // host is cancelled there (TERM, then KILL after the host's grace period) and its outcome
 // follows from the host's marker; one its host never started (no marker) is cancelled in the
 // journal by its driver instead of being dispatched again. An HTTP request cannot be recalled.
-func (b *Bastion) Cancel(ctx context.Context, c transport.Caller, id string) (*Execution, error) {
+func (b *Bastion) Cancel(ctx context.Context, c transport.Caller, id string) (*api.Execution, error) {
 	rec, err := b.own(c, id)
 	if err != nil {
 		return nil, err
@@ -53,7 +55,7 @@ func (b *Bastion) Cancel(ctx context.Context, c transport.Caller, id string) (*E
 	}
 	host, err := b.inv.Host(rec.Host)
 	if err != nil {
-		return nil, &ToolError{Code: CodeUnknownHost, Message: err.Error(), ExecutionID: id}
+		return nil, &api.ToolError{Code: api.CodeUnknownHost, Message: err.Error(), ExecutionID: id}
 	}
 	b.requestCancel(id)
 	if err := b.cancelOnHost(ctx, host, id); err != nil {
@@ -90,43 +92,30 @@ func (b *Bastion) cancelOnHost(ctx context.Context, host Host, id string) error 
 	return err
 }
 
-// ListArgs are the arguments of executions_list.
-type ListArgs struct {
-	State string `json:"state,omitempty" jsonschema:"only executions in this state (e.g. running, unknown, completed)"`
-	Host  string `json:"host,omitempty" jsonschema:"only executions on this host"`
-	Since string `json:"since,omitempty" jsonschema:"only executions accepted at or after this RFC 3339 time"`
-	Limit int    `json:"limit,omitempty" jsonschema:"at most this many (default 50, max 500)"`
-}
-
-// ListResult is the output of executions_list.
-type ListResult struct {
-	Executions []*Execution `json:"executions"`
-}
-
 // List returns the caller's executions, newest first.
-func (b *Bastion) List(c transport.Caller, a ListArgs) (*ListResult, error) {
+func (b *Bastion) List(c transport.Caller, a api.ListArgs) (*api.ListResult, error) {
 	q := markers.Query{Actor: c.Actor, Newest: true, Limit: 50}
 	if a.State != "" {
 		if !markers.JournalGraph.Has(markers.State(a.State)) {
-			return nil, invalid("unknown state %q", a.State)
+			return nil, api.Invalid("unknown state %q", a.State)
 		}
 		q.State = markers.State(a.State)
 	}
 	if a.Since != "" {
 		t, err := time.Parse(time.RFC3339, a.Since)
 		if err != nil {
-			return nil, invalid("since: want an RFC 3339 time: %v", err)
+			return nil, api.Invalid("since: want an RFC 3339 time: %v", err)
 		}
 		q.Since = t
 	}
 	if a.Limit < 0 || a.Limit > 500 {
-		return nil, invalid("limit must be in 0..500")
+		return nil, api.Invalid("limit must be in 0..500")
 	}
 	if a.Limit > 0 {
 		q.Limit = a.Limit
 	}
 	want := q.Limit
-	out := &ListResult{Executions: []*Execution{}}
+	out := &api.ListResult{Executions: []*api.Execution{}}
 	for {
 		recs, next, err := b.journal.List(q)
 		if err != nil {
@@ -148,38 +137,18 @@ func (b *Bastion) List(c transport.Caller, a ListArgs) (*ListResult, error) {
 	return out, nil
 }
 
-// HostInfo describes one enrolled host.
-type HostInfo struct {
-	Name        string   `json:"name"`
-	Addr        string   `json:"addr"`
-	Account     string   `json:"account"`
-	HostKey     string   `json:"host_key_fingerprint"`
-	Groups      []string `json:"groups,omitempty"`
-	Connected   bool     `json:"connected"`
-	DefaultCwd  string   `json:"default_cwd,omitempty"`
-	HostKeyType string   `json:"host_key_type"`
-	// Guarantee is what the host promises about a lost outcome: hostagent, marker_script or
-	// none (README, "Hosts without the hostagent").
-	Guarantee Guarantee `json:"guarantee"`
-}
-
-// HostsResult is the output of hosts_list.
-type HostsResult struct {
-	Hosts []HostInfo `json:"hosts"`
-}
-
 // Hosts lists the enrolled hosts.
-func (b *Bastion) Hosts() (*HostsResult, error) {
+func (b *Bastion) Hosts() (*api.HostsResult, error) {
 	hosts, err := b.inv.Hosts()
 	if err != nil {
 		return nil, err
 	}
-	out := &HostsResult{Hosts: []HostInfo{}}
+	out := &api.HostsResult{Hosts: []api.HostInfo{}}
 	for _, h := range hosts {
-		out.Hosts = append(out.Hosts, HostInfo{
+		out.Hosts = append(out.Hosts, api.HostInfo{
 			Name: h.Name, Addr: h.Addr, Account: h.Account, HostKey: fingerprintSHA256(h),
 			HostKeyType: h.HostKey.Type(), Groups: h.Groups, Connected: b.pool.Connected(h.Name), DefaultCwd: h.Cwd,
-			Guarantee: h.Level(),
+			Guarantee: string(h.Level()),
 		})
 	}
 	return out, nil

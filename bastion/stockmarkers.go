@@ -8,6 +8,8 @@ import (
 	"slices"
 	"strings"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/markers"
 )
@@ -143,10 +145,10 @@ type scriptMarkerQuery struct {
 // when none). Execution ids sort by creation time, so newest first is by id, descending.
 func scriptMarkerPage(host Host, list []agentless.Answer, q scriptMarkerQuery) ([]*markers.Record, string, error) {
 	if q.State != "" && !markers.HostGraph.Has(q.State) {
-		return nil, "", invalid("state %q is not a marker state", q.State)
+		return nil, "", api.Invalid("state %q is not a marker state", q.State)
 	}
 	if q.Cursor != "" && !markers.ValidExecutionID(q.Cursor) {
-		return nil, "", invalid("cursor %q is not one this list gave", q.Cursor)
+		return nil, "", api.Invalid("cursor %q is not one this list gave", q.Cursor)
 	}
 	limit := q.Limit
 	if limit == 0 {

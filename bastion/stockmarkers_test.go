@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/markers"
 )
@@ -87,8 +89,8 @@ func TestScriptMarkerPage(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			page, next, err := scriptMarkerPage(host, list, tt.q)
-			var te *ToolError
-			if invalid := errors.As(err, &te) && te.Code == CodeInvalidArgument; invalid != tt.wantInvalid || (err != nil && !invalid) {
+			var te *api.ToolError
+			if invalid := errors.As(err, &te) && te.Code == api.CodeInvalidArgument; invalid != tt.wantInvalid || (err != nil && !invalid) {
 				t.Fatalf("err = %v; want invalid argument %v", err, tt.wantInvalid)
 			}
 			var got []string

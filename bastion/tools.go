@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion/tasks"
@@ -40,19 +42,19 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Annotations: &mcp.ToolAnnotations{
 			ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: false, OpenWorldHint: boolPtr(true),
 		},
-	}, executionTool(b, startsWork, func(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, in ExecArgs) (*Execution, error) {
+	}, executionTool(b, startsWork, func(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, in api.ExecArgs) (*api.Execution, error) {
 		return b.Exec(ctx, c, in, progressFor(ctx, req))
 	}))
 	if b.plugin != nil {
 		mcp.AddTool(srv, &mcp.Tool{
 			Name:  "http_request",
 			Title: "Call a configured HTTP API",
-			Description: "Send an HTTP request to a configured endpoint (see the endpoint's allowed methods and path prefixes). The bastion injects the endpoint's credential; never pass Authorization yourself. Every request carries Idempotency-Key: the execution id. " +
+			Description: "Send an HTTP request to a configured endpoint (see the endpoint's allowed methods and path prefixes). The bastion injects the endpoint's credential; never pass api.Authorization yourself. Every request carries Idempotency-Key: the execution id. " +
 				"If the outcome is unknown (the connection broke after the request was written), the endpoint's class decides: read_only and idempotent_write are re-sent with the same Idempotency-Key, conditional_write is checked with the endpoint's status check first, irreversible is never re-sent and needs review. " + replayContract,
 			Annotations: &mcp.ToolAnnotations{
 				ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: false, OpenWorldHint: boolPtr(true),
 			},
-		}, executionTool(b, startsWork, func(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, in HTTPArgs) (*Execution, error) {
+		}, executionTool(b, startsWork, func(ctx context.Context, req *mcp.CallToolRequest, c transport.Caller, in api.HTTPArgs) (*api.Execution, error) {
 			return b.HTTPRequest(ctx, c, in, progressFor(ctx, req))
 		}))
 	}
@@ -61,7 +63,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Title:       "Status of an execution",
 		Description: "The journal's record of one of your executions: state, exit code, evidence, the last output. For an execution whose outcome is unknown it asks the host again first. Reading never changes anything.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
-	}, executionTool(b, operatesOnOne, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in executionRef) (*Execution, error) {
+	}, executionTool(b, operatesOnOne, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in executionRef) (*api.Execution, error) {
 		return b.Status(ctx, c, in.ExecutionID, b.cfg.DefaultWait/3)
 	}))
 	mcp.AddTool(srv, &mcp.Tool{
@@ -69,7 +71,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Title:       "Read or follow an execution's output",
 		Description: "Attach to one of your executions: returns its output from the given offsets (stdout offset, stderr_offset), waiting up to wait_s (default 30) for new output or the end. Call again with stdout_offset+len(stdout) to read on. Never starts anything.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
-	}, executionTool(b, operatesOnOne, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in OutputArgs) (*Execution, error) {
+	}, executionTool(b, operatesOnOne, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in api.OutputArgs) (*api.Execution, error) {
 		return b.Output(ctx, c, in)
 	}))
 	mcp.AddTool(srv, &mcp.Tool{
@@ -77,7 +79,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Title:       "Cancel an execution",
 		Description: "Cancel one of your executions: not yet dispatched, or never started by its host → cancelled, nothing runs; running on its host → TERM, then KILL after the host's grace period. A sent HTTP request cannot be recalled. Cancelling an execution that already ended changes nothing. Calling it twice is the same as once.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: false, DestructiveHint: boolPtr(true), IdempotentHint: true, OpenWorldHint: boolPtr(true)},
-	}, executionTool(b, operatesOnOne, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in executionRef) (*Execution, error) {
+	}, executionTool(b, operatesOnOne, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in executionRef) (*api.Execution, error) {
 		return b.Cancel(ctx, c, in.ExecutionID)
 	}))
 	mcp.AddTool(srv, &mcp.Tool{
@@ -85,7 +87,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Title:       "List your executions",
 		Description: "Your executions, newest first, optionally filtered by state (e.g. running, unknown), host and acceptance time. Reading never changes anything.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
-	}, func(ctx context.Context, req *mcp.CallToolRequest, in ListArgs) (*mcp.CallToolResult, *ListResult, error) {
+	}, func(ctx context.Context, req *mcp.CallToolRequest, in api.ListArgs) (*mcp.CallToolResult, *api.ListResult, error) {
 		c, err := callerOf(req)
 		if err != nil {
 			return nil, nil, err
@@ -101,7 +103,7 @@ func (b *Bastion) MCPServer() *mcp.Server {
 		Title:       "List enrolled hosts",
 		Description: "The hosts you can run commands on, with their pinned host key fingerprints, whether a connection is open, and each host's guarantee: hostagent (a lost outcome is resolved from the host's marker), marker_script (resolved from a marker script's record; no output re-attach), or none (a lost outcome stays unknown and needs an operator's review; it is never sent again). Reading never changes anything.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
-	}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, *HostsResult, error) {
+	}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, *api.HostsResult, error) {
 		if _, err := callerOf(req); err != nil {
 			return nil, nil, err
 		}
@@ -148,8 +150,8 @@ const (
 
 // executionTool is the handler of a tool that returns one execution: the caller comes from
 // the transport, the result is tracked for delivery.
-func executionTool[In any](b *Bastion, role toolRole, do func(context.Context, *mcp.CallToolRequest, transport.Caller, In) (*Execution, error)) mcp.ToolHandlerFor[In, *Execution] {
-	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, *Execution, error) {
+func executionTool[In any](b *Bastion, role toolRole, do func(context.Context, *mcp.CallToolRequest, transport.Caller, In) (*api.Execution, error)) mcp.ToolHandlerFor[In, *api.Execution] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, *api.Execution, error) {
 		c, err := callerOf(req)
 		if err != nil {
 			return nil, nil, err
@@ -174,7 +176,7 @@ func executionTool[In any](b *Bastion, role toolRole, do func(context.Context, *
 func callerOf(req *mcp.CallToolRequest) (transport.Caller, error) {
 	c, ok := transport.CallerFromTokenInfo(req.Extra.TokenInfo)
 	if !ok {
-		return transport.Caller{}, &ToolError{Code: "unauthenticated", Message: "the transport did not identify the caller"}
+		return transport.Caller{}, &api.ToolError{Code: "unauthenticated", Message: "the transport did not identify the caller"}
 	}
 	return c, nil
 }
@@ -183,7 +185,7 @@ func callerOf(req *mcp.CallToolRequest) (transport.Caller, error) {
 // isError says the call failed: for a tool that starts work, that the command or request
 // failed (callFailed); reading or cancelling an execution that returns it succeeded — its
 // state and is_error say how the execution went.
-func (b *Bastion) result(ctx context.Context, role toolRole, x *Execution, err error) (*mcp.CallToolResult, *Execution, error) {
+func (b *Bastion) result(ctx context.Context, role toolRole, x *api.Execution, err error) (*mcp.CallToolResult, *api.Execution, error) {
 	if err != nil {
 		return nil, nil, err
 	}
@@ -193,11 +195,11 @@ func (b *Bastion) result(ctx context.Context, role toolRole, x *Execution, err e
 			dl.add(x.ExecutionID)
 		}
 	}
-	isError := role == startsWork && x.callFailed()
+	isError := role == startsWork && x.CallFailed()
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: x.Summary()}}, IsError: isError}, x, nil
 }
 
-func listSummary(out *ListResult) string {
+func listSummary(out *api.ListResult) string {
 	if len(out.Executions) == 0 {
 		return "No executions."
 	}
@@ -209,12 +211,12 @@ func listSummary(out *ListResult) string {
 }
 
 // progressFor reports progress to the client if it asked for it (a progress token).
-func progressFor(ctx context.Context, req *mcp.CallToolRequest) func(*Execution) {
+func progressFor(ctx context.Context, req *mcp.CallToolRequest) func(*api.Execution) {
 	token := req.Params.GetProgressToken()
 	if token == nil {
 		return nil
 	}
-	return func(x *Execution) {
+	return func(x *api.Execution) {
 		req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
 			ProgressToken: token,
 			Progress:      float64(x.StdoutBytes + x.StderrBytes),

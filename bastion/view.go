@@ -8,126 +8,16 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
 )
 
-// Execution is what every execution tool returns: the journal's record of one execution,
-// its output (or a window of it), and what the caller may do next.
-type Execution struct {
-	ExecutionID string `json:"execution_id"`
-	// State is the journal state; a completed execution whose result was never delivered
-	// shows as completed with result_delivered false.
-	State           string `json:"state"`
-	ResultDelivered bool   `json:"result_delivered"`
-	// Replayed: this call did not dispatch anything; it joined or replayed an execution
-	// that already existed (a retry, a duplicate, an idempotency key).
-	Replayed bool   `json:"replayed"`
-	Host     string `json:"host,omitempty"`
-	Command  string `json:"command,omitempty"`
-	Class    string `json:"class,omitempty"`
-	ExitCode *int   `json:"exit_code,omitempty"`
-	Signal   string `json:"signal,omitempty"`
-	IsError  bool   `json:"is_error"`
-	// Stdout and Stderr are the returned window of each stream; *Offset is the stream offset
-	// of its first byte and *Bytes the stream's total size so far. Pass stdout_offset +
-	// len(stdout) to execution_output to read on.
-	Stdout       string `json:"stdout"`
-	StdoutOffset int64  `json:"stdout_offset"`
-	StdoutBytes  int64  `json:"stdout_bytes"`
-	Stderr       string `json:"stderr"`
-	StderrOffset int64  `json:"stderr_offset"`
-	StderrBytes  int64  `json:"stderr_bytes"`
-	// OutputSHA256 is the host's digest of the whole stdout, when the execution ended.
-	OutputSHA256 string `json:"stdout_sha256,omitempty"`
-	// HTTP executions: the response (status, kept headers, body up to the endpoint's cap).
-	HTTPStatus         int                 `json:"http_status,omitempty"`
-	ResponseHeader     map[string][]string `json:"response_headers,omitempty"`
-	ResponseBody       string              `json:"response_body,omitempty"`
-	ResponseBytes      int64               `json:"response_bytes,omitempty"`
-	ResponseTruncated  bool                `json:"response_truncated,omitempty"`
-	IdempotentReplayed bool                `json:"idempotent_replayed,omitempty"`
-	AcceptedAt         time.Time           `json:"accepted_at"`
-	DispatchedAt       *time.Time          `json:"dispatched_at,omitempty"`
-	// FinishedAt is when the outcome was observed (the execution's terminal state was
-	// journaled), not when its record last changed.
-	FinishedAt *time.Time `json:"finished_at,omitempty"`
-	Evidence   []string   `json:"evidence,omitempty"`
-	// Cause says why a failed or unknown execution is so (its latest evidence, one line).
-	Cause string `json:"cause,omitempty"`
-	// PreviousAttempt is the failed execution this one retries: a call with the same
-	// idempotency_key and the same request after that one provably did not take effect.
-	PreviousAttempt string `json:"previous_attempt,omitempty"`
-	// ReviewRequired: the outcome is unknown and Postern will neither ask nor send again;
-	// only an operator's review (`postern review`) settles it.
-	ReviewRequired bool `json:"review_required,omitempty"`
-	// Queued: authorized, and waiting for its actor's max_concurrent slot before dispatch.
-	Queued bool `json:"queued,omitempty"`
-	// Next says what is safe to do now.
-	Next string `json:"next"`
-}
-
-// Summary is the text form of a result (the MCP text content): what happened, why (for a
-// failed or unknown execution), what to do next, then the output.
-func (x *Execution) Summary() string {
-	var sb strings.Builder
-	fmt.Fprintf(&sb, "%s on %s: %s", x.ExecutionID, x.Host, x.State)
-	if x.ExitCode != nil {
-		fmt.Fprintf(&sb, " (exit %d)", *x.ExitCode)
-	}
-	if x.Signal != "" {
-		fmt.Fprintf(&sb, " (%s)", x.Signal)
-	}
-	if x.HTTPStatus != 0 {
-		fmt.Fprintf(&sb, " (HTTP %d)", x.HTTPStatus)
-	}
-	if x.ReviewRequired {
-		sb.WriteString(" [review required]")
-	}
-	if x.Replayed {
-		sb.WriteString(" [replayed: no new dispatch]")
-	}
-	sb.WriteString(".")
-	if x.PreviousAttempt != "" {
-		fmt.Fprintf(&sb, " New attempt after %s, which failed without effect.", x.PreviousAttempt)
-	}
-	if x.Cause != "" {
-		fmt.Fprintf(&sb, "\nCause: %s", x.Cause)
-	}
-	sb.WriteString("\nNext: ")
-	sb.WriteString(x.Next)
-	if x.Stdout != "" {
-		fmt.Fprintf(&sb, "\n--- stdout (from byte %d of %d) ---\n%s", x.StdoutOffset, x.StdoutBytes, x.Stdout)
-	}
-	if x.Stderr != "" {
-		fmt.Fprintf(&sb, "\n--- stderr (from byte %d of %d) ---\n%s", x.StderrOffset, x.StderrBytes, x.Stderr)
-	}
-	if x.ResponseBody != "" {
-		truncated := ""
-		if x.ResponseTruncated {
-			truncated = fmt.Sprintf(", truncated from %d bytes", x.ResponseBytes)
-		}
-		fmt.Fprintf(&sb, "\n--- response body%s ---\n%s", truncated, x.ResponseBody)
-	}
-	return sb.String()
-}
-
-// callFailed reports whether a call that started (or joined) this execution failed: the
-// command or request failed (non-zero exit, signal, HTTP error status), was refused, did not
-// take effect, was killed at its timeout or cancelled, or its outcome cannot be proven. A
-// running or pending execution has not failed.
-func (x *Execution) callFailed() bool {
-	switch markers.State(x.State) {
-	case markers.Failed, markers.Rejected, markers.Unknown, markers.TimedOut, markers.Cancelled:
-		return true
-	}
-	return x.IsError
-}
-
 // view builds the result from a record, without output.
-func (b *Bastion) view(rec *markers.Record) *Execution {
-	x := &Execution{
+func (b *Bastion) view(rec *markers.Record) *api.Execution {
+	x := &api.Execution{
 		ExecutionID:     rec.ID,
 		State:           string(rec.State),
 		ResultDelivered: rec.ResultDeliveredAt != nil,
@@ -244,7 +134,7 @@ func nextStep(rec *markers.Record, holder *markers.Record) string {
 }
 
 // stored returns a finished (or not live) execution's view with its stored output.
-func (b *Bastion) stored(rec *markers.Record) *Execution {
+func (b *Bastion) stored(rec *markers.Record) *api.Execution {
 	x := b.view(rec)
 	raw, err := b.journal.Result(rec.ID)
 	if err != nil {
@@ -267,7 +157,7 @@ func (b *Bastion) stored(rec *markers.Record) *Execution {
 }
 
 // live returns a driven execution's view with the last output it holds.
-func (b *Bastion) live(d *driver) *Execution {
+func (b *Bastion) live(d *driver) *api.Execution {
 	rec := d.record()
 	if markers.JournalGraph.Terminal(rec.State) {
 		return b.stored(rec)
@@ -286,7 +176,7 @@ const progressEvery = time.Second
 // await waits up to wait for the driver to end (or the caller to go away) and returns the
 // execution as it stands: finished, or still running with its output so far — never a
 // timeout error. progress, if set, hears about the execution every progressEvery.
-func (b *Bastion) await(ctx context.Context, d *driver, wait time.Duration, joined bool, progress func(*Execution)) *Execution {
+func (b *Bastion) await(ctx context.Context, d *driver, wait time.Duration, joined bool, progress func(*api.Execution)) *api.Execution {
 	timer := time.NewTimer(wait)
 	defer timer.Stop()
 	var tick <-chan time.Time
@@ -351,7 +241,7 @@ func (b *Bastion) Delivered(ctx context.Context, id string) error {
 
 // own returns execution id if caller may see it: actors see only their own executions.
 func (b *Bastion) own(c transport.Caller, id string) (*markers.Record, error) {
-	notFound := &ToolError{Code: CodeNotFound, Message: "no execution " + id + " of yours"}
+	notFound := &api.ToolError{Code: api.CodeNotFound, Message: "no execution " + id + " of yours"}
 	if !markers.ValidExecutionID(id) {
 		return nil, notFound
 	}
@@ -370,7 +260,7 @@ func (b *Bastion) own(c transport.Caller, id string) (*markers.Record, error) {
 
 // Status returns an execution's record and last output. For one whose outcome is unknown it
 // asks the host again first (waiting up to wait).
-func (b *Bastion) Status(ctx context.Context, c transport.Caller, id string, wait time.Duration) (*Execution, error) {
+func (b *Bastion) Status(ctx context.Context, c transport.Caller, id string, wait time.Duration) (*api.Execution, error) {
 	rec, err := b.own(c, id)
 	if err != nil {
 		return nil, err
@@ -386,18 +276,10 @@ func (b *Bastion) Status(ctx context.Context, c transport.Caller, id string, wai
 	return b.stored(rec), nil
 }
 
-// OutputArgs are the arguments of execution_output.
-type OutputArgs struct {
-	ExecutionID  string `json:"execution_id"`
-	Offset       int64  `json:"offset,omitempty" jsonschema:"stdout offset to read from (default 0)"`
-	StderrOffset int64  `json:"stderr_offset,omitempty" jsonschema:"stderr offset to read from (default 0)"`
-	WaitS        *int   `json:"wait_s,omitempty" jsonschema:"wait up to this many seconds for new output or the end (default 30)"`
-}
-
 // Output returns output from the given offsets, waiting up to wait_s for more output or the
 // end when there is nothing new yet. Output older than what the bastion keeps is read from
 // the host's spool.
-func (b *Bastion) Output(ctx context.Context, c transport.Caller, a OutputArgs) (*Execution, error) {
+func (b *Bastion) Output(ctx context.Context, c transport.Caller, a api.OutputArgs) (*api.Execution, error) {
 	rec, err := b.own(c, a.ExecutionID)
 	if err != nil {
 		return nil, err
@@ -406,12 +288,12 @@ func (b *Bastion) Output(ctx context.Context, c transport.Caller, a OutputArgs) 
 }
 
 // output is Output for a record the caller may read.
-func (b *Bastion) output(ctx context.Context, rec *markers.Record, a OutputArgs) (*Execution, error) {
+func (b *Bastion) output(ctx context.Context, rec *markers.Record, a api.OutputArgs) (*api.Execution, error) {
 	if a.Offset < 0 || a.StderrOffset < 0 {
-		return nil, invalid("offsets must not be negative")
+		return nil, api.Invalid("offsets must not be negative")
 	}
 	if a.WaitS != nil && (*a.WaitS < 0 || time.Duration(*a.WaitS)*time.Second > b.cfg.MaxWait) {
-		return nil, invalid("wait_s must be in 0..%d", int(b.cfg.MaxWait/time.Second))
+		return nil, api.Invalid("wait_s must be in 0..%d", int(b.cfg.MaxWait/time.Second))
 	}
 	wait := b.waitFor(a.WaitS)
 	d := b.liveDriver(a.ExecutionID)
@@ -447,7 +329,7 @@ func (b *Bastion) output(ctx context.Context, rec *markers.Record, a OutputArgs)
 
 // storedFrom returns a finished execution's output from the given offsets: from the stored
 // tail when it covers them, else from the host's spool.
-func (b *Bastion) storedFrom(ctx context.Context, rec *markers.Record, outOff, errOff int64) *Execution {
+func (b *Bastion) storedFrom(ctx context.Context, rec *markers.Record, outOff, errOff int64) *api.Execution {
 	x := b.stored(rec)
 	limit := b.cfg.OutputTailBytes
 	window := func(s string, from, off int64) (string, int64) {

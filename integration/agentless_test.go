@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -90,7 +92,7 @@ func startStockSSHD(t *testing.T, acct unixuser.User, bastionKey testutil.SSHKey
 
 // redispatchedAfterUnknown reports whether the execution's events show unknown → dispatched:
 // sent again under the same id after its host proved it never started.
-func redispatchedAfterUnknown(detail bastion.ExecutionDetail) bool {
+func redispatchedAfterUnknown(detail api.ExecutionDetail) bool {
 	for _, e := range detail.Events {
 		if e.From == markers.Unknown && e.To == markers.Dispatched {
 			return true
@@ -126,7 +128,7 @@ func (f *stockFleet) asAccount(t *testing.T, name, content string) {
 // hostsGuarantee is the GUARANTEE column of `postern hosts list` for s1.
 func hostsGuarantee(t *testing.T, b *testutil.Bastion) string {
 	t.Helper()
-	var res bastion.HostsResult
+	var res api.HostsResult
 	if err := json.Unmarshal(postern(t, b, "hosts", "list", "--json"), &res); err != nil {
 		t.Fatal(err)
 	}

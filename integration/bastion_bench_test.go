@@ -15,9 +15,10 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 )
@@ -59,7 +60,7 @@ func execTrue(ctx context.Context, cs *mcp.ClientSession, run string) error {
 func execTrueArgs(ctx context.Context, cs *mcp.ClientSession, args map[string]any) error {
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
-	var x bastion.Execution
+	var x api.Execution
 	res, err := testutil.CallTool(ctx, cs, "ssh_exec", args, &x)
 	if err != nil {
 		return fmt.Errorf("ssh_exec %v: %w", args, err)

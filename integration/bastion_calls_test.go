@@ -12,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -293,7 +295,7 @@ func TestLongCommandReturnsAHandle(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var x bastion.Execution
+	var x api.Execution
 	raw, _ := json.Marshal(res.StructuredContent)
 	if err := json.Unmarshal(raw, &x); err != nil || res.IsError {
 		t.Fatalf("result %s (is_error %v): %v; want an execution", raw, res.IsError, err)

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion"
@@ -40,7 +42,7 @@ func (g gatedCommand) open(t *testing.T) {
 
 // callOutcome is what a call made in another goroutine returned.
 type callOutcome struct {
-	x   bastion.Execution
+	x   api.Execution
 	err error
 }
 
@@ -321,7 +323,7 @@ func TestConcurrentIdenticalCalls(t *testing.T) {
 	}
 	args := map[string]any{"host": "h1", "command": g.cmd, "wait_s": 60}
 
-	results := make([]bastion.Execution, calls)
+	results := make([]api.Execution, calls)
 	errs := make([]error, calls)
 	var wg sync.WaitGroup
 	for i := range calls {

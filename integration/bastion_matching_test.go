@@ -7,17 +7,18 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
 )
 
 // callRaw calls a tool that returns an execution and returns it with the raw result (its
 // text, isError and structured JSON).
-func callRaw(t *testing.T, ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any) (bastion.Execution, *mcp.CallToolResult, string) {
+func callRaw(t *testing.T, ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any) (api.Execution, *mcp.CallToolResult, string) {
 	t.Helper()
-	var x bastion.Execution
+	var x api.Execution
 	res, err := testutil.CallTool(ctx, cs, tool, args, &x)
 	if err != nil {
 		t.Fatalf("%s %v: %v", tool, args, err)

@@ -15,9 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
@@ -122,8 +123,8 @@ var errToolError = errors.New("tool error")
 // callExecution calls an execution tool and returns the execution it reports. A tool error
 // (the call was refused: no execution) is returned as an error wrapping errToolError with the
 // result text; a command that failed on its host is an execution with is_error, not an error.
-func callExecution(ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any) (bastion.Execution, error) {
-	var x bastion.Execution
+func callExecution(ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any) (api.Execution, error) {
+	var x api.Execution
 	res, err := testutil.CallTool(ctx, cs, tool, args, &x)
 	if err != nil {
 		return x, err
@@ -135,7 +136,7 @@ func callExecution(ctx context.Context, cs *mcp.ClientSession, tool string, args
 }
 
 // mustCall is callExecution for calls that must return an execution.
-func mustCall(t *testing.T, ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any) bastion.Execution {
+func mustCall(t *testing.T, ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any) api.Execution {
 	t.Helper()
 	x, err := callExecution(ctx, cs, tool, args)
 	if err != nil {
@@ -157,15 +158,15 @@ func mustRefuse(t *testing.T, ctx context.Context, cs *mcp.ClientSession, tool s
 	return err.Error()
 }
 
-func statusOf(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id string) bastion.Execution {
+func statusOf(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id string) api.Execution {
 	t.Helper()
 	return mustCall(t, ctx, cs, "execution_status", map[string]any{"execution_id": id})
 }
 
 // waitForState polls execution_status until the execution is in one of states.
-func waitForState(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id string, states ...string) bastion.Execution {
+func waitForState(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id string, states ...string) api.Execution {
 	t.Helper()
-	var x bastion.Execution
+	var x api.Execution
 	testutil.WaitFor(t, id+" to be "+strings.Join(states, " or "), func() bool {
 		x = statusOf(t, ctx, cs, id)
 		for _, s := range states {
@@ -180,7 +181,7 @@ func waitForState(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id s
 
 // followOutput reads an execution's stdout with execution_output from offset 0 until the
 // execution ends, and returns its final view with the whole stdout.
-func followOutput(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id string) (bastion.Execution, string) {
+func followOutput(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id string) (api.Execution, string) {
 	t.Helper()
 	var out strings.Builder
 	var offset int64
@@ -201,9 +202,9 @@ func followOutput(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id s
 }
 
 // listOf returns the caller's executions (executions_list).
-func listOf(t *testing.T, ctx context.Context, cs *mcp.ClientSession) []*bastion.Execution {
+func listOf(t *testing.T, ctx context.Context, cs *mcp.ClientSession) []*api.Execution {
 	t.Helper()
-	var out bastion.ListResult
+	var out api.ListResult
 	res, err := testutil.CallTool(ctx, cs, "executions_list", map[string]any{"limit": 500}, &out)
 	if err != nil || res.IsError {
 		t.Fatalf("executions_list: %v %v", err, res)
@@ -213,7 +214,7 @@ func listOf(t *testing.T, ctx context.Context, cs *mcp.ClientSession) []*bastion
 
 // operatorDetail reads an execution from the operator API (the journal's full record,
 // actor and scope included, and its events).
-func operatorDetail(t *testing.T, b *testutil.Bastion, id string) bastion.ExecutionDetail {
+func operatorDetail(t *testing.T, b *testutil.Bastion, id string) api.ExecutionDetail {
 	t.Helper()
 	d, err := readOperatorDetail(b, id)
 	if err != nil {
@@ -223,13 +224,13 @@ func operatorDetail(t *testing.T, b *testutil.Bastion, id string) bastion.Execut
 }
 
 // readOperatorDetail is operatorDetail for a goroutine that polls (it cannot fail the test).
-func readOperatorDetail(b *testutil.Bastion, id string) (bastion.ExecutionDetail, error) {
+func readOperatorDetail(b *testutil.Bastion, id string) (api.ExecutionDetail, error) {
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", b.OperatorSocket)
 	}}}
 	defer hc.CloseIdleConnections()
-	var d bastion.ExecutionDetail
+	var d api.ExecutionDetail
 	resp, err := hc.Get("http://operator/v1/executions/" + id)
 	if err != nil {
 		return d, err
@@ -317,7 +318,7 @@ func TestIdenticalCallsAreOneExecution(t *testing.T) {
 	cmd, file := appendCommand(t, "once")
 	cs := f.bastion.Connect(t, "agent", map[string][]string{"Postern-Run": {"run-1"}})
 
-	var first, second bastion.Execution
+	var first, second api.Execution
 	if _, err := testutil.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": cmd, "wait_s": 0}, &first); err != nil {
 		t.Fatal(err)
 	}

@@ -16,7 +16,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -32,11 +33,11 @@ const tsClientDir = "tsclient"
 
 // tsLine is one line the TypeScript client prints per step.
 type tsLine struct {
-	Step      int                `json:"step"`
-	Connected bool               `json:"connected"`
-	Result    *bastion.Execution `json:"result"`
-	IsError   bool               `json:"is_error"`
-	Error     string             `json:"error"`
+	Step      int            `json:"step"`
+	Connected bool           `json:"connected"`
+	Result    *api.Execution `json:"result"`
+	IsError   bool           `json:"is_error"`
+	Error     string         `json:"error"`
 }
 
 // tsCommand returns the node command that runs the TypeScript client's steps.
@@ -308,11 +309,11 @@ func TestCurlKilledWhileWaiting(t *testing.T) {
 
 // sseResult decodes the execution of the tools/call response in a Streamable HTTP body (an
 // SSE stream or plain JSON).
-func sseResult(t *testing.T, body []byte) bastion.Execution {
+func sseResult(t *testing.T, body []byte) api.Execution {
 	t.Helper()
 	var msg struct {
 		Result struct {
-			StructuredContent *bastion.Execution `json:"structuredContent"`
+			StructuredContent *api.Execution `json:"structuredContent"`
 		} `json:"result"`
 	}
 	for _, line := range strings.Split(string(body), "\n") {
@@ -326,7 +327,7 @@ func sseResult(t *testing.T, body []byte) bastion.Execution {
 		return *msg.Result.StructuredContent
 	}
 	t.Fatalf("no tool result in the response:\n%s", body)
-	return bastion.Execution{}
+	return api.Execution{}
 }
 
 // rawPoster returns send, which posts one JSON-RPC message to b as the agent of run

@@ -10,7 +10,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -33,12 +34,12 @@ class = "irreversible"
 commands = ["pay **"]`
 
 type tsElicitLine struct {
-	Step     int                `json:"step"`
-	Forged   string             `json:"forged"`
-	Result   *bastion.Execution `json:"result"`
-	Asked    int                `json:"asked"`
-	Messages []string           `json:"messages"`
-	Error    string             `json:"error"`
+	Step     int            `json:"step"`
+	Forged   string         `json:"forged"`
+	Result   *api.Execution `json:"result"`
+	Asked    int            `json:"asked"`
+	Messages []string       `json:"messages"`
+	Error    string         `json:"error"`
 	raw      string
 }
 

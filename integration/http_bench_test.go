@@ -13,6 +13,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	"github.com/postern-dev/postern/bastion"
@@ -112,7 +114,7 @@ func BenchmarkHTTPRequest(b *testing.B) {
 	caller := transport.Caller{Actor: "token:bench", RunID: "bench"}
 	inProcess := func() error {
 		n := next()
-		x, err := inproc.HTTPRequest(ctx, caller, bastion.HTTPArgs{Endpoint: endpoint, Method: "POST", Path: "/v1/payments",
+		x, err := inproc.HTTPRequest(ctx, caller, api.HTTPArgs{Endpoint: endpoint, Method: "POST", Path: "/v1/payments",
 			Query: map[string][]string{"n": {n}}, JSON: map[string]any{"amount": 1, "currency": "EUR"}}, nil)
 		if err != nil || x.State != "completed" || x.HTTPStatus != http.StatusOK {
 			return fmt.Errorf("in-process HTTPRequest %s: %+v, %v", n, x, err)

@@ -21,11 +21,12 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
@@ -117,8 +118,8 @@ func newHTTPFleet(t *testing.T, opts httpFleetOptions) *httpFleet {
 
 // call makes an http_request (or another execution tool) and keeps its result for the
 // secret hunt. A refused call is an error wrapping errToolError.
-func (f *httpFleet) call(ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any) (bastion.Execution, error) {
-	var x bastion.Execution
+func (f *httpFleet) call(ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any) (api.Execution, error) {
+	var x api.Execution
 	res, err := testutil.CallTool(ctx, cs, tool, args, &x)
 	if err != nil {
 		return x, err
@@ -136,7 +137,7 @@ func (f *httpFleet) call(ctx context.Context, cs *mcp.ClientSession, tool string
 	return x, nil
 }
 
-func (f *httpFleet) mustCall(t *testing.T, ctx context.Context, cs *mcp.ClientSession, args map[string]any) bastion.Execution {
+func (f *httpFleet) mustCall(t *testing.T, ctx context.Context, cs *mcp.ClientSession, args map[string]any) api.Execution {
 	t.Helper()
 	x, err := f.call(ctx, cs, "http_request", args)
 	if err != nil {

@@ -7,7 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -18,10 +19,10 @@ import (
 // and what every later call amounted to.
 
 // investigate runs `postern investigate ID --json` against the fleet's bastion.
-func investigate(t *testing.T, b *testutil.Bastion, id string) *bastion.Investigation {
+func investigate(t *testing.T, b *testutil.Bastion, id string) *api.Investigation {
 	t.Helper()
 	out := postern(t, b, "investigate", id, "--json")
-	var inv bastion.Investigation
+	var inv api.Investigation
 	if err := json.Unmarshal(out, &inv); err != nil {
 		t.Fatalf("investigate --json printed %s: %v", out, err)
 	}
@@ -47,7 +48,7 @@ func postern(t *testing.T, b *testutil.Bastion, args ...string) []byte {
 }
 
 // checkDispatched checks answer 2: authorized by policy and dispatched.
-func checkDispatched(t *testing.T, inv *bastion.Investigation) {
+func checkDispatched(t *testing.T, inv *api.Investigation) {
 	t.Helper()
 	a := inv.Authorization
 	if a.Decision != "authorized" || a.Rule == "" || a.AuthorizedAt == nil || a.DispatchedAt == nil {
@@ -59,7 +60,7 @@ func checkDispatched(t *testing.T, inv *bastion.Investigation) {
 }
 
 // checkExited checks answer 3: exit 0 observed, and the host's marker (asked live) agrees.
-func checkExited(t *testing.T, inv *bastion.Investigation) {
+func checkExited(t *testing.T, inv *api.Investigation) {
 	t.Helper()
 	o := inv.Outcome
 	if o.ExitCode == nil || *o.ExitCode != 0 || o.ObservedAt == nil {
@@ -75,7 +76,7 @@ func checkExited(t *testing.T, inv *bastion.Investigation) {
 
 // checkDeliveredTo checks answer 4: delivered once, to the call with JSON-RPC id requestID
 // ("" for any).
-func checkDeliveredTo(t *testing.T, inv *bastion.Investigation, requestID string) {
+func checkDeliveredTo(t *testing.T, inv *api.Investigation, requestID string) {
 	t.Helper()
 	d := inv.Delivery
 	if d.DeliveredAt == nil || len(d.Deliveries) != 1 || d.Deliveries[0].Call == nil ||
@@ -88,7 +89,7 @@ func checkDeliveredTo(t *testing.T, inv *bastion.Investigation, requestID string
 }
 
 // callsByMatch are the investigation's calls' match values in order.
-func callsByMatch(inv *bastion.Investigation) []string {
+func callsByMatch(inv *api.Investigation) []string {
 	var out []string
 	for _, c := range inv.Calls {
 		out = append(out, c.Match)
@@ -328,7 +329,7 @@ func TestInvestigateAcrossBastionRestart(t *testing.T) {
 	if len(inv.Runs) != 1 || !strings.HasPrefix(inv.Answers[0], "One agent run sent 2 calls") {
 		t.Errorf("runs = %+v, answer 1 = %q; want one run", inv.Runs, inv.Answers[0])
 	}
-	var page bastion.RunPage
+	var page api.RunPage
 	if err := json.Unmarshal(postern(t, f.bastion, "runs", "list", "--json"), &page); err != nil || len(page.Runs) != 1 {
 		t.Errorf("runs list = %+v, %v; want one run", page, err)
 	}

@@ -12,9 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 	"github.com/postern-dev/postern/plugins"
@@ -59,7 +60,7 @@ func TestLocalActorByUID(t *testing.T) {
 		t.Fatalf("configured uid %d: connect through %s: %v", agentUser.UID, socket, err)
 	}
 	defer cs.Close()
-	var x bastion.Execution
+	var x api.Execution
 	res, err := testutil.CallTool(ctx, cs, "http_request", map[string]any{"endpoint": "echo", "method": "GET", "path": "/v1/echo", "wait_s": 60}, &x)
 	if err != nil || res.IsError {
 		t.Fatalf("http_request as uid %d: %v %s", agentUser.UID, err, testutil.ResultText(res))

@@ -15,9 +15,10 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
@@ -85,7 +86,7 @@ func mustCLI(t *testing.T, ctx context.Context, b *testutil.Bastion, args ...str
 // pendingApprovals is `postern approvals list --json`.
 func pendingApprovals(t *testing.T, ctx context.Context, b *testutil.Bastion) []*markers.Record {
 	t.Helper()
-	var page bastion.ExecutionPage
+	var page api.ExecutionPage
 	out := mustCLI(t, ctx, b, "approvals", "list", "--json")
 	if err := json.Unmarshal([]byte(out), &page); err != nil {
 		t.Fatalf("approvals list --json: %v\n%s", err, out)
@@ -115,9 +116,9 @@ func wantNoPending(t *testing.T, ctx context.Context, b *testutil.Bastion) {
 }
 
 // showExecution is `postern executions show ID --json`.
-func showExecution(t *testing.T, ctx context.Context, b *testutil.Bastion, id string) bastion.ExecutionDetail {
+func showExecution(t *testing.T, ctx context.Context, b *testutil.Bastion, id string) api.ExecutionDetail {
 	t.Helper()
-	var d bastion.ExecutionDetail
+	var d api.ExecutionDetail
 	out := mustCLI(t, ctx, b, "executions", "show", id, "--json")
 	if err := json.Unmarshal([]byte(out), &d); err != nil || d.Record == nil {
 		t.Fatalf("executions show %s --json: %v\n%s", id, err, out)
@@ -401,8 +402,8 @@ func TestActorLimits(t *testing.T) {
 			}
 		}
 		msg := mustRefuse(t, ctx, cs, "ssh_exec", call("third", "third"))
-		if !strings.Contains(msg, bastion.CodeQuotaExceeded) {
-			t.Errorf("third call: %s; want %s", msg, bastion.CodeQuotaExceeded)
+		if !strings.Contains(msg, api.CodeQuotaExceeded) {
+			t.Errorf("third call: %s; want %s", msg, api.CodeQuotaExceeded)
 		}
 		// A retry of an execution the quota already counted is not a new one.
 		if x := mustCall(t, ctx, cs, "ssh_exec", call("first", "first")); !x.Replayed || x.Stdout != "first\n" {
@@ -422,17 +423,17 @@ func TestActorLimits(t *testing.T) {
 			t.Fatalf("gated command = %+v; want it in flight", running)
 		}
 		msg := mustRefuse(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo second"})
-		if !strings.Contains(msg, bastion.CodeConcurrencyLimit) {
-			t.Errorf("second call while one runs: %s; want %s", msg, bastion.CodeConcurrencyLimit)
+		if !strings.Contains(msg, api.CodeConcurrencyLimit) {
+			t.Errorf("second call while one runs: %s; want %s", msg, api.CodeConcurrencyLimit)
 		}
 		g.open(t)
 		waitJournaled(t, f.bastion, running.ExecutionID, markers.Completed)
 		// Its driver lets go just after the journal says completed; then there is room again.
-		var x bastion.Execution
+		var x api.Execution
 		testutil.WaitFor(t, "a new command to be admitted after the first ended", func() bool {
 			var err error
 			x, err = callExecution(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo second"})
-			if err != nil && !strings.Contains(err.Error(), bastion.CodeConcurrencyLimit) {
+			if err != nil && !strings.Contains(err.Error(), api.CodeConcurrencyLimit) {
 				t.Fatalf("second call after the first ended: %v", err)
 			}
 			return err == nil
@@ -571,12 +572,12 @@ func TestActorLimitsUnderConcurrentCalls(t *testing.T) {
 	}
 
 	t.Run("daily quota", func(t *testing.T) {
-		if n := admitted(t, "frugal", bastion.CodeQuotaExceeded); n != 2 {
+		if n := admitted(t, "frugal", api.CodeQuotaExceeded); n != 2 {
 			t.Errorf("%d of %d concurrent calls admitted; want the quota, 2", n, calls)
 		}
 	})
 	t.Run("concurrency", func(t *testing.T) {
-		if n := admitted(t, "serial", bastion.CodeConcurrencyLimit); n != 1 {
+		if n := admitted(t, "serial", api.CodeConcurrencyLimit); n != 1 {
 			t.Errorf("%d of %d concurrent calls admitted; want max_concurrent, 1", n, calls)
 		}
 	})
@@ -625,8 +626,8 @@ commands = ["migrate **"]`}}, testutil.ActorSpec{Name: "serial", MaxConcurrent: 
 	if st := mustCall(t, ctx, cs, "execution_status", map[string]any{"execution_id": x.ExecutionID}); !st.Queued || st.State != string(markers.Authorized) {
 		t.Fatalf("execution_status of the queued execution = %+v; want authorized and queued", st)
 	}
-	if msg := mustRefuse(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo third"}); !strings.Contains(msg, bastion.CodeConcurrencyLimit) {
-		t.Errorf("a new call while one runs and one is queued: %s; want %s", msg, bastion.CodeConcurrencyLimit)
+	if msg := mustRefuse(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo third"}); !strings.Contains(msg, api.CodeConcurrencyLimit) {
+		t.Errorf("a new call while one runs and one is queued: %s; want %s", msg, api.CodeConcurrencyLimit)
 	}
 	if n := effects(t, file); n != 0 {
 		t.Fatalf("the queued command ran %d times", n)
@@ -671,8 +672,8 @@ commands = ["forbidden **"]`}},
 				t.Fatalf("echo %s after three rejections = %+v; want completed (rejections do not count)", tag, x)
 			}
 		}
-		if msg := mustRefuse(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo third"}); !strings.Contains(msg, bastion.CodeQuotaExceeded) {
-			t.Errorf("third dispatch: %s; want %s", msg, bastion.CodeQuotaExceeded)
+		if msg := mustRefuse(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo third"}); !strings.Contains(msg, api.CodeQuotaExceeded) {
+			t.Errorf("third dispatch: %s; want %s", msg, api.CodeQuotaExceeded)
 		}
 	})
 
@@ -681,8 +682,8 @@ commands = ["forbidden **"]`}},
 		if x := mustCall(t, ctx, a, "ssh_exec", map[string]any{"host": "h1", "command": "echo a"}); x.State != string(markers.Completed) {
 			t.Fatalf("run-a's first = %+v; want completed", x)
 		}
-		if msg := mustRefuse(t, ctx, a, "ssh_exec", map[string]any{"host": "h1", "command": "echo a2"}); !strings.Contains(msg, bastion.CodeQuotaExceeded) || !strings.Contains(msg, "agent run") {
-			t.Errorf("run-a's second: %s; want %s for the run", msg, bastion.CodeQuotaExceeded)
+		if msg := mustRefuse(t, ctx, a, "ssh_exec", map[string]any{"host": "h1", "command": "echo a2"}); !strings.Contains(msg, api.CodeQuotaExceeded) || !strings.Contains(msg, "agent run") {
+			t.Errorf("run-a's second: %s; want %s for the run", msg, api.CodeQuotaExceeded)
 		}
 		if x := mustCall(t, ctx, b, "ssh_exec", map[string]any{"host": "h1", "command": "echo b"}); x.State != string(markers.Completed) {
 			t.Fatalf("run-b's first = %+v; want completed: run-a's quota is its own", x)
@@ -697,8 +698,8 @@ commands = ["forbidden **"]`}},
 		if markers.JournalGraph.Terminal(markers.State(running.State)) {
 			t.Fatalf("gated command = %+v; want it in flight", running)
 		}
-		if msg := mustRefuse(t, ctx, a, "ssh_exec", map[string]any{"host": "h1", "command": "echo a2"}); !strings.Contains(msg, bastion.CodeConcurrencyLimit) {
-			t.Errorf("run-a's second while its first runs: %s; want %s", msg, bastion.CodeConcurrencyLimit)
+		if msg := mustRefuse(t, ctx, a, "ssh_exec", map[string]any{"host": "h1", "command": "echo a2"}); !strings.Contains(msg, api.CodeConcurrencyLimit) {
+			t.Errorf("run-a's second while its first runs: %s; want %s", msg, api.CodeConcurrencyLimit)
 		}
 		if x := mustCall(t, ctx, b, "ssh_exec", map[string]any{"host": "h1", "command": "echo b"}); x.State != string(markers.Completed) {
 			t.Fatalf("run-b while run-a's command runs = %+v; want completed", x)

@@ -13,9 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -115,14 +116,14 @@ faults:
 	// died, reconciled with the host).
 	cs := f.session(t, 0, "checker")
 	lost := 0
-	final := map[string]bastion.Execution{}
+	final := map[string]api.Execution{}
 	for i := range seen {
 		if len(seen[i]) == 0 {
 			t.Errorf("call %d was never answered with an execution", i)
 			lost++
 		}
 		for id := range seen[i] {
-			var x bastion.Execution
+			var x api.Execution
 			deadline := time.Now().Add(time.Minute)
 			for {
 				var err error
@@ -194,12 +195,12 @@ func haCall(ctx context.Context, f *haFleet, run string, args map[string]any, rn
 		if r.PID() == 0 {
 			continue
 		}
-		x, err := func() (bastion.Execution, error) {
+		x, err := func() (api.Execution, error) {
 			cctx, cancel := context.WithTimeout(ctx, 20*time.Second)
 			defer cancel()
 			cs, err := connectQuietly(cctx, r, run)
 			if err != nil {
-				return bastion.Execution{}, err
+				return api.Execution{}, err
 			}
 			defer cs.Close()
 			return callExecution(cctx, cs, "ssh_exec", args)

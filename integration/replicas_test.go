@@ -9,11 +9,12 @@ import (
 	"sync"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/etcdtest"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/plugins"
@@ -101,7 +102,7 @@ func TestReplicasIdenticalConcurrentCallsAreOneExecution(t *testing.T) {
 		cmd, file := appendCommand(t, fmt.Sprint("once-", round))
 		cmd += "; sleep 0.5"
 		var wg sync.WaitGroup
-		xs := make([]bastion.Execution, len(f.replicas))
+		xs := make([]api.Execution, len(f.replicas))
 		for i := range f.replicas {
 			cs := f.session(t, i, "run-1")
 			wg.Go(func() { xs[i] = mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": cmd}) })
@@ -176,7 +177,7 @@ func TestReplicasAcrossEtcdMemberLoss(t *testing.T) {
 
 	f.etcd.Restart(1)
 	f.etcd.Ready()
-	var back bastion.Execution
+	var back api.Execution
 	testutil.WaitFor(t, "service after quorum returned", func() bool {
 		x, err := callExecution(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": lost, "wait_s": 30})
 		if err != nil && !errors.Is(err, errToolError) {

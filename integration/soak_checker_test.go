@@ -15,9 +15,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
@@ -81,7 +82,7 @@ func journalRecords(t *testing.T, b *testutil.Bastion) map[string]*markers.Recor
 		if err != nil {
 			t.Fatal(err)
 		}
-		var page bastion.ExecutionPage
+		var page api.ExecutionPage
 		err = json.NewDecoder(resp.Body).Decode(&page)
 		resp.Body.Close()
 		if err != nil || resp.StatusCode != http.StatusOK {

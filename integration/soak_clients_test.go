@@ -16,9 +16,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
 )
 
@@ -83,7 +84,7 @@ func runSoakClientProcess() int {
 		return 1
 	}
 	defer cs.Close()
-	var x bastion.Execution
+	var x api.Execution
 	res, err := testutil.CallTool(ctx, cs, os.Getenv(envSoakTool), args, &x)
 	if err != nil || res.StructuredContent == nil {
 		fmt.Fprintln(os.Stderr, "soak client: no execution:", err)
@@ -130,7 +131,7 @@ func (cl *soakClient) killedClient(ctx context.Context, c *soakCall, rng *rand.R
 		o.clientKilled = true
 		o.mu.Unlock()
 	}
-	var x bastion.Execution
+	var x api.Execution
 	if json.Unmarshal(stdout.Bytes(), &x) == nil && x.ExecutionID != "" {
 		o.saw(x)
 	}
@@ -156,7 +157,7 @@ func (cl *soakClient) abortedCall(ctx context.Context, c *soakCall, rng *rand.Ra
 	o.attempts++
 	o.mu.Unlock()
 	callCtx, cancel := context.WithTimeout(ctx, time.Duration(5+rng.IntN(400))*time.Millisecond)
-	var x bastion.Execution
+	var x api.Execution
 	res, err := testutil.CallTool(callCtx, cs, c.tool, c.args, &x)
 	aborted := callCtx.Err() != nil
 	cancel()

@@ -20,9 +20,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -86,7 +87,7 @@ type soakCall struct {
 type soakObservation struct {
 	mu sync.Mutex
 	// views is the last view of each execution id the client saw.
-	views    map[string]bastion.Execution
+	views    map[string]api.Execution
 	attempts int
 	errs     map[string]int // transport errors, by kind
 	refusals []string       // tool errors (no execution)
@@ -101,7 +102,7 @@ type soakObservation struct {
 	cancelUnsent bool
 }
 
-func (o *soakObservation) saw(x bastion.Execution) {
+func (o *soakObservation) saw(x api.Execution) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	o.views[x.ExecutionID] = x
@@ -337,7 +338,7 @@ func newSoak(t *testing.T, seed uint64, calls int, rng *rand.Rand) *soak {
 			c.args["idempotency_key"] = "key-" + c.tag
 		}
 		s.calls = append(s.calls, c)
-		s.obs[c.tag] = &soakObservation{views: map[string]bastion.Execution{}, errs: map[string]int{}}
+		s.obs[c.tag] = &soakObservation{views: map[string]api.Execution{}, errs: map[string]int{}}
 	}
 	return s
 }
@@ -476,7 +477,7 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 		case cut && !c.bridged:
 			callCtx, cancel = context.WithTimeout(ctx, time.Duration(5+rng.IntN(300))*time.Millisecond)
 		}
-		var x bastion.Execution
+		var x api.Execution
 		res, err := testutil.CallTool(callCtx, cs, c.tool, c.args, &x)
 		if cut && !c.bridged && callCtx.Err() != nil {
 			// The client gives up on the call and says so (the go-sdk's own notification is
@@ -531,7 +532,7 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 			return
 		}
 	}
-	var x bastion.Execution
+	var x api.Execution
 	if res, err := testutil.CallTool(ctx, cs, "execution_status", map[string]any{"execution_id": lastID}, &x); err == nil && res.StructuredContent != nil {
 		o.saw(x)
 	}

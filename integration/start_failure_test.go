@@ -9,9 +9,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -217,7 +218,7 @@ func TestCancelOfExecutionTheHostNeverStarted(t *testing.T) {
 func TestMissingCwdWithRealClients(t *testing.T) {
 	f := startFleet(t)
 	ctx := testContext(t)
-	check := func(t *testing.T, x *bastion.Execution, cause string) {
+	check := func(t *testing.T, x *api.Execution, cause string) {
 		t.Helper()
 		if x == nil || x.State != string(markers.Failed) || !x.IsError || !strings.Contains(x.Cause, cause) || !strings.Contains(x.Next, cause) {
 			t.Fatalf("result = %+v; want failed, is_error, cause and next naming %q", x, cause)
@@ -229,7 +230,7 @@ func TestMissingCwdWithRealClients(t *testing.T) {
 			cwd := filepath.Join(t.TempDir(), "missing")
 			cause := "cwd " + cwd + " does not exist"
 			args := map[string]any{"host": "h1", "command": cmd, "cwd": cwd, "wait_s": 10}
-			var first, retry *bastion.Execution
+			var first, retry *api.Execution
 			switch via {
 			case "ts-http", "ts-stdio":
 				connect := httpConnect(f, "run-"+via)
@@ -244,7 +245,7 @@ func TestMissingCwdWithRealClients(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				call := func() *bastion.Execution {
+				call := func() *api.Execution {
 					out, err := exec.CommandContext(ctx, "curl", "-sS", "--max-time", "30", f.bastion.URL,
 						"-H", "Authorization: Bearer "+f.bastion.Tokens["agent"], "-H", "Postern-Run: curl-cwd",
 						"-H", "Content-Type: application/json", "-H", "Accept: application/json, text/event-stream",

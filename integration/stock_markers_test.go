@@ -9,14 +9,15 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/internal/testutil"
 )
 
 // markerPage is `postern markers --host s1 list --json ARGS`.
-func markerPage(t *testing.T, b *testutil.Bastion, args ...string) bastion.MarkerPage {
+func markerPage(t *testing.T, b *testutil.Bastion, args ...string) api.MarkerPage {
 	t.Helper()
-	var page bastion.MarkerPage
+	var page api.MarkerPage
 	if err := json.Unmarshal(postern(t, b, append([]string{"markers", "--host", "s1", "list", "--json"}, args...)...), &page); err != nil {
 		t.Fatal(err)
 	}

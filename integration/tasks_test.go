@@ -15,7 +15,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -34,7 +35,7 @@ type tsTaskLine struct {
 	TaskCaps    json.RawMessage    `json:"tasks_capability"`
 	TaskSupport map[string]*string `json:"task_support"`
 	Statuses    []string           `json:"statuses"`
-	Result      *bastion.Execution `json:"result"`
+	Result      *api.Execution     `json:"result"`
 	IsError     bool               `json:"is_error"`
 	Text        string             `json:"text"`
 	Meta        map[string]any     `json:"meta"`

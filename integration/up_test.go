@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
@@ -48,7 +50,7 @@ func TestUpOnAFreshStateDir(t *testing.T) {
 		hc := testutil.BearerClient(strings.TrimSpace(string(token)))
 		cs := testutil.ConnectMCP(t, "http://"+listen+bastion.MCPPath, hc, nil)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-		var x bastion.Execution
+		var x api.Execution
 		_, err = testutil.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "local", "command": "echo up"}, &x)
 		cancel()
 		if err != nil || x.State != "completed" || x.Stdout != "up\n" {

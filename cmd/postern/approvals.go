@@ -6,7 +6,8 @@ import (
 	"io"
 	"net/url"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
@@ -59,7 +60,7 @@ func (c *approvalsCommand) list(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var page bastion.ExecutionPage
+	var page api.ExecutionPage
 	if err := newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/approvals", nil, &page); err != nil {
 		return err
 	}

@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -103,7 +105,7 @@ func (c *doctorCommand) checks(ctx context.Context, loc locator) []doctorCheck {
 	out = append(out, keyChecks(cfg)...)
 
 	add("version", "note", "this CLI and its stdio bridge (postern mcp): "+version.String(), "")
-	var rep bastion.DoctorReport
+	var rep api.DoctorReport
 	err = newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/doctor", nil, &rep)
 	if errors.Is(err, errBastionDown) {
 		add("daemon", "problem", err.Error(), startFix(loc))
@@ -130,7 +132,7 @@ func (c *doctorCommand) checks(ctx context.Context, loc locator) []doctorCheck {
 			add("host", "problem", fmt.Sprintf("%s (%s): %s", h.Name, h.Addr, h.Problem), h.Fix)
 			continue
 		}
-		switch h.Guarantee {
+		switch bastion.Guarantee(h.Guarantee) {
 		case bastion.GuaranteeMarkerScript:
 			add("host", "ok", fmt.Sprintf("%s (%s): reachable, pinned host key verified, stock sshd with the marker script (digest verified)", h.Name, h.Addr), "")
 			continue

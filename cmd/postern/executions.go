@@ -10,7 +10,8 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
@@ -94,13 +95,13 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 	// The API filters by host after it reads a page, so a page may come back short: read on
 	// until the limit is reached or the journal ends. Each request asks for no more than is
 	// left, so the cursor stays exact.
-	out := bastion.ExecutionPage{Executions: []*markers.Record{}, Next: *cursor}
+	out := api.ExecutionPage{Executions: []*markers.Record{}, Next: *cursor}
 	for {
 		q.Set("limit", strconv.Itoa(min(*limit-len(out.Executions), maxPageLimit)))
 		if out.Next != "" {
 			q.Set("cursor", out.Next)
 		}
-		var page bastion.ExecutionPage
+		var page api.ExecutionPage
 		if err := op.getJSON(ctx, "/v1/executions", q, &page); err != nil {
 			return err
 		}
@@ -140,7 +141,7 @@ func (c *executionsCommand) show(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var detail bastion.ExecutionDetail
+	var detail api.ExecutionDetail
 	if err := op.getJSON(ctx, "/v1/executions/"+url.PathEscape(id), nil, &detail); err != nil {
 		return err
 	}
@@ -155,7 +156,7 @@ func (c *executionsCommand) show(ctx context.Context, args []string) error {
 
 // writeExecution prints the record's fields, the sequence of its events and its stored
 // output.
-func writeExecution(w io.Writer, d *bastion.ExecutionDetail) error {
+func writeExecution(w io.Writer, d *api.ExecutionDetail) error {
 	r := d.Record
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, v string) {

@@ -8,7 +8,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
@@ -43,7 +44,7 @@ func (c *executionsCommand) follow(ctx context.Context, args []string) error {
 		if first && !*fromStart {
 			q.Set("wait_s", "0")
 		}
-		var x bastion.Execution
+		var x api.Execution
 		if err := op.getJSON(ctx, "/v1/executions/"+url.PathEscape(id)+"/output", q, &x); err != nil {
 			return err
 		}
@@ -88,7 +89,7 @@ func (c *executionsCommand) emit(w io.Writer, name, data string, offset, at int6
 }
 
 // endedHow is how an execution ended, for the line after its output: ", exit 0".
-func endedHow(x *bastion.Execution) string {
+func endedHow(x *api.Execution) string {
 	switch {
 	case x.ExitCode != nil:
 		return ", exit " + strconv.Itoa(*x.ExitCode)

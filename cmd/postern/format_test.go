@@ -6,7 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -73,7 +74,7 @@ func TestShowNamesThePreviousAttempt(t *testing.T) {
 		OperationTakenBy: "ex_01K0000000000000000000000H",
 	}
 	var out strings.Builder
-	if err := writeExecution(&out, &bastion.ExecutionDetail{Record: r}); err != nil {
+	if err := writeExecution(&out, &api.ExecutionDetail{Record: r}); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"previous attempt    ex_01K0000000000000000000000A", "operation taken by  ex_01K0000000000000000000000H"} {

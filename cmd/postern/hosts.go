@@ -13,6 +13,8 @@ import (
 	"strings"
 	"syscall"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -67,7 +69,7 @@ func (c *hostsCommand) list(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var res bastion.HostsResult
+	var res api.HostsResult
 	live := true
 	err = newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/hosts", nil, &res)
 	if errors.Is(err, errBastionDown) {
@@ -91,7 +93,7 @@ func (c *hostsCommand) list(ctx context.Context, args []string) error {
 			connected = "yes"
 		}
 		rows = append(rows, []string{cli.Printable(h.Name), cli.Printable(h.Addr), cli.Printable(h.Account),
-			cli.Printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), guaranteeText(h.Guarantee), connected, cli.Printable(strings.Join(h.Groups, ","))})
+			cli.Printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), guaranteeText(bastion.Guarantee(h.Guarantee)), connected, cli.Printable(strings.Join(h.Groups, ","))})
 	}
 	return cli.PrintTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "GUARANTEE", "CONNECTED", "GROUPS"}, rows)
 }
@@ -109,20 +111,20 @@ func guaranteeText(g bastion.Guarantee) string {
 
 // readInventoryHosts reads the inventory file as the daemon would list it, without
 // connection states.
-func readInventoryHosts(path string) (bastion.HostsResult, error) {
+func readInventoryHosts(path string) (api.HostsResult, error) {
 	inv, err := bastion.OpenInventory(path)
 	if err != nil {
-		return bastion.HostsResult{}, err
+		return api.HostsResult{}, err
 	}
 	hosts, err := inv.Hosts()
 	if err != nil {
-		return bastion.HostsResult{}, err
+		return api.HostsResult{}, err
 	}
-	res := bastion.HostsResult{Hosts: []bastion.HostInfo{}}
+	res := api.HostsResult{Hosts: []api.HostInfo{}}
 	for _, h := range hosts {
-		res.Hosts = append(res.Hosts, bastion.HostInfo{
+		res.Hosts = append(res.Hosts, api.HostInfo{
 			Name: h.Name, Addr: h.Addr, Account: h.Account, HostKey: gossh.FingerprintSHA256(h.HostKey),
-			HostKeyType: h.HostKey.Type(), Groups: h.Groups, DefaultCwd: h.Cwd, Guarantee: h.Level(),
+			HostKeyType: h.HostKey.Type(), Groups: h.Groups, DefaultCwd: h.Cwd, Guarantee: string(h.Level()),
 		})
 	}
 	return res, nil

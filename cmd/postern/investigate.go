@@ -7,7 +7,8 @@ import (
 	"net/url"
 	"strings"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/internal/cli"
 )
 
@@ -44,7 +45,7 @@ func (c *investigateCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var inv bastion.Investigation
+	var inv api.Investigation
 	if err := op.getJSON(ctx, "/v1/investigate/"+url.PathEscape(id), nil, &inv); err != nil {
 		return err
 	}
@@ -57,7 +58,7 @@ func (c *investigateCommand) Run(ctx context.Context, args []string) error {
 	return writeInvestigation(c.stdout, &inv)
 }
 
-func writeInvestigation(w io.Writer, inv *bastion.Investigation) error {
+func writeInvestigation(w io.Writer, inv *api.Investigation) error {
 	r := inv.Record
 	fmt.Fprintf(w, "investigation of %s: %s on %s: %s\n", inv.ExecutionID, cli.Printable(r.Tool), cli.Printable(cli.Dash(r.Host)), cli.Printable(cli.CommandText(r)))
 	for i, q := range investigateQuestions {

@@ -9,7 +9,8 @@ import (
 	"net/url"
 	"strconv"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
@@ -106,7 +107,7 @@ func (c *markersCommand) list(ctx context.Context, args []string) error {
 	if *cursor != "" {
 		q.Set("cursor", *cursor)
 	}
-	var page bastion.MarkerPage
+	var page api.MarkerPage
 	if err := op.getJSON(ctx, "/v1/markers/"+url.PathEscape(c.host), q, &page); err != nil {
 		return c.onDaemonDown(err)
 	}

@@ -17,9 +17,10 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/bastion/config"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/unixpath"
 	"github.com/postern-dev/postern/markers"
@@ -156,7 +157,7 @@ func (c *operatorClient) send(ctx context.Context, method, path string, query ur
 	}
 	defer resp.Body.Close()
 	answer, _ := io.ReadAll(io.LimitReader(resp.Body, maxErrorResponseBytes))
-	var oe bastion.OperatorError
+	var oe api.OperatorError
 	if json.Unmarshal(answer, &oe) == nil && oe.Error != "" {
 		return nil, &apiError{Status: resp.StatusCode, Code: oe.Code, Message: oe.Error}
 	}

@@ -13,7 +13,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
@@ -65,7 +66,7 @@ func decodeJSON(t *testing.T, res cliResult, v any) {
 type fleet struct {
 	bastion *testutil.Bastion
 	host    *testutil.Hostagent
-	exec    bastion.Execution
+	exec    api.Execution
 }
 
 func startFleet(t *testing.T) *fleet {
@@ -99,9 +100,9 @@ func (f *fleet) at(args ...string) []string {
 	return append(args, "--state-dir", f.bastion.StateDir())
 }
 
-func (f *fleet) showJSON(t *testing.T) bastion.ExecutionDetail {
+func (f *fleet) showJSON(t *testing.T) api.ExecutionDetail {
 	t.Helper()
-	var d bastion.ExecutionDetail
+	var d api.ExecutionDetail
 	decodeJSON(t, mustRun(t, f.at("executions", "show", f.exec.ExecutionID, "--json")...), &d)
 	return d
 }
@@ -116,7 +117,7 @@ func TestOperatorCommands(t *testing.T) {
 	id := f.exec.ExecutionID
 
 	t.Run("executions list --json", func(t *testing.T) {
-		var page bastion.ExecutionPage
+		var page api.ExecutionPage
 		decodeJSON(t, mustRun(t, f.at("executions", "list", "--json")...), &page)
 		if len(page.Executions) != 1 || page.Executions[0].ID != id {
 			t.Fatalf("executions = %+v; want just %s", page.Executions, id)
@@ -161,7 +162,7 @@ func TestOperatorCommands(t *testing.T) {
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
-				var page bastion.ExecutionPage
+				var page api.ExecutionPage
 				decodeJSON(t, mustRun(t, f.at(append([]string{"executions", "list", "--json"}, tt.flags...)...)...), &page)
 				if got := len(page.Executions); got != tt.want {
 					t.Fatalf("got %d executions; want %d", got, tt.want)
@@ -244,7 +245,7 @@ func TestOperatorCommands(t *testing.T) {
 		}
 		res := runCLI(t, "", f.at("executions", "show", missing)...)
 		var ae *apiError
-		if !errors.As(res.err, &ae) || ae.Code != bastion.CodeNotFound {
+		if !errors.As(res.err, &ae) || ae.Code != api.CodeNotFound {
 			t.Fatalf("err = %v; want the API's not_found", res.err)
 		}
 		// It says what happened and what to do, in the operator's terms, not a package's.
@@ -261,7 +262,7 @@ func TestOperatorCommands(t *testing.T) {
 	})
 
 	t.Run("hosts list", func(t *testing.T) {
-		var hosts bastion.HostsResult
+		var hosts api.HostsResult
 		decodeJSON(t, mustRun(t, f.at("hosts", "list", "--json")...), &hosts)
 		if len(hosts.Hosts) != 1 || hosts.Hosts[0].Name != "h1" || hosts.Hosts[0].Addr != f.host.Addr || !hosts.Hosts[0].Connected {
 			t.Fatalf("hosts = %+v; want h1 at %s, connected", hosts.Hosts, f.host.Addr)
@@ -279,7 +280,7 @@ func TestOperatorCommands(t *testing.T) {
 	})
 
 	t.Run("markers", func(t *testing.T) {
-		var page bastion.MarkerPage
+		var page api.MarkerPage
 		decodeJSON(t, mustRun(t, f.at("markers", "--host", "h1", "list", "--json")...), &page)
 		if len(page.Markers) != 1 || page.Markers[0].ID != id || page.Markers[0].State != markers.Exited {
 			t.Fatalf("markers = %+v; want %s exited", page.Markers, id)
@@ -303,7 +304,7 @@ func TestOperatorCommands(t *testing.T) {
 		}
 		res := runCLI(t, "", f.at("markers", "--host", "nosuch", "list")...)
 		var ae *apiError
-		if !errors.As(res.err, &ae) || ae.Code != bastion.CodeUnknownHost {
+		if !errors.As(res.err, &ae) || ae.Code != api.CodeUnknownHost {
 			t.Fatalf("unknown host: err = %v; want the API's unknown_host", res.err)
 		}
 	})
@@ -377,7 +378,7 @@ func TestOperatorCommands(t *testing.T) {
 
 	t.Run("daemon down: hosts list reads the inventory", func(t *testing.T) {
 		res := mustRun(t, f.at("hosts", "list", "--json")...)
-		var hosts bastion.HostsResult
+		var hosts api.HostsResult
 		decodeJSON(t, res, &hosts)
 		if len(hosts.Hosts) != 1 || hosts.Hosts[0].Name != "h1" || hosts.Hosts[0].Connected {
 			t.Fatalf("hosts = %+v; want h1, not connected", hosts.Hosts)

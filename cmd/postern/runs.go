@@ -9,7 +9,8 @@ import (
 	"strings"
 	"text/tabwriter"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
@@ -111,12 +112,12 @@ func (c *runsCommand) show(ctx context.Context, args []string) error {
 	return nil
 }
 
-func (c *runsCommand) get(ctx context.Context, loc locator, q url.Values) (*bastion.RunPage, error) {
+func (c *runsCommand) get(ctx context.Context, loc locator, q url.Values) (*api.RunPage, error) {
 	op, err := loc.operator()
 	if err != nil {
 		return nil, err
 	}
-	var page bastion.RunPage
+	var page api.RunPage
 	if err := op.getJSON(ctx, "/v1/runs", q, &page); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,189 @@
+package api
+
+import (
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/postern-dev/postern/markers"
+)
+
+// ExecArgs are the arguments of ssh_exec.
+type ExecArgs struct {
+	Host           string            `json:"host" jsonschema:"inventory name of the host (see hosts_list)"`
+	Command        string            `json:"command" jsonschema:"command line, run by the account's shell on the host"`
+	Cwd            string            `json:"cwd,omitempty" jsonschema:"absolute working directory; default: the host's configured directory or the account's home"`
+	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables to set: LANG, LC_* and the host's accept_env list (others are refused)"`
+	TimeoutS       int               `json:"timeout_s,omitempty" jsonschema:"kill the command after this many seconds (exit 124); 0 means no timeout"`
+	WaitS          *int              `json:"wait_s,omitempty" jsonschema:"how long to wait for the command before returning it as running (default 30)"`
+	RunID          string            `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to; retries with the same run_id join the same execution"`
+	IdempotencyKey string            `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution, from any run; if that execution failed without effect (nothing ran), the retry is a new attempt linked to it (previous_attempt); the same key with other arguments is an error (idempotency_key_reused)"`
+	OperationKey   string            `json:"operation_key,omitempty" jsonschema:"host-scoped key such as migration:2026_07_22: the host refuses a second execution of the operation"`
+}
+
+// HTTPArgs are the arguments of http_request.
+type HTTPArgs struct {
+	Endpoint       string              `json:"endpoint" jsonschema:"name of a configured endpoint"`
+	Method         string              `json:"method" jsonschema:"HTTP method, allowed by the endpoint"`
+	Path           string              `json:"path" jsonschema:"path under the endpoint's base URL, within its allowed prefixes"`
+	Query          map[string][]string `json:"query,omitempty" jsonschema:"query parameters"`
+	JSON           any                 `json:"json,omitempty" jsonschema:"JSON request body (sent in RFC 8785 canonical form)"`
+	Text           *string             `json:"text,omitempty" jsonschema:"text request body (instead of json)"`
+	Headers        map[string]string   `json:"headers,omitempty" jsonschema:"extra request headers (never Authorization or the credential's header: the bastion injects the credential)"`
+	RunID          string              `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to"`
+	IdempotencyKey string              `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution, from any run; if that execution failed without effect (nothing ran), the retry is a new attempt linked to it (previous_attempt); the same key with other arguments is an error (idempotency_key_reused)"`
+	WaitS          *int                `json:"wait_s,omitempty" jsonschema:"how long to wait for the response (default 30)"`
+}
+
+// Execution is what every execution tool returns: the journal's record of one execution,
+// its output (or a window of it), and what the caller may do next.
+type Execution struct {
+	ExecutionID string `json:"execution_id"`
+	// State is the journal state; a completed execution whose result was never delivered
+	// shows as completed with result_delivered false.
+	State           string `json:"state"`
+	ResultDelivered bool   `json:"result_delivered"`
+	// Replayed: this call did not dispatch anything; it joined or replayed an execution
+	// that already existed (a retry, a duplicate, an idempotency key).
+	Replayed bool   `json:"replayed"`
+	Host     string `json:"host,omitempty"`
+	Command  string `json:"command,omitempty"`
+	Class    string `json:"class,omitempty"`
+	ExitCode *int   `json:"exit_code,omitempty"`
+	Signal   string `json:"signal,omitempty"`
+	IsError  bool   `json:"is_error"`
+	// Stdout and Stderr are the returned window of each stream; *Offset is the stream offset
+	// of its first byte and *Bytes the stream's total size so far. Pass stdout_offset +
+	// len(stdout) to execution_output to read on.
+	Stdout       string `json:"stdout"`
+	StdoutOffset int64  `json:"stdout_offset"`
+	StdoutBytes  int64  `json:"stdout_bytes"`
+	Stderr       string `json:"stderr"`
+	StderrOffset int64  `json:"stderr_offset"`
+	StderrBytes  int64  `json:"stderr_bytes"`
+	// OutputSHA256 is the host's digest of the whole stdout, when the execution ended.
+	OutputSHA256 string `json:"stdout_sha256,omitempty"`
+	// HTTP executions: the response (status, kept headers, body up to the endpoint's cap).
+	HTTPStatus         int                 `json:"http_status,omitempty"`
+	ResponseHeader     map[string][]string `json:"response_headers,omitempty"`
+	ResponseBody       string              `json:"response_body,omitempty"`
+	ResponseBytes      int64               `json:"response_bytes,omitempty"`
+	ResponseTruncated  bool                `json:"response_truncated,omitempty"`
+	IdempotentReplayed bool                `json:"idempotent_replayed,omitempty"`
+	AcceptedAt         time.Time           `json:"accepted_at"`
+	DispatchedAt       *time.Time          `json:"dispatched_at,omitempty"`
+	// FinishedAt is when the outcome was observed (the execution's terminal state was
+	// journaled), not when its record last changed.
+	FinishedAt *time.Time `json:"finished_at,omitempty"`
+	Evidence   []string   `json:"evidence,omitempty"`
+	// Cause says why a failed or unknown execution is so (its latest evidence, one line).
+	Cause string `json:"cause,omitempty"`
+	// PreviousAttempt is the failed execution this one retries: a call with the same
+	// idempotency_key and the same request after that one provably did not take effect.
+	PreviousAttempt string `json:"previous_attempt,omitempty"`
+	// ReviewRequired: the outcome is unknown and Postern will neither ask nor send again;
+	// only an operator's review (`postern review`) settles it.
+	ReviewRequired bool `json:"review_required,omitempty"`
+	// Queued: authorized, and waiting for its actor's max_concurrent slot before dispatch.
+	Queued bool `json:"queued,omitempty"`
+	// Next says what is safe to do now.
+	Next string `json:"next"`
+}
+
+// Summary is the text form of a result (the MCP text content): what happened, why (for a
+// failed or unknown execution), what to do next, then the output.
+func (x *Execution) Summary() string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "%s on %s: %s", x.ExecutionID, x.Host, x.State)
+	if x.ExitCode != nil {
+		fmt.Fprintf(&sb, " (exit %d)", *x.ExitCode)
+	}
+	if x.Signal != "" {
+		fmt.Fprintf(&sb, " (%s)", x.Signal)
+	}
+	if x.HTTPStatus != 0 {
+		fmt.Fprintf(&sb, " (HTTP %d)", x.HTTPStatus)
+	}
+	if x.ReviewRequired {
+		sb.WriteString(" [review required]")
+	}
+	if x.Replayed {
+		sb.WriteString(" [replayed: no new dispatch]")
+	}
+	sb.WriteString(".")
+	if x.PreviousAttempt != "" {
+		fmt.Fprintf(&sb, " New attempt after %s, which failed without effect.", x.PreviousAttempt)
+	}
+	if x.Cause != "" {
+		fmt.Fprintf(&sb, "\nCause: %s", x.Cause)
+	}
+	sb.WriteString("\nNext: ")
+	sb.WriteString(x.Next)
+	if x.Stdout != "" {
+		fmt.Fprintf(&sb, "\n--- stdout (from byte %d of %d) ---\n%s", x.StdoutOffset, x.StdoutBytes, x.Stdout)
+	}
+	if x.Stderr != "" {
+		fmt.Fprintf(&sb, "\n--- stderr (from byte %d of %d) ---\n%s", x.StderrOffset, x.StderrBytes, x.Stderr)
+	}
+	if x.ResponseBody != "" {
+		truncated := ""
+		if x.ResponseTruncated {
+			truncated = fmt.Sprintf(", truncated from %d bytes", x.ResponseBytes)
+		}
+		fmt.Fprintf(&sb, "\n--- response body%s ---\n%s", truncated, x.ResponseBody)
+	}
+	return sb.String()
+}
+
+// CallFailed reports whether a call that started (or joined) this execution failed: the
+// command or request failed (non-zero exit, signal, HTTP error status), was refused, did not
+// take effect, was killed at its timeout or cancelled, or its outcome cannot be proven. A
+// running or pending execution has not failed.
+func (x *Execution) CallFailed() bool {
+	switch markers.State(x.State) {
+	case markers.Failed, markers.Rejected, markers.Unknown, markers.TimedOut, markers.Cancelled:
+		return true
+	}
+	return x.IsError
+}
+
+// OutputArgs are the arguments of execution_output.
+type OutputArgs struct {
+	ExecutionID  string `json:"execution_id"`
+	Offset       int64  `json:"offset,omitempty" jsonschema:"stdout offset to read from (default 0)"`
+	StderrOffset int64  `json:"stderr_offset,omitempty" jsonschema:"stderr offset to read from (default 0)"`
+	WaitS        *int   `json:"wait_s,omitempty" jsonschema:"wait up to this many seconds for new output or the end (default 30)"`
+}
+
+// ListArgs are the arguments of executions_list.
+type ListArgs struct {
+	State string `json:"state,omitempty" jsonschema:"only executions in this state (e.g. running, unknown, completed)"`
+	Host  string `json:"host,omitempty" jsonschema:"only executions on this host"`
+	Since string `json:"since,omitempty" jsonschema:"only executions accepted at or after this RFC 3339 time"`
+	Limit int    `json:"limit,omitempty" jsonschema:"at most this many (default 50, max 500)"`
+}
+
+// ListResult is the output of executions_list.
+type ListResult struct {
+	Executions []*Execution `json:"executions"`
+}
+
+// HostInfo describes one enrolled host.
+type HostInfo struct {
+	Name        string   `json:"name"`
+	Addr        string   `json:"addr"`
+	Account     string   `json:"account"`
+	HostKey     string   `json:"host_key_fingerprint"`
+	Groups      []string `json:"groups,omitempty"`
+	Connected   bool     `json:"connected"`
+	DefaultCwd  string   `json:"default_cwd,omitempty"`
+	HostKeyType string   `json:"host_key_type"`
+	// Guarantee is what the host promises about a lost outcome: hostagent, marker_script or
+	// none (docs/agentless.md).
+	Guarantee string `json:"guarantee"`
+}
+
+// HostsResult is the output of hosts_list.
+type HostsResult struct {
+	Hosts []HostInfo `json:"hosts"`
+}
