@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/intent"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -46,7 +48,7 @@ type Bastion struct {
 	log     *slog.Logger
 	now     func() time.Time
 	journal markers.JournalStore
-	fp      *Fingerprinter
+	fp      *intent.Fingerprinter
 	inv     *Inventory
 	pool    *Pool
 	classes *config.Classes
@@ -92,7 +94,7 @@ func Open(opts Options) (*Bastion, error) {
 	if err := privdir.Ensure(cfg.StateDir, "state dir", opts.Logger); err != nil {
 		return nil, fmt.Errorf("bastion: %w", err)
 	}
-	fp, err := LoadOrCreateFingerprintKey(cfg.FingerprintKeyPath())
+	fp, err := intent.LoadOrCreateFingerprintKey(cfg.FingerprintKeyPath())
 	if err != nil {
 		return nil, err
 	}

@@ -9,6 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/intent"
+
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
 )
@@ -80,7 +82,7 @@ func (k *knownRuns) add(key string) {
 
 // newCall is the journal's account of call c in scope, answered by match. It carries the
 // run's identity if the journal may not have it yet.
-func (b *Bastion) newCall(ctx context.Context, c transport.Caller, scope string, match matchOutcome, replayed bool) *markers.Call {
+func (b *Bastion) newCall(ctx context.Context, c transport.Caller, scope string, match intent.Match, replayed bool) *markers.Call {
 	call := &markers.Call{
 		Transport: transportOf(c),
 		RequestID: requestIDFrom(ctx),
@@ -161,8 +163,8 @@ func processStartTime(ticks uint64) time.Time {
 
 // journalJoin journals a call answered by the existing execution id (a join, a replay, a
 // refusal): a joined event, written after the intake lock is released.
-func (b *Bastion) journalJoin(ctx context.Context, c transport.Caller, scope, id string, match matchOutcome) error {
-	call := b.newCall(ctx, c, scope, match, match.joins())
+func (b *Bastion) journalJoin(ctx context.Context, c transport.Caller, scope, id string, match intent.Match) error {
+	call := b.newCall(ctx, c, scope, match, match.Joins())
 	if err := b.journal.Joined(context.WithoutCancel(ctx), id, call); err != nil {
 		return journalError(err)
 	}

@@ -21,9 +21,9 @@ import (
 // likes): the replica that receives it publishes it through the journal's etcd, and every
 // replica applies it to its own registry as if received (watchCancels).
 
-// requestKey names one JSON-RPC request of one caller: the actor, the scope the transport
-// knows (the Postern-Run header of a remote caller, the agent's run of a local one; "" for
-// neither) and the request id in compact JSON.
+// requestKey names one JSON-RPC request of one caller: the actor, the intent scope the
+// transport knows (intent.Scope without a run_id argument: the agent's run of a local caller,
+// the Postern-Run header of a remote one, else "window") and the request id in compact JSON.
 type requestKey struct {
 	actor, scope, id string
 }

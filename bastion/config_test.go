@@ -7,6 +7,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/intent"
+
 	"github.com/postern-dev/postern/bastion/api"
 
 	"github.com/postern-dev/postern/bastion/config"
@@ -110,8 +112,12 @@ func TestInventoryAcceptEnv(t *testing.T) {
 func FuzzExecArgs(f *testing.F) {
 	f.Add("h", "true", "/srv", "LANG", "C", 5, "run-1", "key")
 	f.Add("h", "migrate up; echo \"ok\"", "", "", "", 0, "", "")
+	fp, err := intent.LoadOrCreateFingerprintKey(filepath.Join(f.TempDir(), "fingerprint.key"))
+	if err != nil {
+		f.Fatal(err)
+	}
 	f.Fuzz(func(t *testing.T, host, command, cwd, envName, envValue string, timeout int, runID, idemKey string) {
-		b := &Bastion{cfg: config.DefaultConfig("/x"), fp: &Fingerprinter{key: make([]byte, 32)}}
+		b := &Bastion{cfg: config.DefaultConfig("/x"), fp: fp}
 		a := api.ExecArgs{Host: host, Command: command, Cwd: cwd, TimeoutS: timeout, RunID: runID, IdempotencyKey: idemKey}
 		if envName != "" {
 			a.Env = map[string]string{envName: envValue}
@@ -119,14 +125,14 @@ func FuzzExecArgs(f *testing.F) {
 		if b.validate(&a) != nil {
 			return
 		}
-		rec := ActionRecord{Actor: "token:a", Tool: "ssh_exec", Channel: "ssh", Target: "host:" + a.Host,
-			Command: shellCommand(a.Command), Cwd: a.Cwd, Env: a.Env, IntentScope: scope(transport.Caller{Actor: "token:a"}, a.RunID)}
+		rec := intent.ActionRecord{Actor: "token:a", Tool: "ssh_exec", Channel: "ssh", Target: "host:" + a.Host,
+			Command: shellCommand(a.Command), Cwd: a.Cwd, Env: a.Env, IntentScope: intent.Scope(transport.Caller{Actor: "token:a"}, a.RunID)}
 		fp1, err := b.fp.Fingerprint(rec)
 		if err != nil {
 			t.Fatalf("validated arguments cannot be fingerprinted: %v", err)
 		}
 		fp2, _ := b.fp.Fingerprint(rec)
-		if fp1 != fp2 || !strings.HasPrefix(fp1, FingerprintPrefix) {
+		if fp1 != fp2 || !strings.HasPrefix(fp1, intent.FingerprintPrefix) {
 			t.Fatalf("fingerprint not deterministic: %s vs %s", fp1, fp2)
 		}
 	})

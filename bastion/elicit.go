@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/intent"
+
 	"github.com/postern-dev/postern/bastion/api"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -123,7 +125,7 @@ func (b *Bastion) offer(ctx context.Context, c transport.Caller, id string) *mar
 	if err != nil || offered {
 		return nil
 	}
-	rec, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, approvalOfferedNote, b.newCall(ctx, c, scope(c, ""), "", false), markers.Sync, func(r *markers.Record) error {
+	rec, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, approvalOfferedNote, b.newCall(ctx, c, intent.Scope(c, ""), "", false), markers.Sync, func(r *markers.Record) error {
 		if r.State != markers.AwaitingApproval {
 			return errNoOffer
 		}
@@ -261,7 +263,7 @@ func (b *Bastion) ElicitedDecision(ctx context.Context, c transport.Caller, id, 
 		return nil, err
 	}
 	switch {
-	case !c.Local || !c.Bridged || rec.IntentScope != c.Scope:
+	case !c.Local || !c.Bridged || rec.IntentScope != intent.Scope(c, ""):
 		return nil, &api.ToolError{Code: "not_offered", ExecutionID: id, Message: "only the stdio bridge of the agent run that made the execution relays its user's decision"}
 	case !b.classes.InBandApproval(rec.Class):
 		return nil, &api.ToolError{Code: "operator_approval_only", ExecutionID: id, Message: "approvals of class " + rec.Class + " are decided by an operator only (`postern approve`)"}

@@ -12,6 +12,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/postern-dev/postern/bastion/intent"
+
 	"github.com/postern-dev/postern/bastion/api"
 
 	"github.com/postern-dev/postern/bastion/config"
@@ -109,27 +111,12 @@ func validKey(k string) bool {
 	return true
 }
 
-// scope is the intent scope of a call (DESIGN.md, "Intent scope"): the kernel-derived agent
-// run for local callers; run_id or the Postern-Run header for remote ones; otherwise the
-// actor's attach window, which the matching rule bounds by time.
-func scope(c transport.Caller, runID string) string {
-	switch {
-	case c.Local && c.Scope != "":
-		return c.Scope
-	case runID != "":
-		return "run:" + runID
-	case c.RunID != "":
-		return "run:" + c.RunID
-	}
-	return "window"
-}
-
 // claim is one call resolved to its identity, whatever its channel: who, in which scope,
 // the canonical action and its fingerprint, and the record to journal if it is new.
 type claim struct {
 	caller      transport.Caller
 	scope       string
-	action      ActionRecord
+	action      intent.ActionRecord
 	fingerprint string
 	// record is the execution to accept (identity and what it does); the journal sets the
 	// rest.
@@ -172,9 +159,9 @@ func (b *Bastion) resolve(c transport.Caller, a api.ExecArgs) (*claim, error) {
 	if env == nil {
 		env = map[string]string{}
 	}
-	target := SSHTarget(host.Name, host.HostKey.Type(), fingerprintSHA256(host))
-	cl := &claim{caller: c, scope: scope(c, a.RunID)}
-	cl.action = ActionRecord{
+	target := intent.SSHTarget(host.Name, host.HostKey.Type(), fingerprintSHA256(host))
+	cl := &claim{caller: c, scope: intent.Scope(c, a.RunID)}
+	cl.action = intent.ActionRecord{
 		Actor:   c.Actor,
 		Tool:    "ssh_exec",
 		Channel: "ssh",
@@ -208,19 +195,6 @@ func (b *Bastion) resolve(c transport.Caller, a api.ExecArgs) (*claim, error) {
 	return cl, nil
 }
 
-// sameRequest reports whether prior was made for the same request as in, whatever the
-// scope: an idempotency key is matched across scopes, so the comparison recomputes in's
-// fingerprint in prior's scope.
-func (b *Bastion) sameRequest(prior *markers.Record, in *claim) (bool, error) {
-	if prior.IntentScope == in.scope {
-		return prior.Fingerprint == in.fingerprint, nil
-	}
-	a := in.action
-	a.IntentScope = prior.IntentScope
-	fp, err := b.fp.Fingerprint(a)
-	return fp == prior.Fingerprint, err
-}
-
 // Exec runs ssh_exec: it finds the execution this call belongs to — a prior one of the
 // same intent, by the matching rule or the idempotency key — or accepts a new one, and waits
 // up to wait_s for it. progress, if set, is told about the execution while it waits.
@@ -248,15 +222,15 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	key := cl.record.IdempotencyKey
 	// The lookup and the acceptance of a new execution happen under one intake lock, so two
 	// concurrent calls of one intent cannot both create.
-	lockKey, by := intentLockKey(c.Actor, cl.scope, cl.fingerprint), "fingerprint"
+	lockKey, by := intent.LockKey(c.Actor, cl.scope, cl.fingerprint), "fingerprint"
 	if key != "" {
 		lockKey, by = "k\x00"+c.Actor+"\x00"+key, "idempotency_key"
 	}
-	facts := callFacts{Actor: c.Actor, Scope: cl.scope, Fingerprint: cl.fingerprint, IdempotencyKey: key}
+	facts := intent.Facts{Actor: c.Actor, Scope: cl.scope, Fingerprint: cl.fingerprint, IdempotencyKey: key}
 	var (
 		unlock  func()
 		prior   *markers.Record
-		outcome matchOutcome
+		outcome intent.Match
 	)
 	defer func() { unlock() }()
 	claimed := cl.record // as it was before matching and deciding, for a match again (ErrRaced)
@@ -279,7 +253,7 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		}
 	}
 	switch {
-	case outcome == matchKeyReused:
+	case outcome == intent.KeyReused:
 		unlock()
 		b.metrics.rejected.WithLabelValues(api.CodeIdempotencyKeyReused).Inc()
 		if err := b.journalJoin(ctx, c, cl.scope, prior.ID, outcome); err != nil {
@@ -287,14 +261,14 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		}
 		return nil, &api.ToolError{Code: api.CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
 			"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", key, prior.ID)}
-	case outcome.joins():
+	case outcome.Joins():
 		unlock()
 		b.metrics.dedup.WithLabelValues(by).Inc()
 		if err := b.journalJoin(ctx, c, cl.scope, prior.ID, outcome); err != nil {
 			return nil, err
 		}
 		return b.join(ctx, prior, outcome, wait, progress)
-	case outcome == matchNewAttempt:
+	case outcome == intent.NewAttempt:
 		cl.record.PreviousAttempt = prior.ID
 		cl.record.Evidence = appendBounded(cl.record.Evidence, fmt.Sprintf(
 			"new attempt of %s, which failed without effect (same idempotency_key, same request)", prior.ID))
@@ -342,7 +316,7 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 
 // matchCall looks up the prior execution of cl's intent (by key, else by fingerprint) and
 // applies the matching rule. Call it under the intake lock.
-func (b *Bastion) matchCall(cl *claim, facts *callFacts) (*markers.Record, matchOutcome, error) {
+func (b *Bastion) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, intent.Match, error) {
 	var prior *markers.Record
 	var err error
 	if facts.IdempotencyKey != "" {
@@ -360,24 +334,18 @@ func (b *Bastion) matchCall(cl *claim, facts *callFacts) (*markers.Record, match
 	if prior != nil {
 		class = b.classes.Get(prior.Class)
 		if facts.IdempotencyKey != "" {
-			if facts.SameRequest, err = b.sameRequest(prior, cl); err != nil {
+			if facts.SameRequest, err = b.fp.SameRequest(prior, cl.action, cl.fingerprint); err != nil {
 				return nil, "", err
 			}
 		}
 	}
-	return prior, matchRule(prior, *facts, b.now(), class), nil
-}
-
-// intentLockKey is the intake lock of one unkeyed intent: calls of it are matched and
-// accepted one at a time.
-func intentLockKey(actor, scope, fingerprint string) string {
-	return "f\x00" + actor + "\x00" + scope + "\x00" + fingerprint
+	return prior, intent.Rule(prior, *facts, b.now(), class), nil
 }
 
 // deliverySettling is how long a call must wait before a new-intent decision that rests on
 // prior's delivery is final (see config.Config.DeliverySettle); 0 when it needs no wait.
-func (b *Bastion) deliverySettling(prior *markers.Record, outcome matchOutcome) time.Duration {
-	if outcome != matchNew || prior == nil || prior.State != markers.Completed || prior.ResultDeliveredAt == nil {
+func (b *Bastion) deliverySettling(prior *markers.Record, outcome intent.Match) time.Duration {
+	if outcome != intent.NewExecution || prior == nil || prior.State != markers.Completed || prior.ResultDeliveredAt == nil {
 		return 0
 	}
 	return prior.ResultDeliveredAt.Add(b.cfg.DeliverySettle).Sub(b.now())
@@ -403,7 +371,7 @@ func (b *Bastion) deliverySettling(prior *markers.Record, outcome matchOutcome) 
 // its driver records that it failed with nothing sent (the pool's backoff answers it at once).
 //
 // Its create event carries the call (matched as match: new or new_attempt), in that write.
-func (b *Bastion) accept(ctx context.Context, cl *claim, dec policy.Decision, match matchOutcome) (_ *markers.Record, dispatched bool, _ error) {
+func (b *Bastion) accept(ctx context.Context, cl *claim, dec policy.Decision, match intent.Match) (_ *markers.Record, dispatched bool, _ error) {
 	id, err := markers.NewExecutionID(b.now())
 	if err != nil {
 		return nil, false, err
@@ -453,9 +421,9 @@ func (b *Bastion) connected(h Host) bool {
 // join answers a call that belongs to an existing execution (recover_or_attach): never a
 // second dispatch. A live execution is followed by its driver — continued, attached to or
 // reconciled — for up to wait; any other is returned as journaled.
-func (b *Bastion) join(ctx context.Context, prior *markers.Record, outcome matchOutcome, wait time.Duration, progress func(*api.Execution)) (*api.Execution, error) {
+func (b *Bastion) join(ctx context.Context, prior *markers.Record, outcome intent.Match, wait time.Duration, progress func(*api.Execution)) (*api.Execution, error) {
 	switch outcome {
-	case matchContinue, matchAttach, matchReconcile:
+	case intent.Continue, intent.Attach, intent.Reconcile:
 		if d := b.startDriver(prior); d != nil {
 			return b.await(ctx, d, wait, true, progress), nil
 		}

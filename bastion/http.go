@@ -14,6 +14,8 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/postern-dev/postern/bastion/intent"
+
 	"github.com/postern-dev/postern/bastion/api"
 
 	"github.com/postern-dev/postern/bastion/config"
@@ -111,8 +113,8 @@ func (b *Bastion) resolveHTTP(c transport.Caller, a api.HTTPArgs) (*claim, error
 		queryArg[k] = v
 	}
 	targetName := "endpoint:" + ep.Name + " " + base.Scheme + "://" + base.Host + target.Path
-	cl := &claim{caller: c, scope: scope(c, a.RunID)}
-	cl.action = ActionRecord{
+	cl := &claim{caller: c, scope: intent.Scope(c, a.RunID)}
+	cl.action = intent.ActionRecord{
 		Actor:         c.Actor,
 		Tool:          "http_request",
 		Channel:       "http",

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/intent"
+
 	"github.com/postern-dev/postern/bastion/api"
 
 	"github.com/postern-dev/postern/hostagent/client"
@@ -163,12 +165,12 @@ func callsOf(rec *markers.Record, evs []markers.Event, level Guarantee) []api.In
 	for _, ev := range evs {
 		switch {
 		case ev.Kind == markers.KindCreate:
-			c := markers.Call{Match: string(matchNew)}
+			c := markers.Call{Match: string(intent.NewExecution)}
 			if ev.Call != nil {
 				c = *ev.Call
 			}
 			what := "created " + rec.ID
-			if c.Match == string(matchNewAttempt) {
+			if c.Match == string(intent.NewAttempt) {
 				what = fmt.Sprintf("new attempt %s of %s (same idempotency key, same request; the earlier attempt failed without effect)", rec.ID, rec.PreviousAttempt)
 			} else if rec.IdempotencyKey != "" {
 				what += " with idempotency key " + rec.IdempotencyKey
@@ -188,20 +190,20 @@ func joinedWhat(rec *markers.Record, match string, level Guarantee) string {
 	if rec.IdempotencyKey != "" {
 		via = "reused idempotency key " + rec.IdempotencyKey
 	}
-	switch matchOutcome(match) {
-	case matchKeyReused:
+	switch intent.Match(match) {
+	case intent.KeyReused:
 		return fmt.Sprintf("reused idempotency key %s for a different request: refused, nothing dispatched", rec.IdempotencyKey)
-	case matchReplay:
+	case intent.Replay:
 		return fmt.Sprintf("joined %s (%s): its stored result was replayed, nothing dispatched", rec.ID, via)
-	case matchAttach:
+	case intent.Attach:
 		return fmt.Sprintf("joined %s (%s): attached to it while it ran, nothing dispatched", rec.ID, via)
-	case matchContinue:
+	case intent.Continue:
 		return fmt.Sprintf("joined %s (%s): continued it before dispatch", rec.ID, via)
-	case matchReconcile:
+	case intent.Reconcile:
 		return fmt.Sprintf("joined %s (%s): %s", rec.ID, via, reconcileWhat(rec, level))
-	case matchPending:
+	case intent.Pending:
 		return fmt.Sprintf("joined %s (%s): returned it awaiting approval, no second approval", rec.ID, via)
-	case matchRejection:
+	case intent.Rejection:
 		return fmt.Sprintf("joined %s (%s): returned the same rejection", rec.ID, via)
 	}
 	return fmt.Sprintf("joined %s (%s)", rec.ID, match)
@@ -254,7 +256,7 @@ func authorizationOf(rec *markers.Record, evs []markers.Event) api.Authorization
 // observedOutcome is what the journal holds, and what the host's marker says now.
 func (b *Bastion) observedOutcome(ctx context.Context, rec *markers.Record) api.ObservedOutcome {
 	o := api.ObservedOutcome{State: string(rec.State), ExitCode: rec.ExitCode, Signal: rec.Signal, HTTPStatus: rec.HTTPStatus, Evidence: rec.Evidence}
-	if t := finishedAt(rec); !t.IsZero() {
+	if t := intent.FinishedAt(rec); !t.IsZero() {
 		o.ObservedAt = &t
 	}
 	switch {
@@ -474,7 +476,7 @@ func answerLater(inv *api.Investigation) string {
 	var b strings.Builder
 	first := true
 	for _, c := range inv.Calls {
-		if first && len(inv.Siblings) > 0 && c.ExecutionID == inv.Siblings[0].ExecutionID && (c.Match == string(matchNew) || c.Match == "") {
+		if first && len(inv.Siblings) > 0 && c.ExecutionID == inv.Siblings[0].ExecutionID && (c.Match == string(intent.NewExecution) || c.Match == "") {
 			first = false
 			continue
 		}

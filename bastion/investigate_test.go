@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/postern-dev/postern/bastion/intent"
+
 	"github.com/postern-dev/postern/bastion/config"
 
 	"github.com/postern-dev/postern/markers"
@@ -30,7 +32,7 @@ func TestJoinedReconcileWording(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got := joinedWhat(tt.rec, string(matchReconcile), tt.level)
+			got := joinedWhat(tt.rec, string(intent.Reconcile), tt.level)
 			for _, w := range tt.want {
 				if !strings.Contains(got, w) {
 					t.Errorf("%q; want %q", got, w)

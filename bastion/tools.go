@@ -10,6 +10,8 @@ import (
 	"net/http"
 	"sync"
 
+	"github.com/postern-dev/postern/bastion/intent"
+
 	"github.com/postern-dev/postern/bastion/api"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -295,10 +297,7 @@ func (b *Bastion) trackDelivery(next http.Handler, reg *cancels) http.Handler {
 			r.Body = io.NopCloser(bytes.NewReader(body))
 			msgs = peekMessages(body)
 		}
-		scope := caller.RunID
-		if caller.Local {
-			scope = caller.Scope
-		}
+		scope := intent.Scope(caller, "")
 		ctx, abort := context.WithCancel(r.Context())
 		defer abort()
 		for _, m := range msgs {
@@ -416,7 +415,7 @@ func (b *Bastion) revokeDelivery(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	if rec.IdempotencyKey == "" {
-		defer b.intake.Lock(intentLockKey(rec.Actor, rec.IntentScope, rec.Fingerprint))()
+		defer b.intake.Lock(intent.LockKey(rec.Actor, rec.IntentScope, rec.Fingerprint))()
 		latest, err := b.journal.FindByFingerprint(rec.Actor, rec.IntentScope, rec.Fingerprint)
 		if err != nil && !errors.Is(err, markers.ErrNotFound) {
 			return false, err

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/intent"
+
 	"github.com/postern-dev/postern/bastion/api"
 
 	"github.com/postern-dev/postern/bastion/transport"
@@ -42,7 +44,7 @@ func (b *Bastion) view(rec *markers.Record) *api.Execution {
 	if t, ok := rec.StateTimes[markers.Dispatched]; ok {
 		x.DispatchedAt = &t
 	}
-	if t := finishedAt(rec); !t.IsZero() {
+	if t := intent.FinishedAt(rec); !t.IsZero() {
 		x.FinishedAt = &t
 	}
 	holder := b.ownHolder(rec)
@@ -222,12 +224,7 @@ const deliveredNote = "result delivered"
 func (b *Bastion) Delivered(ctx context.Context, id string) error {
 	var call *markers.Call
 	if c, ok := transport.CallerFromContext(ctx); ok {
-		call = &markers.Call{Transport: transportOf(c), RequestID: requestIDFrom(ctx), Match: "delivered"}
-		if c.Local {
-			call.Run = c.Scope
-		} else if c.RunID != "" {
-			call.Run = "run:" + c.RunID
-		}
+		call = &markers.Call{Transport: transportOf(c), RequestID: requestIDFrom(ctx), Run: intent.Scope(c, ""), Match: "delivered"}
 	}
 	_, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, call, markers.NoSync, func(r *markers.Record) error {
 		if r.ResultDeliveredAt == nil && markers.JournalGraph.Terminal(r.State) {

@@ -1,13 +1,18 @@
-// Execution identity: the canonical action record and its intent fingerprint (DESIGN.md,
-// "Three identifiers" and "Canonical action record").
+// Package intent is what makes two calls the same intent: the canonical action record and
+// its HMAC fingerprint (docs/design.md, "Three identifiers, never mixed" and "Canonical
+// action record"), the intent scope of a call, and the matching rule that decides whether a
+// call joins a prior execution or starts a new one (recover_or_attach). Everything here is a
+// pure function of its arguments, except the fingerprint key's file.
+//
+// Invariants: no secret enters an action record (credentials only by reference); the
+// fingerprint never leaves the bastion; a keyed call is matched by its key alone.
 //
 // The fingerprint is HMAC-SHA256, keyed by a per-installation secret, over the RFC 8785
 // canonical JSON of the action record — never over request bytes, so formatting, key order,
 // JSON-RPC ids and progress tokens cannot make one intent look like two. Every field is
 // always present (defaults materialized), and no secret ever enters the record: credentials
 // appear only as references.
-
-package bastion
+package intent
 
 import (
 	"crypto/hmac"
