@@ -14,12 +14,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/api"
-
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion/agentless"
+	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/internal/ctxtime"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -110,7 +110,7 @@ func (b *Bastion) driveStock(d *driver, log *slog.Logger, host Host) {
 			log.Warn("outcome still unknown after reconciling", "attempts", attempt)
 			return
 		}
-		if !sleepCtx(b.ctx, time.Duration(attempt)*250*time.Millisecond) {
+		if !ctxtime.Sleep(b.ctx, time.Duration(attempt)*250*time.Millisecond) {
 			return
 		}
 		switch b.reconcileStock(d, log, host) {
@@ -162,7 +162,7 @@ const (
 // bastion closes, or the host cannot be asked), journaling what it says.
 func (b *Bastion) watchStock(d *driver, log *slog.Logger, host Host) {
 	for wait := watchMin; ; wait = min(2*wait, watchMax) {
-		if !sleepCtx(b.ctx, wait) {
+		if !ctxtime.Sleep(b.ctx, wait) {
 			return
 		}
 		w, err := b.askStock(host, d.id)

@@ -7,9 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/postern-dev/postern/bastion/agentless"
+	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/markers"
 )
 

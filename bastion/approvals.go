@@ -9,7 +9,6 @@ import (
 	"unicode/utf8"
 
 	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/postern-dev/postern/markers"
 )
 

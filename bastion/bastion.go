@@ -14,12 +14,11 @@ import (
 	"sync"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/intent"
-
-	"github.com/postern-dev/postern/bastion/config"
-
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/delivery"
+	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/durable"
 	"github.com/postern-dev/postern/internal/keylock"
@@ -63,7 +62,8 @@ type Bastion struct {
 
 	intake keylock.Set // serializes match-and-create per intent and per idempotency key
 	runs   knownRuns   // agent runs the journal already holds (calls.go)
-	posts  sync.Map    // POSTs in flight by postKeyHeader → *postState (tools.go)
+	// tracker judges the delivery of results and applies the clients' cancels.
+	tracker *delivery.Tracker
 	// taskWaits counts each actor's tasks/result requests waiting for an execution to end
 	// (mcptasks.go).
 	taskWaits waitSlots
@@ -139,6 +139,11 @@ func Open(opts Options) (*Bastion, error) {
 		classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin, policy: pol,
 		ctx: ctx, cancel: cancel, drivers: map[string]*driver{}, cancels: map[string]bool{}, slotFreed: make(chan struct{}),
 	}
+	var replicas delivery.Replicas
+	if r := b.replicas(); r != nil {
+		replicas = r
+	}
+	b.tracker = delivery.NewTracker(b, replicas, cfg.DeliveryRevokeGrace, opts.Now, opts.Logger)
 	b.metrics.registry.MustRegister(inFlight{b})
 	return b, nil
 }

@@ -9,8 +9,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/delivery"
 	"github.com/postern-dev/postern/bastion/intent"
-
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
 )
@@ -37,19 +37,6 @@ func transportOf(c transport.Caller) string {
 		return transportUnix
 	}
 	return transportHTTP
-}
-
-// requestIDKey is the context key of the JSON-RPC id of the tools/call being served (set by
-// trackDelivery when the POST carries exactly one call).
-type requestIDKey struct{}
-
-func withRequestID(ctx context.Context, id string) context.Context {
-	return context.WithValue(ctx, requestIDKey{}, id)
-}
-
-func requestIDFrom(ctx context.Context) string {
-	id, _ := ctx.Value(requestIDKey{}).(string)
-	return id
 }
 
 // maxKnownRuns bounds the cache of recorded runs; when it is full it starts over (a miss
@@ -85,7 +72,7 @@ func (k *knownRuns) add(key string) {
 func (b *Bastion) newCall(ctx context.Context, c transport.Caller, scope string, match intent.Match, replayed bool) *markers.Call {
 	call := &markers.Call{
 		Transport: transportOf(c),
-		RequestID: requestIDFrom(ctx),
+		RequestID: delivery.RequestID(ctx),
 		Run:       scope,
 		Match:     string(match),
 		Replayed:  replayed,

@@ -7,14 +7,11 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/bastion/intent"
-
-	"github.com/postern-dev/postern/bastion/api"
-
-	"github.com/postern-dev/postern/bastion/config"
-
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/transport"
 )
 

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
 )

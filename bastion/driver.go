@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/internal/ctxtime"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -272,7 +273,7 @@ func (b *Bastion) drive(d *driver, asked func()) {
 			log.Warn("outcome still unknown after reconciling", "attempts", attempt)
 			return
 		}
-		if !sleepCtx(b.ctx, time.Duration(attempt)*250*time.Millisecond) || !b.reconcile(d, log, host) {
+		if !ctxtime.Sleep(b.ctx, time.Duration(attempt)*250*time.Millisecond) || !b.reconcile(d, log, host) {
 			return
 		}
 	}
@@ -661,15 +662,4 @@ func lastLine(t *tail) string {
 		}
 	}
 	return string(b)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
-	}
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/postern-dev/postern/hostagent/client"
 )
 

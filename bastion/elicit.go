@@ -11,12 +11,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/intent"
-
-	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"

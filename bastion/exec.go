@@ -12,16 +12,14 @@ import (
 	"time"
 	"unicode/utf8"
 
-	"github.com/postern-dev/postern/bastion/intent"
-
-	"github.com/postern-dev/postern/bastion/api"
-
-	"github.com/postern-dev/postern/bastion/config"
-
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/internal/ctxtime"
 	"github.com/postern-dev/postern/internal/envpolicy"
 	"github.com/postern-dev/postern/markers"
 )
@@ -248,7 +246,7 @@ func (b *Bastion) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		// settle time has passed, without the intake lock (a revocation takes it), so that a
 		// revocation in between makes the call join.
 		unlock()
-		if !sleepCtx(ctx, wait) {
+		if !ctxtime.Sleep(ctx, wait) {
 			return nil, ctx.Err()
 		}
 	}

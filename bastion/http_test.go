@@ -5,7 +5,6 @@ import (
 	"testing"
 
 	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/postern-dev/postern/bastion/config"
 )
 

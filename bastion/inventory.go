@@ -13,11 +13,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/BurntSushi/toml"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/durable"
 	"github.com/postern-dev/postern/internal/envpolicy"
 )

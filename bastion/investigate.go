@@ -9,10 +9,8 @@ import (
 	"strings"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/intent"
-
 	"github.com/postern-dev/postern/bastion/api"
-
+	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
 )

@@ -4,10 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/bastion/intent"
-
 	"github.com/postern-dev/postern/bastion/config"
-
+	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/markers"
 )
 

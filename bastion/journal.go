@@ -7,13 +7,12 @@ import (
 	"os"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/config"
-
 	"go.etcd.io/etcd/client/pkg/v3/transport"
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.uber.org/zap"
 	"golang.org/x/mod/sumdb/note"
 
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/markers/etcdjournal"
 )

@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/postern-dev/postern/internal/etcdtest"
 	"github.com/postern-dev/postern/markers"
 )

@@ -9,10 +9,10 @@ import (
 	"sync"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/delivery"
 	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
@@ -131,7 +131,7 @@ func (t taskBackend) Get(ctx context.Context, extra *mcp.RequestExtra, id string
 // (DESIGN.md, "Result delivery"), judged like a tools/call's by trackDelivery.
 func (t taskBackend) Result(ctx context.Context, extra *mcp.RequestExtra, id string, changed func(*tasks.Execution)) (*mcp.CallToolResult, error) {
 	b := t.b
-	ctx = b.postContext(ctx, extra)
+	ctx = b.tracker.Context(ctx, headerOf(extra))
 	var last markers.State
 	waiting := ""
 	defer func() {
@@ -153,9 +153,7 @@ func (t taskBackend) Result(ctx context.Context, extra *mcp.RequestExtra, id str
 			x := b.stored(rec)
 			x.Replayed, x.ResultDelivered = false, false
 			if rec.ResultDeliveredAt == nil {
-				if dl := deliveriesFrom(ctx); dl != nil {
-					dl.add(rec.ID)
-				}
+				delivery.Carries(ctx, rec.ID)
 			}
 			return &mcp.CallToolResult{
 				Content:           []mcp.Content{&mcp.TextContent{Text: x.Summary()}},

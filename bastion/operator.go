@@ -11,9 +11,8 @@ import (
 	"strconv"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/postern-dev/postern/bastion/agentless"
+	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"

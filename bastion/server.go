@@ -12,6 +12,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/delivery"
 	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
 )
@@ -60,15 +61,14 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		Stateless: true,
 		Logger:    b.log.With("component", "mcp"),
 	})
-	reg := newCancels(b.cfg.DeliveryRevokeGrace, b.now)
-	tracked := b.trackDelivery(tasks.HTTPHandler(streamable), reg)
+	tracked := b.tracker.Handler(tasks.HTTPHandler(streamable))
 	remote := tracked
 	if b.cfg.HTTPSessions {
 		sessions := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 			SessionTimeout: sessionIdleTimeout,
 			Logger:         b.log.With("component", "mcp-sessions"),
 		})
-		remote = b.trackDelivery(tasks.HTTPHandler(bySession(streamable, sessions)), reg)
+		remote = b.tracker.Handler(tasks.HTTPHandler(bySession(streamable, sessions)))
 	}
 
 	var servers []*http.Server
@@ -113,7 +113,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 			scheme = "https"
 		}
 		listeners = append(listeners, l)
-		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ConnContext: rememberConn(nil)})
+		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ConnContext: delivery.RememberConn(nil)})
 		ep.URL = scheme + "://" + l.Addr().String() + MCPPath
 		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
 	}
@@ -129,7 +129,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	unixServer := transport.UnixServer(localMux, transport.UnixOptions{
 		MaxBodyBytes: b.cfg.MaxBodyBytes, Logger: b.log.With("component", "unix"),
 	})
-	unixServer.ConnContext = rememberConn(unixServer.ConnContext)
+	unixServer.ConnContext = delivery.RememberConn(unixServer.ConnContext)
 	servers = append(servers, unixServer)
 	ep.Socket = b.cfg.SocketPath()
 
@@ -145,9 +145,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	errs := make(chan error, len(servers))
 	var wg sync.WaitGroup
 	watchCtx, stopWatch := context.WithCancel(ctx)
-	if r := b.replicas(); r != nil {
-		wg.Go(func() { b.watchCancels(watchCtx, r, reg) })
-	}
+	wg.Go(func() { b.tracker.WatchCancels(watchCtx) })
 	for i, s := range servers {
 		wg.Go(func() {
 			if err := s.Serve(listeners[i]); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -8,9 +8,8 @@ import (
 	"slices"
 	"strings"
 
-	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/postern-dev/postern/bastion/agentless"
+	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/markers"
 )
 

@@ -1,21 +1,16 @@
 package bastion
 
 import (
-	"bytes"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
-	"sync"
-
-	"github.com/postern-dev/postern/bastion/intent"
-
-	"github.com/postern-dev/postern/bastion/api"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/delivery"
+	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
@@ -158,7 +153,7 @@ func executionTool[In any](b *Bastion, role toolRole, do func(context.Context, *
 		if err != nil {
 			return nil, nil, err
 		}
-		ctx = b.postContext(ctx, req.Extra)
+		ctx = b.tracker.Context(ctx, headerOf(req.Extra))
 		x, err := do(ctx, req, c, in)
 		if role == startsWork && err == nil && b.askInSession(ctx, req, c, x) {
 			// Decided by the user: the same call again joins the same execution, now
@@ -193,9 +188,7 @@ func (b *Bastion) result(ctx context.Context, role toolRole, x *api.Execution, e
 	}
 	// A task-augmented call answers with the task, not the result: nothing is delivered.
 	if markers.JournalGraph.Terminal(markers.State(x.State)) && !x.ResultDelivered && !tasks.Creating(ctx) {
-		if dl := deliveriesFrom(ctx); dl != nil {
-			dl.add(x.ExecutionID)
-		}
+		delivery.Carries(ctx, x.ExecutionID)
 	}
 	isError := role == startsWork && x.CallFailed()
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: x.Summary()}}, IsError: isError}, x, nil
@@ -227,189 +220,11 @@ func progressFor(ctx context.Context, req *mcp.CallToolRequest) func(*api.Execut
 	}
 }
 
-// deliveries collects the executions whose results a response carries, so they are marked
-// delivered only once the response was written to the transport.
-type deliveries struct {
-	mu  sync.Mutex
-	ids []string
-}
-
-func (d *deliveries) add(id string) {
-	d.mu.Lock()
-	d.ids = append(d.ids, id)
-	d.mu.Unlock()
-}
-
-type deliveriesKey struct{}
-
-// postKeyHeader names the POST a message came in on. go-sdk runs the handlers of a stateful
-// session outside the POST's context, so trackDelivery sets this header (replacing anything
-// a client sent) and registers the POST's state under it, and postContext finds it again.
-const postKeyHeader = "Postern-Post-Key"
-
-// postState is what a handler needs of the POST that carried its request.
-type postState struct {
-	dl        *deliveries
-	requestID string
-}
-
-// postContext returns ctx with the deliveries and request id of the POST that carried the
-// request. In a stateful session go-sdk runs handlers in a context derived from the
-// session's first POST, whose values are stale: the header decides.
-func (b *Bastion) postContext(ctx context.Context, extra *mcp.RequestExtra) context.Context {
-	if extra == nil {
-		return ctx
-	}
-	v, ok := b.posts.Load(extra.Header.Get(postKeyHeader))
-	if !ok {
-		return ctx
-	}
-	st := v.(*postState)
-	ctx = context.WithValue(ctx, deliveriesKey{}, st.dl)
-	if st.requestID != "" {
-		ctx = withRequestID(ctx, st.requestID)
-	}
-	return ctx
-}
-
-func deliveriesFrom(ctx context.Context) *deliveries {
-	d, _ := ctx.Value(deliveriesKey{}).(*deliveries)
-	return d
-}
-
-// trackDelivery wraps the MCP handler. It reads each POSTed body (already bounded by the
-// transport) for tools/call requests and notifications/cancelled (cancels.go). A tool call's
-// executions are marked delivered only on positive evidence (delivery.go): the response was
-// written and flushed, the request was not cancelled, and the client's end of the connection
-// has every byte while still connected. Anything else leaves them
-// completed-but-not-delivered, so a retry replays them. A cancel revokes a delivery recorded
-// within the grace window, before go-sdk answers the notification (202).
-func (b *Bastion) trackDelivery(next http.Handler, reg *cancels) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		caller, known := transport.CallerFromContext(r.Context())
-		var msgs []rpcPeek
-		if known && r.Method == http.MethodPost && r.Body != nil {
-			body, err := io.ReadAll(r.Body)
-			if err != nil {
-				http.Error(w, "reading request body failed", http.StatusBadRequest)
-				return
-			}
-			r.Body = io.NopCloser(bytes.NewReader(body))
-			msgs = peekMessages(body)
-		}
-		scope := intent.Scope(caller, "")
-		ctx, abort := context.WithCancel(r.Context())
-		defer abort()
-		for _, m := range msgs {
-			if m.Cancelled == "" {
-				continue
-			}
-			key := requestKey{caller.Actor, scope, m.Cancelled}
-			err := b.revokeDeliveries(ctx, reg.cancel(key))
-			if r := b.replicas(); r != nil && err == nil {
-				// The request may be served by another replica: it applies the cancel too.
-				err = r.PublishCancel(ctx, key.encode())
-			}
-			if err != nil {
-				b.log.Error("journal delivery revocation", "actor", caller.Actor, "err", err)
-				http.Error(w, "the journal could not record the cancellation", http.StatusServiceUnavailable)
-				return
-			}
-		}
-		var calls []*trackedCall
-		for _, m := range msgs {
-			if m.Call != "" {
-				calls = append(calls, reg.begin(requestKey{caller.Actor, scope, m.Call}, abort))
-			}
-		}
-		if len(calls) == 1 {
-			ctx = withRequestID(ctx, calls[0].key.id)
-		}
-
-		dl := &deliveries{}
-		post := &postState{dl: dl}
-		if len(calls) == 1 {
-			post.requestID = calls[0].key.id
-		}
-		key := rand.Text()
-		b.posts.Store(key, post)
-		defer b.posts.Delete(key)
-		r.Header.Set(postKeyHeader, key)
-		r = r.WithContext(context.WithValue(ctx, deliveriesKey{}, dl))
-		tw := &trackingWriter{ResponseWriter: w}
-		next.ServeHTTP(tw, r)
-		var delivered []string
-		if len(dl.ids) > 0 {
-			delivered = b.recordDelivery(ctx, tw, w, reg, calls, dl.ids)
-		}
-		for _, c := range calls {
-			if err := b.revokeDeliveries(ctx, reg.finish(c, delivered)); err != nil {
-				b.log.Error("journal delivery revocation", "actor", caller.Actor, "err", err)
-			}
-		}
-	})
-}
-
-// recordDelivery journals the executions of a response as delivered if the evidence holds,
-// and returns those it journaled.
-func (b *Bastion) recordDelivery(ctx context.Context, tw *trackingWriter, w http.ResponseWriter, reg *cancels, calls []*trackedCall, ids []string) []string {
-	flushErr := http.NewResponseController(w).Flush()
-	cancelled := func() bool {
-		for _, c := range calls {
-			if reg.isCancelled(c) {
-				return true
-			}
-		}
-		return false
-	}
-	why := ""
-	switch {
-	case tw.err != nil || flushErr != nil:
-		why = "the response could not be written"
-	case ctx.Err() != nil || cancelled():
-		why = "the client cancelled the request or went away"
-	case !received(ctx):
-		why = "the client's end did not acknowledge every byte while connected"
-	case cancelled():
-		why = "the client cancelled the request"
-	}
-	if why != "" {
-		b.log.Info("result not delivered; a retry will replay it", "executions", ids, "why", why)
-		return nil
-	}
-	var delivered []string
-	for _, id := range ids {
-		if err := b.Delivered(ctx, id); err != nil {
-			b.log.Error("journal result delivery", "execution_id", id, "err", err)
-			continue
-		}
-		delivered = append(delivered, id)
-	}
-	return delivered
-}
-
-// revokeDeliveries journals that the results of ids were not delivered after all: their
-// client cancelled the request that carried them.
-func (b *Bastion) revokeDeliveries(ctx context.Context, ids []string) error {
-	var errs []error
-	for _, id := range ids {
-		revoked, err := b.revokeDelivery(context.WithoutCancel(ctx), id)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("revoke delivery of %s: %w", id, err))
-			continue
-		}
-		if revoked {
-			b.log.Info("result delivery revoked: the client cancelled the request; a retry will replay it", "execution_id", id)
-		}
-	}
-	return errors.Join(errs...)
-}
-
-// revokeDelivery revokes the delivery of id's result unless a newer execution of the same
+// RevokeDelivery revokes the delivery of id's result unless a newer execution of the same
 // intent was accepted since: the delivery then already ended the matching window and a
 // retry joins the newer one, so revoking would only rewrite what made it new. It holds the
 // intake lock of the intent, so no new execution is accepted meanwhile.
-func (b *Bastion) revokeDelivery(ctx context.Context, id string) (bool, error) {
+func (b *Bastion) RevokeDelivery(ctx context.Context, id string) (bool, error) {
 	rec, err := b.journal.Get(id)
 	if err != nil {
 		return false, err
@@ -429,24 +244,10 @@ func (b *Bastion) revokeDelivery(ctx context.Context, id string) (bool, error) {
 	return revoked, err
 }
 
-// trackingWriter remembers whether any write to the connection failed.
-type trackingWriter struct {
-	http.ResponseWriter
-	err error
-}
-
-func (t *trackingWriter) Write(p []byte) (int, error) {
-	n, err := t.ResponseWriter.Write(p)
-	if err != nil && t.err == nil {
-		t.err = err
+// headerOf is the HTTP header of the request that carried a message (nil when none).
+func headerOf(extra *mcp.RequestExtra) http.Header {
+	if extra == nil {
+		return nil
 	}
-	return n, err
-}
-
-func (t *trackingWriter) Unwrap() http.ResponseWriter { return t.ResponseWriter }
-
-func (t *trackingWriter) Flush() {
-	if err := http.NewResponseController(t.ResponseWriter).Flush(); err != nil && t.err == nil {
-		t.err = err
-	}
+	return extra.Header
 }

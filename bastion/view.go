@@ -8,10 +8,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/intent"
-
 	"github.com/postern-dev/postern/bastion/api"
-
+	"github.com/postern-dev/postern/bastion/delivery"
+	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
@@ -224,7 +223,7 @@ const deliveredNote = "result delivered"
 func (b *Bastion) Delivered(ctx context.Context, id string) error {
 	var call *markers.Call
 	if c, ok := transport.CallerFromContext(ctx); ok {
-		call = &markers.Call{Transport: transportOf(c), RequestID: requestIDFrom(ctx), Run: intent.Scope(c, ""), Match: "delivered"}
+		call = &markers.Call{Transport: transportOf(c), RequestID: delivery.RequestID(ctx), Run: intent.Scope(c, ""), Match: "delivered"}
 	}
 	_, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, call, markers.NoSync, func(r *markers.Record) error {
 		if r.ResultDeliveredAt == nil && markers.JournalGraph.Terminal(r.State) {

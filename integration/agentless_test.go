@@ -14,14 +14,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/api"
-
-	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/agentless"
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 	"github.com/postern-dev/postern/markers"

@@ -15,10 +15,9 @@ import (
 	"text/tabwriter"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 )

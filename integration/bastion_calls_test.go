@@ -12,13 +12,11 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/postern-dev/postern/bastion/api"
-
-	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )

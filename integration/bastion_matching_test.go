@@ -7,10 +7,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/internal/testutil"
 )
 

@@ -4,9 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/testutil"
 )
 

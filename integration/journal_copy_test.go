@@ -8,7 +8,6 @@ import (
 	"testing"
 
 	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/postern-dev/postern/internal/etcdtest"
 	"github.com/postern-dev/postern/internal/testutil"
 )

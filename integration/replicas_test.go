@@ -9,12 +9,10 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/postern-dev/postern/bastion/api"
-
-	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/etcdtest"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/plugins"

@@ -10,7 +10,6 @@ import (
 	"testing"
 
 	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/postern-dev/postern/internal/testutil"
 )
 

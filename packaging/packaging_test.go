@@ -14,7 +14,6 @@ import (
 	"testing"
 
 	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/postern-dev/postern/hostagent"
 )
 

@@ -5,7 +5,6 @@ import (
 
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/transport"
-
 	"github.com/postern-dev/postern/markers"
 )
 

@@ -5,7 +5,6 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/postern-dev/postern/markers"
 )
 

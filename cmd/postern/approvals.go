@@ -7,7 +7,6 @@ import (
 	"net/url"
 
 	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )

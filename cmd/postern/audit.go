@@ -11,9 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )

@@ -11,13 +11,11 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/api"
-
-	"github.com/postern-dev/postern/bastion/config"
-
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/version"
 )

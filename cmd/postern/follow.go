@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )

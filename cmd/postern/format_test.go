@@ -7,7 +7,6 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/postern-dev/postern/markers"
 )
 

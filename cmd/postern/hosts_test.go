@@ -9,11 +9,10 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/bastion/config"
-
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )

@@ -8,7 +8,6 @@ import (
 	"strings"
 
 	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/postern-dev/postern/internal/cli"
 )
 

@@ -9,9 +9,8 @@ import (
 	"io"
 	"iter"
 
-	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/markers"
 )
 

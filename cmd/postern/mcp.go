@@ -7,9 +7,8 @@ import (
 	"io"
 	"path/filepath"
 
-	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/transport"
 )
 

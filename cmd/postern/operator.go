@@ -18,9 +18,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
-
 	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/unixpath"
 	"github.com/postern-dev/postern/markers"

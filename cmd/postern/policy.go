@@ -7,9 +7,8 @@ import (
 	"io"
 	"strings"
 
-	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/cli"
 )

@@ -17,11 +17,10 @@ import (
 	"text/template"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/config"
-
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent"

@@ -11,11 +11,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/bastion/config"
-
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )

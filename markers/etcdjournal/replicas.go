@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 	"go.etcd.io/etcd/client/v3/concurrency"
 
+	"github.com/postern-dev/postern/internal/ctxtime"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -220,7 +221,7 @@ func (j *Journal) WatchCancels(ctx context.Context, cancelled func(key []byte)) 
 		if errors.Is(err, rpctypes.ErrCompacted) {
 			next = 0
 		}
-		if !sleep(ctx, time.Second) {
+		if !ctxtime.Sleep(ctx, time.Second) {
 			break
 		}
 	}
@@ -262,14 +263,14 @@ func (j *Journal) campaign() {
 	for j.ctx.Err() == nil {
 		s, err := j.currentSession()
 		if err != nil {
-			if !sleep(j.ctx, time.Second) {
+			if !ctxtime.Sleep(j.ctx, time.Second) {
 				return
 			}
 			continue
 		}
 		e := concurrency.NewElection(s, j.prefix+"Eleader")
 		if err := e.Campaign(j.ctx, j.name); err != nil {
-			if !sleep(j.ctx, time.Second) {
+			if !ctxtime.Sleep(j.ctx, time.Second) {
 				return
 			}
 			continue
@@ -281,16 +282,5 @@ func (j *Journal) campaign() {
 		case <-s.Done():
 		}
 		j.leading.Store(false)
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return false
-	case <-t.C:
-		return true
 	}
 }

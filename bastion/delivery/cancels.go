@@ -1,13 +1,10 @@
-package bastion
+package delivery
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"sync"
 	"time"
-
-	"github.com/postern-dev/postern/markers"
 )
 
 // A client that gives up on a tool call (the official SDKs' timeout or AbortSignal) sends
@@ -265,17 +262,3 @@ func compactID(raw json.RawMessage) string {
 
 // maxRequestIDBytes bounds a request id the registry keeps.
 const maxRequestIDBytes = 256
-
-// watchCancels applies the cancels other replicas received to reg, until ctx ends.
-func (b *Bastion) watchCancels(ctx context.Context, r markers.Replicated, reg *cancels) {
-	r.WatchCancels(ctx, func(k []byte) {
-		key, ok := decodeRequestKey(k)
-		if !ok {
-			b.log.Warn("ignored a malformed cancel published by another replica")
-			return
-		}
-		if err := b.revokeDeliveries(ctx, reg.cancel(key)); err != nil {
-			b.log.Error("journal delivery revocation", "actor", key.actor, "err", err)
-		}
-	})
-}

@@ -1,4 +1,13 @@
-package bastion
+// Package delivery decides when a result counts as delivered to the client that asked, and
+// undoes that when the client gives up on it: the kernel's evidence that the peer has every
+// byte (evidence.go), the registry that matches notifications/cancelled to calls
+// (cancels.go), and the HTTP middleware that carries both out for every MCP transport and
+// journals the outcome through the engine (track.go). docs/design.md, "Result delivery: what
+// counts as evidence".
+//
+// Invariant: delivery is recorded only on positive evidence; in doubt a result stays
+// undelivered, so a retry replays it, which is always safe.
+package delivery
 
 import (
 	"context"
@@ -9,10 +18,12 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/internal/ctxtime"
 )
 
 // A result counts as delivered only on positive evidence that the client that asked has it
-// (DESIGN.md "Result delivery: what counts as evidence"): the response was written and
+// (docs/design.md, "Result delivery: what counts as evidence"): the response was written and
 // flushed, the request was not cancelled, and the kernel says the peer has every byte while
 // it is still connected —
 //
@@ -99,9 +110,9 @@ func judgeDelivery(f connFacts) delivery {
 
 type connKey struct{}
 
-// rememberConn is an http.Server ConnContext that keeps the connection for the delivery
+// RememberConn is an http.Server ConnContext that keeps the connection for the delivery
 // check, after prev (if any).
-func rememberConn(prev func(context.Context, net.Conn) context.Context) func(context.Context, net.Conn) context.Context {
+func RememberConn(prev func(context.Context, net.Conn) context.Context) func(context.Context, net.Conn) context.Context {
 	return func(ctx context.Context, c net.Conn) context.Context {
 		if prev != nil {
 			ctx = prev(ctx, c)
@@ -126,7 +137,7 @@ func received(ctx context.Context) bool {
 		case deliveryNotReceived:
 			return false
 		}
-		if time.Now().After(deadline) || !sleepCtx(ctx, pause) {
+		if time.Now().After(deadline) || !ctxtime.Sleep(ctx, pause) {
 			return false
 		}
 		pause = min(2*pause, 10*time.Millisecond)

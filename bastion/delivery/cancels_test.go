@@ -1,4 +1,4 @@
-package bastion
+package delivery
 
 import (
 	"fmt"
