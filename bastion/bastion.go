@@ -67,8 +67,6 @@ type Bastion struct {
 	// taskWaits counts each actor's tasks/result requests waiting for an execution to end
 	// (mcptasks.go).
 	taskWaits waitSlots
-	// offers are the tokens of approval offers made to stdio bridges (elicit.go).
-	offers offerTokens
 
 	mu      sync.Mutex // guards drivers (and each driver's queued), cancels, slotFreed and closed
 	drivers map[string]*driver

@@ -136,6 +136,9 @@ func (b *Bastion) resolveHTTP(c transport.Caller, a api.HTTPArgs) (*claim, error
 	return cl, nil
 }
 
+// HTTPEnabled reports whether an HTTP plugin is configured: http_request exists.
+func (b *Bastion) HTTPEnabled() bool { return b.plugin != nil }
+
 // HTTPRequest runs http_request: the same identity, matching rule and lifecycle as ssh_exec,
 // performed by the HTTP plugin.
 func (b *Bastion) HTTPRequest(ctx context.Context, c transport.Caller, a api.HTTPArgs, progress func(*api.Execution)) (*api.Execution, error) {

@@ -13,6 +13,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion/delivery"
+	"github.com/postern-dev/postern/bastion/mcpserver"
 	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
 )
@@ -56,7 +57,10 @@ const shutdownGrace = 5 * time.Second
 // every listener is open. Call Recover first: nothing is served before the journal's
 // executions in flight were reconciled.
 func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
-	srv := b.MCPServer()
+	srv, err := mcpserver.New(b, mcpserver.Options{Tracker: b.tracker, Logger: b.log.With("component", "mcp"), Now: b.now})
+	if err != nil {
+		return err
+	}
 	var streamable http.Handler = mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 		Stateless: true,
 		Logger:    b.log.With("component", "mcp"),

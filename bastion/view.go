@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
-	"github.com/postern-dev/postern/bastion/delivery"
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"
@@ -204,37 +203,6 @@ wait:
 	return x
 }
 
-// deliveredNote is the note of the update event that records a delivery.
-const deliveredNote = "result delivered"
-
-// Delivered records that the result of execution id reached the caller's transport, so a
-// later identical call is a new intent. Only completed executions are marked.
-//
-// The update event names the call that was handed the result, when ctx carries it (the
-// transport's caller and the request's JSON-RPC id).
-//
-// The mark is written without an fsync (markers.NoSync), off the critical path: losing it is
-// harmless. A crash that loses it leaves the execution completed with its result not
-// delivered, so a retry replays the stored result — never a second dispatch, and what the
-// design prescribes whenever delivery is in doubt. Anything that acts on the mark (a new
-// execution of the same intent, once it no longer matches) is itself a synced write, and the
-// journal's log is synced in order, so the mark is durable before that write is. Its
-// revocation (RevokeDelivery) stays synced: losing that would turn a retry into a new intent.
-func (b *Bastion) Delivered(ctx context.Context, id string) error {
-	var call *markers.Call
-	if c, ok := transport.CallerFromContext(ctx); ok {
-		call = &markers.Call{Transport: transportOf(c), RequestID: delivery.RequestID(ctx), Run: intent.Scope(c, ""), Match: "delivered"}
-	}
-	_, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, call, markers.NoSync, func(r *markers.Record) error {
-		if r.ResultDeliveredAt == nil && markers.JournalGraph.Terminal(r.State) {
-			t := b.now().UTC()
-			r.ResultDeliveredAt = &t
-		}
-		return nil
-	})
-	return err
-}
-
 // own returns execution id if caller may see it: actors see only their own executions.
 func (b *Bastion) own(c transport.Caller, id string) (*markers.Record, error) {
 	notFound := &api.ToolError{Code: api.CodeNotFound, Message: "no execution " + id + " of yours"}
@@ -255,8 +223,9 @@ func (b *Bastion) own(c transport.Caller, id string) (*markers.Record, error) {
 }
 
 // Status returns an execution's record and last output. For one whose outcome is unknown it
-// asks the host again first (waiting up to wait).
-func (b *Bastion) Status(ctx context.Context, c transport.Caller, id string, wait time.Duration) (*api.Execution, error) {
+// asks the host again first, waiting up to a third of the default wait for the answer.
+func (b *Bastion) Status(ctx context.Context, c transport.Caller, id string) (*api.Execution, error) {
+	wait := b.cfg.DefaultWait / 3
 	rec, err := b.own(c, id)
 	if err != nil {
 		return nil, err

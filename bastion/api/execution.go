@@ -187,3 +187,35 @@ type HostInfo struct {
 type HostsResult struct {
 	Hosts []HostInfo `json:"hosts"`
 }
+
+// ExecutionState is an execution's state without its output: what an MCP task reports.
+type ExecutionState struct {
+	ExecutionID    string    `json:"execution_id"`
+	State          string    `json:"state"`
+	IsError        bool      `json:"is_error"`
+	ReviewRequired bool      `json:"review_required,omitempty"`
+	Queued         bool      `json:"queued,omitempty"`
+	AcceptedAt     time.Time `json:"accepted_at"`
+	UpdatedAt      time.Time `json:"updated_at"`
+	// Retention is how long the journal keeps the execution after it ended (its class's).
+	Retention time.Duration `json:"retention"`
+}
+
+// ApprovalRequest is an approval asked of the agent's user in the client: what the
+// execution would do, where, and until when it may be decided.
+type ApprovalRequest struct {
+	ExecutionID string `json:"execution_id"`
+	Actor       string `json:"actor"`
+	Host        string `json:"host"`
+	Class       string `json:"class"`
+	// What is the command line, or for an HTTP request its target.
+	What string `json:"what"`
+	// Expires is when the execution is rejected if nobody decided (zero: never).
+	Expires time.Time `json:"expires,omitzero"`
+}
+
+// Message is what the client's user is asked.
+func (r *ApprovalRequest) Message() string {
+	return fmt.Sprintf("Postern: %s asks to run on %s (class %s):\n\n%s\n\nPolicy requires an approval before it runs (execution %s). Approve or deny; an operator can also decide with `postern approve`.",
+		r.Actor, r.Host, r.Class, r.What, r.ExecutionID)
+}

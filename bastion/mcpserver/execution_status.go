@@ -1,0 +1,22 @@
+package mcpserver
+
+import (
+	"context"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/transport"
+)
+
+// addExecutionStatus adds execution_status: the journal's record of one execution.
+func (s *server) addExecutionStatus() {
+	mcp.AddTool(s.srv, &mcp.Tool{
+		Name:        "execution_status",
+		Title:       "Status of an execution",
+		Description: "The journal's record of one of your executions: state, exit code, evidence, the last output. For an execution whose outcome is unknown it asks the host again first. Reading never changes anything.",
+		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
+	}, executionTool(s, operatesOnOne, func(ctx context.Context, _ *mcp.CallToolRequest, c transport.Caller, in executionRef) (*api.Execution, error) {
+		return s.engine.Status(ctx, c, in.ExecutionID)
+	}))
+}

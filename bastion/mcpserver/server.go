@@ -1,0 +1,222 @@
+// Package mcpserver is the bastion's MCP surface: the tools agents call (one file per tool),
+// MCP tasks over the same executions, and approvals asked of the agent's user in the client.
+// It turns MCP requests into calls of the Engine it is given and the Engine's answers into
+// tool results; it decides nothing about executions itself.
+//
+// Invariants: every handler resolves its caller from the transport (never from arguments);
+// a result that carries an execution's outcome is registered for delivery tracking
+// (bastion/delivery), except a task-augmented call's, which carries only the task.
+package mcpserver
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/delivery"
+	"github.com/postern-dev/postern/bastion/tasks"
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/internal/version"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Engine is what the MCP surface needs of the bastion's engine: the executions an agent
+// starts and reads, the same executions as tasks, and approvals in the client.
+type Engine interface {
+	Executions
+	Tasks
+	Approvals
+}
+
+// Executions are the tools' operations. Every one sees only the caller's executions.
+type Executions interface {
+	// Exec and HTTPRequest start an execution or join the one the call belongs to, and wait
+	// up to the call's wait_s for it; progress, if set, hears about it while it waits.
+	Exec(ctx context.Context, c transport.Caller, a api.ExecArgs, progress func(*api.Execution)) (*api.Execution, error)
+	HTTPRequest(ctx context.Context, c transport.Caller, a api.HTTPArgs, progress func(*api.Execution)) (*api.Execution, error)
+	// HTTPEnabled reports whether an HTTP plugin is configured (http_request exists).
+	HTTPEnabled() bool
+	Status(ctx context.Context, c transport.Caller, id string) (*api.Execution, error)
+	Output(ctx context.Context, c transport.Caller, a api.OutputArgs) (*api.Execution, error)
+	Cancel(ctx context.Context, c transport.Caller, id string) (*api.Execution, error)
+	List(c transport.Caller, a api.ListArgs) (*api.ListResult, error)
+	Hosts() (*api.HostsResult, error)
+}
+
+// Tasks are the executions as MCP tasks see them.
+type Tasks interface {
+	// State is an execution of the caller's without its output; a ToolError not_found for
+	// one the caller may not see.
+	State(c transport.Caller, id string) (*api.ExecutionState, error)
+	// States is one page of the caller's executions, newest first, and the next cursor;
+	// markers.ErrInvalidCursor for a cursor the journal did not hand out.
+	States(c transport.Caller, cursor string, limit int) ([]*api.ExecutionState, string, error)
+	// AwaitEnd waits until the execution ended (or ctx ends) and returns its stored result;
+	// changed hears its state when the wait begins and every change while it waits.
+	AwaitEnd(ctx context.Context, c transport.Caller, id string, changed func(*api.ExecutionState)) (*api.Execution, error)
+}
+
+// Approvals are approvals asked of the agent's user in the client (elicitation).
+type Approvals interface {
+	// AskInClient journals that the approval of execution id is asked of its caller's user
+	// and returns the request to show, or nil when it may not be asked (it no longer awaits
+	// approval, its class keeps approvals with operators, or it was asked before).
+	AskInClient(ctx context.Context, c transport.Caller, id string) (*api.ApprovalRequest, error)
+	// DecideInClient journals the user's decision ("approve" or "deny") on an execution
+	// whose approval was asked of them. redeem, if set, is called once every other check
+	// passed and must confirm the offer's token.
+	DecideInClient(ctx context.Context, c transport.Caller, id, decision, note string, redeem func() bool) (*api.Execution, error)
+}
+
+// Options configure New.
+type Options struct {
+	// Tracker judges the delivery of the results the server hands out. Required.
+	Tracker *delivery.Tracker
+	Logger  *slog.Logger
+	// Now is the clock. Default time.Now.
+	Now func() time.Time
+}
+
+// server holds what the handlers share.
+type server struct {
+	srv     *mcp.Server
+	engine  Engine
+	tracker *delivery.Tracker
+	log     *slog.Logger
+	now     func() time.Time
+	offers  offerTokens
+}
+
+// instructions is what the server tells every client at initialize.
+const instructions = "Postern runs commands on enrolled hosts over SSH with exactly-once execution: retries never run a command twice. Use hosts_list to see hosts, ssh_exec to run, execution_output to follow a long command."
+
+// New builds the MCP server: every tool, MCP tasks for the tools that start work, and the
+// method through which the stdio bridge relays its user's approvals.
+func New(e Engine, opts Options) (*mcp.Server, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	s := &server{engine: e, tracker: opts.Tracker, log: opts.Logger, now: opts.Now}
+	s.srv = mcp.NewServer(&mcp.Implementation{Name: "postern", Title: "Postern SSH bastion", Version: version.String()}, &mcp.ServerOptions{
+		Instructions: instructions,
+	})
+	// The tools, in the order clients list them.
+	s.addSSHExec()
+	if e.HTTPEnabled() {
+		s.addHTTPRequest()
+	}
+	s.addExecutionStatus()
+	s.addExecutionOutput()
+	s.addExecutionCancel()
+	s.addExecutionsList()
+	s.addHostsList()
+	if err := tasks.Install(s.srv, taskBackend{s}, tasks.Options{
+		Tools: []string{"ssh_exec", "http_request"}, WaitArgument: "wait_s", Now: s.now,
+	}); err != nil {
+		return nil, err
+	}
+	if err := s.installApprovals(); err != nil {
+		return nil, err
+	}
+	return s.srv, nil
+}
+
+// executionRef is the argument of the tools that name one execution.
+type executionRef struct {
+	ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec"`
+}
+
+// toolRole is what an execution tool does, which decides what its isError means.
+type toolRole int
+
+const (
+	// startsWork: ssh_exec, http_request — isError when the command or request failed.
+	startsWork toolRole = iota
+	// operatesOnOne: execution_status, execution_output, execution_cancel — the call
+	// succeeded when it returns the execution, whatever state that is in.
+	operatesOnOne
+)
+
+// executionTool is the handler of a tool that returns one execution: the caller comes from
+// the transport, the result is tracked for delivery, and a call that leaves its execution
+// awaiting approval may ask the user in the client (approvals.go).
+func executionTool[In any](s *server, role toolRole, do func(context.Context, *mcp.CallToolRequest, transport.Caller, In) (*api.Execution, error)) mcp.ToolHandlerFor[In, *api.Execution] {
+	return func(ctx context.Context, req *mcp.CallToolRequest, in In) (*mcp.CallToolResult, *api.Execution, error) {
+		c, err := callerOf(req.Extra)
+		if err != nil {
+			return nil, nil, err
+		}
+		ctx = s.tracker.Context(ctx, headerOf(req.Extra))
+		x, err := do(ctx, req, c, in)
+		if role == startsWork && err == nil && s.askInSession(ctx, req, c, x) {
+			// Decided by the user: the same call again joins the same execution, now
+			// approved (and followed for wait_s) or rejected.
+			x, err = do(ctx, req, c, in)
+		}
+		res, out, err := result(ctx, role, x, err)
+		if role == startsWork && err == nil {
+			if offer := s.offerApproval(ctx, req, c, out); offer != nil {
+				res.Meta = mcp.Meta{transport.MetaApprovalOffer: offer}
+			}
+		}
+		return res, out, err
+	}
+}
+
+// callerOf is the caller the transport identified for a request.
+func callerOf(extra *mcp.RequestExtra) (transport.Caller, error) {
+	if extra != nil {
+		if c, ok := transport.CallerFromTokenInfo(extra.TokenInfo); ok {
+			return c, nil
+		}
+	}
+	return transport.Caller{}, &api.ToolError{Code: api.CodeUnauthenticated, Message: "the transport did not identify the caller"}
+}
+
+// headerOf is the HTTP header of the request that carried a message (nil when none).
+func headerOf(extra *mcp.RequestExtra) map[string][]string {
+	if extra == nil {
+		return nil
+	}
+	return extra.Header
+}
+
+// result turns an execution into the tool result, and registers it for delivery tracking.
+// isError says the call failed: for a tool that starts work, that the command or request
+// failed (CallFailed); reading or cancelling an execution that returns it succeeded — its
+// state and is_error say how the execution went.
+func result(ctx context.Context, role toolRole, x *api.Execution, err error) (*mcp.CallToolResult, *api.Execution, error) {
+	if err != nil {
+		return nil, nil, err
+	}
+	// A task-augmented call answers with the task, not the result: nothing is delivered.
+	if markers.JournalGraph.Terminal(markers.State(x.State)) && !x.ResultDelivered && !tasks.Creating(ctx) {
+		delivery.Carries(ctx, x.ExecutionID)
+	}
+	isError := role == startsWork && x.CallFailed()
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: x.Summary()}}, IsError: isError}, x, nil
+}
+
+// progressFor reports progress to the client if it asked for it (a progress token).
+func progressFor(ctx context.Context, req *mcp.CallToolRequest) func(*api.Execution) {
+	token := req.Params.GetProgressToken()
+	if token == nil {
+		return nil
+	}
+	return func(x *api.Execution) {
+		req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
+			ProgressToken: token,
+			Progress:      float64(x.StdoutBytes + x.StderrBytes),
+			Message:       fmt.Sprintf("%s %s: %d bytes of output", x.ExecutionID, x.State, x.StdoutBytes+x.StderrBytes),
+		})
+	}
+}
+
+func boolPtr(v bool) *bool { return &v }
