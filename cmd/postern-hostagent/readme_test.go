@@ -8,10 +8,10 @@ import (
 	"github.com/postern-dev/postern/internal/testutil"
 )
 
-// TestREADMECommandsParse: every `postern-hostagent …` command the README shows is one this
-// binary accepts.
-func TestREADMECommandsParse(t *testing.T) {
-	testutil.CheckREADMECommands(t, "postern-hostagent", func(args []string) (int, string) {
+// TestDocCommandsParse: every `postern-hostagent …` command README.md and docs/*.md show is
+// one this binary accepts.
+func TestDocCommandsParse(t *testing.T) {
+	testutil.CheckDocCommands(t, "postern-hostagent", 15, func(args []string) (int, string) {
 		if args[0] == "shim" { // the supervisor's entry (main runs it before any flag parsing)
 			return 0, ""
 		}
