@@ -8,7 +8,6 @@ import (
 	"io"
 	"log/slog"
 	"maps"
-	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/ctxtime"
 	"github.com/postern-dev/postern/markers"
@@ -25,7 +25,7 @@ import (
 
 // Hosts without the hostagent (README, "Hosts without the hostagent"): commands go over the
 // pooled connection to a stock sshd, as one line (package agentless) that runs them under
-// the marker script (GuaranteeMarkerScript) or bare (GuaranteeNone). The journal gives them
+// the marker script (fleet.GuaranteeMarkerScript) or bare (fleet.GuaranteeNone). The journal gives them
 // the same execution identity; what the host can tell after a lost connection is what
 // reconcileByLevel decides on.
 
@@ -34,38 +34,19 @@ import (
 // own commands instead (stockmarkers.go).
 var ErrNoHostagent = errors.New("bastion: the host runs no hostagent")
 
-var sha256Hex = regexp.MustCompile(`^[0-9a-f]{64}$`)
-
-// checkGuarantee validates an inventory entry's guarantee and script digest.
-func checkGuarantee(g Guarantee, digest string) error {
-	switch g {
-	case "", GuaranteeHostagent, GuaranteeNone:
-		if digest != "" {
-			return fmt.Errorf("marker_script_sha256 is only for guarantee = %q", GuaranteeMarkerScript)
-		}
-	case GuaranteeMarkerScript:
-		if !sha256Hex.MatchString(digest) {
-			return errors.New("guarantee marker_script needs marker_script_sha256 (64 hex digits), recorded by `postern hosts enroll --marker-script`")
-		}
-	default:
-		return fmt.Errorf("guarantee %q: want %s, %s or %s", g, GuaranteeHostagent, GuaranteeMarkerScript, GuaranteeNone)
-	}
-	return nil
-}
-
 // checkStockCall refuses what a host without the hostagent cannot honour, before anything is
 // journaled: operation keys (the hostagent keeps them), commands too long for one line, and
 // on a marker-script host an env HOME — sshd's env, or the exports at the head of the line,
 // reach the wrapper too, and HOME would move its markers away from where the bastion reads
 // them (no marker there means "never started").
-func checkStockCall(host Host, a api.ExecArgs, cwd string) error {
-	if host.Level() == GuaranteeHostagent {
+func checkStockCall(host fleet.Host, a api.ExecArgs, cwd string) error {
+	if host.Level() == fleet.GuaranteeHostagent {
 		return nil
 	}
 	if a.OperationKey != "" {
 		return api.Invalid("operation_key needs the hostagent, and %s runs none (guarantee %s); leave it out, or use idempotency_key", host.Name, host.Level())
 	}
-	if _, ok := a.Env["HOME"]; ok && host.Level() == GuaranteeMarkerScript {
+	if _, ok := a.Env["HOME"]; ok && host.Level() == fleet.GuaranteeMarkerScript {
 		return api.Invalid("env HOME: the marker script on %s keeps its markers under the account's home, so HOME cannot be set there; set it inside the command instead", host.Name)
 	}
 	_, err := stockLine(host, &markers.Record{ID: placeholderID, Command: shellCommand(a.Command), Cwd: cwd, TimeoutSeconds: a.TimeoutS}, a.Env)
@@ -76,9 +57,9 @@ func checkStockCall(host Host, a api.ExecArgs, cwd string) error {
 }
 
 // stockLine is the command line rec runs as on host, with export at its head.
-func stockLine(host Host, rec *markers.Record, export map[string]string) (string, error) {
+func stockLine(host fleet.Host, rec *markers.Record, export map[string]string) (string, error) {
 	c := agentless.Command{ID: rec.ID, Cwd: rec.Cwd, TimeoutS: rec.TimeoutSeconds, Line: commandLine(rec), Export: export}
-	if host.Level() == GuaranteeMarkerScript {
+	if host.Level() == fleet.GuaranteeMarkerScript {
 		return agentless.WrappedLine(c, host.ScriptSHA256)
 	}
 	return agentless.PlainLine(c)
@@ -87,7 +68,7 @@ func stockLine(host Host, rec *markers.Record, export map[string]string) (string
 // driveStock carries an execution on a stock sshd to its outcome, once it is dispatched (or
 // reconciled to be): exec, and after a lost connection read the marker (marker script) — at
 // most maxReconcileAttempts times — or stop for review (level none).
-func (b *Bastion) driveStock(d *driver, log *slog.Logger, host Host) {
+func (b *Bastion) driveStock(d *driver, log *slog.Logger, host fleet.Host) {
 	for attempt := 1; ; attempt++ {
 		a := b.execStock(d, host)
 		if b.ctx.Err() != nil {
@@ -128,10 +109,10 @@ func (b *Bastion) driveStock(d *driver, log *slog.Logger, host Host) {
 // reconcileByLevel's verdict and returns what the driver is to do: exec again (redispatch:
 // the marker script has no marker, so the command never started), watch the marker, or
 // nothing more (settle, also when the verdict could not be journaled).
-func (b *Bastion) reconcileStock(d *driver, log *slog.Logger, host Host) reconcileDo {
+func (b *Bastion) reconcileStock(d *driver, log *slog.Logger, host fleet.Host) reconcileDo {
 	rec := d.record()
 	var st levelStatus
-	if host.Level() == GuaranteeMarkerScript {
+	if host.Level() == fleet.GuaranteeMarkerScript {
 		w, err := b.askStock(host, rec.ID)
 		if err != nil {
 			b.unreachable(d, log, "the marker script on "+host.Name, err)
@@ -160,7 +141,7 @@ const (
 
 // watchStock reads the marker of a command the marker script runs until it ends (or the
 // bastion closes, or the host cannot be asked), journaling what it says.
-func (b *Bastion) watchStock(d *driver, log *slog.Logger, host Host) {
+func (b *Bastion) watchStock(d *driver, log *slog.Logger, host fleet.Host) {
 	for wait := watchMin; ; wait = min(2*wait, watchMax) {
 		if !ctxtime.Sleep(b.ctx, wait) {
 			return
@@ -183,13 +164,13 @@ func (b *Bastion) watchStock(d *driver, log *slog.Logger, host Host) {
 }
 
 // askStock reads the marker script's marker of id on host.
-func (b *Bastion) askStock(host Host, id string) (agentless.Answer, error) {
+func (b *Bastion) askStock(host fleet.Host, id string) (agentless.Answer, error) {
 	ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
 	defer cancel()
 	return askMarkerScript(ctx, b.pool, host, id)
 }
 
-func askMarkerScript(ctx context.Context, pool *Pool, host Host, id string) (agentless.Answer, error) {
+func askMarkerScript(ctx context.Context, pool *fleet.Pool, host fleet.Host, id string) (agentless.Answer, error) {
 	line, err := agentless.StatusLine(id, host.ScriptSHA256)
 	if err != nil {
 		return agentless.Answer{}, err
@@ -209,7 +190,7 @@ func askMarkerScript(ctx context.Context, pool *Pool, host Host, id string) (age
 }
 
 // execStock sends the execution to its stock sshd and returns how the exec ended.
-func (b *Bastion) execStock(d *driver, host Host) stockAnswer {
+func (b *Bastion) execStock(d *driver, host fleet.Host) stockAnswer {
 	rec := d.record()
 	conn, err := b.pool.Conn(b.ctx, host)
 	if err != nil {
@@ -330,11 +311,59 @@ func fixedLine(line string) func(map[string]string) (string, error) {
 	return func(map[string]string) (string, error) { return line, nil }
 }
 
+// stockMarkerNote is what investigate says about the host's record of rec, by the host's
+// level (the hostagent's is asked through its control protocol instead).
+func (b *Bastion) stockMarkerNote(ctx context.Context, rec *markers.Record, host fleet.Host) string {
+	if host.Level() == fleet.GuaranteeNone {
+		return fmt.Sprintf("%s runs no hostagent and no marker script (guarantee level none): nothing on it records executions, so what happened after the bastion lost the connection — whether the command started, whether it is still running, how it ended — cannot be known from Postern; only what the bastion observed is evidence. Check the command's effects on the host, then record what you found with postern review %s", host.Name, rec.ID)
+	}
+	w, err := askMarkerScript(ctx, b.pool, host, rec.ID)
+	if err != nil {
+		return fmt.Sprintf("the marker script on %s could not be read: %v", host.Name, err)
+	}
+	s := string(w.State)
+	switch {
+	case w.State == agentless.Exited:
+		s = fmt.Sprintf("exited, exit %d", *w.Exit)
+	case w.State == agentless.Absent:
+		return fmt.Sprintf("the marker script on %s, asked now, has no marker %s (it keeps finished markers for %d days)", host.Name, rec.ID, w.RetentionDays)
+	}
+	return fmt.Sprintf("the marker script on %s, asked now, has marker %s: %s (guarantee level marker script: no output is kept on the host)", host.Name, rec.ID, s)
+}
+
+// stockHealth is the doctor's answer for a host without the hostagent: it connects with the
+// pinned key and, for the marker script, reads a marker (which checks the script's digest).
+func (b *Bastion) stockHealth(ctx context.Context, h fleet.Host) api.HostHealth {
+	hh := api.HostHealth{Name: h.Name, Addr: h.Addr, Guarantee: string(h.Level())}
+	_, err := b.pool.Conn(ctx, h)
+	if err == nil && h.Level() == fleet.GuaranteeMarkerScript {
+		_, err = askMarkerScript(ctx, b.pool, h, placeholderID)
+	}
+	if err == nil {
+		hh.OK = true
+		return hh
+	}
+	hh.Problem = err.Error()
+	switch {
+	case errors.Is(err, fleet.ErrHostKeyMismatch):
+		hh.Fix = fmt.Sprintf("the host presents another key than the one enrolled: check it on the host (ssh-keygen -lf its host key), then `postern hosts enroll %s %s --agentless --replace`", h.Name, h.Addr)
+	case strings.Contains(err.Error(), "unable to authenticate"):
+		hh.Fix = fmt.Sprintf("sshd on %s does not accept the bastion's key: append the line `postern hosts key` prints to ~%s/.ssh/authorized_keys there", h.Name, h.Account)
+	case strings.Contains(err.Error(), "marker script"):
+		hh.Fix = fmt.Sprintf("re-enroll the host to install the marker script again: `postern hosts enroll %s %s --agentless --marker-script --account %s`", h.Name, h.Addr, h.Account)
+	default:
+		hh.Fix = fmt.Sprintf("is sshd running on %s and listening on %s? Check the address with `postern hosts list`, and that no firewall is in the way", h.Name, h.Addr)
+	}
+	return hh
+}
+
+func lastBytes(b []byte, n int) []byte { return b[max(0, len(b)-n):] }
+
 // InstallMarkerScript installs the marker script (agentless.Script) as ~/.postern/run on
 // host, over an SSH connection that checks host's pinned key, and returns the digest of the
-// installed file, to be recorded with the host (Host.ScriptSHA256).
-func InstallMarkerScript(ctx context.Context, host Host, signer gossh.Signer) (string, error) {
-	pool, err := NewPool(PoolOptions{Signer: signer, Logger: slog.New(slog.DiscardHandler)})
+// installed file, to be recorded with the host (fleet.Host.ScriptSHA256).
+func InstallMarkerScript(ctx context.Context, host fleet.Host, signer gossh.Signer) (string, error) {
+	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: signer, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return "", err
 	}
@@ -361,52 +390,6 @@ func InstallMarkerScript(ctx context.Context, host Host, signer gossh.Signer) (s
 	return want, nil
 }
 
-// stockMarkerNote is what investigate says about the host's record of rec, by the host's
-// level (the hostagent's is asked through its control protocol instead).
-func (b *Bastion) stockMarkerNote(ctx context.Context, rec *markers.Record, host Host) string {
-	if host.Level() == GuaranteeNone {
-		return fmt.Sprintf("%s runs no hostagent and no marker script (guarantee level none): nothing on it records executions, so what happened after the bastion lost the connection — whether the command started, whether it is still running, how it ended — cannot be known from Postern; only what the bastion observed is evidence. Check the command's effects on the host, then record what you found with postern review %s", host.Name, rec.ID)
-	}
-	w, err := askMarkerScript(ctx, b.pool, host, rec.ID)
-	if err != nil {
-		return fmt.Sprintf("the marker script on %s could not be read: %v", host.Name, err)
-	}
-	s := string(w.State)
-	switch {
-	case w.State == agentless.Exited:
-		s = fmt.Sprintf("exited, exit %d", *w.Exit)
-	case w.State == agentless.Absent:
-		return fmt.Sprintf("the marker script on %s, asked now, has no marker %s (it keeps finished markers for %d days)", host.Name, rec.ID, w.RetentionDays)
-	}
-	return fmt.Sprintf("the marker script on %s, asked now, has marker %s: %s (guarantee level marker script: no output is kept on the host)", host.Name, rec.ID, s)
-}
-
-// stockHealth is the doctor's answer for a host without the hostagent: it connects with the
-// pinned key and, for the marker script, reads a marker (which checks the script's digest).
-func (b *Bastion) stockHealth(ctx context.Context, h Host) api.HostHealth {
-	hh := api.HostHealth{Name: h.Name, Addr: h.Addr, Guarantee: string(h.Level())}
-	_, err := b.pool.Conn(ctx, h)
-	if err == nil && h.Level() == GuaranteeMarkerScript {
-		_, err = askMarkerScript(ctx, b.pool, h, placeholderID)
-	}
-	if err == nil {
-		hh.OK = true
-		return hh
-	}
-	hh.Problem = err.Error()
-	switch {
-	case errors.Is(err, ErrHostKeyMismatch):
-		hh.Fix = fmt.Sprintf("the host presents another key than the one enrolled: check it on the host (ssh-keygen -lf its host key), then `postern hosts enroll %s %s --agentless --replace`", h.Name, h.Addr)
-	case strings.Contains(err.Error(), "unable to authenticate"):
-		hh.Fix = fmt.Sprintf("sshd on %s does not accept the bastion's key: append the line `postern hosts key` prints to ~%s/.ssh/authorized_keys there", h.Name, h.Account)
-	case strings.Contains(err.Error(), "marker script"):
-		hh.Fix = fmt.Sprintf("re-enroll the host to install the marker script again: `postern hosts enroll %s %s --agentless --marker-script --account %s`", h.Name, h.Addr, h.Account)
-	default:
-		hh.Fix = fmt.Sprintf("is sshd running on %s and listening on %s? Check the address with `postern hosts list`, and that no firewall is in the way", h.Name, h.Addr)
-	}
-	return hh
-}
-
 // limitedBuffer keeps the first max bytes written (default 64 KiB) and drops the rest.
 type limitedBuffer struct {
 	b   *bytes.Buffer
@@ -423,5 +406,3 @@ func (l *limitedBuffer) Write(p []byte) (int, error) {
 	}
 	return len(p), nil
 }
-
-func lastBytes(b []byte, n int) []byte { return b[max(0, len(b)-n):] }

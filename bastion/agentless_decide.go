@@ -5,33 +5,9 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/agentless"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/markers"
 )
-
-// Guarantee is what a host can promise about an execution whose outcome the bastion lost
-// (README, "Hosts without the hostagent"): the hostagent's durable marker, the marker
-// script's, or nothing.
-type Guarantee string
-
-const (
-	// GuaranteeHostagent: the hostagent keeps a durable marker and the output; an unknown
-	// outcome is resolved by asking it, output re-attached, a restart of it survived.
-	GuaranteeHostagent Guarantee = "hostagent"
-	// GuaranteeMarkerScript: stock sshd with the ~/.postern/run wrapper: a durable marker
-	// and exit status, no output kept, no re-attach.
-	GuaranteeMarkerScript Guarantee = "marker_script"
-	// GuaranteeNone: stock sshd and nothing installed: an outcome lost after the command
-	// was sent is unknown for good, review required, never sent again.
-	GuaranteeNone Guarantee = "none"
-)
-
-// Level is the host's guarantee; hosts enrolled before levels existed run the hostagent.
-func (h Host) Level() Guarantee {
-	if h.Guarantee == "" {
-		return GuaranteeHostagent
-	}
-	return h.Guarantee
-}
 
 // What a stock sshd's answer means for the journal, as pure functions the agentless driver
 // carries out (tested from testdata/decisions/agentless, which mirrors the README's
@@ -67,13 +43,13 @@ type stockAnswer struct {
 }
 
 // stockExecVerdict is the journal's verdict on one exec of an execution on a stock sshd
-// whose guarantee is level (GuaranteeNone or GuaranteeMarkerScript).
-func stockExecVerdict(level Guarantee, host string, a stockAnswer) reconcileAction {
+// whose guarantee is level (fleet.GuaranteeNone or fleet.GuaranteeMarkerScript).
+func stockExecVerdict(level fleet.Guarantee, host string, a stockAnswer) reconcileAction {
 	v, do := stockExec(level, host, a)
 	return reconcileAction{Do: do, Verdict: v}
 }
 
-func stockExec(level Guarantee, host string, a stockAnswer) (verdict, reconcileDo) {
+func stockExec(level fleet.Guarantee, host string, a stockAnswer) (verdict, reconcileDo) {
 	lost := a.Exit == nil && a.Signal == ""
 	if a.Answer != nil && a.Answer.Kind != agentless.Started && a.Answer.Kind != agentless.Duplicate && a.Answer.Kind != agentless.Refused {
 		// An answer an exec never gives first (status, warning): not one to decide on.
@@ -96,13 +72,13 @@ func stockExec(level Guarantee, host string, a stockAnswer) (verdict, reconcileD
 			m.ExitCode = nil
 		}
 		return verdict{To: markers.Completed, Outcome: m, Note: outcomeNote(m)}, settle
-	case a.Answer != nil && a.Answer.Kind == agentless.Started && level == GuaranteeNone:
+	case a.Answer != nil && a.Answer.Kind == agentless.Started && level == fleet.GuaranteeNone:
 		return verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
 			"connection to %s lost after the command started (%v); %s keeps no marker (guarantee level none), so whether and how it ended cannot be known; it is not sent again — review required", host, a.Err, host)}, settle
 	case a.Answer != nil && a.Answer.Kind == agentless.Started:
 		return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
 			"connection to %s lost after the command started (%v); reading its marker", host, a.Err)}, settle
-	case !lost && a.Answer == nil && a.Unreadable && level == GuaranteeNone:
+	case !lost && a.Answer == nil && a.Unreadable && level == fleet.GuaranteeNone:
 		return verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
 			"%s exited (%s), and its answer line could not be read, so whether the command started cannot be known; %s keeps no marker (guarantee level none); it is not sent again — review required", host, exitText(a.Exit, a.Signal), host)}, settle
 	case !lost && a.Answer == nil && a.Unreadable:
@@ -113,7 +89,7 @@ func stockExec(level Guarantee, host string, a stockAnswer) (verdict, reconcileD
 		// login shell that refuses, like nologin), and the answer comes before the command.
 		return verdict{To: markers.Failed, StartError: "the account's shell did not run the command line", Note: fmt.Sprintf(
 			"the account's shell on %s exited (%s) without running Postern's command line, so the command did not start: %s", host, exitText(a.Exit, a.Signal), a.Stderr)}, settle
-	case level == GuaranteeNone:
+	case level == fleet.GuaranteeNone:
 		return verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
 			"connection to %s lost after the command was sent, before the host confirmed a start (%v); %s keeps no marker (guarantee level none), so whether it started cannot be known; it is not sent again — review required", host, a.Err, host)}, settle
 	}
@@ -148,9 +124,9 @@ func refusalText(host, reason string) string {
 
 // levelStatus is what a host can tell about an execution in flight.
 type levelStatus struct {
-	// Wrapper is the marker script's status answer (GuaranteeMarkerScript).
+	// Wrapper is the marker script's status answer (fleet.GuaranteeMarkerScript).
 	Wrapper agentless.Answer
-	// Hostagent is the hostagent's answer (GuaranteeHostagent).
+	// Hostagent is the hostagent's answer (fleet.GuaranteeHostagent).
 	Hostagent hostStatus
 }
 
@@ -159,11 +135,11 @@ type levelStatus struct {
 // marker (reconcileOn); the marker script's (the same rules, with no output to re-attach);
 // or nothing, so an outcome lost after dispatch is unknown for good and only an operator
 // settles it. cancel: someone asked to cancel it.
-func reconcileByLevel(level Guarantee, rec *markers.Record, now time.Time, host string, st levelStatus, cancel bool) reconcileAction {
+func reconcileByLevel(level fleet.Guarantee, rec *markers.Record, now time.Time, host string, st levelStatus, cancel bool) reconcileAction {
 	switch level {
-	case GuaranteeHostagent:
+	case fleet.GuaranteeHostagent:
 		return reconcileOn(rec, now, host, st.Hostagent, cancel)
-	case GuaranteeNone:
+	case fleet.GuaranteeNone:
 		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
 			"%s runs no hostagent and no marker script (guarantee level none): nothing on it records executions, so an outcome lost after dispatch cannot be resolved; it is not sent again — review required", host)}}
 	}

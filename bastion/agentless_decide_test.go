@@ -9,6 +9,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -16,7 +17,7 @@ import (
 // (see TestDecisions). Wrapper answers are written KIND[:STATE[:EXIT]], e.g. duplicate:exited:3;
 // a marker state is absent, claimed, claimed_old, running, interrupted or exited (exit 0).
 func decideStock(t *testing.T, c decisionCase, state func(string) markers.State, duration func(string) time.Duration, fail func(string, ...any) string) string {
-	level := Guarantee(c.args["level"])
+	level := fleet.Guarantee(c.args["level"])
 	from := state("from")
 	wrapper := func(kind agentless.Kind, spec string) agentless.Answer {
 		a := agentless.Answer{Kind: kind, RetentionDays: 30}
@@ -68,9 +69,9 @@ func decideStock(t *testing.T, c decisionCase, state func(string) markers.State,
 		rec := &markers.Record{ID: "ex_this", State: from, CreatedAt: now.Add(-duration("age")), ReviewRequired: c.flags["review"]}
 		var st levelStatus
 		switch level {
-		case GuaranteeMarkerScript:
+		case fleet.GuaranteeMarkerScript:
 			st.Wrapper = wrapper(agentless.Status, c.args["marker"])
-		case GuaranteeHostagent:
+		case fleet.GuaranteeHostagent:
 			// The hostagent's marker for the same observation.
 			st.Hostagent.Retention = 720 * time.Hour
 			m := map[string]markers.State{"claimed": markers.Started, "running": markers.Running, "interrupted": markers.Interrupted, "exited": markers.Exited}
@@ -88,45 +89,22 @@ func decideStock(t *testing.T, c decisionCase, state func(string) markers.State,
 	return fail("unknown command %q", c.cmd)
 }
 
-func TestCheckGuarantee(t *testing.T) {
-	digest := strings.Repeat("ab", 32)
-	for _, tc := range []struct {
-		name      string
-		guarantee Guarantee
-		digest    string
-		wantErr   bool
-	}{
-		{"default", "", "", false},
-		{"hostagent", GuaranteeHostagent, "", false},
-		{"none", GuaranteeNone, "", false},
-		{"marker script", GuaranteeMarkerScript, digest, false},
-		{"marker script without digest", GuaranteeMarkerScript, "", true},
-		{"marker script with a short digest", GuaranteeMarkerScript, "abc", true},
-		{"digest without the marker script", GuaranteeNone, digest, true},
-		{"unknown level", "agent", "", true},
-	} {
-		if err := checkGuarantee(tc.guarantee, tc.digest); (err != nil) != tc.wantErr {
-			t.Errorf("%s: checkGuarantee = %v; want error %v", tc.name, err, tc.wantErr)
-		}
-	}
-}
-
 // TestCheckStockCallKeepsTheWrapperAtHome: the variables a stock sshd refuses are exported
 // at the head of the line, before the wrapper runs, so HOME would move the marker script
 // and its markers away from where the bastion reads them (`~/.postern/run status` finds no
 // marker, "never started"): refused on a marker-script host, before anything is journaled.
 func TestCheckStockCallKeepsTheWrapperAtHome(t *testing.T) {
-	script := Host{Name: "h1", Guarantee: GuaranteeMarkerScript, ScriptSHA256: strings.Repeat("ab", 32)}
+	script := fleet.Host{Name: "h1", Guarantee: fleet.GuaranteeMarkerScript, ScriptSHA256: strings.Repeat("ab", 32)}
 	for _, tc := range []struct {
 		name    string
-		host    Host
+		host    fleet.Host
 		env     map[string]string
 		wantErr bool
 	}{
 		{"marker script, HOME", script, map[string]string{"HOME": "/tmp/elsewhere"}, true},
 		{"marker script, other env", script, map[string]string{"LANG": "C.UTF-8"}, false},
-		{"level none, HOME", Host{Name: "h1", Guarantee: GuaranteeNone}, map[string]string{"HOME": "/tmp/elsewhere"}, false},
-		{"hostagent, HOME", Host{Name: "h1"}, map[string]string{"HOME": "/tmp/elsewhere"}, false},
+		{"level none, HOME", fleet.Host{Name: "h1", Guarantee: fleet.GuaranteeNone}, map[string]string{"HOME": "/tmp/elsewhere"}, false},
+		{"hostagent, HOME", fleet.Host{Name: "h1"}, map[string]string{"HOME": "/tmp/elsewhere"}, false},
 	} {
 		err := checkStockCall(tc.host, api.ExecArgs{Command: "true", Env: tc.env}, "")
 		if (err != nil) != tc.wantErr {

@@ -1,16 +1,9 @@
 package bastion
 
 import (
-	"bytes"
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
-	"encoding/pem"
-	"errors"
 	"fmt"
 	"log/slog"
-	"os"
-	"path/filepath"
 	"sync"
 	"time"
 
@@ -18,9 +11,9 @@ import (
 
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/delivery"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/policy"
-	"github.com/postern-dev/postern/internal/durable"
 	"github.com/postern-dev/postern/internal/keylock"
 	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
@@ -48,8 +41,8 @@ type Bastion struct {
 	now     func() time.Time
 	journal markers.JournalStore
 	fp      *intent.Fingerprinter
-	inv     *Inventory
-	pool    *Pool
+	inv     *fleet.Inventory
+	pool    *fleet.Pool
 	classes *config.Classes
 	metrics *metrics
 	clientK gossh.Signer
@@ -96,11 +89,11 @@ func Open(opts Options) (*Bastion, error) {
 	if err != nil {
 		return nil, err
 	}
-	clientKey, err := LoadOrCreateClientKey(cfg.ClientKeyPath())
+	clientKey, err := fleet.LoadOrCreateClientKey(cfg.ClientKeyPath())
 	if err != nil {
 		return nil, err
 	}
-	inv, err := OpenInventory(cfg.InventoryPath())
+	inv, err := fleet.OpenInventory(cfg.InventoryPath())
 	if err != nil {
 		return nil, err
 	}
@@ -117,7 +110,7 @@ func Open(opts Options) (*Bastion, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bastion: open journal: %w", err)
 	}
-	pool, err := NewPool(PoolOptions{Signer: clientKey, Logger: opts.Logger})
+	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: clientKey, Logger: opts.Logger})
 	if err != nil {
 		journal.Close()
 		return nil, err
@@ -252,42 +245,4 @@ func (b *Bastion) reconcileUnknown() {
 		}
 		cursor = next
 	}
-}
-
-// LoadOrCreateClientKey reads the bastion's ed25519 SSH key at path (OpenSSH PEM),
-// generating it on first use, and keeps its public key in path.pub (an authorized_keys line).
-func LoadOrCreateClientKey(path string) (gossh.Signer, error) {
-	data, err := os.ReadFile(path)
-	if errors.Is(err, os.ErrNotExist) {
-		_, priv, gerr := ed25519.GenerateKey(rand.Reader)
-		if gerr != nil {
-			return nil, fmt.Errorf("bastion: generate client key: %w", gerr)
-		}
-		block, merr := gossh.MarshalPrivateKey(priv, "postern bastion")
-		if merr != nil {
-			return nil, fmt.Errorf("bastion: encode client key: %w", merr)
-		}
-		if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-			return nil, fmt.Errorf("bastion: client key dir: %w", err)
-		}
-		if err := durable.CreateFile(path, pem.EncodeToMemory(block), 0o600); err != nil && !errors.Is(err, os.ErrExist) {
-			return nil, fmt.Errorf("bastion: write client key: %w", err)
-		}
-		data, err = os.ReadFile(path)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("bastion: read client key: %w", err)
-	}
-	signer, err := gossh.ParsePrivateKey(data)
-	if err != nil {
-		return nil, fmt.Errorf("bastion: client key %s: %w", path, err)
-	}
-	// The public half, for operators: what every hostagent's authorized_keys file needs.
-	line := gossh.MarshalAuthorizedKey(signer.PublicKey())
-	if old, err := os.ReadFile(path + ".pub"); err != nil || !bytes.Equal(old, line) {
-		if err := durable.WriteFile(path+".pub", line, 0o600); err != nil {
-			return nil, fmt.Errorf("bastion: write client public key: %w", err)
-		}
-	}
-	return signer, nil
 }

@@ -22,6 +22,7 @@ import (
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"
@@ -65,7 +66,7 @@ func openBastion(b testing.TB, h *testutil.Hostagent, adjust ...func(*config.Con
 	}
 	cfg.Actors = []policy.Actor{{Name: "bench", TokenSHA256: transport.HashToken("bench")}}
 	h.ClientKey.WritePrivateKey(b, cfg.ClientKeyPath())
-	if err := bastion.Enroll(cfg.InventoryPath(), bastion.Host{Name: "h1", Addr: h.Addr, Account: h.Account, HostKey: h.HostKey}); err != nil {
+	if err := fleet.Enroll(cfg.InventoryPath(), fleet.Host{Name: "h1", Addr: h.Addr, Account: h.Account, HostKey: h.HostKey}); err != nil {
 		b.Fatal(err)
 	}
 	bs, err := bastion.Open(bastion.Options{Config: cfg, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})

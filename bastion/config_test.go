@@ -11,6 +11,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/transport"
 )
@@ -56,11 +57,11 @@ func TestValidateExecArgs(t *testing.T) {
 }
 
 func TestCheckHostEnv(t *testing.T) {
-	configured := Host{Name: "db-1", AcceptEnv: []string{"RAILS_ENV", "APP_*"}}
-	bare := Host{Name: "web-1"}
+	configured := fleet.Host{Name: "db-1", AcceptEnv: []string{"RAILS_ENV", "APP_*"}}
+	bare := fleet.Host{Name: "web-1"}
 	tests := []struct {
 		name    string
-		host    Host
+		host    fleet.Host
 		env     map[string]string
 		wantErr string
 	}{
@@ -89,17 +90,17 @@ func TestInventoryAcceptEnv(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := Enroll(path, Host{Name: "db-1", Addr: "127.0.0.1:2222", Account: "deploy", HostKey: key, AcceptEnv: []string{"APP_*"}}); err != nil {
+	if err := fleet.Enroll(path, fleet.Host{Name: "db-1", Addr: "127.0.0.1:2222", Account: "deploy", HostKey: key, AcceptEnv: []string{"APP_*"}}); err != nil {
 		t.Fatal(err)
 	}
-	inv, err := OpenInventory(path)
+	inv, err := fleet.OpenInventory(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if h, err := inv.Host("db-1"); err != nil || !slices.Equal(h.AcceptEnv, []string{"APP_*"}) {
 		t.Fatalf("Host = %+v, %v; want accept_env [APP_*]", h, err)
 	}
-	if err := Enroll(path, Host{Name: "db-2", Addr: "127.0.0.1:2222", Account: "deploy", HostKey: key, AcceptEnv: []string{"L*"}}); err == nil || !strings.Contains(err.Error(), "LD_*") {
+	if err := fleet.Enroll(path, fleet.Host{Name: "db-2", Addr: "127.0.0.1:2222", Account: "deploy", HostKey: key, AcceptEnv: []string{"L*"}}); err == nil || !strings.Contains(err.Error(), "LD_*") {
 		t.Fatalf("Enroll with accept_env L* = %v; want it refused (it would cover LD_*)", err)
 	}
 }

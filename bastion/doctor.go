@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/version"
 )
@@ -40,9 +41,9 @@ func (b *Bastion) Doctor(ctx context.Context) (*api.DoctorReport, error) {
 	return rep, nil
 }
 
-func (b *Bastion) hostHealth(ctx context.Context, h Host) api.HostHealth {
+func (b *Bastion) hostHealth(ctx context.Context, h fleet.Host) api.HostHealth {
 	hh := api.HostHealth{Name: h.Name, Addr: h.Addr}
-	if h.Level() != GuaranteeHostagent {
+	if h.Level() != fleet.GuaranteeHostagent {
 		return b.stockHealth(ctx, h) // agentless.go
 	}
 	conn, err := b.pool.Conn(ctx, h)
@@ -62,7 +63,7 @@ func (b *Bastion) hostHealth(ctx context.Context, h Host) api.HostHealth {
 	}
 	hh.Problem = err.Error()
 	switch msg := err.Error(); {
-	case errors.Is(err, ErrHostKeyMismatch):
+	case errors.Is(err, fleet.ErrHostKeyMismatch):
 		hh.Fix = fmt.Sprintf("the host presents another key than the one enrolled: check it on the host (ssh-keygen -lf its host key), then `postern hosts enroll %s %s --replace`", h.Name, h.Addr)
 	case strings.Contains(msg, "unable to authenticate"):
 		hh.Fix = fmt.Sprintf("the hostagent on %s does not accept the bastion's key: append the line `postern hosts key` prints to its authorized_keys file, and check that %s is in its allowed_accounts", h.Name, h.Account)

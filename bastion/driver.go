@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/ctxtime"
 	"github.com/postern-dev/postern/markers"
@@ -242,7 +243,7 @@ func (b *Bastion) drive(d *driver, asked func()) {
 		}
 		d.set(next)
 		b.metrics.dispatched.Inc()
-	case host.Level() != GuaranteeHostagent:
+	case host.Level() != fleet.GuaranteeHostagent:
 		do := b.reconcileStock(d, log, host)
 		asked()
 		if do == watch {
@@ -257,7 +258,7 @@ func (b *Bastion) drive(d *driver, asked func()) {
 		}
 	}
 	asked()
-	if host.Level() != GuaranteeHostagent {
+	if host.Level() != fleet.GuaranteeHostagent {
 		b.driveStock(d, log, host) // agentless.go
 		return
 	}
@@ -282,7 +283,7 @@ func (b *Bastion) drive(d *driver, asked func()) {
 // reconcile asks the host about the execution and carries out reconcileOn's decision. It
 // returns true when the driver is to exec: re-dispatch (the host has no marker, so it never
 // started) or attach (the host has a marker).
-func (b *Bastion) reconcile(d *driver, log *slog.Logger, host Host) bool {
+func (b *Bastion) reconcile(d *driver, log *slog.Logger, host fleet.Host) bool {
 	rec := d.record()
 	st, err := b.askHost(host, rec.ID)
 	if err != nil {
@@ -310,7 +311,7 @@ func (b *Bastion) unreachable(d *driver, log *slog.Logger, who string, err error
 
 // askHost returns the host's status answer about id: its marker (nil if it has none) and
 // how long it keeps markers.
-func (b *Bastion) askHost(host Host, id string) (hostStatus, error) {
+func (b *Bastion) askHost(host fleet.Host, id string) (hostStatus, error) {
 	ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
 	defer cancel()
 	conn, err := b.pool.Conn(ctx, host)
@@ -344,7 +345,7 @@ const runningDelay = 20 * time.Millisecond
 
 // execOnce sends the execution to its host under its execution id (a new dispatch, a
 // re-dispatch, or an attach: the host decides by its marker) and returns how it ended.
-func (b *Bastion) execOnce(d *driver, host Host) (client.Result, error) {
+func (b *Bastion) execOnce(d *driver, host fleet.Host) (client.Result, error) {
 	rec := d.record()
 	conn, err := b.pool.Conn(b.ctx, host)
 	if err != nil {
@@ -483,7 +484,7 @@ type storedResult struct {
 
 // settle journals how an exec ended (execVerdict). It returns true when the outcome is
 // unknown because the answer was lost, so that asking the host again may settle it.
-func (b *Bastion) settle(d *driver, log *slog.Logger, host Host, res client.Result, runErr error) (again bool) {
+func (b *Bastion) settle(d *driver, log *slog.Logger, host fleet.Host, res client.Result, runErr error) (again bool) {
 	a := execAnswer{Err: runErr, ExitStatus: res.ExitStatus, ExitSignal: res.ExitSignal, Stderr: lastLine(d.stderr)}
 	if res.First != nil {
 		a.First = res.First.Marker

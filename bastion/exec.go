@@ -12,10 +12,9 @@ import (
 	"time"
 	"unicode/utf8"
 
-	gossh "golang.org/x/crypto/ssh"
-
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
@@ -79,7 +78,7 @@ func (b *Bastion) validate(a *api.ExecArgs) error {
 // checkHostEnv refuses the env names host would drop (internal/envpolicy, with the host's
 // accept_env as the inventory records it), all of them at once, so a command never runs
 // without a variable its caller was told it had.
-func checkHostEnv(env map[string]string, host Host) error {
+func checkHostEnv(env map[string]string, host fleet.Host) error {
 	allow, err := envpolicy.New(host.AcceptEnv)
 	if err != nil {
 		return err
@@ -125,7 +124,7 @@ type claim struct {
 	defaultClass string
 	// host is the SSH target as the inventory had it when the call was resolved (nil for
 	// HTTP).
-	host *Host
+	host *fleet.Host
 }
 
 func (b *Bastion) resolve(c transport.Caller, a api.ExecArgs) (*claim, error) {
@@ -133,7 +132,7 @@ func (b *Bastion) resolve(c transport.Caller, a api.ExecArgs) (*claim, error) {
 		return nil, err
 	}
 	host, err := b.inv.Host(a.Host)
-	if errors.Is(err, ErrUnknownHost) {
+	if errors.Is(err, fleet.ErrUnknownHost) {
 		return nil, &api.ToolError{Code: api.CodeUnknownHost, Message: err.Error()}
 	}
 	if err != nil {
@@ -157,7 +156,7 @@ func (b *Bastion) resolve(c transport.Caller, a api.ExecArgs) (*claim, error) {
 	if env == nil {
 		env = map[string]string{}
 	}
-	target := intent.SSHTarget(host.Name, host.HostKey.Type(), fingerprintSHA256(host))
+	target := intent.SSHTarget(host.Name, host.HostKey.Type(), host.Fingerprint())
 	cl := &claim{caller: c, scope: intent.Scope(c, a.RunID)}
 	cl.action = intent.ActionRecord{
 		Actor:   c.Actor,
@@ -409,7 +408,7 @@ func (b *Bastion) accept(ctx context.Context, cl *claim, dec policy.Decision, ma
 
 // connected makes sure the pooled connection to h is up, before the dispatch boundary: a
 // host that cannot be reached (or presents another key) is sent nothing.
-func (b *Bastion) connected(h Host) bool {
+func (b *Bastion) connected(h fleet.Host) bool {
 	ctx, cancel := context.WithTimeout(b.ctx, connectTimeout)
 	defer cancel()
 	_, err := b.pool.Conn(ctx, h)
@@ -441,8 +440,6 @@ func commandLine(rec *markers.Record) string {
 	}
 	return rec.Command[len(rec.Command)-1]
 }
-
-func fingerprintSHA256(h Host) string { return gossh.FingerprintSHA256(h.HostKey) }
 
 func (b *Bastion) waitFor(waitS *int) time.Duration {
 	if waitS == nil {

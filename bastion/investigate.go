@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
@@ -145,7 +146,7 @@ func siblingOf(r *markers.Record) api.Sibling {
 
 // guaranteeOf is the guarantee level of rec's host as enrolled now: "" for an HTTP execution
 // or a host no longer enrolled.
-func (b *Bastion) guaranteeOf(rec *markers.Record) Guarantee {
+func (b *Bastion) guaranteeOf(rec *markers.Record) fleet.Guarantee {
 	if rec.Channel == "http" {
 		return ""
 	}
@@ -158,7 +159,7 @@ func (b *Bastion) guaranteeOf(rec *markers.Record) Guarantee {
 
 // callsOf are the calls that the events of execution rec name (delivery events are not
 // calls of their own: they say which call got the result); level is its host's guarantee.
-func callsOf(rec *markers.Record, evs []markers.Event, level Guarantee) []api.InvestigatedCall {
+func callsOf(rec *markers.Record, evs []markers.Event, level fleet.Guarantee) []api.InvestigatedCall {
 	var out []api.InvestigatedCall
 	for _, ev := range evs {
 		switch {
@@ -183,7 +184,7 @@ func callsOf(rec *markers.Record, evs []markers.Event, level Guarantee) []api.In
 
 // joinedWhat says what a call that joined rec amounted to; level (its host's guarantee, ""
 // when not known) says what reconciling an unknown outcome could ask.
-func joinedWhat(rec *markers.Record, match string, level Guarantee) string {
+func joinedWhat(rec *markers.Record, match string, level fleet.Guarantee) string {
 	via := "same intent"
 	if rec.IdempotencyKey != "" {
 		via = "reused idempotency key " + rec.IdempotencyKey
@@ -208,7 +209,7 @@ func joinedWhat(rec *markers.Record, match string, level Guarantee) string {
 }
 
 // reconcileWhat says what joining rec's unknown outcome did, by what its target can tell.
-func reconcileWhat(rec *markers.Record, level Guarantee) string {
+func reconcileWhat(rec *markers.Record, level fleet.Guarantee) string {
 	switch {
 	case rec.Channel == "http":
 		class := "the endpoint's class"
@@ -216,11 +217,11 @@ func reconcileWhat(rec *markers.Record, level Guarantee) string {
 			class += " (" + rec.Class + ")"
 		}
 		return "its unknown outcome was handled by " + class + ", nothing sent blindly"
-	case level == GuaranteeHostagent:
+	case level == fleet.GuaranteeHostagent:
 		return "its unknown outcome was reconciled with the host, nothing dispatched blindly"
-	case level == GuaranteeMarkerScript:
+	case level == fleet.GuaranteeMarkerScript:
 		return fmt.Sprintf("its unknown outcome was reconciled by reading its marker from the marker script on %s, nothing dispatched blindly", rec.Host)
-	case level == GuaranteeNone:
+	case level == fleet.GuaranteeNone:
 		return fmt.Sprintf("its outcome was unknown and nothing can be asked of %s (guarantee level none: nothing there records executions), so it was returned as unknown and not sent again", rec.Host)
 	}
 	return fmt.Sprintf("its outcome was unknown, nothing dispatched blindly (%s is not enrolled now, so how it was reconciled cannot be told)", rec.Host)
@@ -268,7 +269,7 @@ func (b *Bastion) observedOutcome(ctx context.Context, rec *markers.Record) api.
 	ctx, cancel := context.WithTimeout(ctx, markerAskTimeout)
 	defer cancel()
 	host, err := b.inv.Host(rec.Host)
-	if err == nil && host.Level() != GuaranteeHostagent {
+	if err == nil && host.Level() != fleet.GuaranteeHostagent {
 		o.MarkerNote = b.stockMarkerNote(ctx, rec, host) // agentless.go
 		return o
 	}

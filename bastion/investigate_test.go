@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/markers"
 )
@@ -18,13 +19,13 @@ func TestJoinedReconcileWording(t *testing.T) {
 	tests := []struct {
 		name    string
 		rec     *markers.Record
-		level   Guarantee
+		level   fleet.Guarantee
 		want    []string
 		notWant string
 	}{
-		{name: "hostagent", rec: ssh, level: GuaranteeHostagent, want: []string{"reconciled with the host", "nothing dispatched blindly", "deploy-1"}},
-		{name: "marker script", rec: ssh, level: GuaranteeMarkerScript, want: []string{"reading its marker from the marker script on s1", "nothing dispatched blindly"}, notWant: "with the host"},
-		{name: "none", rec: ssh, level: GuaranteeNone, want: []string{"nothing can be asked of s1", "guarantee level none", "not sent again"}, notWant: "reconciled"},
+		{name: "hostagent", rec: ssh, level: fleet.GuaranteeHostagent, want: []string{"reconciled with the host", "nothing dispatched blindly", "deploy-1"}},
+		{name: "marker script", rec: ssh, level: fleet.GuaranteeMarkerScript, want: []string{"reading its marker from the marker script on s1", "nothing dispatched blindly"}, notWant: "with the host"},
+		{name: "none", rec: ssh, level: fleet.GuaranteeNone, want: []string{"nothing can be asked of s1", "guarantee level none", "not sent again"}, notWant: "reconciled"},
 		{name: "host no longer enrolled", rec: ssh, want: []string{"s1 is not enrolled now", "nothing dispatched blindly"}, notWant: "reconciled with"},
 		{name: "http", rec: &markers.Record{ID: id1, Channel: "http", Host: "api", Class: config.ClassIdempotentWrite}, want: []string{"endpoint's class (" + config.ClassIdempotentWrite + ")", "nothing sent blindly"}, notWant: "host"},
 	}

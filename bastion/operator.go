@@ -13,6 +13,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"
@@ -172,7 +173,7 @@ func (b *Bastion) PolicyCheck(req policy.Request) (policy.Decision, error) {
 		switch {
 		case err == nil:
 			req.Groups = h.Groups
-		case !errors.Is(err, ErrUnknownHost):
+		case !errors.Is(err, fleet.ErrUnknownHost):
 			return policy.Decision{}, err
 		}
 	}
@@ -262,7 +263,7 @@ func (b *Bastion) opShowExecution(w http.ResponseWriter, r *http.Request) {
 }
 
 // hostControl opens the hostagent's control protocol on host.
-func (b *Bastion) hostControl(ctx context.Context, host Host) (*client.ControlClient, error) {
+func (b *Bastion) hostControl(ctx context.Context, host fleet.Host) (*client.ControlClient, error) {
 	conn, err := b.pool.Conn(ctx, host)
 	if err != nil {
 		return nil, err
@@ -271,9 +272,9 @@ func (b *Bastion) hostControl(ctx context.Context, host Host) (*client.ControlCl
 }
 
 // markerHost is the host a markers request names, once its level keeps markers.
-func (b *Bastion) markerHost(name string) (Host, error) {
+func (b *Bastion) markerHost(name string) (fleet.Host, error) {
 	host, err := b.inv.Host(name)
-	if err == nil && host.Level() == GuaranteeNone {
+	if err == nil && host.Level() == fleet.GuaranteeNone {
 		err = noMarkersError(host)
 	}
 	return host, err
@@ -295,7 +296,7 @@ func (b *Bastion) opListMarkers(w http.ResponseWriter, r *http.Request) {
 	}
 	var page []*markers.Record
 	var next string
-	if host.Level() == GuaranteeMarkerScript {
+	if host.Level() == fleet.GuaranteeMarkerScript {
 		var list []agentless.Answer
 		if list, err = listMarkerScript(ctx, b.pool, host); err == nil {
 			page, next, err = scriptMarkerPage(host, list, scriptMarkerQuery{State: q.State, Cursor: q.Cursor, Limit: q.Limit})
@@ -320,7 +321,7 @@ func (b *Bastion) opShowMarker(w http.ResponseWriter, r *http.Request) {
 	}
 	id := r.PathValue("id")
 	var found *markers.Record
-	if host.Level() == GuaranteeMarkerScript {
+	if host.Level() == fleet.GuaranteeMarkerScript {
 		found, err = b.showScriptMarker(ctx, host, id)
 	} else {
 		found, err = b.showHostagentMarker(ctx, host, id)
@@ -332,7 +333,7 @@ func (b *Bastion) opShowMarker(w http.ResponseWriter, r *http.Request) {
 }
 
 // showHostagentMarker is the hostagent's marker of id (nil: none).
-func (b *Bastion) showHostagentMarker(ctx context.Context, host Host, id string) (*markers.Record, error) {
+func (b *Bastion) showHostagentMarker(ctx context.Context, host fleet.Host, id string) (*markers.Record, error) {
 	cc, err := b.hostControl(ctx, host)
 	if err != nil {
 		return nil, err
@@ -346,7 +347,7 @@ func (b *Bastion) showHostagentMarker(ctx context.Context, host Host, id string)
 }
 
 // showScriptMarker is the marker script's marker of id (nil: none).
-func (b *Bastion) showScriptMarker(ctx context.Context, host Host, id string) (*markers.Record, error) {
+func (b *Bastion) showScriptMarker(ctx context.Context, host fleet.Host, id string) (*markers.Record, error) {
 	if !markers.ValidExecutionID(id) {
 		return nil, api.Invalid("%q is not an execution id", id)
 	}
@@ -450,7 +451,7 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 			}
 		case errors.Is(err, markers.ErrNotFound):
 			status, code = http.StatusNotFound, api.CodeNotFound
-		case errors.Is(err, ErrUnknownHost):
+		case errors.Is(err, fleet.ErrUnknownHost):
 			status, code = http.StatusNotFound, api.CodeUnknownHost
 		case errors.Is(err, ErrNotAwaitingApproval):
 			status, code = http.StatusConflict, "not_awaiting_approval"

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/markers"
@@ -69,8 +70,8 @@ func (b *Bastion) Cancel(ctx context.Context, c transport.Caller, id string) (*a
 	return b.await(ctx, d, cancelWait, false, nil), nil
 }
 
-func (b *Bastion) cancelOnHost(ctx context.Context, host Host, id string) error {
-	if host.Level() != GuaranteeHostagent {
+func (b *Bastion) cancelOnHost(ctx context.Context, host fleet.Host, id string) error {
+	if host.Level() != fleet.GuaranteeHostagent {
 		return fmt.Errorf("%w: %s (guarantee %s) cannot cancel a command it started", ErrNoHostagent, host.Name, host.Level())
 	}
 	ctx, cancel := context.WithTimeout(ctx, cancelWait)
@@ -145,7 +146,7 @@ func (b *Bastion) Hosts() (*api.HostsResult, error) {
 	out := &api.HostsResult{Hosts: []api.HostInfo{}}
 	for _, h := range hosts {
 		out.Hosts = append(out.Hosts, api.HostInfo{
-			Name: h.Name, Addr: h.Addr, Account: h.Account, HostKey: fingerprintSHA256(h),
+			Name: h.Name, Addr: h.Addr, Account: h.Account, HostKey: h.Fingerprint(),
 			HostKeyType: h.HostKey.Type(), Groups: h.Groups, Connected: b.pool.Connected(h.Name), DefaultCwd: h.Cwd,
 			Guarantee: string(h.Level()),
 		})

@@ -10,6 +10,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -25,7 +26,7 @@ var ErrNoMarkers = errors.New("bastion: the host keeps no markers")
 const maxScriptListBytes = 4 << 20
 
 // noMarkersError is the answer for a host at level none.
-func noMarkersError(host Host) error {
+func noMarkersError(host fleet.Host) error {
 	return fmt.Errorf("%w: %s runs no hostagent and no marker script (guarantee level none), so nothing on it records executions and it has no markers to list; what the bastion observed is in the journal: postern executions list --host %s", ErrNoMarkers, host.Name, host.Name)
 }
 
@@ -41,7 +42,7 @@ type scriptReply struct {
 // queryMarkerScript runs line (agentless.StatusLine or ListLine) on host over the pooled
 // connection, keeping at most max bytes of stdout (0: 64 KiB). The wrapper's refusal (script
 // missing or changed) is the error.
-func queryMarkerScript(ctx context.Context, pool *Pool, host Host, line string, max int) (scriptReply, error) {
+func queryMarkerScript(ctx context.Context, pool *fleet.Pool, host fleet.Host, line string, max int) (scriptReply, error) {
 	conn, err := pool.Conn(ctx, host)
 	if err != nil {
 		return scriptReply{}, err
@@ -70,7 +71,7 @@ func queryMarkerScript(ctx context.Context, pool *Pool, host Host, line string, 
 }
 
 // listMarkerScript reads every marker the marker script keeps on host.
-func listMarkerScript(ctx context.Context, pool *Pool, host Host) ([]agentless.Answer, error) {
+func listMarkerScript(ctx context.Context, pool *fleet.Pool, host fleet.Host) ([]agentless.Answer, error) {
 	rep, err := queryMarkerScript(ctx, pool, host, agentless.ListLine(host.ScriptSHA256), maxScriptListBytes)
 	if err != nil {
 		return nil, err
@@ -107,7 +108,7 @@ func parseScriptList(host string, out []byte) ([]agentless.Answer, error) {
 // scriptMarker is a marker script's marker as a host marker. The script keeps the state and
 // the exit code only (no times, no output); its states map onto the host graph: claimed is
 // started (the id is taken, the command not started yet), the others are the same.
-func scriptMarker(host Host, a agentless.Answer) *markers.Record {
+func scriptMarker(host fleet.Host, a agentless.Answer) *markers.Record {
 	r := &markers.Record{ID: a.ID, Graph: markers.HostGraph, Host: host.Name, Account: host.Account}
 	var note string
 	switch a.State {
@@ -142,7 +143,7 @@ type scriptMarkerQuery struct {
 
 // scriptMarkerPage is the page of list that q selects, and the cursor of the next (""
 // when none). Execution ids sort by creation time, so newest first is by id, descending.
-func scriptMarkerPage(host Host, list []agentless.Answer, q scriptMarkerQuery) ([]*markers.Record, string, error) {
+func scriptMarkerPage(host fleet.Host, list []agentless.Answer, q scriptMarkerQuery) ([]*markers.Record, string, error) {
 	if q.State != "" && !markers.HostGraph.Has(q.State) {
 		return nil, "", api.Invalid("state %q is not a marker state", q.State)
 	}

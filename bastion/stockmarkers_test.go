@@ -9,6 +9,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -62,7 +63,7 @@ func TestParseScriptList(t *testing.T) {
 // state and paged by the last id — the answers of `postern markers list` for a host with the
 // marker script.
 func TestScriptMarkerPage(t *testing.T) {
-	host := Host{Name: "s1", Account: "deploy", Guarantee: GuaranteeMarkerScript}
+	host := fleet.Host{Name: "s1", Account: "deploy", Guarantee: fleet.GuaranteeMarkerScript}
 	list, err := parseScriptList("s1", []byte(scriptList(id1+" claimed old=1", id2+" exited exit=3", id3+" interrupted", id4+" running")))
 	if err != nil {
 		t.Fatal(err)
@@ -107,7 +108,7 @@ func TestScriptMarkerPage(t *testing.T) {
 }
 
 func TestScriptMarker(t *testing.T) {
-	host := Host{Name: "s1", Guarantee: GuaranteeMarkerScript}
+	host := fleet.Host{Name: "s1", Guarantee: fleet.GuaranteeMarkerScript}
 	three := 3
 	tests := []struct {
 		answer   agentless.Answer

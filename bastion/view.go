@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent/client"
@@ -320,7 +321,7 @@ func (b *Bastion) storedFrom(ctx context.Context, rec *markers.Record, outOff, e
 // whole capped output until the marker's retention).
 func (b *Bastion) fromSpool(ctx context.Context, rec *markers.Record, outOff, errOff int64, limit int) (string, string, bool) {
 	host, err := b.inv.Host(rec.Host)
-	if err != nil || host.Level() != GuaranteeHostagent {
+	if err != nil || host.Level() != fleet.GuaranteeHostagent {
 		return "", "", false // only the hostagent spools output
 	}
 	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)

@@ -16,10 +16,10 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 	"github.com/postern-dev/postern/markers"
@@ -373,7 +373,7 @@ func TestStockHostChangedKeyIsRefused(t *testing.T) {
 	ctx := testContext(t)
 	other := startStockSSHD(t, f.account, f.bastion.ClientKey)
 	inv := config.DefaultConfig(f.bastion.StateDir()).InventoryPath()
-	if err := bastion.Enroll(inv, bastion.Host{Name: "s1", Addr: other.Addr, Account: f.account.Name, HostKey: f.sshd.HostKey, Guarantee: bastion.GuaranteeNone}); err != nil {
+	if err := fleet.Enroll(inv, fleet.Host{Name: "s1", Addr: other.Addr, Account: f.account.Name, HostKey: f.sshd.HostKey, Guarantee: fleet.GuaranteeNone}); err != nil {
 		t.Fatal(err)
 	}
 	x := mustCall(t, ctx, f.session(t, "run-rekey"), "ssh_exec", map[string]any{"host": "s1", "command": "echo x >> " + f.path("effects")})
@@ -398,7 +398,7 @@ func TestStockHostEnrollNeedsTheKey(t *testing.T) {
 	if err == nil || !strings.Contains(string(out), b.ClientKey.AuthorizedLine()) || !strings.Contains(string(out), "not enrolled") {
 		t.Fatalf("enroll without the key: %v\n%s", err, out)
 	}
-	inv, err := bastion.OpenInventory(config.DefaultConfig(b.StateDir()).InventoryPath())
+	inv, err := fleet.OpenInventory(config.DefaultConfig(b.StateDir()).InventoryPath())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -14,9 +14,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -82,7 +82,7 @@ func TestChangedHostKeyIsRefused(t *testing.T) {
 	if x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "true"}); x.State != "completed" {
 		t.Fatalf("warm-up = %+v", x)
 	}
-	if err := bastion.Enroll(config.DefaultConfig(f.bastion.StateDir()).InventoryPath(), bastion.Host{
+	if err := fleet.Enroll(config.DefaultConfig(f.bastion.StateDir()).InventoryPath(), fleet.Host{
 		Name: "h1", Addr: f.host.Addr, Account: f.host.Account, HostKey: testutil.NewSSHKey(t).Public(),
 	}); err != nil {
 		t.Fatal(err)

@@ -23,21 +23,21 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-// fleet is a bastion with one enrolled hostagent ("h1").
-type fleet struct {
+// testbed is a bastion with one enrolled hostagent ("h1").
+type testbed struct {
 	bastion *testutil.Bastion
 	host    *testutil.Hostagent
 	// proxy sits between the bastion and the hostagent (startFleetBehindProxy only).
 	proxy *testutil.FaultProxy
 }
 
-func startFleet(t *testing.T, bastionConfig ...string) *fleet {
+func startFleet(t *testing.T, bastionConfig ...string) *testbed {
 	t.Helper()
 	return newFleet(t, fleetOptions{tables: bastionConfig})
 }
 
 // startFleetBehindProxy is startFleet with the bastion reaching "h1" through a fault proxy.
-func startFleetBehindProxy(t *testing.T) *fleet {
+func startFleetBehindProxy(t *testing.T) *testbed {
 	t.Helper()
 	return newFleet(t, fleetOptions{proxy: true})
 }
@@ -49,11 +49,11 @@ type fleetOptions struct {
 	settings, tables []string
 }
 
-func newFleet(t *testing.T, opts fleetOptions) *fleet {
+func newFleet(t *testing.T, opts fleetOptions) *testbed {
 	t.Helper()
 	h := testutil.StartHostagent(t)
 	b := testutil.NewBastion(t, h.ClientKey, append(opts.settings, opts.tables...)...)
-	f := &fleet{bastion: b, host: h}
+	f := &testbed{bastion: b, host: h}
 	addr := h.Addr
 	if opts.proxy {
 		f.proxy = testutil.StartFaultProxy(t, h.Addr)
@@ -66,7 +66,7 @@ func newFleet(t *testing.T, opts fleetOptions) *fleet {
 }
 
 // logOnFailure shows the bastion's and the hostagent's logs when the test fails.
-func (f *fleet) logOnFailure(t *testing.T) {
+func (f *testbed) logOnFailure(t *testing.T) {
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("bastion log:\n%s\nhostagent log:\n%s", f.bastion.Logs(), f.host.Logs())
@@ -76,7 +76,7 @@ func (f *fleet) logOnFailure(t *testing.T) {
 
 // session connects to the bastion over Streamable HTTP as actor, in agent run run ("" sends
 // no Postern-Run header).
-func (f *fleet) session(t *testing.T, actor, run string) *mcp.ClientSession {
+func (f *testbed) session(t *testing.T, actor, run string) *mcp.ClientSession {
 	t.Helper()
 	return f.bastion.Connect(t, actor, runHeader(run))
 }

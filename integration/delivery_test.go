@@ -96,7 +96,7 @@ func (w testWriter) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func httpConnect(f *fleet, run string) map[string]any {
+func httpConnect(f *testbed, run string) map[string]any {
 	return map[string]any{"connect": map[string]any{"url": f.bastion.URL, "token": f.bastion.Tokens["agent"], "run": run}}
 }
 

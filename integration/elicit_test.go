@@ -43,7 +43,7 @@ type tsElicitLine struct {
 }
 
 // runTSElicit runs elicit.mjs through the stdio bridge; runTSElicitOver connects with conn.
-func runTSElicit(t *testing.T, ctx context.Context, f *fleet, steps ...map[string]any) []tsElicitLine {
+func runTSElicit(t *testing.T, ctx context.Context, f *testbed, steps ...map[string]any) []tsElicitLine {
 	t.Helper()
 	return runTSElicitOver(t, ctx, stdioConnect(testutil.Binary(t, "postern"), f.bastion.Socket), steps...)
 }
@@ -91,7 +91,7 @@ func callStep(args map[string]any) map[string]any {
 
 // decisionEvent returns the note of the event that took execution id out of
 // awaiting_approval.
-func decisionEvent(t *testing.T, ctx context.Context, f *fleet, id string) string {
+func decisionEvent(t *testing.T, ctx context.Context, f *testbed, id string) string {
 	t.Helper()
 	for _, e := range showExecution(t, ctx, f.bastion, id).Events {
 		if e.From == markers.AwaitingApproval && e.To != "" && e.To != markers.AwaitingApproval {

@@ -4,8 +4,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/internal/testutil"
 )
 
@@ -18,12 +18,12 @@ func TestExecEnvTheHostWouldDrop(t *testing.T) {
 	b := testutil.NewBastion(t, h.ClientKey)
 	inventory := config.DefaultConfig(b.StateDir()).InventoryPath()
 	for name, accept := range map[string][]string{"h1": {"APP_*"}, "h2": nil} {
-		if err := bastion.Enroll(inventory, bastion.Host{Name: name, Addr: h.Addr, Account: h.Account, HostKey: h.HostKey, AcceptEnv: accept}); err != nil {
+		if err := fleet.Enroll(inventory, fleet.Host{Name: name, Addr: h.Addr, Account: h.Account, HostKey: h.HostKey, AcceptEnv: accept}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	b.Start(t)
-	f := &fleet{bastion: b, host: h}
+	f := &testbed{bastion: b, host: h}
 	f.logOnFailure(t)
 	ctx := testContext(t)
 	cs := f.session(t, "agent", "run-env")

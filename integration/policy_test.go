@@ -29,14 +29,14 @@ import (
 // besides the states: what never ran did not run, and a retry never opens a second approval.
 
 // startPolicyFleet is newFleet with extra actors configured before the bastion starts.
-func startPolicyFleet(t *testing.T, opts fleetOptions, actors ...testutil.ActorSpec) *fleet {
+func startPolicyFleet(t *testing.T, opts fleetOptions, actors ...testutil.ActorSpec) *testbed {
 	t.Helper()
 	h := testutil.StartHostagent(t)
 	b := testutil.NewBastion(t, h.ClientKey, append(opts.settings, opts.tables...)...)
 	for _, a := range actors {
 		b.AddActor(t, a)
 	}
-	f := &fleet{bastion: b, host: h}
+	f := &testbed{bastion: b, host: h}
 	addr := h.Addr
 	if opts.proxy {
 		f.proxy = testutil.StartFaultProxy(t, h.Addr)

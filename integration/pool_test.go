@@ -9,14 +9,14 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/internal/testutil"
 )
 
-func newPool(t *testing.T, h *testutil.Hostagent) *bastion.Pool {
+func newPool(t *testing.T, h *testutil.Hostagent) *fleet.Pool {
 	t.Helper()
-	p, err := bastion.NewPool(bastion.PoolOptions{Signer: h.ClientKey.Signer, Logger: slog.New(slog.DiscardHandler)})
+	p, err := fleet.NewPool(fleet.PoolOptions{Signer: h.ClientKey.Signer, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -24,8 +24,8 @@ func newPool(t *testing.T, h *testutil.Hostagent) *bastion.Pool {
 	return p
 }
 
-func hostOf(h *testutil.Hostagent) bastion.Host {
-	return bastion.Host{Name: "local", Addr: h.Addr, Account: h.Account, HostKey: h.HostKey}
+func hostOf(h *testutil.Hostagent) fleet.Host {
+	return fleet.Host{Name: "local", Addr: h.Addr, Account: h.Account, HostKey: h.HostKey}
 }
 
 func TestPoolSharesOneConnectionAndRedials(t *testing.T) {
@@ -66,7 +66,7 @@ func TestPoolRefusesAChangedHostKey(t *testing.T) {
 	enrolled := hostOf(h)
 	enrolled.HostKey = testutil.NewSSHKey(t).Public() // the host was re-keyed (or is an impostor)
 	_, err := p.Conn(context.Background(), enrolled)
-	if !errors.Is(err, bastion.ErrHostKeyMismatch) {
+	if !errors.Is(err, fleet.ErrHostKeyMismatch) {
 		t.Fatalf("Conn with a changed host key = %v; want ErrHostKeyMismatch", err)
 	}
 }
@@ -74,7 +74,7 @@ func TestPoolRefusesAChangedHostKey(t *testing.T) {
 func TestPoolDropsASilentConnection(t *testing.T) {
 	h := testutil.StartHostagent(t)
 	proxy := testutil.StartFaultProxy(t, h.Addr)
-	p, err := bastion.NewPool(bastion.PoolOptions{
+	p, err := fleet.NewPool(fleet.PoolOptions{
 		Signer: h.ClientKey.Signer, Logger: slog.New(slog.DiscardHandler),
 		KeepaliveInterval: 50 * time.Millisecond, KeepaliveTimeout: 200 * time.Millisecond,
 	})
@@ -107,10 +107,10 @@ func TestPoolBacksOffAnUnreachableHost(t *testing.T) {
 	host := hostOf(h)
 	h.Kill(t)
 	ctx := context.Background()
-	if _, err := p.Conn(ctx, host); err == nil || errors.Is(err, bastion.ErrHostUnreachable) {
+	if _, err := p.Conn(ctx, host); err == nil || errors.Is(err, fleet.ErrHostUnreachable) {
 		t.Fatalf("first Conn to a stopped agent = %v; want a dial error", err)
 	}
-	if _, err := p.Conn(ctx, host); !errors.Is(err, bastion.ErrHostUnreachable) {
+	if _, err := p.Conn(ctx, host); !errors.Is(err, fleet.ErrHostUnreachable) {
 		t.Fatalf("Conn right after a failed dial = %v; want ErrHostUnreachable without a dial", err)
 	}
 	h.Start(t)

@@ -12,6 +12,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -26,15 +27,15 @@ func newStockSoakHost(t *testing.T, b *testutil.Bastion, name string) *soakHost 
 	acct := stockAccount(t, "postern-al-soak", false)
 	s := startStockSSHD(t, acct, b.ClientKey)
 	sh := &soakHost{name: name, sshd: s, home: acct.Home, proxy: testutil.StartFaultProxy(t, s.Addr), effects: filepath.Join(acct.Home, "effects")}
-	h := bastion.Host{Name: name, Addr: sh.proxy.Addr(), Account: acct.Name, HostKey: s.HostKey}
+	h := fleet.Host{Name: name, Addr: sh.proxy.Addr(), Account: acct.Name, HostKey: s.HostKey}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	digest, err := bastion.InstallMarkerScript(ctx, h, b.ClientKey.Signer)
 	if err != nil {
 		t.Fatal(err)
 	}
-	h.Guarantee, h.ScriptSHA256 = bastion.GuaranteeMarkerScript, digest
-	if err := bastion.Enroll(config.DefaultConfig(b.StateDir()).InventoryPath(), h); err != nil {
+	h.Guarantee, h.ScriptSHA256 = fleet.GuaranteeMarkerScript, digest
+	if err := fleet.Enroll(config.DefaultConfig(b.StateDir()).InventoryPath(), h); err != nil {
 		t.Fatal(err)
 	}
 	return sh

@@ -138,7 +138,7 @@ func TestNoMarkerBeyondRetentionNeedsReview(t *testing.T) {
 	h := testutil.StartHostagent(t, `marker_retention = "24h"`)
 	b := testutil.NewBastion(t, h.ClientKey)
 	b.Enroll(t, "h1", h)
-	f := &fleet{bastion: b, host: h}
+	f := &testbed{bastion: b, host: h}
 	f.logOnFailure(t)
 	oldCmd, oldFile := appendCommand(t, "old")
 	youngCmd, youngFile := appendCommand(t, "young")
@@ -185,7 +185,7 @@ func TestCancelOfExecutionTheHostNeverStarted(t *testing.T) {
 	h := testutil.StartHostagent(t)
 	b := testutil.NewBastion(t, h.ClientKey)
 	b.Enroll(t, "h1", h)
-	f := &fleet{bastion: b, host: h}
+	f := &testbed{bastion: b, host: h}
 	f.logOnFailure(t)
 	cmd, file := appendCommand(t, "cancelled")
 	id := journalDispatched(t, b, time.Now().Add(-time.Minute), cmd)

@@ -266,7 +266,7 @@ func stripStep(t *testing.T, raw json.RawMessage) string {
 // extPost sends one JSON-RPC request at protocol 2026-07-28 (the stateless protocol: the
 // _meta triple and the routing headers) and returns its result; caps are the request's
 // client capabilities.
-func extPost(t *testing.T, f *fleet, method, name string, params map[string]any, caps map[string]any) map[string]any {
+func extPost(t *testing.T, f *testbed, method, name string, params map[string]any, caps map[string]any) map[string]any {
 	t.Helper()
 	res, rpcErr, err := extCall(t.Context(), f, method, name, params, caps)
 	switch {
@@ -279,7 +279,7 @@ func extPost(t *testing.T, f *fleet, method, name string, params map[string]any,
 }
 
 // extCall is extPost under ctx, returning the JSON-RPC error instead of failing on it.
-func extCall(ctx context.Context, f *fleet, method, name string, params map[string]any, caps map[string]any) (result, rpcErr map[string]any, err error) {
+func extCall(ctx context.Context, f *testbed, method, name string, params map[string]any, caps map[string]any) (result, rpcErr map[string]any, err error) {
 	params["_meta"] = map[string]any{
 		"io.modelcontextprotocol/protocolVersion":    "2026-07-28",
 		"io.modelcontextprotocol/clientInfo":         map[string]any{"name": "raw", "version": "0"},

@@ -13,9 +13,9 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/version"
 )
@@ -130,11 +130,11 @@ func (c *doctorCommand) checks(ctx context.Context, loc locator) []doctorCheck {
 			add("host", "problem", fmt.Sprintf("%s (%s): %s", h.Name, h.Addr, h.Problem), h.Fix)
 			continue
 		}
-		switch bastion.Guarantee(h.Guarantee) {
-		case bastion.GuaranteeMarkerScript:
+		switch fleet.Guarantee(h.Guarantee) {
+		case fleet.GuaranteeMarkerScript:
 			add("host", "ok", fmt.Sprintf("%s (%s): reachable, pinned host key verified, stock sshd with the marker script (digest verified)", h.Name, h.Addr), "")
 			continue
-		case bastion.GuaranteeNone:
+		case fleet.GuaranteeNone:
 			add("host", "ok", fmt.Sprintf("%s (%s): reachable, pinned host key verified, stock sshd (guarantee none)", h.Name, h.Addr), "")
 			continue
 		}

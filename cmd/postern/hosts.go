@@ -18,6 +18,7 @@ import (
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/envpolicy"
 )
@@ -91,17 +92,17 @@ func (c *hostsCommand) list(ctx context.Context, args []string) error {
 			connected = "yes"
 		}
 		rows = append(rows, []string{cli.Printable(h.Name), cli.Printable(h.Addr), cli.Printable(h.Account),
-			cli.Printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), guaranteeText(bastion.Guarantee(h.Guarantee)), connected, cli.Printable(strings.Join(h.Groups, ","))})
+			cli.Printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), guaranteeText(fleet.Guarantee(h.Guarantee)), connected, cli.Printable(strings.Join(h.Groups, ","))})
 	}
 	return cli.PrintTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "GUARANTEE", "CONNECTED", "GROUPS"}, rows)
 }
 
 // guaranteeText is a host's guarantee level as the hosts table shows it.
-func guaranteeText(g bastion.Guarantee) string {
+func guaranteeText(g fleet.Guarantee) string {
 	switch g {
-	case bastion.GuaranteeMarkerScript:
+	case fleet.GuaranteeMarkerScript:
 		return "marker script"
-	case bastion.GuaranteeNone:
+	case fleet.GuaranteeNone:
 		return "none"
 	}
 	return "hostagent"
@@ -110,7 +111,7 @@ func guaranteeText(g bastion.Guarantee) string {
 // readInventoryHosts reads the inventory file as the daemon would list it, without
 // connection states.
 func readInventoryHosts(path string) (api.HostsResult, error) {
-	inv, err := bastion.OpenInventory(path)
+	inv, err := fleet.OpenInventory(path)
 	if err != nil {
 		return api.HostsResult{}, err
 	}
@@ -190,15 +191,15 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 		return err
 	}
 
-	key, err := bastion.ScanHostKey(ctx, addr)
+	key, err := fleet.ScanHostKey(ctx, addr)
 	if err != nil {
 		return err
 	}
-	h := bastion.Host{Name: name, Addr: addr, Account: *account, HostKey: key, Cwd: *cwd, Groups: groups, AcceptEnv: acceptEnv}
+	h := fleet.Host{Name: name, Addr: addr, Account: *account, HostKey: key, Cwd: *cwd, Groups: groups, AcceptEnv: acceptEnv}
 	if *agentlessHost {
-		h.Guarantee = bastion.GuaranteeNone
+		h.Guarantee = fleet.GuaranteeNone
 	}
-	plan, err := bastion.PlanEnrollment(cfg.InventoryPath(), h)
+	plan, err := fleet.PlanEnrollment(cfg.InventoryPath(), h)
 	if err != nil {
 		return err
 	}
@@ -242,11 +243,11 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 			return err
 		}
 	}
-	if err := bastion.Enroll(cfg.InventoryPath(), h); err != nil {
+	if err := fleet.Enroll(cfg.InventoryPath(), h); err != nil {
 		return err
 	}
 	fmt.Fprintf(c.stdout, "enrolled host %s (%s, account %s, guarantee %s) in %s\n", cli.Printable(name), cli.Printable(addr), cli.Printable(*account), guaranteeText(h.Level()), cfg.InventoryPath())
-	if h.Level() == bastion.GuaranteeMarkerScript {
+	if h.Level() == fleet.GuaranteeMarkerScript {
 		return nil // the key is in place: the install used it
 	}
 	return c.printBastionKey(cfg, h)
@@ -255,8 +256,8 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 // installMarkerScript installs the marker script on h over SSH, with the pinned key the
 // operator just confirmed, and records its digest in h. Without the bastion's key in the
 // account's authorized_keys nothing is enrolled: the operator is shown the line to add.
-func (c *hostsCommand) installMarkerScript(ctx context.Context, cfg config.Config, h *bastion.Host) error {
-	signer, err := bastion.LoadOrCreateClientKey(cfg.ClientKeyPath())
+func (c *hostsCommand) installMarkerScript(ctx context.Context, cfg config.Config, h *fleet.Host) error {
+	signer, err := fleet.LoadOrCreateClientKey(cfg.ClientKeyPath())
 	if err != nil {
 		return err
 	}
@@ -270,7 +271,7 @@ func (c *hostsCommand) installMarkerScript(ctx context.Context, cfg config.Confi
 	if err != nil {
 		return fmt.Errorf("not enrolled: %w", err)
 	}
-	h.Guarantee, h.ScriptSHA256 = bastion.GuaranteeMarkerScript, digest
+	h.Guarantee, h.ScriptSHA256 = fleet.GuaranteeMarkerScript, digest
 	fmt.Fprintf(c.stdout, "installed the marker script ~/.postern/run on %s (sha256 %s)\n", cli.Printable(h.Name), digest)
 	return nil
 }
@@ -278,12 +279,12 @@ func (c *hostsCommand) installMarkerScript(ctx context.Context, cfg config.Confi
 // keyEnrolled reports whether name is already in the inventory (PlanEnrollment has found
 // its key to be the same one).
 func keyEnrolled(inventory, name string) (bool, error) {
-	inv, err := bastion.OpenInventory(inventory)
+	inv, err := fleet.OpenInventory(inventory)
 	if err != nil {
 		return false, err
 	}
 	_, err = inv.Host(name)
-	if errors.Is(err, bastion.ErrUnknownHost) {
+	if errors.Is(err, fleet.ErrUnknownHost) {
 		return false, nil
 	}
 	return err == nil, err
@@ -319,7 +320,7 @@ func (c *hostsCommand) key(ctx context.Context, args []string) error {
 	if err := checkOwnState(cfg.StateDir); err != nil {
 		return err
 	}
-	signer, err := bastion.LoadOrCreateClientKey(cfg.ClientKeyPath())
+	signer, err := fleet.LoadOrCreateClientKey(cfg.ClientKeyPath())
 	if err != nil {
 		return err
 	}
@@ -330,12 +331,12 @@ func (c *hostsCommand) key(ctx context.Context, args []string) error {
 // printBastionKey prints the line the host must authorize: the bastion's public client key,
 // for its hostagent or, without one, for sshd. A state dir without a key gets one now, as the
 // daemon would on its first start.
-func (c *hostsCommand) printBastionKey(cfg config.Config, h bastion.Host) error {
-	signer, err := bastion.LoadOrCreateClientKey(cfg.ClientKeyPath())
+func (c *hostsCommand) printBastionKey(cfg config.Config, h fleet.Host) error {
+	signer, err := fleet.LoadOrCreateClientKey(cfg.ClientKeyPath())
 	if err != nil {
 		return fmt.Errorf("the host is enrolled, but the bastion's client key cannot be read: %w", err)
 	}
-	if h.Level() == bastion.GuaranteeHostagent {
+	if h.Level() == fleet.GuaranteeHostagent {
 		fmt.Fprintf(c.stdout, "\nOn %s, add the bastion's key to the hostagent's authorized_keys file (its authorized_keys_file setting):\n\n", cli.Printable(h.Name))
 	} else {
 		fmt.Fprintf(c.stdout, "\nOn %s, add the bastion's key to ~%s/.ssh/authorized_keys (sshd's AuthorizedKeysFile):\n\n", cli.Printable(h.Name), cli.Printable(h.Account))

@@ -11,8 +11,8 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
@@ -119,7 +119,7 @@ func TestHostsEnroll(t *testing.T) {
 		if line := string(gossh.MarshalAuthorizedKey(signer.PublicKey())); !strings.HasSuffix(res.stdout, "authorized_keys_file setting):\n\n"+line) {
 			t.Fatalf("stdout does not end with the bastion's key %q:\n%s", line, res.stdout)
 		}
-		inv, err := bastion.OpenInventory(inventory)
+		inv, err := fleet.OpenInventory(inventory)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -145,12 +145,12 @@ func TestHostsEnroll(t *testing.T) {
 // enrolledKey is the key the inventory at path holds for name (nil: not enrolled).
 func enrolledKey(t *testing.T, path, name string) gossh.PublicKey {
 	t.Helper()
-	inv, err := bastion.OpenInventory(path)
+	inv, err := fleet.OpenInventory(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h, err := inv.Host(name)
-	if errors.Is(err, bastion.ErrUnknownHost) {
+	if errors.Is(err, fleet.ErrUnknownHost) {
 		return nil
 	}
 	if err != nil {

@@ -60,21 +60,21 @@ func decodeJSON(t *testing.T, res cliResult, v any) {
 	}
 }
 
-// fleet is a running `postern serve` with one enrolled hostagent ("h1") and one execution
+// testbed is a running `postern serve` with one enrolled hostagent ("h1") and one execution
 // run through it by the go-sdk MCP client.
-type fleet struct {
+type testbed struct {
 	bastion *testutil.Bastion
 	host    *testutil.Hostagent
 	exec    api.Execution
 }
 
-func startFleet(t *testing.T) *fleet {
+func startFleet(t *testing.T) *testbed {
 	t.Helper()
 	h := testutil.StartHostagent(t)
 	b := testutil.NewBastion(t, h.ClientKey)
 	b.Enroll(t, "h1", h)
 	b.Start(t)
-	f := &fleet{bastion: b, host: h}
+	f := &testbed{bastion: b, host: h}
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -95,11 +95,11 @@ func startFleet(t *testing.T) *fleet {
 }
 
 // at adds the flag that locates the fleet's bastion to args.
-func (f *fleet) at(args ...string) []string {
+func (f *testbed) at(args ...string) []string {
 	return append(args, "--state-dir", f.bastion.StateDir())
 }
 
-func (f *fleet) showJSON(t *testing.T) api.ExecutionDetail {
+func (f *testbed) showJSON(t *testing.T) api.ExecutionDetail {
 	t.Helper()
 	var d api.ExecutionDetail
 	decodeJSON(t, mustRun(t, f.at("executions", "show", f.exec.ExecutionID, "--json")...), &d)

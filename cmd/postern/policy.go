@@ -7,8 +7,8 @@ import (
 	"io"
 	"strings"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/cli"
 )
@@ -130,7 +130,7 @@ func (c *policyCommand) decideFromConfig(cfg config.Config, req policy.Request) 
 		return policy.Decision{}, err
 	}
 	if req.Host != "" {
-		inv, err := bastion.OpenInventory(cfg.InventoryPath())
+		inv, err := fleet.OpenInventory(cfg.InventoryPath())
 		if err != nil {
 			return policy.Decision{}, err
 		}
@@ -138,7 +138,7 @@ func (c *policyCommand) decideFromConfig(cfg config.Config, req policy.Request) 
 		switch {
 		case err == nil:
 			req.Groups = h.Groups
-		case errors.Is(err, bastion.ErrUnknownHost):
+		case errors.Is(err, fleet.ErrUnknownHost):
 			fmt.Fprintf(c.stderr, "note: host %s is not enrolled; group rules are not applied\n", cli.Printable(req.Host))
 		default:
 			return policy.Decision{}, err

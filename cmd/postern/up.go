@@ -21,6 +21,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostagent"
@@ -198,7 +199,7 @@ func startLocalHostagent(ctx context.Context, dir, listen string, bastionKey gos
 // enrollLocal records the local hostagent's key on first run; later runs find the same key.
 // A different key is refused, never replaced silently.
 func enrollLocal(ctx context.Context, inventory, addr string, stdout io.Writer) error {
-	key, err := bastion.ScanHostKey(ctx, addr)
+	key, err := fleet.ScanHostKey(ctx, addr)
 	if err != nil {
 		return err
 	}
@@ -206,8 +207,8 @@ func enrollLocal(ctx context.Context, inventory, addr string, stdout io.Writer) 
 	if err != nil {
 		return err
 	}
-	h := bastion.Host{Name: localHost, Addr: addr, Account: u.Username, HostKey: key}
-	plan, err := bastion.PlanEnrollment(inventory, h)
+	h := fleet.Host{Name: localHost, Addr: addr, Account: u.Username, HostKey: key}
+	plan, err := fleet.PlanEnrollment(inventory, h)
 	if err != nil {
 		return err
 	}
@@ -215,14 +216,14 @@ func enrollLocal(ctx context.Context, inventory, addr string, stdout io.Writer) 
 		return fmt.Errorf("host %q is enrolled with key %s but presents %s: refusing it (re-enroll explicitly with `postern hosts enroll --replace`)",
 			localHost, plan.Replaces, plan.Fingerprint)
 	}
-	inv, err := bastion.OpenInventory(inventory)
+	inv, err := fleet.OpenInventory(inventory)
 	if err != nil {
 		return err
 	}
 	if old, err := inv.Host(localHost); err == nil && old.Addr == addr {
 		return nil
 	}
-	if err := bastion.Enroll(inventory, h); err != nil {
+	if err := fleet.Enroll(inventory, h); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "postern: enrolled host %q at %s, host key %s\n", localHost, addr, plan.Fingerprint)
@@ -266,7 +267,7 @@ func printConnect(w io.Writer, ep bastion.Endpoints, dir, hosts string) {
 // enrolledHosts is the banner's list of every enrolled host: "local" (this machine, as ann),
 // "db-1" (deploy@10.0.0.5:7422), ...
 func enrolledHosts(inventory string) string {
-	inv, err := bastion.OpenInventory(inventory)
+	inv, err := fleet.OpenInventory(inventory)
 	if err != nil {
 		return "(the inventory cannot be read: " + cli.Printable(err.Error()) + ")"
 	}

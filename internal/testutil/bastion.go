@@ -15,6 +15,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
@@ -83,7 +84,7 @@ func (b *Bastion) Enroll(t testing.TB, name string, h *Hostagent) {
 func (b *Bastion) EnrollAt(t testing.TB, name, addr string, h *Hostagent) {
 	t.Helper()
 	inv := config.DefaultConfig(b.StateDir()).InventoryPath()
-	if err := bastion.Enroll(inv, bastion.Host{Name: name, Addr: addr, Account: h.Account, HostKey: h.HostKey}); err != nil {
+	if err := fleet.Enroll(inv, fleet.Host{Name: name, Addr: addr, Account: h.Account, HostKey: h.HostKey}); err != nil {
 		t.Fatal(err)
 	}
 }

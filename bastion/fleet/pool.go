@@ -1,4 +1,4 @@
-package bastion
+package fleet
 
 import (
 	"bytes"

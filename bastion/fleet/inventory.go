@@ -1,4 +1,11 @@
-package bastion
+// Package fleet is how the bastion knows and reaches its hosts: the inventory of enrolled
+// hosts (name, address, account, the host key pinned once at enrollment, what the host can
+// guarantee), the bastion's SSH client key, and the pool of one SSH connection per host with
+// strict host key checking, keepalives and a redial backoff.
+//
+// Invariants: a host that presents another key than the one enrolled is sent nothing
+// (ErrHostKeyMismatch); the inventory file is written atomically and durably, 0600.
+package fleet
 
 import (
 	"bytes"
@@ -8,6 +15,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -16,7 +24,6 @@ import (
 	"github.com/BurntSushi/toml"
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/durable"
 	"github.com/postern-dev/postern/internal/envpolicy"
 )
@@ -41,6 +48,10 @@ type hostEntry struct {
 	// MarkerScriptSHA256 is the digest of ~/.postern/run installed at enrollment.
 	MarkerScriptSHA256 string `toml:"marker_script_sha256,omitempty"`
 }
+
+// hostName is what a host may be called: 1-64 of [A-Za-z0-9_.-], starting with a letter or
+// digit (as actors and endpoints are).
+var hostName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$`)
 
 // ErrUnknownHost: the name is not in the inventory.
 var ErrUnknownHost = errors.New("bastion: unknown host")
@@ -160,7 +171,7 @@ func readInventoryFile(path string) (inventoryFile, error) {
 }
 
 func (e hostEntry) host() (Host, error) {
-	if !config.ValidName(e.Name) {
+	if !hostName.MatchString(e.Name) {
 		return Host{}, fmt.Errorf("name %q: want 1-64 of [A-Za-z0-9_.-]", e.Name)
 	}
 	if _, _, err := net.SplitHostPort(e.Addr); err != nil {
@@ -271,3 +282,6 @@ func Enroll(path string, h Host) error {
 	}
 	return nil
 }
+
+// Fingerprint is the SHA256:… fingerprint of the host's enrolled key.
+func (h Host) Fingerprint() string { return gossh.FingerprintSHA256(h.HostKey) }
