@@ -29,11 +29,6 @@ import (
 // the same execution identity; what the host can tell after a lost connection is what
 // reconcileByLevel decides on.
 
-// ErrNoHostagent: the host runs a stock sshd, so the hostagent's control operations
-// (cancel, spooled output) do not exist there; a marker script's markers are read with its
-// own commands instead (stockmarkers.go).
-var ErrNoHostagent = errors.New("bastion: the host runs no hostagent")
-
 // checkStockCall refuses what a host without the hostagent cannot honour, before anything is
 // journaled: operation keys (the hostagent keeps them), commands too long for one line, and
 // on a marker-script host an env HOME — sshd's env, or the exports at the head of the line,

@@ -16,13 +16,6 @@ import (
 // the execution it concerns, with the operator's identity, and a retry of that execution
 // shows the record — it never opens a second approval.
 
-// ErrNotAwaitingApproval: the execution is not waiting for a decision (it was decided, timed
-// out, or never needed one).
-var ErrNotAwaitingApproval = errors.New("bastion: execution is not awaiting approval")
-
-// ErrNotReviewable: the execution's outcome is known, or Postern is still finding it out.
-var ErrNotReviewable = errors.New("bastion: execution cannot be reviewed")
-
 // maxNoteBytes bounds an operator's note or reason.
 const maxNoteBytes = 1024
 
@@ -65,7 +58,7 @@ func (b *Bastion) decideApproval(ctx context.Context, id string, to markers.Stat
 	rec, err := b.journal.Transition(ctx, id, markers.AwaitingApproval, to, msg, addEvidence(msg))
 	switch {
 	case errors.Is(err, markers.ErrConflict):
-		return rec, fmt.Errorf("%w: %s is %s", ErrNotAwaitingApproval, id, rec.State)
+		return rec, fmt.Errorf("%w: %s is %s", api.ErrNotAwaitingApproval, id, rec.State)
 	case errors.Is(err, markers.ErrNotFound):
 		return nil, &api.ToolError{Code: api.CodeNotFound, Message: "no execution " + id}
 	case err != nil:
@@ -128,7 +121,7 @@ func (b *Bastion) Review(ctx context.Context, operator, id, outcome, note string
 		case cur.State == markers.AwaitingApproval:
 			why = "it awaits approval (approve or deny it)"
 		}
-		return cur, fmt.Errorf("%w: %s is %s: %s", ErrNotReviewable, id, cur.State, why)
+		return cur, fmt.Errorf("%w: %s is %s: %s", api.ErrNotReviewable, id, cur.State, why)
 	}
 	rec, err := b.journal.Transition(ctx, id, cur.State, to, msg, func(r *markers.Record) error {
 		r.Evidence = appendBounded(r.Evidence, msg)
@@ -137,7 +130,7 @@ func (b *Bastion) Review(ctx context.Context, operator, id, outcome, note string
 	})
 	switch {
 	case errors.Is(err, markers.ErrConflict):
-		return rec, fmt.Errorf("%w: %s is %s now", ErrNotReviewable, id, rec.State)
+		return rec, fmt.Errorf("%w: %s is %s now", api.ErrNotReviewable, id, rec.State)
 	case err != nil:
 		return nil, journalError(err)
 	}
@@ -161,7 +154,7 @@ func (b *Bastion) expireApprovals() {
 			continue
 		}
 		msg := fmt.Sprintf("rejected: no decision within the approval timeout (%s)", b.cfg.ApprovalTimeout.Round(time.Second))
-		if _, err := b.decideApproval(b.ctx, r.ID, markers.Rejected, msg); err != nil && !errors.Is(err, ErrNotAwaitingApproval) {
+		if _, err := b.decideApproval(b.ctx, r.ID, markers.Rejected, msg); err != nil && !errors.Is(err, api.ErrNotAwaitingApproval) {
 			b.log.Error("expire approval", "execution_id", r.ID, "err", err)
 		}
 	}

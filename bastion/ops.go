@@ -72,7 +72,7 @@ func (b *Bastion) Cancel(ctx context.Context, c transport.Caller, id string) (*a
 
 func (b *Bastion) cancelOnHost(ctx context.Context, host fleet.Host, id string) error {
 	if host.Level() != fleet.GuaranteeHostagent {
-		return fmt.Errorf("%w: %s (guarantee %s) cannot cancel a command it started", ErrNoHostagent, host.Name, host.Level())
+		return fmt.Errorf("%w: %s (guarantee %s) cannot cancel a command it started", api.ErrNoHostagent, host.Name, host.Level())
 	}
 	ctx, cancel := context.WithTimeout(ctx, cancelWait)
 	defer cancel()

@@ -14,6 +14,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/delivery"
 	"github.com/postern-dev/postern/bastion/mcpserver"
+	"github.com/postern-dev/postern/bastion/operatorapi"
 	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
 )
@@ -143,7 +144,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		return err
 	}
 	listeners = append(listeners, op)
-	servers = append(servers, &http.Server{Handler: b.operatorHandler(), ReadHeaderTimeout: 10 * time.Second, ConnContext: operatorConnContext})
+	servers = append(servers, &http.Server{Handler: operatorapi.Handler(b, b.log.With("component", "operator")), ReadHeaderTimeout: 10 * time.Second, ConnContext: operatorapi.ConnContext})
 	ep.OperatorSocket = b.cfg.OperatorSocketPath()
 
 	errs := make(chan error, len(servers))

@@ -18,16 +18,13 @@ import (
 // script's are read with its own status and list commands over the pooled connection and
 // shown as host markers; a host at level none keeps none, which is said as such.
 
-// ErrNoMarkers: nothing on the host records executions (guarantee level none).
-var ErrNoMarkers = errors.New("bastion: the host keeps no markers")
-
 // maxScriptListBytes bounds what `~/.postern/run list` may print (about 100 bytes a marker,
 // so some 40000 markers: a month of retention at more than one command a minute).
 const maxScriptListBytes = 4 << 20
 
 // noMarkersError is the answer for a host at level none.
 func noMarkersError(host fleet.Host) error {
-	return fmt.Errorf("%w: %s runs no hostagent and no marker script (guarantee level none), so nothing on it records executions and it has no markers to list; what the bastion observed is in the journal: postern executions list --host %s", ErrNoMarkers, host.Name, host.Name)
+	return fmt.Errorf("%w: %s runs no hostagent and no marker script (guarantee level none), so nothing on it records executions and it has no markers to list; what the bastion observed is in the journal: postern executions list --host %s", api.ErrNoMarkers, host.Name, host.Name)
 }
 
 // scriptReply is what a marker-script query printed.

@@ -4,7 +4,10 @@
 // surfaces encode; they are not storage types (markers.Record is the journal's).
 package api
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
 
 // ToolError is an error a caller can act on; Code is stable.
 type ToolError struct {
@@ -46,3 +49,18 @@ const (
 	CodeNotOffered           = "not_offered"
 	CodeOperatorApprovalOnly = "operator_approval_only"
 )
+
+// ErrNoMarkers: nothing on the host records executions (guarantee level none).
+var ErrNoMarkers = errors.New("bastion: the host keeps no markers")
+
+// ErrNoHostagent: the host runs a stock sshd, so the hostagent's control operations
+// (cancel, spooled output) do not exist there; a marker script's markers are read with its
+// own commands instead (stockmarkers.go).
+var ErrNoHostagent = errors.New("bastion: the host runs no hostagent")
+
+// ErrNotAwaitingApproval: the execution is not waiting for a decision (it was decided, timed
+// out, or never needed one).
+var ErrNotAwaitingApproval = errors.New("bastion: execution is not awaiting approval")
+
+// ErrNotReviewable: the execution's outcome is known, or Postern is still finding it out.
+var ErrNotReviewable = errors.New("bastion: execution cannot be reviewed")

@@ -1,6 +1,10 @@
 package api
 
-import "github.com/postern-dev/postern/markers"
+import (
+	"time"
+
+	"github.com/postern-dev/postern/markers"
+)
 
 // DoctorReport is what the running bastion can tell `postern doctor`: its own build and,
 // for every enrolled host, whether it answers with its pinned host key and which hostagent
@@ -57,4 +61,22 @@ type RunPage struct {
 type OperatorError struct {
 	Error string `json:"error"`
 	Code  string `json:"code"`
+}
+
+// ExecutionQuery selects executions for operators, newest first.
+type ExecutionQuery struct {
+	State markers.State
+	// ReviewRequired selects the unknown executions that await an operator's review.
+	ReviewRequired bool
+	Actor, Host    string
+	Since          time.Time
+	Limit          int
+	Cursor         string
+}
+
+// MarkerQuery selects a host's markers, newest first.
+type MarkerQuery struct {
+	State  string
+	Limit  int
+	Cursor string
 }

@@ -1,0 +1,344 @@
+// Package operatorapi is the operator API: JSON over the operator socket, which the postern
+// CLI reads and decides through. The socket is 0600, so only the bastion's user and root
+// reach it; decisions (approve, deny, review) are journaled with the operator's identity,
+// taken from the connection's peer credentials, never from the request. It turns requests
+// into calls of the Engine it is given; it decides nothing about executions itself.
+//
+//	GET /v1/executions?state=&review_required=&actor=&host=&since=&limit=&cursor=   records, newest first
+//	GET /v1/executions/{id}                                        record, events, stored output
+//	GET /v1/executions/{id}/output?stdout_offset=&stderr_offset=&wait_s=   output from offsets, waiting (follow)
+//	GET /v1/investigate/{id}                                       the five questions answered
+//	POST /v1/policy/check  policy.Request                          the daemon's decision for a call (nothing runs)
+//	GET /v1/doctor                                                 the daemon's version; every host asked now
+//	GET /v1/runs?actor=&scope=&limit=                               agent runs, newest first seen first
+//	GET /v1/hosts                                                  enrolled hosts
+//	GET /v1/markers/{host}?state=&limit=&cursor=                   the host's markers (asks it)
+//	GET /v1/markers/{host}/{id}                                    one marker on the host
+//	GET /v1/audit/export                                           the journal's event log, JSONL
+//	GET /v1/audit/key                                              the audit verifier key
+//	GET /v1/approvals                                              executions awaiting approval
+//	POST /v1/approvals/{id}/approve  {"note"}                      authorize and dispatch
+//	POST /v1/approvals/{id}/deny     {"reason"}                    reject
+//	POST /v1/executions/{id}/review  {"outcome","note"}            an unknown (or stuck) outcome, verified
+package operatorapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os/user"
+	"strconv"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/bastion/policy"
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Engine is what the operator API needs of the bastion's engine. Operators see every
+// actor's executions.
+type Engine interface {
+	// Executions lists executions, newest first.
+	Executions(q api.ExecutionQuery) (*api.ExecutionPage, error)
+	// Execution is one execution's record, events, run and stored output.
+	Execution(id string) (*api.ExecutionDetail, error)
+	// ReadOutput is an execution's output from offsets, waiting up to wait_s for more or
+	// the end, as execution_output answers its agent (reading it is not a delivery).
+	ReadOutput(ctx context.Context, id string, a api.OutputArgs) (*api.Execution, error)
+	Investigate(ctx context.Context, id string) (*api.Investigation, error)
+	Runs(actor, scope string, limit int) (*api.RunPage, error)
+	// PolicyCheck is the running policy's decision for req; nothing runs.
+	PolicyCheck(req policy.Request) (policy.Decision, error)
+	Doctor(ctx context.Context) (*api.DoctorReport, error)
+	Hosts() (*api.HostsResult, error)
+	// HostMarkers and HostMarker ask a host for its markers.
+	HostMarkers(ctx context.Context, host string, q api.MarkerQuery) (*api.MarkerPage, error)
+	HostMarker(ctx context.Context, host, id string) (*markers.Record, error)
+	ExportAudit(w io.Writer) error
+	AuditKey() (string, error)
+	PendingApprovals(limit int) ([]*markers.Record, error)
+	Approve(ctx context.Context, operator, id, note string) (*markers.Record, error)
+	Deny(ctx context.Context, operator, id, reason string) (*markers.Record, error)
+	Review(ctx context.Context, operator, id, outcome, note string) (*markers.Record, error)
+}
+
+// markersTimeout bounds a host's answer to a markers request.
+const markersTimeout = 30 * time.Second
+
+// Handler serves the operator API of e.
+func Handler(e Engine, log *slog.Logger) http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/executions", func(w http.ResponseWriter, r *http.Request) {
+		q, err := executionQuery(r)
+		if err != nil {
+			writeJSON(w, nil, err)
+			return
+		}
+		page, err := e.Executions(q)
+		writeJSON(w, page, err)
+	})
+	mux.HandleFunc("GET /v1/executions/{id}", func(w http.ResponseWriter, r *http.Request) {
+		detail, err := e.Execution(r.PathValue("id"))
+		writeJSON(w, detail, unknownExecution(r.PathValue("id"), err))
+	})
+	mux.HandleFunc("GET /v1/executions/{id}/output", func(w http.ResponseWriter, r *http.Request) {
+		a, err := outputArgs(r)
+		if err != nil {
+			writeJSON(w, nil, err)
+			return
+		}
+		x, err := e.ReadOutput(r.Context(), a.ExecutionID, a)
+		writeJSON(w, x, unknownExecution(a.ExecutionID, err))
+	})
+	mux.HandleFunc("GET /v1/investigate/{id}", func(w http.ResponseWriter, r *http.Request) {
+		inv, err := e.Investigate(r.Context(), r.PathValue("id"))
+		writeJSON(w, inv, unknownExecution(r.PathValue("id"), err))
+	})
+	mux.HandleFunc("GET /v1/runs", func(w http.ResponseWriter, r *http.Request) {
+		limit, err := formLimit(r, 1000, 100)
+		if err != nil {
+			writeJSON(w, nil, err)
+			return
+		}
+		page, err := e.Runs(r.FormValue("actor"), r.FormValue("scope"), limit)
+		writeJSON(w, page, err)
+	})
+	mux.HandleFunc("POST /v1/policy/check", func(w http.ResponseWriter, r *http.Request) {
+		var req policy.Request
+		if !readBody(w, r, &req) {
+			return
+		}
+		dec, err := e.PolicyCheck(req)
+		writeJSON(w, dec, err)
+	})
+	mux.HandleFunc("GET /v1/doctor", func(w http.ResponseWriter, r *http.Request) {
+		rep, err := e.Doctor(r.Context())
+		writeJSON(w, rep, err)
+	})
+	mux.HandleFunc("GET /v1/hosts", func(w http.ResponseWriter, _ *http.Request) {
+		out, err := e.Hosts()
+		writeJSON(w, out, err)
+	})
+	mux.HandleFunc("GET /v1/markers/{host}", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), markersTimeout)
+		defer cancel()
+		limit, err := formLimit(r, 1000, 0)
+		if err != nil {
+			writeJSON(w, nil, err)
+			return
+		}
+		q := api.MarkerQuery{State: r.FormValue("state"), Cursor: r.FormValue("cursor"), Limit: limit}
+		page, err := e.HostMarkers(ctx, r.PathValue("host"), q)
+		writeJSON(w, page, err)
+	})
+	mux.HandleFunc("GET /v1/markers/{host}/{id}", func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), markersTimeout)
+		defer cancel()
+		m, err := e.HostMarker(ctx, r.PathValue("host"), r.PathValue("id"))
+		writeJSON(w, m, err)
+	})
+	mux.HandleFunc("GET /v1/audit/export", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/jsonl")
+		if err := e.ExportAudit(w); err != nil {
+			log.Error("audit export", "err", err)
+		}
+	})
+	mux.HandleFunc("GET /v1/audit/key", func(w http.ResponseWriter, _ *http.Request) {
+		key, err := e.AuditKey()
+		if err != nil {
+			writeJSON(w, nil, err)
+			return
+		}
+		w.Write([]byte(key + "\n"))
+	})
+	mux.HandleFunc("GET /v1/approvals", func(w http.ResponseWriter, _ *http.Request) {
+		recs, err := e.PendingApprovals(1000)
+		if recs == nil {
+			recs = []*markers.Record{}
+		}
+		writeJSON(w, api.ExecutionPage{Executions: recs}, err)
+	})
+	mux.HandleFunc("POST /v1/approvals/{id}/approve", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
+		return e.Approve(r.Context(), operatorOf(r), r.PathValue("id"), body.Note)
+	}))
+	mux.HandleFunc("POST /v1/approvals/{id}/deny", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
+		return e.Deny(r.Context(), operatorOf(r), r.PathValue("id"), body.Reason)
+	}))
+	mux.HandleFunc("POST /v1/executions/{id}/review", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
+		return e.Review(r.Context(), operatorOf(r), r.PathValue("id"), body.Outcome, body.Note)
+	}))
+	return mux
+}
+
+// executionQuery reads the filters of GET /v1/executions.
+func executionQuery(r *http.Request) (api.ExecutionQuery, error) {
+	q := api.ExecutionQuery{Actor: r.FormValue("actor"), Host: r.FormValue("host"), Cursor: r.FormValue("cursor")}
+	if st := r.FormValue("state"); st != "" {
+		if !markers.JournalGraph.Has(markers.State(st)) {
+			return q, api.Invalid("unknown state %q", st)
+		}
+		q.State = markers.State(st)
+	}
+	if s := r.FormValue("since"); s != "" {
+		t, err := time.Parse(time.RFC3339, s)
+		if err != nil {
+			return q, api.Invalid("since: %v", err)
+		}
+		q.Since = t
+	}
+	var err error
+	if q.Limit, err = formLimit(r, 10000, 100); err != nil {
+		return q, err
+	}
+	if v := r.FormValue("review_required"); v != "" {
+		if q.ReviewRequired, err = strconv.ParseBool(v); err != nil {
+			return q, api.Invalid("review_required must be true or false")
+		}
+		if q.ReviewRequired && q.State != "" && q.State != markers.Unknown {
+			return q, api.Invalid("review_required selects unknown executions, not %s", q.State)
+		}
+	}
+	return q, nil
+}
+
+// outputArgs reads the offsets and wait of GET /v1/executions/{id}/output.
+func outputArgs(r *http.Request) (api.OutputArgs, error) {
+	a := api.OutputArgs{ExecutionID: r.PathValue("id")}
+	for name, dst := range map[string]*int64{"stdout_offset": &a.Offset, "stderr_offset": &a.StderrOffset} {
+		if v := r.FormValue(name); v != "" {
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil {
+				return a, api.Invalid("%s must be a byte offset", name)
+			}
+			*dst = n
+		}
+	}
+	if v := r.FormValue("wait_s"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			return a, api.Invalid("wait_s must be a number of seconds")
+		}
+		a.WaitS = &n
+	}
+	return a, nil
+}
+
+// unknownExecution turns the journal's not-found for execution id into an answer that says
+// what to do; other errors pass unchanged.
+func unknownExecution(id string, err error) error {
+	if errors.Is(err, markers.ErrNotFound) {
+		return &api.ToolError{Code: api.CodeNotFound, ExecutionID: id, Message: fmt.Sprintf(
+			"the journal has no execution %s: check the id (`postern executions list` shows the recent ones); executions past their class's retention are removed", id)}
+	}
+	return err
+}
+
+// formLimit reads the request's limit (1..most); def when it gives none.
+func formLimit(r *http.Request, most, def int) (int, error) {
+	l := r.FormValue("limit")
+	if l == "" {
+		return def, nil
+	}
+	n, err := strconv.Atoi(l)
+	if err != nil || n < 1 || n > most {
+		return 0, api.Invalid("limit must be in 1..%d", most)
+	}
+	return n, nil
+}
+
+// operatorDecision is the body of approve ({"note"}), deny ({"reason"}) and review
+// ({"outcome","note"}).
+type operatorDecision struct {
+	Note    string `json:"note"`
+	Reason  string `json:"reason"`
+	Outcome string `json:"outcome"`
+}
+
+// decision serves an operator's decision: the body is read, the decision journaled, the
+// record returned.
+func decision(decide func(*http.Request, operatorDecision) (*markers.Record, error)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		var body operatorDecision
+		if !readBody(w, r, &body) {
+			return
+		}
+		rec, err := decide(r, body)
+		writeJSON(w, rec, err)
+	}
+}
+
+// maxBody bounds a request's JSON body.
+const maxBody = 16 << 10
+
+func readBody(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeJSON(w, nil, api.Invalid("request body: %v", err))
+		return false
+	}
+	return true
+}
+
+type operatorKey struct{}
+
+// ConnContext names the operator on a connection from its peer credentials (an
+// http.Server's ConnContext for the operator socket).
+func ConnContext(ctx context.Context, c net.Conn) context.Context {
+	name := "operator:unknown"
+	// The socket's accept check already admitted the peer; a peer whose credentials cannot be
+	// read is named unknown in the journal's decisions.
+	if cred, err := transport.PeerCredentials(c); err == nil {
+		name = "operator:uid" + strconv.Itoa(int(cred.Uid))
+		if u, err := user.LookupId(strconv.Itoa(int(cred.Uid))); err == nil {
+			name = "operator:" + u.Username
+		}
+	}
+	return context.WithValue(ctx, operatorKey{}, name)
+}
+
+func operatorOf(r *http.Request) string {
+	if name, ok := r.Context().Value(operatorKey{}).(string); ok {
+		return name
+	}
+	return "operator:unknown"
+}
+
+// writeJSON answers v, or err as an api.OperatorError with the status its kind calls for.
+func writeJSON(w http.ResponseWriter, v any, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		status, code := http.StatusInternalServerError, "internal"
+		var te *api.ToolError
+		switch {
+		case errors.As(err, &te):
+			status, code = http.StatusBadRequest, te.Code
+			if te.Code == api.CodeNotFound {
+				status = http.StatusNotFound
+			}
+		case errors.Is(err, markers.ErrNotFound):
+			status, code = http.StatusNotFound, api.CodeNotFound
+		case errors.Is(err, fleet.ErrUnknownHost):
+			status, code = http.StatusNotFound, api.CodeUnknownHost
+		case errors.Is(err, api.ErrNotAwaitingApproval):
+			status, code = http.StatusConflict, "not_awaiting_approval"
+		case errors.Is(err, api.ErrNotReviewable):
+			status, code = http.StatusConflict, "not_reviewable"
+		case errors.Is(err, api.ErrNoMarkers):
+			status, code = http.StatusConflict, "no_markers"
+		case errors.Is(err, api.ErrNoHostagent):
+			status, code = http.StatusConflict, "no_hostagent"
+		}
+		w.WriteHeader(status)
+		json.NewEncoder(w).Encode(api.OperatorError{Error: err.Error(), Code: code})
+		return
+	}
+	json.NewEncoder(w).Encode(v)
+}
