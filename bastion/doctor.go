@@ -8,7 +8,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/version"
 )
 
@@ -26,6 +26,9 @@ type HostHealth struct {
 	Addr    string `json:"addr"`
 	OK      bool   `json:"ok"`
 	Version string `json:"version,omitempty"`
+	// Protocol is the host protocol version the bastion's connection to it speaks
+	// (hostproto.Version of the older side).
+	Protocol int `json:"protocol,omitempty"`
 	// Guarantee is set for hosts without the hostagent (no version to report).
 	Guarantee Guarantee `json:"guarantee,omitempty"`
 	// Problem and Fix say what is wrong and what to do about it (empty when OK).
@@ -67,12 +70,12 @@ func (b *Bastion) hostHealth(ctx context.Context, h Host) HostHealth {
 	}
 	conn, err := b.pool.Conn(ctx, h)
 	if err == nil {
-		var cc *client.ControlClient
-		if cc, err = client.DialControl(conn); err == nil {
+		var cc *hostproto.ControlClient
+		if cc, err = hostproto.DialControl(conn); err == nil {
 			defer cc.Close()
-			var st client.StatusReport
+			var st hostproto.StatusReport
 			if st, err = cc.StatusReport(ctx, []string{placeholderID}); err == nil {
-				hh.OK, hh.Version = true, st.Version
+				hh.OK, hh.Version, hh.Protocol = true, st.Version, b.pool.Protocol(h.Name)
 				if hh.Version == "" {
 					hh.Version = "(older than the version report)"
 				}

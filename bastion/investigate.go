@@ -9,7 +9,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -82,8 +82,8 @@ type ObservedOutcome struct {
 	Evidence   []string   `json:"evidence,omitempty"`
 	// Marker is the host's marker, asked live; MarkerNote says what the host answered or
 	// why it could not be asked.
-	Marker     *markers.Record `json:"marker,omitempty"`
-	MarkerNote string          `json:"marker_note"`
+	Marker     *hostproto.Marker `json:"marker,omitempty"`
+	MarkerNote string            `json:"marker_note"`
 }
 
 // DeliveryAnswer is the answer to question 4.
@@ -355,7 +355,7 @@ func (b *Bastion) observedOutcome(ctx context.Context, rec *markers.Record) Obse
 		o.MarkerNote = b.stockMarkerNote(ctx, rec, host) // agentless.go
 		return o
 	}
-	var cc *client.ControlClient
+	var cc *hostproto.ControlClient
 	if err == nil {
 		cc, err = b.hostControl(ctx, host)
 	}
@@ -378,7 +378,7 @@ func (b *Bastion) observedOutcome(ctx context.Context, rec *markers.Record) Obse
 	return o
 }
 
-func markerOutcome(m *markers.Record) string {
+func markerOutcome(m *hostproto.Marker) string {
 	s := string(m.State)
 	switch {
 	case m.ExitCode != nil:

@@ -14,7 +14,7 @@ import (
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -60,9 +60,9 @@ type ExecutionPage struct {
 
 // MarkerPage is a host's answer to a markers query.
 type MarkerPage struct {
-	Host    string            `json:"host"`
-	Markers []*markers.Record `json:"markers"`
-	Next    string            `json:"next,omitempty"`
+	Host    string              `json:"host"`
+	Markers []*hostproto.Marker `json:"markers"`
+	Next    string              `json:"next,omitempty"`
 }
 
 func (b *Bastion) operatorHandler() http.Handler {
@@ -291,12 +291,12 @@ func (b *Bastion) opShowExecution(w http.ResponseWriter, r *http.Request) {
 }
 
 // hostControl opens the hostagent's control protocol on host.
-func (b *Bastion) hostControl(ctx context.Context, host Host) (*client.ControlClient, error) {
+func (b *Bastion) hostControl(ctx context.Context, host Host) (*hostproto.ControlClient, error) {
 	conn, err := b.pool.Conn(ctx, host)
 	if err != nil {
 		return nil, err
 	}
-	return client.DialControl(conn)
+	return hostproto.DialControl(conn)
 }
 
 // markerHost is the host a markers request names, once its level keeps markers.
@@ -318,11 +318,11 @@ func (b *Bastion) opListMarkers(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, nil, err)
 		return
 	}
-	q := client.ControlListQuery{State: markers.State(r.FormValue("state")), Cursor: r.FormValue("cursor"), Newest: true}
+	q := hostproto.ControlListQuery{State: hostproto.MarkerState(r.FormValue("state")), Cursor: r.FormValue("cursor"), Newest: true}
 	if !formLimit(w, r, 1000, &q.Limit) {
 		return
 	}
-	var page []*markers.Record
+	var page []*hostproto.Marker
 	var next string
 	if host.Level() == GuaranteeMarkerScript {
 		var list []agentless.Answer
@@ -330,7 +330,7 @@ func (b *Bastion) opListMarkers(w http.ResponseWriter, r *http.Request) {
 			page, next, err = scriptMarkerPage(host, list, scriptMarkerQuery{State: q.State, Cursor: q.Cursor, Limit: q.Limit})
 		}
 	} else {
-		var cc *client.ControlClient
+		var cc *hostproto.ControlClient
 		if cc, err = b.hostControl(ctx, host); err == nil {
 			page, next, err = cc.List(ctx, q)
 			cc.Close()
@@ -348,7 +348,7 @@ func (b *Bastion) opShowMarker(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	id := r.PathValue("id")
-	var found *markers.Record
+	var found *hostproto.Marker
 	if host.Level() == GuaranteeMarkerScript {
 		found, err = b.showScriptMarker(ctx, host, id)
 	} else {
@@ -361,7 +361,7 @@ func (b *Bastion) opShowMarker(w http.ResponseWriter, r *http.Request) {
 }
 
 // showHostagentMarker is the hostagent's marker of id (nil: none).
-func (b *Bastion) showHostagentMarker(ctx context.Context, host Host, id string) (*markers.Record, error) {
+func (b *Bastion) showHostagentMarker(ctx context.Context, host Host, id string) (*hostproto.Marker, error) {
 	cc, err := b.hostControl(ctx, host)
 	if err != nil {
 		return nil, err
@@ -375,7 +375,7 @@ func (b *Bastion) showHostagentMarker(ctx context.Context, host Host, id string)
 }
 
 // showScriptMarker is the marker script's marker of id (nil: none).
-func (b *Bastion) showScriptMarker(ctx context.Context, host Host, id string) (*markers.Record, error) {
+func (b *Bastion) showScriptMarker(ctx context.Context, host Host, id string) (*hostproto.Marker, error) {
 	if !markers.ValidExecutionID(id) {
 		return nil, invalid("%q is not an execution id", id)
 	}

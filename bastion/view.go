@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/transport"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -482,7 +482,7 @@ func (b *Bastion) fromSpool(ctx context.Context, rec *markers.Record, outOff, er
 	if err != nil {
 		return "", "", false
 	}
-	cc, err := client.DialControl(conn)
+	cc, err := hostproto.DialControl(conn)
 	if err != nil {
 		return "", "", false
 	}

@@ -18,39 +18,18 @@ import (
 	gliderssh "github.com/gliderlabs/ssh"
 	"golang.org/x/sys/unix"
 
-	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
-
-// Exit statuses the hostagent reports for an execution it did not run to an exit code.
-const (
-	// ExitRefused: the request was refused or the command could not start; nothing ran.
-	// The same status OpenSSH's client uses for its own errors.
-	ExitRefused = 255
-	// ExitUnknownOutcome: the execution was interrupted (its process vanished without an
-	// exit record); it is not run again.
-	ExitUnknownOutcome = 254
-	// ExitOperationTaken: the operation key belongs to another execution.
-	ExitOperationTaken = client.ExitOperationTaken
-	// ExitTimedOut follows timeout(1).
-	ExitTimedOut = 124
-)
-
-// EnvMarkerSocket tells a command where to send its checkpoints
-// (`postern-hostagent marker checkpoint`).
-const EnvMarkerSocket = "POSTERN_MARKER_SOCKET"
 
 // ErrExecutionIDUnavailable refuses an exec request whose execution id belongs to another
 // identity. It says no more than that this identity cannot use the id: nothing of the other
 // execution (state, output, marker, timing) is disclosed, and nothing is started.
 var ErrExecutionIDUnavailable = errors.New("POSTERN_EXECUTION_ID is not available to this identity (account and key); nothing was started — use a new execution id")
 
-// Errors of the control operations.
-var (
-	ErrNotRunning     = client.ErrNotRunning // the control client's not_running, so errors.Is works on both sides
-	ErrNotYourProcess = errors.New("hostagent: caller is not in the execution's process tree")
-)
+// ErrNotYourProcess refuses a checkpoint from a process outside the execution's process tree.
+var ErrNotYourProcess = errors.New("hostagent: caller is not in the execution's process tree")
 
 // markerStore is what the executor needs of a markers.Store.
 type markerStore interface {
@@ -227,13 +206,13 @@ func (e *Executor) Exec(ctx context.Context, s gliderssh.Session, req ExecReques
 		e.release(x, nil)
 		log.Error("marker write failed; command not started", "err", err)
 		fmt.Fprintf(s.Stderr(), "postern: cannot write the marker, command not started: %v\n", err)
-		s.Exit(ExitRefused)
+		s.Exit(hostproto.ExitRefused)
 		return
 	}
 	if req.Assigned {
 		fmt.Fprintf(s.Stderr(), "postern: no execution id was given; running as %s\n", req.ExecutionID)
 	}
-	e.sendMarker(s, client.MarkerMessage{Marker: rec})
+	e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(rec)})
 	e.launch(x, req)
 	e.attach(ctx, s, x, req, false)
 }
@@ -278,12 +257,12 @@ func (e *operationTakenError) Error() string {
 // is taken — which it must, as the key is host-wide — never by which execution.
 func (e *Executor) refuseOperationTaken(s gliderssh.Session, req ExecRequest, prior *markers.Record) {
 	if req.Identity.ownsRecord(prior) {
-		e.sendMarker(s, client.MarkerMessage{Marker: prior, Replayed: true})
+		e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(prior), Replayed: true})
 		fmt.Fprintf(s.Stderr(), "postern: %v; not started\n", &operationTakenError{prior: prior})
 	} else {
 		fmt.Fprintf(s.Stderr(), "postern: operation key %q is taken by another execution; not started\n", req.OperationKey)
 	}
-	s.Exit(ExitOperationTaken)
+	s.Exit(hostproto.ExitOperationTaken)
 }
 
 // refuseForeign answers a request for an execution id that belongs to another identity, the
@@ -294,7 +273,7 @@ func (e *Executor) refuseForeign(s gliderssh.Session, req ExecRequest) {
 	e.log.Warn("refused an execution id that belongs to another identity", "execution_id", req.ExecutionID,
 		"account", req.Account.Name, "actor", boundForLog(req.Identity.Actor()))
 	fmt.Fprintf(s.Stderr(), "postern: %v\n", ErrExecutionIDUnavailable)
-	s.Exit(ExitRefused)
+	s.Exit(hostproto.ExitRefused)
 }
 
 // createMarker writes the marker of req in state started, after checking its operation key.
@@ -314,7 +293,7 @@ func (e *Executor) createMarker(ctx context.Context, req ExecRequest) (*markers.
 	return e.store.Create(ctx, &markers.Record{
 		ID:           req.ExecutionID,
 		Actor:        req.Identity.Actor(),
-		Fingerprint:  envValue(req.Env, client.EnvFingerprint),
+		Fingerprint:  envValue(req.Env, hostproto.EnvFingerprint),
 		OperationKey: req.OperationKey,
 		Channel:      "ssh",
 		Account:      req.Account.Name,
@@ -515,21 +494,21 @@ func (e *Executor) duplicate(ctx context.Context, s gliderssh.Session, req ExecR
 		return
 	}
 	e.release(x, nil)
-	e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true})
+	e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(rec), Replayed: true})
 	switch {
 	case rec.State == markers.StartFailed:
 		fmt.Fprintf(s.Stderr(), "postern: %s did not start: %s; it did not run\n", rec.ID, rec.StartError)
-		e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true, Final: true})
+		e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(rec), Replayed: true, Final: true})
 		s.Exit(exitStatus(rec))
 	case markers.HostGraph.Terminal(rec.State) && rec.State != markers.Interrupted:
 		fmt.Fprintf(s.Stderr(), "postern: %s already ran at %s (%s), replaying\n", rec.ID, startedAt(rec), rec.State)
 		e.replay(s, rec)
-		e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true, Final: true})
+		e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(rec), Replayed: true, Final: true})
 		s.Exit(exitStatus(rec))
 	default:
 		fmt.Fprintf(s.Stderr(), "postern: %s started at %s and its outcome is unknown (%s); it is not run again\n",
 			rec.ID, startedAt(rec), rec.State)
-		s.Exit(ExitUnknownOutcome)
+		s.Exit(hostproto.ExitUnknownOutcome)
 	}
 }
 
@@ -540,7 +519,7 @@ func (e *Executor) restart(ctx context.Context, s gliderssh.Session, x *executio
 	if !slices.Equal(rec.Command, e.markerCommand(req)) {
 		e.release(x, nil)
 		fmt.Fprintf(s.Stderr(), "postern: %s was created for another command; not started\n", rec.ID)
-		s.Exit(ExitRefused)
+		s.Exit(hostproto.ExitRefused)
 		return
 	}
 	x.dir = filepath.Join(e.spool, rec.ID+"."+strconv.FormatInt(time.Now().UnixNano(), 36))
@@ -551,10 +530,10 @@ func (e *Executor) restart(ctx context.Context, s gliderssh.Session, x *executio
 	if err != nil {
 		e.release(x, nil)
 		fmt.Fprintf(s.Stderr(), "postern: cannot restart %s: %v\n", rec.ID, err)
-		s.Exit(ExitRefused)
+		s.Exit(hostproto.ExitRefused)
 		return
 	}
-	e.sendMarker(s, client.MarkerMessage{Marker: restarted, Replayed: true})
+	e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(restarted), Replayed: true})
 	fmt.Fprintf(s.Stderr(), "postern: %s never ran; starting it now\n", rec.ID)
 	e.launch(x, req)
 	e.attach(ctx, s, x, req, false)
@@ -575,7 +554,7 @@ func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution
 	}
 	if replayed {
 		if rec, err := e.store.Get(x.id); err == nil {
-			e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true})
+			e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(rec), Replayed: true})
 			fmt.Fprintf(s.Stderr(), "postern: %s is already running (started at %s), attaching\n", x.id, startedAt(rec))
 		}
 	}
@@ -598,11 +577,11 @@ func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution
 		case errors.Is(err, markers.ErrNotFound):
 			// The request this one joined was refused before its marker was written.
 			fmt.Fprintf(s.Stderr(), "postern: %s has no marker; not started\n", x.id)
-			s.Exit(ExitRefused)
+			s.Exit(hostproto.ExitRefused)
 			return
 		case err != nil:
 			fmt.Fprintf(s.Stderr(), "postern: %s: %v\n", x.id, err)
-			s.Exit(ExitUnknownOutcome)
+			s.Exit(hostproto.ExitUnknownOutcome)
 			return
 		}
 		if x.handle == nil {
@@ -618,7 +597,7 @@ func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution
 	case markers.NotStarted:
 		fmt.Fprintf(s.Stderr(), "postern: %s\n", strings.Join(final.Evidence, "; "))
 	}
-	e.sendMarker(s, client.MarkerMessage{Marker: final, Replayed: replayed, Final: true})
+	e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(final), Replayed: replayed, Final: true})
 	s.Exit(exitStatus(final))
 }
 
@@ -645,10 +624,10 @@ func (e *Executor) replay(s gliderssh.Session, rec *markers.Record) {
 	}
 }
 
-func (e *Executor) sendMarker(s gliderssh.Session, m client.MarkerMessage) {
+func (e *Executor) sendMarker(s gliderssh.Session, m hostproto.MarkerMessage) {
 	payload, err := json.Marshal(m)
 	if err == nil {
-		_, err = s.SendRequest(client.MarkerRequest, false, payload)
+		_, err = s.SendRequest(hostproto.MarkerRequest, false, payload)
 	}
 	if err != nil {
 		e.log.Debug("marker request not sent", "err", err)
@@ -667,12 +646,12 @@ func (e *Executor) commandEnv(req ExecRequest) []string {
 	}
 	for _, kv := range req.Env {
 		// The socket is ours to name; a client-sent value must not shadow it.
-		if !strings.HasPrefix(kv, EnvMarkerSocket+"=") {
+		if !strings.HasPrefix(kv, hostproto.EnvMarkerSocket+"=") {
 			env = append(env, kv)
 		}
 	}
 	if e.sock != "" {
-		env = append(env, EnvMarkerSocket+"="+e.sock)
+		env = append(env, hostproto.EnvMarkerSocket+"="+e.sock)
 	}
 	return env
 }
@@ -698,11 +677,11 @@ func startedAt(r *markers.Record) string {
 func exitStatus(r *markers.Record) int {
 	switch {
 	case r.State == markers.TimedOut:
-		return ExitTimedOut
+		return hostproto.ExitTimedOut
 	case r.State == markers.NotStarted || r.State == markers.StartFailed:
-		return ExitRefused
+		return hostproto.ExitRefused
 	case r.State == markers.Interrupted || r.State == markers.Started || r.State == markers.Running:
-		return ExitUnknownOutcome
+		return hostproto.ExitUnknownOutcome
 	case r.ExitCode != nil:
 		return *r.ExitCode
 	case r.Signal != "":
@@ -710,5 +689,5 @@ func exitStatus(r *markers.Record) int {
 			return 128 + int(sig)
 		}
 	}
-	return ExitUnknownOutcome
+	return hostproto.ExitUnknownOutcome
 }

@@ -24,7 +24,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/unixpath"
 )
 
@@ -192,7 +192,7 @@ func (cs *controlServer) serveLocal(ctx context.Context, ln net.Listener) error 
 func (cs *controlServer) refuseBusy(c net.Conn, why error) {
 	cw := &controlWriter{w: c}
 	c.SetWriteDeadline(time.Now().Add(time.Second))
-	cw.send(errorReply(client.CodeBusy, "no connection slot: "+why.Error()+"; close a connection or retry later"))
+	cw.send(hostproto.NewErrorLine(hostproto.CodeBusy, "no connection slot: "+why.Error()+"; close a connection or retry later"))
 	c.Close()
 }
 
