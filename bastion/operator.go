@@ -13,8 +13,8 @@ import (
 
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/policy"
-	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/peercred"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -450,7 +450,7 @@ func operatorConnContext(ctx context.Context, c net.Conn) context.Context {
 	name := "operator:unknown"
 	// The socket's accept check already admitted the peer; a peer whose credentials cannot be
 	// read is named unknown in the journal's decisions.
-	if cred, err := transport.PeerCredentials(c); err == nil {
+	if cred, err := peercred.Read(c); err == nil {
 		name = "operator:uid" + strconv.Itoa(int(cred.Uid))
 		if u, err := user.LookupId(strconv.Itoa(int(cred.Uid))); err == nil {
 			name = "operator:" + u.Username

@@ -19,6 +19,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/procfs"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -501,9 +502,8 @@ func TestHarnessReapsDetachedCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Gone, or a zombie waiting for init to reap it.
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err == nil && !strings.Contains(string(stat), ") Z ") {
-		t.Errorf("the command's child %d outlived its test: %s", pid, stat)
+	if st, err := procfs.ReadStat(pid); err == nil && st.State != 'Z' {
+		t.Errorf("the command's child %d outlived its test: %+v", pid, st)
 	}
 }
 
