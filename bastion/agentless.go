@@ -18,7 +18,7 @@ import (
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/fleet"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/ctxtime"
 	"github.com/postern-dev/postern/markers"
 )
@@ -203,11 +203,11 @@ func (b *Bastion) execStock(d *driver, host fleet.Host) stockAnswer {
 		answer = &a
 		if a.Kind == agentless.Started {
 			b.metrics.dispatchLatency.Observe(time.Since(start).Seconds())
-			d.setStarted(&markers.Record{ID: rec.ID, State: markers.Running})
+			d.setStarted(&hostproto.Marker{ID: rec.ID, State: hostproto.MarkerRunning})
 			running.after(runningDelay, func() { b.markRunning(d) })
 		}
 	}}
-	env := map[string]string{client.EnvExecutionID: rec.ID}
+	env := map[string]string{hostproto.EnvExecutionID: rec.ID}
 	maps.Copy(env, rec.Env)
 	res := runStock(b.ctx, conn, env, func(export map[string]string) (string, error) { return stockLine(host, rec, export) },
 		notifyingWriter{d.stdout, d}, stderr)
@@ -243,7 +243,7 @@ func runStock(ctx context.Context, conn gossh.Conn, env map[string]string, line 
 	var loop sync.WaitGroup
 	loop.Go(func() {
 		for req := range reqs {
-			if code, signal, ok := client.ParseExit(req); ok && signal != "" {
+			if code, signal, ok := hostproto.ParseExit(req); ok && signal != "" {
 				res.Signal = signal
 			} else if ok {
 				res.Exit = &code

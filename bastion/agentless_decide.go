@@ -6,6 +6,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -67,7 +68,7 @@ func stockExec(level fleet.Guarantee, host string, a stockAnswer) (verdict, reco
 		act := wrapperStateVerdict(host, *a.Answer)
 		return act.Verdict, act.Do
 	case a.Answer != nil && a.Answer.Kind == agentless.Started && !lost:
-		m := &markers.Record{State: markers.Exited, ExitCode: a.Exit, Signal: a.Signal}
+		m := &hostproto.Marker{State: hostproto.MarkerExited, ExitCode: a.Exit, Signal: a.Signal}
 		if a.Signal != "" {
 			m.ExitCode = nil
 		}
@@ -166,7 +167,7 @@ func wrapperStateVerdict(host string, w agentless.Answer) reconcileAction {
 	switch w.State {
 	case agentless.Exited:
 		code := *w.Exit
-		m := &markers.Record{State: markers.Exited, ExitCode: &code}
+		m := &hostproto.Marker{State: hostproto.MarkerExited, ExitCode: &code}
 		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Completed, Outcome: m, Note: fmt.Sprintf(
 			"the marker script on %s recorded exit status %d (output after the connection was lost is not kept)", host, code)}}
 	case agentless.Running:

@@ -10,6 +10,7 @@ import (
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -74,10 +75,11 @@ func decideStock(t *testing.T, c decisionCase, state func(string) markers.State,
 		case fleet.GuaranteeHostagent:
 			// The hostagent's marker for the same observation.
 			st.Hostagent.Retention = 720 * time.Hour
-			m := map[string]markers.State{"claimed": markers.Started, "running": markers.Running, "interrupted": markers.Interrupted, "exited": markers.Exited}
+			m := map[string]hostproto.MarkerState{"claimed": hostproto.MarkerStarted, "running": hostproto.MarkerRunning,
+				"interrupted": hostproto.MarkerInterrupted, "exited": hostproto.MarkerExited}
 			if s, ok := m[c.args["marker"]]; ok {
-				st.Hostagent.Marker = &markers.Record{ID: "ex_this", State: s}
-				if s == markers.Exited {
+				st.Hostagent.Marker = &hostproto.Marker{ID: "ex_this", State: s}
+				if s == hostproto.MarkerExited {
 					code := 0
 					st.Hostagent.Marker.ExitCode = &code
 				}

@@ -25,7 +25,7 @@ import (
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -228,7 +228,7 @@ func fillJournal(b *testing.B, j markers.JournalStore, n int) {
 }
 
 // BenchmarkExecTrue is one caller's Exec of `true` as a new intent, interleaved with the
-// same command sent straight to the hostagent (client.Run over its own connection): the
+// same command sent straight to the hostagent (hostproto.Run over its own connection): the
 // difference is the engine's latency without MCP — its synced journal writes, the driver, the
 // pool. It reports the journal's fsyncs per execution too.
 func BenchmarkExecTrue(b *testing.B) {
@@ -252,7 +252,7 @@ func BenchmarkExecTrue(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		res, err := client.Run(ctx, conn, client.Exec{ExecutionID: id, Command: "true", Stdout: io.Discard, Stderr: io.Discard})
+		res, err := hostproto.Run(ctx, conn, hostproto.Exec{ExecutionID: id, Command: "true", Stdout: io.Discard, Stderr: io.Discard})
 		if err != nil || res.ExitStatus != 0 {
 			b.Fatalf("hostagent exec: %+v, %v", res, err)
 		}

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/config"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -148,13 +148,13 @@ func decide(t *testing.T, file string, c decisionCase) string {
 		}
 		return d
 	}
-	marker := func(key string) *markers.Record {
-		m := &markers.Record{ID: "ex_this", State: state(key), Evidence: []string{"host evidence"}}
+	marker := func(key string) *hostproto.Marker {
+		m := &hostproto.Marker{ID: "ex_this", State: hostproto.MarkerState(state(key)), Evidence: []string{"host evidence"}}
 		switch m.State {
-		case markers.Exited:
+		case hostproto.MarkerExited:
 			code := 0
 			m.ExitCode = &code
-		case markers.StartFailed:
+		case hostproto.MarkerStartFailed:
 			m.StartError = "cwd /srv/app does not exist"
 		}
 		return m
@@ -168,7 +168,7 @@ func decide(t *testing.T, file string, c decisionCase) string {
 		a := execAnswer{Stderr: "postern: refused"}
 		switch c.args["err"] {
 		case "refused":
-			a.Err = fmt.Errorf("%w: no such account", client.ErrRefused)
+			a.Err = fmt.Errorf("%w: no such account", hostproto.ErrRefused)
 		case "lost":
 			a.Err = errors.New("connection reset")
 		case "":
@@ -178,7 +178,7 @@ func decide(t *testing.T, file string, c decisionCase) string {
 		switch v := c.args["first"]; v {
 		case "":
 		case "other":
-			a.First = &markers.Record{ID: "ex_other", State: markers.Running, OperationKey: "migration:1"}
+			a.First = &hostproto.Marker{ID: "ex_other", State: hostproto.MarkerRunning, OperationKey: "migration:1"}
 		default:
 			a.First = marker("first")
 		}
@@ -283,18 +283,18 @@ var driverStates = []markers.State{markers.Dispatched, markers.Running, markers.
 // again after a cancel, and an absent marker past the host's retention proves nothing.
 func TestEveryHostAnswerIsLegal(t *testing.T) {
 	now := time.Now()
-	for _, ms := range markers.HostGraph.States() {
+	for _, ms := range hostproto.MarkerStates() {
 		if _, ok := hostOutcomes[ms]; !ok {
 			t.Errorf("host state %s has no row in hostOutcomes", ms)
 		}
 	}
-	answers := append([]markers.State{""}, markers.HostGraph.States()...)
+	answers := append([]hostproto.MarkerState{""}, hostproto.MarkerStates()...)
 	for _, from := range driverStates {
 		for _, ms := range answers {
 			for _, confirmed := range []bool{false, true} {
-				var m *markers.Record
+				var m *hostproto.Marker
 				if ms != "" {
-					m = &markers.Record{ID: "ex_this", State: ms}
+					m = &hostproto.Marker{ID: "ex_this", State: ms}
 					v := markerVerdict(testHost, m)
 					checkJournalPath(t, from, journalPath(from, v.To, confirmed), v.To)
 					v = execVerdict("ex_this", testHost, execAnswer{First: m, Final: m})
@@ -354,7 +354,7 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 	}
 	n := 0
 	for _, from := range driverStates {
-		for _, ms := range markers.HostGraph.States() {
+		for _, ms := range hostproto.MarkerStates() {
 			for _, confirmed := range []bool{false, true} {
 				n++
 				id := fmt.Sprintf("ex_%04d", n)
@@ -367,9 +367,9 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 				}
 				d := &driver{id: id, rec: rec, changed: make(chan struct{}), stdout: newTail(1024), stderr: newTail(1024)}
 				if confirmed && from != markers.Running {
-					d.setStarted(&markers.Record{ID: id, State: markers.Started, PID: 42, PIDStart: 7})
+					d.setStarted(&hostproto.Marker{ID: id, State: hostproto.MarkerStarted, PID: 42, PIDStart: 7})
 				}
-				m := &markers.Record{ID: id, State: ms, StartError: "cwd /x does not exist"}
+				m := &hostproto.Marker{ID: id, State: ms, StartError: "cwd /x does not exist"}
 				v := execVerdict(id, testHost, execAnswer{First: m, Final: m})
 				if !b.conclude(d, v) {
 					t.Errorf("from %s, marker %s, confirmed %v: the journal refused %s", from, ms, confirmed, v.To)

@@ -10,7 +10,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/fleet"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/version"
 )
 
@@ -48,12 +48,12 @@ func (b *Bastion) hostHealth(ctx context.Context, h fleet.Host) api.HostHealth {
 	}
 	conn, err := b.pool.Conn(ctx, h)
 	if err == nil {
-		var cc *client.ControlClient
-		if cc, err = client.DialControl(conn); err == nil {
+		var cc *hostproto.ControlClient
+		if cc, err = hostproto.DialControl(conn); err == nil {
 			defer cc.Close()
-			var st client.StatusReport
+			var st hostproto.StatusReport
 			if st, err = cc.StatusReport(ctx, []string{placeholderID}); err == nil {
-				hh.OK, hh.Version = true, st.Version
+				hh.OK, hh.Version, hh.Protocol = true, st.Version, b.pool.Protocol(h.Name)
 				if hh.Version == "" {
 					hh.Version = "(older than the version report)"
 				}

@@ -12,7 +12,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/fleet"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/ctxtime"
 	"github.com/postern-dev/postern/markers"
 )
@@ -40,7 +40,7 @@ type driver struct {
 	changed chan struct{} // closed and replaced when rec or the output changes
 	// started is the host's latest start confirmation (its marker), journaled as running
 	// after runningDelay or together with the outcome.
-	started *markers.Record
+	started *hostproto.Marker
 
 	asked chan struct{} // closed once the host was asked (or dispatched to) once
 	done  chan struct{} // closed when the driver ends
@@ -90,7 +90,7 @@ func (w notifyingWriter) Write(p []byte) (int, error) {
 	return n, err
 }
 
-// ReadFrom copies r through a pooled buffer: io.Copy (client.Run's, from the host's channel)
+// ReadFrom copies r through a pooled buffer: io.Copy (hostproto.Run's, from the host's channel)
 // would allocate 32 KiB per stream per execution.
 func (w notifyingWriter) ReadFrom(r io.Reader) (int64, error) { return copyPooled(w, r) }
 
@@ -318,7 +318,7 @@ func (b *Bastion) askHost(host fleet.Host, id string) (hostStatus, error) {
 	if err != nil {
 		return hostStatus{}, err
 	}
-	cc, err := client.DialControl(conn)
+	cc, err := hostproto.DialControl(conn)
 	if err != nil {
 		b.pool.Invalidate(host.Name, conn)
 		return hostStatus{}, err
@@ -345,18 +345,18 @@ const runningDelay = 20 * time.Millisecond
 
 // execOnce sends the execution to its host under its execution id (a new dispatch, a
 // re-dispatch, or an attach: the host decides by its marker) and returns how it ended.
-func (b *Bastion) execOnce(d *driver, host fleet.Host) (client.Result, error) {
+func (b *Bastion) execOnce(d *driver, host fleet.Host) (hostproto.Result, error) {
 	rec := d.record()
 	conn, err := b.pool.Conn(b.ctx, host)
 	if err != nil {
-		return client.Result{}, err
+		return hostproto.Result{}, err
 	}
 	d.stdout.restart()
 	d.stderr.restart()
 	start := time.Now()
 	var running runningWriter
 	stderr := &mutableWriter{w: notifyingWriter{d.stderr, d}}
-	res, err := client.Run(b.ctx, conn, client.Exec{
+	res, err := hostproto.Run(b.ctx, conn, hostproto.Exec{
 		ExecutionID:  rec.ID,
 		Command:      commandLine(rec),
 		OperationKey: rec.OperationKey,
@@ -366,13 +366,13 @@ func (b *Bastion) execOnce(d *driver, host fleet.Host) (client.Result, error) {
 		Env:          rec.Env,
 		Stdout:       notifyingWriter{d.stdout, d},
 		Stderr:       stderr,
-		OnMarker: func(m client.MarkerMessage) {
+		OnMarker: func(m hostproto.MarkerMessage) {
 			if !m.Final && m.Marker.ID != rec.ID {
 				// The host refuses it for an operation key another execution holds; its
 				// stderr names that execution, which may be another actor's: keep none of it.
 				stderr.mute()
 			}
-			if m.Final || m.Marker.ID != rec.ID || (m.Marker.State != markers.Started && m.Marker.State != markers.Running) {
+			if m.Final || m.Marker.ID != rec.ID || !m.Marker.State.Live() {
 				return // another execution's marker (operation key taken), or a finished one: the outcome follows
 			}
 			b.metrics.dispatchLatency.Observe(time.Since(start).Seconds())
@@ -389,7 +389,7 @@ func (b *Bastion) execOnce(d *driver, host fleet.Host) (client.Result, error) {
 		},
 	})
 	running.stop()
-	if err != nil && !errors.Is(err, client.ErrRefused) && !errors.Is(err, client.ErrExitMissing) {
+	if err != nil && !errors.Is(err, hostproto.ErrRefused) && !errors.Is(err, hostproto.ErrExitMissing) {
 		b.pool.Invalidate(host.Name, conn)
 	}
 	return res, err
@@ -433,14 +433,14 @@ func (r *runningWriter) stop() {
 
 // setStarted notes the host's confirmation that the command started; markRunning or the
 // outcome's write journals it.
-func (d *driver) setStarted(m *markers.Record) {
+func (d *driver) setStarted(m *hostproto.Marker) {
 	d.mu.Lock()
 	d.started = m
 	d.mu.Unlock()
 }
 
 // unjournaledStart returns the host's start confirmation if the journal does not show it yet.
-func (d *driver) unjournaledStart() *markers.Record {
+func (d *driver) unjournaledStart() *hostproto.Marker {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.started == nil || (d.rec.State != markers.Dispatched && d.rec.State != markers.Unknown) {
@@ -484,7 +484,7 @@ type storedResult struct {
 
 // settle journals how an exec ended (execVerdict). It returns true when the outcome is
 // unknown because the answer was lost, so that asking the host again may settle it.
-func (b *Bastion) settle(d *driver, log *slog.Logger, host fleet.Host, res client.Result, runErr error) (again bool) {
+func (b *Bastion) settle(d *driver, log *slog.Logger, host fleet.Host, res hostproto.Result, runErr error) (again bool) {
 	a := execAnswer{Err: runErr, ExitStatus: res.ExitStatus, ExitSignal: res.ExitSignal, Stderr: lastLine(d.stderr)}
 	if res.First != nil {
 		a.First = res.First.Marker
@@ -502,7 +502,7 @@ func (b *Bastion) settle(d *driver, log *slog.Logger, host fleet.Host, res clien
 	return v.Again
 }
 
-func outcomeNote(m *markers.Record) string {
+func outcomeNote(m *hostproto.Marker) string {
 	if m.Signal != "" {
 		return "killed by " + m.Signal
 	}
@@ -512,15 +512,24 @@ func outcomeNote(m *markers.Record) string {
 	return "exited"
 }
 
-func copyOutcome(r, m *markers.Record) {
+// copyOutcome copies the outcome of the host's marker m into the journal record r: the host
+// protocol's fields, converted one by one into the journal's.
+func copyOutcome(r *markers.Record, m *hostproto.Marker) {
 	if m.ExitCode != nil {
 		code := *m.ExitCode
 		r.ExitCode = &code
 	}
 	r.Signal = m.Signal
-	r.IsError = m.State != markers.Exited || m.Signal != "" || (m.ExitCode != nil && *m.ExitCode != 0)
-	r.Output = m.Output
-	r.Checkpoints = append([]markers.Checkpoint(nil), m.Checkpoints...)
+	r.IsError = m.State != hostproto.MarkerExited || m.Signal != "" || (m.ExitCode != nil && *m.ExitCode != 0)
+	r.Output = markers.Output{
+		StdoutBytes: m.Output.StdoutBytes, StderrBytes: m.Output.StderrBytes,
+		StdoutSHA256: m.Output.StdoutSHA256, StderrSHA256: m.Output.StderrSHA256,
+		Truncated: m.Output.Truncated,
+	}
+	r.Checkpoints = nil
+	for _, cp := range m.Checkpoints {
+		r.Checkpoints = append(r.Checkpoints, markers.Checkpoint{At: cp.At, Note: cp.Note})
+	}
 	r.Validated = m.Validated
 }
 

@@ -8,7 +8,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 )
 
 // TestExecSyncsTwice: an execution the policy authorizes at once costs the journal two
@@ -74,7 +74,7 @@ func TestExecFailsClosedWithoutJournal(t *testing.T) {
 		t.Fatal(err)
 	}
 	conn := h.Dial(t)
-	cc, err := client.DialControl(conn)
+	cc, err := hostproto.DialControl(conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -82,7 +82,7 @@ func TestExecFailsClosedWithoutJournal(t *testing.T) {
 	markersOnHost := func() int {
 		ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 		defer cancel()
-		page, _, err := cc.List(ctx, client.ControlListQuery{})
+		page, _, err := cc.List(ctx, hostproto.ControlListQuery{})
 		if err != nil {
 			t.Fatal(err)
 		}

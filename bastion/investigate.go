@@ -12,7 +12,7 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -273,7 +273,7 @@ func (b *Bastion) observedOutcome(ctx context.Context, rec *markers.Record) api.
 		o.MarkerNote = b.stockMarkerNote(ctx, rec, host) // agentless.go
 		return o
 	}
-	var cc *client.ControlClient
+	var cc *hostproto.ControlClient
 	if err == nil {
 		cc, err = b.hostControl(ctx, host)
 	}
@@ -296,7 +296,7 @@ func (b *Bastion) observedOutcome(ctx context.Context, rec *markers.Record) api.
 	return o
 }
 
-func markerOutcome(m *markers.Record) string {
+func markerOutcome(m *hostproto.Marker) string {
 	s := string(m.State)
 	switch {
 	case m.ExitCode != nil:

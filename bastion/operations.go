@@ -10,7 +10,7 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/policy"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -128,8 +128,8 @@ func (b *Bastion) HostMarkers(ctx context.Context, name string, q api.MarkerQuer
 	if err != nil {
 		return &api.MarkerPage{Host: name}, err
 	}
-	cq := client.ControlListQuery{State: markers.State(q.State), Cursor: q.Cursor, Limit: q.Limit, Newest: true}
-	var page []*markers.Record
+	cq := hostproto.ControlListQuery{State: hostproto.MarkerState(q.State), Cursor: q.Cursor, Limit: q.Limit, Newest: true}
+	var page []*hostproto.Marker
 	var next string
 	if host.Level() == fleet.GuaranteeMarkerScript {
 		var list []agentless.Answer
@@ -137,7 +137,7 @@ func (b *Bastion) HostMarkers(ctx context.Context, name string, q api.MarkerQuer
 			page, next, err = scriptMarkerPage(host, list, scriptMarkerQuery{State: cq.State, Cursor: cq.Cursor, Limit: cq.Limit})
 		}
 	} else {
-		var cc *client.ControlClient
+		var cc *hostproto.ControlClient
 		if cc, err = b.hostControl(ctx, host); err == nil {
 			page, next, err = cc.List(ctx, cq)
 			cc.Close()
@@ -147,12 +147,12 @@ func (b *Bastion) HostMarkers(ctx context.Context, name string, q api.MarkerQuer
 }
 
 // HostMarker asks a host for its marker of execution id.
-func (b *Bastion) HostMarker(ctx context.Context, name, id string) (*markers.Record, error) {
+func (b *Bastion) HostMarker(ctx context.Context, name, id string) (*hostproto.Marker, error) {
 	host, err := b.markerHost(name)
 	if err != nil {
 		return nil, err
 	}
-	var found *markers.Record
+	var found *hostproto.Marker
 	if host.Level() == fleet.GuaranteeMarkerScript {
 		found, err = b.showScriptMarker(ctx, host, id)
 	} else {
@@ -165,12 +165,12 @@ func (b *Bastion) HostMarker(ctx context.Context, name, id string) (*markers.Rec
 }
 
 // hostControl opens the hostagent's control protocol on host.
-func (b *Bastion) hostControl(ctx context.Context, host fleet.Host) (*client.ControlClient, error) {
+func (b *Bastion) hostControl(ctx context.Context, host fleet.Host) (*hostproto.ControlClient, error) {
 	conn, err := b.pool.Conn(ctx, host)
 	if err != nil {
 		return nil, err
 	}
-	return client.DialControl(conn)
+	return hostproto.DialControl(conn)
 }
 
 // markerHost is the host a markers request names, once its level keeps markers.
@@ -183,7 +183,7 @@ func (b *Bastion) markerHost(name string) (fleet.Host, error) {
 }
 
 // showHostagentMarker is the hostagent's marker of id (nil: none).
-func (b *Bastion) showHostagentMarker(ctx context.Context, host fleet.Host, id string) (*markers.Record, error) {
+func (b *Bastion) showHostagentMarker(ctx context.Context, host fleet.Host, id string) (*hostproto.Marker, error) {
 	cc, err := b.hostControl(ctx, host)
 	if err != nil {
 		return nil, err
@@ -197,7 +197,7 @@ func (b *Bastion) showHostagentMarker(ctx context.Context, host fleet.Host, id s
 }
 
 // showScriptMarker is the marker script's marker of id (nil: none).
-func (b *Bastion) showScriptMarker(ctx context.Context, host fleet.Host, id string) (*markers.Record, error) {
+func (b *Bastion) showScriptMarker(ctx context.Context, host fleet.Host, id string) (*hostproto.Marker, error) {
 	if !markers.ValidExecutionID(id) {
 		return nil, api.Invalid("%q is not an execution id", id)
 	}

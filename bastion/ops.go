@@ -9,7 +9,7 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/transport"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -80,13 +80,13 @@ func (b *Bastion) cancelOnHost(ctx context.Context, host fleet.Host, id string) 
 	if err != nil {
 		return err
 	}
-	cc, err := client.DialControl(conn)
+	cc, err := hostproto.DialControl(conn)
 	if err != nil {
 		return err
 	}
 	defer cc.Close()
 	_, err = cc.Cancel(ctx, id)
-	if errors.Is(err, client.ErrNotRunning) || errors.Is(err, markers.ErrNotFound) {
+	if errors.Is(err, hostproto.ErrNotRunning) || errors.Is(err, hostproto.ErrNotFound) {
 		return nil // it ended, or never started (no marker): the driver reports which
 	}
 	return err

@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -29,8 +29,8 @@ type verdict struct {
 	// so; asking the host again may settle it.
 	Again bool
 	// Outcome is the host marker whose outcome (exit code, signal, output, checkpoints) the
-	// record takes; nil if none.
-	Outcome *markers.Record
+	// record takes (copyOutcome); nil if none.
+	Outcome *hostproto.Marker
 	// StartError is why the command provably did not start, if that is the verdict.
 	StartError string
 	// TakenBy is the execution holding the operation key the host refused this one for. It
@@ -50,19 +50,19 @@ type hostOutcome struct {
 // hostOutcomes maps every host marker state to the journal (DESIGN.md, "The hostagent":
 // marker lifecycle). A marker absent altogether is not here: what that proves depends on the
 // execution's age (reconcileOn).
-var hostOutcomes = map[markers.State]hostOutcome{
-	markers.Started:     {to: markers.Running, live: true},
-	markers.Running:     {to: markers.Running, live: true},
-	markers.Exited:      {to: markers.Completed},
-	markers.TimedOut:    {to: markers.TimedOut},
-	markers.Cancelled:   {to: markers.Cancelled},
-	markers.StartFailed: {to: markers.Failed},
-	markers.NotStarted:  {to: markers.Failed},
-	markers.Interrupted: {to: markers.Unknown, review: true},
+var hostOutcomes = map[hostproto.MarkerState]hostOutcome{
+	hostproto.MarkerStarted:     {to: markers.Running, live: true},
+	hostproto.MarkerRunning:     {to: markers.Running, live: true},
+	hostproto.MarkerExited:      {to: markers.Completed},
+	hostproto.MarkerTimedOut:    {to: markers.TimedOut},
+	hostproto.MarkerCancelled:   {to: markers.Cancelled},
+	hostproto.MarkerStartFailed: {to: markers.Failed},
+	hostproto.MarkerNotStarted:  {to: markers.Failed},
+	hostproto.MarkerInterrupted: {to: markers.Unknown, review: true},
 }
 
 // markerVerdict is the journal's verdict on a host marker for the execution.
-func markerVerdict(host string, m *markers.Record) verdict {
+func markerVerdict(host string, m *hostproto.Marker) verdict {
 	o, ok := hostOutcomes[m.State]
 	if !ok {
 		return verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
@@ -70,24 +70,24 @@ func markerVerdict(host string, m *markers.Record) verdict {
 	}
 	v := verdict{To: o.to, Review: o.review}
 	switch m.State {
-	case markers.Started, markers.Running:
+	case hostproto.MarkerStarted, hostproto.MarkerRunning:
 		v.Note = fmt.Sprintf("host marker on %s is %s: attaching", host, m.State)
-	case markers.Exited:
+	case hostproto.MarkerExited:
 		v.Note, v.Outcome = outcomeNote(m), m
-	case markers.TimedOut:
+	case hostproto.MarkerTimedOut:
 		v.Note, v.Outcome = "the host killed it at its timeout", m
-	case markers.Cancelled:
+	case hostproto.MarkerCancelled:
 		v.Note, v.Outcome = "cancelled on the host", m
-	case markers.StartFailed:
+	case hostproto.MarkerStartFailed:
 		cause := m.StartError
 		if cause == "" {
 			cause = lastEvidence(m.Evidence)
 		}
 		v.StartError = cause
 		v.Note = fmt.Sprintf("%s on host %s; the command did not run", cause, host)
-	case markers.NotStarted:
+	case hostproto.MarkerNotStarted:
 		v.Note = fmt.Sprintf("host %s could not start it, the command did not run: %s", host, lastEvidence(m.Evidence))
-	case markers.Interrupted:
+	case hostproto.MarkerInterrupted:
 		v.Note = fmt.Sprintf("host marker on %s is interrupted: the command started and its process vanished without an exit record; it is not run again — review required", host)
 	}
 	return v
@@ -95,24 +95,17 @@ func markerVerdict(host string, m *markers.Record) verdict {
 
 // execAnswer is how one exec of the execution ended, as the SSH client saw it.
 type execAnswer struct {
-	// Err is the transport's error; client.ErrRefused means the host refused the request
+	// Err is the transport's error; hostproto.ErrRefused means the host refused the request
 	// before anything ran.
 	Err error
 	// First and Final are the host's markers: at the start (or the one it found) and just
 	// before the exit status.
-	First, Final *markers.Record
+	First, Final *hostproto.Marker
 	ExitStatus   int
 	ExitSignal   string
 	// Stderr is the last line of the command's stderr (the host's reason when it refused).
 	Stderr string
 }
-
-// Exit statuses the hostagent reports for executions it did not run to an exit code
-// (hostagent.ExitRefused, hostagent.ExitUnknownOutcome).
-const (
-	exitRefused        = 255
-	exitUnknownOutcome = 254
-)
 
 // execVerdict is the journal's verdict on one exec of execution id on host.
 func execVerdict(id, host string, a execAnswer) verdict {
@@ -125,23 +118,23 @@ func execVerdict(id, host string, a execAnswer) verdict {
 			return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf("host %s ended the exec with its marker still %s; asking the host again", host, a.Final.State)}
 		}
 		return markerVerdict(host, a.Final)
-	case a.Err != nil && errors.Is(a.Err, client.ErrRefused) && a.First == nil:
+	case a.Err != nil && errors.Is(a.Err, hostproto.ErrRefused) && a.First == nil:
 		return verdict{To: markers.Failed, Note: fmt.Sprintf("host %s refused the request, nothing was started: %v", host, a.Err)}
 	case a.Err != nil && a.First == nil:
 		return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf("connection to %s failed before the host confirmed the start (%v); asking the host", host, a.Err)}
 	case a.Err != nil:
 		return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf("connection to %s lost after dispatch (%v); asking the host", host, a.Err)}
-	case a.First == nil && a.ExitStatus == client.ExitOperationTaken:
+	case a.First == nil && a.ExitStatus == hostproto.ExitOperationTaken:
 		// The key is held by an execution of another identity on the host: no marker, no id.
 		return verdict{To: markers.Failed, Note: fmt.Sprintf("operation key is taken by another execution on host %s; this execution was not started", host)}
-	case a.First == nil && a.ExitStatus == exitRefused:
+	case a.First == nil && a.ExitStatus == hostproto.ExitRefused:
 		return verdict{To: markers.Failed, Note: fmt.Sprintf("host %s refused the command before writing a marker, nothing was started: %s", host, a.Stderr)}
-	case a.First != nil && (a.First.State == markers.Interrupted || a.ExitStatus == exitUnknownOutcome):
-		return markerVerdict(host, &markers.Record{State: markers.Interrupted})
+	case a.First != nil && (a.First.State == hostproto.MarkerInterrupted || a.ExitStatus == hostproto.ExitUnknownOutcome):
+		return markerVerdict(host, &hostproto.Marker{State: hostproto.MarkerInterrupted})
 	}
 	// An exit status without a final marker (a hostagent that sends none).
 	code := a.ExitStatus
-	m := &markers.Record{State: markers.Exited, ExitCode: &code, Signal: a.ExitSignal}
+	m := &hostproto.Marker{State: hostproto.MarkerExited, ExitCode: &code, Signal: a.ExitSignal}
 	if a.ExitSignal != "" {
 		m.ExitCode = nil
 	}
@@ -177,7 +170,7 @@ const horizonMargin = 10 * time.Minute
 // hostStatus is a host's answer to a status request about one execution.
 type hostStatus struct {
 	// Marker is the host's marker; nil when it has none.
-	Marker *markers.Record
+	Marker *hostproto.Marker
 	// Retention is how long the host keeps finished markers; 0 when it did not say.
 	Retention time.Duration
 }
@@ -189,7 +182,7 @@ type hostStatus struct {
 // the execution's age: older executions are never re-dispatched. cancel: an operator or agent
 // asked to cancel it, so one that never started is cancelled instead of sent again.
 func reconcileOn(rec *markers.Record, now time.Time, host string, st hostStatus, cancel bool) reconcileAction {
-	if m := st.Marker; m != nil && m.State == markers.NotStarted {
+	if m := st.Marker; m != nil && m.State == hostproto.MarkerNotStarted {
 		// The host proves it never ran (a crash before its supervisor recorded itself) and
 		// runs it under the same marker when the same id comes again: send it, so that the
 		// journal and the host agree on what happens to it. (A not_started marker answering

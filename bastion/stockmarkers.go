@@ -11,6 +11,7 @@ import (
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -103,25 +104,25 @@ func parseScriptList(host string, out []byte) ([]agentless.Answer, error) {
 }
 
 // scriptMarker is a marker script's marker as a host marker. The script keeps the state and
-// the exit code only (no times, no output); its states map onto the host graph: claimed is
+// the exit code only (no times, no output); its states map onto the host's: claimed is
 // started (the id is taken, the command not started yet), the others are the same.
-func scriptMarker(host fleet.Host, a agentless.Answer) *markers.Record {
-	r := &markers.Record{ID: a.ID, Graph: markers.HostGraph, Host: host.Name, Account: host.Account}
+func scriptMarker(host fleet.Host, a agentless.Answer) *hostproto.Marker {
+	r := &hostproto.Marker{ID: a.ID, Account: host.Account}
 	var note string
 	switch a.State {
 	case agentless.Claimed:
-		r.State = markers.Started
+		r.State = hostproto.MarkerStarted
 		note = "claimed: the id is taken and the command has not started"
 		if a.Old {
 			note = "claimed more than five minutes ago and never started: the wrapper stopped before the command started, so it did not run"
 		}
 	case agentless.Running:
-		r.State = markers.Running
+		r.State = hostproto.MarkerRunning
 	case agentless.Interrupted:
-		r.State = markers.Interrupted
+		r.State = hostproto.MarkerInterrupted
 		note = "interrupted: the command started and its wrapper is gone without an exit record"
 	case agentless.Exited:
-		r.State, r.ExitCode = markers.Exited, a.Exit
+		r.State, r.ExitCode = hostproto.MarkerExited, a.Exit
 	}
 	r.Evidence = []string{fmt.Sprintf("read now from the marker script on %s (~/.postern/run), which records the state and the exit code only; it keeps finished markers for %d days", host.Name, a.RetentionDays)}
 	if note != "" {
@@ -132,7 +133,7 @@ func scriptMarker(host fleet.Host, a agentless.Answer) *markers.Record {
 
 // scriptMarkerQuery selects a page of a marker script's markers, newest first.
 type scriptMarkerQuery struct {
-	State markers.State
+	State hostproto.MarkerState
 	// Cursor is the last id of the previous page: this page starts below it.
 	Cursor string
 	Limit  int
@@ -140,8 +141,8 @@ type scriptMarkerQuery struct {
 
 // scriptMarkerPage is the page of list that q selects, and the cursor of the next (""
 // when none). Execution ids sort by creation time, so newest first is by id, descending.
-func scriptMarkerPage(host fleet.Host, list []agentless.Answer, q scriptMarkerQuery) ([]*markers.Record, string, error) {
-	if q.State != "" && !markers.HostGraph.Has(q.State) {
+func scriptMarkerPage(host fleet.Host, list []agentless.Answer, q scriptMarkerQuery) ([]*hostproto.Marker, string, error) {
+	if q.State != "" && !q.State.Known() {
 		return nil, "", api.Invalid("state %q is not a marker state", q.State)
 	}
 	if q.Cursor != "" && !markers.ValidExecutionID(q.Cursor) {
@@ -152,7 +153,7 @@ func scriptMarkerPage(host fleet.Host, list []agentless.Answer, q scriptMarkerQu
 		limit = 100
 	}
 	list = slices.SortedFunc(slices.Values(list), func(a, b agentless.Answer) int { return strings.Compare(b.ID, a.ID) })
-	page := []*markers.Record{}
+	page := []*hostproto.Marker{}
 	for _, a := range list {
 		if q.Cursor != "" && a.ID >= q.Cursor {
 			continue

@@ -12,7 +12,7 @@ import (
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/transport"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -330,7 +330,7 @@ func (b *Bastion) fromSpool(ctx context.Context, rec *markers.Record, outOff, er
 	if err != nil {
 		return "", "", false
 	}
-	cc, err := client.DialControl(conn)
+	cc, err := hostproto.DialControl(conn)
 	if err != nil {
 		return "", "", false
 	}

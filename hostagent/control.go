@@ -2,7 +2,7 @@ package hostagent
 
 // The server side of the postern-control protocol, served over the SSH subsystem of that
 // name and over the local unix socket (localsock.go). The wire format (framing, request and
-// response lines) and the client are in hostagent/client, whose control.go documents them.
+// response lines) and the client are in hostproto, whose control.go documents them.
 //
 // # Authorization
 //
@@ -33,12 +33,12 @@ import (
 
 	gliderssh "github.com/gliderlabs/ssh"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/version"
 	"github.com/postern-dev/postern/markers"
 )
 
-// Bounds of the server; those of the requests are in hostagent/client.
+// Bounds of the server; those of the requests are in hostproto.
 const (
 	// DefaultKeepaliveInterval is how long a request may go without a response line before
 	// the server sends {"keepalive":true}.
@@ -56,63 +56,52 @@ const (
 	controlIdleTimeout = 10 * time.Minute
 )
 
-// Errors a client.ControlError unwraps to: the server answers with the code of each, and
-// both sides branch on the same values.
-var (
-	// ErrBadControlRequest: the request is malformed or out of bounds.
-	ErrBadControlRequest = client.ErrBadControlRequest
-	// ErrForbidden: the caller may not perform this operation.
-	ErrForbidden = client.ErrForbidden
-	// ErrControlBusy: the server refused the connection for lack of capacity.
-	ErrControlBusy = client.ErrControlBusy
-)
-
 // controlOpFields lists the fields each op takes; DecodeControlRequest refuses any other.
 var controlOpFields = map[string][]string{
-	client.OpStatus:     {"ids"},
-	client.OpList:       {"state", "since", "until", "operation_key", "newest", "limit", "cursor"},
-	client.OpAttach:     {"id", "stdout_offset", "stderr_offset"},
-	client.OpCancel:     {"id"},
-	client.OpExport:     {},
-	client.OpCheckpoint: {"id", "note"},
-	client.OpValidated:  {"id"},
+	hostproto.OpStatus:     {"ids"},
+	hostproto.OpList:       {"state", "since", "until", "operation_key", "newest", "limit", "cursor"},
+	hostproto.OpAttach:     {"id", "stdout_offset", "stderr_offset"},
+	hostproto.OpCancel:     {"id"},
+	hostproto.OpExport:     {},
+	hostproto.OpCheckpoint: {"id", "note"},
+	hostproto.OpValidated:  {"id"},
 }
 
 func badRequest(format string, args ...any) error {
-	return fmt.Errorf("%w: %s", ErrBadControlRequest, fmt.Sprintf(format, args...))
+	return fmt.Errorf("%w: %s", hostproto.ErrBadControlRequest, fmt.Sprintf(format, args...))
 }
 
 // DecodeControlRequest parses and validates one request line. It is safe on untrusted input;
-// every error wraps ErrBadControlRequest.
-func DecodeControlRequest(line []byte) (client.ControlRequest, error) {
-	if len(line) > client.MaxControlLine {
-		return client.ControlRequest{}, badRequest("request of %d bytes, more than %d", len(line), client.MaxControlLine)
+// every error wraps hostproto.ErrBadControlRequest.
+func DecodeControlRequest(line []byte) (hostproto.ControlRequest, error) {
+	if len(line) > hostproto.MaxControlLine {
+		return hostproto.ControlRequest{}, badRequest("request of %d bytes, more than %d", len(line), hostproto.MaxControlLine)
 	}
 	// Field names are checked exactly here: encoding/json alone would match them without
 	// regard to case and ignore the ones an op does not take.
 	var fields map[string]json.RawMessage
 	if err := json.Unmarshal(line, &fields); err != nil || fields == nil {
-		return client.ControlRequest{}, badRequest("a request is one JSON object per line")
+		return hostproto.ControlRequest{}, badRequest("a request is one JSON object per line")
 	}
 	var op string
 	if raw, ok := fields["op"]; !ok || json.Unmarshal(raw, &op) != nil {
-		return client.ControlRequest{}, badRequest(`missing "op"`)
+		return hostproto.ControlRequest{}, badRequest(`missing "op"`)
 	}
 	allowed, ok := controlOpFields[op]
 	if !ok {
-		return client.ControlRequest{}, badRequest("unknown op %q", boundForLog(op))
+		return hostproto.ControlRequest{}, badRequest("unknown op %q", boundForLog(op))
 	}
 	for name := range fields {
 		if name != "op" && !slices.Contains(allowed, name) {
-			return client.ControlRequest{}, badRequest("unknown field %q for op %q", boundForLog(name), op)
+			return hostproto.ControlRequest{}, badRequest("unknown field %q for op %q", boundForLog(name), op)
 		}
 	}
-	var req client.ControlRequest
+	var req hostproto.ControlRequest
 	if err := json.Unmarshal(line, &req); err != nil {
-		return client.ControlRequest{}, badRequest("%v", err)
+		return hostproto.ControlRequest{}, badRequest("%v", err)
 	}
 	if err := req.Validate(); err != nil {
-		return client.ControlRequest{}, err
+		return hostproto.ControlRequest{}, err
 	}
 	return req, nil
 }
@@ -168,17 +157,17 @@ func (c controlCaller) account() string {
 // permits reports whether the caller may use op at all.
 func (c controlCaller) permits(op string) error {
 	switch op {
-	case client.OpCheckpoint, client.OpValidated:
+	case hostproto.OpCheckpoint, hostproto.OpValidated:
 		if c.peerPID <= 0 {
-			return fmt.Errorf("%w: %s is only served on the local socket, to the execution's own processes", ErrForbidden, op)
+			return fmt.Errorf("%w: %s is only served on the local socket, to the execution's own processes", hostproto.ErrForbidden, op)
 		}
-	case client.OpExport:
+	case hostproto.OpExport:
 		if !c.operator || c.scope != nil {
-			return fmt.Errorf("%w: export covers every account's markers", ErrForbidden)
+			return fmt.Errorf("%w: export covers every account's markers", hostproto.ErrForbidden)
 		}
 	default:
 		if !c.operator {
-			return fmt.Errorf("%w: %s needs an operator (root or the hostagent's own user)", ErrForbidden, op)
+			return fmt.Errorf("%w: %s needs an operator (root or the hostagent's own user)", hostproto.ErrForbidden, op)
 		}
 	}
 	return nil
@@ -251,13 +240,13 @@ func (cs *controlServer) serve(ctx context.Context, rw io.ReadWriter, caller con
 		if deadliner != nil && cs.idleTimeout > 0 {
 			deadliner.SetReadDeadline(time.Now().Add(cs.idleTimeout))
 		}
-		line, err := client.ReadControlLine(br, client.MaxControlLine)
+		line, err := hostproto.ReadControlLine(br, hostproto.MaxControlLine)
 		switch {
 		case errors.Is(err, io.EOF):
 			return nil
-		case errors.Is(err, client.ErrLineTooLong):
-			err = fmt.Errorf("request line longer than %d bytes", client.MaxControlLine)
-			out.send(errorReply(client.CodeBadRequest, err.Error()))
+		case errors.Is(err, hostproto.ErrLineTooLong):
+			err = fmt.Errorf("request line longer than %d bytes", hostproto.MaxControlLine)
+			out.send(hostproto.NewErrorLine(hostproto.CodeBadRequest, err.Error()))
 			return err
 		case err != nil:
 			return fmt.Errorf("read request: %w", err)
@@ -267,7 +256,7 @@ func (cs *controlServer) serve(ctx context.Context, rw io.ReadWriter, caller con
 		}
 		req, err := DecodeControlRequest(line)
 		if err != nil {
-			if err := out.send(errorReply(client.CodeBadRequest, err.Error())); err != nil {
+			if err := out.send(hostproto.NewErrorLine(hostproto.CodeBadRequest, err.Error())); err != nil {
 				return err
 			}
 			continue
@@ -280,9 +269,9 @@ func (cs *controlServer) serve(ctx context.Context, rw io.ReadWriter, caller con
 
 // handle serves one request: progress lines while it runs, then its final line. It returns
 // an error only when the connection cannot go on.
-func (cs *controlServer) handle(ctx context.Context, out *controlWriter, caller controlCaller, req client.ControlRequest) error {
+func (cs *controlServer) handle(ctx context.Context, out *controlWriter, caller controlCaller, req hostproto.ControlRequest) error {
 	if err := caller.permits(req.Op); err != nil {
-		return out.send(errorReply(client.CodeForbidden, err.Error()))
+		return out.send(hostproto.NewErrorLine(hostproto.CodeForbidden, err.Error()))
 	}
 	reqCtx, cancel := context.WithCancelCause(ctx)
 	var wg sync.WaitGroup
@@ -300,76 +289,35 @@ func (cs *controlServer) handle(ctx context.Context, out *controlWriter, caller 
 }
 
 // errorFor maps a backend or authorization error to its protocol error.
-func (cs *controlServer) errorFor(caller controlCaller, req client.ControlRequest, err error) controlErrorLine {
-	if !caller.operator && (errors.Is(err, markers.ErrNotFound) || errors.Is(err, ErrNotRunning) || errors.Is(err, ErrNotYourProcess)) {
+func (cs *controlServer) errorFor(caller controlCaller, req hostproto.ControlRequest, err error) hostproto.ErrorLine {
+	if !caller.operator && (errors.Is(err, markers.ErrNotFound) || errors.Is(err, hostproto.ErrNotRunning) || errors.Is(err, ErrNotYourProcess)) {
 		// A peer that is not an operator learns nothing about ids that are not its own.
-		return errorReply(client.CodeForbidden, fmt.Sprintf("%s refused: this process is not part of a running execution %s", req.Op, req.ID))
+		return hostproto.NewErrorLine(hostproto.CodeForbidden, fmt.Sprintf("%s refused: this process is not part of a running execution %s", req.Op, req.ID))
 	}
 	switch {
-	case errors.Is(err, ErrBadControlRequest):
-		return errorReply(client.CodeBadRequest, err.Error())
+	case errors.Is(err, hostproto.ErrBadControlRequest):
+		return hostproto.NewErrorLine(hostproto.CodeBadRequest, err.Error())
 	case errors.Is(err, markers.ErrNotFound):
-		return errorReply(client.CodeNotFound, err.Error())
-	case errors.Is(err, ErrNotRunning):
-		return errorReply(client.CodeNotRunning, err.Error())
-	case errors.Is(err, ErrNotYourProcess), errors.Is(err, ErrForbidden):
-		return errorReply(client.CodeForbidden, err.Error())
+		return hostproto.NewErrorLine(hostproto.CodeNotFound, err.Error())
+	case errors.Is(err, hostproto.ErrNotRunning):
+		return hostproto.NewErrorLine(hostproto.CodeNotRunning, err.Error())
+	case errors.Is(err, ErrNotYourProcess), errors.Is(err, hostproto.ErrForbidden):
+		return hostproto.NewErrorLine(hostproto.CodeForbidden, err.Error())
 	}
 	cs.logger.Error("control request failed", "op", req.Op, "execution_id", req.ID,
 		"transport", caller.transport, "account", caller.account(), "err", err)
-	return errorReply(client.CodeInternal, err.Error())
-}
-
-// Response lines the server writes.
-type (
-	controlErrorLine struct {
-		Error client.ControlError `json:"error"`
-	}
-	statusReply struct {
-		Markers          []*markers.Record `json:"markers"`
-		Missing          []string          `json:"missing"`
-		MarkerRetentionS int64             `json:"marker_retention_s"`
-		// Version is the hostagent's build (internal/version), for the bastion's doctor.
-		Version string `json:"version,omitempty"`
-	}
-	listReply struct {
-		Markers []*markers.Record `json:"markers"`
-		Next    string            `json:"next,omitempty"`
-	}
-	markerReply struct {
-		Marker *markers.Record `json:"marker"`
-	}
-	finalReply struct {
-		Final *markers.Record `json:"final"`
-	}
-	chunkLine struct {
-		Stream string `json:"stream"`
-		Offset int64  `json:"offset"`
-		Data   []byte `json:"data"`
-	}
-	exportLine struct {
-		Export []byte `json:"export"`
-	}
-	exportEndReply struct {
-		ExportEnd client.ExportSummary `json:"export_end"`
-	}
-)
-
-var keepaliveLine = []byte(`{"keepalive":true}` + "\n")
-
-func errorReply(code, message string) controlErrorLine {
-	return controlErrorLine{Error: client.ControlError{Code: code, Message: message}}
+	return hostproto.NewErrorLine(hostproto.CodeInternal, err.Error())
 }
 
 // run performs req and returns its final line.
-func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller controlCaller, req client.ControlRequest) (any, error) {
+func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller controlCaller, req hostproto.ControlRequest) (any, error) {
 	b := cs.backend
 	switch req.Op {
-	case client.OpStatus:
+	case hostproto.OpStatus:
 		return cs.status(caller, req.IDs)
-	case client.OpList:
+	case hostproto.OpList:
 		return cs.list(caller, req)
-	case client.OpAttach:
+	case hostproto.OpAttach:
 		if _, err := cs.visible(caller, req.ID); err != nil {
 			return nil, err
 		}
@@ -385,7 +333,7 @@ func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller con
 			}
 			for len(data) > 0 {
 				n := min(len(data), controlChunk)
-				if err := out.send(chunkLine{Stream: stream, Offset: off, Data: data[:n]}); err != nil {
+				if err := out.send(hostproto.ChunkLine{Stream: stream, Offset: off, Data: data[:n]}); err != nil {
 					return err
 				}
 				off += int64(n)
@@ -397,8 +345,8 @@ func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller con
 		if err != nil {
 			return nil, err
 		}
-		return finalReply{Final: final}, nil
-	case client.OpCancel:
+		return hostproto.FinalReply{Final: WireMarker(final)}, nil
+	case hostproto.OpCancel:
 		if _, err := cs.visible(caller, req.ID); err != nil {
 			return nil, err
 		}
@@ -406,14 +354,14 @@ func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller con
 		if err != nil {
 			return nil, err
 		}
-		return markerReply{Marker: rec}, nil
-	case client.OpCheckpoint, client.OpValidated:
-		rec, err := b.Checkpoint(ctx, req.ID, caller.peerPID, req.Note, req.Op == client.OpValidated)
+		return hostproto.MarkerReply{Marker: WireMarker(rec)}, nil
+	case hostproto.OpCheckpoint, hostproto.OpValidated:
+		rec, err := b.Checkpoint(ctx, req.ID, caller.peerPID, req.Note, req.Op == hostproto.OpValidated)
 		if err != nil {
 			return nil, err
 		}
-		return markerReply{Marker: rec}, nil
-	case client.OpExport:
+		return hostproto.MarkerReply{Marker: WireMarker(rec)}, nil
+	case hostproto.OpExport:
 		ew := &exportWriter{out: out, digest: sha256.New()}
 		if err := b.Export(ew); err != nil {
 			return nil, err
@@ -421,7 +369,7 @@ func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller con
 		if err := ew.flush(); err != nil {
 			return nil, err
 		}
-		return exportEndReply{client.ExportSummary{Bytes: ew.total, SHA256: hex.EncodeToString(ew.digest.Sum(nil))}}, nil
+		return hostproto.ExportEndReply{ExportEnd: hostproto.ExportSummary{Bytes: ew.total, SHA256: hex.EncodeToString(ew.digest.Sum(nil))}}, nil
 	}
 	return nil, badRequest("unknown op %q", boundForLog(req.Op))
 }
@@ -438,8 +386,8 @@ func (cs *controlServer) visible(caller controlCaller, id string) (*markers.Reco
 	return rec, nil
 }
 
-func (cs *controlServer) status(caller controlCaller, ids []string) (statusReply, error) {
-	reply := statusReply{Markers: []*markers.Record{}, Missing: []string{}, MarkerRetentionS: int64(cs.backend.MarkerRetention() / time.Second), Version: version.String()}
+func (cs *controlServer) status(caller controlCaller, ids []string) (hostproto.StatusReply, error) {
+	reply := hostproto.StatusReply{Markers: []*hostproto.Marker{}, Missing: []string{}, MarkerRetentionS: int64(cs.backend.MarkerRetention() / time.Second), Version: version.String()}
 	seen := make(map[string]bool, len(ids))
 	for _, id := range ids {
 		if seen[id] {
@@ -451,9 +399,9 @@ func (cs *controlServer) status(caller controlCaller, ids []string) (statusReply
 		case errors.Is(err, markers.ErrNotFound):
 			reply.Missing = append(reply.Missing, id)
 		case err != nil:
-			return statusReply{}, err
+			return hostproto.StatusReply{}, err
 		default:
-			reply.Markers = append(reply.Markers, rec)
+			reply.Markers = append(reply.Markers, WireMarker(rec))
 		}
 	}
 	return reply, nil
@@ -462,8 +410,8 @@ func (cs *controlServer) status(caller controlCaller, ids []string) (statusReply
 // list returns one page. Filters the store has no index for (operation key, the caller's
 // account) are applied here, reading backend pages no larger than what is left to fill, so
 // the backend's cursor always points right after the last marker returned or skipped.
-func (cs *controlServer) list(caller controlCaller, req client.ControlRequest) (listReply, error) {
-	q := markers.Query{State: req.State, Since: req.Since, Until: req.Until, Newest: req.Newest, Limit: req.Limit, Cursor: req.Cursor}
+func (cs *controlServer) list(caller controlCaller, req hostproto.ControlRequest) (hostproto.ListReply, error) {
+	q := markers.Query{State: markers.State(req.State), Since: req.Since, Until: req.Until, Newest: req.Newest, Limit: req.Limit, Cursor: req.Cursor}
 	if q.Limit == 0 {
 		q.Limit = 100
 	}
@@ -471,16 +419,16 @@ func (cs *controlServer) list(caller controlCaller, req client.ControlRequest) (
 	keep := func(r *markers.Record) bool {
 		return caller.sees(r) && (req.OperationKey == "" || r.OperationKey == req.OperationKey)
 	}
-	reply := listReply{Markers: []*markers.Record{}}
+	reply := hostproto.ListReply{Markers: []*hostproto.Marker{}}
 	for calls := 0; ; calls++ {
 		q.Limit = limit - len(reply.Markers)
 		page, next, err := cs.backend.List(q)
 		if err != nil {
-			return listReply{}, err
+			return hostproto.ListReply{}, err
 		}
 		for _, r := range page {
 			if keep(r) {
-				reply.Markers = append(reply.Markers, r)
+				reply.Markers = append(reply.Markers, WireMarker(r))
 			}
 		}
 		reply.Next = next
@@ -554,7 +502,7 @@ func (cw *controlWriter) keepAlive(ctx context.Context, cancel context.CancelCau
 		}
 		idle := cw.idle()
 		if idle >= every {
-			if err := cw.write(keepaliveLine); err != nil {
+			if err := cw.write([]byte(hostproto.KeepaliveLine)); err != nil {
 				cancel(err)
 				return
 			}
@@ -596,7 +544,7 @@ func (ew *exportWriter) flush() error {
 	if len(ew.buf) == 0 {
 		return nil
 	}
-	err := ew.out.send(exportLine{Export: ew.buf})
+	err := ew.out.send(hostproto.ExportLine{Export: ew.buf})
 	ew.buf = ew.buf[:0]
 	return err
 }

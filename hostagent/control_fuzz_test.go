@@ -6,7 +6,7 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 )
 
 func FuzzDecodeControlRequest(f *testing.F) {
@@ -28,12 +28,12 @@ func FuzzDecodeControlRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, line []byte) {
 		req, err := DecodeControlRequest(line)
 		if err != nil {
-			if !errors.Is(err, ErrBadControlRequest) {
-				t.Fatalf("error %v does not wrap ErrBadControlRequest", err)
+			if !errors.Is(err, hostproto.ErrBadControlRequest) {
+				t.Fatalf("error %v does not wrap hostproto.ErrBadControlRequest", err)
 			}
 			return
 		}
-		if len(req.Note) > client.MaxCheckpointNote || len(req.IDs) > client.MaxStatusIDs {
+		if len(req.Note) > hostproto.MaxCheckpointNote || len(req.IDs) > hostproto.MaxStatusIDs {
 			t.Fatalf("accepted out-of-bounds request %+v", req)
 		}
 		// What the decoder accepts, the client encodes back to an equivalent request.

@@ -23,7 +23,7 @@ import (
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/markers"
@@ -179,7 +179,7 @@ func (f *fakeBackend) Cancel(ctx context.Context, id string) (*markers.Record, e
 		return nil, err
 	}
 	if rec.State != markers.Running {
-		return nil, ErrNotRunning
+		return nil, hostproto.ErrNotRunning
 	}
 	rec, err = f.store.Transition(ctx, id, markers.Running, markers.Cancelled, "cancelled", func(r *markers.Record) error {
 		r.Signal = "TERM"
@@ -200,7 +200,7 @@ func (f *fakeBackend) Checkpoint(ctx context.Context, id string, peerPID int, no
 		return nil, err
 	}
 	if rec.State != markers.Running {
-		return nil, ErrNotRunning
+		return nil, hostproto.ErrNotRunning
 	}
 	f.mu.Lock()
 	owner := f.owners[id]
@@ -291,9 +291,9 @@ func serveAsForTest(t *testing.T, b controlBackend, caller controlCaller) string
 	return path
 }
 
-func dialClient(t *testing.T, path string) *client.ControlClient {
+func dialClient(t *testing.T, path string) *hostproto.ControlClient {
 	t.Helper()
-	c, err := client.DialLocalControl(context.Background(), path)
+	c, err := hostproto.DialLocalControl(context.Background(), path)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -352,16 +352,16 @@ func TestDecodeControlRequest(t *testing.T) {
 		name    string
 		line    string
 		wantErr bool
-		want    client.ControlRequest
+		want    hostproto.ControlRequest
 	}{
-		{name: "status", line: `{"op":"status","ids":["` + id + `"]}`, want: client.ControlRequest{Op: client.OpStatus, IDs: []string{id}}},
+		{name: "status", line: `{"op":"status","ids":["` + id + `"]}`, want: hostproto.ControlRequest{Op: hostproto.OpStatus, IDs: []string{id}}},
 		{name: "list", line: `{"op":"list","state":"running","since":"2026-01-02T03:04:05Z","operation_key":"m:1","newest":true,"limit":5,"cursor":"ab"}`,
-			want: client.ControlRequest{Op: client.OpList, State: markers.Running, Since: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), OperationKey: "m:1", Newest: true, Limit: 5, Cursor: "ab"}},
-		{name: "attach", line: `{"op":"attach","id":"` + id + `","stdout_offset":7,"stderr_offset":0}`, want: client.ControlRequest{Op: client.OpAttach, ID: id, StdoutOffset: 7}},
-		{name: "cancel", line: `{"op":"cancel","id":"` + id + `"}`, want: client.ControlRequest{Op: client.OpCancel, ID: id}},
-		{name: "export", line: `{"op":"export"}`, want: client.ControlRequest{Op: client.OpExport}},
-		{name: "checkpoint", line: `{"op":"checkpoint","id":"` + id + `","note":"schema applied"}`, want: client.ControlRequest{Op: client.OpCheckpoint, ID: id, Note: "schema applied"}},
-		{name: "validated", line: `{"op":"validated","id":"` + id + `"}`, want: client.ControlRequest{Op: client.OpValidated, ID: id}},
+			want: hostproto.ControlRequest{Op: hostproto.OpList, State: hostproto.MarkerRunning, Since: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), OperationKey: "m:1", Newest: true, Limit: 5, Cursor: "ab"}},
+		{name: "attach", line: `{"op":"attach","id":"` + id + `","stdout_offset":7,"stderr_offset":0}`, want: hostproto.ControlRequest{Op: hostproto.OpAttach, ID: id, StdoutOffset: 7}},
+		{name: "cancel", line: `{"op":"cancel","id":"` + id + `"}`, want: hostproto.ControlRequest{Op: hostproto.OpCancel, ID: id}},
+		{name: "export", line: `{"op":"export"}`, want: hostproto.ControlRequest{Op: hostproto.OpExport}},
+		{name: "checkpoint", line: `{"op":"checkpoint","id":"` + id + `","note":"schema applied"}`, want: hostproto.ControlRequest{Op: hostproto.OpCheckpoint, ID: id, Note: "schema applied"}},
+		{name: "validated", line: `{"op":"validated","id":"` + id + `"}`, want: hostproto.ControlRequest{Op: hostproto.OpValidated, ID: id}},
 		{name: "unknown op", line: `{"op":"shell"}`, wantErr: true},
 		{name: "missing op", line: `{"id":"` + id + `"}`, wantErr: true},
 		{name: "op not a string", line: `{"op":1}`, wantErr: true},
@@ -374,10 +374,10 @@ func TestDecodeControlRequest(t *testing.T) {
 		{name: "trailing data", line: `{"op":"export"} {"op":"export"}`, wantErr: true},
 		{name: "bad id", line: `{"op":"cancel","id":"ex_01j3z5v8q4k7m2n9p0r6s8t1vw"}`, wantErr: true},
 		{name: "no ids", line: `{"op":"status","ids":[]}`, wantErr: true},
-		{name: "too many ids", line: `{"op":"status","ids":[` + strings.Repeat(`"`+id+`",`, client.MaxStatusIDs) + `"` + id + `"]}`, wantErr: true},
-		{name: "note too long", line: `{"op":"checkpoint","id":"` + id + `","note":"` + strings.Repeat("x", client.MaxCheckpointNote+1) + `"}`, wantErr: true},
-		{name: "note at the limit", line: `{"op":"checkpoint","id":"` + id + `","note":"` + strings.Repeat("x", client.MaxCheckpointNote) + `"}`,
-			want: client.ControlRequest{Op: client.OpCheckpoint, ID: id, Note: strings.Repeat("x", client.MaxCheckpointNote)}},
+		{name: "too many ids", line: `{"op":"status","ids":[` + strings.Repeat(`"`+id+`",`, hostproto.MaxStatusIDs) + `"` + id + `"]}`, wantErr: true},
+		{name: "note too long", line: `{"op":"checkpoint","id":"` + id + `","note":"` + strings.Repeat("x", hostproto.MaxCheckpointNote+1) + `"}`, wantErr: true},
+		{name: "note at the limit", line: `{"op":"checkpoint","id":"` + id + `","note":"` + strings.Repeat("x", hostproto.MaxCheckpointNote) + `"}`,
+			want: hostproto.ControlRequest{Op: hostproto.OpCheckpoint, ID: id, Note: strings.Repeat("x", hostproto.MaxCheckpointNote)}},
 		{name: "note with newline", line: `{"op":"checkpoint","id":"` + id + `","note":"a\nb"}`, wantErr: true},
 		{name: "note with escape", line: `{"op":"checkpoint","id":"` + id + `","note":"\u001b[31m"}`, wantErr: true},
 		{name: "empty note", line: `{"op":"checkpoint","id":"` + id + `","note":""}`, wantErr: true},
@@ -388,14 +388,14 @@ func TestDecodeControlRequest(t *testing.T) {
 		{name: "since not RFC 3339", line: `{"op":"list","since":"yesterday"}`, wantErr: true},
 		{name: "until before since", line: `{"op":"list","since":"2026-01-02T00:00:00Z","until":"2026-01-01T00:00:00Z"}`, wantErr: true},
 		{name: "negative offset", line: `{"op":"attach","id":"` + id + `","stdout_offset":-1}`, wantErr: true},
-		{name: "oversized", line: `{"op":"export"}` + strings.Repeat(" ", client.MaxControlLine), wantErr: true},
+		{name: "oversized", line: `{"op":"export"}` + strings.Repeat(" ", hostproto.MaxControlLine), wantErr: true},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := DecodeControlRequest([]byte(tt.line))
 			if tt.wantErr {
-				if !errors.Is(err, ErrBadControlRequest) {
-					t.Errorf("err = %v; want ErrBadControlRequest", err)
+				if !errors.Is(err, hostproto.ErrBadControlRequest) {
+					t.Errorf("err = %v; want hostproto.ErrBadControlRequest", err)
 				}
 				return
 			}
@@ -442,16 +442,16 @@ func TestControlOperatorOverLocalSocket(t *testing.T) {
 	t.Run("list", func(t *testing.T) {
 		tests := []struct {
 			name string
-			q    client.ControlListQuery
+			q    hostproto.ControlListQuery
 			want []string
 		}{
-			{name: "all oldest first", q: client.ControlListQuery{}, want: []string{a, b}},
-			{name: "newest first", q: client.ControlListQuery{Newest: true}, want: []string{b, a}},
-			{name: "running", q: client.ControlListQuery{State: markers.Running}, want: []string{a, b}},
-			{name: "exited", q: client.ControlListQuery{State: markers.Exited}, want: nil},
-			{name: "operation key", q: client.ControlListQuery{OperationKey: "migration:1"}, want: []string{a}},
-			{name: "operation key newest", q: client.ControlListQuery{OperationKey: "migration:1", Newest: true, Limit: 1}, want: []string{a}},
-			{name: "since the future", q: client.ControlListQuery{Since: time.Now().Add(time.Hour)}, want: nil},
+			{name: "all oldest first", q: hostproto.ControlListQuery{}, want: []string{a, b}},
+			{name: "newest first", q: hostproto.ControlListQuery{Newest: true}, want: []string{b, a}},
+			{name: "running", q: hostproto.ControlListQuery{State: hostproto.MarkerRunning}, want: []string{a, b}},
+			{name: "exited", q: hostproto.ControlListQuery{State: hostproto.MarkerExited}, want: nil},
+			{name: "operation key", q: hostproto.ControlListQuery{OperationKey: "migration:1"}, want: []string{a}},
+			{name: "operation key newest", q: hostproto.ControlListQuery{OperationKey: "migration:1", Newest: true, Limit: 1}, want: []string{a}},
+			{name: "since the future", q: hostproto.ControlListQuery{Since: time.Now().Add(time.Hour)}, want: nil},
 		}
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
@@ -478,11 +478,11 @@ func TestControlOperatorOverLocalSocket(t *testing.T) {
 	})
 
 	t.Run("paging", func(t *testing.T) {
-		page, next, err := c.List(ctx, client.ControlListQuery{Limit: 1})
+		page, next, err := c.List(ctx, hostproto.ControlListQuery{Limit: 1})
 		if err != nil || len(page) != 1 || page[0].ID != a || next == "" {
 			t.Fatalf("first page = %v, next %q, err %v; want [%s] and a cursor", page, next, err, a)
 		}
-		page, _, err = c.List(ctx, client.ControlListQuery{Limit: 1, Cursor: next})
+		page, _, err = c.List(ctx, hostproto.ControlListQuery{Limit: 1, Cursor: next})
 		if err != nil || len(page) != 1 || page[0].ID != b {
 			t.Fatalf("second page = %v, err %v; want [%s]", page, err, b)
 		}
@@ -502,27 +502,27 @@ func TestControlOperatorOverLocalSocket(t *testing.T) {
 			t.Errorf("validated: %v, %+v", err, rec)
 		}
 		_, err = c.Checkpoint(ctx, b, "not mine")
-		if !errors.Is(err, ErrForbidden) {
-			t.Errorf("checkpoint of another process tree: %v; want ErrForbidden", err)
+		if !errors.Is(err, hostproto.ErrForbidden) {
+			t.Errorf("checkpoint of another process tree: %v; want hostproto.ErrForbidden", err)
 		}
 	})
 
 	t.Run("cancel", func(t *testing.T) {
 		rec, err := c.Cancel(ctx, b)
-		if err != nil || rec.State != markers.Cancelled {
+		if err != nil || rec.State != hostproto.MarkerCancelled {
 			t.Fatalf("cancel = %+v, %v; want cancelled", rec, err)
 		}
 		_, err = c.Cancel(ctx, b)
-		if !errors.Is(err, ErrNotRunning) {
-			t.Errorf("second cancel: %v; want ErrNotRunning", err)
+		if !errors.Is(err, hostproto.ErrNotRunning) {
+			t.Errorf("second cancel: %v; want hostproto.ErrNotRunning", err)
 		}
 		_, err = c.Cancel(ctx, absent)
-		if !errors.Is(err, markers.ErrNotFound) {
-			t.Errorf("cancel of an unknown id: %v; want markers.ErrNotFound", err)
+		if !errors.Is(err, hostproto.ErrNotFound) {
+			t.Errorf("cancel of an unknown id: %v; want hostproto.ErrNotFound", err)
 		}
 		_, err = c.Checkpoint(ctx, b, "too late")
-		if !errors.Is(err, ErrNotRunning) {
-			t.Errorf("checkpoint after the end: %v; want ErrNotRunning", err)
+		if !errors.Is(err, hostproto.ErrNotRunning) {
+			t.Errorf("checkpoint after the end: %v; want hostproto.ErrNotRunning", err)
 		}
 	})
 
@@ -623,7 +623,7 @@ func TestControlAttachOffsetsAndKeepalive(t *testing.T) {
 		got = append(got, fmt.Sprintf("%s@%d:%s", stream, offset, data))
 		return nil
 	})
-	if err != nil || rec.State != markers.Exited {
+	if err != nil || rec.State != hostproto.MarkerExited {
 		t.Fatalf("attach = %+v, %v", rec, err)
 	}
 	if want := []string{"stdout@0:hello world\n"}; !slices.Equal(got, want) {
@@ -663,7 +663,7 @@ func TestControlFraming(t *testing.T) {
 		r := dialRaw(t, path)
 		for _, line := range []string{`{"op":"shell"}`, `not json`, `{"op":"status","ids":["ex_bad"]}`} {
 			r.send(line)
-			if m, got := r.next(); errorCode(m) != client.CodeBadRequest {
+			if m, got := r.next(); errorCode(m) != hostproto.CodeBadRequest {
 				t.Errorf("%s → %s; want a bad_request error", line, got)
 			}
 		}
@@ -677,7 +677,7 @@ func TestControlFraming(t *testing.T) {
 	t.Run("line at the limit", func(t *testing.T) {
 		r := dialRaw(t, path)
 		req := `{"op":"status","ids":["` + id + `"]}`
-		r.send(req + strings.Repeat(" ", client.MaxControlLine-len(req)))
+		r.send(req + strings.Repeat(" ", hostproto.MaxControlLine-len(req)))
 		if m, got := r.next(); m["markers"] == nil {
 			t.Errorf("reply = %.200s; want a status reply", got)
 		}
@@ -686,8 +686,8 @@ func TestControlFraming(t *testing.T) {
 	t.Run("oversized line closes", func(t *testing.T) {
 		r := dialRaw(t, path)
 		req := `{"op":"status","ids":["` + id + `"]}`
-		r.send(req + strings.Repeat(" ", client.MaxControlLine-len(req)+1))
-		if m, got := r.next(); errorCode(m) != client.CodeBadRequest {
+		r.send(req + strings.Repeat(" ", hostproto.MaxControlLine-len(req)+1))
+		if m, got := r.next(); errorCode(m) != hostproto.CodeBadRequest {
 			t.Errorf("reply = %.200s; want bad_request", got)
 		}
 		if line, err := r.br.ReadString('\n'); !errors.Is(err, io.EOF) {
@@ -728,25 +728,25 @@ func TestControlScopedAccount(t *testing.T) {
 	if err != nil || len(found) != 1 || found[0].ID != alice || !slices.Equal(missing, foreign) {
 		t.Errorf("scoped status = %v, %v, %v; want only alice's own, the others missing", found, missing, err)
 	}
-	page, _, err := scoped.List(ctx, client.ControlListQuery{})
+	page, _, err := scoped.List(ctx, hostproto.ControlListQuery{})
 	if err != nil || len(page) != 1 || page[0].ID != alice {
 		t.Errorf("scoped list = %v, %v; want only alice's own", page, err)
 	}
 	for _, id := range foreign {
-		if _, err := scoped.Attach(ctx, id, 0, 0, func(string, int64, []byte) error { return nil }); !errors.Is(err, markers.ErrNotFound) {
+		if _, err := scoped.Attach(ctx, id, 0, 0, func(string, int64, []byte) error { return nil }); !errors.Is(err, hostproto.ErrNotFound) {
 			t.Errorf("scoped attach of another identity's %s = %v; want not found", id, err)
 		}
-		if _, err := scoped.Cancel(ctx, id); !errors.Is(err, markers.ErrNotFound) {
+		if _, err := scoped.Cancel(ctx, id); !errors.Is(err, hostproto.ErrNotFound) {
 			t.Errorf("scoped cancel of another identity's %s = %v; want not found", id, err)
 		}
 	}
 	if found, _, err := renewedCert.Status(ctx, []string{aliceCert, alice}); err != nil || len(found) != 1 || found[0].ID != aliceCert {
 		t.Errorf("renewed certificate's status = %v, %v; want its key id's execution only", found, err)
 	}
-	if _, err := scoped.Export(ctx, io.Discard); !errors.Is(err, ErrForbidden) {
+	if _, err := scoped.Export(ctx, io.Discard); !errors.Is(err, hostproto.ErrForbidden) {
 		t.Errorf("scoped export = %v; want forbidden", err)
 	}
-	if _, err := scoped.Checkpoint(ctx, alice, "over ssh"); !errors.Is(err, ErrForbidden) {
+	if _, err := scoped.Checkpoint(ctx, alice, "over ssh"); !errors.Is(err, hostproto.ErrForbidden) {
 		t.Errorf("checkpoint over ssh = %v; want forbidden", err)
 	}
 
@@ -757,10 +757,10 @@ func TestControlScopedAccount(t *testing.T) {
 	if _, err := everyone.Export(ctx, io.Discard); err != nil {
 		t.Errorf("own-account export: %v", err)
 	}
-	if _, err := everyone.Checkpoint(ctx, alice, "over ssh"); !errors.Is(err, ErrForbidden) {
+	if _, err := everyone.Checkpoint(ctx, alice, "over ssh"); !errors.Is(err, hostproto.ErrForbidden) {
 		t.Errorf("checkpoint over ssh as the own account = %v; want forbidden", err)
 	}
-	if rec, err := everyone.Cancel(ctx, bob); err != nil || rec.State != markers.Cancelled {
+	if rec, err := everyone.Cancel(ctx, bob); err != nil || rec.State != hostproto.MarkerCancelled {
 		t.Errorf("own-account cancel of bob's = %+v, %v", rec, err)
 	}
 }
@@ -873,7 +873,7 @@ func TestControlPeerHelper(t *testing.T) {
 		t.Skip("helper process only")
 	}
 	bufio.NewReader(os.Stdin).ReadString('\n')
-	c, err := client.DialLocalControl(context.Background(), path)
+	c, err := hostproto.DialLocalControl(context.Background(), path)
 	if err != nil {
 		fmt.Println("dial:", err)
 		return
@@ -889,7 +889,7 @@ func TestControlPeerHelper(t *testing.T) {
 }
 
 func errCode(err error) string {
-	var ce *client.ControlError
+	var ce *hostproto.ControlError
 	switch {
 	case err == nil:
 		return "ok"
@@ -1007,7 +1007,7 @@ func TestControlOverSSH(t *testing.T) {
 	if err := sess.RequestSubsystem(ControlSubsystem); err != nil {
 		t.Fatal(err)
 	}
-	c := client.NewControlClient(sessionConn{Reader: stdout, WriteCloser: stdin, session: sess})
+	c := hostproto.NewControlClient(sessionConn{Reader: stdout, WriteCloser: stdin, session: sess})
 	ctx := context.Background()
 
 	// The hostagent's own account sees every account's markers.
@@ -1015,8 +1015,8 @@ func TestControlOverSSH(t *testing.T) {
 	if err != nil || len(found) != 1 {
 		t.Errorf("status over ssh = %v, %v; want the marker", found, err)
 	}
-	if _, err := c.Checkpoint(ctx, id, "over ssh"); !errors.Is(err, ErrForbidden) {
-		t.Errorf("checkpoint over ssh = %v; want ErrForbidden", err)
+	if _, err := c.Checkpoint(ctx, id, "over ssh"); !errors.Is(err, hostproto.ErrForbidden) {
+		t.Errorf("checkpoint over ssh = %v; want hostproto.ErrForbidden", err)
 	}
 	fb.write(id, "stdout", "out")
 	fb.exit(t, id, 0)
@@ -1025,7 +1025,7 @@ func TestControlOverSSH(t *testing.T) {
 		got.Write(data)
 		return nil
 	})
-	if err != nil || rec.State != markers.Exited || got.String() != "out" {
+	if err != nil || rec.State != hostproto.MarkerExited || got.String() != "out" {
 		t.Errorf("attach over ssh = %+v, %q, %v", rec, got.String(), err)
 	}
 	// Closing stdin ends the session (x/crypto's Session.Wait does not work after
@@ -1035,13 +1035,13 @@ func TestControlOverSSH(t *testing.T) {
 		t.Errorf("after closing stdin: %q, %v; want the session to end", rest, err)
 	}
 
-	// client.DialControl opens the subsystem on a channel of its own, on the same connection.
-	dialed, err := client.DialControl(conn)
+	// hostproto.DialControl opens the subsystem on a channel of its own, on the same connection.
+	dialed, err := hostproto.DialControl(conn)
 	if err != nil {
 		t.Fatalf("DialControl: %v", err)
 	}
 	defer dialed.Close()
-	if found, _, err := dialed.Status(ctx, []string{id}); err != nil || len(found) != 1 || found[0].State != markers.Exited {
+	if found, _, err := dialed.Status(ctx, []string{id}); err != nil || len(found) != 1 || found[0].State != hostproto.MarkerExited {
 		t.Errorf("status over DialControl = %v, %v; want the exited marker", found, err)
 	}
 }

@@ -16,41 +16,19 @@ import (
 	"time"
 
 	gliderssh "github.com/gliderlabs/ssh"
-	"golang.org/x/sys/unix"
 
-	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
-
-// Exit statuses the hostagent reports for an execution it did not run to an exit code.
-const (
-	// ExitRefused: the request was refused or the command could not start; nothing ran.
-	// The same status OpenSSH's client uses for its own errors.
-	ExitRefused = 255
-	// ExitUnknownOutcome: the execution was interrupted (its process vanished without an
-	// exit record); it is not run again.
-	ExitUnknownOutcome = 254
-	// ExitOperationTaken: the operation key belongs to another execution.
-	ExitOperationTaken = client.ExitOperationTaken
-	// ExitTimedOut follows timeout(1).
-	ExitTimedOut = 124
-)
-
-// EnvMarkerSocket tells a command where to send its checkpoints
-// (`postern-hostagent marker checkpoint`).
-const EnvMarkerSocket = "POSTERN_MARKER_SOCKET"
 
 // ErrExecutionIDUnavailable refuses an exec request whose execution id belongs to another
 // identity. It says no more than that this identity cannot use the id: nothing of the other
 // execution (state, output, marker, timing) is disclosed, and nothing is started.
 var ErrExecutionIDUnavailable = errors.New("POSTERN_EXECUTION_ID is not available to this identity (account and key); nothing was started — use a new execution id")
 
-// Errors of the control operations.
-var (
-	ErrNotRunning     = client.ErrNotRunning // the control client's not_running, so errors.Is works on both sides
-	ErrNotYourProcess = errors.New("hostagent: caller is not in the execution's process tree")
-)
+// ErrNotYourProcess refuses a checkpoint from a process outside the execution's process tree.
+var ErrNotYourProcess = errors.New("hostagent: caller is not in the execution's process tree")
 
 // markerStore is what the executor needs of a markers.Store.
 type markerStore interface {
@@ -106,24 +84,6 @@ type Executor struct {
 
 	mu   sync.Mutex // guards live
 	live map[string]*execution
-}
-
-// execution is an execution this process supervises.
-type execution struct {
-	id  string
-	dir string
-	// owner is the identity the execution belongs to, set before started is closed when
-	// this process launched or adopted the command; zero when the claim was released
-	// without a launch (the marker, if any, then says whose it is).
-	owner owner
-	// started is closed once the shim started the command or failed to; handle is set
-	// before (nil if the command did not start).
-	started chan struct{}
-	handle  *shim.Handle
-	// done is closed once the final marker is written; final is set before (nil if the
-	// marker turned out to exist already, see claim).
-	done  chan struct{}
-	final *markers.Record
 }
 
 // NewExecutor returns an executor; call Recover before serving.
@@ -227,13 +187,13 @@ func (e *Executor) Exec(ctx context.Context, s gliderssh.Session, req ExecReques
 		e.release(x, nil)
 		log.Error("marker write failed; command not started", "err", err)
 		fmt.Fprintf(s.Stderr(), "postern: cannot write the marker, command not started: %v\n", err)
-		s.Exit(ExitRefused)
+		s.Exit(hostproto.ExitRefused)
 		return
 	}
 	if req.Assigned {
 		fmt.Fprintf(s.Stderr(), "postern: no execution id was given; running as %s\n", req.ExecutionID)
 	}
-	e.sendMarker(s, client.MarkerMessage{Marker: rec})
+	e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(rec)})
 	e.launch(x, req)
 	e.attach(ctx, s, x, req, false)
 }
@@ -246,7 +206,8 @@ func (e *Executor) claim(id string) (x *execution, fresh bool) {
 	if x := e.live[id]; x != nil {
 		return x, false
 	}
-	x = &execution{id: id, dir: filepath.Join(e.spool, id), started: make(chan struct{}), done: make(chan struct{})}
+	x = &execution{id: id, store: e.store, log: e.log.With("execution_id", id), dir: filepath.Join(e.spool, id),
+		started: make(chan struct{}), done: make(chan struct{}), marked: markers.Started}
 	e.live[id] = x
 	return x, true
 }
@@ -278,12 +239,12 @@ func (e *operationTakenError) Error() string {
 // is taken — which it must, as the key is host-wide — never by which execution.
 func (e *Executor) refuseOperationTaken(s gliderssh.Session, req ExecRequest, prior *markers.Record) {
 	if req.Identity.ownsRecord(prior) {
-		e.sendMarker(s, client.MarkerMessage{Marker: prior, Replayed: true})
+		e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(prior), Replayed: true})
 		fmt.Fprintf(s.Stderr(), "postern: %v; not started\n", &operationTakenError{prior: prior})
 	} else {
 		fmt.Fprintf(s.Stderr(), "postern: operation key %q is taken by another execution; not started\n", req.OperationKey)
 	}
-	s.Exit(ExitOperationTaken)
+	s.Exit(hostproto.ExitOperationTaken)
 }
 
 // refuseForeign answers a request for an execution id that belongs to another identity, the
@@ -294,7 +255,7 @@ func (e *Executor) refuseForeign(s gliderssh.Session, req ExecRequest) {
 	e.log.Warn("refused an execution id that belongs to another identity", "execution_id", req.ExecutionID,
 		"account", req.Account.Name, "actor", boundForLog(req.Identity.Actor()))
 	fmt.Fprintf(s.Stderr(), "postern: %v\n", ErrExecutionIDUnavailable)
-	s.Exit(ExitRefused)
+	s.Exit(hostproto.ExitRefused)
 }
 
 // createMarker writes the marker of req in state started, after checking its operation key.
@@ -307,14 +268,14 @@ func (e *Executor) createMarker(ctx context.Context, req ExecRequest) (*markers.
 		case errors.Is(err, markers.ErrNotFound):
 		case err != nil:
 			return nil, fmt.Errorf("look up operation key: %w", err)
-		case prior.ID != req.ExecutionID && !(e.cfg.RetryFailedOperations && provablyFailed(prior)):
+		case prior.ID != req.ExecutionID && !operationFree(prior.State, prior.ExitCode, e.cfg.RetryFailedOperations):
 			return nil, &operationTakenError{prior: prior}
 		}
 	}
 	return e.store.Create(ctx, &markers.Record{
 		ID:           req.ExecutionID,
 		Actor:        req.Identity.Actor(),
-		Fingerprint:  envValue(req.Env, client.EnvFingerprint),
+		Fingerprint:  envValue(req.Env, hostproto.EnvFingerprint),
 		OperationKey: req.OperationKey,
 		Channel:      "ssh",
 		Account:      req.Account.Name,
@@ -337,18 +298,11 @@ func (e *Executor) shell(req ExecRequest) string {
 	return e.cfg.Shell
 }
 
-// provablyFailed: the execution ended without effect we need to protect — it never started,
-// or it exited non-zero.
-func provablyFailed(r *markers.Record) bool {
-	return r.State == markers.NotStarted || r.State == markers.StartFailed ||
-		r.State == markers.Exited && r.ExitCode != nil && *r.ExitCode != 0
-}
-
 // launch starts the command of a freshly marked execution under a shim and watches it.
 func (e *Executor) launch(x *execution, req ExecRequest) {
 	x.owner = req.Identity.owner()
 	if err := e.quota.Admit(filepath.Base(x.dir)); err != nil {
-		e.release(x, e.recordStartFailure(x, err))
+		e.release(x, x.startFailed(e.ctx, err))
 		return
 	}
 	// A spare renamed into place; if that fails, Start makes the directory (and says why if
@@ -366,7 +320,7 @@ func (e *Executor) launch(x *execution, req ExecRequest) {
 		OutputCap:   e.cfg.OutputCap,
 	})
 	if err != nil {
-		e.release(x, e.recordStartFailure(x, err))
+		e.release(x, x.startFailed(e.ctx, err))
 		return
 	}
 	x.handle = h
@@ -375,127 +329,20 @@ func (e *Executor) launch(x *execution, req ExecRequest) {
 	go e.watch(x)
 }
 
-// recordStartFailure records a command that did not run: start_failed with its cause when the
-// command could not be started, not_started when the shim never recorded itself (it may be
-// started again), interrupted otherwise. If that write fails it returns nil: the marker stays
-// started, so every caller is told the outcome is unknown (254) and nothing runs again — never
-// "not run" on a claim the store did not keep.
-func (e *Executor) recordStartFailure(x *execution, startErr error) *markers.Record {
-	to, note, cause := markers.NotStarted, "command did not start: "+startErr.Error(), ""
-	var se *shim.StartError
-	switch {
-	case errors.As(startErr, &se):
-		to, note, cause = markers.StartFailed, "command did not start: "+se.Cause, se.Cause
-	case errors.Is(startErr, shim.ErrStartFailed):
-		// Refused before a supervisor was started (the spool is full): nothing to fence.
-	case shim.Fence(x.dir) != nil:
-		// The supervisor recorded itself (or the fence failed): it may have started the
-		// command.
-		to, note = markers.Interrupted, "shim failed after it recorded itself: "+startErr.Error()
-	}
-	e.log.Warn("command did not start", "execution_id", x.id, "state", to, "err", startErr)
-	rec, err := e.store.Transition(e.ctx, x.id, markers.Started, to, note, func(r *markers.Record) error {
-		r.Evidence = append(r.Evidence, note)
-		r.StartError = cause
-		return nil
-	})
-	if err != nil {
-		e.log.Error("marker write failed", "execution_id", x.id, "err", err)
-		return nil
-	}
-	return rec
-}
-
-// runningDelay is how long a command may run before its marker is moved to running on its
-// own. A command that ends sooner gets started → running → its end in one durable write:
-// two marker fsyncs per short command instead of three. Until then the shim's synced record
-// is what proves the command started (recovery adopts a started marker that has one).
-const runningDelay = 20 * time.Millisecond
-
-// watch waits for the command to end and writes the final marker.
+// watch follows a started (or re-adopted) execution to its end and releases it with its
+// final marker.
 func (e *Executor) watch(x *execution) {
 	defer e.wg.Done()
-	wctx, cancel := context.WithTimeout(e.ctx, runningDelay)
-	st, err := x.handle.Wait(wctx)
-	cancel()
-	marked := markers.Started // the marker's state as this watcher last wrote or saw it
-	if errors.Is(err, context.DeadlineExceeded) && e.ctx.Err() == nil {
-		p := x.handle.Process()
-		if rec, err := e.store.Transition(e.ctx, x.id, markers.Started, markers.Running, "command started", func(r *markers.Record) error {
-			r.PID, r.PIDStart = p.PID, p.PIDStart
-			return nil
-		}); err != nil {
-			// The command runs; the marker still says started with a shim record, which
-			// recovery treats as "may have run" — never as "not run".
-			e.log.Error("marker running write failed", "execution_id", x.id, "err", err)
-		} else {
-			marked = rec.State
-		}
-		st, err = x.handle.Wait(e.ctx)
-	}
-	if e.ctx.Err() != nil {
+	final, ended := x.follow(e.ctx)
+	if !ended {
 		// Shutting down: the command keeps running and the next start re-adopts it.
 		x.handle.Close()
 		return
 	}
-	e.release(x, e.recordOutcome(x.id, marked, x.handle.Process(), st, err))
+	e.release(x, final)
 	// After the final marker and the answer, not before: measuring the directory is a
 	// listing and a stat per file, none of which the caller needs to wait for.
 	e.quota.Finished(filepath.Base(x.dir))
-}
-
-// recordOutcome moves the marker from running — or from started, through running, in one
-// write — to how the command ended. marked is the state the marker is expected in. If the
-// write fails it returns nil and callers report the outcome unknown; recovery records it from
-// the shim's status at the next start.
-func (e *Executor) recordOutcome(id string, marked markers.State, p shim.Process, st shim.Status, waitErr error) *markers.Record {
-	to, note := markers.Exited, "exited"
-	switch {
-	case errors.Is(waitErr, shim.ErrVanished):
-		to, note = markers.Interrupted, "the shim vanished without an exit record"
-	case waitErr != nil:
-		to, note = markers.Interrupted, "waiting for the command failed: "+waitErr.Error()
-	case st.Outcome == shim.OutcomeTimedOut:
-		to, note = markers.TimedOut, "timed out"
-	case st.Outcome == shim.OutcomeCancelled:
-		to, note = markers.Cancelled, "cancelled"
-	}
-	mutate := func(r *markers.Record) error {
-		r.PID, r.PIDStart = p.PID, p.PIDStart
-		if to == markers.Interrupted {
-			r.Evidence = append(r.Evidence, note)
-			return nil
-		}
-		if st.Signal == "" {
-			code := st.ExitCode
-			r.ExitCode = &code
-		}
-		r.Signal = st.Signal
-		r.IsError = st.ExitCode != 0 || st.Signal != "" || to != markers.Exited
-		r.Output = markers.Output{
-			StdoutBytes: st.Stdout.Bytes, StderrBytes: st.Stderr.Bytes,
-			StdoutSHA256: st.Stdout.SHA256, StderrSHA256: st.Stderr.SHA256,
-			Truncated: st.Stdout.Truncated || st.Stderr.Truncated,
-		}
-		return nil
-	}
-	ctx := context.WithoutCancel(e.ctx)
-	advance := func(from markers.State) (*markers.Record, error) {
-		path := []markers.State{to}
-		if from == markers.Started {
-			path = []markers.State{markers.Running, to}
-		}
-		return e.store.Advance(ctx, id, from, path, note, mutate)
-	}
-	rec, err := advance(marked)
-	if errors.Is(err, markers.ErrConflict) && rec != nil && (rec.State == markers.Started || rec.State == markers.Running) {
-		rec, err = advance(rec.State) // recovery wrote running meanwhile, or a write was lost
-	}
-	if err != nil {
-		e.log.Error("final marker write failed", "execution_id", id, "err", err)
-		return nil
-	}
-	return rec
 }
 
 // duplicate answers a request whose marker already existed: nothing new is started unless
@@ -510,51 +357,48 @@ func (e *Executor) duplicate(ctx context.Context, s gliderssh.Session, req ExecR
 		e.attach(ctx, s, x, req, true)
 		return
 	}
-	if rec.State == markers.NotStarted {
+	do := duplicateAnswer(rec.State, slices.Equal(rec.Command, e.markerCommand(req)))
+	switch do {
+	case runAgain:
 		e.restart(ctx, s, x, req, rec)
+		return
+	case refuseOtherCommand:
+		e.release(x, nil)
+		fmt.Fprintf(s.Stderr(), "postern: %s was created for another command; not started\n", rec.ID)
+		s.Exit(hostproto.ExitRefused)
 		return
 	}
 	e.release(x, nil)
-	e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true})
-	switch {
-	case rec.State == markers.StartFailed:
+	e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(rec), Replayed: true})
+	switch do {
+	case replayStartFailure:
 		fmt.Fprintf(s.Stderr(), "postern: %s did not start: %s; it did not run\n", rec.ID, rec.StartError)
-		e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true, Final: true})
-		s.Exit(exitStatus(rec))
-	case markers.HostGraph.Terminal(rec.State) && rec.State != markers.Interrupted:
+		e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(rec), Replayed: true, Final: true})
+		s.Exit(exitStatus(rec.State, rec.ExitCode, rec.Signal))
+	case replayOutcome:
 		fmt.Fprintf(s.Stderr(), "postern: %s already ran at %s (%s), replaying\n", rec.ID, startedAt(rec), rec.State)
 		e.replay(s, rec)
-		e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true, Final: true})
-		s.Exit(exitStatus(rec))
+		e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(rec), Replayed: true, Final: true})
+		s.Exit(exitStatus(rec.State, rec.ExitCode, rec.Signal))
 	default:
 		fmt.Fprintf(s.Stderr(), "postern: %s started at %s and its outcome is unknown (%s); it is not run again\n",
 			rec.ID, startedAt(rec), rec.State)
-		s.Exit(ExitUnknownOutcome)
+		s.Exit(hostproto.ExitUnknownOutcome)
 	}
 }
 
 // restart runs an execution whose marker proves it never ran, under the same marker, in a
-// fresh spool dir (the old one is fenced) — if the request is for the command the marker
-// recorded.
+// fresh spool dir (the old one is fenced).
 func (e *Executor) restart(ctx context.Context, s gliderssh.Session, x *execution, req ExecRequest, rec *markers.Record) {
-	if !slices.Equal(rec.Command, e.markerCommand(req)) {
-		e.release(x, nil)
-		fmt.Fprintf(s.Stderr(), "postern: %s was created for another command; not started\n", rec.ID)
-		s.Exit(ExitRefused)
-		return
-	}
-	x.dir = filepath.Join(e.spool, rec.ID+"."+strconv.FormatInt(time.Now().UnixNano(), 36))
-	restarted, err := e.store.Transition(ctx, rec.ID, markers.NotStarted, markers.Started, "restarted: it never ran", func(r *markers.Record) error {
-		r.SpoolDir = x.dir
-		return nil
-	})
+	x.marked = rec.State
+	restarted, err := x.restart(ctx, filepath.Join(e.spool, rec.ID+"."+strconv.FormatInt(time.Now().UnixNano(), 36)))
 	if err != nil {
 		e.release(x, nil)
 		fmt.Fprintf(s.Stderr(), "postern: cannot restart %s: %v\n", rec.ID, err)
-		s.Exit(ExitRefused)
+		s.Exit(hostproto.ExitRefused)
 		return
 	}
-	e.sendMarker(s, client.MarkerMessage{Marker: restarted, Replayed: true})
+	e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(restarted), Replayed: true})
 	fmt.Fprintf(s.Stderr(), "postern: %s never ran; starting it now\n", rec.ID)
 	e.launch(x, req)
 	e.attach(ctx, s, x, req, false)
@@ -575,7 +419,7 @@ func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution
 	}
 	if replayed {
 		if rec, err := e.store.Get(x.id); err == nil {
-			e.sendMarker(s, client.MarkerMessage{Marker: rec, Replayed: true})
+			e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(rec), Replayed: true})
 			fmt.Fprintf(s.Stderr(), "postern: %s is already running (started at %s), attaching\n", x.id, startedAt(rec))
 		}
 	}
@@ -598,11 +442,11 @@ func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution
 		case errors.Is(err, markers.ErrNotFound):
 			// The request this one joined was refused before its marker was written.
 			fmt.Fprintf(s.Stderr(), "postern: %s has no marker; not started\n", x.id)
-			s.Exit(ExitRefused)
+			s.Exit(hostproto.ExitRefused)
 			return
 		case err != nil:
 			fmt.Fprintf(s.Stderr(), "postern: %s: %v\n", x.id, err)
-			s.Exit(ExitUnknownOutcome)
+			s.Exit(hostproto.ExitUnknownOutcome)
 			return
 		}
 		if x.handle == nil {
@@ -618,8 +462,8 @@ func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution
 	case markers.NotStarted:
 		fmt.Fprintf(s.Stderr(), "postern: %s\n", strings.Join(final.Evidence, "; "))
 	}
-	e.sendMarker(s, client.MarkerMessage{Marker: final, Replayed: replayed, Final: true})
-	s.Exit(exitStatus(final))
+	e.sendMarker(s, hostproto.MarkerMessage{Marker: WireMarker(final), Replayed: replayed, Final: true})
+	s.Exit(exitStatus(final.State, final.ExitCode, final.Signal))
 }
 
 // replay writes a finished execution's stored output.
@@ -645,10 +489,10 @@ func (e *Executor) replay(s gliderssh.Session, rec *markers.Record) {
 	}
 }
 
-func (e *Executor) sendMarker(s gliderssh.Session, m client.MarkerMessage) {
+func (e *Executor) sendMarker(s gliderssh.Session, m hostproto.MarkerMessage) {
 	payload, err := json.Marshal(m)
 	if err == nil {
-		_, err = s.SendRequest(client.MarkerRequest, false, payload)
+		_, err = s.SendRequest(hostproto.MarkerRequest, false, payload)
 	}
 	if err != nil {
 		e.log.Debug("marker request not sent", "err", err)
@@ -667,12 +511,12 @@ func (e *Executor) commandEnv(req ExecRequest) []string {
 	}
 	for _, kv := range req.Env {
 		// The socket is ours to name; a client-sent value must not shadow it.
-		if !strings.HasPrefix(kv, EnvMarkerSocket+"=") {
+		if !strings.HasPrefix(kv, hostproto.EnvMarkerSocket+"=") {
 			env = append(env, kv)
 		}
 	}
 	if e.sock != "" {
-		env = append(env, EnvMarkerSocket+"="+e.sock)
+		env = append(env, hostproto.EnvMarkerSocket+"="+e.sock)
 	}
 	return env
 }
@@ -692,23 +536,4 @@ func startedAt(r *markers.Record) string {
 		t = rt
 	}
 	return t.UTC().Format(time.RFC3339)
-}
-
-// exitStatus is the SSH exit status that reports how an execution ended.
-func exitStatus(r *markers.Record) int {
-	switch {
-	case r.State == markers.TimedOut:
-		return ExitTimedOut
-	case r.State == markers.NotStarted || r.State == markers.StartFailed:
-		return ExitRefused
-	case r.State == markers.Interrupted || r.State == markers.Started || r.State == markers.Running:
-		return ExitUnknownOutcome
-	case r.ExitCode != nil:
-		return *r.ExitCode
-	case r.Signal != "":
-		if sig := unix.SignalNum(r.Signal); sig > 0 {
-			return 128 + int(sig)
-		}
-	}
-	return ExitUnknownOutcome
 }

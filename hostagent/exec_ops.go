@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -81,14 +82,14 @@ func (w emitWriter) Write(p []byte) (int, error) {
 }
 
 // running returns the live execution id once its command started: markers.ErrNotFound for
-// an unknown id, ErrNotRunning for one that is not running here.
+// an unknown id, hostproto.ErrNotRunning for one that is not running here.
 func (e *Executor) running(ctx context.Context, id string) (*execution, error) {
 	x := e.lookupLive(id)
 	if x == nil {
 		if _, err := e.store.Get(id); err != nil {
 			return nil, err
 		}
-		return nil, ErrNotRunning
+		return nil, hostproto.ErrNotRunning
 	}
 	select {
 	case <-x.started:
@@ -96,7 +97,7 @@ func (e *Executor) running(ctx context.Context, id string) (*execution, error) {
 		return nil, ctx.Err()
 	}
 	if x.handle == nil {
-		return nil, ErrNotRunning
+		return nil, hostproto.ErrNotRunning
 	}
 	return x, nil
 }

@@ -15,8 +15,8 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/hostagent"
-	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -84,8 +84,8 @@ func TestMarkerWriteFailureRefusesTheCommand(t *testing.T) {
 	effects := filepath.Join(t.TempDir(), "effects")
 	id, _ := markers.NewExecutionID(time.Now())
 	var stderr strings.Builder
-	res, err := client.Run(context.Background(), ea.client, client.Exec{ExecutionID: id, Command: "touch " + effects, Stderr: &stderr})
-	if err != nil || res.ExitStatus != hostagent.ExitRefused || !strings.Contains(stderr.String(), "not started") {
+	res, err := hostproto.Run(context.Background(), ea.client, hostproto.Exec{ExecutionID: id, Command: "touch " + effects, Stderr: &stderr})
+	if err != nil || res.ExitStatus != hostproto.ExitRefused || !strings.Contains(stderr.String(), "not started") {
 		t.Fatalf("exec = %+v, %v, stderr %q; want 255 and not started", res, err, stderr.String())
 	}
 	if _, err := os.Stat(effects); !errors.Is(err, os.ErrNotExist) {
@@ -98,7 +98,7 @@ func execOn(b testing.TB, c *gossh.Client, command string) {
 	if err != nil {
 		b.Fatal(err)
 	}
-	res, err := client.Run(context.Background(), c, client.Exec{ExecutionID: id, Command: command})
+	res, err := hostproto.Run(context.Background(), c, hostproto.Exec{ExecutionID: id, Command: command})
 	if err != nil || res.ExitStatus != 0 {
 		b.Fatalf("exec: %+v, %v", res, err)
 	}
@@ -170,13 +170,13 @@ func TestStartFailureIsFinal(t *testing.T) {
 	const cwd = "/nonexistent/postern-driver"
 	for attempt := range 2 {
 		var stderr strings.Builder
-		res, err := client.Run(context.Background(), ea.client, client.Exec{ExecutionID: id, Command: "echo ran >> " + effects, Cwd: cwd, Stderr: &stderr})
-		if err != nil || res.ExitStatus != hostagent.ExitRefused || res.Final == nil {
+		res, err := hostproto.Run(context.Background(), ea.client, hostproto.Exec{ExecutionID: id, Command: "echo ran >> " + effects, Cwd: cwd, Stderr: &stderr})
+		if err != nil || res.ExitStatus != hostproto.ExitRefused || res.Final == nil {
 			t.Fatalf("attempt %d: exec = %+v, %v; want 255 with a final marker", attempt, res, err)
 		}
 		m := res.Final.Marker
 		want := "cwd " + cwd + " does not exist"
-		if m.State != markers.StartFailed || m.StartError != want || !strings.Contains(stderr.String(), want) {
+		if m.State != hostproto.MarkerStartFailed || m.StartError != want || !strings.Contains(stderr.String(), want) {
 			t.Errorf("attempt %d: marker %s (%q), stderr %q; want start_failed: %q", attempt, m.State, m.StartError, stderr.String(), want)
 		}
 		if strings.Contains(stderr.String(), "/bin/") {

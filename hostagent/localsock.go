@@ -22,9 +22,8 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
-
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/peercred"
 	"github.com/postern-dev/postern/internal/unixpath"
 )
 
@@ -192,7 +191,7 @@ func (cs *controlServer) serveLocal(ctx context.Context, ln net.Listener) error 
 func (cs *controlServer) refuseBusy(c net.Conn, why error) {
 	cw := &controlWriter{w: c}
 	c.SetWriteDeadline(time.Now().Add(time.Second))
-	cw.send(errorReply(client.CodeBusy, "no connection slot: "+why.Error()+"; close a connection or retry later"))
+	cw.send(hostproto.NewErrorLine(hostproto.CodeBusy, "no connection slot: "+why.Error()+"; close a connection or retry later"))
 	c.Close()
 }
 
@@ -207,7 +206,7 @@ func (cs *controlServer) serveLocalConn(ctx context.Context, c net.Conn, caller 
 
 // localCaller derives the caller, and its uid, from the peer's credentials.
 func localCaller(c net.Conn) (controlCaller, uint32, error) {
-	cred, err := peerCredentials(c)
+	cred, err := peercred.Read(c)
 	if err != nil {
 		return controlCaller{}, 0, err
 	}
@@ -216,27 +215,4 @@ func localCaller(c net.Conn) (controlCaller, uint32, error) {
 		operator:  cred.Uid == 0 || int(cred.Uid) == os.Geteuid(),
 		peerPID:   int(cred.Pid),
 	}, cred.Uid, nil
-}
-
-// peerCredentials returns the credentials the peer had when it connected (SO_PEERCRED).
-func peerCredentials(c net.Conn) (*unix.Ucred, error) {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return nil, fmt.Errorf("peer credentials: %T is not a unix socket", c)
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return nil, fmt.Errorf("peer credentials: %w", err)
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, fmt.Errorf("peer credentials: %w", err)
-	}
-	if credErr != nil {
-		return nil, fmt.Errorf("peer credentials: %w", credErr)
-	}
-	return cred, nil
 }

@@ -9,20 +9,12 @@ import (
 	"strings"
 	"time"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/envpolicy"
 )
 
-// Environment variables with a meaning to the hostagent.
 const (
-	EnvExecutionID  = client.EnvExecutionID
-	EnvOperationKey = client.EnvOperationKey
-	EnvTimeout      = client.EnvTimeout
-	EnvCwd          = client.EnvCwd
-)
-
-const (
-	maxOperationKeyLen = client.MaxOperationKeyLen
+	maxOperationKeyLen = hostproto.MaxOperationKeyLen
 	maxTimeout         = 31 * 24 * time.Hour
 )
 
@@ -99,11 +91,11 @@ func (e *sessionEnv) environ() []string {
 // parseOperationKey validates POSTERN_OPERATION_KEY: visible ASCII, at most 256 bytes.
 func parseOperationKey(key string) (string, error) {
 	if len(key) > maxOperationKeyLen {
-		return "", fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalidRequest, EnvOperationKey, maxOperationKeyLen)
+		return "", fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalidRequest, hostproto.EnvOperationKey, maxOperationKeyLen)
 	}
 	for i := 0; i < len(key); i++ {
 		if key[i] < 0x21 || key[i] > 0x7e {
-			return "", fmt.Errorf("%w: %s may only contain visible ASCII characters", ErrInvalidRequest, EnvOperationKey)
+			return "", fmt.Errorf("%w: %s may only contain visible ASCII characters", ErrInvalidRequest, hostproto.EnvOperationKey)
 		}
 	}
 	return key, nil
@@ -118,9 +110,9 @@ func parseCwd(s, home string) (string, error) {
 	case s == "":
 		return home, nil
 	case len(s) > maxCwdBytes:
-		return "", fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalidRequest, EnvCwd, maxCwdBytes)
+		return "", fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalidRequest, hostproto.EnvCwd, maxCwdBytes)
 	case !filepath.IsAbs(s) || filepath.Clean(s) != s:
-		return "", fmt.Errorf("%w: %s must be an absolute, clean path", ErrInvalidRequest, EnvCwd)
+		return "", fmt.Errorf("%w: %s must be an absolute, clean path", ErrInvalidRequest, hostproto.EnvCwd)
 	}
 	return s, nil
 }
@@ -133,7 +125,7 @@ func parseTimeout(s string) (time.Duration, error) {
 	}
 	n, err := strconv.ParseUint(s, 10, 32)
 	if err != nil || n == 0 || time.Duration(n)*time.Second > maxTimeout {
-		return 0, fmt.Errorf("%w: %s must be a whole number of seconds in 1..%d", ErrInvalidRequest, EnvTimeout, int(maxTimeout.Seconds()))
+		return 0, fmt.Errorf("%w: %s must be a whole number of seconds in 1..%d", ErrInvalidRequest, hostproto.EnvTimeout, int(maxTimeout.Seconds()))
 	}
 	return time.Duration(n) * time.Second, nil
 }

@@ -24,6 +24,8 @@ import (
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/version"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -159,8 +161,8 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 			logger.Info("ssh handshake failed", "remote", c.RemoteAddr(), "err", err)
 		},
 		// Explicit maps so that nothing registered in gliderlabs' global defaults applies:
-		// no global requests (tcpip-forward, …), only session channels.
-		RequestHandlers: map[string]gliderssh.RequestHandler{},
+		// of global requests only the hello (no tcpip-forward, …), only session channels.
+		RequestHandlers: map[string]gliderssh.RequestHandler{hostproto.HelloRequest: srv.hello},
 		ChannelHandlers: map[string]gliderssh.ChannelHandler{
 			"session": srv.handleSessionChannel,
 			"default": srv.rejectChannel,
@@ -341,6 +343,23 @@ func (srv *Server) Shutdown(ctx context.Context) error {
 	return err
 }
 
+// hello answers a client's HelloRequest with this release's protocol version. A client
+// outside the window is hung up on: nothing it sends could be read right. A client that sends
+// no hello is of the previous release (hostproto.MinVersion at the oldest) and is served.
+func (srv *Server) hello(ctx gliderssh.Context, _ *gliderssh.Server, req *gossh.Request) (bool, []byte) {
+	log := connLogger(srv.logger, ctx)
+	v, reply, err := hostproto.AnswerHello(req.Payload, version.String())
+	if err != nil {
+		log.Warn("closing connection: protocol version", "err", err)
+		if sc, ok := ctx.Value(serverConnKey{}).(*serverConn); ok {
+			sc.Close()
+		}
+		return false, nil
+	}
+	log.Debug("hello", "protocol", v)
+	return true, reply
+}
+
 func (srv *Server) rejectChannel(_ *gliderssh.Server, _ *gossh.ServerConn, newChan gossh.NewChannel, ctx gliderssh.Context) {
 	connLogger(srv.logger, ctx).Info("refusing channel", "type", boundForLog(newChan.ChannelType()))
 	newChan.Reject(gossh.Prohibited, "only session channels are served")
@@ -408,7 +427,7 @@ func (srv *Server) execRequest(s *session) (ExecRequest, error) {
 		Identity:   caller,
 	}
 	vars := s.env.vars
-	req.ExecutionID = vars[EnvExecutionID]
+	req.ExecutionID = vars[hostproto.EnvExecutionID]
 	switch {
 	case req.ExecutionID == "" && srv.cfg.MissingExecutionID == MissingIDAssign:
 		if req.ExecutionID, err = markers.NewExecutionID(time.Now()); err != nil {
@@ -420,18 +439,18 @@ func (srv *Server) execRequest(s *session) (ExecRequest, error) {
 	case !markers.ValidExecutionID(req.ExecutionID):
 		return ExecRequest{}, ErrInvalidExecutionID
 	}
-	if req.OperationKey, err = parseOperationKey(vars[EnvOperationKey]); err != nil {
+	if req.OperationKey, err = parseOperationKey(vars[hostproto.EnvOperationKey]); err != nil {
 		return ExecRequest{}, err
 	}
-	if req.Timeout, err = parseTimeout(vars[EnvTimeout]); err != nil {
+	if req.Timeout, err = parseTimeout(vars[hostproto.EnvTimeout]); err != nil {
 		return ExecRequest{}, err
 	}
-	if req.Cwd, err = parseCwd(vars[EnvCwd], account.Home); err != nil {
+	if req.Cwd, err = parseCwd(vars[hostproto.EnvCwd], account.Home); err != nil {
 		return ExecRequest{}, err
 	}
 	req.Env = s.env.environ()
 	if req.Assigned {
-		req.Env = append(req.Env, EnvExecutionID+"="+req.ExecutionID)
+		req.Env = append(req.Env, hostproto.EnvExecutionID+"="+req.ExecutionID)
 		slices.Sort(req.Env)
 	}
 	return req, nil

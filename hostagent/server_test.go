@@ -22,7 +22,7 @@ import (
 	"golang.org/x/crypto/ssh/agent"
 
 	"github.com/postern-dev/postern/hostagent"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -451,7 +451,7 @@ func TestUnusableCertificateKeyIDRefused(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if got := run(t, client, withID(), "echo ran"); got.status != hostagent.ExitRefused || !strings.Contains(got.stderr, "key id") {
+	if got := run(t, client, withID(), "echo ran"); got.status != hostproto.ExitRefused || !strings.Contains(got.stderr, "key id") {
 		t.Errorf("got %+v; want refused for the key id", got)
 	}
 	if ts.handler.execCount() != 0 {
@@ -667,6 +667,27 @@ func TestControlSubsystem(t *testing.T) {
 	}
 }
 
+// TestHello: the server answers the protocol hello with its version, hangs up on a client
+// outside its window, and still serves a client that sends none (the previous release).
+func TestHello(t *testing.T) {
+	ts := startServer(t, nil)
+	v, build, err := hostproto.SayHello(ts.client(t), "test")
+	if err != nil || v != hostproto.Version || build == "" {
+		t.Errorf("SayHello = %d, %q, %v; want version %d and the agent's build", v, build, err, hostproto.Version)
+	}
+	// The previous release sends no hello: its exec is served as ever.
+	if got := run(t, ts.client(t), withID(), "echo ran"); got.status != 0 {
+		t.Errorf("exec without a hello: %+v", got)
+	}
+	tooOld := ts.client(t)
+	if ok, _, err := tooOld.SendRequest(hostproto.HelloRequest, true, []byte(`{"version":0}`)); ok && err == nil {
+		t.Errorf("a hello of version 0 was accepted")
+	}
+	if err := tooOld.Wait(); err == nil {
+		t.Errorf("the connection of a client outside the window stayed open")
+	}
+}
+
 func TestHandshakeTimeout(t *testing.T) {
 	ts := startServer(t, func(c *hostagent.Config) { c.HandshakeTimeout = 100 * time.Millisecond })
 	conn, err := net.Dial("tcp", ts.addr)
@@ -788,7 +809,7 @@ func TestMaxSessionsPerConnection(t *testing.T) {
 	}
 }
 
-// TestEnvRequestSetsAllAtOnce: the bastion's one-round-trip environment (client.EnvRequest)
+// TestEnvRequestSetsAllAtOnce: the bastion's one-round-trip environment (hostproto.EnvRequest)
 // is taken variable by variable as env requests are: true only if every one was accepted,
 // and a dropped one never reaches the command.
 func TestEnvRequestSetsAllAtOnce(t *testing.T) {
@@ -796,19 +817,19 @@ func TestEnvRequestSetsAllAtOnce(t *testing.T) {
 	c := ts.client(t)
 	tests := []struct {
 		name    string
-		vars    []client.EnvVar
+		vars    []hostproto.EnvVar
 		wantOK  bool
 		wantEnv []string
 	}{
 		{
 			name:    "all accepted",
-			vars:    []client.EnvVar{{Name: "POSTERN_EXECUTION_ID", Value: validID}, {Name: "APP_MODE", Value: "prod"}, {Name: "LANG", Value: "C"}},
+			vars:    []hostproto.EnvVar{{Name: "POSTERN_EXECUTION_ID", Value: validID}, {Name: "APP_MODE", Value: "prod"}, {Name: "LANG", Value: "C"}},
 			wantOK:  true,
 			wantEnv: []string{"APP_MODE=prod", "LANG=C", "POSTERN_EXECUTION_ID=" + validID},
 		},
 		{
 			name:    "one dropped",
-			vars:    []client.EnvVar{{Name: "POSTERN_EXECUTION_ID", Value: validID}, {Name: "LD_PRELOAD", Value: "/evil.so"}, {Name: "APP_MODE", Value: "prod"}},
+			vars:    []hostproto.EnvVar{{Name: "POSTERN_EXECUTION_ID", Value: validID}, {Name: "LD_PRELOAD", Value: "/evil.so"}, {Name: "APP_MODE", Value: "prod"}},
 			wantOK:  false,
 			wantEnv: []string{"APP_MODE=prod", "POSTERN_EXECUTION_ID=" + validID},
 		},
@@ -824,9 +845,9 @@ func TestEnvRequestSetsAllAtOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			ok, err := sess.SendRequest(client.EnvRequest, true, gossh.Marshal(&struct{ Env string }{string(payload)}))
+			ok, err := sess.SendRequest(hostproto.EnvRequest, true, gossh.Marshal(&struct{ Env string }{string(payload)}))
 			if err != nil || ok != tt.wantOK {
-				t.Fatalf("%s = %v, %v; want %v", client.EnvRequest, ok, err, tt.wantOK)
+				t.Fatalf("%s = %v, %v; want %v", hostproto.EnvRequest, ok, err, tt.wantOK)
 			}
 			if err := sess.Run("env"); err != nil {
 				t.Fatalf("run: %v", err)

@@ -13,11 +13,11 @@ import (
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 )
 
 // ControlSubsystem is the only SSH subsystem the hostagent serves.
-const ControlSubsystem = client.ControlSubsystem
+const ControlSubsystem = hostproto.ControlSubsystem
 
 // maxBufferedSignals bounds the signals kept while no handler listens.
 const maxBufferedSignals = 16
@@ -142,7 +142,7 @@ func (s *session) Exit(code int) error {
 func (s *session) refuse(err error) {
 	s.logger.Info("request refused", "err", err)
 	fmt.Fprintf(s.Stderr(), "postern: %v\n", err)
-	s.Exit(ExitRefused)
+	s.Exit(hostproto.ExitRefused)
 }
 
 // finish closes a session whose handler returned without an exit status. The client sees no
@@ -237,9 +237,9 @@ func (s *session) handleRequest(req *gossh.Request) (ok bool, start func(context
 			return false, nil
 		}
 		return s.addEnv(kv.Name, kv.Value), nil
-	case client.EnvRequest:
+	case hostproto.EnvRequest:
 		var batch struct{ Env string }
-		var vars []client.EnvVar
+		var vars []hostproto.EnvVar
 		if s.started || gossh.Unmarshal(req.Payload, &batch) != nil || json.Unmarshal([]byte(batch.Env), &vars) != nil {
 			return false, nil
 		}

@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/hostagent"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -27,14 +27,14 @@ func TestSpoolCapRefusesBeforeStart(t *testing.T) {
 	effects := filepath.Join(t.TempDir(), "effects")
 	// Each run stores 1 KiB of stdout (the cap) plus its records, so a few fill 4 KiB.
 	command := "echo ran >> " + effects + "; head -c 3000 /dev/zero"
-	run := func() (string, client.Result, string) {
+	run := func() (string, hostproto.Result, string) {
 		t.Helper()
 		id, err := markers.NewExecutionID(time.Now())
 		if err != nil {
 			t.Fatal(err)
 		}
 		var stderr strings.Builder
-		res, err := client.Run(context.Background(), ea.client, client.Exec{ExecutionID: id, Command: command, Stderr: &stderr})
+		res, err := hostproto.Run(context.Background(), ea.client, hostproto.Exec{ExecutionID: id, Command: command, Stderr: &stderr})
 		if err != nil {
 			t.Fatalf("exec: %v", err)
 		}
@@ -53,7 +53,7 @@ func TestSpoolCapRefusesBeforeStart(t *testing.T) {
 			ran = append(ran, id)
 			continue
 		}
-		if res.ExitStatus != hostagent.ExitRefused || !strings.Contains(stderr, "spool is full") || !strings.Contains(stderr, "spool_cap") {
+		if res.ExitStatus != hostproto.ExitRefused || !strings.Contains(stderr, "spool is full") || !strings.Contains(stderr, "spool_cap") {
 			t.Fatalf("exec %d: status %d, stderr %q; want 0, or 255 saying the spool is full", len(ran)+1, res.ExitStatus, stderr)
 		}
 		refused = id

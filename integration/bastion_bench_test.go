@@ -18,7 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion/api"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 )
 
@@ -73,7 +73,7 @@ func execTrueArgs(ctx context.Context, cs *mcp.ClientSession, args map[string]an
 // BenchmarkBastionExecTrue (P1) is the latency of one `true` end to end: a go-sdk MCP client
 // over Streamable HTTP → `postern serve` (journal writes, pooled SSH connection) → the real
 // hostagent (marker write, supervisor) and back; the same through the stdio bridge (`postern
-// mcp` over the unix socket); the same hostagent reached directly (client.Run, x/crypto, one
+// mcp` over the unix socket); the same hostagent reached directly (hostproto.Run, x/crypto, one
 // SSH connection, markers on), which shows what the bastion adds; OpenSSH's multiplexed client
 // (`ssh -o ControlPath=…`, master already up) running `true` on a local sshd; and the floor
 // (newFloor: fork/exec of `sh -c true` plus four 512-byte fsyncs). All interleaved, and each
@@ -107,7 +107,7 @@ func BenchmarkBastionExecTrue(b *testing.B) {
 		return execTrueArgs(ctx, stdio, map[string]any{"host": "h1", "command": "true", "idempotency_key": "p1-stdio-" + strconv.Itoa(calls)})
 	}
 	direct := func() error {
-		if got := execOn(b, conn, client.Exec{ExecutionID: newID(b), Command: "true"}); got.err != nil || got.res.ExitStatus != 0 {
+		if got := execOn(b, conn, hostproto.Exec{ExecutionID: newID(b), Command: "true"}); got.err != nil || got.res.ExitStatus != 0 {
 			return fmt.Errorf("hostagent exec: %+v", got)
 		}
 		return nil
@@ -124,7 +124,7 @@ func BenchmarkBastionExecTrue(b *testing.B) {
 	sides := []*benchSide{
 		{name: "postern (go-sdk, Streamable HTTP → bastion → hostagent)", call: postern},
 		{name: "postern via the stdio bridge (postern mcp → unix socket)", call: bridged},
-		{name: "hostagent direct (client.Run, one SSH conn, markers on)", call: direct},
+		{name: "hostagent direct (hostproto.Run, one SSH conn, markers on)", call: direct},
 		{name: "openssh (multiplexed ssh → sshd)", call: openssh},
 		{name: fmt.Sprintf("floor (fork/exec sh -c true + %d × 512 B fsync)", floorWrites), call: newFloor(b)},
 	}
@@ -177,7 +177,7 @@ func BenchmarkBastionConcurrent64(b *testing.B) {
 		return execTrue(ctx, sessions[worker], "p3-"+strconv.FormatInt(runs.Add(1), 10))
 	}
 	direct := func(int) error {
-		got := execOn(b, ssh, client.Exec{ExecutionID: newID(b), Command: "true"})
+		got := execOn(b, ssh, hostproto.Exec{ExecutionID: newID(b), Command: "true"})
 		if got.err != nil || got.res.ExitStatus != 0 {
 			return fmt.Errorf("hostagent exec: %+v", got)
 		}
@@ -231,7 +231,7 @@ func BenchmarkBastionConcurrent64(b *testing.B) {
 	table(b, fmt.Sprintf("%d concurrent callers, %d calls of `true` each side, in %d alternating rounds (goal: postern ≥ 500 execs/s)", concurrentCallers, concurrentCalls, concurrentRounds),
 		[]string{"", "execs/s", "p50 ms", "p99 ms", "CPU ms/exec: bastion", "hostagent", "supervisor", "commands", "shims+their commands", "callers"},
 		append([]string{"postern (64 MCP sessions → bastion → hostagent)", f0(bastion.rate()), f2(ms(bastion.p(0.5))), f2(ms(bastion.p(0.99)))}, bastion.cpuPerCall()...),
-		append([]string{"hostagent direct (64 client.Run, one SSH conn)", f0(baseline.rate()), f2(ms(baseline.p(0.5))), f2(ms(baseline.p(0.99)))}, baseline.cpuPerCall()...),
+		append([]string{"hostagent direct (64 hostproto.Run, one SSH conn)", f0(baseline.rate()), f2(ms(baseline.p(0.5))), f2(ms(baseline.p(0.99)))}, baseline.cpuPerCall()...),
 		[]string{"postern / hostagent", f2(bastion.rate() / baseline.rate()), f2(float64(bastion.p(0.5)) / float64(baseline.p(0.5))), f2(float64(bastion.p(0.99)) / float64(baseline.p(0.99)))},
 	)
 	b.Logf("postern peak RSS (VmHWM) after the run: %.1f MB", float64(hwm)/1024)

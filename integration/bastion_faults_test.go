@@ -12,6 +12,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -186,7 +187,7 @@ func TestHostConnectionCutAfterStart(t *testing.T) {
 	if n := effects(t, g.file); n != 1 {
 		t.Fatalf("command ran %d times; want 1", n)
 	}
-	if m := hostMarker(t, ctx, cc, marker.ID); m == nil || m.State != markers.Exited {
+	if m := hostMarker(t, ctx, cc, marker.ID); m == nil || m.State != hostproto.MarkerExited {
 		t.Fatalf("host marker = %+v; want exited", m)
 	}
 }
@@ -279,7 +280,7 @@ func TestBastionKilledMidCommand(t *testing.T) {
 				g.open(t)
 				testutil.WaitFor(t, "the command to end on the host", func() bool {
 					m := hostMarker(t, ctx, cc, first.ExecutionID)
-					return m != nil && m.State == markers.Exited
+					return m != nil && m.State == hostproto.MarkerExited
 				})
 			}
 			f.bastion.Start(t)

@@ -18,7 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion/api"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -269,9 +269,9 @@ func metric(t *testing.T, b *testutil.Bastion, series string) float64 {
 
 // hostControl opens the hostagent's control subsystem over SSH (straight to the agent, not
 // through any proxy), to read markers from the host's side.
-func hostControl(t *testing.T, h *testutil.Hostagent) *client.ControlClient {
+func hostControl(t *testing.T, h *testutil.Hostagent) *hostproto.ControlClient {
 	t.Helper()
-	cc, err := client.DialControl(h.Dial(t))
+	cc, err := hostproto.DialControl(h.Dial(t))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -280,7 +280,7 @@ func hostControl(t *testing.T, h *testutil.Hostagent) *client.ControlClient {
 }
 
 // hostMarker returns the host's marker for id, or nil if the host has none.
-func hostMarker(t *testing.T, ctx context.Context, cc *client.ControlClient, id string) *markers.Record {
+func hostMarker(t *testing.T, ctx context.Context, cc *hostproto.ControlClient, id string) *hostproto.Marker {
 	t.Helper()
 	found, _, err := cc.Status(ctx, []string{id})
 	if err != nil {
@@ -294,11 +294,11 @@ func hostMarker(t *testing.T, ctx context.Context, cc *client.ControlClient, id 
 
 // waitForRunningMarker waits until the host has exactly one marker in state running and
 // returns it: the command has started on the host.
-func waitForRunningMarker(t *testing.T, ctx context.Context, cc *client.ControlClient) *markers.Record {
+func waitForRunningMarker(t *testing.T, ctx context.Context, cc *hostproto.ControlClient) *hostproto.Marker {
 	t.Helper()
-	var m *markers.Record
+	var m *hostproto.Marker
 	testutil.WaitFor(t, "a running marker on the host", func() bool {
-		page, _, err := cc.List(ctx, client.ControlListQuery{State: markers.Running})
+		page, _, err := cc.List(ctx, hostproto.ControlListQuery{State: hostproto.MarkerRunning})
 		if err != nil {
 			t.Fatal(err)
 		}

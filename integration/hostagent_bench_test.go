@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 )
 
@@ -53,7 +53,7 @@ func BenchmarkHostagentExecTrue(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
-				if got := execOn(b, c, client.Exec{ExecutionID: newID(b), Command: "true"}); got.err != nil || got.res.ExitStatus != 0 {
+				if got := execOn(b, c, hostproto.Exec{ExecutionID: newID(b), Command: "true"}); got.err != nil || got.res.ExitStatus != 0 {
 					b.Fatalf("exec: %+v", got)
 				}
 				ds = append(ds, time.Since(t0))

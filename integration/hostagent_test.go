@@ -18,7 +18,8 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/procfs"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -48,25 +49,25 @@ func newID(t testing.TB) string {
 
 type outcome struct {
 	stdout, stderr string
-	res            client.Result
+	res            hostproto.Result
 	err            error
 }
 
-func execOn(t testing.TB, c *gossh.Client, x client.Exec) outcome {
+func execOn(t testing.TB, c *gossh.Client, x hostproto.Exec) outcome {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	x.Stdout, x.Stderr = &stdout, &stderr
-	res, err := client.Run(context.Background(), c, x)
+	res, err := hostproto.Run(context.Background(), c, x)
 	return outcome{stdout.String(), stderr.String(), res, err}
 }
 
 // execInBackground starts x and returns once its first marker arrived (the command runs);
 // wait returns the outcome.
-func execInBackground(t testing.TB, c *gossh.Client, x client.Exec) (wait func() outcome) {
+func execInBackground(t testing.TB, c *gossh.Client, x hostproto.Exec) (wait func() outcome) {
 	t.Helper()
 	started := make(chan struct{})
 	var once sync.Once
-	x.OnMarker = func(client.MarkerMessage) { once.Do(func() { close(started) }) }
+	x.OnMarker = func(hostproto.MarkerMessage) { once.Do(func() { close(started) }) }
 	done := make(chan outcome, 1)
 	go func() { done <- execOn(t, c, x) }()
 	select {
@@ -102,15 +103,15 @@ func TestExecUnderMarker(t *testing.T) {
 	h := testutil.StartHostagent(t)
 	c := h.Dial(t)
 	id := newID(t)
-	got := execOn(t, c, client.Exec{ExecutionID: id, Command: "echo out; echo err >&2; exit 3", Fingerprint: "hmac-sha256:abc"})
+	got := execOn(t, c, hostproto.Exec{ExecutionID: id, Command: "echo out; echo err >&2; exit 3", Fingerprint: "hmac-sha256:abc"})
 	if got.err != nil || got.res.ExitStatus != 3 || got.stdout != "out\n" || got.stderr != "err\n" {
 		t.Fatalf("exec = %+v; want exit 3, out, err", got)
 	}
 	first, final := got.res.First, got.res.Final
-	if first == nil || first.Replayed || first.Marker.State != markers.Started || first.Marker.Fingerprint != "hmac-sha256:abc" {
+	if first == nil || first.Replayed || first.Marker.State != hostproto.MarkerStarted || first.Marker.Fingerprint != "hmac-sha256:abc" {
 		t.Errorf("first marker = %+v; want a fresh started marker carrying the fingerprint", first)
 	}
-	if final == nil || final.Marker.State != markers.Exited || *final.Marker.ExitCode != 3 || final.Marker.Output.StdoutBytes != 4 || final.Marker.PID == 0 {
+	if final == nil || final.Marker.State != hostproto.MarkerExited || *final.Marker.ExitCode != 3 || final.Marker.Output.StdoutBytes != 4 || final.Marker.PID == 0 {
 		t.Errorf("final marker = %+v; want exited 3 with output sizes and pid", final)
 	}
 }
@@ -121,8 +122,8 @@ func TestSameIDRunsOnce(t *testing.T) {
 	effects := filepath.Join(t.TempDir(), "effects")
 	id := newID(t)
 	cmd := "echo applied >> " + effects + "; echo migrated; exit 5"
-	first := execOn(t, c, client.Exec{ExecutionID: id, Command: cmd})
-	second := execOn(t, c, client.Exec{ExecutionID: id, Command: cmd})
+	first := execOn(t, c, hostproto.Exec{ExecutionID: id, Command: cmd})
+	second := execOn(t, c, hostproto.Exec{ExecutionID: id, Command: cmd})
 	for i, got := range []outcome{first, second} {
 		if got.err != nil || got.res.ExitStatus != 5 || got.stdout != "migrated\n" {
 			t.Errorf("run %d = %+v; want exit 5 and the output", i+1, got)
@@ -147,7 +148,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 	results := make([]outcome, n)
 	var wg sync.WaitGroup
 	for i := range n {
-		wg.Go(func() { results[i] = execOn(t, clients[i%len(clients)], client.Exec{ExecutionID: id, Command: cmd}) })
+		wg.Go(func() { results[i] = execOn(t, clients[i%len(clients)], hostproto.Exec{ExecutionID: id, Command: cmd}) })
 	}
 	wg.Wait()
 	replayed := 0
@@ -172,12 +173,12 @@ func TestClientDisconnectDoesNotStopCommand(t *testing.T) {
 	cmd := "sleep 1; echo applied >> " + effects + "; echo finished"
 	ctx, cancel := context.WithCancel(context.Background())
 	c := h.Dial(t)
-	_, err := client.Run(ctx, c, client.Exec{ExecutionID: id, Command: cmd, OnMarker: func(client.MarkerMessage) { cancel(); c.Close() }})
+	_, err := hostproto.Run(ctx, c, hostproto.Exec{ExecutionID: id, Command: cmd, OnMarker: func(hostproto.MarkerMessage) { cancel(); c.Close() }})
 	if err == nil {
 		t.Fatal("run survived the dropped connection")
 	}
 	testutil.WaitFor(t, "the command to finish", func() bool { return lines(t, effects) == 1 })
-	again := execOn(t, h.Dial(t), client.Exec{ExecutionID: id, Command: cmd})
+	again := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: id, Command: cmd})
 	if again.err != nil || again.res.ExitStatus != 0 || again.stdout != "finished\n" || !again.res.Replayed() {
 		t.Fatalf("re-issue = %+v; want the replayed result", again)
 	}
@@ -189,18 +190,18 @@ func TestHostagentKilledMidCommand(t *testing.T) {
 	effects := filepath.Join(t.TempDir(), "effects")
 	id := newID(t)
 	cmd := "sleep 2; echo applied >> " + effects + "; echo done; exit 7"
-	waitFirst := execInBackground(t, h.Dial(t), client.Exec{ExecutionID: id, Command: cmd})
+	waitFirst := execInBackground(t, h.Dial(t), hostproto.Exec{ExecutionID: id, Command: cmd})
 	h.Kill(t)
 	first := waitFirst()
-	if !errors.Is(first.err, client.ErrExitMissing) {
+	if !errors.Is(first.err, hostproto.ErrExitMissing) {
 		t.Fatalf("first run after the kill: %v; want ErrExitMissing", first.err)
 	}
 	h.Start(t)
-	again := execOn(t, h.Dial(t), client.Exec{ExecutionID: id, Command: cmd})
+	again := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: id, Command: cmd})
 	if again.err != nil || again.res.ExitStatus != 7 || again.stdout != "done\n" || !again.res.Replayed() {
 		t.Fatalf("re-issue after restart = %+v; want exit 7 from the re-adopted command", again)
 	}
-	if fm := again.res.Final; fm == nil || fm.Marker.State != markers.Exited || *fm.Marker.ExitCode != 7 {
+	if fm := again.res.Final; fm == nil || fm.Marker.State != hostproto.MarkerExited || *fm.Marker.ExitCode != 7 {
 		t.Errorf("final marker = %+v; want exited 7", fm)
 	}
 	ranOnce(t, effects)
@@ -210,7 +211,7 @@ func TestShimKilledIsInterrupted(t *testing.T) {
 	h := testutil.StartHostagent(t)
 	id := newID(t)
 	c := h.Dial(t)
-	waitFirst := execInBackground(t, c, client.Exec{ExecutionID: id, Command: "sleep 30"})
+	waitFirst := execInBackground(t, c, hostproto.Exec{ExecutionID: id, Command: "sleep 30"})
 	shimPID := readShimPID(t, filepath.Join(h.DataDir, "spool", id))
 	if exe, _ := os.Readlink("/proc/" + strconv.Itoa(shimPID) + "/exe"); filepath.Base(exe) != "postern-shim" {
 		t.Errorf("the shim runs %q; want the dedicated postern-shim next to the agent", exe)
@@ -219,10 +220,10 @@ func TestShimKilledIsInterrupted(t *testing.T) {
 		t.Fatal(err)
 	}
 	first := waitFirst()
-	if first.res.ExitStatus != 254 || first.res.Final == nil || first.res.Final.Marker.State != markers.Interrupted {
+	if first.res.ExitStatus != 254 || first.res.Final == nil || first.res.Final.Marker.State != hostproto.MarkerInterrupted {
 		t.Fatalf("attached run = %+v; want 254 with an interrupted marker", first)
 	}
-	again := execOn(t, c, client.Exec{ExecutionID: id, Command: "sleep 30"})
+	again := execOn(t, c, hostproto.Exec{ExecutionID: id, Command: "sleep 30"})
 	if again.res.ExitStatus != 254 || !strings.Contains(again.stderr, "outcome is unknown") {
 		t.Errorf("re-issue = %+v; want 254 and no re-run", again)
 	}
@@ -258,11 +259,11 @@ func TestOperationKey(t *testing.T) {
 			h := testutil.StartHostagent(t, tt.config)
 			c := h.Dial(t)
 			effects := filepath.Join(t.TempDir(), "effects")
-			first := execOn(t, c, client.Exec{ExecutionID: newID(t), OperationKey: "migration:2026_07_22", Command: strings.ReplaceAll(tt.firstCmd, "EFFECTS", effects)})
+			first := execOn(t, c, hostproto.Exec{ExecutionID: newID(t), OperationKey: "migration:2026_07_22", Command: strings.ReplaceAll(tt.firstCmd, "EFFECTS", effects)})
 			if first.err != nil {
 				t.Fatal(first.err)
 			}
-			second := execOn(t, c, client.Exec{ExecutionID: newID(t), OperationKey: "migration:2026_07_22", Command: "echo x >> " + effects})
+			second := execOn(t, c, hostproto.Exec{ExecutionID: newID(t), OperationKey: "migration:2026_07_22", Command: "echo x >> " + effects})
 			if second.res.ExitStatus != tt.wantSecond || !strings.Contains(second.stderr, tt.wantStderr) {
 				t.Errorf("second = %+v; want exit %d mentioning %q", second, tt.wantSecond, tt.wantStderr)
 			}
@@ -275,8 +276,8 @@ func TestOperationKey(t *testing.T) {
 
 func TestTimeout(t *testing.T) {
 	h := testutil.StartHostagent(t)
-	got := execOn(t, h.Dial(t), client.Exec{ExecutionID: newID(t), Command: "trap '' TERM; sleep 30", Timeout: time.Second})
-	if got.res.ExitStatus != 124 || got.res.Final == nil || got.res.Final.Marker.State != markers.TimedOut {
+	got := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: newID(t), Command: "trap '' TERM; sleep 30", Timeout: time.Second})
+	if got.res.ExitStatus != 124 || got.res.Final == nil || got.res.Final.Marker.State != hostproto.MarkerTimedOut {
 		t.Fatalf("exec = %+v; want 124 and a timed_out marker", got)
 	}
 }
@@ -329,7 +330,7 @@ func TestCheckpointsFromTheCommand(t *testing.T) {
 	h := testutil.StartHostagent(t)
 	bin := testutil.Binary(t, "postern-hostagent")
 	cmd := bin + ` marker checkpoint "schema applied" && ` + bin + ` marker validated && echo ok`
-	got := execOn(t, h.Dial(t), client.Exec{ExecutionID: newID(t), Command: cmd})
+	got := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: newID(t), Command: cmd})
 	if got.err != nil || got.res.ExitStatus != 0 || got.stdout != "ok\n" {
 		t.Fatalf("exec = %+v; want exit 0", got)
 	}
@@ -349,22 +350,22 @@ func TestControlOverSSH(t *testing.T) {
 	c := h.Dial(t)
 	ctx := context.Background()
 	id := newID(t)
-	waitAttached := execInBackground(t, c, client.Exec{ExecutionID: id, Command: "echo begun; sleep 30"})
-	cc, err := client.DialControl(c)
+	waitAttached := execInBackground(t, c, hostproto.Exec{ExecutionID: id, Command: "echo begun; sleep 30"})
+	cc, err := hostproto.DialControl(c)
 	if err != nil {
 		t.Fatalf("DialControl: %v", err)
 	}
 	defer cc.Close()
 	testutil.WaitFor(t, "the marker to be running", func() bool {
 		found, _, err := cc.Status(ctx, []string{id})
-		return err == nil && len(found) == 1 && found[0].State == markers.Running
+		return err == nil && len(found) == 1 && found[0].State == hostproto.MarkerRunning
 	})
-	running, _, err := cc.List(ctx, client.ControlListQuery{State: markers.Running})
+	running, _, err := cc.List(ctx, hostproto.ControlListQuery{State: hostproto.MarkerRunning})
 	if err != nil || len(running) != 1 || running[0].ID != id {
 		t.Fatalf("list running = %v, %v; want %s", running, err, id)
 	}
 	rec, err := cc.Cancel(ctx, id)
-	if err != nil || rec.State != markers.Cancelled {
+	if err != nil || rec.State != hostproto.MarkerCancelled {
 		t.Fatalf("cancel = %+v, %v; want cancelled", rec, err)
 	}
 	attached := waitAttached()
@@ -397,7 +398,7 @@ func TestControlOverSSH(t *testing.T) {
 func TestMarkersCLI(t *testing.T) {
 	h := testutil.StartHostagent(t)
 	id := newID(t)
-	if got := execOn(t, h.Dial(t), client.Exec{ExecutionID: id, Command: "echo hello"}); got.err != nil {
+	if got := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: id, Command: "echo hello"}); got.err != nil {
 		t.Fatal(got.err)
 	}
 	bin := testutil.Binary(t, "postern-hostagent")
@@ -460,12 +461,12 @@ func TestNeverStartedRunsOnRetry(t *testing.T) {
 	store.Close()
 	h.Start(t)
 	c := h.Dial(t)
-	got := execOn(t, c, client.Exec{ExecutionID: same, Command: cmd})
-	if got.res.ExitStatus != 0 || !strings.Contains(got.stderr, "never ran") || got.res.Final.Marker.State != markers.Exited {
+	got := execOn(t, c, hostproto.Exec{ExecutionID: same, Command: cmd})
+	if got.res.ExitStatus != 0 || !strings.Contains(got.stderr, "never ran") || got.res.Final.Marker.State != hostproto.MarkerExited {
 		t.Errorf("retry of the never-started execution = %+v; want it run now", got)
 	}
 	ranOnce(t, effects)
-	if got := execOn(t, c, client.Exec{ExecutionID: other, Command: "echo something else"}); got.res.ExitStatus != 255 || !strings.Contains(got.stderr, "another command") {
+	if got := execOn(t, c, hostproto.Exec{ExecutionID: other, Command: "echo something else"}); got.res.ExitStatus != 255 || !strings.Contains(got.stderr, "another command") {
 		t.Errorf("another command under a never-started id = %+v; want 255", got)
 	}
 }
@@ -473,7 +474,7 @@ func TestNeverStartedRunsOnRetry(t *testing.T) {
 // loginShell is the shell the agent runs commands with for its account.
 func loginShell(t testing.TB, h *testutil.Hostagent) string {
 	t.Helper()
-	got := execOn(t, h.Dial(t), client.Exec{ExecutionID: newID(t), Command: "true"})
+	got := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: newID(t), Command: "true"})
 	if got.res.First == nil {
 		t.Fatalf("no marker: %+v", got)
 	}
@@ -489,7 +490,7 @@ func TestHarnessReapsDetachedCommands(t *testing.T) {
 		h := testutil.StartHostagent(t)
 		c := h.Dial(t)
 		// The grandchild writes its pid, then outlives the shell's exec window.
-		execInBackground(t, c, client.Exec{ExecutionID: newID(t), Command: "sleep 300 & echo $! > " + pidFile + "; wait"})
+		execInBackground(t, c, hostproto.Exec{ExecutionID: newID(t), Command: "sleep 300 & echo $! > " + pidFile + "; wait"})
 		testutil.WaitFor(t, "the command's child to start", func() bool { return lines(t, pidFile) == 1 })
 	})
 	data, err := os.ReadFile(pidFile)
@@ -501,9 +502,8 @@ func TestHarnessReapsDetachedCommands(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Gone, or a zombie waiting for init to reap it.
-	stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err == nil && !strings.Contains(string(stat), ") Z ") {
-		t.Errorf("the command's child %d outlived its test: %s", pid, stat)
+	if st, err := procfs.ReadStat(pid); err == nil && st.State != 'Z' {
+		t.Errorf("the command's child %d outlived its test: %+v", pid, st)
 	}
 }
 
@@ -536,7 +536,7 @@ func TestUpgradeKeepsCommandsRunning(t *testing.T) {
 	proceed := filepath.Join(t.TempDir(), "proceed")
 	id := newID(t)
 	cmd := "while [ ! -e " + proceed + " ]; do sleep 0.05; done; echo applied >> " + effects + "; echo done; exit 6"
-	waitFirst := execInBackground(t, h.Dial(t), client.Exec{ExecutionID: id, Command: cmd})
+	waitFirst := execInBackground(t, h.Dial(t), hostproto.Exec{ExecutionID: id, Command: cmd})
 	oldSupervisor := readShimPID(t, filepath.Join(h.DataDir, "spool", id))
 
 	install() // the upgrade: new files under the same names
@@ -547,7 +547,7 @@ func TestUpgradeKeepsCommandsRunning(t *testing.T) {
 		t.Fatalf("the supervisor of the running command ended with the upgrade: %v", err)
 	}
 	freshID := newID(t)
-	fresh := execOn(t, h.Dial(t), client.Exec{ExecutionID: freshID, Command: "true"})
+	fresh := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: freshID, Command: "true"})
 	if fresh.err != nil || fresh.res.ExitStatus != 0 {
 		t.Fatalf("a new command after the upgrade = %+v", fresh)
 	}
@@ -557,7 +557,7 @@ func TestUpgradeKeepsCommandsRunning(t *testing.T) {
 	if err := os.WriteFile(proceed, nil, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	again := execOn(t, h.Dial(t), client.Exec{ExecutionID: id, Command: cmd})
+	again := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: id, Command: cmd})
 	if again.err != nil || again.res.ExitStatus != 6 || again.stdout != "done\n" || !again.res.Replayed() {
 		t.Fatalf("re-issue after the upgrade = %+v; want exit 6 from the adopted command", again)
 	}

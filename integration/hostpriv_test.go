@@ -15,7 +15,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 )
@@ -126,7 +126,7 @@ func TestCommandsDoNotInheritDescriptors(t *testing.T) {
 		t.Fatalf("the hostagent does not hold the leaked fd %d (%q, %v): the test proves nothing", leaked, target, err)
 	}
 
-	got := execOn(t, h.Dial(t), client.Exec{ExecutionID: newID(t),
+	got := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: newID(t),
 		Command: "id -un; ls /proc/self/fd; cat <&" + strconv.Itoa(leaked)})
 	if got.err != nil {
 		t.Fatal(got.err)

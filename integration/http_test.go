@@ -25,6 +25,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/internal/procfs"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
@@ -491,14 +492,9 @@ func pluginPID(t *testing.T, bastionPID int) int {
 		if err != nil {
 			continue
 		}
-		stat, err := os.ReadFile("/proc/" + e.Name() + "/stat")
-		if err != nil {
-			continue // gone meanwhile
-		}
-		// Fields after the command name (which may hold spaces): state, ppid, ...
-		fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-		if len(fields) < 2 || fields[1] != strconv.Itoa(bastionPID) || fields[0] == "Z" {
-			continue
+		st, err := procfs.ReadStat(pid)
+		if err != nil || st.PPID != bastionPID || st.State == 'Z' {
+			continue // gone meanwhile, or not the bastion's
 		}
 		exe, err := os.Readlink("/proc/" + e.Name() + "/exe")
 		if err == nil && strings.HasPrefix(filepath.Base(exe), "postern-plugin-http") {
@@ -720,12 +716,8 @@ func TestHTTPDuplicateWhileInFlight(t *testing.T) {
 
 // processGone reports whether pid has exited (gone, or a zombie nobody reaped yet).
 func processGone(pid int) bool {
-	stat, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	fields := strings.Fields(string(stat[bytes.LastIndexByte(stat, ')')+1:]))
-	return len(fields) > 0 && (fields[0] == "Z" || fields[0] == "X")
+	st, err := procfs.ReadStat(pid)
+	return err != nil || st.State == 'Z' || st.State == 'X'
 }
 
 // TestHTTPBastionKilledMidRequest: the bastion is SIGKILLed while the target holds a

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 )
@@ -154,7 +154,7 @@ func sshOutcome(t *testing.T, err error, stdout, stderr *bytes.Buffer) sshResult
 // reply lines, keepalives left out.
 func (ta *twoAccounts) control(t *testing.T, identity, account string, requests ...string) []string {
 	t.Helper()
-	res := ta.ssh(t, identity, account, "", "", strings.Join(requests, "\n")+"\n", "-s", client.ControlSubsystem)
+	res := ta.ssh(t, identity, account, "", "", strings.Join(requests, "\n")+"\n", "-s", hostproto.ControlSubsystem)
 	if res.status != 0 {
 		t.Fatalf("control as %s: status %d, stderr %q", account, res.status, res.stderr)
 	}
@@ -289,12 +289,12 @@ func TestOperationKeyConflictNamesNoOtherIdentitysExecution(t *testing.T) {
 		t.Fatalf("holder = %+v", got)
 	}
 	other := ta.ssh(t, ta.keyB, ta.b.Name, newID(t), "db-migrate-42", "", "echo again")
-	if other.status != client.ExitOperationTaken || other.stdout != "" || strings.Contains(other.stderr, holder) ||
+	if other.status != hostproto.ExitOperationTaken || other.stdout != "" || strings.Contains(other.stderr, holder) ||
 		!strings.Contains(other.stderr, `operation key "db-migrate-42" is taken by another execution; not started`) {
 		t.Errorf("another identity = %+v; want 253, the key taken, no execution id", other)
 	}
 	own := ta.ssh(t, ta.keyA, ta.a.Name, newID(t), "db-migrate-42", "", "echo again")
-	if own.status != client.ExitOperationTaken || !strings.Contains(own.stderr, holder) {
+	if own.status != hostproto.ExitOperationTaken || !strings.Contains(own.stderr, holder) {
 		t.Errorf("owner = %+v; want 253 naming %s", own, holder)
 	}
 }
@@ -306,7 +306,7 @@ func TestNoExecutionIDInProcessArguments(t *testing.T) {
 	id := newID(t)
 	dir := t.TempDir()
 	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")
-	wait := execInBackground(t, h.Dial(t), client.Exec{ExecutionID: id,
+	wait := execInBackground(t, h.Dial(t), hostproto.Exec{ExecutionID: id,
 		Command: "touch " + started + "; while [ ! -e " + release + " ]; do sleep 0.05; done"})
 	defer func() {
 		os.WriteFile(release, nil, 0o600)
@@ -398,12 +398,12 @@ const holdConnsRole = "hold-control-connections"
 func holdControlConnections(socket string, count int) {
 	held := 0
 	for range count {
-		c, err := client.DialLocalControl(context.Background(), socket)
+		c, err := hostproto.DialLocalControl(context.Background(), socket)
 		if err != nil {
 			continue
 		}
 		// Served connections answer (forbidden: not an operator); refused ones say busy.
-		if _, err := c.Export(context.Background(), io.Discard); errors.Is(err, client.ErrForbidden) {
+		if _, err := c.Export(context.Background(), io.Discard); errors.Is(err, hostproto.ErrForbidden) {
 			held++
 			defer c.Close()
 		} else {
@@ -455,12 +455,12 @@ func TestLocalSocketSlotsPerAccount(t *testing.T) {
 	// An operator (root) still lists markers.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	op, err := client.DialLocalControl(ctx, ta.socket)
+	op, err := hostproto.DialLocalControl(ctx, ta.socket)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer op.Close()
-	if _, _, err := op.List(ctx, client.ControlListQuery{}); err != nil {
+	if _, _, err := op.List(ctx, hostproto.ControlListQuery{}); err != nil {
 		t.Errorf("operator's list while another account holds connections: %v", err)
 	}
 	// Another account's command still reports its checkpoint.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -65,7 +66,7 @@ func checkExited(t *testing.T, inv *api.Investigation) {
 	if o.ExitCode == nil || *o.ExitCode != 0 || o.ObservedAt == nil {
 		t.Errorf("outcome = %+v; want exit 0 observed", o)
 	}
-	if o.Marker == nil || o.Marker.State != markers.Exited || o.Marker.ExitCode == nil || *o.Marker.ExitCode != 0 {
+	if o.Marker == nil || o.Marker.State != hostproto.MarkerExited || o.Marker.ExitCode == nil || *o.Marker.ExitCode != 0 {
 		t.Errorf("host marker = %+v (%s); want exited 0, asked live", o.Marker, o.MarkerNote)
 	}
 	if !strings.Contains(inv.Answers[2], "exit 0") || !strings.Contains(inv.Answers[2], "asked now") {

@@ -18,7 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion/api"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -462,7 +462,7 @@ class = "irreversible"`}})
 	a := mustCall(t, ctx, cs, "ssh_exec", argsNotRun)
 	b := mustCall(t, ctx, cs, "ssh_exec", argsTookEffect)
 	testutil.WaitFor(t, "both commands to run on the host", func() bool {
-		page, _, err := cc.List(ctx, client.ControlListQuery{State: markers.Running})
+		page, _, err := cc.List(ctx, hostproto.ControlListQuery{State: hostproto.MarkerRunning})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -525,7 +525,7 @@ class = "irreversible"`}})
 	for _, id := range []string{a.ExecutionID, b.ExecutionID} {
 		testutil.WaitFor(t, "the host to see "+id+" exit", func() bool {
 			m := hostMarker(t, ctx, cc, id)
-			return m != nil && m.State == markers.Exited
+			return m != nil && m.State == hostproto.MarkerExited
 		})
 	}
 }

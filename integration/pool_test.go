@@ -10,7 +10,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion/fleet"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 )
 
@@ -40,7 +40,7 @@ func TestPoolSharesOneConnectionAndRedials(t *testing.T) {
 	if err != nil || again != first {
 		t.Fatalf("second Conn = %p, %v; want the pooled %p", again, err, first)
 	}
-	if got := execOn(t, first, client.Exec{ExecutionID: newID(t), Command: "echo pooled"}); got.err != nil || got.stdout != "pooled\n" {
+	if got := execOn(t, first, hostproto.Exec{ExecutionID: newID(t), Command: "echo pooled"}); got.err != nil || got.stdout != "pooled\n" {
 		t.Fatalf("exec over the pool = %+v", got)
 	}
 
@@ -55,7 +55,7 @@ func TestPoolSharesOneConnectionAndRedials(t *testing.T) {
 		redialed = c
 		return true
 	})
-	if got := execOn(t, redialed, client.Exec{ExecutionID: newID(t), Command: "echo again"}); got.err != nil || got.stdout != "again\n" {
+	if got := execOn(t, redialed, hostproto.Exec{ExecutionID: newID(t), Command: "echo again"}); got.err != nil || got.stdout != "again\n" {
 		t.Fatalf("exec after redial = %+v", got)
 	}
 }
@@ -96,7 +96,7 @@ func TestPoolDropsASilentConnection(t *testing.T) {
 	if err != nil || again == first {
 		t.Fatalf("Conn after the drop = %p, %v; want a new connection", again, err)
 	}
-	if got := execOn(t, again, client.Exec{ExecutionID: newID(t), Command: "echo back"}); got.err != nil || got.stdout != "back\n" {
+	if got := execOn(t, again, hostproto.Exec{ExecutionID: newID(t), Command: "echo back"}); got.err != nil || got.stdout != "back\n" {
 		t.Fatalf("exec on the new connection = %+v", got)
 	}
 }

@@ -18,7 +18,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion/api"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
@@ -49,7 +49,7 @@ type soakHistory struct {
 	// journal holds every execution of the soak's actors, by id.
 	journal map[string]*markers.Record
 	// hostMarkers are each host's markers, by host then id.
-	hostMarkers map[string]map[string]*markers.Record
+	hostMarkers map[string]map[string]*hostproto.Marker
 	// lines are each host's effects-file lines, by host then execution id (the tags written).
 	lines map[string]map[string][]string
 	// httpEffects counts the target's effects by Idempotency-Key; httpTags are the tags of
@@ -164,7 +164,7 @@ func (s *soak) settle(t *testing.T, ctx context.Context) *soakHistory {
 	}
 	j = s.waitSettled(t, time.Minute)
 
-	h := &soakHistory{journal: j, hostMarkers: map[string]map[string]*markers.Record{},
+	h := &soakHistory{journal: j, hostMarkers: map[string]map[string]*hostproto.Marker{},
 		lines: map[string]map[string][]string{}, httpEffects: map[string]int{}, httpTags: map[string]map[string]bool{}}
 	for _, host := range s.hosts {
 		if host.agent == nil {
@@ -189,13 +189,13 @@ func (s *soak) settle(t *testing.T, ctx context.Context) *soakHistory {
 }
 
 // allMarkers lists every marker on the host, straight from its agent.
-func allMarkers(t *testing.T, ctx context.Context, h *testutil.Hostagent) map[string]*markers.Record {
+func allMarkers(t *testing.T, ctx context.Context, h *testutil.Hostagent) map[string]*hostproto.Marker {
 	t.Helper()
 	cc := hostControl(t, h)
-	out := map[string]*markers.Record{}
+	out := map[string]*hostproto.Marker{}
 	cursor := ""
 	for {
-		page, next, err := cc.List(ctx, client.ControlListQuery{Limit: 1000, Cursor: cursor})
+		page, next, err := cc.List(ctx, hostproto.ControlListQuery{Limit: 1000, Cursor: cursor})
 		if err != nil {
 			t.Fatalf("list markers: %v", err)
 		}
@@ -490,21 +490,21 @@ func (s *soak) checkMarkers(v *soakVerdict, h *soakHistory) {
 		lines := len(h.lines[r.Host][r.ID])
 		switch r.State {
 		case markers.Completed:
-			if m == nil || m.State != markers.Exited || !sameExit(m.ExitCode, r.ExitCode) || m.Signal != r.Signal {
+			if m == nil || m.State != hostproto.MarkerExited || !sameExit(m.ExitCode, r.ExitCode) || m.Signal != r.Signal {
 				v.fail("journal agrees with markers", "%s completed (exit %v %s); host marker %s", r.ID, deref(r.ExitCode), r.Signal, describeMarker(m))
 			}
 			if lines != 1 {
 				v.fail("journal agrees with effects", "%s completed; its command left %d lines", r.ID, lines)
 			}
 		case markers.Failed:
-			if m != nil && m.State != markers.NotStarted && m.State != markers.StartFailed {
+			if m != nil && m.State != hostproto.MarkerNotStarted && m.State != hostproto.MarkerStartFailed {
 				v.fail("journal agrees with markers", "%s failed (provably not run); host marker %s", r.ID, describeMarker(m))
 			}
 			if lines != 0 {
 				v.fail("journal agrees with effects", "%s failed (provably not run); its command left %d lines", r.ID, lines)
 			}
 		case markers.Unknown:
-			if m != nil && (m.State == markers.Exited || m.State == markers.Running || m.State == markers.Started) {
+			if m != nil && (m.State == hostproto.MarkerExited || m.State == hostproto.MarkerRunning || m.State == hostproto.MarkerStarted) {
 				v.fail("journal agrees with markers", "%s is unknown though its host marker is %s (evidence %q)", r.ID, describeMarker(m), r.Evidence)
 			}
 		}
@@ -563,7 +563,7 @@ func deref(p *int) any {
 	return *p
 }
 
-func describeMarker(m *markers.Record) string {
+func describeMarker(m *hostproto.Marker) string {
 	if m == nil {
 		return "absent"
 	}

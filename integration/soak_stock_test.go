@@ -13,8 +13,8 @@ import (
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
-	"github.com/postern-dev/postern/markers"
 )
 
 // The soak's host without the hostagent: Debian's sshd with a throwaway account and the
@@ -44,14 +44,14 @@ func newStockSoakHost(t *testing.T, b *testutil.Bastion, name string) *soakHost 
 // stockMarkers reads the marker script's markers straight from the account's home, as the
 // host's records in the checker's terms: an exit record is exited; a start without one,
 // running while the wrapper lives, else interrupted; a bare claim never started.
-func stockMarkers(t *testing.T, home string) map[string]*markers.Record {
+func stockMarkers(t *testing.T, home string) map[string]*hostproto.Marker {
 	t.Helper()
 	dir := filepath.Join(home, ".postern", "markers")
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		t.Fatalf("marker script markers: %v", err)
 	}
-	out := map[string]*markers.Record{}
+	out := map[string]*hostproto.Marker{}
 	// fields reads a record's fields; none when it is missing or only partly written.
 	fields := func(id, name string, n int) []string {
 		data, _ := os.ReadFile(filepath.Join(dir, id, name))
@@ -61,17 +61,17 @@ func stockMarkers(t *testing.T, home string) map[string]*markers.Record {
 		return nil
 	}
 	for _, e := range entries {
-		m := &markers.Record{ID: e.Name(), State: markers.NotStarted}
+		m := &hostproto.Marker{ID: e.Name(), State: hostproto.MarkerNotStarted}
 		if exit := fields(e.Name(), "exit", 1); exit != nil {
 			code, err := strconv.Atoi(exit[0])
 			if err != nil {
 				t.Fatalf("marker %s: exit record %q", e.Name(), exit)
 			}
-			m.State, m.ExitCode = markers.Exited, &code
+			m.State, m.ExitCode = hostproto.MarkerExited, &code
 		} else if started := fields(e.Name(), "started", 3); started != nil {
-			m.State = markers.Interrupted
+			m.State = hostproto.MarkerInterrupted
 			if pid, _ := strconv.Atoi(started[0]); pid > 0 && syscall.Kill(pid, 0) == nil {
-				m.State = markers.Running
+				m.State = hostproto.MarkerRunning
 			}
 		}
 		out[m.ID] = m

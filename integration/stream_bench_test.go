@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 )
 
@@ -42,7 +42,7 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 // receive 64 MiB and a truncation notice. The result's stdout_bytes is checked to be the
 // whole GiB. Postern's time includes the shim's fsync of the 1 GiB spool before the command
 // counts as exited: the durability the design asks for, which OpenSSH does not do. The same
-// hostagent reached directly (client.Run, output counted and dropped) shows what the bastion
+// hostagent reached directly (hostproto.Run, output counted and dropped) shows what the bastion
 // adds; OpenSSH is the multiplexed client against a local sshd with stdout on /dev/null, and
 // once more with the cipher Go's SSH uses. The bastion's peak RSS (VmHWM) after the run is
 // reported too.
@@ -85,7 +85,7 @@ func BenchmarkStream1GiB(b *testing.B) {
 	}
 	direct := func() error {
 		var out countingWriter
-		res, err := client.Run(ctx, conn, client.Exec{ExecutionID: newID(b), Command: streamCommand, Stdout: &out})
+		res, err := hostproto.Run(ctx, conn, hostproto.Exec{ExecutionID: newID(b), Command: streamCommand, Stdout: &out})
 		if err != nil || res.ExitStatus != 0 || out.n != streamBytes {
 			return fmt.Errorf("hostagent exec: %+v, %v, %d bytes (want %d)", res, err, out.n, streamBytes)
 		}
@@ -108,7 +108,7 @@ func BenchmarkStream1GiB(b *testing.B) {
 		best time.Duration
 	}{
 		{name: "postern (MCP → bastion → hostagent)", call: postern},
-		{name: "hostagent direct (client.Run, one SSH conn)", call: direct},
+		{name: "hostagent direct (hostproto.Run, one SSH conn)", call: direct},
 		{name: "openssh (multiplexed ssh → sshd, default cipher)", call: openssh(sshArgs)},
 		{name: "openssh (new connection, aes128-gcm)", call: openssh(aesArgs)},
 	}

@@ -3,6 +3,7 @@ package api
 import (
 	"time"
 
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -62,8 +63,8 @@ type ObservedOutcome struct {
 	Evidence   []string   `json:"evidence,omitempty"`
 	// Marker is the host's marker, asked live; MarkerNote says what the host answered or
 	// why it could not be asked.
-	Marker     *markers.Record `json:"marker,omitempty"`
-	MarkerNote string          `json:"marker_note"`
+	Marker     *hostproto.Marker `json:"marker,omitempty"`
+	MarkerNote string            `json:"marker_note"`
 }
 
 // DeliveryAnswer is the answer to question 4.

@@ -3,6 +3,7 @@ package api
 import (
 	"time"
 
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -20,6 +21,9 @@ type HostHealth struct {
 	Addr    string `json:"addr"`
 	OK      bool   `json:"ok"`
 	Version string `json:"version,omitempty"`
+	// Protocol is the host protocol version the bastion's connection to it speaks
+	// (hostproto.Version of the older side).
+	Protocol int `json:"protocol,omitempty"`
 	// Guarantee is set for hosts without the hostagent (no version to report).
 	Guarantee string `json:"guarantee,omitempty"`
 	// Problem and Fix say what is wrong and what to do about it (empty when OK).
@@ -47,9 +51,9 @@ type ExecutionPage struct {
 
 // MarkerPage is a host's answer to a markers query.
 type MarkerPage struct {
-	Host    string            `json:"host"`
-	Markers []*markers.Record `json:"markers"`
-	Next    string            `json:"next,omitempty"`
+	Host    string              `json:"host"`
+	Markers []*hostproto.Marker `json:"markers"`
+	Next    string              `json:"next,omitempty"`
 }
 
 // RunPage is a list of agent runs.

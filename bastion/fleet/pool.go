@@ -11,6 +11,9 @@ import (
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/version"
 )
 
 // Host is an enrolled fleet machine: where its hostagent (or, without one, its sshd) listens,
@@ -93,6 +96,8 @@ var ErrHostUnreachable = errors.New("bastion: host unreachable")
 type pooledConn struct {
 	client *gossh.Client
 	key    gossh.PublicKey
+	// protocol is the host protocol version agreed when it connected (hostproto.SayHello).
+	protocol int
 }
 
 // NewPool returns an empty pool.
@@ -148,7 +153,7 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 	if backingOff && time.Now().Before(failed.until) && !errors.Is(failed.err, ErrHostKeyMismatch) {
 		return nil, fmt.Errorf("%w: %s: %v (next dial in %s)", ErrHostUnreachable, h.Name, failed.err, time.Until(failed.until).Round(time.Millisecond))
 	}
-	client, err := p.dial(ctx, h)
+	client, protocol, err := p.dial(ctx, h)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.mu.Lock()
@@ -164,7 +169,7 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 	p.mu.Lock()
 	delete(p.failing, h.Name)
 	p.mu.Unlock()
-	pc := &pooledConn{client: client, key: h.HostKey}
+	pc := &pooledConn{client: client, key: h.HostKey, protocol: protocol}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -199,6 +204,17 @@ func (p *Pool) Connected(name string) bool {
 	return p.conns[name] != nil
 }
 
+// Protocol is the host protocol version the pooled connection to the host named name speaks
+// (see hostproto, "Compatibility"); 0 when there is none.
+func (p *Pool) Protocol(name string) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pc := p.conns[name]; pc != nil {
+		return pc.protocol
+	}
+	return 0
+}
+
 // current returns the live pooled connection to h, if any.
 func (p *Pool) current(h Host) *gossh.Client {
 	p.mu.Lock()
@@ -215,13 +231,14 @@ func (p *Pool) current(h Host) *gossh.Client {
 	return pc.client
 }
 
-func (p *Pool) dial(ctx context.Context, h Host) (*gossh.Client, error) {
+// dial connects to h, checks its host key, and agrees on the host protocol version.
+func (p *Pool) dial(ctx context.Context, h Host) (*gossh.Client, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.DialTimeout)
 	defer cancel()
 	var d net.Dialer
 	raw, err := d.DialContext(ctx, "tcp", h.Addr)
 	if err != nil {
-		return nil, fmt.Errorf("bastion: dial %s (%s): %w", h.Name, h.Addr, err)
+		return nil, 0, fmt.Errorf("bastion: dial %s (%s): %w", h.Name, h.Addr, err)
 	}
 	if deadline, ok := ctx.Deadline(); ok {
 		raw.SetDeadline(deadline)
@@ -244,13 +261,20 @@ func (p *Pool) dial(ctx context.Context, h Host) (*gossh.Client, error) {
 		if errors.Is(err, ErrHostKeyMismatch) {
 			p.log.Error("host key mismatch: refusing the host", "host", h.Name,
 				"enrolled", gossh.FingerprintSHA256(h.HostKey), "presented", gossh.FingerprintSHA256(presented))
-			return nil, fmt.Errorf("%w: %s presented %s, enrolled %s", ErrHostKeyMismatch, h.Name,
+			return nil, 0, fmt.Errorf("%w: %s presented %s, enrolled %s", ErrHostKeyMismatch, h.Name,
 				gossh.FingerprintSHA256(presented), gossh.FingerprintSHA256(h.HostKey))
 		}
-		return nil, fmt.Errorf("bastion: ssh handshake with %s: %w", h.Name, err)
+		return nil, 0, fmt.Errorf("bastion: ssh handshake with %s: %w", h.Name, err)
+	}
+	client := gossh.NewClient(conn, chans, reqs)
+	// Still under the dial's deadline: a host that does not answer the hello is not connected.
+	protocol, _, err := hostproto.SayHello(client, version.String())
+	if err != nil {
+		client.Close()
+		return nil, 0, fmt.Errorf("bastion: host %s: %w", h.Name, err)
 	}
 	raw.SetDeadline(time.Time{})
-	return gossh.NewClient(conn, chans, reqs), nil
+	return client, protocol, nil
 }
 
 // keepalive probes the connection until it fails or the pool closes, then drops it.

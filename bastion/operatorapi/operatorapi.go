@@ -38,7 +38,8 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/policy"
-	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/peercred"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -60,7 +61,7 @@ type Engine interface {
 	Hosts() (*api.HostsResult, error)
 	// HostMarkers and HostMarker ask a host for its markers.
 	HostMarkers(ctx context.Context, host string, q api.MarkerQuery) (*api.MarkerPage, error)
-	HostMarker(ctx context.Context, host, id string) (*markers.Record, error)
+	HostMarker(ctx context.Context, host, id string) (*hostproto.Marker, error)
 	ExportAudit(w io.Writer) error
 	AuditKey() (string, error)
 	PendingApprovals(limit int) ([]*markers.Record, error)
@@ -295,7 +296,7 @@ func ConnContext(ctx context.Context, c net.Conn) context.Context {
 	name := "operator:unknown"
 	// The socket's accept check already admitted the peer; a peer whose credentials cannot be
 	// read is named unknown in the journal's decisions.
-	if cred, err := transport.PeerCredentials(c); err == nil {
+	if cred, err := peercred.Read(c); err == nil {
 		name = "operator:uid" + strconv.Itoa(int(cred.Uid))
 		if u, err := user.LookupId(strconv.Itoa(int(cred.Uid))); err == nil {
 			name = "operator:" + u.Username

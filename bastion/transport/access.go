@@ -11,7 +11,7 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/postern-dev/postern/internal/peercred"
 )
 
 // Who may connect to a local socket is decided at accept, from the kernel's word on the peer
@@ -98,7 +98,7 @@ func (g *guardedListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		cred, err := PeerCredentials(c)
+		cred, err := peercred.Read(c)
 		if err != nil {
 			c.Close()
 			g.refused(-1, -1, err.Error())
@@ -183,29 +183,6 @@ func (g *guardedListener) refused(uid, pid int, reason string) {
 	g.lastLog, g.suppressed = now, 0
 	g.mu.Unlock()
 	g.logger.Warn("local connection refused", "socket", g.path, "uid", uid, "pid", pid, "reason", reason, "refusals_not_logged", suppressed)
-}
-
-// PeerCredentials is the kernel's word on who is at the other end of a unix connection.
-func PeerCredentials(c net.Conn) (*unix.Ucred, error) {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return nil, fmt.Errorf("transport: %T is not a unix connection", c)
-	}
-	raw, err := uc.SyscallConn()
-	if err != nil {
-		return nil, fmt.Errorf("transport: peer credentials: %w", err)
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return nil, fmt.Errorf("transport: peer credentials: %w", err)
-	}
-	if credErr != nil {
-		return nil, fmt.Errorf("transport: SO_PEERCRED: %w", credErr)
-	}
-	return cred, nil
 }
 
 // checkReachable verifies that other users can search every directory above path (the

@@ -14,6 +14,8 @@ import (
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
+	"github.com/postern-dev/postern/internal/procfs"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
@@ -165,15 +167,11 @@ func serveUnix(t testing.TB, ts *testServer) string {
 // selfScope is the scope the kernel gives this test process.
 func selfScope(t testing.TB) string {
 	t.Helper()
-	data, err := os.ReadFile("/proc/self/stat")
+	start, err := procfs.StartTime(os.Getpid())
 	if err != nil {
 		t.Fatal(err)
 	}
-	st, err := parseProcStat(data)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return "run:" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatUint(st.StartTicks, 10)
+	return "run:" + strconv.Itoa(os.Getpid()) + "-" + strconv.FormatUint(start, 10)
 }
 
 // parentScope is the scope the kernel gives this test process's parent.

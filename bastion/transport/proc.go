@@ -2,47 +2,15 @@ package transport
 
 import (
 	"bytes"
-	"errors"
 	"fmt"
 	"io"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+
+	"github.com/postern-dev/postern/internal/procfs"
 )
-
-// errBadStat reports a /proc/<pid>/stat that does not parse.
-var errBadStat = errors.New("malformed /proc stat")
-
-// procStat is what the scope rule needs from /proc/<pid>/stat.
-type procStat struct {
-	PPID       int
-	StartTicks uint64 // field 22: start time after boot, in clock ticks
-}
-
-// parseProcStat parses /proc/<pid>/stat. The comm field (2) is in parentheses and may itself
-// contain spaces and parentheses, so the fixed fields start after the LAST ')'.
-func parseProcStat(data []byte) (procStat, error) {
-	end := bytes.LastIndexByte(data, ')')
-	if end < 0 || bytes.IndexByte(data[:end], '(') < 0 {
-		return procStat{}, fmt.Errorf("%w: no (comm)", errBadStat)
-	}
-	// fields[0] is field 3 (state), so field N is fields[N-3].
-	fields := bytes.Fields(data[end+1:])
-	const ppidField, startField = 4, 22
-	if len(fields) < startField-2 {
-		return procStat{}, fmt.Errorf("%w: %d fields after comm", errBadStat, len(fields))
-	}
-	ppid, err := strconv.Atoi(string(fields[ppidField-3]))
-	if err != nil || ppid < 0 {
-		return procStat{}, fmt.Errorf("%w: ppid %q", errBadStat, fields[ppidField-3])
-	}
-	start, err := strconv.ParseUint(string(fields[startField-3]), 10, 64)
-	if err != nil {
-		return procStat{}, fmt.Errorf("%w: starttime %q", errBadStat, fields[startField-3])
-	}
-	return procStat{PPID: ppid, StartTicks: start}, nil
-}
 
 // BridgeParentHeader is the header in which the stdio bridge (`postern mcp`) names its
 // parent, the agent process, as "<pid>-<start time ticks>". The daemon checks the claim
@@ -137,7 +105,7 @@ func (p procFS) resolvePeer(peerPID int) (peerProcess, error) {
 		pp.parentErr = fmt.Errorf("the parent %d of process %d cannot be read: %w", st.PPID, peerPID, err)
 		return pp, nil
 	}
-	pp.parent, pp.parentRef = parent, processRef{PID: st.PPID, StartTicks: parentStat.StartTicks}
+	pp.parent, pp.parentRef = parent, processRef{PID: st.PPID, StartTicks: parentStat.StartTime}
 	return pp, nil
 }
 
@@ -174,17 +142,17 @@ func (p procFS) sameExecutable(pid int) bool {
 }
 
 // process reads pid's stat and executable.
-func (p procFS) process(pid int) (agentProcess, procStat, error) {
-	st, err := p.stat(pid)
+func (p procFS) process(pid int) (agentProcess, procfs.Stat, error) {
+	st, err := procfs.ReadStatAt(p.root, pid)
 	if err != nil {
-		return agentProcess{}, procStat{}, err
+		return agentProcess{}, procfs.Stat{}, fmt.Errorf("transport: %w", err)
 	}
 	exe, err := os.Readlink(filepath.Join(p.root, strconv.Itoa(pid), "exe"))
 	if err != nil {
-		return agentProcess{}, procStat{}, fmt.Errorf("transport: process %d executable: %w", pid, err)
+		return agentProcess{}, procfs.Stat{}, fmt.Errorf("transport: process %d executable: %w", pid, err)
 	}
-	return agentProcess{PID: pid, Exe: exe, Cmdline: p.cmdline(pid), StartTicks: st.StartTicks,
-		Scope: "run:" + processRef{PID: pid, StartTicks: st.StartTicks}.String()}, st, nil
+	return agentProcess{PID: pid, Exe: exe, Cmdline: p.cmdline(pid), StartTicks: st.StartTime,
+		Scope: "run:" + processRef{PID: pid, StartTicks: st.StartTime}.String()}, st, nil
 }
 
 // maxCmdlineBytes bounds the command line read for a peer: it is kept for operators (the
@@ -208,21 +176,9 @@ func (p procFS) cmdline(pid int) string {
 // parent's start time, from /proc.
 func BridgeParentClaim() (string, error) {
 	ppid := os.Getppid()
-	st, err := procFS{root: "/proc"}.stat(ppid)
+	st, err := procfs.ReadStat(ppid)
 	if err != nil {
 		return "", fmt.Errorf("transport: naming the bridge's parent: %w", err)
 	}
-	return processRef{PID: ppid, StartTicks: st.StartTicks}.String(), nil
-}
-
-func (p procFS) stat(pid int) (procStat, error) {
-	data, err := os.ReadFile(filepath.Join(p.root, strconv.Itoa(pid), "stat"))
-	if err != nil {
-		return procStat{}, fmt.Errorf("transport: process %d: %w", pid, err)
-	}
-	st, err := parseProcStat(data)
-	if err != nil {
-		return procStat{}, fmt.Errorf("transport: process %d: %w", pid, err)
-	}
-	return st, nil
+	return processRef{PID: ppid, StartTicks: st.StartTime}.String(), nil
 }

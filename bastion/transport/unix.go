@@ -17,6 +17,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 
+	"github.com/postern-dev/postern/internal/peercred"
 	"github.com/postern-dev/postern/internal/unixpath"
 )
 
@@ -169,7 +170,7 @@ func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
 // accept time, while the peer is connected, so the pid names the process that opened the
 // connection.
 func identifyPeer(c net.Conn, procs procFS, actorFor func(uid int) string) *peer {
-	cred, err := PeerCredentials(c)
+	cred, err := peercred.Read(c)
 	if err != nil {
 		return &peer{err: err}
 	}

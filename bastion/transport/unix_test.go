@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
+
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/internal/unixpath"
 )
@@ -303,59 +304,6 @@ func trimZeros(s string) string {
 		return "0"
 	}
 	return s
-}
-
-func TestParseProcStat(t *testing.T) {
-	tail := " 1 1 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 777 1000 100"
-	tests := []struct {
-		name    string
-		stat    string
-		want    procStat
-		wantErr bool
-	}{
-		{name: "plain", stat: "12 (bash) S 5" + tail, want: procStat{PPID: 5, StartTicks: 777}},
-		{name: "comm with spaces and parens", stat: "12 (a) b (c)) R 6" + tail, want: procStat{PPID: 6, StartTicks: 777}},
-		{name: "comm that looks like fields", stat: "12 (x) S 1 2 3) S 7" + tail, want: procStat{PPID: 7, StartTicks: 777}},
-		{name: "no comm", stat: "12 bash S 5" + tail, wantErr: true},
-		{name: "truncated", stat: "12 (bash) S 5 1 1", wantErr: true},
-		{name: "non-numeric start", stat: "12 (bash) S 5 1 1 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 x", wantErr: true},
-		{name: "empty", stat: "", wantErr: true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseProcStat([]byte(tt.stat))
-			if (err != nil) != tt.wantErr || got != tt.want {
-				t.Errorf("parseProcStat = %+v, %v; want %+v, error: %v", got, err, tt.want, tt.wantErr)
-			}
-		})
-	}
-}
-
-func FuzzParseProcStat(f *testing.F) {
-	f.Add([]byte("12 (bash) S 5 1 1 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 777 1000 100"))
-	f.Add([]byte("12 (a) b (c)) R 6 1 1 0 -1 4194304 1 0 0 0 0 0 0 0 20 0 1 0 777"))
-	f.Add([]byte("1 ()) S 0"))
-	if self, err := os.ReadFile("/proc/self/stat"); err == nil {
-		f.Add(self)
-	}
-	f.Fuzz(func(t *testing.T, data []byte) {
-		got, err := parseProcStat(data)
-		if err != nil {
-			if got != (procStat{}) {
-				t.Fatalf("error %v with non-zero result %+v", err, got)
-			}
-			return
-		}
-		// Whatever comm holds, the fields come from after the last ')'.
-		end := strings.LastIndexByte(string(data), ')')
-		fields := strings.Fields(string(data[end+1:]))
-		if n, err := strconv.Atoi(fields[1]); err != nil || n != got.PPID {
-			t.Fatalf("ppid %d does not come from field 4 %q", got.PPID, fields[1])
-		}
-		if n, _ := strconv.ParseUint(fields[19], 10, 64); n != got.StartTicks {
-			t.Fatalf("start %d does not come from field 22 %q", got.StartTicks, fields[19])
-		}
-	})
 }
 
 // TestListenUnixNamesTheLengthLimit: a socket path past sun_path's limit is refused before

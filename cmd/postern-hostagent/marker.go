@@ -8,8 +8,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/postern-dev/postern/hostagent"
-	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/hostproto"
 )
 
 // markerTimeout bounds how long a command waits for the agent to record its checkpoint.
@@ -40,9 +39,9 @@ func (c *MarkerCommand) Run(ctx context.Context, args []string) error {
 	}
 	var note string
 	switch {
-	case len(args) == 2 && args[0] == client.OpCheckpoint:
+	case len(args) == 2 && args[0] == hostproto.OpCheckpoint:
 		note = args[1]
-	case len(args) == 1 && args[0] == client.OpValidated:
+	case len(args) == 1 && args[0] == hostproto.OpValidated:
 	default:
 		fmt.Fprint(c.Stderr, markerUsage)
 		return errUsage
@@ -51,27 +50,27 @@ func (c *MarkerCommand) Run(ctx context.Context, args []string) error {
 	if getenv == nil {
 		getenv = os.Getenv
 	}
-	id, sock := getenv(hostagent.EnvExecutionID), getenv(hostagent.EnvMarkerSocket)
+	id, sock := getenv(hostproto.EnvExecutionID), getenv(hostproto.EnvMarkerSocket)
 	if id == "" || sock == "" {
 		return fmt.Errorf("%s and %s are not set: run this from a command the hostagent started",
-			hostagent.EnvExecutionID, hostagent.EnvMarkerSocket)
+			hostproto.EnvExecutionID, hostproto.EnvMarkerSocket)
 	}
 	ctx, cancel := context.WithTimeout(ctx, markerTimeout)
 	defer cancel()
-	agent, err := client.DialLocalControl(ctx, sock)
+	agent, err := hostproto.DialLocalControl(ctx, sock)
 	if err != nil {
 		return err
 	}
 	defer agent.Close()
-	if args[0] == client.OpCheckpoint {
+	if args[0] == hostproto.OpCheckpoint {
 		_, err = agent.Checkpoint(ctx, id, note)
 	} else {
 		_, err = agent.Validated(ctx, id)
 	}
 	switch {
-	case errors.Is(err, client.ErrNotRunning):
+	case errors.Is(err, hostproto.ErrNotRunning):
 		return fmt.Errorf("execution %s is not running: %w", id, err)
-	case errors.Is(err, client.ErrForbidden):
+	case errors.Is(err, hostproto.ErrForbidden):
 		return fmt.Errorf("the agent refused: this process is not part of execution %s: %w", id, err)
 	case err != nil:
 		return fmt.Errorf("record %s on %s: %w", args[0], id, err)

@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/hostagent"
-	"github.com/postern-dev/postern/hostagent/client"
 	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
@@ -115,18 +115,18 @@ func (f *agentFlags) resolve() error {
 	return nil
 }
 
-// markerSource is where markers are read from: the agent (*client.ControlClient) or the
+// markerSource is where markers are read from: the agent (*hostproto.ControlClient) or the
 // store itself.
 type markerSource interface {
-	Status(ctx context.Context, ids []string) ([]*markers.Record, []string, error)
-	List(ctx context.Context, q client.ControlListQuery) ([]*markers.Record, string, error)
+	Status(ctx context.Context, ids []string) ([]*hostproto.Marker, []string, error)
+	List(ctx context.Context, q hostproto.ControlListQuery) ([]*hostproto.Marker, string, error)
 	Close() error
 }
 
 // open connects to the agent, or opens the store read-only when the agent is not running
 // (no socket, or nobody listening on it).
 func (f *agentFlags) open(ctx context.Context, stderr io.Writer) (markerSource, error) {
-	agent, err := client.DialLocalControl(ctx, f.socket)
+	agent, err := hostproto.DialLocalControl(ctx, f.socket)
 	if err == nil {
 		return agent, nil
 	}
@@ -146,13 +146,14 @@ func agentDown(err error) bool {
 	return errors.Is(err, fs.ErrNotExist) || errors.Is(err, syscall.ECONNREFUSED)
 }
 
-// storeSource reads a store opened read-only, filtering like the agent does.
+// storeSource reads a store opened read-only, filtering like the agent does, and answers
+// with markers as the agent sends them.
 type storeSource struct{ store *markers.Store }
 
 func (s storeSource) Close() error { return s.store.Close() }
 
-func (s storeSource) Status(_ context.Context, ids []string) ([]*markers.Record, []string, error) {
-	var found []*markers.Record
+func (s storeSource) Status(_ context.Context, ids []string) ([]*hostproto.Marker, []string, error) {
+	var found []*hostproto.Marker
 	var missing []string
 	for _, id := range ids {
 		rec, err := s.store.Get(id)
@@ -162,22 +163,23 @@ func (s storeSource) Status(_ context.Context, ids []string) ([]*markers.Record,
 		case err != nil:
 			return nil, nil, err
 		default:
-			found = append(found, rec)
+			found = append(found, hostagent.WireMarker(rec))
 		}
 	}
 	return found, missing, nil
 }
 
-func (s storeSource) List(_ context.Context, q client.ControlListQuery) ([]*markers.Record, string, error) {
-	mq := markers.Query{State: q.State, Since: q.Since, Until: q.Until, Newest: q.Newest, Limit: q.Limit, Cursor: q.Cursor}
+func (s storeSource) List(_ context.Context, q hostproto.ControlListQuery) ([]*hostproto.Marker, string, error) {
+	mq := markers.Query{State: markers.State(q.State), Since: q.Since, Until: q.Until, Newest: q.Newest, Limit: q.Limit, Cursor: q.Cursor}
 	if q.OperationKey == "" {
-		return s.store.List(mq)
+		page, next, err := s.store.List(mq)
+		return hostagent.WireMarkers(page), next, err
 	}
 	limit := mq.Limit
 	if limit == 0 {
 		limit = 100
 	}
-	var out []*markers.Record
+	var out []*hostproto.Marker
 	for {
 		// Pages no larger than what is left, so the cursor stays exact.
 		mq.Limit = limit - len(out)
@@ -187,7 +189,7 @@ func (s storeSource) List(_ context.Context, q client.ControlListQuery) ([]*mark
 		}
 		for _, r := range page {
 			if r.OperationKey == q.OperationKey {
-				out = append(out, r)
+				out = append(out, hostagent.WireMarker(r))
 			}
 		}
 		if next == "" || len(out) >= limit {
@@ -248,10 +250,10 @@ func (c *MarkersCommand) list(ctx context.Context, args []string) error {
 	fs := newFlagSet("markers list", "markers list [flags]", c.Stderr)
 	var af agentFlags
 	af.register(fs)
-	var q client.ControlListQuery
+	var q hostproto.ControlListQuery
 	fs.Func("state", "only markers in this state ("+statesList()+")", func(s string) error {
-		q.State = markers.State(s)
-		if !markers.HostGraph.Has(q.State) {
+		q.State = hostproto.MarkerState(s)
+		if !markers.HostGraph.Has(markers.State(s)) {
 			return fmt.Errorf("unknown state %q", s)
 		}
 		return nil
@@ -287,17 +289,17 @@ func (c *MarkersCommand) list(ctx context.Context, args []string) error {
 	}
 	if *asJSON {
 		if page == nil {
-			page = []*markers.Record{}
+			page = []*hostproto.Marker{}
 		}
 		return cli.WriteJSON(c.Stdout, struct {
-			Markers []*markers.Record `json:"markers"`
-			Next    string            `json:"next,omitempty"`
+			Markers []*hostproto.Marker `json:"markers"`
+			Next    string              `json:"next,omitempty"`
 		}{page, next})
 	}
 	rows := make([][]string, 0, len(page))
 	for _, r := range page {
 		rows = append(rows, []string{r.ID, string(r.State), cli.Printable(cli.Dash(r.Account)), cli.FormatTime(r.CreatedAt),
-			cli.Outcome(r), cli.Printable(cli.CommandText(r))})
+			cli.MarkerOutcome(r), cli.Printable(cli.MarkerCommandText(r))})
 	}
 	if err := cli.PrintTable(c.Stdout, cli.TableWidth(c.Stdout), []string{"ID", "STATE", "ACCOUNT", "CREATED", "EXIT", "COMMAND"}, rows); err != nil {
 		return err
@@ -318,7 +320,7 @@ func statesList() string {
 
 // openMarker parses the agent flags (already registered on fs) and the ID argument, opens
 // the marker source and returns it with the marker; the caller closes the source.
-func (c *MarkersCommand) openMarker(ctx context.Context, fs *flag.FlagSet, af *agentFlags, args []string) (markerSource, *markers.Record, error) {
+func (c *MarkersCommand) openMarker(ctx context.Context, fs *flag.FlagSet, af *agentFlags, args []string) (markerSource, *hostproto.Marker, error) {
 	pos, err := parseInterleaved(fs, args, 1)
 	if err != nil {
 		return nil, nil, err
@@ -339,8 +341,8 @@ func (c *MarkersCommand) openMarker(ctx context.Context, fs *flag.FlagSet, af *a
 }
 
 // get returns the marker of id from src.
-func get(ctx context.Context, src markerSource, id string) (*markers.Record, error) {
-	if !markers.ValidExecutionID(id) {
+func get(ctx context.Context, src markerSource, id string) (*hostproto.Marker, error) {
+	if !hostproto.ValidExecutionID(id) {
 		return nil, fmt.Errorf("%w: %q is not an execution id (ex_ + 26-character ULID)", errUsage, id)
 	}
 	found, _, err := src.Status(ctx, []string{id})
@@ -379,13 +381,13 @@ func (c *MarkersCommand) tail(ctx context.Context, args []string) error {
 		return err
 	}
 	defer src.Close()
-	agent, viaAgent := src.(*client.ControlClient)
+	agent, viaAgent := src.(*hostproto.ControlClient)
 	if *follow && !viaAgent {
 		return errors.New("--follow needs the running agent")
 	}
 	// Attach streams until the execution ends: right for --follow and for an ended
 	// execution. Without --follow, a running execution's output so far is in its spool.
-	if viaAgent && (*follow || rec.Graph.Terminal(rec.State)) {
+	if viaAgent && (*follow || rec.State.Ended()) {
 		_, err := agent.Attach(ctx, rec.ID, 0, 0, func(stream string, _ int64, data []byte) error {
 			w := c.Stdout
 			if stream == shim.StreamStderr {
@@ -465,7 +467,7 @@ func (c *MarkersCommand) verify(ctx context.Context, args []string) error {
 // verifyLog verifies the export the agent streams, or the store's directory while the agent
 // is down.
 func verifyLog(ctx context.Context, af *agentFlags, key string, opts markers.VerifyOptions, stderr io.Writer) (markers.Report, error) {
-	agent, err := client.DialLocalControl(ctx, af.socket)
+	agent, err := hostproto.DialLocalControl(ctx, af.socket)
 	if err != nil {
 		if !agentDown(err) || af.dataDir == "" {
 			return markers.Report{}, err

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/markers"
 )
@@ -42,7 +43,7 @@ func (b *storeBackend) Attach(_ context.Context, id string, stdoutOffset, _ int6
 func (b *storeBackend) MarkerRetention() time.Duration { return 720 * time.Hour }
 
 func (b *storeBackend) Cancel(context.Context, string) (*markers.Record, error) {
-	return nil, hostagent.ErrNotRunning
+	return nil, hostproto.ErrNotRunning
 }
 
 func (b *storeBackend) Checkpoint(ctx context.Context, id string, peerPID int, note string, validated bool) (*markers.Record, error) {
@@ -256,7 +257,7 @@ func TestMarkersThroughTheAgent(t *testing.T) {
 		b.mu.Lock()
 		b.allowPID = os.Getpid()
 		b.mu.Unlock()
-		env := map[string]string{hostagent.EnvExecutionID: running, hostagent.EnvMarkerSocket: (hostagent.Config{DataDir: d.dataDir}).ControlSocketPath()}
+		env := map[string]string{hostproto.EnvExecutionID: running, hostproto.EnvMarkerSocket: (hostagent.Config{DataDir: d.dataDir}).ControlSocketPath()}
 		cmd := &MarkerCommand{Stdout: io.Discard, Stderr: io.Discard, Getenv: func(k string) string { return env[k] }}
 		if err := cmd.Run(context.Background(), []string{"checkpoint", "schema applied"}); err != nil {
 			t.Fatal(err)
@@ -271,8 +272,8 @@ func TestMarkersThroughTheAgent(t *testing.T) {
 		b.mu.Lock()
 		b.allowPID = 1
 		b.mu.Unlock()
-		if err := cmd.Run(context.Background(), []string{"checkpoint", "x"}); !errors.Is(err, hostagent.ErrForbidden) {
-			t.Errorf("checkpoint from outside the process tree = %v; want ErrForbidden", err)
+		if err := cmd.Run(context.Background(), []string{"checkpoint", "x"}); !errors.Is(err, hostproto.ErrForbidden) {
+			t.Errorf("checkpoint from outside the process tree = %v; want hostproto.ErrForbidden", err)
 		}
 	})
 }
@@ -326,7 +327,7 @@ func TestMarkerCommandUsage(t *testing.T) {
 		{name: "unknown", args: []string{"marker", "done"}, wantCode: 2},
 		{name: "outside an execution", args: []string{"marker", "validated"}, wantCode: 1, wantErr: "not set"},
 		{name: "agent gone", args: []string{"marker", "checkpoint", "x"}, wantCode: 1, wantErr: "dial",
-			env: map[string]string{hostagent.EnvExecutionID: "ex_01J3Z5V8Q4K7M2N9P0R6S8T1VW", hostagent.EnvMarkerSocket: "/nonexistent/control.sock"}},
+			env: map[string]string{hostproto.EnvExecutionID: "ex_01J3Z5V8Q4K7M2N9P0R6S8T1VW", hostproto.EnvMarkerSocket: "/nonexistent/control.sock"}},
 		{name: "markers without subcommand", args: []string{"markers"}, wantCode: 2},
 		{name: "markers show without id", args: []string{"markers", "show", "--socket", "/x"}, wantCode: 2},
 	}

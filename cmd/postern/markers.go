@@ -10,6 +10,7 @@ import (
 	"strconv"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
@@ -111,7 +112,7 @@ func (c *markersCommand) list(ctx context.Context, args []string) error {
 		return c.onDaemonDown(err)
 	}
 	if page.Markers == nil {
-		page.Markers = []*markers.Record{}
+		page.Markers = []*hostproto.Marker{}
 	}
 	if *asJSON {
 		return cli.WriteJSON(c.stdout, page)
@@ -119,7 +120,7 @@ func (c *markersCommand) list(ctx context.Context, args []string) error {
 	rows := make([][]string, 0, len(page.Markers))
 	for _, r := range page.Markers {
 		rows = append(rows, []string{r.ID, string(r.State), cli.Printable(cli.Dash(r.Account)), cli.FormatTime(r.CreatedAt),
-			cli.Outcome(r), cli.Printable(cli.CommandText(r))})
+			cli.MarkerOutcome(r), cli.Printable(cli.MarkerCommandText(r))})
 	}
 	if err := cli.PrintTable(c.stdout, cli.TableWidth(c.stdout), []string{"ID", "STATE", "ACCOUNT", "CREATED", "EXIT", "COMMAND"}, rows); err != nil {
 		return err
@@ -142,7 +143,7 @@ func (c *markersCommand) show(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var rec markers.Record
+	var rec hostproto.Marker
 	if err := op.getJSON(ctx, "/v1/markers/"+url.PathEscape(c.host)+"/"+url.PathEscape(id), nil, &rec); err != nil {
 		return c.onDaemonDown(err)
 	}

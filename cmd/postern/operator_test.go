@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
@@ -281,7 +282,7 @@ func TestOperatorCommands(t *testing.T) {
 	t.Run("markers", func(t *testing.T) {
 		var page api.MarkerPage
 		decodeJSON(t, mustRun(t, f.at("markers", "--host", "h1", "list", "--json")...), &page)
-		if len(page.Markers) != 1 || page.Markers[0].ID != id || page.Markers[0].State != markers.Exited {
+		if len(page.Markers) != 1 || page.Markers[0].ID != id || page.Markers[0].State != hostproto.MarkerExited {
 			t.Fatalf("markers = %+v; want %s exited", page.Markers, id)
 		}
 		out := mustRun(t, f.at("markers", "--host", "h1", "list")...).stdout

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/internal/procfs"
 )
 
 // SupervisorLogFile, in the supervisor directory, receives the long-lived supervisors'
@@ -146,7 +148,7 @@ func (s *Supervisor) start(ctx context.Context, link *supervisorLink, dir string
 		return nil, fmt.Errorf("shim: start %s: %w", dir, context.Cause(ctx))
 	case err != nil:
 		conn.Close()
-		if !running(link.rec.PID, link.rec.Start) {
+		if !procfs.Running(link.rec.PID, link.rec.Start) {
 			if _, rerr := readShimRecord(dir); errors.Is(rerr, ErrNeverStarted) {
 				// It died before it recorded itself in dir, and a dead process writes
 				// nothing more: the command never ran, and dir is as good as new.
@@ -318,7 +320,7 @@ func waitExit(rec shimRecord, limit time.Duration) {
 	}
 	defer unix.Close(fd)
 	// The pidfd pins a process; another start time means the pid is no longer ours.
-	if !running(rec.PID, rec.Start) {
+	if !procfs.Running(rec.PID, rec.Start) {
 		return
 	}
 	deadline := time.Now().Add(limit)

@@ -20,6 +20,9 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/internal/peercred"
+	"github.com/postern-dev/postern/internal/procfs"
 )
 
 // The long-lived supervisor ("daemon"): one process per hostagent lifetime that forks every
@@ -162,7 +165,7 @@ type forkRequest struct {
 func runDaemon(dir string, ready *os.File, logger *slog.Logger) error {
 	defer ready.Close()
 	self := os.Getpid()
-	start, err := ProcessStartTime(self)
+	start, err := procfs.StartTime(self)
 	if err != nil {
 		return fmt.Errorf("supervisor: own start time: %w", err)
 	}
@@ -461,19 +464,9 @@ func (d *daemon) wait(conn *net.UnixConn, br *bufio.Reader, dir string) {
 // checkPeer refuses a peer of another user, and — with pid > 0 — a peer that is not that
 // process: abstract sockets have no file permissions, so credentials are the access check.
 func checkPeer(conn *net.UnixConn, pid int) error {
-	raw, err := conn.SyscallConn()
+	cred, err := peercred.Read(conn)
 	if err != nil {
 		return err
-	}
-	var cred *unix.Ucred
-	var credErr error
-	if err := raw.Control(func(fd uintptr) {
-		cred, credErr = unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED)
-	}); err != nil {
-		return err
-	}
-	if credErr != nil {
-		return fmt.Errorf("peer credentials: %w", credErr)
 	}
 	if int(cred.Uid) != os.Geteuid() {
 		return fmt.Errorf("peer pid %d is uid %d, not this supervisor's uid %d", cred.Pid, cred.Uid, os.Geteuid())

@@ -57,48 +57,6 @@ func FuzzParseShimRecord(f *testing.F) {
 	})
 }
 
-func FuzzParseStat(f *testing.F) {
-	f.Add([]byte("1234 (sh) S 1 1234 1234 0 -1 4194304 100 0 0 0 0 0 0 0 20 0 1 0 987654 2240512 200 18446744073709551615\n"))
-	f.Add([]byte("1 (a) b) (c) R 0 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0\n"))
-	f.Add([]byte("7 (x)"))
-	f.Fuzz(func(t *testing.T, data []byte) {
-		st, err := parseStat(data)
-		if err == nil && st.PPID < 0 {
-			t.Fatalf("accepted negative ppid %+v", st)
-		}
-	})
-}
-
-func TestParseStat(t *testing.T) {
-	tests := []struct {
-		name    string
-		data    string
-		want    procStat
-		wantErr bool
-	}{
-		{
-			name: "plain",
-			data: "1234 (sh) S 1 1234 1234 0 -1 4194304 100 0 0 0 0 0 0 0 20 0 1 0 987654 2240512 200\n",
-			want: procStat{State: 'S', PPID: 1, StartTime: 987654},
-		},
-		{
-			name: "comm with spaces and parens",
-			data: "99 (a) b (c)) R 42 1 1 0 -1 0 0 0 0 0 0 0 0 0 20 0 1 0 5 0 0\n",
-			want: procStat{State: 'R', PPID: 42, StartTime: 5},
-		},
-		{name: "truncated", data: "7 (x) S 1 2 3", wantErr: true},
-		{name: "no comm", data: "7 x S 1", wantErr: true},
-	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			got, err := parseStat([]byte(tt.data))
-			if (err != nil) != tt.wantErr || got != tt.want {
-				t.Errorf("parseStat = %+v, %v; want %+v, error %v", got, err, tt.want, tt.wantErr)
-			}
-		})
-	}
-}
-
 // FuzzReadMessage: what a peer sends the supervisor is read a line at a time, bounded; a
 // line parses or fails, never more than maxRequestBytes are held, and the rest of the stream
 // stays readable.

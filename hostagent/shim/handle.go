@@ -12,6 +12,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/internal/procfs"
 )
 
 // maxReadyBytes bounds the supervisor's readiness message.
@@ -95,7 +97,7 @@ func adoptSupervised(h *Handle, rec shimRecord) (*Handle, error) {
 	h.sup = rec
 	var conn *net.UnixConn
 	err := errSupervisorGone
-	if running(rec.PID, rec.Start) {
+	if procfs.Running(rec.PID, rec.Start) {
 		ctx, cancel := context.WithTimeout(context.Background(), supervisorStartLimit)
 		conn, err = dialSupervisor(ctx, rec)
 		cancel()
@@ -171,7 +173,7 @@ func Adopt(dir string) (*Handle, error) {
 	pidfd, err := unix.PidfdOpen(rec.PID, 0)
 	// The start time is checked after the pidfd exists: if it matches, the pid named the
 	// recorded supervisor (which existed before this call) when the pidfd was opened.
-	if err == nil && !running(rec.PID, rec.Start) {
+	if err == nil && !procfs.Running(rec.PID, rec.Start) {
 		unix.Close(pidfd)
 		err = unix.ESRCH
 	}

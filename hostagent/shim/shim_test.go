@@ -23,6 +23,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/internal/procfs"
 )
 
 // shimTestEnv makes the test binary act as the supervisor when Start re-executes it.
@@ -151,12 +153,8 @@ func sha(s string) string {
 
 // gone reports whether pid no longer runs (absent, or a zombie nobody reaps).
 func gone(pid int) bool {
-	data, err := os.ReadFile("/proc/" + strconv.Itoa(pid) + "/stat")
-	if err != nil {
-		return true
-	}
-	i := bytes.LastIndexByte(data, ')')
-	return i > 0 && i+2 < len(data) && data[i+2] == 'Z'
+	st, err := procfs.ReadStat(pid)
+	return err != nil || st.State == 'Z'
 }
 
 func TestExitOutcomes(t *testing.T) {
@@ -384,16 +382,11 @@ func groupGone(tb testing.TB, pgid int) bool {
 		tb.Fatal(err)
 	}
 	for _, e := range entries {
-		data, err := os.ReadFile("/proc/" + e.Name() + "/stat")
+		pid, err := strconv.Atoi(e.Name())
 		if err != nil {
-			continue // not a pid, or gone
+			continue // not a pid
 		}
-		i := bytes.LastIndexByte(data, ')')
-		if i < 0 {
-			continue
-		}
-		fields := strings.Fields(string(data[i+1:]))
-		if len(fields) > 2 && fields[0] != "Z" && fields[2] == strconv.Itoa(pgid) {
+		if st, err := procfs.ReadStat(pid); err == nil && st.State != 'Z' && st.PGID == pgid {
 			return false
 		}
 	}
@@ -664,20 +657,6 @@ func TestIsDescendant(t *testing.T) {
 	}
 	if _, err := IsDescendant(0, self); err == nil {
 		t.Error("IsDescendant(0, self) = nil error; want out of range")
-	}
-}
-
-func TestProcessStartTime(t *testing.T) {
-	start, err := ProcessStartTime(os.Getpid())
-	if err != nil || start == 0 {
-		t.Errorf("ProcessStartTime(self) = %d, %v; want a positive start time", start, err)
-	}
-	child := exec.Command("true")
-	if err := child.Run(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := ProcessStartTime(child.Process.Pid); !errors.Is(err, fs.ErrNotExist) {
-		t.Errorf("ProcessStartTime(reaped child) = %v; want fs.ErrNotExist", err)
 	}
 }
 

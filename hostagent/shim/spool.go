@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/internal/durable"
+	"github.com/postern-dev/postern/internal/procfs"
 )
 
 // Files in a spool directory.
@@ -368,7 +369,7 @@ func checkSupervisorAlive(dir string) error {
 	if err != nil {
 		return err
 	}
-	if running(rec.PID, rec.Start) {
+	if procfs.Running(rec.PID, rec.Start) {
 		return nil
 	}
 	// It may have written its status just before exiting.

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/internal/procfs"
 )
 
 // readyFD is where the supervisor finds the readiness pipe that Start passes as
@@ -109,7 +111,7 @@ func (s *supervisor) run() error {
 	defer signal.Stop(sigs)
 
 	self := os.Getpid()
-	selfStart, err := ProcessStartTime(self)
+	selfStart, err := procfs.StartTime(self)
 	if err != nil {
 		s.tellParent(processRecord{Error: err.Error()})
 		return fmt.Errorf("shim: own start time: %w", err)
@@ -243,7 +245,7 @@ func (s *job) run() Status {
 	pid := cmd.Process.Pid
 	startedAt := time.Now().UTC()
 	// The command is our unreaped child, so its /proc entry exists even if it already exited.
-	pidStart, err := ProcessStartTime(pid)
+	pidStart, err := procfs.StartTime(pid)
 	if err != nil {
 		s.log.Warn("could not read the command's start time", "pid", pid, "err", err)
 	}

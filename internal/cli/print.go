@@ -14,6 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -152,43 +153,57 @@ func TableWidth(w io.Writer) int {
 
 // Outcome is the short outcome of a table row (the EXIT column): the exit code, signal or
 // HTTP status.
-func Outcome(r *markers.Record) string {
+func Outcome(r *markers.Record) string { return shortOutcome(r.ExitCode, r.Signal, r.HTTPStatus) }
+
+// MarkerOutcome is Outcome of a host marker.
+func MarkerOutcome(m *hostproto.Marker) string { return shortOutcome(m.ExitCode, m.Signal, 0) }
+
+func shortOutcome(exitCode *int, signal string, httpStatus int) string {
 	switch {
-	case r.ExitCode != nil:
-		return strconv.Itoa(*r.ExitCode)
-	case r.Signal != "":
-		return "sig " + Printable(r.Signal)
-	case r.HTTPStatus != 0:
-		return "HTTP " + strconv.Itoa(r.HTTPStatus)
+	case exitCode != nil:
+		return strconv.Itoa(*exitCode)
+	case signal != "":
+		return "sig " + Printable(signal)
+	case httpStatus != 0:
+		return "HTTP " + strconv.Itoa(httpStatus)
 	}
 	return "-"
 }
 
 // OutcomeText is the outcome in words, for show: "exit 0", "signal KILL, is an error".
 func OutcomeText(r *markers.Record) string {
+	return outcomeText(r.ExitCode, r.Signal, r.HTTPStatus, r.IsError)
+}
+
+func outcomeText(exitCode *int, signal string, httpStatus int, isError bool) string {
 	var parts []string
 	switch {
-	case r.ExitCode != nil:
-		parts = append(parts, "exit "+strconv.Itoa(*r.ExitCode))
-	case r.Signal != "":
-		parts = append(parts, "signal "+r.Signal)
-	case r.HTTPStatus != 0:
-		parts = append(parts, "HTTP "+strconv.Itoa(r.HTTPStatus))
+	case exitCode != nil:
+		parts = append(parts, "exit "+strconv.Itoa(*exitCode))
+	case signal != "":
+		parts = append(parts, "signal "+signal)
+	case httpStatus != 0:
+		parts = append(parts, "HTTP "+strconv.Itoa(httpStatus))
 	default:
 		parts = append(parts, "no exit status observed")
 	}
-	if r.IsError {
+	if isError {
 		parts = append(parts, "is an error")
 	}
 	return strings.Join(parts, ", ")
 }
 
 // CommandText is the command as the agent wrote it: ssh_exec runs its line as `sh -c LINE`.
-func CommandText(r *markers.Record) string {
-	if len(r.Command) == 3 && r.Command[0] == "sh" && r.Command[1] == "-c" {
-		return r.Command[2]
+func CommandText(r *markers.Record) string { return commandText(r.Command) }
+
+// MarkerCommandText is CommandText of a host marker.
+func MarkerCommandText(m *hostproto.Marker) string { return commandText(m.Command) }
+
+func commandText(argv []string) string {
+	if len(argv) == 3 && argv[0] == "sh" && argv[1] == "-c" {
+		return argv[2]
 	}
-	return strings.Join(r.Command, " ")
+	return strings.Join(argv, " ")
 }
 
 // States lists g's states, comma-separated (for flag help and errors).
@@ -202,7 +217,7 @@ func States(g markers.Graph) string {
 
 // WriteMarker prints a host marker: what ran, when each state was reached, the outcome and
 // how it is known. host names the host ("" on the host itself).
-func WriteMarker(w io.Writer, host string, r *markers.Record) error {
+func WriteMarker(w io.Writer, host string, r *hostproto.Marker) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	row := func(k, v string) {
 		if v != "" {
@@ -213,20 +228,20 @@ func WriteMarker(w io.Writer, host string, r *markers.Record) error {
 	row("host", host)
 	row("state", string(r.State))
 	row("account", r.Account)
-	row("command", CommandText(r))
+	row("command", MarkerCommandText(r))
 	row("cwd", r.Cwd)
 	row("operation key", r.OperationKey)
 	row("fingerprint", r.Fingerprint)
 	if !r.CreatedAt.IsZero() { // a marker script keeps no times
 		row("created", r.CreatedAt.Local().Format(time.RFC3339))
 	}
-	for _, s := range markers.HostGraph.States() {
-		if at, ok := r.StateTimes[s]; ok && s != r.Graph.Initial() {
+	for _, s := range hostproto.MarkerStates() {
+		if at, ok := r.StateTimes[s]; ok && s != hostproto.MarkerStarted { // started is "created"
 			row(string(s), at.Local().Format(time.RFC3339))
 		}
 	}
-	if r.State != markers.Started && r.State != markers.Running {
-		row("outcome", OutcomeText(r))
+	if !r.State.Live() {
+		row("outcome", outcomeText(r.ExitCode, r.Signal, 0, r.IsError))
 	}
 	row("did not start", r.StartError)
 	if r.PID > 0 {

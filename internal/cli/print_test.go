@@ -7,6 +7,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -99,7 +100,7 @@ func TestCommandText(t *testing.T) {
 // and whatever the host or agent wrote escaped.
 func TestWriteMarker(t *testing.T) {
 	code := 0
-	r := &markers.Record{ID: "ex_1", Graph: markers.HostGraph, State: markers.Exited, ExitCode: &code,
+	r := &hostproto.Marker{ID: "ex_1", State: hostproto.MarkerExited, ExitCode: &code,
 		Command: []string{"sh", "-c", "echo \x1b]0;pwned\x07"}, Evidence: []string{"note\x1b[2J"}}
 	var b bytes.Buffer
 	if err := WriteMarker(&b, "db-1", r); err != nil {

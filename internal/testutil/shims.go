@@ -13,6 +13,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/internal/procfs"
 )
 
 // reapGrace bounds how long a killed shim or command may take to disappear.
@@ -95,7 +96,7 @@ func openSpooled(path string) (pidfd, pid int) {
 	}
 	// The pidfd pins the process it was opened on; another start time means the pid now
 	// belongs to a process that is not ours.
-	if start, err := shim.ProcessStartTime(p.PID); err != nil || start != p.Start {
+	if start, err := procfs.StartTime(p.PID); err != nil || start != p.Start {
 		unix.Close(fd)
 		return -1, 0
 	}

@@ -1,8 +1,9 @@
-package client
+package hostproto
 
 // The postern-control protocol: JSON lines, which the hostagent serves over the SSH subsystem
 // of that name and over its local unix socket. This file holds the wire types both sides
-// share and the calling side (ControlClient); the hostagent package holds the server.
+// share (requests, reply lines) and the calling side (ControlClient); the hostagent package
+// holds the server.
 //
 // # Framing
 //
@@ -55,8 +56,6 @@ import (
 	"unicode/utf8"
 
 	gossh "golang.org/x/crypto/ssh"
-
-	"github.com/postern-dev/postern/markers"
 )
 
 // ControlSubsystem is the SSH subsystem that serves the protocol.
@@ -103,9 +102,11 @@ const (
 	CodeInternal = "internal"
 )
 
-// Errors a ControlError unwraps to, so callers can use errors.Is on a client's error. The
-// hostagent package declares the same values under the same names, for its server.
+// Errors a ControlError unwraps to, so callers can use errors.Is on a client's error; the
+// hostagent's server answers with the code of each.
 var (
+	// ErrNotFound: the host has no marker of the execution that the caller may see.
+	ErrNotFound = errors.New("hostagent: no such marker")
 	// ErrBadControlRequest: the request is malformed or out of bounds.
 	ErrBadControlRequest = errors.New("hostagent: bad control request")
 	// ErrForbidden: the caller may not perform this operation.
@@ -131,13 +132,13 @@ type ControlError struct {
 
 func (e *ControlError) Error() string { return "postern-control: " + e.Code + ": " + e.Message }
 
-// Unwrap maps the code to the sentinel a caller branches on: not_found is
-// markers.ErrNotFound, not_running ErrNotRunning, forbidden ErrForbidden, bad_request
+// Unwrap maps the code to the sentinel a caller branches on: not_found is ErrNotFound,
+// not_running ErrNotRunning, forbidden ErrForbidden, bad_request
 // ErrBadControlRequest, busy ErrControlBusy.
 func (e *ControlError) Unwrap() error {
 	switch e.Code {
 	case CodeNotFound:
-		return markers.ErrNotFound
+		return ErrNotFound
 	case CodeNotRunning:
 		return ErrNotRunning
 	case CodeForbidden:
@@ -158,14 +159,15 @@ type ControlRequest struct {
 	IDs []string `json:"ids,omitempty"`
 	// ID: attach, cancel, checkpoint, validated.
 	ID string `json:"id,omitempty"`
-	// List filters (see markers.Query); OperationKey is filtered by the server.
-	State        markers.State `json:"state,omitempty"`
-	Since        time.Time     `json:"since,omitzero"`
-	Until        time.Time     `json:"until,omitzero"`
-	OperationKey string        `json:"operation_key,omitempty"`
-	Newest       bool          `json:"newest,omitempty"`
-	Limit        int           `json:"limit,omitempty"`
-	Cursor       string        `json:"cursor,omitempty"`
+	// List filters: markers in State, created in [Since, Until), newest first if Newest, at
+	// most Limit, after Cursor (the previous page's next).
+	State        MarkerState `json:"state,omitempty"`
+	Since        time.Time   `json:"since,omitzero"`
+	Until        time.Time   `json:"until,omitzero"`
+	OperationKey string      `json:"operation_key,omitempty"`
+	Newest       bool        `json:"newest,omitempty"`
+	Limit        int         `json:"limit,omitempty"`
+	Cursor       string      `json:"cursor,omitempty"`
 	// Attach: where to resume each stream.
 	StdoutOffset int64 `json:"stdout_offset,omitempty"`
 	StderrOffset int64 `json:"stderr_offset,omitempty"`
@@ -181,7 +183,7 @@ func badRequest(format string, args ...any) error {
 // ErrBadControlRequest. The client checks before sending, the server after decoding.
 func (req ControlRequest) Validate() error {
 	validID := func() error {
-		if !markers.ValidExecutionID(req.ID) {
+		if !ValidExecutionID(req.ID) {
 			return badRequest("invalid execution id %q", boundForLog(req.ID))
 		}
 		return nil
@@ -192,12 +194,12 @@ func (req ControlRequest) Validate() error {
 			return badRequest("status takes 1..%d ids, got %d", MaxStatusIDs, len(req.IDs))
 		}
 		for _, id := range req.IDs {
-			if !markers.ValidExecutionID(id) {
+			if !ValidExecutionID(id) {
 				return badRequest("invalid execution id %q", boundForLog(id))
 			}
 		}
 	case OpList:
-		if req.State != "" && !markers.HostGraph.Has(req.State) {
+		if req.State != "" && !req.State.Known() {
 			return badRequest("unknown state %q", boundForLog(string(req.State)))
 		}
 		if req.Limit < 0 || req.Limit > maxListLimit {
@@ -261,6 +263,50 @@ func boundForLog(s string) string {
 type ExportSummary struct {
 	Bytes  int64  `json:"bytes"`
 	SHA256 string `json:"sha256"`
+}
+
+// Reply lines, one per line, as the server writes them (the framing above says which op gets
+// which). The client reads any line into controlReply, which has every one's fields.
+type (
+	ErrorLine struct {
+		Error ControlError `json:"error"`
+	}
+	StatusReply struct {
+		Markers          []*Marker `json:"markers"`
+		Missing          []string  `json:"missing"`
+		MarkerRetentionS int64     `json:"marker_retention_s"`
+		// Version is the hostagent's build (internal/version), for the bastion's doctor.
+		Version string `json:"version,omitempty"`
+	}
+	ListReply struct {
+		Markers []*Marker `json:"markers"`
+		Next    string    `json:"next,omitempty"`
+	}
+	MarkerReply struct {
+		Marker *Marker `json:"marker"`
+	}
+	FinalReply struct {
+		Final *Marker `json:"final"`
+	}
+	ChunkLine struct {
+		Stream string `json:"stream"`
+		Offset int64  `json:"offset"`
+		Data   []byte `json:"data"`
+	}
+	ExportLine struct {
+		Export []byte `json:"export"`
+	}
+	ExportEndReply struct {
+		ExportEnd ExportSummary `json:"export_end"`
+	}
+)
+
+// KeepaliveLine is the progress line a server sends while a request runs quietly.
+const KeepaliveLine = `{"keepalive":true}` + "\n"
+
+// NewErrorLine is the error reply of code with message.
+func NewErrorLine(code, message string) ErrorLine {
+	return ErrorLine{Error: ControlError{Code: code, Message: message}}
 }
 
 // ReadControlLine returns the next line without its newline; a last line without a newline
@@ -340,20 +386,20 @@ func (c *ControlClient) Close() error { return c.rwc.Close() }
 
 // controlReply is any response line, as the client decodes it.
 type controlReply struct {
-	Keepalive bool              `json:"keepalive"`
-	Error     *ControlError     `json:"error"`
-	Markers   []*markers.Record `json:"markers"`
-	Missing   []string          `json:"missing"`
-	Retention int64             `json:"marker_retention_s"`
-	Version   string            `json:"version"`
-	Next      string            `json:"next"`
-	Marker    *markers.Record   `json:"marker"`
-	Stream    string            `json:"stream"`
-	Offset    int64             `json:"offset"`
-	Data      []byte            `json:"data"`
-	Final     *markers.Record   `json:"final"`
-	Export    []byte            `json:"export"`
-	ExportEnd *ExportSummary    `json:"export_end"`
+	Keepalive bool           `json:"keepalive"`
+	Error     *ControlError  `json:"error"`
+	Markers   []*Marker      `json:"markers"`
+	Missing   []string       `json:"missing"`
+	Retention int64          `json:"marker_retention_s"`
+	Version   string         `json:"version"`
+	Next      string         `json:"next"`
+	Marker    *Marker        `json:"marker"`
+	Stream    string         `json:"stream"`
+	Offset    int64          `json:"offset"`
+	Data      []byte         `json:"data"`
+	Final     *Marker        `json:"final"`
+	Export    []byte         `json:"export"`
+	ExportEnd *ExportSummary `json:"export_end"`
 }
 
 // roundTrip sends req and hands every non-keepalive line to onLine until onLine reports the
@@ -421,7 +467,7 @@ func protocolError(op, format string, args ...any) error {
 }
 
 // Status returns the markers of ids the caller may see, and the ids it got no marker for.
-func (c *ControlClient) Status(ctx context.Context, ids []string) (found []*markers.Record, missing []string, err error) {
+func (c *ControlClient) Status(ctx context.Context, ids []string) (found []*Marker, missing []string, err error) {
 	r, err := c.StatusReport(ctx, ids)
 	return r.Markers, r.Missing, err
 }
@@ -429,7 +475,7 @@ func (c *ControlClient) Status(ctx context.Context, ids []string) (found []*mark
 // StatusReport is a host's answer to a status request.
 type StatusReport struct {
 	// Markers are those of the requested ids the caller may see; Missing the ids without.
-	Markers []*markers.Record
+	Markers []*Marker
 	Missing []string
 	// MarkerRetention is how long the host keeps a finished marker: a missing id proves the
 	// execution never started there only if it is younger than this. Zero if the host did not
@@ -474,10 +520,9 @@ func boundedText(s string, n int) string {
 // maxRetentionS bounds a reported retention (about 292 years fit a time.Duration).
 const maxRetentionS = 100 * 365 * 24 * 3600
 
-// ControlListQuery selects markers for List; see markers.Query. OperationKey filters on the
-// server.
+// ControlListQuery selects markers for List (see the list fields of ControlRequest).
 type ControlListQuery struct {
-	State        markers.State
+	State        MarkerState
 	Since, Until time.Time
 	OperationKey string
 	Newest       bool
@@ -487,7 +532,7 @@ type ControlListQuery struct {
 
 // List returns one page of markers and the cursor of the next ("" after the last page). A
 // page may hold fewer than Limit markers even when more follow.
-func (c *ControlClient) List(ctx context.Context, q ControlListQuery) (page []*markers.Record, next string, err error) {
+func (c *ControlClient) List(ctx context.Context, q ControlListQuery) (page []*Marker, next string, err error) {
 	req := ControlRequest{Op: OpList, State: q.State, Since: q.Since, Until: q.Until, OperationKey: q.OperationKey,
 		Newest: q.Newest, Limit: q.Limit, Cursor: q.Cursor}
 	err = c.roundTrip(ctx, req, func(r *controlReply) (bool, error) {
@@ -500,9 +545,9 @@ func (c *ControlClient) List(ctx context.Context, q ControlListQuery) (page []*m
 // Attach streams the output of execution id from the given offsets to emit until the
 // execution has ended and all its stored output was sent, and returns the final marker.
 // emit gets each chunk with the offset of its first byte in its stream.
-func (c *ControlClient) Attach(ctx context.Context, id string, stdoutOffset, stderrOffset int64, emit func(stream string, offset int64, data []byte) error) (*markers.Record, error) {
+func (c *ControlClient) Attach(ctx context.Context, id string, stdoutOffset, stderrOffset int64, emit func(stream string, offset int64, data []byte) error) (*Marker, error) {
 	next := map[string]int64{"stdout": stdoutOffset, "stderr": stderrOffset}
-	var final *markers.Record
+	var final *Marker
 	err := c.roundTrip(ctx, ControlRequest{Op: OpAttach, ID: id, StdoutOffset: stdoutOffset, StderrOffset: stderrOffset},
 		func(r *controlReply) (bool, error) {
 			if r.Final != nil {
@@ -520,23 +565,23 @@ func (c *ControlClient) Attach(ctx context.Context, id string, stdoutOffset, std
 }
 
 // Cancel stops a running execution and returns its marker once it has ended.
-func (c *ControlClient) Cancel(ctx context.Context, id string) (*markers.Record, error) {
+func (c *ControlClient) Cancel(ctx context.Context, id string) (*Marker, error) {
 	return c.markerOp(ctx, ControlRequest{Op: OpCancel, ID: id})
 }
 
 // Checkpoint records note on the running execution id; only the execution's own processes
 // may, over the local socket.
-func (c *ControlClient) Checkpoint(ctx context.Context, id, note string) (*markers.Record, error) {
+func (c *ControlClient) Checkpoint(ctx context.Context, id, note string) (*Marker, error) {
 	return c.markerOp(ctx, ControlRequest{Op: OpCheckpoint, ID: id, Note: note})
 }
 
 // Validated records that the running execution id validated its own work.
-func (c *ControlClient) Validated(ctx context.Context, id string) (*markers.Record, error) {
+func (c *ControlClient) Validated(ctx context.Context, id string) (*Marker, error) {
 	return c.markerOp(ctx, ControlRequest{Op: OpValidated, ID: id})
 }
 
-func (c *ControlClient) markerOp(ctx context.Context, req ControlRequest) (*markers.Record, error) {
-	var rec *markers.Record
+func (c *ControlClient) markerOp(ctx context.Context, req ControlRequest) (*Marker, error) {
+	var rec *Marker
 	err := c.roundTrip(ctx, req, func(r *controlReply) (bool, error) {
 		if r.Marker == nil {
 			return false, protocolError(req.Op, "reply without a marker")

@@ -1,4 +1,4 @@
-package client
+package hostproto
 
 import (
 	"bufio"
@@ -10,8 +10,6 @@ import (
 	"sync"
 	"testing"
 	"time"
-
-	"github.com/postern-dev/postern/markers"
 )
 
 const testID = "ex_01J3Z5V8Q4K7M2N9P0R6S8T1VW"
@@ -54,7 +52,7 @@ func TestControlErrorUnwrap(t *testing.T) {
 		code string
 		want error
 	}{
-		{code: CodeNotFound, want: markers.ErrNotFound},
+		{code: CodeNotFound, want: ErrNotFound},
 		{code: CodeNotRunning, want: ErrNotRunning},
 		{code: CodeForbidden, want: ErrForbidden},
 		{code: CodeBadRequest, want: ErrBadControlRequest},

@@ -1,11 +1,8 @@
-// Package client is the calling side of the hostagent protocol, used by the bastion, the
-// postern-hostagent CLI and tests, and the wire types both sides share. It owns two things:
-// exec under a marker over a raw SSH session channel, so that the hostagent's
-// postern-marker@postern requests are seen (x/crypto's ssh.Session discards unknown channel
-// requests), with the exit status (Run); and the postern-control protocol (ControlClient,
-// over the SSH subsystem or the local socket), whose framing control.go documents. It
-// depends on x/crypto/ssh and markers only, never on the hostagent server.
-package client
+package hostproto
+
+// Exec under a marker: a raw SSH session channel, so that the hostagent's MarkerRequest
+// messages are seen (x/crypto's ssh.Session discards unknown channel requests), carrying the
+// environment, the command, its output and its exit status.
 
 import (
 	"context"
@@ -19,8 +16,6 @@ import (
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
-
-	"github.com/postern-dev/postern/markers"
 )
 
 // MarkerRequest is the channel request that carries a MarkerMessage (want-reply false): once
@@ -42,17 +37,42 @@ type EnvVar struct {
 
 // Environment variables with a meaning to the hostagent.
 const (
-	EnvExecutionID  = "POSTERN_EXECUTION_ID"
+	// EnvExecutionID names the execution; the hostagent refuses (or assigns) a command
+	// without one.
+	EnvExecutionID = "POSTERN_EXECUTION_ID"
+	// EnvOperationKey is a host-wide key that refuses a second execution of one operation.
 	EnvOperationKey = "POSTERN_OPERATION_KEY"
-	EnvTimeout      = "POSTERN_TIMEOUT_S"
-	EnvFingerprint  = "POSTERN_FINGERPRINT"
+	// EnvTimeout is the command's timeout in whole seconds.
+	EnvTimeout = "POSTERN_TIMEOUT_S"
+	// EnvFingerprint is the bastion's intent fingerprint, kept in the marker.
+	EnvFingerprint = "POSTERN_FINGERPRINT"
 	// EnvCwd is the absolute working directory (default: the account's home).
 	EnvCwd = "POSTERN_CWD"
+	// EnvMarkerSocket is set by the hostagent in a command's environment: where the command
+	// reports its checkpoints (`postern-hostagent marker checkpoint`).
+	EnvMarkerSocket = "POSTERN_MARKER_SOCKET"
+)
+
+// Exit statuses the hostagent reports for an execution it did not run to an exit code; any
+// other status is the command's own (or 128+n for a command killed by signal n).
+const (
+	// ExitRefused: the request was refused or the command could not start; nothing ran.
+	// The same status OpenSSH's client uses for its own errors.
+	ExitRefused = 255
+	// ExitUnknownOutcome: the execution was interrupted (its process vanished without an
+	// exit record), or its outcome could not be read; it is not run again.
+	ExitUnknownOutcome = 254
+	// ExitOperationTaken: the hostagent did not start the request because its operation key
+	// belongs to another execution. Its owner also gets that execution's marker; another
+	// identity gets none (nothing tells it which execution holds the key).
+	ExitOperationTaken = 253
+	// ExitTimedOut: the command outlived its timeout and was killed; as timeout(1).
+	ExitTimedOut = 124
 )
 
 // MarkerMessage is the payload of a MarkerRequest.
 type MarkerMessage struct {
-	Marker *markers.Record `json:"marker"`
+	Marker *Marker `json:"marker"`
 	// Replayed: the execution existed before this request; nothing new was started.
 	Replayed bool `json:"replayed,omitempty"`
 	// Final: the marker after the execution ended, sent just before exit-status.
@@ -61,16 +81,11 @@ type MarkerMessage struct {
 
 // ErrExitMissing: the channel closed without an exit status (connection lost, hostagent
 // killed): whether and how the command ran is unknown until the marker is asked for.
-var ErrExitMissing = errors.New("hostagent client: channel closed without exit status")
+var ErrExitMissing = errors.New("hostproto: channel closed without exit status")
 
 // ErrRefused: the hostagent refused the session's env or exec request, so the command was
 // never started.
-var ErrRefused = errors.New("hostagent client: request refused")
-
-// ExitOperationTaken is the exit status of a request the hostagent did not start because its
-// operation key belongs to another execution. Its owner also gets that execution's marker;
-// another identity gets none (nothing tells it which execution holds the key).
-const ExitOperationTaken = 253
+var ErrRefused = errors.New("hostproto: request refused")
 
 // Exec describes one command to run under a marker.
 type Exec struct {

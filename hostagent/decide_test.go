@@ -1,0 +1,237 @@
+package hostagent
+
+import (
+	"flag"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/markers"
+)
+
+var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs of testdata/decisions/* from the current behaviour")
+
+// The host's decisions are pure functions (decide.go); testdata/decisions holds their tables,
+// pebble style: a command with its inputs, "----", the decision. Run with -rewrite to
+// regenerate the decisions after a deliberate change, and read the diff.
+//
+// Commands (key=value inputs; states by their names):
+//
+//	recover       state= boot=this|earlier|unrecorded found=SPOOL [cause=]   recoveryStep
+//	start_failure kind=cannot_start|refused|supervisor_failed [fence=fenced|lost]
+//	                                                                         startFailure
+//	outcome       marked= wait=status|vanished|failed [status=exited:N|signal:S|timed_out|
+//	              cancelled|start_failed]                                    outcomeMove
+//	exit          state= [code=N] [signal=S]                                 exitStatus
+//	duplicate     state= [other_command]                                     duplicateAnswer
+//	operation     holder= [code=N] [retry_failed]                            operationFree
+//
+// Every move a decision makes is also checked against the host graph.
+func TestDecisions(t *testing.T) {
+	files, err := filepath.Glob(filepath.Join("testdata", "decisions", "*"))
+	if err != nil || len(files) == 0 {
+		t.Fatalf("no decision tables: %v", err)
+	}
+	for _, file := range files {
+		t.Run(filepath.Base(file), func(t *testing.T) { runDecisionFile(t, file) })
+	}
+}
+
+// decisionCase is one block of a decision table.
+type decisionCase struct {
+	line    int
+	comment string // lines before the command (comments, blank lines)
+	cmd     string
+	args    map[string]string
+	flags   map[string]bool
+	want    string
+}
+
+func runDecisionFile(t *testing.T, file string) {
+	data, err := os.ReadFile(file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cases, tail := parseDecisions(t, file, string(data))
+	var out strings.Builder
+	for _, c := range cases {
+		got := decide(t, file, c)
+		if !*rewrite && got != c.want {
+			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", file, c.line, c.cmd, got, c.want)
+		}
+		fmt.Fprintf(&out, "%s%s\n----\n%s\n", c.comment, c.cmd, got)
+	}
+	out.WriteString(tail)
+	if *rewrite {
+		if err := os.WriteFile(file, []byte(out.String()), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// parseDecisions reads blocks: comment lines (#) and blank lines, a command line, "----",
+// and the expected output up to the next blank line.
+func parseDecisions(t *testing.T, file, text string) (cases []decisionCase, tail string) {
+	lines := strings.Split(text, "\n")
+	var comment strings.Builder
+	for i := 0; i < len(lines); i++ {
+		line := lines[i]
+		if line == "" || strings.HasPrefix(line, "#") {
+			comment.WriteString(line + "\n")
+			continue
+		}
+		c := decisionCase{line: i + 1, comment: comment.String(), cmd: line, args: map[string]string{}, flags: map[string]bool{}}
+		comment.Reset()
+		for _, f := range strings.Fields(line)[1:] {
+			if k, v, ok := strings.Cut(f, "="); ok {
+				c.args[k] = v
+			} else {
+				c.flags[f] = true
+			}
+		}
+		if i+1 >= len(lines) || lines[i+1] != "----" {
+			t.Fatalf("%s:%d: want ---- after the command", file, i+1)
+		}
+		i += 2
+		var want []string
+		for ; i < len(lines) && lines[i] != ""; i++ {
+			want = append(want, lines[i])
+		}
+		c.want = strings.Join(want, "\n")
+		// The blank line that ends the block belongs to the next block's comment.
+		if i < len(lines) {
+			comment.WriteString("\n")
+		}
+		cases = append(cases, c)
+	}
+	return cases, strings.TrimSuffix(comment.String(), "\n")
+}
+
+func decide(t *testing.T, file string, c decisionCase) string {
+	fail := func(format string, args ...any) string {
+		t.Fatalf("%s:%d: "+format, append([]any{file, c.line}, args...)...)
+		return ""
+	}
+	state := func(key string) markers.State {
+		s := markers.State(c.args[key])
+		if !markers.HostGraph.Has(s) {
+			fail("%s=%q is not a host state", key, s)
+		}
+		return s
+	}
+	var code *int
+	if v, ok := c.args["code"]; ok {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			fail("code=: %v", err)
+		}
+		code = &n
+	}
+	switch c.cmd[:strings.IndexByte(c.cmd+" ", ' ')] {
+	case "recover":
+		from := state("state")
+		r := recoveryStep(from, bootOf(c.args["boot"]), spoolFinding(c.args["found"]), c.args["cause"])
+		checkMove(t, from, nil, r.Move)
+		out := string(r.Do)
+		if r.Move.To != "" {
+			out += " " + r.Move.describe()
+		}
+		return out
+	case "start_failure":
+		m, needFence := startFailure(startFailureKind(c.args["kind"]), "supervisor exited", "cwd /srv/app does not exist", fenceResult(c.args["fence"]))
+		if needFence {
+			return "fence first"
+		}
+		checkMove(t, markers.Started, nil, m)
+		return m.describe()
+	case "outcome":
+		from := state("marked")
+		o := outcomeMove(from, waitResult(c.args["wait"]), "read status: EIO", testStatus(c.args["status"]))
+		checkMove(t, from, o.Path, o.Move)
+		parts := []string{string(from)}
+		for _, s := range o.Path {
+			parts = append(parts, string(s))
+		}
+		out := strings.Join(parts, " → ") + ": " + o.Move.detail()
+		if o.Record {
+			out += fmt.Sprintf("\nrecords the status, is_error %v", o.IsError)
+		}
+		return out
+	case "exit":
+		return strconv.Itoa(exitStatus(state("state"), code, c.args["signal"]))
+	case "duplicate":
+		return string(duplicateAnswer(state("state"), !c.flags["other_command"]))
+	case "operation":
+		if operationFree(state("holder"), code, c.flags["retry_failed"]) {
+			return "free: another execution may take the key"
+		}
+		return "taken"
+	}
+	return fail("unknown command %q", c.cmd)
+}
+
+// testStatus is a supervisor status: exited:N, signal:S, timed_out, cancelled or start_failed.
+func testStatus(spec string) shim.Status {
+	kind, arg, _ := strings.Cut(spec, ":")
+	switch kind {
+	case "exited":
+		n, _ := strconv.Atoi(arg)
+		return shim.Status{Outcome: shim.OutcomeExited, ExitCode: n}
+	case "signal":
+		return shim.Status{Outcome: shim.OutcomeExited, ExitCode: -1, Signal: arg}
+	case "timed_out":
+		return shim.Status{Outcome: shim.OutcomeTimedOut, ExitCode: -1, Signal: "SIGTERM"}
+	case "cancelled":
+		return shim.Status{Outcome: shim.OutcomeCancelled, ExitCode: -1, Signal: "SIGTERM"}
+	case "start_failed":
+		return shim.Status{Outcome: shim.OutcomeStartFailed, ExitCode: -1, Error: "cwd /srv/app does not exist"}
+	}
+	return shim.Status{}
+}
+
+// checkMove checks that m is reachable from `from` along path (nil: one edge) in the host
+// graph.
+func checkMove(t *testing.T, from markers.State, path []markers.State, m hostMove) {
+	t.Helper()
+	if m.To == "" {
+		return
+	}
+	if path == nil {
+		path = []markers.State{m.To}
+	}
+	prev := from
+	for _, s := range path {
+		if !markers.HostGraph.Allows(prev, s) {
+			t.Errorf("move from %s to %s takes the illegal edge %s → %s", from, m.To, prev, s)
+		}
+		prev = s
+	}
+	if prev != m.To {
+		t.Errorf("path from %s ends in %s; want %s", from, prev, m.To)
+	}
+}
+
+// TestEveryRecoveryIsLegal: whatever a previous process left and whatever its spool shows,
+// recovery decides a legal move or an action, never runs anything again, and says "not run"
+// only for a started marker of this boot (or an older release's) whose spool it fenced.
+func TestEveryRecoveryIsLegal(t *testing.T) {
+	findings := []spoolFinding{foundLive, foundStartFailed, foundNeverStarted, foundFenced, foundVanished, foundMissing, foundUnreadable}
+	for _, state := range []markers.State{markers.Started, markers.Running} {
+		for _, boot := range []bootOf{thisBoot, earlierBoot, unrecordedBoot} {
+			for _, found := range findings {
+				r := recoveryStep(state, boot, found, "cause")
+				checkMove(t, state, nil, r.Move)
+				if r.Move.To == markers.NotStarted && (state != markers.Started || boot == earlierBoot || found != foundFenced) {
+					t.Errorf("%s, %s boot, %s: not_started without a fenced spool of this boot", state, boot, found)
+				}
+				if r.Do == recoverFence && (boot == earlierBoot || state != markers.Started) {
+					t.Errorf("%s, %s boot, %s: fences a spool that proves nothing", state, boot, found)
+				}
+			}
+		}
+	}
+}
