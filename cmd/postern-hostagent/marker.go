@@ -10,6 +10,7 @@ import (
 
 	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/hostagent/client"
+	"github.com/postern-dev/postern/internal/cli"
 )
 
 // markerTimeout bounds how long a command waits for the agent to record its checkpoint.
@@ -45,7 +46,7 @@ func (c *MarkerCommand) Run(ctx context.Context, args []string) error {
 	case len(args) == 1 && args[0] == client.OpValidated:
 	default:
 		fmt.Fprint(c.Stderr, markerUsage)
-		return errUsage
+		return cli.ErrUsage
 	}
 	getenv := c.Getenv
 	if getenv == nil {

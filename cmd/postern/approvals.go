@@ -14,7 +14,7 @@ import (
 func init() {
 	operatorCommands["approvals"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		c := &approvalsCommand{operatorIO{stdin, stdout, stderr}}
-		return dispatch(ctx, "approvals", approvalsUsage, subcommands{"list": c.list}, args, stdout, stderr)
+		return prog.Dispatch(ctx, "approvals", approvalsUsage, cli.Subcommands{"list": c.list}, args, stdout, stderr)
 	}
 	operatorCommands["approve"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		return (&approvalsCommand{operatorIO{stdin, stdout, stderr}}).decide(ctx, "approve", args)
@@ -48,11 +48,11 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *approvalsCommand) list(ctx context.Context, args []string) error {
-	fs := newFlagSet("approvals list", "approvals list [flags]", c.stderr)
+	fs := prog.FlagSet("approvals list [flags]", c.stderr)
 	var loc locator
 	loc.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	cfg, err := loc.config()
@@ -86,7 +86,7 @@ func commandOf(r *markers.Record) string {
 }
 
 func (c *approvalsCommand) decide(ctx context.Context, verb string, args []string) error {
-	fs := newFlagSet(verb, verb+" ID [flags]", c.stderr)
+	fs := prog.FlagSet(verb+" ID [flags]", c.stderr)
 	var loc locator
 	loc.register(fs)
 	note := fs.String("note", "", "why (journaled with your name)")
@@ -98,7 +98,7 @@ func (c *approvalsCommand) decide(ctx context.Context, verb string, args []strin
 	body := map[string]string{"note": *note}
 	if verb == "deny" {
 		if *reason == "" {
-			return usageErrorf(c.stderr, "deny needs --reason")
+			return prog.UsageErrorf(c.stderr, "deny needs --reason")
 		}
 		body = map[string]string{"reason": *reason}
 	}
@@ -115,7 +115,7 @@ func (c *approvalsCommand) decide(ctx context.Context, verb string, args []strin
 }
 
 func (c *approvalsCommand) review(ctx context.Context, args []string) error {
-	fs := newFlagSet("review", "review ID --outcome completed|not-run --note TEXT", c.stderr)
+	fs := prog.FlagSet("review ID --outcome completed|not-run --note TEXT", c.stderr)
 	var loc locator
 	loc.register(fs)
 	outcome := fs.String("outcome", "", "what you verified: completed (it took effect) or not-run")
@@ -126,9 +126,9 @@ func (c *approvalsCommand) review(ctx context.Context, args []string) error {
 	}
 	switch {
 	case *outcome != "completed" && *outcome != "not-run":
-		return usageErrorf(c.stderr, "--outcome must be completed or not-run")
+		return prog.UsageErrorf(c.stderr, "--outcome must be completed or not-run")
 	case *note == "":
-		return usageErrorf(c.stderr, "review needs --note: what you checked")
+		return prog.UsageErrorf(c.stderr, "review needs --note: what you checked")
 	}
 	cfg, err := loc.config()
 	if err != nil {

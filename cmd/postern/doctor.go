@@ -43,11 +43,11 @@ type doctorCheck struct {
 var errDoctorProblems = errors.New("doctor found problems")
 
 func (c *doctorCommand) Run(ctx context.Context, args []string) error {
-	fs := newFlagSet("doctor", "doctor [flags]", c.stderr)
+	fs := prog.FlagSet("doctor [flags]", c.stderr)
 	var loc locator
 	loc.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	checks := c.checks(ctx, loc)

@@ -42,14 +42,14 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *executionsCommand) Run(ctx context.Context, args []string) error {
-	return dispatch(ctx, "executions", executionsUsage, subcommands{"list": c.list, "show": c.show, "follow": c.follow}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "executions", executionsUsage, cli.Subcommands{"list": c.list, "show": c.show, "follow": c.follow}, args, c.stdout, c.stderr)
 }
 
 // maxPageLimit is the most records the operator API returns per request.
 const maxPageLimit = 1000
 
 func (c *executionsCommand) list(ctx context.Context, args []string) error {
-	fs := newFlagSet("executions list", "executions list [flags]", c.stderr)
+	fs := prog.FlagSet("executions list [flags]", c.stderr)
 	var loc locator
 	loc.register(fs)
 	state := fs.String("state", "", "only executions in this state ("+cli.States(markers.JournalGraph)+")")
@@ -60,19 +60,19 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 	limit := fs.Int("limit", 50, "at most this many executions")
 	cursor := fs.String("cursor", "", "continue from where a previous list stopped")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if *state != "" && !markers.JournalGraph.Has(markers.State(*state)) {
-		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, cli.States(markers.JournalGraph))
+		return prog.UsageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, cli.States(markers.JournalGraph))
 	}
 	if *since != "" {
 		if _, err := time.Parse(time.RFC3339, *since); err != nil {
-			return usageErrorf(c.stderr, "--since: want an RFC 3339 time such as 2026-01-02T15:04:05Z: %v", err)
+			return prog.UsageErrorf(c.stderr, "--since: want an RFC 3339 time such as 2026-01-02T15:04:05Z: %v", err)
 		}
 	}
 	if *limit < 1 {
-		return usageErrorf(c.stderr, "--limit must be at least 1")
+		return prog.UsageErrorf(c.stderr, "--limit must be at least 1")
 	}
 	cfg, err := loc.config()
 	if err != nil {
@@ -87,7 +87,7 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 	}
 	if *review {
 		if *state != "" && *state != string(markers.Unknown) {
-			return usageErrorf(c.stderr, "--review-required selects unknown executions; drop --state %s", *state)
+			return prog.UsageErrorf(c.stderr, "--review-required selects unknown executions; drop --state %s", *state)
 		}
 		q.Set("review_required", "true")
 	}
@@ -128,7 +128,7 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 }
 
 func (c *executionsCommand) show(ctx context.Context, args []string) error {
-	fs := newFlagSet("executions show", "executions show ID [flags]", c.stderr)
+	fs := prog.FlagSet("executions show ID [flags]", c.stderr)
 	var loc locator
 	loc.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON")

@@ -12,6 +12,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
@@ -134,7 +135,7 @@ func TestHostsEnroll(t *testing.T) {
 	t.Run("usage errors", func(t *testing.T) {
 		for _, args := range [][]string{enroll("web"), enroll("web", first.Addr, "extra"), enroll(),
 			enroll("bad name", first.Addr, "--yes"), enroll("web", first.Addr, "--cwd", "relative", "--yes")} {
-			if res := runCLI(t, "", args...); !errors.Is(res.err, errUsage) {
+			if res := runCLI(t, "", args...); !errors.Is(res.err, cli.ErrUsage) {
 				t.Errorf("%v: err = %v; want a usage error", args, res.err)
 			}
 		}

@@ -32,7 +32,7 @@ var investigateQuestions = [...]string{
 }
 
 func (c *investigateCommand) Run(ctx context.Context, args []string) error {
-	fs := newFlagSet("investigate", "investigate ID [flags]\n\nAnswers, in order: "+strings.Join(investigateQuestions[:], " "), c.stderr)
+	fs := prog.FlagSet("investigate ID [flags]\n\nAnswers, in order: "+strings.Join(investigateQuestions[:], " "), c.stderr)
 	var loc locator
 	loc.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON")

@@ -231,77 +231,14 @@ type operatorIO struct {
 	stdout, stderr io.Writer
 }
 
-// subcommands maps a group's subcommand names to their runners.
-type subcommands map[string]func(ctx context.Context, args []string) error
-
-// dispatch runs the subcommand named by args[0] of group, printing usage for none or an
-// unknown one.
-func dispatch(ctx context.Context, group, usage string, subs subcommands, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return errUsage
-	}
-	switch args[0] {
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return nil
-	}
-	sub, ok := subs[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "postern %s: unknown subcommand %q\n\n%s", group, args[0], usage)
-		return errUsage
-	}
-	return sub(ctx, args[1:])
-}
-
-// usageErrorf prints what is wrong with the invocation (main prints nothing for usage
-// errors) and returns it as an errUsage.
-func usageErrorf(stderr io.Writer, format string, args ...any) error {
-	msg := fmt.Sprintf(format, args...)
-	fmt.Fprintf(stderr, "postern: %s\n", msg)
-	return fmt.Errorf("%w: %s", errUsage, msg)
-}
-
-func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: postern %s\n\nflags:\n", usage)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-// parseInterleaved parses flags that may come before or after the positional arguments and
-// returns exactly n positional arguments.
-func parseInterleaved(fs *flag.FlagSet, args []string, n int) ([]string, error) {
-	var positional []string
-	for {
-		if err := parseFlags(fs, args); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-	if len(positional) != n {
-		fmt.Fprintf(fs.Output(), "want %d argument(s), got %q\n", n, positional)
-		fs.Usage()
-		return nil, errUsage
-	}
-	return positional, nil
-}
-
 // parseExecutionID parses flags and the one positional argument, an execution id.
 func parseExecutionID(fs *flag.FlagSet, args []string, stderr io.Writer) (string, error) {
-	pos, err := parseInterleaved(fs, args, 1)
+	pos, err := cli.ParseArgs(fs, args, 1)
 	if err != nil {
 		return "", err
 	}
 	if !markers.ValidExecutionID(pos[0]) {
-		return "", usageErrorf(stderr, "%q is not an execution id (ex_ and a 26-character ULID)", cli.Printable(pos[0]))
+		return "", prog.UsageErrorf(stderr, "%q is not an execution id (ex_ and a 26-character ULID)", cli.Printable(pos[0]))
 	}
 	return pos[0], nil
 }

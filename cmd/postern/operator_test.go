@@ -183,7 +183,7 @@ func TestOperatorCommands(t *testing.T) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
 				res := runCLI(t, "", f.at(append([]string{"executions", "list"}, tt.flags...)...)...)
-				if !errors.Is(res.err, errUsage) || res.stderr == "" {
+				if !errors.Is(res.err, cli.ErrUsage) || res.stderr == "" {
 					t.Fatalf("err = %v, stderr %q; want a usage error that says what is wrong", res.err, res.stderr)
 				}
 			})
@@ -255,7 +255,7 @@ func TestOperatorCommands(t *testing.T) {
 		if res := runCLI(t, "", f.at("investigate", missing)...); res.err == nil || !strings.Contains(res.err.Error(), "the journal has no execution") {
 			t.Errorf("investigate unknown: %v; want the id is unknown", res.err)
 		}
-		if res := runCLI(t, "", f.at("executions", "show", "nope")...); !errors.Is(res.err, errUsage) {
+		if res := runCLI(t, "", f.at("executions", "show", "nope")...); !errors.Is(res.err, cli.ErrUsage) {
 			t.Fatalf("show nope: err = %v; want a usage error", res.err)
 		}
 	})
@@ -298,7 +298,7 @@ func TestOperatorCommands(t *testing.T) {
 		if c := collapseSpaces(out); !strings.Contains(c, "marker  "+id) || !strings.Contains(c, "outcome  exit 0") {
 			t.Fatalf("markers show:\n%s", out)
 		}
-		if res := runCLI(t, "", f.at("markers", "list")...); !errors.Is(res.err, errUsage) {
+		if res := runCLI(t, "", f.at("markers", "list")...); !errors.Is(res.err, cli.ErrUsage) {
 			t.Fatalf("markers list without --host: err = %v; want a usage error", res.err)
 		}
 		res := runCLI(t, "", f.at("markers", "--host", "nosuch", "list")...)

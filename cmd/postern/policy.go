@@ -15,7 +15,7 @@ import (
 func init() {
 	operatorCommands["policy"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 		c := &policyCommand{operatorIO{stdin, stdout, stderr}}
-		return dispatch(ctx, "policy", policyUsage, subcommands{"check": c.check}, args, stdout, stderr)
+		return prog.Dispatch(ctx, "policy", policyUsage, cli.Subcommands{"check": c.check}, args, stdout, stderr)
 	}
 }
 
@@ -35,7 +35,7 @@ common flags: --state-dir DIR, --config FILE (the bastion's config)
 `
 
 func (c *policyCommand) check(ctx context.Context, args []string) error {
-	fs := newFlagSet("policy check", "policy check [flags] -- COMMAND...", c.stderr)
+	fs := prog.FlagSet("policy check [flags] -- COMMAND...", c.stderr)
 	var loc locator
 	loc.register(fs)
 	actor := fs.String("actor", "self", `the actor, as named in the config ("self": local callers of the bastion's own user)`)
@@ -51,14 +51,14 @@ func (c *policyCommand) check(ctx context.Context, args []string) error {
 			break
 		}
 	}
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if (*host == "") == (*endpoint == "") {
-		return usageErrorf(c.stderr, "give --host H -- COMMAND (ssh_exec) or --endpoint E (http_request)")
+		return prog.UsageErrorf(c.stderr, "give --host H -- COMMAND (ssh_exec) or --endpoint E (http_request)")
 	}
 	if *host != "" && len(command) == 0 {
-		return usageErrorf(c.stderr, "give the command after --")
+		return prog.UsageErrorf(c.stderr, "give the command after --")
 	}
 	cfg, err := loc.config()
 	if err != nil {

@@ -17,7 +17,7 @@ func TestREADMECommandsParse(t *testing.T) {
 	testutil.CheckREADMECommands(t, "postern", func(args []string) (int, string) {
 		var stdout, stderr bytes.Buffer
 		err := run(context.Background(), args, strings.NewReader(""), &stdout, &stderr)
-		return exitCode(err, &stderr), stderr.String()
+		return prog.ExitCode(err, &stderr), stderr.String()
 	})
 }
 

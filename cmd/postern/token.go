@@ -20,17 +20,17 @@ var namePattern = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$`)
 // tokenCommand makes a bearer token for an actor and prints it once, with the config lines
 // that let the actor in: the config holds the token's SHA-256, never the token.
 func tokenCommand(_ context.Context, args []string, _ io.Reader, stdout, stderr io.Writer) error {
-	fs := newFlagSet("token", "token NAME", stderr)
+	fs := prog.FlagSet("token NAME", stderr)
 	fs.Usage = func() {
 		fmt.Fprint(fs.Output(), "usage: postern token NAME\n\nMakes a bearer token for actor NAME and prints it once, with the lines to add to the bastion's config.\n")
 	}
-	pos, err := parseInterleaved(fs, args, 1)
+	pos, err := cli.ParseArgs(fs, args, 1)
 	if err != nil {
 		return err
 	}
 	name := pos[0]
 	if !namePattern.MatchString(name) {
-		return usageErrorf(stderr, "actor name %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", cli.Printable(name))
+		return prog.UsageErrorf(stderr, "actor name %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", cli.Printable(name))
 	}
 	tok, err := transport.NewToken()
 	if err != nil {
