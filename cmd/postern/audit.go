@@ -16,13 +16,6 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-func init() {
-	operatorCommands["audit"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &auditCommand{operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
-
 // auditCommand exports the journal's hash-chained event log and verifies it offline
 // against the audit verifier key.
 type auditCommand struct{ operatorIO }
@@ -48,9 +41,7 @@ func (c *auditCommand) Run(ctx context.Context, args []string) error {
 }
 
 func (c *auditCommand) export(ctx context.Context, args []string) error {
-	fs := prog.FlagSet("audit export [--out FILE] [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("audit export [--out FILE] [flags]")
 	out := fs.String("out", "", "write the export to FILE (atomically, mode 0600) instead of stdout")
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
@@ -177,9 +168,7 @@ func (l *lastLineWriter) endsSealed() bool {
 }
 
 func (c *auditCommand) verify(ctx context.Context, args []string) error {
-	fs := prog.FlagSet("audit verify [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("audit verify [flags]")
 	file := fs.String("file", "", "verify this exported JSONL file (- for stdin)")
 	dir := fs.String("dir", "", "verify this journal data dir (no process may have it open)")
 	keyPath := fs.String("key", "", "the audit verifier key file (default <state-dir>/audit.key.pub)")

@@ -15,13 +15,6 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-func init() {
-	operatorCommands["executions"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &executionsCommand{operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
-
 // executionsCommand reads the journal through the daemon: the executions, newest first, and
 // one execution's story.
 type executionsCommand struct{ operatorIO }
@@ -49,9 +42,7 @@ func (c *executionsCommand) Run(ctx context.Context, args []string) error {
 const maxPageLimit = 1000
 
 func (c *executionsCommand) list(ctx context.Context, args []string) error {
-	fs := prog.FlagSet("executions list [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("executions list [flags]")
 	state := fs.String("state", "", "only executions in this state ("+cli.States(markers.JournalGraph)+")")
 	actor := fs.String("actor", "", "only this actor's executions, named as the journal names it (token:NAME, local:USER)")
 	host := fs.String("host", "", "only executions on this host")
@@ -74,11 +65,10 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 	if *limit < 1 {
 		return prog.UsageErrorf(c.stderr, "--limit must be at least 1")
 	}
-	cfg, err := loc.config()
+	op, err := loc.operator()
 	if err != nil {
 		return err
 	}
-	op := newOperatorClient(cfg.OperatorSocketPath())
 	q := url.Values{}
 	for k, v := range map[string]string{"state": *state, "actor": *actor, "host": *host, "since": *since} {
 		if v != "" {
@@ -128,9 +118,7 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 }
 
 func (c *executionsCommand) show(ctx context.Context, args []string) error {
-	fs := prog.FlagSet("executions show ID [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("executions show ID [flags]")
 	asJSON := fs.Bool("json", false, "print JSON")
 	id, err := parseExecutionID(fs, args, c.stderr)
 	if err != nil {

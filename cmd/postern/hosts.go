@@ -20,13 +20,6 @@ import (
 	"github.com/postern-dev/postern/internal/envpolicy"
 )
 
-func init() {
-	operatorCommands["hosts"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &hostsCommand{operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
-
 // hostsCommand lists the enrolled hosts and enrolls new ones. Enrollment writes the
 // inventory file, which the daemon re-reads on its next lookup, so it needs no daemon.
 type hostsCommand struct{ operatorIO }
@@ -54,9 +47,7 @@ func (c *hostsCommand) Run(ctx context.Context, args []string) error {
 }
 
 func (c *hostsCommand) list(ctx context.Context, args []string) error {
-	fs := prog.FlagSet("hosts list [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("hosts list [flags]")
 	asJSON := fs.Bool("json", false, "print JSON")
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
@@ -141,9 +132,7 @@ var errNotConfirmed = errors.New("not enrolled: the host key was not confirmed")
 const maxAnswerBytes = 1 << 10
 
 func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
-	fs := prog.FlagSet("hosts enroll NAME ADDR [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("hosts enroll NAME ADDR [flags]")
 	account := fs.String("account", "", "the account commands run as on the host (default the current user)")
 	cwd := fs.String("cwd", "", "the default working directory on the host (absolute; default the account's home)")
 	var groups stringList
@@ -304,9 +293,7 @@ func confirm(stdin io.Reader, stdout io.Writer, question string) (bool, error) {
 // key prints the bastion's public client key (creating the key pair on first use, as the
 // daemon would).
 func (c *hostsCommand) key(ctx context.Context, args []string) error {
-	fs := prog.FlagSet("hosts key [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("hosts key [flags]")
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}

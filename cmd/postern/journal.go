@@ -6,20 +6,12 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"iter"
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
-
-func init() {
-	operatorCommands["journal"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &journalCommand{operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
 
 // journalCommand moves a journal between its backends: a single node's Pebble journal to
 // etcd, to grow it into replicas, and back.
@@ -42,9 +34,7 @@ func (c *journalCommand) Run(ctx context.Context, args []string) error {
 }
 
 func (c *journalCommand) copy(ctx context.Context, args []string) error {
-	fs := prog.FlagSet("journal copy --to etcd|pebble [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("journal copy --to etcd|pebble [flags]")
 	to := fs.String("to", "", "the backend to copy to: etcd or pebble")
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err

@@ -73,12 +73,33 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		fmt.Fprint(stdout, mainUsage)
 		return nil
 	}
-	if op, ok := operatorCommands[cmd]; ok {
-		return op(ctx, rest, stdin, stdout, stderr)
+	if newCommand, ok := operatorCommands[cmd]; ok {
+		return newCommand(operatorIO{stdin, stdout, stderr}).Run(ctx, rest)
 	}
 	fmt.Fprintf(stderr, "postern: unknown command %q\n\n%s", cmd, mainUsage)
 	return cli.ErrUsage
 }
 
-// operatorCommands are the read and enrollment commands (operator.go and friends).
-var operatorCommands = map[string]func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error{}
+// operatorCommands make, for one invocation, the commands that read or change what the
+// bastion owns (the journal, the hosts, its policy), mostly through its operator socket.
+var operatorCommands = map[string]func(operatorIO) runner{
+	"executions":  func(o operatorIO) runner { return &executionsCommand{o} },
+	"investigate": func(o operatorIO) runner { return &investigateCommand{o} },
+	"runs":        func(o operatorIO) runner { return &runsCommand{o} },
+	"markers":     func(o operatorIO) runner { return &markersCommand{operatorIO: o} },
+	"hosts":       func(o operatorIO) runner { return &hostsCommand{o} },
+	"audit":       func(o operatorIO) runner { return &auditCommand{o} },
+	"journal":     func(o operatorIO) runner { return &journalCommand{o} },
+	"approvals":   func(o operatorIO) runner { return &approvalsCommand{o} },
+	"approve":     func(o operatorIO) runner { return &decideCommand{o, "approve"} },
+	"deny":        func(o operatorIO) runner { return &decideCommand{o, "deny"} },
+	"review":      func(o operatorIO) runner { return &reviewCommand{o} },
+	"policy":      func(o operatorIO) runner { return &policyCommand{o} },
+	"doctor":      func(o operatorIO) runner { return &doctorCommand{o} },
+	"token":       func(o operatorIO) runner { return &tokenCommand{o} },
+}
+
+// runner is a command made for one invocation.
+type runner interface {
+	Run(ctx context.Context, args []string) error
+}

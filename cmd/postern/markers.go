@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net/url"
 	"strconv"
 
@@ -13,13 +12,6 @@ import (
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
-
-func init() {
-	operatorCommands["markers"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &markersCommand{operatorIO: operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
 
 // markersCommand reads a host's markers: the daemon asks the host — its hostagent, or on a
 // host without one its marker script — over its pooled SSH connection, so this works only

@@ -231,6 +231,15 @@ type operatorIO struct {
 	stdout, stderr io.Writer
 }
 
+// flagSet is prog.FlagSet with the flags that locate the bastion (--state-dir, --config)
+// registered in the returned locator.
+func (o operatorIO) flagSet(usage string) (*flag.FlagSet, *locator) {
+	fs := prog.FlagSet(usage, o.stderr)
+	loc := &locator{}
+	loc.register(fs)
+	return fs, loc
+}
+
 // parseExecutionID parses flags and the one positional argument, an execution id.
 func parseExecutionID(fs *flag.FlagSet, args []string, stderr io.Writer) (string, error) {
 	pos, err := cli.ParseArgs(fs, args, 1)

@@ -14,13 +14,6 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-func init() {
-	operatorCommands["runs"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &runsCommand{operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
-
 // runsCommand reads the agent runs journal: one record per agent run (intent scope), with
 // who the agent was at its first contact.
 type runsCommand struct{ operatorIO }
@@ -43,9 +36,7 @@ func (c *runsCommand) Run(ctx context.Context, args []string) error {
 }
 
 func (c *runsCommand) list(ctx context.Context, args []string) error {
-	fs := prog.FlagSet("runs list [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("runs list [flags]")
 	actor := fs.String("actor", "", "only this actor's runs (token:NAME, local:USER)")
 	limit := fs.Int("limit", 50, "at most this many runs (1..1000)")
 	asJSON := fs.Bool("json", false, "print JSON")
@@ -74,9 +65,7 @@ func (c *runsCommand) list(ctx context.Context, args []string) error {
 }
 
 func (c *runsCommand) show(ctx context.Context, args []string) error {
-	fs := prog.FlagSet("runs show SCOPE [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("runs show SCOPE [flags]")
 	actor := fs.String("actor", "", "the run's actor, when runs of several actors share the scope (window)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	pos, err := cli.ParseArgs(fs, args, 1)
@@ -111,7 +100,7 @@ func (c *runsCommand) show(ctx context.Context, args []string) error {
 	return nil
 }
 
-func (c *runsCommand) get(ctx context.Context, loc locator, q url.Values) (*bastion.RunPage, error) {
+func (c *runsCommand) get(ctx context.Context, loc *locator, q url.Values) (*bastion.RunPage, error) {
 	op, err := loc.operator()
 	if err != nil {
 		return nil, err
