@@ -106,13 +106,24 @@ func (c *operatorClient) do(ctx context.Context, path string, query url.Values) 
 
 // postJSON sends body as JSON to path and decodes the answer into out.
 func (c *operatorClient) postJSON(ctx context.Context, path string, body, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, operatorTimeout)
-	defer cancel()
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return err
 	}
-	resp, err := c.send(ctx, http.MethodPost, path, nil, raw)
+	return c.exchangeJSON(ctx, http.MethodPost, path, nil, raw, out)
+}
+
+// getJSON decodes the JSON answer to GET path?query into out.
+func (c *operatorClient) getJSON(ctx context.Context, path string, query url.Values, out any) error {
+	return c.exchangeJSON(ctx, http.MethodGet, path, query, nil, out)
+}
+
+// exchangeJSON sends one request (see send) within operatorTimeout and decodes its JSON
+// answer into out.
+func (c *operatorClient) exchangeJSON(ctx context.Context, method, path string, query url.Values, body []byte, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, operatorTimeout)
+	defer cancel()
+	resp, err := c.send(ctx, method, path, query, body)
 	if err != nil {
 		return err
 	}
@@ -160,21 +171,6 @@ func (c *operatorClient) send(ctx context.Context, method, path string, query ur
 	}
 	return nil, &apiError{Status: resp.StatusCode, Message: fmt.Sprintf("operator API %s: %s: %s",
 		path, resp.Status, cli.Printable(cli.Truncate(strings.TrimSpace(string(answer)), 200)))}
-}
-
-// getJSON decodes the JSON answer to GET path?query into out.
-func (c *operatorClient) getJSON(ctx context.Context, path string, query url.Values, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, operatorTimeout)
-	defer cancel()
-	resp, err := c.do(ctx, path, query)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxJSONResponseBytes)).Decode(out); err != nil {
-		return fmt.Errorf("operator API %s: decode answer: %w", path, err)
-	}
-	return nil
 }
 
 // locator finds the bastion: its config file, or its state dir with the default layout.
