@@ -12,6 +12,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -20,7 +21,7 @@ import (
 // bastion fault); hostagent and shim kills go to the hostagents.
 
 // newStockSoakHost starts the sshd for name and enrolls it with the marker script.
-func newStockSoakHost(t *testing.T, b *testutil.Bastion, name string) *soakHost {
+func newStockSoakHost(t *testing.T, b *harness.Bastion, name string) *soakHost {
 	t.Helper()
 	acct := stockAccount(t, "postern-al-soak", false)
 	s := startStockSSHD(t, acct, b.ClientKey)

@@ -13,14 +13,14 @@ import (
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/cli"
-	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 // TestHostsEnroll enrolls real hostagents into a state dir with no daemon: each step runs
 // on the inventory the steps before it left.
 func TestHostsEnroll(t *testing.T) {
-	first, second := testutil.StartHostagent(t), testutil.StartHostagent(t)
+	first, second := harness.StartHostagent(t), harness.StartHostagent(t)
 	stateDir := filepath.Join(sockdir.New(t), "state")
 	inventory := bastion.DefaultConfig(stateDir).InventoryPath()
 	fp := gossh.FingerprintSHA256

@@ -16,13 +16,14 @@ import (
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/markers"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	testutil.CleanupBinaries()
+	harness.CleanupBinaries()
 	os.Exit(code)
 }
 
@@ -63,15 +64,15 @@ func decodeJSON(t *testing.T, res cliResult, v any) {
 // fleet is a running `postern serve` with one enrolled hostagent ("h1") and one execution
 // run through it by the go-sdk MCP client.
 type fleet struct {
-	bastion *testutil.Bastion
-	host    *testutil.Hostagent
+	bastion *harness.Bastion
+	host    *harness.Hostagent
 	exec    bastion.Execution
 }
 
 func startFleet(t *testing.T) *fleet {
 	t.Helper()
-	h := testutil.StartHostagent(t)
-	b := testutil.NewBastion(t, h.ClientKey)
+	h := harness.StartHostagent(t)
+	b := harness.NewBastion(t, h.ClientKey)
 	b.Enroll(t, "h1", h)
 	b.Start(t)
 	f := &fleet{bastion: b, host: h}
@@ -79,12 +80,12 @@ func startFleet(t *testing.T) *fleet {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cs := b.Connect(t, "agent", nil)
-	res, err := testutil.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo hello; echo oops >&2"}, &f.exec)
+	res, err := harness.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo hello; echo oops >&2"}, &f.exec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if f.exec.State != "completed" || f.exec.Stdout != "hello\n" {
-		t.Fatalf("ssh_exec: %+v (%s); want completed with output\n%s", f.exec, testutil.ResultText(res), b.Logs())
+		t.Fatalf("ssh_exec: %+v (%s); want completed with output\n%s", f.exec, harness.ResultText(res), b.Logs())
 	}
 	// Delivery is journaled after the result is written to the transport.
 	testutil.WaitFor(t, "the result's delivery in the journal", func() bool {
