@@ -77,7 +77,7 @@ func TestInstallThenServe(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var stdout, stderr syncBuffer
+	var stdout, stderr testutil.LockedBuffer
 	go func() {
 		done <- run(ctx, []string{"serve", "--config", configPath, "--listen", addr}, &stdout, &stderr)
 	}()
