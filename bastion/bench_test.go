@@ -27,6 +27,7 @@ import (
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -38,8 +39,8 @@ var benchActor = transport.Caller{Actor: "token:bench"}
 
 // startHostagent runs a real postern-hostagent with postern-shim next to it. It builds them
 // into the benchmark's temp dir (the go build cache makes that quick) rather than with
-// testutil.Binary, whose shared build dir needs a TestMain this package does not have.
-func startHostagent(b testing.TB) *testutil.Hostagent {
+// harness.Binary, whose shared build dir needs a TestMain this package does not have.
+func startHostagent(b testing.TB) *harness.Hostagent {
 	b.Helper()
 	dir := b.TempDir()
 	for _, name := range []string{"postern-hostagent", "postern-shim"} {
@@ -49,7 +50,7 @@ func startHostagent(b testing.TB) *testutil.Hostagent {
 			b.Fatalf("go build %s: %v\n%s", name, err, out)
 		}
 	}
-	h := testutil.NewHostagent(b)
+	h := harness.NewHostagent(b)
 	h.Bin = filepath.Join(dir, "postern-hostagent")
 	h.Start(b)
 	return h
@@ -57,7 +58,7 @@ func startHostagent(b testing.TB) *testutil.Hostagent {
 
 // openBastion opens a bastion on a fresh state dir (no HTTP listener) that authenticates to
 // h with h's authorized client key and has h enrolled as "h1". adjust changes its config.
-func openBastion(b testing.TB, h *testutil.Hostagent, adjust ...func(*config.Config)) *bastion.Bastion {
+func openBastion(b testing.TB, h *harness.Hostagent, adjust ...func(*config.Config)) *bastion.Bastion {
 	b.Helper()
 	cfg := config.DefaultConfig(b.TempDir())
 	cfg.Listen = ""
@@ -137,7 +138,7 @@ func BenchmarkDedupLookup(b *testing.B) {
 
 // dedupAt fills a fresh journal to n records and measures each kind of lookup, recording its
 // ns/op in nsPerOp (and its ratio to the one at base records, if measured).
-func dedupAt(b *testing.B, h *testutil.Hostagent, n, base int, nsPerOp map[string]map[int]float64) {
+func dedupAt(b *testing.B, h *harness.Hostagent, n, base int, nsPerOp map[string]map[int]float64) {
 	ctx := context.Background()
 	bs := openBastion(b, h)
 	retry := benchActor
@@ -324,18 +325,18 @@ func BenchmarkMCPConcurrent64(b *testing.B) {
 	defer rt.CloseIdleConnections()
 	sessions := make([]*mcp.ClientSession, 64)
 	for i := range sessions {
-		sessions[i] = testutil.ConnectMCP(b, ep.URL, testutil.TokenHTTPClient("bench", nil, rt), nil)
+		sessions[i] = harness.ConnectMCP(b, ep.URL, harness.TokenHTTPClient("bench", nil, rt), nil)
 	}
 	var runs atomic.Int64
 	call := func(cs *mcp.ClientSession) error {
 		run := fmt.Sprintf("mcp64-%d", runs.Add(1))
 		var x api.Execution
-		res, err := testutil.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "true", "run_id": run}, &x)
+		res, err := harness.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "true", "run_id": run}, &x)
 		if err != nil {
 			return err
 		}
 		if res.IsError || x.State != "completed" || x.ExitCode == nil || *x.ExitCode != 0 {
-			return fmt.Errorf("ssh_exec (run %s): %+v: %s", run, x, testutil.ResultText(res))
+			return fmt.Errorf("ssh_exec (run %s): %+v: %s", run, x, harness.ResultText(res))
 		}
 		return nil
 	}

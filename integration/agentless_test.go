@@ -21,6 +21,7 @@ import (
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 	"github.com/postern-dev/postern/markers"
 )
@@ -31,8 +32,8 @@ import (
 
 // stockFleet is a bastion and one stock sshd host, "s1".
 type stockFleet struct {
-	bastion *testutil.Bastion
-	sshd    *testutil.SSHD
+	bastion *harness.Bastion
+	sshd    *harness.SSHD
 	proxy   *testutil.FaultProxy
 	account unixuser.User
 }
@@ -44,7 +45,7 @@ func startStockFleet(t *testing.T, tag string, markerScript, bash bool) *stockFl
 	acct := stockAccount(t, "postern-al-"+tag, bash)
 	key := testutil.NewSSHKey(t)
 	s := startStockSSHD(t, acct, key)
-	f := &stockFleet{bastion: testutil.NewBastion(t, key), sshd: s, proxy: testutil.StartFaultProxy(t, s.Addr), account: acct}
+	f := &stockFleet{bastion: harness.NewBastion(t, key), sshd: s, proxy: testutil.StartFaultProxy(t, s.Addr), account: acct}
 	args := []string{"hosts", "enroll", "s1", f.proxy.Addr(), "--agentless", "--account", acct.Name, "--yes"}
 	if markerScript {
 		args = append(args, "--marker-script")
@@ -83,9 +84,9 @@ func stockAccount(t *testing.T, name string, bash bool) unixuser.User {
 }
 
 // startStockSSHD starts Debian's sshd for acct, which authorizes the bastion's key.
-func startStockSSHD(t *testing.T, acct unixuser.User, bastionKey testutil.SSHKey) *testutil.SSHD {
+func startStockSSHD(t *testing.T, acct unixuser.User, bastionKey testutil.SSHKey) *harness.SSHD {
 	t.Helper()
-	return testutil.StartSSHDWith(t, testutil.SSHDOptions{Account: acct.Name, Home: acct.Home, UID: acct.UID, GID: acct.GID, AuthorizedKeys: []string{bastionKey.AuthorizedLine()}})
+	return harness.StartSSHDWith(t, harness.SSHDOptions{Account: acct.Name, Home: acct.Home, UID: acct.UID, GID: acct.GID, AuthorizedKeys: []string{bastionKey.AuthorizedLine()}})
 }
 
 // redispatchedAfterUnknown reports whether the execution's events show unknown → dispatched:
@@ -124,7 +125,7 @@ func (f *stockFleet) asAccount(t *testing.T, name, content string) {
 }
 
 // hostsGuarantee is the GUARANTEE column of `postern hosts list` for s1.
-func hostsGuarantee(t *testing.T, b *testutil.Bastion) string {
+func hostsGuarantee(t *testing.T, b *harness.Bastion) string {
 	t.Helper()
 	var res api.HostsResult
 	if err := json.Unmarshal(postern(t, b, "hosts", "list", "--json"), &res); err != nil {
@@ -360,7 +361,7 @@ func TestStockHostSameIDByHand(t *testing.T) {
 		t.Errorf("doctor:\n%s", out)
 	}
 	f.asAccount(t, ".postern/run", agentless.Script+"# edited\n")
-	out, _ := exec.Command(testutil.Binary(t, "postern"), "doctor", "--config", f.bastion.ConfigPath).CombinedOutput()
+	out, _ := exec.Command(harness.Binary(t, "postern"), "doctor", "--config", f.bastion.ConfigPath).CombinedOutput()
 	if !strings.Contains(string(out), "not the one enrolled") || !strings.Contains(string(out), "--marker-script") {
 		t.Errorf("doctor with an edited wrapper:\n%s", out)
 	}
@@ -392,8 +393,8 @@ func countLines(t *testing.T, file string) int { t.Helper(); return effects(t, f
 func TestStockHostEnrollNeedsTheKey(t *testing.T) {
 	acct := stockAccount(t, "postern-al-nokey", false)
 	s := startStockSSHD(t, acct, testutil.NewSSHKey(t)) // authorizes another key
-	b := testutil.NewBastion(t, testutil.NewSSHKey(t))
-	cmd := exec.Command(testutil.Binary(t, "postern"), "hosts", "enroll", "s1", s.Addr, "--agentless", "--marker-script", "--account", acct.Name, "--yes", "--config", b.ConfigPath)
+	b := harness.NewBastion(t, testutil.NewSSHKey(t))
+	cmd := exec.Command(harness.Binary(t, "postern"), "hosts", "enroll", "s1", s.Addr, "--agentless", "--marker-script", "--account", acct.Name, "--yes", "--config", b.ConfigPath)
 	out, err := cmd.CombinedOutput()
 	if err == nil || !strings.Contains(string(out), b.ClientKey.AuthorizedLine()) || !strings.Contains(string(out), "not enrolled") {
 		t.Fatalf("enroll without the key: %v\n%s", err, out)

@@ -20,6 +20,7 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // The bastion benchmarks measure their baselines in the same run, alternating with the
@@ -38,11 +39,11 @@ const (
 )
 
 // benchFleet is a real `postern serve` process with one enrolled hostagent, "h1".
-func benchFleet(b *testing.B) (*testutil.Bastion, *testutil.Hostagent) {
+func benchFleet(b *testing.B) (*harness.Bastion, *harness.Hostagent) {
 	b.Helper()
-	testutil.Binary(b, "postern") // build outside any timing
-	h := testutil.StartHostagent(b)
-	bs := testutil.NewBastion(b, h.ClientKey)
+	harness.Binary(b, "postern") // build outside any timing
+	h := harness.StartHostagent(b)
+	bs := harness.NewBastion(b, h.ClientKey)
 	bs.Enroll(b, "h1", h)
 	bs.Start(b)
 	return bs, h
@@ -60,12 +61,12 @@ func execTrueArgs(ctx context.Context, cs *mcp.ClientSession, args map[string]an
 	ctx, cancel := context.WithTimeout(ctx, time.Minute)
 	defer cancel()
 	var x api.Execution
-	res, err := testutil.CallTool(ctx, cs, "ssh_exec", args, &x)
+	res, err := harness.CallTool(ctx, cs, "ssh_exec", args, &x)
 	if err != nil {
 		return fmt.Errorf("ssh_exec %v: %w", args, err)
 	}
 	if res.IsError || x.State != "completed" || x.ExitCode == nil || *x.ExitCode != 0 || x.Replayed {
-		return fmt.Errorf("ssh_exec %v: %+v: %s", args, x, testutil.ResultText(res))
+		return fmt.Errorf("ssh_exec %v: %+v: %s", args, x, harness.ResultText(res))
 	}
 	return nil
 }
@@ -79,11 +80,11 @@ func execTrueArgs(ctx context.Context, cs *mcp.ClientSession, args map[string]an
 // (newFloor: fork/exec of `sh -c true` plus four 512-byte fsyncs). All interleaved, and each
 // reported as a ratio to the floor and to OpenSSH.
 func BenchmarkBastionExecTrue(b *testing.B) {
-	sshd := testutil.StartSSHD(b)
+	sshd := harness.StartSSHD(b)
 	sshArgs := append(sshd.Multiplexed(b), "true")
 	bs, h := benchFleet(b)
 	cs := bs.Connect(b, "agent", nil)
-	bridge := exec.Command(testutil.Binary(b, "postern"), "mcp", "--socket", bs.Socket)
+	bridge := exec.Command(harness.Binary(b, "postern"), "mcp", "--socket", bs.Socket)
 	bridge.Stderr = os.Stderr
 	stdio, err := mcp.NewClient(&mcp.Implementation{Name: "postern-bench-stdio", Version: "0"}, nil).
 		Connect(context.Background(), &mcp.CommandTransport{Command: bridge}, nil)
@@ -169,7 +170,7 @@ func BenchmarkBastionConcurrent64(b *testing.B) {
 	defer rt.CloseIdleConnections()
 	sessions := make([]*mcp.ClientSession, concurrentCallers)
 	for i := range sessions {
-		sessions[i] = testutil.ConnectMCP(b, bs.URL, bs.HTTPClient("agent", nil, rt), nil)
+		sessions[i] = harness.ConnectMCP(b, bs.URL, bs.HTTPClient("agent", nil, rt), nil)
 	}
 	ctx := context.Background()
 	var runs atomic.Int64

@@ -18,6 +18,7 @@ import (
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -107,7 +108,7 @@ func TestChangedHostKeyIsRefused(t *testing.T) {
 
 // rawPost sends body to the bastion's MCP endpoint as a bare HTTP request with the given
 // bearer token ("" sends none).
-func rawPost(t *testing.T, b *testutil.Bastion, token string, body []byte) (int, string) {
+func rawPost(t *testing.T, b *harness.Bastion, token string, body []byte) (int, string) {
 	t.Helper()
 	req, err := http.NewRequest(http.MethodPost, b.URL, bytes.NewReader(body))
 	if err != nil {
@@ -303,8 +304,8 @@ func TestLongCommandReturnsAHandle(t *testing.T) {
 	if (x.State != "running" && x.State != "dispatched") || !markers.ValidExecutionID(x.ExecutionID) {
 		t.Fatalf("after wait_s: %+v; want a running handle", x)
 	}
-	if !strings.Contains(testutil.ResultText(res), "execution_output") {
-		t.Errorf("text %q does not say how to follow it", testutil.ResultText(res))
+	if !strings.Contains(harness.ResultText(res), "execution_output") {
+		t.Errorf("text %q does not say how to follow it", harness.ResultText(res))
 	}
 	end, out := followOutput(t, ctx, cs, x.ExecutionID)
 	if end.State != "completed" || out != "late\n" || end.ExitCode == nil || *end.ExitCode != 0 {

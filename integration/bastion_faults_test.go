@@ -14,6 +14,7 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -48,7 +49,7 @@ type callOutcome struct {
 
 // journaled reads the record from the operator API: reading it there does not count as
 // delivering a result (execution_status would).
-func journaled(t *testing.T, b *testutil.Bastion, id string) *markers.Record {
+func journaled(t *testing.T, b *harness.Bastion, id string) *markers.Record {
 	t.Helper()
 	return operatorDetail(t, b, id).Record
 }
@@ -94,7 +95,7 @@ func TestLostMCPResponseIsReplayed(t *testing.T) {
 				proxy = testutil.StartFaultProxy(t, f.bastion.Addr)
 				url = "http://" + proxy.Addr() + bastion.MCPPath
 			}
-			first := testutil.ConnectMCP(t, url, hc, nil)
+			first := harness.ConnectMCP(t, url, hc, nil)
 			callCtx, abandon := context.WithCancel(ctx)
 			defer abandon()
 			lost := make(chan error, 1)

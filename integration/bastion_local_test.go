@@ -10,7 +10,7 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
-	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // TestLocalAgentThroughStdioBridge: an agent that launches `postern mcp` as its stdio server
@@ -23,7 +23,7 @@ func TestLocalAgentThroughStdioBridge(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	bridge := exec.Command(testutil.Binary(t, "postern"), "mcp", "--socket", f.bastion.Socket)
+	bridge := exec.Command(harness.Binary(t, "postern"), "mcp", "--socket", f.bastion.Socket)
 	bridge.Stderr = os.Stderr
 	c := mcp.NewClient(&mcp.Implementation{Name: "postern-test-local", Version: "0"}, nil)
 	cs, err := c.Connect(ctx, &mcp.CommandTransport{Command: bridge}, nil)

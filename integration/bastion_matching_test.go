@@ -10,7 +10,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion/api"
-	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // callRaw calls a tool that returns an execution and returns it with the raw result (its
@@ -18,12 +18,12 @@ import (
 func callRaw(t *testing.T, ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any) (api.Execution, *mcp.CallToolResult, string) {
 	t.Helper()
 	var x api.Execution
-	res, err := testutil.CallTool(ctx, cs, tool, args, &x)
+	res, err := harness.CallTool(ctx, cs, tool, args, &x)
 	if err != nil {
 		t.Fatalf("%s %v: %v", tool, args, err)
 	}
 	if x.ExecutionID == "" {
-		t.Fatalf("%s %v: no execution: %s", tool, args, testutil.ResultText(res))
+		t.Fatalf("%s %v: no execution: %s", tool, args, harness.ResultText(res))
 	}
 	structured, err := json.Marshal(res.StructuredContent)
 	if err != nil {
@@ -51,7 +51,7 @@ func TestKeyedRetryAfterUnreachableHost(t *testing.T) {
 	if first.State != "failed" || !res.IsError || first.PreviousAttempt != "" {
 		t.Fatalf("call to the stopped host = %+v (isError %v); want failed, an error", first, res.IsError)
 	}
-	text := testutil.ResultText(res)
+	text := harness.ResultText(res)
 	if !strings.Contains(text, "Cause: could not connect to h1") || !strings.Contains(text, "Next: Nothing ran") {
 		t.Errorf("failed result text does not give the cause and next step:\n%s", text)
 	}
@@ -66,7 +66,7 @@ func TestKeyedRetryAfterUnreachableHost(t *testing.T) {
 	if second.PreviousAttempt != first.ExecutionID {
 		t.Errorf("previous_attempt = %q; want %s", second.PreviousAttempt, first.ExecutionID)
 	}
-	if text := testutil.ResultText(res); !strings.Contains(text, "New attempt after "+first.ExecutionID) {
+	if text := harness.ResultText(res); !strings.Contains(text, "New attempt after "+first.ExecutionID) {
 		t.Errorf("text does not name the previous attempt:\n%s", text)
 	}
 	if rec := journaled(t, f.bastion, second.ExecutionID); rec.PreviousAttempt != first.ExecutionID {
@@ -114,7 +114,7 @@ func TestOperationKeyConflictNamesOnlyYourOwnExecution(t *testing.T) {
 
 	t.Run("another actor", func(t *testing.T) {
 		x, res, structured := callRaw(t, ctx, f.session(t, "other", "run-a"), "ssh_exec", op(cmd))
-		text := testutil.ResultText(res)
+		text := harness.ResultText(res)
 		if x.State != "failed" || !res.IsError {
 			t.Fatalf("other actor's call = %+v (isError %v); want failed", x, res.IsError)
 		}
@@ -127,7 +127,7 @@ func TestOperationKeyConflictNamesOnlyYourOwnExecution(t *testing.T) {
 	})
 	t.Run("same actor", func(t *testing.T) {
 		x, res, _ := callRaw(t, ctx, f.session(t, "agent", "run-b"), "ssh_exec", op(cmd))
-		text := testutil.ResultText(res)
+		text := harness.ResultText(res)
 		if x.State != "failed" || !res.IsError {
 			t.Fatalf("same actor's second call = %+v (isError %v); want failed", x, res.IsError)
 		}

@@ -20,13 +20,14 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
 // testbed is a bastion with one enrolled hostagent ("h1").
 type testbed struct {
-	bastion *testutil.Bastion
-	host    *testutil.Hostagent
+	bastion *harness.Bastion
+	host    *harness.Hostagent
 	// proxy sits between the bastion and the hostagent (startFleetBehindProxy only).
 	proxy *testutil.FaultProxy
 }
@@ -51,8 +52,8 @@ type fleetOptions struct {
 
 func newFleet(t *testing.T, opts fleetOptions) *testbed {
 	t.Helper()
-	h := testutil.StartHostagent(t)
-	b := testutil.NewBastion(t, h.ClientKey, append(opts.settings, opts.tables...)...)
+	h := harness.StartHostagent(t)
+	b := harness.NewBastion(t, h.ClientKey, append(opts.settings, opts.tables...)...)
 	f := &testbed{bastion: b, host: h}
 	addr := h.Addr
 	if opts.proxy {
@@ -124,12 +125,12 @@ var errToolError = errors.New("tool error")
 // result text; a command that failed on its host is an execution with is_error, not an error.
 func callExecution(ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any) (api.Execution, error) {
 	var x api.Execution
-	res, err := testutil.CallTool(ctx, cs, tool, args, &x)
+	res, err := harness.CallTool(ctx, cs, tool, args, &x)
 	if err != nil {
 		return x, err
 	}
 	if res.StructuredContent == nil {
-		return x, fmt.Errorf("%w: %s", errToolError, testutil.ResultText(res))
+		return x, fmt.Errorf("%w: %s", errToolError, harness.ResultText(res))
 	}
 	return x, nil
 }
@@ -204,7 +205,7 @@ func followOutput(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id s
 func listOf(t *testing.T, ctx context.Context, cs *mcp.ClientSession) []*api.Execution {
 	t.Helper()
 	var out api.ListResult
-	res, err := testutil.CallTool(ctx, cs, "executions_list", map[string]any{"limit": 500}, &out)
+	res, err := harness.CallTool(ctx, cs, "executions_list", map[string]any{"limit": 500}, &out)
 	if err != nil || res.IsError {
 		t.Fatalf("executions_list: %v %v", err, res)
 	}
@@ -213,7 +214,7 @@ func listOf(t *testing.T, ctx context.Context, cs *mcp.ClientSession) []*api.Exe
 
 // operatorDetail reads an execution from the operator API (the journal's full record,
 // actor and scope included, and its events).
-func operatorDetail(t *testing.T, b *testutil.Bastion, id string) api.ExecutionDetail {
+func operatorDetail(t *testing.T, b *harness.Bastion, id string) api.ExecutionDetail {
 	t.Helper()
 	d, err := readOperatorDetail(b, id)
 	if err != nil {
@@ -223,7 +224,7 @@ func operatorDetail(t *testing.T, b *testutil.Bastion, id string) api.ExecutionD
 }
 
 // readOperatorDetail is operatorDetail for a goroutine that polls (it cannot fail the test).
-func readOperatorDetail(b *testutil.Bastion, id string) (api.ExecutionDetail, error) {
+func readOperatorDetail(b *harness.Bastion, id string) (api.ExecutionDetail, error) {
 	hc := &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", b.OperatorSocket)
@@ -243,7 +244,7 @@ func readOperatorDetail(b *testutil.Bastion, id string) (api.ExecutionDetail, er
 
 // metric reads one series (name and labels as exposed, e.g.
 // `postern_dedup_hits_total{by="fingerprint"}`) from the bastion's /metrics; 0 if absent.
-func metric(t *testing.T, b *testutil.Bastion, series string) float64 {
+func metric(t *testing.T, b *harness.Bastion, series string) float64 {
 	t.Helper()
 	resp, err := http.Get("http://" + b.Addr + "/metrics")
 	if err != nil {
@@ -269,7 +270,7 @@ func metric(t *testing.T, b *testutil.Bastion, series string) float64 {
 
 // hostControl opens the hostagent's control subsystem over SSH (straight to the agent, not
 // through any proxy), to read markers from the host's side.
-func hostControl(t *testing.T, h *testutil.Hostagent) *hostproto.ControlClient {
+func hostControl(t *testing.T, h *harness.Hostagent) *hostproto.ControlClient {
 	t.Helper()
 	cc, err := hostproto.DialControl(h.Dial(t))
 	if err != nil {
@@ -318,10 +319,10 @@ func TestIdenticalCallsAreOneExecution(t *testing.T) {
 	cs := f.bastion.Connect(t, "agent", map[string][]string{"Postern-Run": {"run-1"}})
 
 	var first, second api.Execution
-	if _, err := testutil.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": cmd, "wait_s": 0}, &first); err != nil {
+	if _, err := harness.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": cmd, "wait_s": 0}, &first); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := testutil.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": cmd}, &second); err != nil {
+	if _, err := harness.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": cmd}, &second); err != nil {
 		t.Fatal(err)
 	}
 	if second.ExecutionID != first.ExecutionID || !second.Replayed {

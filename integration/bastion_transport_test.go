@@ -21,7 +21,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion"
-	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // TestProgressWhileWaiting: a client that sends a progress token hears about a long command
@@ -30,7 +30,7 @@ func TestProgressWhileWaiting(t *testing.T) {
 	f := startFleet(t)
 	ctx := testContext(t)
 	var notes atomic.Int32
-	cs := testutil.ConnectMCP(t, f.bastion.URL, f.bastion.HTTPClient("agent", nil, nil), &mcp.ClientOptions{
+	cs := harness.ConnectMCP(t, f.bastion.URL, f.bastion.HTTPClient("agent", nil, nil), &mcp.ClientOptions{
 		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) {
 			if req.Params.ProgressToken == "p-1" {
 				notes.Add(1)
@@ -66,7 +66,7 @@ func TestHTTPSWhenConfigured(t *testing.T) {
 	}
 	rt := &http.Transport{TLSClientConfig: &tls.Config{RootCAs: pool, MinVersion: tls.VersionTLS12}}
 	url := "https://" + f.bastion.Addr + bastion.MCPPath
-	cs := testutil.ConnectMCP(t, url, f.bastion.HTTPClient("agent", nil, rt), nil)
+	cs := harness.ConnectMCP(t, url, f.bastion.HTTPClient("agent", nil, rt), nil)
 	x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo secure"})
 	if x.State != "completed" || x.Stdout != "secure\n" {
 		t.Fatalf("over HTTPS: %+v", x)

@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion"
-	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
@@ -63,7 +63,7 @@ func TestConformance(t *testing.T) {
 		t.Fatalf("the MCP conformance suite is not installed: run `npm ci --prefix integration/tsclient` (scripts/test does): %v", err)
 	}
 
-	bin := testutil.Binary(t, "postern")
+	bin := harness.Binary(t, "postern")
 	dir := filepath.Join(sockdir.New(t), "state")
 	up, stdout, stderr := startUp(t, bin, dir, "127.0.0.1:0", "127.0.0.1:0")
 	t.Cleanup(func() {

@@ -18,6 +18,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -113,7 +114,7 @@ func sshExecStep(args map[string]any, opts map[string]any) map[string]any {
 }
 
 // waitForJournalState waits until the journal shows execution id in state.
-func waitForJournalState(t *testing.T, b *testutil.Bastion, id string, state markers.State) *markers.Record {
+func waitForJournalState(t *testing.T, b *harness.Bastion, id string, state markers.State) *markers.Record {
 	t.Helper()
 	var rec *markers.Record
 	testutil.WaitFor(t, fmt.Sprintf("%s to be %s in the journal", id, state), func() bool {
@@ -161,7 +162,7 @@ func TestTSClientKilledWhileWaiting(t *testing.T) {
 // HTTP and through the stdio bridge.
 func TestTSClientGivesUpThenReissues(t *testing.T) {
 	f := startFleet(t)
-	bin := testutil.Binary(t, "postern")
+	bin := harness.Binary(t, "postern")
 	transports := map[string]func(run string) map[string]any{
 		"http":  func(run string) map[string]any { return httpConnect(f, run) },
 		"stdio": func(string) map[string]any { return stdioConnect(bin, f.bastion.Socket) },
@@ -221,7 +222,7 @@ func TestTSClientGivesUpThenReissues(t *testing.T) {
 func TestStdioBridgeRestartedFromAnotherBinary(t *testing.T) {
 	f := startFleet(t)
 	ctx := testContext(t)
-	bin := testutil.Binary(t, "postern")
+	bin := harness.Binary(t, "postern")
 	copyBin := filepath.Join(t.TempDir(), "postern-upgraded")
 	data, err := os.ReadFile(bin)
 	if err != nil {
@@ -332,7 +333,7 @@ func sseResult(t *testing.T, body []byte) api.Execution {
 // rawPoster returns send, which posts one JSON-RPC message to b as the agent of run
 // "raw-run" and returns the response body (safe off the test goroutine), and post, send for
 // the test goroutine.
-func rawPoster(t *testing.T, ctx context.Context, b *testutil.Bastion) (send func(map[string]any) ([]byte, error), post func(map[string]any) []byte) {
+func rawPoster(t *testing.T, ctx context.Context, b *harness.Bastion) (send func(map[string]any) ([]byte, error), post func(map[string]any) []byte) {
 	send = func(msg map[string]any) ([]byte, error) {
 		body, err := json.Marshal(msg)
 		if err != nil {

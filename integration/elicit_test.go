@@ -12,6 +12,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -45,7 +46,7 @@ type tsElicitLine struct {
 // runTSElicit runs elicit.mjs through the stdio bridge; runTSElicitOver connects with conn.
 func runTSElicit(t *testing.T, ctx context.Context, f *testbed, steps ...map[string]any) []tsElicitLine {
 	t.Helper()
-	return runTSElicitOver(t, ctx, stdioConnect(testutil.Binary(t, "postern"), f.bastion.Socket), steps...)
+	return runTSElicitOver(t, ctx, stdioConnect(harness.Binary(t, "postern"), f.bastion.Socket), steps...)
 }
 
 func runTSElicitOver(t *testing.T, ctx context.Context, conn map[string]any, steps ...map[string]any) []tsElicitLine {

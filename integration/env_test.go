@@ -6,7 +6,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
-	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // TestExecEnvTheHostWouldDrop: the bastion refuses, before anything is journaled or run, an
@@ -14,8 +14,8 @@ import (
 // accept_env as the inventory records it — and says what is allowed; an accepted one reaches
 // the command.
 func TestExecEnvTheHostWouldDrop(t *testing.T) {
-	h := testutil.StartHostagent(t, `accept_env = ["APP_*"]`)
-	b := testutil.NewBastion(t, h.ClientKey)
+	h := harness.StartHostagent(t, `accept_env = ["APP_*"]`)
+	b := harness.NewBastion(t, h.ClientKey)
 	inventory := config.DefaultConfig(b.StateDir()).InventoryPath()
 	for name, accept := range map[string][]string{"h1": {"APP_*"}, "h2": nil} {
 		if err := fleet.Enroll(inventory, fleet.Host{Name: name, Addr: h.Addr, Account: h.Account, HostKey: h.HostKey, AcceptEnv: accept}); err != nil {

@@ -8,19 +8,20 @@ import (
 
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // BenchmarkHostagentStart starts postern-hostagent (fresh data dir: host key, audit key and
 // marker store created) and reports the time until it listens, then its RSS after a second
 // idle.
 func BenchmarkHostagentStart(b *testing.B) {
-	testutil.Binary(b, "postern-hostagent") // build outside the timing
-	testutil.Binary(b, "postern-shim")
+	harness.Binary(b, "postern-hostagent") // build outside the timing
+	harness.Binary(b, "postern-shim")
 	var total time.Duration
 	var rssKB int
 	for i := 0; i < b.N; i++ {
 		t0 := time.Now()
-		h := testutil.StartHostagent(b)
+		h := harness.StartHostagent(b)
 		total += time.Since(t0)
 		time.Sleep(time.Second)
 		kb, err := testutil.ProcStatusKB(h.PID(), "VmRSS")
@@ -40,12 +41,12 @@ func BenchmarkHostagentStart(b *testing.B) {
 func BenchmarkHostagentExecTrue(b *testing.B) {
 	selfDir := b.TempDir()
 	self := filepath.Join(selfDir, "postern-hostagent")
-	if err := os.Link(testutil.Binary(b, "postern-hostagent"), self); err != nil {
+	if err := os.Link(harness.Binary(b, "postern-hostagent"), self); err != nil {
 		b.Fatal(err)
 	}
 	for _, tc := range []struct{ name, bin string }{{"shim=postern-shim", ""}, {"shim=agent-reexec", self}} {
 		b.Run(tc.name, func(b *testing.B) {
-			h := testutil.NewHostagent(b)
+			h := harness.NewHostagent(b)
 			h.Bin = tc.bin
 			h.Start(b)
 			c := h.Dial(b)

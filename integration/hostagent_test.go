@@ -21,6 +21,7 @@ import (
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/procfs"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -34,7 +35,7 @@ func TestMain(m *testing.M) {
 		os.Exit(runSoakClientProcess())
 	}
 	code := m.Run()
-	testutil.CleanupBinaries()
+	harness.CleanupBinaries()
 	os.Exit(code)
 }
 
@@ -100,7 +101,7 @@ func lines(t testing.TB, path string) int {
 }
 
 func TestExecUnderMarker(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	c := h.Dial(t)
 	id := newID(t)
 	got := execOn(t, c, hostproto.Exec{ExecutionID: id, Command: "echo out; echo err >&2; exit 3", Fingerprint: "hmac-sha256:abc"})
@@ -117,7 +118,7 @@ func TestExecUnderMarker(t *testing.T) {
 }
 
 func TestSameIDRunsOnce(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	c := h.Dial(t)
 	effects := filepath.Join(t.TempDir(), "effects")
 	id := newID(t)
@@ -136,7 +137,7 @@ func TestSameIDRunsOnce(t *testing.T) {
 }
 
 func TestConcurrentDuplicatesRunOnce(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	effects := filepath.Join(t.TempDir(), "effects")
 	id := newID(t)
 	cmd := "echo applied >> " + effects + "; sleep 0.5; echo done"
@@ -167,7 +168,7 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 }
 
 func TestClientDisconnectDoesNotStopCommand(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	effects := filepath.Join(t.TempDir(), "effects")
 	id := newID(t)
 	cmd := "sleep 1; echo applied >> " + effects + "; echo finished"
@@ -186,7 +187,7 @@ func TestClientDisconnectDoesNotStopCommand(t *testing.T) {
 }
 
 func TestHostagentKilledMidCommand(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	effects := filepath.Join(t.TempDir(), "effects")
 	id := newID(t)
 	cmd := "sleep 2; echo applied >> " + effects + "; echo done; exit 7"
@@ -208,7 +209,7 @@ func TestHostagentKilledMidCommand(t *testing.T) {
 }
 
 func TestShimKilledIsInterrupted(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	id := newID(t)
 	c := h.Dial(t)
 	waitFirst := execInBackground(t, c, hostproto.Exec{ExecutionID: id, Command: "sleep 30"})
@@ -256,7 +257,7 @@ func TestOperationKey(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := testutil.StartHostagent(t, tt.config)
+			h := harness.StartHostagent(t, tt.config)
 			c := h.Dial(t)
 			effects := filepath.Join(t.TempDir(), "effects")
 			first := execOn(t, c, hostproto.Exec{ExecutionID: newID(t), OperationKey: "migration:2026_07_22", Command: strings.ReplaceAll(tt.firstCmd, "EFFECTS", effects)})
@@ -275,7 +276,7 @@ func TestOperationKey(t *testing.T) {
 }
 
 func TestTimeout(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	got := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: newID(t), Command: "trap '' TERM; sleep 30", Timeout: time.Second})
 	if got.res.ExitStatus != 124 || got.res.Final == nil || got.res.Final.Marker.State != hostproto.MarkerTimedOut {
 		t.Fatalf("exec = %+v; want 124 and a timed_out marker", got)
@@ -286,7 +287,7 @@ func TestOpenSSHClient(t *testing.T) {
 	if _, err := exec.LookPath("ssh"); err != nil {
 		t.Skip("OpenSSH client not installed (apt-get install openssh-client)")
 	}
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	dir := t.TempDir()
 	knownHosts := testutil.WriteKnownHosts(t, filepath.Join(dir, "known_hosts"), h.Addr, h.HostKey)
 	identity := h.ClientKey.WritePrivateKey(t, filepath.Join(dir, "id"))
@@ -327,8 +328,8 @@ func TestOpenSSHClient(t *testing.T) {
 }
 
 func TestCheckpointsFromTheCommand(t *testing.T) {
-	h := testutil.StartHostagent(t)
-	bin := testutil.Binary(t, "postern-hostagent")
+	h := harness.StartHostagent(t)
+	bin := harness.Binary(t, "postern-hostagent")
 	cmd := bin + ` marker checkpoint "schema applied" && ` + bin + ` marker validated && echo ok`
 	got := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: newID(t), Command: cmd})
 	if got.err != nil || got.res.ExitStatus != 0 || got.stdout != "ok\n" {
@@ -346,7 +347,7 @@ func TestCheckpointsFromTheCommand(t *testing.T) {
 }
 
 func TestControlOverSSH(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	c := h.Dial(t)
 	ctx := context.Background()
 	id := newID(t)
@@ -396,12 +397,12 @@ func TestControlOverSSH(t *testing.T) {
 }
 
 func TestMarkersCLI(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	id := newID(t)
 	if got := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: id, Command: "echo hello"}); got.err != nil {
 		t.Fatal(got.err)
 	}
-	bin := testutil.Binary(t, "postern-hostagent")
+	bin := harness.Binary(t, "postern-hostagent")
 	cli := func(args ...string) string {
 		t.Helper()
 		cmd := exec.Command(bin, append(args, "--config", h.ConfigPath)...)
@@ -437,7 +438,7 @@ func TestMarkersCLI(t *testing.T) {
 // not_started, and a retry of the same command runs it once — a different command under
 // that id is refused.
 func TestNeverStartedRunsOnRetry(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	effects := filepath.Join(t.TempDir(), "effects")
 	cmd := "echo applied >> " + effects
 	shell := loginShell(t, h)
@@ -472,7 +473,7 @@ func TestNeverStartedRunsOnRetry(t *testing.T) {
 }
 
 // loginShell is the shell the agent runs commands with for its account.
-func loginShell(t testing.TB, h *testutil.Hostagent) string {
+func loginShell(t testing.TB, h *harness.Hostagent) string {
 	t.Helper()
 	got := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: newID(t), Command: "true"})
 	if got.res.First == nil {
@@ -487,7 +488,7 @@ func loginShell(t testing.TB, h *testutil.Hostagent) string {
 func TestHarnessReapsDetachedCommands(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "pid")
 	t.Run("leaves a command running", func(t *testing.T) {
-		h := testutil.StartHostagent(t)
+		h := harness.StartHostagent(t)
 		c := h.Dial(t)
 		// The grandchild writes its pid, then outlives the shell's exec window.
 		execInBackground(t, c, hostproto.Exec{ExecutionID: newID(t), Command: "sleep 300 & echo $! > " + pidFile + "; wait"})
@@ -515,7 +516,7 @@ func TestUpgradeKeepsCommandsRunning(t *testing.T) {
 	installed := t.TempDir()
 	install := func() {
 		for _, name := range []string{"postern-hostagent", "postern-shim"} {
-			data, err := os.ReadFile(testutil.Binary(t, name))
+			data, err := os.ReadFile(harness.Binary(t, name))
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -529,7 +530,7 @@ func TestUpgradeKeepsCommandsRunning(t *testing.T) {
 		}
 	}
 	install()
-	h := testutil.NewHostagent(t)
+	h := harness.NewHostagent(t)
 	h.Bin = filepath.Join(installed, "postern-hostagent")
 	h.Start(t)
 	effects := filepath.Join(t.TempDir(), "effects")

@@ -17,12 +17,13 @@ import (
 
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 )
 
 // writeHostagentConfig replaces h's config: its address and data dir, kill_grace 1s, and
 // lines.
-func writeHostagentConfig(t *testing.T, h *testutil.Hostagent, lines ...string) {
+func writeHostagentConfig(t *testing.T, h *harness.Hostagent, lines ...string) {
 	t.Helper()
 	cfg := fmt.Sprintf("listen = %q\ndata_dir = %q\nkill_grace = \"1s\"\n%s\n", h.Addr, h.DataDir, strings.Join(lines, "\n"))
 	if err := os.WriteFile(h.ConfigPath, []byte(cfg), 0o600); err != nil {
@@ -42,7 +43,7 @@ func modeOf(t *testing.T, path string) fs.FileMode {
 // TestHostagentMakesPremadeDataDirPrivate is finding 3: a data dir made beforehand with
 // mkdir (umask 022) kept 0755 and the markers in it were readable by every local user.
 func TestHostagentMakesPremadeDataDirPrivate(t *testing.T) {
-	h := testutil.NewHostagent(t)
+	h := harness.NewHostagent(t)
 	if err := os.Mkdir(h.DataDir, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -85,14 +86,14 @@ func TestHostagentRefusesForeignDataDir(t *testing.T) {
 		t.Fatal(err)
 	}
 	uid, _ := strconv.Atoi(u.Uid)
-	h := testutil.NewHostagent(t)
+	h := harness.NewHostagent(t)
 	if err := os.Mkdir(h.DataDir, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	if err := os.Chown(h.DataDir, uid, uid); err != nil {
 		t.Fatal(err)
 	}
-	out, err := exec.Command(testutil.Binary(t, "postern-hostagent"), "serve", "--config", h.ConfigPath).CombinedOutput()
+	out, err := exec.Command(harness.Binary(t, "postern-hostagent"), "serve", "--config", h.ConfigPath).CombinedOutput()
 	var exitErr *exec.ExitError
 	if !errors.As(err, &exitErr) || !strings.Contains(string(out), "owned by another user") ||
 		!strings.Contains(string(out), other) || !strings.Contains(string(out), "chown -R") {
@@ -112,7 +113,7 @@ func TestCommandsDoNotInheritDescriptors(t *testing.T) {
 	if err := os.WriteFile(secret, []byte("root only\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	h := testutil.NewHostagent(t)
+	h := harness.NewHostagent(t)
 	writeHostagentConfig(t, h, fmt.Sprintf("authorized_keys_file = %q\nallowed_accounts = [%q]", filepath.Join(h.Dir, "authorized_keys"), account))
 	h.Account = account
 	// Open without close-on-exec, as a shell's redirection would: the agent inherits it.
@@ -155,7 +156,7 @@ func TestAuthorizedKeysPerAccount(t *testing.T) {
 	const alice, bob = "hostpriva", "hostprivb"
 	unixuser.NewLogin(t, alice)
 	unixuser.NewLogin(t, bob)
-	h := testutil.NewHostagent(t)
+	h := harness.NewHostagent(t)
 	keysDir := filepath.Join(h.Dir, "keys")
 	if err := os.Mkdir(keysDir, 0o755); err != nil {
 		t.Fatal(err)

@@ -19,6 +19,7 @@ import (
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/plugins"
 )
@@ -47,7 +48,7 @@ func (discardJournal) Unknown(context.Context, string, string) error            
 // connection per request (the plugin opens one per execution, by design).
 func BenchmarkHTTPRequest(b *testing.B) {
 	target := testutil.StartHTTPTarget(b, testutil.HTTPTargetOptions{})
-	pluginPath := testutil.Binary(b, "postern-plugin-http")
+	pluginPath := harness.Binary(b, "postern-plugin-http")
 	sum, err := plugins.FileSHA256(pluginPath)
 	if err != nil {
 		b.Fatal(err)
@@ -57,7 +58,7 @@ func BenchmarkHTTPRequest(b *testing.B) {
 		b.Fatal(err)
 	}
 	const endpoint = "bench"
-	bs := testutil.NewBastion(b, testutil.NewSSHKey(b),
+	bs := harness.NewBastion(b, testutil.NewSSHKey(b),
 		fmt.Sprintf("[http_plugin]\npath = %q\nsha256 = %q", pluginPath, sum),
 		fmt.Sprintf("[[credentials]]\nname = \"api\"\nkind = \"bearer\"\nfile = %q", secretFile),
 		endpointTable(endpoint, target.URL, config.ClassIdempotentWrite))

@@ -27,6 +27,7 @@ import (
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/procfs"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
 )
@@ -44,7 +45,7 @@ const (
 // httpFleet is a real `postern serve` with the real HTTP plugin, a counting target, and a
 // bearer credential whose secret the tests hunt for afterwards.
 type httpFleet struct {
-	bastion *testutil.Bastion
+	bastion *harness.Bastion
 	target  *testutil.HTTPTarget
 	secret  string
 
@@ -80,7 +81,7 @@ func newHTTPFleet(t *testing.T, opts httpFleetOptions) *httpFleet {
 		t.Fatal(err)
 	}
 	if opts.pluginPath == "" {
-		opts.pluginPath = testutil.Binary(t, "postern-plugin-http")
+		opts.pluginPath = harness.Binary(t, "postern-plugin-http")
 	}
 	if opts.pluginSHA256 == "" {
 		sum, err := plugins.FileSHA256(opts.pluginPath)
@@ -103,7 +104,7 @@ func newHTTPFleet(t *testing.T, opts httpFleetOptions) *httpFleet {
 		lines = append(lines, endpointTable(ep.name, f.target.URL, ep.class))
 	}
 	lines = append(lines, opts.endpoints...)
-	f.bastion = testutil.NewBastion(t, testutil.NewSSHKey(t), lines...)
+	f.bastion = harness.NewBastion(t, testutil.NewSSHKey(t), lines...)
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("bastion log:\n%s", f.bastion.Logs())
@@ -119,7 +120,7 @@ func newHTTPFleet(t *testing.T, opts httpFleetOptions) *httpFleet {
 // secret hunt. A refused call is an error wrapping errToolError.
 func (f *httpFleet) call(ctx context.Context, cs *mcp.ClientSession, tool string, args map[string]any) (api.Execution, error) {
 	var x api.Execution
-	res, err := testutil.CallTool(ctx, cs, tool, args, &x)
+	res, err := harness.CallTool(ctx, cs, tool, args, &x)
 	if err != nil {
 		return x, err
 	}
@@ -131,7 +132,7 @@ func (f *httpFleet) call(ctx context.Context, cs *mcp.ClientSession, tool string
 	f.results = append(f.results, raw)
 	f.mu.Unlock()
 	if res.StructuredContent == nil {
-		return x, fmt.Errorf("%w: %s", errToolError, testutil.ResultText(res))
+		return x, fmt.Errorf("%w: %s", errToolError, harness.ResultText(res))
 	}
 	return x, nil
 }
@@ -236,7 +237,7 @@ func (f *httpFleet) assertSecretNowhere(t *testing.T) {
 }
 
 // operatorClient reaches the bastion's operator API over its unix socket.
-func operatorClient(b *testutil.Bastion) *http.Client {
+func operatorClient(b *harness.Bastion) *http.Client {
 	return &http.Client{Transport: &http.Transport{DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", b.OperatorSocket)
@@ -244,7 +245,7 @@ func operatorClient(b *testutil.Bastion) *http.Client {
 }
 
 // auditExport is the journal's event log as the operator exports it (JSONL).
-func auditExport(t *testing.T, b *testutil.Bastion) []byte {
+func auditExport(t *testing.T, b *harness.Bastion) []byte {
 	t.Helper()
 	hc := operatorClient(b)
 	defer hc.CloseIdleConnections()
@@ -558,7 +559,7 @@ func TestHTTPPluginKilledMidRequest(t *testing.T) {
 // never run — refused at start, or, if it changes after start, refused at the call.
 func TestHTTPPluginChecksumMismatch(t *testing.T) {
 	t.Run("pinned checksum wrong at start", func(t *testing.T) {
-		other, err := plugins.FileSHA256(testutil.Binary(t, "postern"))
+		other, err := plugins.FileSHA256(harness.Binary(t, "postern"))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -566,7 +567,7 @@ func TestHTTPPluginChecksumMismatch(t *testing.T) {
 		ctx, cancel := context.WithTimeout(testContext(t), 30*time.Second)
 		defer cancel()
 		var stderr bytes.Buffer
-		cmd := exec.CommandContext(ctx, testutil.Binary(t, "postern"), "serve", "--config", f.bastion.ConfigPath)
+		cmd := exec.CommandContext(ctx, harness.Binary(t, "postern"), "serve", "--config", f.bastion.ConfigPath)
 		cmd.Stderr = &stderr
 		err = cmd.Run()
 		if err == nil || ctx.Err() != nil {
@@ -578,7 +579,7 @@ func TestHTTPPluginChecksumMismatch(t *testing.T) {
 	})
 	t.Run("binary replaced after start", func(t *testing.T) {
 		copyPath := filepath.Join(t.TempDir(), "postern-plugin-http")
-		data, err := os.ReadFile(testutil.Binary(t, "postern-plugin-http"))
+		data, err := os.ReadFile(harness.Binary(t, "postern-plugin-http"))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -19,6 +19,7 @@ import (
 
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 )
 
@@ -31,7 +32,7 @@ import (
 // and a user CA, its control socket in a directory every account can reach, and
 // postern-hostagent there too (for commands' checkpoints).
 type twoAccounts struct {
-	agent                *testutil.Hostagent
+	agent                *harness.Hostagent
 	a, b                 unixuser.User
 	keyA, keyB           string // private key files for ssh -i
 	ca                   testutil.SSHKey
@@ -61,11 +62,11 @@ func startTwoAccounts(t *testing.T, prefix string) *twoAccounts {
 	}
 	ta.shared, ta.socket = shared, filepath.Join(shared, "control.sock")
 	ta.hostagentBin = filepath.Join(shared, "postern-hostagent")
-	copyFile(t, testutil.Binary(t, "postern-hostagent"), ta.hostagentBin, 0o755)
+	copyFile(t, harness.Binary(t, "postern-hostagent"), ta.hostagentBin, 0o755)
 
 	caFile := filepath.Join(ta.dir, "user_ca.pub")
 	testutil.WriteAuthorizedKeys(t, caFile, ta.ca.AuthorizedLine())
-	ta.agent = testutil.NewHostagentFor(t, []string{ta.a.Name, ta.b.Name},
+	ta.agent = harness.NewHostagentFor(t, []string{ta.a.Name, ta.b.Name},
 		fmt.Sprintf("control_socket = %q", ta.socket), fmt.Sprintf("trusted_user_ca_keys_file = %q", caFile))
 	keyB := testutil.NewSSHKey(t)
 	testutil.WriteAuthorizedKeys(t, ta.agent.AuthorizedKeysPath(), ta.agent.ClientKey.AuthorizedLine(), keyB.AuthorizedLine())
@@ -302,7 +303,7 @@ func TestOperationKeyConflictNamesNoOtherIdentitysExecution(t *testing.T) {
 // TestNoExecutionIDInProcessArguments: every local user can read every process's arguments;
 // none of the hostagent's (agent, supervisor, command) names the execution or its spool.
 func TestNoExecutionIDInProcessArguments(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	id := newID(t)
 	dir := t.TempDir()
 	started, release := filepath.Join(dir, "started"), filepath.Join(dir, "release")

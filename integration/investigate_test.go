@@ -10,6 +10,7 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -19,7 +20,7 @@ import (
 // and what every later call amounted to.
 
 // investigate runs `postern investigate ID --json` against the fleet's bastion.
-func investigate(t *testing.T, b *testutil.Bastion, id string) *api.Investigation {
+func investigate(t *testing.T, b *harness.Bastion, id string) *api.Investigation {
 	t.Helper()
 	out := postern(t, b, "investigate", id, "--json")
 	var inv api.Investigation
@@ -35,9 +36,9 @@ func investigate(t *testing.T, b *testutil.Bastion, id string) *api.Investigatio
 
 // postern runs the operator CLI against b and returns its stdout; it fails the test on a
 // non-zero exit.
-func postern(t *testing.T, b *testutil.Bastion, args ...string) []byte {
+func postern(t *testing.T, b *harness.Bastion, args ...string) []byte {
 	t.Helper()
-	cmd := exec.Command(testutil.Binary(t, "postern"), append(args, "--config", b.ConfigPath)...)
+	cmd := exec.Command(harness.Binary(t, "postern"), append(args, "--config", b.ConfigPath)...)
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	out, err := cmd.Output()
@@ -260,7 +261,7 @@ func TestInvestigateTwoAgentProcesses(t *testing.T) {
 	f := startFleet(t)
 	ctx := testContext(t)
 	cmd, file := appendCommand(t, "two")
-	bin := testutil.Binary(t, "postern")
+	bin := harness.Binary(t, "postern")
 	call := sshExecStep(map[string]any{"host": "h1", "command": cmd}, nil)
 	// Two agent processes (two node processes, each launching its own stdio bridge).
 	a := runTS(t, ctx, stdioConnect(bin, f.bastion.Socket), call)[1].Result
@@ -346,7 +347,7 @@ func TestInvestigateAcrossBastionRestart(t *testing.T) {
 }
 
 // waitForDelivery waits until the journal records id's result as delivered.
-func waitForDelivery(t *testing.T, b *testutil.Bastion, id string) {
+func waitForDelivery(t *testing.T, b *harness.Bastion, id string) {
 	t.Helper()
 	testutil.WaitFor(t, id+"'s delivery", func() bool { return journaled(t, b, id).ResultDeliveredAt != nil })
 }

@@ -10,6 +10,7 @@ import (
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/etcdtest"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // A single node's Pebble journal grows into replicas: `postern journal copy --to etcd`, the
@@ -44,7 +45,7 @@ func TestJournalCopyPebbleToEtcdAndBack(t *testing.T) {
 	}
 	postern := func(args ...string) string {
 		t.Helper()
-		out, err := exec.Command(testutil.Binary(t, "postern"), append(args, "--config", f.bastion.ConfigPath)...).CombinedOutput()
+		out, err := exec.Command(harness.Binary(t, "postern"), append(args, "--config", f.bastion.ConfigPath)...).CombinedOutput()
 		if err != nil {
 			t.Fatalf("postern %v: %v\n%s", args, err, out)
 		}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 	"github.com/postern-dev/postern/plugins"
 )
@@ -27,13 +28,13 @@ func TestLocalActorByUID(t *testing.T) {
 	agentUser := unixuser.New(t, "bastionhard-l")
 	stranger := unixuser.New(t, "bastionhard-x")
 	target := testutil.StartHTTPTarget(t, testutil.HTTPTargetOptions{})
-	pluginPath := testutil.Binary(t, "postern-plugin-http")
+	pluginPath := harness.Binary(t, "postern-plugin-http")
 	sum, err := plugins.FileSHA256(pluginPath)
 	if err != nil {
 		t.Fatal(err)
 	}
 	socket := filepath.Join(unixuser.SharedDir(t, "bastionhard-"), "mcp.sock")
-	b := testutil.NewBastion(t, testutil.NewSSHKey(t),
+	b := harness.NewBastion(t, testutil.NewSSHKey(t),
 		fmt.Sprintf("socket = %q", socket),
 		fmt.Sprintf("[http_plugin]\npath = %q\nsha256 = %q", pluginPath, sum),
 		fmt.Sprintf("[[endpoints]]\nname = \"echo\"\nbase_url = %q\nmethods = [\"GET\"]\npath_prefixes = [\"/v1\"]\nclass = \"read_only\"", target.URL),
@@ -45,7 +46,7 @@ func TestLocalActorByUID(t *testing.T) {
 			t.Logf("bastion log:\n%s", b.Logs())
 		}
 	})
-	bridge := unixuser.SharedBinary(t, testutil.Binary(t, "postern"))
+	bridge := unixuser.SharedBinary(t, harness.Binary(t, "postern"))
 	connectAs := func(ctx context.Context, u unixuser.User) (*mcp.ClientSession, error) {
 		cmd := exec.Command(bridge, "mcp", "--socket", socket)
 		cmd.SysProcAttr = &syscall.SysProcAttr{Credential: u.Credential()}
@@ -60,9 +61,9 @@ func TestLocalActorByUID(t *testing.T) {
 	}
 	defer cs.Close()
 	var x api.Execution
-	res, err := testutil.CallTool(ctx, cs, "http_request", map[string]any{"endpoint": "echo", "method": "GET", "path": "/v1/echo", "wait_s": 60}, &x)
+	res, err := harness.CallTool(ctx, cs, "http_request", map[string]any{"endpoint": "echo", "method": "GET", "path": "/v1/echo", "wait_s": 60}, &x)
 	if err != nil || res.IsError {
-		t.Fatalf("http_request as uid %d: %v %s", agentUser.UID, err, testutil.ResultText(res))
+		t.Fatalf("http_request as uid %d: %v %s", agentUser.UID, err, harness.ResultText(res))
 	}
 	if x.State != "completed" || !slices.Contains(x.Evidence, "actor resolved: bastionhard-local") {
 		t.Fatalf("execution = %+v; want completed, by the actor configured for uid %d", x, agentUser.UID)

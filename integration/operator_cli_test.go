@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -23,7 +23,7 @@ func TestExecutionsFollow(t *testing.T) {
 		"host": "h1", "command": "echo started; " + g.cmd + "; echo oops >&2", "wait_s": 0})
 	waitForJournalState(t, f.bastion, x.ExecutionID, markers.Running)
 
-	cmd := exec.CommandContext(ctx, testutil.Binary(t, "postern"), "executions", "follow", x.ExecutionID, "--config", f.bastion.ConfigPath)
+	cmd := exec.CommandContext(ctx, harness.Binary(t, "postern"), "executions", "follow", x.ExecutionID, "--config", f.bastion.ConfigPath)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	if err := cmd.Start(); err != nil {
@@ -45,8 +45,8 @@ func TestExecutionsFollow(t *testing.T) {
 // printed against the bastion, after the key `postern hosts key` prints is authorized; a
 // host that presents another key than the expected one is not enrolled.
 func TestInstallThenEnroll(t *testing.T) {
-	h := testutil.StartHostagent(t)
-	b := testutil.NewBastion(t, h.ClientKey)
+	h := harness.StartHostagent(t)
+	b := harness.NewBastion(t, h.ClientKey)
 	b.Start(t)
 	ctx := testContext(t)
 
@@ -60,7 +60,7 @@ func TestInstallThenEnroll(t *testing.T) {
 	}
 
 	// Step 3: install (against the running hostagent's config) prints the enroll command.
-	install := exec.Command(testutil.Binary(t, "postern-hostagent"), "install", "--config", h.ConfigPath,
+	install := exec.Command(harness.Binary(t, "postern-hostagent"), "install", "--config", h.ConfigPath,
 		"--unit", filepath.Join(t.TempDir(), "postern-hostagent.service"), "--binary", "/usr/local/bin/postern-hostagent")
 	out, err := install.CombinedOutput()
 	if err != nil {
@@ -78,7 +78,7 @@ func TestInstallThenEnroll(t *testing.T) {
 	name := enroll[3]
 
 	wrong := append(append([]string(nil), enroll[1:]...), "--expect-host-key", "SHA256:"+strings.Repeat("A", 43))
-	cmd := exec.Command(testutil.Binary(t, "postern"), append(wrong, "--config", b.ConfigPath)...)
+	cmd := exec.Command(harness.Binary(t, "postern"), append(wrong, "--config", b.ConfigPath)...)
 	if msg, err := cmd.CombinedOutput(); err == nil || !strings.Contains(string(msg), "not the expected") {
 		t.Errorf("enroll with another expected key: %v\n%s\nwant a refusal", err, msg)
 	}
@@ -104,7 +104,7 @@ func TestDoctor(t *testing.T) {
 	}
 
 	f.host.Kill(t)
-	cmd := exec.Command(testutil.Binary(t, "postern"), "doctor", "--config", f.bastion.ConfigPath)
+	cmd := exec.Command(harness.Binary(t, "postern"), "doctor", "--config", f.bastion.ConfigPath)
 	got, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
 	if !errors.As(err, &exit) || exit.ExitCode() != 1 {

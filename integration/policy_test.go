@@ -20,6 +20,7 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -29,10 +30,10 @@ import (
 // besides the states: what never ran did not run, and a retry never opens a second approval.
 
 // startPolicyFleet is newFleet with extra actors configured before the bastion starts.
-func startPolicyFleet(t *testing.T, opts fleetOptions, actors ...testutil.ActorSpec) *testbed {
+func startPolicyFleet(t *testing.T, opts fleetOptions, actors ...harness.ActorSpec) *testbed {
 	t.Helper()
-	h := testutil.StartHostagent(t)
-	b := testutil.NewBastion(t, h.ClientKey, append(opts.settings, opts.tables...)...)
+	h := harness.StartHostagent(t)
+	b := harness.NewBastion(t, h.ClientKey, append(opts.settings, opts.tables...)...)
 	for _, a := range actors {
 		b.AddActor(t, a)
 	}
@@ -55,9 +56,9 @@ type cliResult struct {
 }
 
 // operatorCLI runs `postern ARGS --config <the bastion's config>` as the operator.
-func operatorCLI(t *testing.T, ctx context.Context, b *testutil.Bastion, args ...string) cliResult {
+func operatorCLI(t *testing.T, ctx context.Context, b *harness.Bastion, args ...string) cliResult {
 	t.Helper()
-	cmd := exec.CommandContext(ctx, testutil.Binary(t, "postern"), append(args, "--config", b.ConfigPath)...)
+	cmd := exec.CommandContext(ctx, harness.Binary(t, "postern"), append(args, "--config", b.ConfigPath)...)
 	var stdout, stderr bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &stdout, &stderr
 	err := cmd.Run()
@@ -73,7 +74,7 @@ func operatorCLI(t *testing.T, ctx context.Context, b *testutil.Bastion, args ..
 }
 
 // mustCLI is operatorCLI for commands that must succeed; it returns stdout.
-func mustCLI(t *testing.T, ctx context.Context, b *testutil.Bastion, args ...string) string {
+func mustCLI(t *testing.T, ctx context.Context, b *harness.Bastion, args ...string) string {
 	t.Helper()
 	res := operatorCLI(t, ctx, b, args...)
 	if res.code != 0 {
@@ -83,7 +84,7 @@ func mustCLI(t *testing.T, ctx context.Context, b *testutil.Bastion, args ...str
 }
 
 // pendingApprovals is `postern approvals list --json`.
-func pendingApprovals(t *testing.T, ctx context.Context, b *testutil.Bastion) []*markers.Record {
+func pendingApprovals(t *testing.T, ctx context.Context, b *harness.Bastion) []*markers.Record {
 	t.Helper()
 	var page api.ExecutionPage
 	out := mustCLI(t, ctx, b, "approvals", "list", "--json")
@@ -94,7 +95,7 @@ func pendingApprovals(t *testing.T, ctx context.Context, b *testutil.Bastion) []
 }
 
 // wantOnePending checks that id is the only execution awaiting approval.
-func wantOnePending(t *testing.T, ctx context.Context, b *testutil.Bastion, id string) {
+func wantOnePending(t *testing.T, ctx context.Context, b *harness.Bastion, id string) {
 	t.Helper()
 	pending := pendingApprovals(t, ctx, b)
 	if len(pending) != 1 || pending[0].ID != id {
@@ -107,7 +108,7 @@ func wantOnePending(t *testing.T, ctx context.Context, b *testutil.Bastion, id s
 }
 
 // wantNoPending checks the human form of an empty approvals list.
-func wantNoPending(t *testing.T, ctx context.Context, b *testutil.Bastion) {
+func wantNoPending(t *testing.T, ctx context.Context, b *harness.Bastion) {
 	t.Helper()
 	if out := mustCLI(t, ctx, b, "approvals", "list"); strings.TrimSpace(out) != "No executions are awaiting approval." {
 		t.Fatalf("approvals list = %q; want the no-pending message", out)
@@ -115,7 +116,7 @@ func wantNoPending(t *testing.T, ctx context.Context, b *testutil.Bastion) {
 }
 
 // showExecution is `postern executions show ID --json`.
-func showExecution(t *testing.T, ctx context.Context, b *testutil.Bastion, id string) api.ExecutionDetail {
+func showExecution(t *testing.T, ctx context.Context, b *harness.Bastion, id string) api.ExecutionDetail {
 	t.Helper()
 	var d api.ExecutionDetail
 	out := mustCLI(t, ctx, b, "executions", "show", id, "--json")
@@ -127,7 +128,7 @@ func showExecution(t *testing.T, ctx context.Context, b *testutil.Bastion, id st
 
 // waitJournaled polls the operator API (which does not deliver results to the agent) until
 // the execution is in state.
-func waitJournaled(t *testing.T, b *testutil.Bastion, id string, state markers.State) *markers.Record {
+func waitJournaled(t *testing.T, b *harness.Bastion, id string, state markers.State) *markers.Record {
 	t.Helper()
 	var rec *markers.Record
 	testutil.WaitFor(t, id+" to be journaled as "+string(state), func() bool {
@@ -364,10 +365,10 @@ commands = ["rm **"]`)
 // journaled).
 func TestActorLimits(t *testing.T) {
 	f := startPolicyFleet(t, fleetOptions{},
-		testutil.ActorSpec{Name: "elsewhere", Hosts: []string{"other-host"}},
-		testutil.ActorSpec{Name: "lister", Tools: []string{"hosts_list"}},
-		testutil.ActorSpec{Name: "frugal", DailyQuota: 2},
-		testutil.ActorSpec{Name: "serial", MaxConcurrent: 1},
+		harness.ActorSpec{Name: "elsewhere", Hosts: []string{"other-host"}},
+		harness.ActorSpec{Name: "lister", Tools: []string{"hosts_list"}},
+		harness.ActorSpec{Name: "frugal", DailyQuota: 2},
+		harness.ActorSpec{Name: "serial", MaxConcurrent: 1},
 	)
 	ctx := testContext(t)
 
@@ -534,8 +535,8 @@ class = "irreversible"`}})
 // (different intents, so no fingerprint lock serializes them).
 func TestActorLimitsUnderConcurrentCalls(t *testing.T) {
 	f := startPolicyFleet(t, fleetOptions{},
-		testutil.ActorSpec{Name: "frugal", DailyQuota: 2},
-		testutil.ActorSpec{Name: "serial", MaxConcurrent: 1},
+		harness.ActorSpec{Name: "frugal", DailyQuota: 2},
+		harness.ActorSpec{Name: "serial", MaxConcurrent: 1},
 	)
 	ctx := testContext(t)
 	const calls = 8
@@ -591,7 +592,7 @@ func TestApprovedWorkWaitsForASlot(t *testing.T) {
 name = "migrations-need-approval"
 decision = "approve"
 actors = ["serial"]
-commands = ["migrate **"]`}}, testutil.ActorSpec{Name: "serial", MaxConcurrent: 1})
+commands = ["migrate **"]`}}, harness.ActorSpec{Name: "serial", MaxConcurrent: 1})
 	ctx := testContext(t)
 	cs := f.session(t, "serial", "run-1")
 	g := newGatedCommand(t)
@@ -653,9 +654,9 @@ name = "no-forbidden"
 decision = "deny"
 actors = ["counted"]
 commands = ["forbidden **"]`}},
-		testutil.ActorSpec{Name: "counted", DailyQuota: 2},
-		testutil.ActorSpec{Name: "per-run", RunDailyQuota: 1},
-		testutil.ActorSpec{Name: "per-run-serial", RunMaxConcurrent: 1},
+		harness.ActorSpec{Name: "counted", DailyQuota: 2},
+		harness.ActorSpec{Name: "per-run", RunDailyQuota: 1},
+		harness.ActorSpec{Name: "per-run-serial", RunMaxConcurrent: 1},
 	)
 	ctx := testContext(t)
 

@@ -12,9 +12,10 @@ import (
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
-func newPool(t *testing.T, h *testutil.Hostagent) *fleet.Pool {
+func newPool(t *testing.T, h *harness.Hostagent) *fleet.Pool {
 	t.Helper()
 	p, err := fleet.NewPool(fleet.PoolOptions{Signer: h.ClientKey.Signer, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
@@ -24,12 +25,12 @@ func newPool(t *testing.T, h *testutil.Hostagent) *fleet.Pool {
 	return p
 }
 
-func hostOf(h *testutil.Hostagent) fleet.Host {
+func hostOf(h *harness.Hostagent) fleet.Host {
 	return fleet.Host{Name: "local", Addr: h.Addr, Account: h.Account, HostKey: h.HostKey}
 }
 
 func TestPoolSharesOneConnectionAndRedials(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	p := newPool(t, h)
 	ctx := context.Background()
 	first, err := p.Conn(ctx, hostOf(h))
@@ -61,7 +62,7 @@ func TestPoolSharesOneConnectionAndRedials(t *testing.T) {
 }
 
 func TestPoolRefusesAChangedHostKey(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	p := newPool(t, h)
 	enrolled := hostOf(h)
 	enrolled.HostKey = testutil.NewSSHKey(t).Public() // the host was re-keyed (or is an impostor)
@@ -72,7 +73,7 @@ func TestPoolRefusesAChangedHostKey(t *testing.T) {
 }
 
 func TestPoolDropsASilentConnection(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	proxy := testutil.StartFaultProxy(t, h.Addr)
 	p, err := fleet.NewPool(fleet.PoolOptions{
 		Signer: h.ClientKey.Signer, Logger: slog.New(slog.DiscardHandler),
@@ -102,7 +103,7 @@ func TestPoolDropsASilentConnection(t *testing.T) {
 }
 
 func TestPoolBacksOffAnUnreachableHost(t *testing.T) {
-	h := testutil.StartHostagent(t)
+	h := harness.StartHostagent(t)
 	p := newPool(t, h)
 	host := hostOf(h)
 	h.Kill(t)

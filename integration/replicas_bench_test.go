@@ -12,6 +12,7 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // BenchmarkReplicasP1P3 is P1 and P3 in HA mode against a single node, in one run: a
@@ -42,9 +43,9 @@ func BenchmarkReplicasP1P3(b *testing.B) {
 	singleSessions := make([]*mcp.ClientSession, concurrentCallers)
 	haSessions := make([]*mcp.ClientSession, concurrentCallers)
 	for i := range concurrentCallers {
-		singleSessions[i] = testutil.ConnectMCP(b, single.URL, single.HTTPClient("agent", nil, rt), nil)
+		singleSessions[i] = harness.ConnectMCP(b, single.URL, single.HTTPClient("agent", nil, rt), nil)
 		r := ha.replicas[i%len(ha.replicas)]
-		haSessions[i] = testutil.ConnectMCP(b, r.URL, r.HTTPClient("agent", nil, rt), nil)
+		haSessions[i] = harness.ConnectMCP(b, r.URL, r.HTTPClient("agent", nil, rt), nil)
 	}
 	var runs atomic.Int64
 	on := func(sessions []*mcp.ClientSession) func(int) error {
@@ -120,7 +121,7 @@ func BenchmarkReplicasP1P3(b *testing.B) {
 // SSH connection holds on the bastion side (x/crypto/ssh, as the pool dials them): for the
 // README's hosts-per-replica math. Run with -benchtime 1x.
 func BenchmarkPooledSSHConnMemory(b *testing.B) {
-	h := testutil.StartHostagent(b)
+	h := harness.StartHostagent(b)
 	const conns = 50
 	heap := func() uint64 {
 		runtime.GC()

@@ -17,6 +17,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -176,7 +177,7 @@ faults:
 			dups++
 		}
 	}
-	out, err := exec.Command(testutil.Binary(t, "postern"), "audit", "verify", "--require-sealed", "--config", f.replicas[0].ConfigPath).CombinedOutput()
+	out, err := exec.Command(harness.Binary(t, "postern"), "audit", "verify", "--require-sealed", "--config", f.replicas[0].ConfigPath).CombinedOutput()
 	if err != nil || !strings.Contains(string(out), "PASS") {
 		t.Errorf("audit verify: %v\n%s", err, out)
 	}
@@ -216,7 +217,7 @@ func haCall(ctx context.Context, f *haFleet, run string, args map[string]any, rn
 }
 
 // connectQuietly is Connect returning the error (the replica may be down).
-func connectQuietly(ctx context.Context, b *testutil.Bastion, run string) (*mcp.ClientSession, error) {
+func connectQuietly(ctx context.Context, b *harness.Bastion, run string) (*mcp.ClientSession, error) {
 	client := mcp.NewClient(&mcp.Implementation{Name: "postern-ha-soak", Version: "0"}, nil)
 	return client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: b.URL, HTTPClient: b.HTTPClient("agent", runHeader(run), nil), MaxRetries: -1}, nil)
 }

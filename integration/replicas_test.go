@@ -15,6 +15,7 @@ import (
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/etcdtest"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/plugins"
 )
 
@@ -22,8 +23,8 @@ import (
 // etcd cluster started in the test, with one enrolled hostagent ("h1").
 type haFleet struct {
 	etcd     *etcdtest.Cluster
-	replicas []*testutil.Bastion
-	host     *testutil.Hostagent
+	replicas []*harness.Bastion
+	host     *harness.Hostagent
 }
 
 // startHAFleet starts the cluster, the hostagent and n replicas (extraConfig: settings, then
@@ -32,11 +33,11 @@ type haFleet struct {
 // what an operator copies to each replica); the others get copies of it.
 func startHAFleet(t testing.TB, n int, extraConfig ...string) *haFleet {
 	t.Helper()
-	f := &haFleet{etcd: etcdtest.Start(t, 3), host: testutil.StartHostagent(t)}
+	f := &haFleet{etcd: etcdtest.Start(t, 3), host: harness.StartHostagent(t)}
 	eps := `"` + strings.Join(f.etcd.Endpoints(), `", "`) + `"`
 	prefix := "/" + t.Name() + "/"
 	for i := range n {
-		b := testutil.NewBastion(t, f.host.ClientKey, append(extraConfig, fmt.Sprintf(
+		b := harness.NewBastion(t, f.host.ClientKey, append(extraConfig, fmt.Sprintf(
 			"[journal]\nbackend = \"etcd\"\nendpoints = [%s]\nprefix = %q\nreplica = \"r%d\"\nlease_ttl = \"2s\"\ntimeout = \"2s\"", eps, prefix, i))...)
 		if i == 0 {
 			b.Enroll(t, "h1", f.host)
@@ -60,7 +61,7 @@ func startHAFleet(t testing.TB, n int, extraConfig ...string) *haFleet {
 }
 
 // shareState copies from's keys, inventory and actors to to.
-func shareState(t testing.TB, from, to *testutil.Bastion) {
+func shareState(t testing.TB, from, to *harness.Bastion) {
 	t.Helper()
 	for _, name := range []string{"fingerprint.key", "audit.key", "audit.key.pub", "hosts.toml"} {
 		data, err := os.ReadFile(filepath.Join(from.StateDir(), name))
@@ -211,7 +212,7 @@ func TestReplicasHTTPReplicaKilledMidRequest(t *testing.T) {
 			if err := os.WriteFile(secret, []byte("s3cr3t-ha\n"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			plugin := testutil.Binary(t, "postern-plugin-http")
+			plugin := harness.Binary(t, "postern-plugin-http")
 			sum, err := plugins.FileSHA256(plugin)
 			if err != nil {
 				t.Fatal(err)

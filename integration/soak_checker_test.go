@@ -19,7 +19,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/hostproto"
-	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -70,7 +70,7 @@ func inFlight(st markers.State) bool {
 }
 
 // journalRecords lists the journal from the operator API (all pages).
-func journalRecords(t *testing.T, b *testutil.Bastion) map[string]*markers.Record {
+func journalRecords(t *testing.T, b *harness.Bastion) map[string]*markers.Record {
 	t.Helper()
 	hc := operatorClient(b)
 	defer hc.CloseIdleConnections()
@@ -189,7 +189,7 @@ func (s *soak) settle(t *testing.T, ctx context.Context) *soakHistory {
 }
 
 // allMarkers lists every marker on the host, straight from its agent.
-func allMarkers(t *testing.T, ctx context.Context, h *testutil.Hostagent) map[string]*hostproto.Marker {
+func allMarkers(t *testing.T, ctx context.Context, h *harness.Hostagent) map[string]*hostproto.Marker {
 	t.Helper()
 	cc := hostControl(t, h)
 	out := map[string]*hostproto.Marker{}
@@ -523,7 +523,7 @@ func (s *soak) checkMarkers(v *soakVerdict, h *soakHistory) {
 func (s *soak) verifyAudit(t *testing.T, ctx context.Context, v *soakVerdict) {
 	t.Helper()
 	run := func(what, bin string, args ...string) {
-		out, err := exec.CommandContext(ctx, testutil.Binary(t, bin), args...).CombinedOutput()
+		out, err := exec.CommandContext(ctx, harness.Binary(t, bin), args...).CombinedOutput()
 		if err != nil || !strings.Contains(string(out), "PASS") {
 			v.fail("audit chains verify", "%s: %v\n%s", what, err, out)
 		}

@@ -20,6 +20,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // Client faults of the soak: the ways the clients agents really use fail, which the soak's
@@ -74,7 +75,7 @@ func runSoakClientProcess() int {
 		fmt.Fprintln(os.Stderr, "soak client:", err)
 		return 2
 	}
-	hc := testutil.TokenHTTPClient(os.Getenv(envSoakToken), runHeader(os.Getenv(envSoakRun)), nil)
+	hc := harness.TokenHTTPClient(os.Getenv(envSoakToken), runHeader(os.Getenv(envSoakRun)), nil)
 	ctx := context.Background()
 	client := mcp.NewClient(&mcp.Implementation{Name: "postern-soak-process", Version: "0"}, nil)
 	cs, err := client.Connect(ctx, &mcp.StreamableClientTransport{Endpoint: os.Getenv(envSoakURL), HTTPClient: hc, MaxRetries: -1}, nil)
@@ -84,7 +85,7 @@ func runSoakClientProcess() int {
 	}
 	defer cs.Close()
 	var x api.Execution
-	res, err := testutil.CallTool(ctx, cs, os.Getenv(envSoakTool), args, &x)
+	res, err := harness.CallTool(ctx, cs, os.Getenv(envSoakTool), args, &x)
 	if err != nil || res.StructuredContent == nil {
 		fmt.Fprintln(os.Stderr, "soak client: no execution:", err)
 		return 1
@@ -157,7 +158,7 @@ func (cl *soakClient) abortedCall(ctx context.Context, c *soakCall, rng *rand.Ra
 	o.mu.Unlock()
 	callCtx, cancel := context.WithTimeout(ctx, time.Duration(5+rng.IntN(400))*time.Millisecond)
 	var x api.Execution
-	res, err := testutil.CallTool(callCtx, cs, c.tool, c.args, &x)
+	res, err := harness.CallTool(callCtx, cs, c.tool, c.args, &x)
 	aborted := callCtx.Err() != nil
 	cancel()
 	switch {

@@ -15,6 +15,7 @@ import (
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // The soak's host without the hostagent: Debian's sshd with a throwaway account and the
@@ -22,7 +23,7 @@ import (
 // bastion fault); hostagent and shim kills go to the hostagents.
 
 // newStockSoakHost starts the sshd for name and enrolls it with the marker script.
-func newStockSoakHost(t *testing.T, b *testutil.Bastion, name string) *soakHost {
+func newStockSoakHost(t *testing.T, b *harness.Bastion, name string) *soakHost {
 	t.Helper()
 	acct := stockAccount(t, "postern-al-soak", false)
 	s := startStockSSHD(t, acct, b.ClientKey)

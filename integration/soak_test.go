@@ -24,6 +24,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -186,9 +187,9 @@ func (c *soakCounter) snapshot() map[string]int {
 // reached by the bastion through its own fault proxy.
 type soakHost struct {
 	name  string
-	agent *testutil.Hostagent // nil for the stock host
+	agent *harness.Hostagent // nil for the stock host
 	// sshd and home are the stock host's server and its account's home.
-	sshd    *testutil.SSHD
+	sshd    *harness.SSHD
 	home    string
 	proxy   *testutil.FaultProxy
 	effects string // the file every command on it appends its line to
@@ -279,11 +280,11 @@ func newSoak(t *testing.T, seed uint64, calls int, rng *rand.Rand) *soak {
 	s := &soak{seed: seed, fleet: f, obs: map[string]*soakObservation{}}
 	for i := range soakClients {
 		actor := fmt.Sprintf("soak-%d", i)
-		f.bastion.AddActor(t, testutil.ActorSpec{Name: actor})
+		f.bastion.AddActor(t, harness.ActorSpec{Name: actor})
 		s.actors = append(s.actors, actor)
 	}
 	for _, name := range []string{"h1", "h2"} {
-		h := testutil.NewHostagent(t)
+		h := harness.NewHostagent(t)
 		// The bastion has one client key: every host authorizes it.
 		h.ClientKey = f.bastion.ClientKey
 		testutil.WriteAuthorizedKeys(t, filepath.Join(h.Dir, "authorized_keys"), h.ClientKey.AuthorizedLine())
@@ -303,7 +304,7 @@ func newSoak(t *testing.T, seed uint64, calls int, rng *rand.Rand) *soak {
 		}
 	})
 	f.bastion.Start(t)
-	s.bridgeBins = copiesOf(t, testutil.Binary(t, "postern"), 2)
+	s.bridgeBins = copiesOf(t, harness.Binary(t, "postern"), 2)
 	u, err := user.Current()
 	if err != nil {
 		t.Fatal(err)
@@ -477,7 +478,7 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 			callCtx, cancel = context.WithTimeout(ctx, time.Duration(5+rng.IntN(300))*time.Millisecond)
 		}
 		var x api.Execution
-		res, err := testutil.CallTool(callCtx, cs, c.tool, c.args, &x)
+		res, err := harness.CallTool(callCtx, cs, c.tool, c.args, &x)
 		if cut && !c.bridged && callCtx.Err() != nil {
 			// The client gives up on the call and says so (the go-sdk's own notification is
 			// sent asynchronously and may be lost when the session closes at once).
@@ -503,7 +504,7 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 			continue
 		case res.StructuredContent == nil || x.ExecutionID == "":
 			o.mu.Lock()
-			o.refusals = append(o.refusals, testutil.ResultText(res))
+			o.refusals = append(o.refusals, harness.ResultText(res))
 			o.mu.Unlock()
 			backoff(n)
 			continue
@@ -532,7 +533,7 @@ func (cl *soakClient) attempt(ctx context.Context, c *soakCall, sub uint64) {
 		}
 	}
 	var x api.Execution
-	if res, err := testutil.CallTool(ctx, cs, "execution_status", map[string]any{"execution_id": lastID}, &x); err == nil && res.StructuredContent != nil {
+	if res, err := harness.CallTool(ctx, cs, "execution_status", map[string]any{"execution_id": lastID}, &x); err == nil && res.StructuredContent != nil {
 		o.saw(x)
 	}
 }

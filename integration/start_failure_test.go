@@ -12,12 +12,12 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/hostproto"
-	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
 // hostExecs counts the exec requests a hostagent received for execution id.
-func hostExecs(h *testutil.Hostagent, id string) int {
+func hostExecs(h *harness.Hostagent, id string) int {
 	n := 0
 	for _, line := range strings.Split(h.Logs(), "\n") {
 		if strings.Contains(line, "msg=exec ") && strings.Contains(line, "execution_id="+id) {
@@ -100,7 +100,7 @@ func containsAll(ev []string, substr string) bool {
 
 // journalDispatched writes an ssh_exec execution that a previous bastion accepted at `at` and
 // journaled as dispatched before it stopped — the host never got it. The bastion must not run.
-func journalDispatched(t *testing.T, b *testutil.Bastion, at time.Time, command string) string {
+func journalDispatched(t *testing.T, b *harness.Bastion, at time.Time, command string) string {
 	t.Helper()
 	cfg := config.DefaultConfig(b.StateDir())
 	signer, _, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-bastion")
@@ -136,8 +136,8 @@ func journalDispatched(t *testing.T, b *testutil.Bastion, at time.Time, command 
 // (typed, shown to the agent and the operator) until an operator reviews it. A young one with
 // no marker is re-dispatched under its id and runs once.
 func TestNoMarkerBeyondRetentionNeedsReview(t *testing.T) {
-	h := testutil.StartHostagent(t, `marker_retention = "24h"`)
-	b := testutil.NewBastion(t, h.ClientKey)
+	h := harness.StartHostagent(t, `marker_retention = "24h"`)
+	b := harness.NewBastion(t, h.ClientKey)
 	b.Enroll(t, "h1", h)
 	f := &testbed{bastion: b, host: h}
 	f.logOnFailure(t)
@@ -183,8 +183,8 @@ func TestNoMarkerBeyondRetentionNeedsReview(t *testing.T) {
 // unreachable cannot be delivered, but it is not lost: once the host answers that it has no
 // marker, the execution is cancelled instead of dispatched again.
 func TestCancelOfExecutionTheHostNeverStarted(t *testing.T) {
-	h := testutil.StartHostagent(t)
-	b := testutil.NewBastion(t, h.ClientKey)
+	h := harness.StartHostagent(t)
+	b := harness.NewBastion(t, h.ClientKey)
 	b.Enroll(t, "h1", h)
 	f := &testbed{bastion: b, host: h}
 	f.logOnFailure(t)
@@ -234,7 +234,7 @@ func TestMissingCwdWithRealClients(t *testing.T) {
 			case "ts-http", "ts-stdio":
 				connect := httpConnect(f, "run-"+via)
 				if via == "ts-stdio" {
-					connect = stdioConnect(testutil.Binary(t, "postern"), f.bastion.Socket)
+					connect = stdioConnect(harness.Binary(t, "postern"), f.bastion.Socket)
 				}
 				lines := runTS(t, ctx, connect, sshExecStep(args, nil), sshExecStep(args, nil))
 				first, retry = lines[1].Result, lines[2].Result

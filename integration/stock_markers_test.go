@@ -10,11 +10,11 @@ import (
 	"testing"
 
 	"github.com/postern-dev/postern/bastion/api"
-	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // markerPage is `postern markers --host s1 list --json ARGS`.
-func markerPage(t *testing.T, b *testutil.Bastion, args ...string) api.MarkerPage {
+func markerPage(t *testing.T, b *harness.Bastion, args ...string) api.MarkerPage {
 	t.Helper()
 	var page api.MarkerPage
 	if err := json.Unmarshal(postern(t, b, append([]string{"markers", "--host", "s1", "list", "--json"}, args...)...), &page); err != nil {
@@ -71,7 +71,7 @@ func TestStockHostMarkers(t *testing.T) {
 		t.Errorf("markers show prints a zero time:\n%s", shown)
 	}
 	absent := newID(t)
-	out, err := exec.Command(testutil.Binary(t, "postern"), "markers", "--host", "s1", "show", absent, "--config", f.bastion.ConfigPath).CombinedOutput()
+	out, err := exec.Command(harness.Binary(t, "postern"), "markers", "--host", "s1", "show", absent, "--config", f.bastion.ConfigPath).CombinedOutput()
 	if err == nil || !strings.Contains(string(out), "has no marker "+absent) {
 		t.Errorf("markers show of an id never sent: %v\n%s", err, out)
 	}
@@ -96,7 +96,7 @@ func TestStockHostMarkers(t *testing.T) {
 func TestStockHostLevelNoneHasNoMarkers(t *testing.T) {
 	f := startStockFleet(t, "mknone", false, false)
 	for _, args := range [][]string{{"list"}, {"show", newID(t)}} {
-		cmd := exec.Command(testutil.Binary(t, "postern"), append(append([]string{"markers", "--host", "s1"}, args...), "--config", f.bastion.ConfigPath)...)
+		cmd := exec.Command(harness.Binary(t, "postern"), append(append([]string{"markers", "--host", "s1"}, args...), "--config", f.bastion.ConfigPath)...)
 		out, err := cmd.CombinedOutput()
 		for _, w := range []string{"no markers", "guarantee level none", "postern executions list --host s1"} {
 			if err == nil || !strings.Contains(string(out), w) {

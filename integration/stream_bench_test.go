@@ -12,6 +12,7 @@ import (
 
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 const (
@@ -47,16 +48,16 @@ func (w *countingWriter) Write(p []byte) (int, error) {
 // once more with the cipher Go's SSH uses. The bastion's peak RSS (VmHWM) after the run is
 // reported too.
 func BenchmarkStream1GiB(b *testing.B) {
-	sshd := testutil.StartSSHD(b)
+	sshd := harness.StartSSHD(b)
 	sshArgs := append(sshd.Multiplexed(b), streamCommand)
 	// Go's SSH (both ends of bastion → hostagent) picks AES-128-GCM; OpenSSH's default is
 	// ChaCha20-Poly1305. A second OpenSSH side with AES-GCM tells the cipher's share of the
 	// ratio; it opens its own connection, a few ms against seconds of streaming.
 	aesArgs := append(testutil.OpenSSHArgs(sshd.KnownHosts, sshd.Identity, sshd.Port),
 		"-o", "Ciphers=aes128-gcm@openssh.com", sshd.Account+"@127.0.0.1", streamCommand)
-	testutil.Binary(b, "postern") // build outside any timing
-	h := testutil.StartHostagent(b, "output_cap = "+strconv.Itoa(streamBytes))
-	bs := testutil.NewBastion(b, h.ClientKey)
+	harness.Binary(b, "postern") // build outside any timing
+	h := harness.StartHostagent(b, "output_cap = "+strconv.Itoa(streamBytes))
+	bs := harness.NewBastion(b, h.ClientKey)
 	bs.Enroll(b, "h1", h)
 	bs.Start(b)
 	cs := bs.Connect(b, "agent", nil)

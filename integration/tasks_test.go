@@ -17,6 +17,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -225,7 +226,7 @@ func TestTSTasksCancelAndStream(t *testing.T) {
 
 	// The same through the stdio bridge (`postern mcp`), as the README shows it.
 	bridged, bridgedFile := appendCommand(t, "bridged")
-	viaBridge := runTSTasks(t, ctx, stdioConnect(testutil.Binary(t, "postern"), f.bastion.Socket),
+	viaBridge := runTSTasks(t, ctx, stdioConnect(harness.Binary(t, "postern"), f.bastion.Socket),
 		map[string]any{"capabilities": true},
 		map[string]any{"stream": map[string]any{"name": "ssh_exec", "arguments": map[string]any{"host": "h1", "command": bridged}}})
 	if got := viaBridge[1].TaskSupport["ssh_exec"]; got == nil || *got != "optional" {
@@ -476,7 +477,7 @@ func TestTSTasksThroughBridgeAcrossRestart(t *testing.T) {
 	g := newGatedCommand(t)
 	restarted := filepath.Join(t.TempDir(), "restarted")
 	cmd := tsScriptCommand(t, ctx, "tasks.mjs", []map[string]any{
-		stdioConnect(testutil.Binary(t, "postern"), f.bastion.Socket),
+		stdioConnect(harness.Binary(t, "postern"), f.bastion.Socket),
 		taskStep(map[string]any{"host": "h1", "command": g.cmd}),
 		{"wait_for": restarted},
 		{"get": "$last"},

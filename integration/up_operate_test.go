@@ -11,6 +11,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
@@ -19,7 +20,7 @@ import (
 // up, and `postern policy check` authorizes up's own actor — asking the running daemon, and
 // from the state dir when it is down.
 func TestUpSecondHostAndPolicyCheck(t *testing.T) {
-	bin := testutil.Binary(t, "postern")
+	bin := harness.Binary(t, "postern")
 	dir := filepath.Join(sockdir.New(t), "state")
 	listen, agentListen := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	up := func() (*exec.Cmd, string) {
@@ -64,7 +65,7 @@ func TestUpSecondHostAndPolicyCheck(t *testing.T) {
 		t.Errorf("policy check of up's actor against the running up = %+v; want authorized", dec)
 	}
 
-	h := testutil.NewHostagent(t)
+	h := harness.NewHostagent(t)
 	pub, err := os.ReadFile(filepath.Join(dir, "bastion_ed25519.pub"))
 	if err != nil {
 		t.Fatal(err)

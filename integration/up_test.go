@@ -20,6 +20,7 @@ import (
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
@@ -27,7 +28,7 @@ import (
 // and a local hostagent, enrolls it, prints how to connect, and serves ssh_exec on host
 // "local" — and comes back up on the same state dir with the same keys.
 func TestUpOnAFreshStateDir(t *testing.T) {
-	bin := testutil.Binary(t, "postern")
+	bin := harness.Binary(t, "postern")
 	dir := filepath.Join(sockdir.New(t), "state")
 	listen, agentListen := testutil.FreeAddr(t), testutil.FreeAddr(t)
 	for round := 1; round <= 2; round++ {
@@ -46,11 +47,11 @@ func TestUpOnAFreshStateDir(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		hc := testutil.BearerClient(strings.TrimSpace(string(token)))
-		cs := testutil.ConnectMCP(t, "http://"+listen+bastion.MCPPath, hc, nil)
+		hc := harness.BearerClient(strings.TrimSpace(string(token)))
+		cs := harness.ConnectMCP(t, "http://"+listen+bastion.MCPPath, hc, nil)
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		var x api.Execution
-		_, err = testutil.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "local", "command": "echo up"}, &x)
+		_, err = harness.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "local", "command": "echo up"}, &x)
 		cancel()
 		if err != nil || x.State != "completed" || x.Stdout != "up\n" {
 			t.Fatalf("round %d: ssh_exec on local = %+v, %v\n%s", round, x, err, stderr.String())
@@ -104,7 +105,7 @@ func readUntil(t *testing.T, r interface{ Read([]byte) (int, error) }, marker st
 // created — a fresh state dir (and the parents it made) disappears, a pre-existing one keeps
 // exactly its entries.
 func TestUpErrorsSayWhatToDo(t *testing.T) {
-	bin := testutil.Binary(t, "postern")
+	bin := harness.Binary(t, "postern")
 	base := sockdir.New(t)
 	dir := filepath.Join(base, "state")
 	listen, agentListen := testutil.FreeAddr(t), testutil.FreeAddr(t)
@@ -184,7 +185,7 @@ func TestUpErrorsSayWhatToDo(t *testing.T) {
 // other origin is refused with a body that names the flag; an origin that can never be
 // allowed ("null") is refused before up writes anything.
 func TestUpBrowserOrigins(t *testing.T) {
-	bin := testutil.Binary(t, "postern")
+	bin := harness.Binary(t, "postern")
 	base := sockdir.New(t)
 	if out, err := exec.Command(bin, "up", "--state-dir", filepath.Join(base, "never"), "--allow-origin", "null").CombinedOutput(); err == nil || !strings.Contains(string(out), `"null"`) {
 		t.Errorf("up --allow-origin null = %v:\n%s\nwant a refusal naming null", err, out)

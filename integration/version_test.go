@@ -5,7 +5,7 @@ import (
 	"regexp"
 	"testing"
 
-	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // TestEveryBinaryPrintsItsVersion runs each built binary with --version (and the version
@@ -22,7 +22,7 @@ func TestEveryBinaryPrintsItsVersion(t *testing.T) {
 		{"postern-plugin-http", [][]string{{"--version"}}},
 		{"postern-shim", [][]string{{"--version"}}},
 	} {
-		bin := testutil.Binary(t, tt.bin)
+		bin := harness.Binary(t, tt.bin)
 		want := regexp.MustCompile(`^` + regexp.QuoteMeta(tt.bin) + ` \S+ \((rev [0-9a-f]{7,12}(\+dirty)?|no vcs revision), go[0-9.]+\S*\)\n$`)
 		for _, args := range tt.args {
 			out, err := exec.Command(bin, args...).CombinedOutput()

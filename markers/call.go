@@ -140,11 +140,7 @@ func (s *Store) Runs(q RunQuery) ([]*Run, error) {
 	if err := s.readable(); err != nil {
 		return nil, err
 	}
-	limit := q.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	limit = min(limit, maxPage)
+	limit := q.PageSize()
 	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: []byte{pRunTime}, UpperBound: []byte{pRunTime + 1}})
 	if err != nil {
 		return nil, fmt.Errorf("markers: runs: %w", err)

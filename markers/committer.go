@@ -9,19 +9,8 @@ import (
 	"github.com/cockroachdb/pebble/v2"
 )
 
-// Group commit without a committer goroutine. A writer that finds no commit in progress
-// becomes the leader: it takes every queued request (its own included), chains and commits
-// them in one synced batch, and replies to each. Writers that arrive meanwhile queue up;
-// when the leader is done it hands leadership to the first of them, which commits the whole
-// queue. A lone writer thus commits on its own goroutine with no hand-off (a wake-up costs
-// as much as a fast fsync on an idle VM), and under load one fsync serves many writers.
-
-// errLead is sent to a queued request to make its goroutine the next leader.
-var errLead = errors.New("markers: lead the next commit")
-
-// submit commits req and returns once its batch is durable (or failed). A submitted write is
-// waited for even if the caller's context ends: returning early would let a caller act as if
-// a write that then lands had not happened.
+// submit commits req through the group-commit queue and returns once its group is durable
+// (or failed); see groupcommit.Queue.Commit.
 func (s *Store) submit(req *commitReq) error {
 	s.mu.RLock() // held until the write is done, so Close waits for it
 	defer s.mu.RUnlock()
@@ -31,36 +20,7 @@ func (s *Store) submit(req *commitReq) error {
 	if s.opts.ReadOnly {
 		return ErrReadOnly
 	}
-	return s.commitQueued(req)
-}
-
-// commitQueued queues req and leads commits until req is done.
-func (s *Store) commitQueued(req *commitReq) error {
-	req.done = make(chan error, 1)
-	s.qmu.Lock()
-	s.queue = append(s.queue, req)
-	if s.leading {
-		s.qmu.Unlock()
-		if err := <-req.done; err != errLead {
-			return err
-		}
-		s.qmu.Lock()
-	}
-	s.leading = true
-	group := s.queue
-	s.queue = nil
-	s.qmu.Unlock()
-
-	s.commitGroup(group)
-
-	s.qmu.Lock()
-	if len(s.queue) > 0 {
-		s.queue[0].done <- errLead
-	} else {
-		s.leading = false
-	}
-	s.qmu.Unlock()
-	return <-req.done
+	return s.writes.Commit(req)
 }
 
 // sealPeriodically seals the chain every CheckpointInterval while there are unsealed events.
@@ -86,7 +46,7 @@ func (s *Store) commitGroup(group []*commitReq) {
 	forceSeal := false
 	if s.broken != nil {
 		for _, r := range group {
-			r.done <- fmt.Errorf("%w: %v", ErrBroken, s.broken)
+			r.Answer(fmt.Errorf("%w: %v", ErrBroken, s.broken))
 		}
 		return
 	}
@@ -106,7 +66,7 @@ func (s *Store) commitGroup(group []*commitReq) {
 		}
 		next, err := s.stage(b, head, r)
 		if err != nil {
-			r.done <- err
+			r.Answer(err)
 			continue
 		}
 		head = next
@@ -131,7 +91,7 @@ func (s *Store) commitGroup(group []*commitReq) {
 	}
 	if staged == 0 && !sealing {
 		for _, r := range committed {
-			r.done <- nil
+			r.Answer(nil)
 		}
 		return
 	}
@@ -178,7 +138,7 @@ func (s *Store) commitGroup(group []*commitReq) {
 		}
 	}
 	for _, r := range committed {
-		r.done <- nil
+		r.Answer(nil)
 	}
 }
 
@@ -221,6 +181,6 @@ func (s *Store) fail(group []*commitReq, err error) {
 	s.broken = err
 	s.log.Error("durable write failed; refusing further writes", "err", err)
 	for _, r := range group {
-		r.done <- fmt.Errorf("%w: %v", ErrBroken, err)
+		r.Answer(fmt.Errorf("%w: %v", ErrBroken, err))
 	}
 }

@@ -12,8 +12,8 @@ func SetPresenceMinCap(n uint) (restore func()) {
 // FailCommits makes every later commit of s fail with err, as a full disk or a failed fsync
 // would.
 func FailCommits(s *Store, err error) {
-	s.qmu.Lock()
-	defer s.qmu.Unlock()
+	s.commitMu.Lock() // the leader calls s.commit under commitMu
+	defer s.commitMu.Unlock()
 	s.commit = func(*pebble.Batch, *pebble.WriteOptions) error { return err }
 }
 

@@ -133,7 +133,29 @@ type Query struct {
 	Cursor string
 }
 
-const maxPage = 1000
+// MaxPage is the most records (or runs) one List (or Runs) returns.
+const MaxPage = 1000
+
+// PageSize is the most records one List of q returns: Limit, 100 when unset, at most 1000.
+func (q Query) PageSize() int { return pageSize(q.Limit) }
+
+// PageSize is the most runs one Runs of q returns: Limit, 100 when unset, at most 1000.
+func (q RunQuery) PageSize() int { return pageSize(q.Limit) }
+
+func pageSize(limit int) int {
+	if limit <= 0 {
+		return 100
+	}
+	return min(limit, MaxPage)
+}
+
+// Selects reports whether rec passes q's actor and time filters: List applies them, on any
+// backend, to each record its index scan (ListBounds) finds.
+func (q Query) Selects(rec *Record) bool {
+	return (q.Actor == "" || rec.Actor == q.Actor) &&
+		(q.Since.IsZero() || !rec.CreatedAt.Before(q.Since)) &&
+		(q.Until.IsZero() || rec.CreatedAt.Before(q.Until))
+}
 
 // ErrInvalidCursor: a List cursor that no List of this journal handed out.
 var ErrInvalidCursor = errors.New("markers: list: invalid cursor")
@@ -141,7 +163,8 @@ var ErrInvalidCursor = errors.New("markers: list: invalid cursor")
 // ListBounds is the key range [lower, upper) that a List of q scans, on any backend: the
 // state index under prefix when q names a state (the id follows prefix), else the time index
 // (the id follows its 9-byte prefix); a cursor narrows it past its key. A cursor that is not
-// a key of the scanned index is ErrInvalidCursor.
+// a key of the scanned index is ErrInvalidCursor. ListedID names the execution of a key in
+// the range.
 func ListBounds(q Query) (lower, upper, prefix []byte, err error) {
 	lower, upper = []byte{pTime}, []byte{pTime + 1}
 	if q.State != "" {
@@ -170,17 +193,21 @@ func ListBounds(q Query) (lower, upper, prefix []byte, err error) {
 	return lower, upper, prefix, nil
 }
 
+// ListedID is the execution id of key, a key in the range ListBounds returned with prefix.
+func ListedID(key, prefix []byte) string {
+	if prefix != nil {
+		return string(key[len(prefix):])
+	}
+	return TimeKeyID(key)
+}
+
 // List returns one page of records matching q, and the cursor of the next page ("" when
 // this was the last).
 func (s *Store) List(q Query) ([]*Record, string, error) {
 	if err := s.readable(); err != nil {
 		return nil, "", err
 	}
-	limit := q.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	limit = min(limit, maxPage)
+	limit := q.PageSize()
 	lower, upper, prefix, err := ListBounds(q)
 	if err != nil {
 		return nil, "", err
@@ -200,27 +227,17 @@ func (s *Store) List(q Query) ([]*Record, string, error) {
 		if len(out) == limit {
 			return out, hex.EncodeToString(lastKey), nil
 		}
-		key := it.Key()
-		var id string
-		if prefix != nil {
-			id = string(key[len(prefix):])
-		} else {
-			id = string(key[9:])
-		}
-		lastKey = append(lastKey[:0], key...)
-		rec, err := s.Get(id)
+		lastKey = append(lastKey[:0], it.Key()...)
+		rec, err := s.Get(ListedID(it.Key(), prefix))
 		if errors.Is(err, ErrNotFound) {
 			continue // removed by retention after the scan began
 		}
 		if err != nil {
 			return nil, "", err
 		}
-		if q.Actor != "" && rec.Actor != q.Actor ||
-			!q.Since.IsZero() && rec.CreatedAt.Before(q.Since) ||
-			!q.Until.IsZero() && !rec.CreatedAt.Before(q.Until) {
-			continue
+		if q.Selects(rec) {
+			out = append(out, rec)
 		}
-		out = append(out, rec)
 	}
 	return out, "", it.Error()
 }

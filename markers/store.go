@@ -15,6 +15,7 @@ import (
 	"github.com/cockroachdb/pebble/v2/vfs"
 
 	"github.com/postern-dev/postern/internal/keylock"
+	"github.com/postern-dev/postern/markers/internal/groupcommit"
 )
 
 // FormatVersion is the Pebble on-disk format every store is created with. It is pinned (never
@@ -55,10 +56,8 @@ type Store struct {
 	mu     sync.RWMutex
 	closed bool
 
-	// qmu guards queue and leading: the group-commit queue (see commitQueued).
-	qmu     sync.Mutex
-	queue   []*commitReq
-	leading bool
+	// writes is the group-commit queue; its leader runs commitGroup.
+	writes *groupcommit.Queue[*commitReq]
 
 	stop chan struct{} // closed by Close to end sealPeriodically
 	wg   sync.WaitGroup
@@ -90,11 +89,11 @@ type ChainPos struct {
 }
 
 type commitReq struct {
+	groupcommit.Waiter
 	*Write // nil for a checkpoint-only request
 	// durability is Sync unless the caller asked for NoSync.
 	durability Durability
 	seal       bool // a checkpoint-only request
-	done       chan error
 }
 
 // step is one state change of a write and the record right after it (versioned encoding).
@@ -123,6 +122,7 @@ func Open(dir string, opts Options) (*Store, error) {
 		commit:  func(b *pebble.Batch, wo *pebble.WriteOptions) error { return b.Commit(wo) },
 		records: newRecordCache(opts.RecordCacheEntries),
 	}
+	s.writes = groupcommit.New(s.commitGroup, nil)
 	if err := s.load(); err != nil {
 		db.Close()
 		return nil, err
@@ -244,7 +244,7 @@ func (s *Store) Close() error {
 	s.wg.Wait()
 	var sealErr error
 	if !s.opts.ReadOnly {
-		sealErr = s.commitQueued(&commitReq{seal: true})
+		sealErr = s.writes.Commit(&commitReq{seal: true})
 	}
 	if err := errors.Join(sealErr, s.db.Close()); err != nil {
 		return fmt.Errorf("markers: close: %w", err)

@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/plugins"
 )
 
@@ -119,33 +120,15 @@ func (j *hostJournal) Unknown(_ context.Context, id, reason string) error {
 	return nil
 }
 
-// logBuffer collects the manager's (and, through go-plugin, the plugin's) log output.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // newManager starts a manager on the real plugin binary at path. When the test ends it closes
 // the manager and fails the test if the secret appears in any log line.
-func newManager(t *testing.T, path string) (*plugins.Manager, *logBuffer) {
+func newManager(t *testing.T, path string) (*plugins.Manager, *testutil.LockedBuffer) {
 	t.Helper()
 	sum, err := plugins.FileSHA256(path)
 	if err != nil {
 		t.Fatal(err)
 	}
-	logs := &logBuffer{}
+	logs := &testutil.LockedBuffer{}
 	m, err := plugins.NewManager(plugins.ManagerOptions{
 		Path:   path,
 		SHA256: sum,
@@ -468,14 +451,12 @@ func TestPluginDiesWithTheBastion(t *testing.T) {
 	}
 	_ = host.Wait()
 	_ = pw.Close()
-	deadline := time.Now().Add(60 * time.Second)
-	for !processGone(pid) {
-		if time.Now().After(deadline) {
+	defer func() {
+		if !processGone(pid) { // the wait failed: leave no plugin behind
 			_ = syscall.Kill(pid, syscall.SIGKILL)
-			t.Fatalf("plugin %d still runs after its bastion was killed", pid)
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	}()
+	testutil.WaitFor(t, fmt.Sprintf("plugin %d to exit after its bastion was killed", pid), func() bool { return processGone(pid) })
 }
 
 func TestManagerConcurrentPerforms(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/internal/cli"
 )
 
 // InstallCommand writes the config, host key and systemd unit under --root.
@@ -34,7 +35,7 @@ func (c *InstallCommand) Run(_ context.Context, args []string) error {
 		return nil
 	})
 	fs.Usage = func() { c.Usage(fs) }
-	if err := parseFlags(fs, args); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	return hostagent.Install(opts, c.Stdout)

@@ -4,19 +4,16 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/postern-dev/postern/hostagent/shim"
 	"github.com/postern-dev/postern/internal/cli"
 )
 
-// errUsage marks errors caused by how the command was invoked (exit status 2).
-var errUsage = cli.ErrUsage
+// prog names this binary in its usage lines and messages.
+const prog = cli.Program("postern-hostagent")
 
 const mainUsage = `usage: postern-hostagent COMMAND [flags]
 
@@ -36,24 +33,21 @@ func main() {
 		// signal handling of ours, which the supervisor sets up itself.
 		os.Exit(shim.Main(os.Args[2:]))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
-	stop()
-	os.Exit(exitCode(err, os.Stderr))
+	os.Exit(prog.Main(func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Stdout, os.Stderr) }, os.Stderr))
 }
 
 // run dispatches to a subcommand.
 func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, mainUsage)
-		return errUsage
+		return cli.ErrUsage
 	}
 	if len(args) == 1 && cli.IsVersionFlag(args[0]) {
 		args = []string{"version"}
 	}
 	switch args[0] {
 	case "version":
-		return (&cli.VersionCommand{Name: "postern-hostagent", Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
+		return (&cli.VersionCommand{Name: string(prog), Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "serve":
 		return (&ServeCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "install":
@@ -67,21 +61,6 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return nil
 	default:
 		fmt.Fprintf(stderr, "postern-hostagent: unknown command %q\n\n%s", args[0], mainUsage)
-		return errUsage
+		return cli.ErrUsage
 	}
-}
-
-func exitCode(err error, stderr io.Writer) int { return cli.ExitCode("postern-hostagent", err, stderr) }
-
-// parseFlags parses args (cli.ParseFlags); these commands take no positional arguments.
-func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := cli.ParseFlags(fs, args); err != nil {
-		return err
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())
-		fs.Usage()
-		return errUsage
-	}
-	return nil
 }

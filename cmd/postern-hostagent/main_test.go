@@ -37,7 +37,7 @@ func TestUsageErrors(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			var stdout, stderr bytes.Buffer
 			err := run(context.Background(), tt.args, &stdout, &stderr)
-			if got := exitCode(err, &stderr); got != tt.wantCode {
+			if got := prog.ExitCode(err, &stderr); got != tt.wantCode {
 				t.Errorf("exit code = %d (err %v); want %d", got, err, tt.wantCode)
 			}
 		})
@@ -77,7 +77,7 @@ func TestInstallThenServe(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	var stdout, stderr syncBuffer
+	var stdout, stderr testutil.LockedBuffer
 	go func() {
 		done <- run(ctx, []string{"serve", "--config", configPath, "--listen", addr}, &stdout, &stderr)
 	}()

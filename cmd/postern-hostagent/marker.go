@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/cli"
 )
 
 // markerTimeout bounds how long a command waits for the agent to record its checkpoint.
@@ -44,7 +45,7 @@ func (c *MarkerCommand) Run(ctx context.Context, args []string) error {
 	case len(args) == 1 && args[0] == hostproto.OpValidated:
 	default:
 		fmt.Fprint(c.Stderr, markerUsage)
-		return errUsage
+		return cli.ErrUsage
 	}
 	getenv := c.Getenv
 	if getenv == nil {

@@ -43,26 +43,8 @@ Without a reachable agent, list, show, tail and verify read the data dir directl
 `
 
 func (c *MarkersCommand) Run(ctx context.Context, args []string) error {
-	if len(args) == 0 {
-		fmt.Fprint(c.Stderr, markersUsage)
-		return errUsage
-	}
-	switch args[0] {
-	case "list":
-		return c.list(ctx, args[1:])
-	case "show":
-		return c.show(ctx, args[1:])
-	case "tail":
-		return c.tail(ctx, args[1:])
-	case "verify":
-		return c.verify(ctx, args[1:])
-	case "help", "-h", "--help":
-		fmt.Fprint(c.Stdout, markersUsage)
-		return nil
-	default:
-		fmt.Fprintf(c.Stderr, "postern-hostagent markers: unknown subcommand %q\n\n%s", args[0], markersUsage)
-		return errUsage
-	}
+	return prog.Dispatch(ctx, "markers", markersUsage,
+		cli.Subcommands{"list": c.list, "show": c.show, "tail": c.tail, "verify": c.verify}, args, c.Stdout, c.Stderr)
 }
 
 // agentFlags locate the agent: its control socket and its data dir (for the fallback).
@@ -199,41 +181,6 @@ func (s storeSource) List(_ context.Context, q hostproto.ControlListQuery) ([]*h
 	}
 }
 
-// parseInterleaved parses flags that may come before or after the positional arguments and
-// returns exactly n positional arguments.
-func parseInterleaved(fs *flag.FlagSet, args []string, n int) ([]string, error) {
-	var positional []string
-	for {
-		if err := fs.Parse(args); err != nil {
-			if errors.Is(err, flag.ErrHelp) {
-				return nil, err
-			}
-			return nil, fmt.Errorf("%w: %w", errUsage, err)
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-	if len(positional) != n {
-		fmt.Fprintf(fs.Output(), "want %d argument(s), got %q\n", n, positional)
-		fs.Usage()
-		return nil, errUsage
-	}
-	return positional, nil
-}
-
-func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: postern-hostagent %s\n\nflags:\n", usage)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
 // parseTime reads an RFC 3339 time or a duration before now ("2h").
 func parseTime(s string) (time.Time, error) {
 	if t, err := time.Parse(time.RFC3339, s); err == nil {
@@ -247,7 +194,7 @@ func parseTime(s string) (time.Time, error) {
 }
 
 func (c *MarkersCommand) list(ctx context.Context, args []string) error {
-	fs := newFlagSet("markers list", "markers list [flags]", c.Stderr)
+	fs := prog.FlagSet("markers list [flags]", c.Stderr)
 	var af agentFlags
 	af.register(fs)
 	var q hostproto.ControlListQuery
@@ -271,7 +218,7 @@ func (c *MarkersCommand) list(ctx context.Context, args []string) error {
 	fs.StringVar(&q.Cursor, "cursor", "", "continue from a previous page")
 	oldest := fs.Bool("oldest-first", false, "list oldest first (default newest first)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	q.Newest = !*oldest
@@ -321,7 +268,7 @@ func statesList() string {
 // openMarker parses the agent flags (already registered on fs) and the ID argument, opens
 // the marker source and returns it with the marker; the caller closes the source.
 func (c *MarkersCommand) openMarker(ctx context.Context, fs *flag.FlagSet, af *agentFlags, args []string) (markerSource, *hostproto.Marker, error) {
-	pos, err := parseInterleaved(fs, args, 1)
+	pos, err := cli.ParseArgs(fs, args, 1)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -332,7 +279,7 @@ func (c *MarkersCommand) openMarker(ctx context.Context, fs *flag.FlagSet, af *a
 	if err != nil {
 		return nil, nil, err
 	}
-	rec, err := get(ctx, src, pos[0])
+	rec, err := c.get(ctx, src, pos[0])
 	if err != nil {
 		src.Close()
 		return nil, nil, err
@@ -341,9 +288,9 @@ func (c *MarkersCommand) openMarker(ctx context.Context, fs *flag.FlagSet, af *a
 }
 
 // get returns the marker of id from src.
-func get(ctx context.Context, src markerSource, id string) (*hostproto.Marker, error) {
+func (c *MarkersCommand) get(ctx context.Context, src markerSource, id string) (*hostproto.Marker, error) {
 	if !hostproto.ValidExecutionID(id) {
-		return nil, fmt.Errorf("%w: %q is not an execution id (ex_ + 26-character ULID)", errUsage, id)
+		return nil, prog.UsageErrorf(c.Stderr, "%q is not an execution id (ex_ + 26-character ULID)", id)
 	}
 	found, _, err := src.Status(ctx, []string{id})
 	if err != nil {
@@ -356,7 +303,7 @@ func get(ctx context.Context, src markerSource, id string) (*hostproto.Marker, e
 }
 
 func (c *MarkersCommand) show(ctx context.Context, args []string) error {
-	fs := newFlagSet("markers show", "markers show ID [flags]", c.Stderr)
+	fs := prog.FlagSet("markers show ID [flags]", c.Stderr)
 	var af agentFlags
 	af.register(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
@@ -372,7 +319,7 @@ func (c *MarkersCommand) show(ctx context.Context, args []string) error {
 }
 
 func (c *MarkersCommand) tail(ctx context.Context, args []string) error {
-	fs := newFlagSet("markers tail", "markers tail ID [flags]", c.Stderr)
+	fs := prog.FlagSet("markers tail ID [flags]", c.Stderr)
 	var af agentFlags
 	af.register(fs)
 	follow := fs.Bool("follow", false, "keep streaming until the execution ends (needs the agent)")
@@ -426,14 +373,14 @@ func copyFile(path string, w io.Writer) error {
 }
 
 func (c *MarkersCommand) verify(ctx context.Context, args []string) error {
-	fs := newFlagSet("markers verify", "markers verify [flags]", c.Stderr)
+	fs := prog.FlagSet("markers verify [flags]", c.Stderr)
 	var af agentFlags
 	af.register(fs)
 	keyPath := fs.String("key", "", "audit verifier key (default <data_dir>/audit.key.pub)")
 	var opts markers.VerifyOptions
 	fs.BoolVar(&opts.RequireSealed, "require-sealed", false, "fail if the last events are not covered by a signed checkpoint")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if err := af.resolve(); err != nil {
@@ -441,7 +388,7 @@ func (c *MarkersCommand) verify(ctx context.Context, args []string) error {
 	}
 	if *keyPath == "" {
 		if af.dataDir == "" {
-			return fmt.Errorf("%w: --key is required without a data dir", errUsage)
+			return prog.UsageErrorf(c.Stderr, "--key is required without a data dir")
 		}
 		*keyPath = af.paths.AuditKeyPath() + ".pub"
 	}

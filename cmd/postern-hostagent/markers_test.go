@@ -340,7 +340,7 @@ func TestMarkerCommandUsage(t *testing.T) {
 			} else {
 				err = run(context.Background(), tt.args, &stdout, &stderr)
 			}
-			if got := exitCode(err, &stderr); got != tt.wantCode {
+			if got := prog.ExitCode(err, &stderr); got != tt.wantCode {
 				t.Errorf("exit code = %d (err %v); want %d", got, err, tt.wantCode)
 			}
 			if tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)) {

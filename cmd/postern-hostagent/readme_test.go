@@ -20,6 +20,6 @@ func TestDocCommandsParse(t *testing.T) {
 		}
 		var stdout, stderr bytes.Buffer
 		err := run(context.Background(), args, &stdout, &stderr)
-		return exitCode(err, &stderr), stderr.String()
+		return prog.ExitCode(err, &stderr), stderr.String()
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/dirlock"
 	"github.com/postern-dev/postern/internal/privdir"
 )
@@ -36,7 +37,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	listen := fs.String("listen", "", "address to listen on, overrides listen")
 	dataDir := fs.String("data-dir", "", "data directory, overrides data_dir")
 	fs.Usage = func() { c.Usage(fs) }
-	if err := parseFlags(fs, args); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"io"
 	"net/url"
 
 	"github.com/postern-dev/postern/bastion/api"
@@ -11,25 +10,22 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-func init() {
-	operatorCommands["approvals"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &approvalsCommand{operatorIO{stdin, stdout, stderr}}
-		return dispatch(ctx, "approvals", approvalsUsage, subcommands{"list": c.list}, args, stdout, stderr)
-	}
-	operatorCommands["approve"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		return (&approvalsCommand{operatorIO{stdin, stdout, stderr}}).decide(ctx, "approve", args)
-	}
-	operatorCommands["deny"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		return (&approvalsCommand{operatorIO{stdin, stdout, stderr}}).decide(ctx, "deny", args)
-	}
-	operatorCommands["review"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		return (&approvalsCommand{operatorIO{stdin, stdout, stderr}}).review(ctx, args)
-	}
-}
-
 // approvalsCommand is the operator's side of approvals and reviews. Every decision is
 // journaled by the daemon with the operator's identity (from the socket's peer credentials).
 type approvalsCommand struct{ operatorIO }
+
+func (c *approvalsCommand) Run(ctx context.Context, args []string) error {
+	return prog.Dispatch(ctx, "approvals", approvalsUsage, cli.Subcommands{"list": c.list}, args, c.stdout, c.stderr)
+}
+
+// decideCommand is `postern approve` and `postern deny` (its verb).
+type decideCommand struct {
+	operatorIO
+	verb string
+}
+
+// reviewCommand is `postern review`.
+type reviewCommand struct{ operatorIO }
 
 const approvalsUsage = `usage: postern approvals list [--json]
        postern approve ID [--note TEXT]
@@ -48,19 +44,17 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *approvalsCommand) list(ctx context.Context, args []string) error {
-	fs := newFlagSet("approvals list", "approvals list [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("approvals list [flags]")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	cfg, err := loc.config()
+	op, err := loc.operator()
 	if err != nil {
 		return err
 	}
 	var page api.ExecutionPage
-	if err := newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/approvals", nil, &page); err != nil {
+	if err := op.getJSON(ctx, "/v1/approvals", nil, &page); err != nil {
 		return err
 	}
 	if *asJSON {
@@ -85,10 +79,8 @@ func commandOf(r *markers.Record) string {
 	return r.Command[len(r.Command)-1]
 }
 
-func (c *approvalsCommand) decide(ctx context.Context, verb string, args []string) error {
-	fs := newFlagSet(verb, verb+" ID [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+func (c *decideCommand) Run(ctx context.Context, args []string) error {
+	fs, loc := c.flagSet(c.verb + " ID [flags]")
 	note := fs.String("note", "", "why (journaled with your name)")
 	reason := fs.String("reason", "", "why it is denied (required for deny)")
 	id, err := parseExecutionID(fs, args, c.stderr)
@@ -96,28 +88,26 @@ func (c *approvalsCommand) decide(ctx context.Context, verb string, args []strin
 		return err
 	}
 	body := map[string]string{"note": *note}
-	if verb == "deny" {
+	if c.verb == "deny" {
 		if *reason == "" {
-			return usageErrorf(c.stderr, "deny needs --reason")
+			return prog.UsageErrorf(c.stderr, "deny needs --reason")
 		}
 		body = map[string]string{"reason": *reason}
 	}
-	cfg, err := loc.config()
+	op, err := loc.operator()
 	if err != nil {
 		return err
 	}
 	var rec markers.Record
-	if err := newOperatorClient(cfg.OperatorSocketPath()).postJSON(ctx, "/v1/approvals/"+url.PathEscape(id)+"/"+verb, body, &rec); err != nil {
+	if err := op.postJSON(ctx, "/v1/approvals/"+url.PathEscape(id)+"/"+c.verb, body, &rec); err != nil {
 		return err
 	}
 	fmt.Fprintf(c.stdout, "%s is %s\n", rec.ID, rec.State)
 	return nil
 }
 
-func (c *approvalsCommand) review(ctx context.Context, args []string) error {
-	fs := newFlagSet("review", "review ID --outcome completed|not-run --note TEXT", c.stderr)
-	var loc locator
-	loc.register(fs)
+func (c *reviewCommand) Run(ctx context.Context, args []string) error {
+	fs, loc := c.flagSet("review ID --outcome completed|not-run --note TEXT")
 	outcome := fs.String("outcome", "", "what you verified: completed (it took effect) or not-run")
 	note := fs.String("note", "", "how you know (required; journaled with your name)")
 	id, err := parseExecutionID(fs, args, c.stderr)
@@ -126,16 +116,16 @@ func (c *approvalsCommand) review(ctx context.Context, args []string) error {
 	}
 	switch {
 	case *outcome != "completed" && *outcome != "not-run":
-		return usageErrorf(c.stderr, "--outcome must be completed or not-run")
+		return prog.UsageErrorf(c.stderr, "--outcome must be completed or not-run")
 	case *note == "":
-		return usageErrorf(c.stderr, "review needs --note: what you checked")
+		return prog.UsageErrorf(c.stderr, "review needs --note: what you checked")
 	}
-	cfg, err := loc.config()
+	op, err := loc.operator()
 	if err != nil {
 		return err
 	}
 	var rec markers.Record
-	if err := newOperatorClient(cfg.OperatorSocketPath()).postJSON(ctx, "/v1/executions/"+url.PathEscape(id)+"/review",
+	if err := op.postJSON(ctx, "/v1/executions/"+url.PathEscape(id)+"/review",
 		map[string]string{"outcome": *outcome, "note": *note}, &rec); err != nil {
 		return err
 	}

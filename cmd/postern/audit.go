@@ -17,13 +17,6 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-func init() {
-	operatorCommands["audit"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &auditCommand{operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
-
 // auditCommand exports the journal's hash-chained event log and verifies it offline
 // against the audit verifier key.
 type auditCommand struct{ operatorIO }
@@ -45,15 +38,13 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 var errVerifyFailed = errors.New("verification failed")
 
 func (c *auditCommand) Run(ctx context.Context, args []string) error {
-	return dispatch(ctx, "audit", auditUsage, subcommands{"export": c.export, "verify": c.verify}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "audit", auditUsage, cli.Subcommands{"export": c.export, "verify": c.verify}, args, c.stdout, c.stderr)
 }
 
 func (c *auditCommand) export(ctx context.Context, args []string) error {
-	fs := newFlagSet("audit export", "audit export [--out FILE] [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("audit export [--out FILE] [flags]")
 	out := fs.String("out", "", "write the export to FILE (atomically, mode 0600) instead of stdout")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	cfg, err := loc.config()
@@ -178,20 +169,18 @@ func (l *lastLineWriter) endsSealed() bool {
 }
 
 func (c *auditCommand) verify(ctx context.Context, args []string) error {
-	fs := newFlagSet("audit verify", "audit verify [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("audit verify [flags]")
 	file := fs.String("file", "", "verify this exported JSONL file (- for stdin)")
 	dir := fs.String("dir", "", "verify this journal data dir (no process may have it open)")
 	keyPath := fs.String("key", "", "the audit verifier key file (default <state-dir>/audit.key.pub)")
 	var opts markers.VerifyOptions
 	fs.BoolVar(&opts.RequireSealed, "require-sealed", false, "fail if the last events are not covered by a signed checkpoint")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if *file != "" && *dir != "" {
-		return usageErrorf(c.stderr, "--file and --dir exclude each other")
+		return prog.UsageErrorf(c.stderr, "--file and --dir exclude each other")
 	}
 	cfg, err := loc.config()
 	if err != nil {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"io/fs"
 	"net"
 	"os"
@@ -19,13 +18,6 @@ import (
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/version"
 )
-
-func init() {
-	operatorCommands["doctor"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &doctorCommand{operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
 
 // doctorCommand checks what a working installation needs — config, state dir permissions,
 // keys, the daemon and its port, every enrolled host (reachable, pinned host key, hostagent
@@ -45,14 +37,12 @@ type doctorCheck struct {
 var errDoctorProblems = errors.New("doctor found problems")
 
 func (c *doctorCommand) Run(ctx context.Context, args []string) error {
-	fs := newFlagSet("doctor", "doctor [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("doctor [flags]")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	checks := c.checks(ctx, loc)
+	checks := c.checks(ctx, *loc)
 	problems := 0
 	for _, ch := range checks {
 		if ch.Status == "problem" {

@@ -15,13 +15,6 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-func init() {
-	operatorCommands["executions"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &executionsCommand{operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
-
 // executionsCommand reads the journal through the daemon: the executions, newest first, and
 // one execution's story.
 type executionsCommand struct{ operatorIO }
@@ -42,16 +35,14 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *executionsCommand) Run(ctx context.Context, args []string) error {
-	return dispatch(ctx, "executions", executionsUsage, subcommands{"list": c.list, "show": c.show, "follow": c.follow}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "executions", executionsUsage, cli.Subcommands{"list": c.list, "show": c.show, "follow": c.follow}, args, c.stdout, c.stderr)
 }
 
 // maxPageLimit is the most records the operator API returns per request.
 const maxPageLimit = 1000
 
 func (c *executionsCommand) list(ctx context.Context, args []string) error {
-	fs := newFlagSet("executions list", "executions list [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("executions list [flags]")
 	state := fs.String("state", "", "only executions in this state ("+cli.States(markers.JournalGraph)+")")
 	actor := fs.String("actor", "", "only this actor's executions, named as the journal names it (token:NAME, local:USER)")
 	host := fs.String("host", "", "only executions on this host")
@@ -60,25 +51,24 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 	limit := fs.Int("limit", 50, "at most this many executions")
 	cursor := fs.String("cursor", "", "continue from where a previous list stopped")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if *state != "" && !markers.JournalGraph.Has(markers.State(*state)) {
-		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, cli.States(markers.JournalGraph))
+		return prog.UsageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, cli.States(markers.JournalGraph))
 	}
 	if *since != "" {
 		if _, err := time.Parse(time.RFC3339, *since); err != nil {
-			return usageErrorf(c.stderr, "--since: want an RFC 3339 time such as 2026-01-02T15:04:05Z: %v", err)
+			return prog.UsageErrorf(c.stderr, "--since: want an RFC 3339 time such as 2026-01-02T15:04:05Z: %v", err)
 		}
 	}
 	if *limit < 1 {
-		return usageErrorf(c.stderr, "--limit must be at least 1")
+		return prog.UsageErrorf(c.stderr, "--limit must be at least 1")
 	}
-	cfg, err := loc.config()
+	op, err := loc.operator()
 	if err != nil {
 		return err
 	}
-	op := newOperatorClient(cfg.OperatorSocketPath())
 	q := url.Values{}
 	for k, v := range map[string]string{"state": *state, "actor": *actor, "host": *host, "since": *since} {
 		if v != "" {
@@ -87,7 +77,7 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 	}
 	if *review {
 		if *state != "" && *state != string(markers.Unknown) {
-			return usageErrorf(c.stderr, "--review-required selects unknown executions; drop --state %s", *state)
+			return prog.UsageErrorf(c.stderr, "--review-required selects unknown executions; drop --state %s", *state)
 		}
 		q.Set("review_required", "true")
 	}
@@ -128,9 +118,7 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 }
 
 func (c *executionsCommand) show(ctx context.Context, args []string) error {
-	fs := newFlagSet("executions show", "executions show ID [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("executions show ID [flags]")
 	asJSON := fs.Bool("json", false, "print JSON")
 	id, err := parseExecutionID(fs, args, c.stderr)
 	if err != nil {

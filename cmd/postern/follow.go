@@ -23,9 +23,7 @@ const followIdle = time.Second
 // follow streams an execution's output until it ends, as execution_output does for agents,
 // then prints how it ended (on stderr, so stdout is the command's output alone).
 func (c *executionsCommand) follow(ctx context.Context, args []string) error {
-	fs := newFlagSet("executions follow", "executions follow ID [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("executions follow ID [flags]")
 	fromStart := fs.Bool("from-start", true, "print the output from its first byte (false: only what comes from now on)")
 	id, err := parseExecutionID(fs, args, c.stderr)
 	if err != nil {

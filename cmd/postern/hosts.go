@@ -23,13 +23,6 @@ import (
 	"github.com/postern-dev/postern/internal/envpolicy"
 )
 
-func init() {
-	operatorCommands["hosts"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &hostsCommand{operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
-
 // hostsCommand lists the enrolled hosts and enrolls new ones. Enrollment writes the
 // inventory file, which the daemon re-reads on its next lookup, so it needs no daemon.
 type hostsCommand struct{ operatorIO }
@@ -53,15 +46,13 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *hostsCommand) Run(ctx context.Context, args []string) error {
-	return dispatch(ctx, "hosts", hostsUsage, subcommands{"list": c.list, "enroll": c.enroll, "key": c.key}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "hosts", hostsUsage, cli.Subcommands{"list": c.list, "enroll": c.enroll, "key": c.key}, args, c.stdout, c.stderr)
 }
 
 func (c *hostsCommand) list(ctx context.Context, args []string) error {
-	fs := newFlagSet("hosts list", "hosts list [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("hosts list [flags]")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	cfg, err := loc.config()
@@ -144,9 +135,7 @@ var errNotConfirmed = errors.New("not enrolled: the host key was not confirmed")
 const maxAnswerBytes = 1 << 10
 
 func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
-	fs := newFlagSet("hosts enroll", "hosts enroll NAME ADDR [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("hosts enroll NAME ADDR [flags]")
 	account := fs.String("account", "", "the account commands run as on the host (default the current user)")
 	cwd := fs.String("cwd", "", "the default working directory on the host (absolute; default the account's home)")
 	var groups stringList
@@ -158,23 +147,23 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	replace := fs.Bool("replace", false, "record the key even though the host was enrolled with another one")
 	agentlessHost := fs.Bool("agentless", false, "the host runs a stock OpenSSH server, no hostagent: an outcome lost after dispatch is unknown for good (guarantee none)")
 	markerScript := fs.Bool("marker-script", false, "with --agentless: install the marker script ~/.postern/run over SSH, so lost outcomes are resolved from its marker (guarantee marker_script)")
-	pos, err := parseInterleaved(fs, args, 2)
+	pos, err := cli.ParseArgs(fs, args, 2)
 	if err != nil {
 		return err
 	}
 	name, addr := pos[0], pos[1]
 	// Checked before the operator is asked about the key, not after.
 	if !namePattern.MatchString(name) {
-		return usageErrorf(c.stderr, "host name %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", name)
+		return prog.UsageErrorf(c.stderr, "host name %q: want 1-64 of [A-Za-z0-9_.-], starting with a letter or digit", name)
 	}
 	if *cwd != "" && (!filepath.IsAbs(*cwd) || filepath.Clean(*cwd) != *cwd) {
-		return usageErrorf(c.stderr, "--cwd %q: want an absolute, clean path", *cwd)
+		return prog.UsageErrorf(c.stderr, "--cwd %q: want an absolute, clean path", *cwd)
 	}
 	if _, err := envpolicy.New(acceptEnv); err != nil {
-		return usageErrorf(c.stderr, "--accept-env: %v", err)
+		return prog.UsageErrorf(c.stderr, "--accept-env: %v", err)
 	}
 	if *markerScript && !*agentlessHost {
-		return usageErrorf(c.stderr, "--marker-script is for hosts without the hostagent: add --agentless")
+		return prog.UsageErrorf(c.stderr, "--marker-script is for hosts without the hostagent: add --agentless")
 	}
 	if *account == "" {
 		u, err := user.Current()
@@ -307,10 +296,8 @@ func confirm(stdin io.Reader, stdout io.Writer, question string) (bool, error) {
 // key prints the bastion's public client key (creating the key pair on first use, as the
 // daemon would).
 func (c *hostsCommand) key(ctx context.Context, args []string) error {
-	fs := newFlagSet("hosts key", "hosts key [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	fs, loc := c.flagSet("hosts key [flags]")
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	cfg, err := loc.config()

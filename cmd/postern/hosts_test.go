@@ -13,14 +13,15 @@ import (
 
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
-	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/cli"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 // TestHostsEnroll enrolls real hostagents into a state dir with no daemon: each step runs
 // on the inventory the steps before it left.
 func TestHostsEnroll(t *testing.T) {
-	first, second := testutil.StartHostagent(t), testutil.StartHostagent(t)
+	first, second := harness.StartHostagent(t), harness.StartHostagent(t)
 	stateDir := filepath.Join(sockdir.New(t), "state")
 	inventory := config.DefaultConfig(stateDir).InventoryPath()
 	fp := gossh.FingerprintSHA256
@@ -135,7 +136,7 @@ func TestHostsEnroll(t *testing.T) {
 	t.Run("usage errors", func(t *testing.T) {
 		for _, args := range [][]string{enroll("web"), enroll("web", first.Addr, "extra"), enroll(),
 			enroll("bad name", first.Addr, "--yes"), enroll("web", first.Addr, "--cwd", "relative", "--yes")} {
-			if res := runCLI(t, "", args...); !errors.Is(res.err, errUsage) {
+			if res := runCLI(t, "", args...); !errors.Is(res.err, cli.ErrUsage) {
 				t.Errorf("%v: err = %v; want a usage error", args, res.err)
 			}
 		}

@@ -11,13 +11,6 @@ import (
 	"github.com/postern-dev/postern/internal/cli"
 )
 
-func init() {
-	operatorCommands["investigate"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &investigateCommand{operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
-
 // investigateCommand answers the five questions about a retried call (bastion/investigate.go)
 // through the daemon, which asks the host live.
 type investigateCommand struct{ operatorIO }
@@ -32,9 +25,7 @@ var investigateQuestions = [...]string{
 }
 
 func (c *investigateCommand) Run(ctx context.Context, args []string) error {
-	fs := newFlagSet("investigate", "investigate ID [flags]\n\nAnswers, in order: "+strings.Join(investigateQuestions[:], " "), c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("investigate ID [flags]\n\nAnswers, in order: " + strings.Join(investigateQuestions[:], " "))
 	asJSON := fs.Bool("json", false, "print JSON")
 	id, err := parseExecutionID(fs, args, c.stderr)
 	if err != nil {

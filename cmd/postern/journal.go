@@ -6,20 +6,13 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"io"
 	"iter"
 
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
-
-func init() {
-	operatorCommands["journal"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &journalCommand{operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
 
 // journalCommand moves a journal between its backends: a single node's Pebble journal to
 // etcd, to grow it into replicas, and back.
@@ -38,26 +31,24 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *journalCommand) Run(ctx context.Context, args []string) error {
-	return dispatch(ctx, "journal", journalUsage, subcommands{"copy": c.copy}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "journal", journalUsage, cli.Subcommands{"copy": c.copy}, args, c.stdout, c.stderr)
 }
 
 func (c *journalCommand) copy(ctx context.Context, args []string) error {
-	fs := newFlagSet("journal copy", "journal copy --to etcd|pebble [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("journal copy --to etcd|pebble [flags]")
 	to := fs.String("to", "", "the backend to copy to: etcd or pebble")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if *to != "etcd" && *to != "pebble" {
-		return usageErrorf(c.stderr, "--to etcd or --to pebble")
+		return prog.UsageErrorf(c.stderr, "--to etcd or --to pebble")
 	}
 	cfg, err := loc.config()
 	if err != nil {
 		return err
 	}
 	if !cfg.Journal.Etcd() {
-		return usageErrorf(c.stderr, "the config's [journal] must name the etcd cluster (backend = \"etcd\", endpoints): it is one end of the copy")
+		return prog.UsageErrorf(c.stderr, "the config's [journal] must name the etcd cluster (backend = \"etcd\", endpoints): it is one end of the copy")
 	}
 	pebbleCfg := cfg
 	pebbleCfg.Journal = config.Journal{}

@@ -6,19 +6,16 @@ package main
 
 import (
 	"context"
-	"flag"
 	"fmt"
 	"io"
 	"os"
-	"os/signal"
-	"syscall"
 
 	"github.com/postern-dev/postern/hostagent/shim"
 	"github.com/postern-dev/postern/internal/cli"
 )
 
-// errUsage marks errors caused by how the command was invoked (exit status 2).
-var errUsage = cli.ErrUsage
+// prog names this binary in its usage lines and messages.
+const prog = cli.Program("postern")
 
 const mainUsage = `usage: postern COMMAND [flags]
 
@@ -50,17 +47,14 @@ func main() {
 		// binary to supervise each command (not for people).
 		os.Exit(shim.Main(os.Args[2:]))
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
-	err := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
-	stop()
-	os.Exit(exitCode(err, os.Stderr))
+	os.Exit(prog.Main(func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr) }, os.Stderr))
 }
 
 // run dispatches to a subcommand.
 func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	if len(args) == 0 {
 		fmt.Fprint(stderr, mainUsage)
-		return errUsage
+		return cli.ErrUsage
 	}
 	if len(args) == 1 && cli.IsVersionFlag(args[0]) {
 		args = []string{"version"}
@@ -74,22 +68,38 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case "mcp":
 		return mcpCommand(ctx, rest, stdin, stdout, stderr)
 	case "version":
-		return (&cli.VersionCommand{Name: "postern", Stdout: stdout, Stderr: stderr}).Run(ctx, rest)
+		return (&cli.VersionCommand{Name: string(prog), Stdout: stdout, Stderr: stderr}).Run(ctx, rest)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, mainUsage)
 		return nil
 	}
-	if op, ok := operatorCommands[cmd]; ok {
-		return op(ctx, rest, stdin, stdout, stderr)
+	if newCommand, ok := operatorCommands[cmd]; ok {
+		return newCommand(operatorIO{stdin, stdout, stderr}).Run(ctx, rest)
 	}
 	fmt.Fprintf(stderr, "postern: unknown command %q\n\n%s", cmd, mainUsage)
-	return errUsage
+	return cli.ErrUsage
 }
 
-// operatorCommands are the read and enrollment commands (operator.go and friends).
-var operatorCommands = map[string]func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error{}
+// operatorCommands make, for one invocation, the commands that read or change what the
+// bastion owns (the journal, the hosts, its policy), mostly through its operator socket.
+var operatorCommands = map[string]func(operatorIO) runner{
+	"executions":  func(o operatorIO) runner { return &executionsCommand{o} },
+	"investigate": func(o operatorIO) runner { return &investigateCommand{o} },
+	"runs":        func(o operatorIO) runner { return &runsCommand{o} },
+	"markers":     func(o operatorIO) runner { return &markersCommand{operatorIO: o} },
+	"hosts":       func(o operatorIO) runner { return &hostsCommand{o} },
+	"audit":       func(o operatorIO) runner { return &auditCommand{o} },
+	"journal":     func(o operatorIO) runner { return &journalCommand{o} },
+	"approvals":   func(o operatorIO) runner { return &approvalsCommand{o} },
+	"approve":     func(o operatorIO) runner { return &decideCommand{o, "approve"} },
+	"deny":        func(o operatorIO) runner { return &decideCommand{o, "deny"} },
+	"review":      func(o operatorIO) runner { return &reviewCommand{o} },
+	"policy":      func(o operatorIO) runner { return &policyCommand{o} },
+	"doctor":      func(o operatorIO) runner { return &doctorCommand{o} },
+	"token":       func(o operatorIO) runner { return &tokenCommand{o} },
+}
 
-func exitCode(err error, stderr io.Writer) int { return cli.ExitCode("postern", err, stderr) }
-
-// parseFlags is cli.ParseFlags: positional arguments are left in fs.Args().
-func parseFlags(fs *flag.FlagSet, args []string) error { return cli.ParseFlags(fs, args) }
+// runner is a command made for one invocation.
+type runner interface {
+	Run(ctx context.Context, args []string) error
+}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"io"
 	"net/url"
 	"strconv"
 
@@ -14,13 +13,6 @@ import (
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
-
-func init() {
-	operatorCommands["markers"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &markersCommand{operatorIO: operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
 
 // markersCommand reads a host's markers: the daemon asks the host — its hostagent, or on a
 // host without one its marker script — over its pooled SSH connection, so this works only
@@ -44,13 +36,13 @@ common flags: --host H (the host, required), --state-dir DIR, --config FILE (whe
 `
 
 func (c *markersCommand) Run(ctx context.Context, args []string) error {
-	fs := newFlagSet("markers", "markers --host H SUBCOMMAND [flags]", c.stderr)
+	fs := prog.FlagSet("markers --host H SUBCOMMAND [flags]", c.stderr)
 	fs.Usage = func() { fmt.Fprint(fs.Output(), markersUsage) }
 	c.registerGroupFlags(fs)
-	if err := parseFlags(fs, args); err != nil {
+	if err := cli.ParseFlags(fs, args); err != nil {
 		return err
 	}
-	return dispatch(ctx, "markers", markersUsage, subcommands{"list": c.list, "show": c.show}, fs.Args(), c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "markers", markersUsage, cli.Subcommands{"list": c.list, "show": c.show}, fs.Args(), c.stdout, c.stderr)
 }
 
 // registerGroupFlags registers --host and the locator on fs; a value given before the
@@ -63,7 +55,7 @@ func (c *markersCommand) registerGroupFlags(fs *flag.FlagSet) {
 // client checks the group flags and returns the operator client.
 func (c *markersCommand) client() (*operatorClient, error) {
 	if c.host == "" {
-		return nil, usageErrorf(c.stderr, "--host is required")
+		return nil, prog.UsageErrorf(c.stderr, "--host is required")
 	}
 	cfg, err := c.loc.config()
 	if err != nil {
@@ -81,20 +73,20 @@ func (c *markersCommand) onDaemonDown(err error) error {
 }
 
 func (c *markersCommand) list(ctx context.Context, args []string) error {
-	fs := newFlagSet("markers list", "markers --host H list [flags]", c.stderr)
+	fs := prog.FlagSet("markers --host H list [flags]", c.stderr)
 	c.registerGroupFlags(fs)
 	state := fs.String("state", "", "only markers in this state ("+cli.States(markers.HostGraph)+")")
 	limit := fs.Int("limit", 50, "at most this many markers (1..1000)")
 	cursor := fs.String("cursor", "", "continue from where a previous list stopped")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if *state != "" && !markers.HostGraph.Has(markers.State(*state)) {
-		return usageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, cli.States(markers.HostGraph))
+		return prog.UsageErrorf(c.stderr, "unknown state %q (want one of %s)", *state, cli.States(markers.HostGraph))
 	}
 	if *limit < 1 || *limit > maxPageLimit {
-		return usageErrorf(c.stderr, "--limit must be in 1..%d", maxPageLimit)
+		return prog.UsageErrorf(c.stderr, "--limit must be in 1..%d", maxPageLimit)
 	}
 	op, err := c.client()
 	if err != nil {
@@ -132,7 +124,7 @@ func (c *markersCommand) list(ctx context.Context, args []string) error {
 }
 
 func (c *markersCommand) show(ctx context.Context, args []string) error {
-	fs := newFlagSet("markers show", "markers --host H show ID [flags]", c.stderr)
+	fs := prog.FlagSet("markers --host H show ID [flags]", c.stderr)
 	c.registerGroupFlags(fs)
 	asJSON := fs.Bool("json", false, "print JSON")
 	id, err := parseExecutionID(fs, args, c.stderr)

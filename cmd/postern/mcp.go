@@ -10,6 +10,7 @@ import (
 	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/internal/cli"
 )
 
 // mcpCommand is the stdio MCP server that clients such as Claude Desktop and Claude Code
@@ -28,7 +29,7 @@ func mcpCommand(ctx context.Context, args []string, stdin io.Reader, stdout, std
 		fmt.Fprintf(fs.Output(), "usage: postern mcp [--socket PATH | --state-dir DIR]\n\nSpeaks MCP on stdin/stdout; a running `postern serve` or `postern up` does the work.\n\n")
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	path := *socket

@@ -107,13 +107,24 @@ func (c *operatorClient) do(ctx context.Context, path string, query url.Values) 
 
 // postJSON sends body as JSON to path and decodes the answer into out.
 func (c *operatorClient) postJSON(ctx context.Context, path string, body, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, operatorTimeout)
-	defer cancel()
 	raw, err := json.Marshal(body)
 	if err != nil {
 		return err
 	}
-	resp, err := c.send(ctx, http.MethodPost, path, nil, raw)
+	return c.exchangeJSON(ctx, http.MethodPost, path, nil, raw, out)
+}
+
+// getJSON decodes the JSON answer to GET path?query into out.
+func (c *operatorClient) getJSON(ctx context.Context, path string, query url.Values, out any) error {
+	return c.exchangeJSON(ctx, http.MethodGet, path, query, nil, out)
+}
+
+// exchangeJSON sends one request (see send) within operatorTimeout and decodes its JSON
+// answer into out.
+func (c *operatorClient) exchangeJSON(ctx context.Context, method, path string, query url.Values, body []byte, out any) error {
+	ctx, cancel := context.WithTimeout(ctx, operatorTimeout)
+	defer cancel()
+	resp, err := c.send(ctx, method, path, query, body)
 	if err != nil {
 		return err
 	}
@@ -161,21 +172,6 @@ func (c *operatorClient) send(ctx context.Context, method, path string, query ur
 	}
 	return nil, &apiError{Status: resp.StatusCode, Message: fmt.Sprintf("operator API %s: %s: %s",
 		path, resp.Status, cli.Printable(cli.Truncate(strings.TrimSpace(string(answer)), 200)))}
-}
-
-// getJSON decodes the JSON answer to GET path?query into out.
-func (c *operatorClient) getJSON(ctx context.Context, path string, query url.Values, out any) error {
-	ctx, cancel := context.WithTimeout(ctx, operatorTimeout)
-	defer cancel()
-	resp, err := c.do(ctx, path, query)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(io.LimitReader(resp.Body, maxJSONResponseBytes)).Decode(out); err != nil {
-		return fmt.Errorf("operator API %s: decode answer: %w", path, err)
-	}
-	return nil
 }
 
 // locator finds the bastion: its config file, or its state dir with the default layout.
@@ -232,77 +228,23 @@ type operatorIO struct {
 	stdout, stderr io.Writer
 }
 
-// subcommands maps a group's subcommand names to their runners.
-type subcommands map[string]func(ctx context.Context, args []string) error
-
-// dispatch runs the subcommand named by args[0] of group, printing usage for none or an
-// unknown one.
-func dispatch(ctx context.Context, group, usage string, subs subcommands, args []string, stdout, stderr io.Writer) error {
-	if len(args) == 0 {
-		fmt.Fprint(stderr, usage)
-		return errUsage
-	}
-	switch args[0] {
-	case "help", "-h", "--help":
-		fmt.Fprint(stdout, usage)
-		return nil
-	}
-	sub, ok := subs[args[0]]
-	if !ok {
-		fmt.Fprintf(stderr, "postern %s: unknown subcommand %q\n\n%s", group, args[0], usage)
-		return errUsage
-	}
-	return sub(ctx, args[1:])
-}
-
-// usageErrorf prints what is wrong with the invocation (main prints nothing for usage
-// errors) and returns it as an errUsage.
-func usageErrorf(stderr io.Writer, format string, args ...any) error {
-	msg := fmt.Sprintf(format, args...)
-	fmt.Fprintf(stderr, "postern: %s\n", msg)
-	return fmt.Errorf("%w: %s", errUsage, msg)
-}
-
-func newFlagSet(name, usage string, stderr io.Writer) *flag.FlagSet {
-	fs := flag.NewFlagSet(name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: postern %s\n\nflags:\n", usage)
-		fs.PrintDefaults()
-	}
-	return fs
-}
-
-// parseInterleaved parses flags that may come before or after the positional arguments and
-// returns exactly n positional arguments.
-func parseInterleaved(fs *flag.FlagSet, args []string, n int) ([]string, error) {
-	var positional []string
-	for {
-		if err := parseFlags(fs, args); err != nil {
-			return nil, err
-		}
-		if fs.NArg() == 0 {
-			break
-		}
-		positional = append(positional, fs.Arg(0))
-		args = fs.Args()[1:]
-	}
-	if len(positional) != n {
-		fmt.Fprintf(fs.Output(), "want %d argument(s), got %q\n", n, positional)
-		fs.Usage()
-		return nil, errUsage
-	}
-	return positional, nil
+// flagSet is prog.FlagSet with the flags that locate the bastion (--state-dir, --config)
+// registered in the returned locator.
+func (o operatorIO) flagSet(usage string) (*flag.FlagSet, *locator) {
+	fs := prog.FlagSet(usage, o.stderr)
+	loc := &locator{}
+	loc.register(fs)
+	return fs, loc
 }
 
 // parseExecutionID parses flags and the one positional argument, an execution id.
 func parseExecutionID(fs *flag.FlagSet, args []string, stderr io.Writer) (string, error) {
-	pos, err := parseInterleaved(fs, args, 1)
+	pos, err := cli.ParseArgs(fs, args, 1)
 	if err != nil {
 		return "", err
 	}
 	if !markers.ValidExecutionID(pos[0]) {
-		return "", usageErrorf(stderr, "%q is not an execution id (ex_ and a 26-character ULID)", cli.Printable(pos[0]))
+		return "", prog.UsageErrorf(stderr, "%q is not an execution id (ex_ and a 26-character ULID)", cli.Printable(pos[0]))
 	}
 	return pos[0], nil
 }

@@ -17,13 +17,14 @@ import (
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/markers"
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	testutil.CleanupBinaries()
+	harness.CleanupBinaries()
 	os.Exit(code)
 }
 
@@ -64,15 +65,15 @@ func decodeJSON(t *testing.T, res cliResult, v any) {
 // testbed is a running `postern serve` with one enrolled hostagent ("h1") and one execution
 // run through it by the go-sdk MCP client.
 type testbed struct {
-	bastion *testutil.Bastion
-	host    *testutil.Hostagent
+	bastion *harness.Bastion
+	host    *harness.Hostagent
 	exec    api.Execution
 }
 
 func startFleet(t *testing.T) *testbed {
 	t.Helper()
-	h := testutil.StartHostagent(t)
-	b := testutil.NewBastion(t, h.ClientKey)
+	h := harness.StartHostagent(t)
+	b := harness.NewBastion(t, h.ClientKey)
 	b.Enroll(t, "h1", h)
 	b.Start(t)
 	f := &testbed{bastion: b, host: h}
@@ -80,12 +81,12 @@ func startFleet(t *testing.T) *testbed {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cs := b.Connect(t, "agent", nil)
-	res, err := testutil.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo hello; echo oops >&2"}, &f.exec)
+	res, err := harness.CallTool(ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo hello; echo oops >&2"}, &f.exec)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if f.exec.State != "completed" || f.exec.Stdout != "hello\n" {
-		t.Fatalf("ssh_exec: %+v (%s); want completed with output\n%s", f.exec, testutil.ResultText(res), b.Logs())
+		t.Fatalf("ssh_exec: %+v (%s); want completed with output\n%s", f.exec, harness.ResultText(res), b.Logs())
 	}
 	// Delivery is journaled after the result is written to the transport.
 	testutil.WaitFor(t, "the result's delivery in the journal", func() bool {
@@ -184,7 +185,7 @@ func TestOperatorCommands(t *testing.T) {
 		for _, tt := range tests {
 			t.Run(tt.name, func(t *testing.T) {
 				res := runCLI(t, "", f.at(append([]string{"executions", "list"}, tt.flags...)...)...)
-				if !errors.Is(res.err, errUsage) || res.stderr == "" {
+				if !errors.Is(res.err, cli.ErrUsage) || res.stderr == "" {
 					t.Fatalf("err = %v, stderr %q; want a usage error that says what is wrong", res.err, res.stderr)
 				}
 			})
@@ -256,7 +257,7 @@ func TestOperatorCommands(t *testing.T) {
 		if res := runCLI(t, "", f.at("investigate", missing)...); res.err == nil || !strings.Contains(res.err.Error(), "the journal has no execution") {
 			t.Errorf("investigate unknown: %v; want the id is unknown", res.err)
 		}
-		if res := runCLI(t, "", f.at("executions", "show", "nope")...); !errors.Is(res.err, errUsage) {
+		if res := runCLI(t, "", f.at("executions", "show", "nope")...); !errors.Is(res.err, cli.ErrUsage) {
 			t.Fatalf("show nope: err = %v; want a usage error", res.err)
 		}
 	})
@@ -299,7 +300,7 @@ func TestOperatorCommands(t *testing.T) {
 		if c := collapseSpaces(out); !strings.Contains(c, "marker  "+id) || !strings.Contains(c, "outcome  exit 0") {
 			t.Fatalf("markers show:\n%s", out)
 		}
-		if res := runCLI(t, "", f.at("markers", "list")...); !errors.Is(res.err, errUsage) {
+		if res := runCLI(t, "", f.at("markers", "list")...); !errors.Is(res.err, cli.ErrUsage) {
 			t.Fatalf("markers list without --host: err = %v; want a usage error", res.err)
 		}
 		res := runCLI(t, "", f.at("markers", "--host", "nosuch", "list")...)

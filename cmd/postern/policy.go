@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"strings"
 
 	"github.com/postern-dev/postern/bastion/config"
@@ -13,16 +12,13 @@ import (
 	"github.com/postern-dev/postern/internal/cli"
 )
 
-func init() {
-	operatorCommands["policy"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &policyCommand{operatorIO{stdin, stdout, stderr}}
-		return dispatch(ctx, "policy", policyUsage, subcommands{"check": c.check}, args, stdout, stderr)
-	}
-}
-
 // policyCommand explains the policy without running anything: the running daemon's policy,
 // or the config's when no daemon runs.
 type policyCommand struct{ operatorIO }
+
+func (c *policyCommand) Run(ctx context.Context, args []string) error {
+	return prog.Dispatch(ctx, "policy", policyUsage, cli.Subcommands{"check": c.check}, args, c.stdout, c.stderr)
+}
 
 const policyUsage = `usage: postern policy check --actor NAME --host H [--json] -- COMMAND...
        postern policy check --actor NAME --endpoint E --method M --path P [--json]
@@ -36,9 +32,7 @@ common flags: --state-dir DIR, --config FILE (the bastion's config)
 `
 
 func (c *policyCommand) check(ctx context.Context, args []string) error {
-	fs := newFlagSet("policy check", "policy check [flags] -- COMMAND...", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("policy check [flags] -- COMMAND...")
 	actor := fs.String("actor", "self", `the actor, as named in the config ("self": local callers of the bastion's own user)`)
 	host := fs.String("host", "", "the host (ssh_exec)")
 	endpoint := fs.String("endpoint", "", "the endpoint (http_request)")
@@ -52,14 +46,14 @@ func (c *policyCommand) check(ctx context.Context, args []string) error {
 			break
 		}
 	}
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if (*host == "") == (*endpoint == "") {
-		return usageErrorf(c.stderr, "give --host H -- COMMAND (ssh_exec) or --endpoint E (http_request)")
+		return prog.UsageErrorf(c.stderr, "give --host H -- COMMAND (ssh_exec) or --endpoint E (http_request)")
 	}
 	if *host != "" && len(command) == 0 {
-		return usageErrorf(c.stderr, "give the command after --")
+		return prog.UsageErrorf(c.stderr, "give the command after --")
 	}
 	cfg, err := loc.config()
 	if err != nil {

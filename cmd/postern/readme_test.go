@@ -13,7 +13,7 @@ import (
 func runForDocs(args []string) (int, string) {
 	var stdout, stderr bytes.Buffer
 	err := run(context.Background(), args, strings.NewReader(""), &stdout, &stderr)
-	return exitCode(err, &stderr), stderr.String()
+	return prog.ExitCode(err, &stderr), stderr.String()
 }
 
 // TestDocCommandsParse: every `postern …` command README.md and docs/*.md show (their shell

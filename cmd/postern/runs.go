@@ -14,13 +14,6 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-func init() {
-	operatorCommands["runs"] = func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
-		c := &runsCommand{operatorIO{stdin, stdout, stderr}}
-		return c.Run(ctx, args)
-	}
-}
-
 // runsCommand reads the agent runs journal: one record per agent run (intent scope), with
 // who the agent was at its first contact.
 type runsCommand struct{ operatorIO }
@@ -39,21 +32,19 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *runsCommand) Run(ctx context.Context, args []string) error {
-	return dispatch(ctx, "runs", runsUsage, subcommands{"list": c.list, "show": c.show}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "runs", runsUsage, cli.Subcommands{"list": c.list, "show": c.show}, args, c.stdout, c.stderr)
 }
 
 func (c *runsCommand) list(ctx context.Context, args []string) error {
-	fs := newFlagSet("runs list", "runs list [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("runs list [flags]")
 	actor := fs.String("actor", "", "only this actor's runs (token:NAME, local:USER)")
 	limit := fs.Int("limit", 50, "at most this many runs (1..1000)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	if _, err := parseInterleaved(fs, args, 0); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	if *limit < 1 || *limit > maxPageLimit {
-		return usageErrorf(c.stderr, "--limit must be in 1..%d", maxPageLimit)
+		return prog.UsageErrorf(c.stderr, "--limit must be in 1..%d", maxPageLimit)
 	}
 	q := url.Values{"limit": {strconv.Itoa(*limit)}}
 	if *actor != "" {
@@ -74,12 +65,10 @@ func (c *runsCommand) list(ctx context.Context, args []string) error {
 }
 
 func (c *runsCommand) show(ctx context.Context, args []string) error {
-	fs := newFlagSet("runs show", "runs show SCOPE [flags]", c.stderr)
-	var loc locator
-	loc.register(fs)
+	fs, loc := c.flagSet("runs show SCOPE [flags]")
 	actor := fs.String("actor", "", "the run's actor, when runs of several actors share the scope (window)")
 	asJSON := fs.Bool("json", false, "print JSON")
-	pos, err := parseInterleaved(fs, args, 1)
+	pos, err := cli.ParseArgs(fs, args, 1)
 	if err != nil {
 		return err
 	}
@@ -111,7 +100,7 @@ func (c *runsCommand) show(ctx context.Context, args []string) error {
 	return nil
 }
 
-func (c *runsCommand) get(ctx context.Context, loc locator, q url.Values) (*api.RunPage, error) {
+func (c *runsCommand) get(ctx context.Context, loc *locator, q url.Values) (*api.RunPage, error) {
 	op, err := loc.operator()
 	if err != nil {
 		return nil, err

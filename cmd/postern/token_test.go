@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/internal/cli"
 )
 
 var printedToken = regexp.MustCompile(`(?m)^(pst_\S+)$`)
@@ -18,12 +19,12 @@ func TestToken(t *testing.T) {
 		wantErr error
 	}{
 		{name: "name", args: []string{"ci-bot.prod_1"}},
-		{name: "no name", args: nil, wantErr: errUsage},
-		{name: "two names", args: []string{"a", "b"}, wantErr: errUsage},
-		{name: "leading dash", args: []string{"--", "-bot"}, wantErr: errUsage},
-		{name: "space", args: []string{"a bot"}, wantErr: errUsage},
-		{name: "quote", args: []string{`a"b`}, wantErr: errUsage},
-		{name: "too long", args: []string{strings.Repeat("a", 65)}, wantErr: errUsage},
+		{name: "no name", args: nil, wantErr: cli.ErrUsage},
+		{name: "two names", args: []string{"a", "b"}, wantErr: cli.ErrUsage},
+		{name: "leading dash", args: []string{"--", "-bot"}, wantErr: cli.ErrUsage},
+		{name: "space", args: []string{"a bot"}, wantErr: cli.ErrUsage},
+		{name: "quote", args: []string{`a"b`}, wantErr: cli.ErrUsage},
+		{name: "too long", args: []string{strings.Repeat("a", 65)}, wantErr: cli.ErrUsage},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -50,7 +50,7 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fmt.Fprintf(fs.Output(), "usage: postern up [--state-dir DIR] [--listen ADDR] [--hostagent-listen ADDR] [--allow-origin ORIGIN]...\n\n")
 		fs.PrintDefaults()
 	}
-	if err := parseFlags(fs, args); err != nil {
+	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	// Checked before anything is written, so a typo costs nothing.

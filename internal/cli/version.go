@@ -30,13 +30,8 @@ func (c *VersionCommand) Run(_ context.Context, args []string) error {
 		fmt.Fprintf(fs.Output(), "usage: %s version [--json]\n\n", c.Name)
 		fs.PrintDefaults()
 	}
-	if err := ParseFlags(fs, args); err != nil {
+	if _, err := ParseArgs(fs, args, 0); err != nil {
 		return err
-	}
-	if fs.NArg() > 0 {
-		fmt.Fprintf(c.Stderr, "unexpected arguments: %q\n", fs.Args())
-		fs.Usage()
-		return ErrUsage
 	}
 	if *asJSON {
 		return json.NewEncoder(c.Stdout).Encode(version.Get())

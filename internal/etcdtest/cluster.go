@@ -38,11 +38,12 @@ func start(t testing.TB, n int, tlsFiles *TLSFiles) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, members: make([]*embed.Etcd, n)}
 	var initial []string
+	urls := freeURLs(t, 2*n)
 	for i := range n {
 		cfg := embed.NewConfig()
 		cfg.Name = fmt.Sprintf("m%d", i)
 		cfg.Dir = t.TempDir()
-		peer, client := freeURL(t), freeURL(t)
+		peer, client := urls[2*i], urls[2*i+1]
 		if tlsFiles != nil {
 			client.Scheme = "https"
 			cfg.ClientTLSInfo = transport.TLSInfo{CertFile: tlsFiles.ServerCert, KeyFile: tlsFiles.ServerKey,
@@ -75,13 +76,19 @@ func start(t testing.TB, n int, tlsFiles *TLSFiles) *Cluster {
 	return c
 }
 
-func freeURL(t testing.TB) url.URL {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+// freeURLs returns n URLs on distinct free ports: each port's listener stays open until all
+// are chosen, or the kernel may hand one port out twice.
+func freeURLs(t testing.TB, n int) []url.URL {
+	var urls []url.URL
+	for range n {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer l.Close()
+		urls = append(urls, url.URL{Scheme: "http", Host: l.Addr().String()})
 	}
-	defer l.Close()
-	return url.URL{Scheme: "http", Host: l.Addr().String()}
+	return urls
 }
 
 func (c *Cluster) start(i int) error {

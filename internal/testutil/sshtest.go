@@ -1,4 +1,3 @@
-// Package testutil holds test helpers shared by the hostagent, bastion and integration tests.
 package testutil
 
 import (

@@ -51,6 +51,7 @@ import (
 
 	"github.com/postern-dev/postern/internal/keylock"
 	"github.com/postern-dev/postern/markers"
+	"github.com/postern-dev/postern/markers/internal/groupcommit"
 )
 
 // Bounds of one transaction, under etcd's defaults (--max-txn-ops 128,
@@ -98,10 +99,8 @@ type Journal struct {
 	wg     sync.WaitGroup
 	closed atomic.Bool
 
-	// qmu guards queue and qleading: the group-commit queue (see commitQueued).
-	qmu      sync.Mutex
-	queue    []*request
-	qleading bool
+	// writes is the group-commit queue; its leader runs commitGroup.
+	writes *groupcommit.Queue[*request]
 
 	// Owned by the current commit leader.
 	head      markers.ChainPos
@@ -166,6 +165,7 @@ func Open(opts Options) (*Journal, error) {
 		log: mo.Logger.With("component", "etcdjournal"), ttl: opts.LeaseTTL, opTO: opts.OpTimeout,
 		ctx: ctx, cancel: cancel, headRev: -1, seen: map[string]seenEntry{}, written: map[string]writtenRecord{},
 	}
+	j.writes = groupcommit.New(j.commitGroup, fitOneTxn)
 	if err := j.load(); err != nil {
 		cancel()
 		return nil, err

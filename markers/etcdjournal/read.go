@@ -137,19 +137,13 @@ func (j *Journal) getMany(keys []string) ([][]byte, error) {
 	return out, nil
 }
 
-const maxPage = 1000
-
 // List returns one page of records matching q (see markers.Store.List; the cursors are the
 // same).
 func (j *Journal) List(q markers.Query) ([]*markers.Record, string, error) {
 	if err := j.readable(); err != nil {
 		return nil, "", err
 	}
-	limit := q.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	limit = min(limit, maxPage)
+	limit := q.PageSize()
 	lower, upper, prefix, err := markers.ListBounds(q)
 	if err != nil {
 		return nil, "", err
@@ -170,11 +164,7 @@ func (j *Journal) List(q markers.Query) ([]*markers.Record, string, error) {
 		}
 		keys := make([]string, 0, len(resp.Kvs))
 		for _, kv := range resp.Kvs {
-			k := kv.Key[len(j.prefix):]
-			id := markers.TimeKeyID(k)
-			if prefix != nil {
-				id = string(k[len(prefix):])
-			}
+			id := markers.ListedID(kv.Key[len(j.prefix):], prefix)
 			keys = append(keys, j.key(markers.RecordKey(id)))
 		}
 		vals, err := j.getMany(keys)
@@ -193,12 +183,9 @@ func (j *Journal) List(q markers.Query) ([]*markers.Record, string, error) {
 			if err != nil {
 				return nil, "", err
 			}
-			if q.Actor != "" && rec.Actor != q.Actor ||
-				!q.Since.IsZero() && rec.CreatedAt.Before(q.Since) ||
-				!q.Until.IsZero() && !rec.CreatedAt.Before(q.Until) {
-				continue
+			if q.Selects(rec) {
+				out = append(out, rec)
 			}
-			out = append(out, rec)
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			return out, "", nil
@@ -275,15 +262,11 @@ func (j *Journal) Runs(q markers.RunQuery) ([]*markers.Run, error) {
 	if err := j.readable(); err != nil {
 		return nil, err
 	}
-	limit := q.Limit
-	if limit <= 0 {
-		limit = 100
-	}
-	limit = min(limit, maxPage)
+	limit := q.PageSize()
 	f := markers.RunTimeFamily
 	ctx, cancel := j.opCtx()
 	resp, err := j.kv.Get(ctx, j.key(f.Start), clientv3.WithRange(j.key(f.End)),
-		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(maxPage)))
+		clientv3.WithSort(clientv3.SortByKey, clientv3.SortDescend), clientv3.WithLimit(int64(markers.MaxPage)))
 	cancel()
 	if err != nil {
 		return nil, j.wrap("runs", err)

@@ -12,6 +12,7 @@ import (
 	clientv3 "go.etcd.io/etcd/client/v3"
 
 	"github.com/postern-dev/postern/markers"
+	"github.com/postern-dev/postern/markers/internal/groupcommit"
 )
 
 // errStale: a compare of the request failed (another replica wrote the record or an index
@@ -20,6 +21,7 @@ var errStale = errors.New("etcdjournal: stale read")
 
 // request is one write waiting for the group commit.
 type request struct {
+	groupcommit.Waiter
 	w *markers.Write // nil for a checkpoint-only request
 	// conds are the mod_revisions the write was planned on (0: absent).
 	conds []cond
@@ -28,7 +30,6 @@ type request struct {
 	seal  bool
 	// refresh reads the chain head before committing (a seal of what other replicas wrote).
 	refresh bool
-	done    chan error
 }
 
 type cond struct {
@@ -41,46 +42,13 @@ type ownerOp struct {
 	lease    clientv3.LeaseID
 }
 
-// commitQueued queues req and leads group commits until req is done (the same hand-off as
-// the Pebble store's: a lone writer commits on its own goroutine).
+// commitQueued commits req through the group-commit queue (a lone writer commits on its own
+// goroutine) and returns its answer.
 func (j *Journal) commitQueued(req *request) error {
 	if j.opts.ReadOnly {
 		return markers.ErrReadOnly
 	}
-	req.done = make(chan error, 1)
-	j.qmu.Lock()
-	j.queue = append(j.queue, req)
-	if j.qleading {
-		j.qmu.Unlock()
-		if err := <-req.done; err != errLead {
-			return err
-		}
-		j.qmu.Lock()
-	}
-	j.qleading = true
-	group := j.takeGroup()
-	j.qmu.Unlock()
-
-	j.commitGroup(group)
-
-	j.qmu.Lock()
-	if len(j.queue) > 0 {
-		j.queue[0].done <- errLead
-	} else {
-		j.qleading = false
-	}
-	j.qmu.Unlock()
-	return <-req.done
-}
-
-var errLead = errors.New("etcdjournal: lead the next commit")
-
-// takeGroup takes the queued requests that fit one transaction (at least one); the caller
-// holds qmu.
-func (j *Journal) takeGroup() []*request {
-	group := []*request{j.queue[0]}
-	j.queue = j.queue[1:]
-	return append(group, j.takeMore(group)...)
+	return j.writes.Commit(req)
 }
 
 // cost estimates a request's operations and bytes in a transaction.
@@ -102,7 +70,7 @@ func (r *request) cost() (ops, size int) {
 func (j *Journal) commitGroup(group []*request) {
 	if j.closed.Load() {
 		for _, r := range group {
-			r.done <- markers.ErrClosed
+			r.Answer(markers.ErrClosed)
 		}
 		return
 	}
@@ -134,38 +102,34 @@ func (j *Journal) commitGroup(group []*request) {
 		// not collide again in lockstep), and take the writes queued meanwhile into the
 		// retry: under contention each successful transaction carries more.
 		time.Sleep(time.Duration(rand.Int64N(int64(conflictJitter))))
-		j.qmu.Lock()
-		group = append(retry, j.takeMore(retry)...)
-		j.qmu.Unlock()
+		group = append(retry, j.writes.More(retry)...)
 	}
 }
 
 // conflictJitter bounds the pause after losing the chain head to another replica.
 const conflictJitter = 2 * time.Millisecond
 
-// takeMore takes queued requests that fit one transaction with group; the caller holds qmu.
-func (j *Journal) takeMore(group []*request) []*request {
+// fitOneTxn says how many of pending (a prefix) fit one transaction with group.
+func fitOneTxn(group, pending []*request) int {
 	ops, size := 2, 0
 	for _, r := range group {
 		o, b := r.cost()
 		ops, size = ops+o, size+b
 	}
 	n := 0
-	for n < len(j.queue) {
-		o, b := j.queue[n].cost()
+	for n < len(pending) {
+		o, b := pending[n].cost()
 		if ops+o > MaxTxnOps || size+b > MaxTxnBytes {
 			break
 		}
 		ops, size, n = ops+o, size+b, n+1
 	}
-	more := j.queue[:n:n]
-	j.queue = append([]*request(nil), j.queue[n:]...)
-	return more
+	return n
 }
 
 func (j *Journal) failAll(group []*request, err error) {
 	for _, r := range group {
-		r.done <- err
+		r.Answer(err)
 	}
 }
 
@@ -189,7 +153,7 @@ func (j *Journal) tryCommit(group []*request) ([]*request, error) {
 		events, next, err := r.w.Chain(head)
 		if err != nil {
 			committed = committed[:len(committed)-1]
-			r.done <- err
+			r.Answer(err)
 			continue
 		}
 		for _, c := range r.conds {
@@ -284,7 +248,7 @@ func (j *Journal) tryCommit(group []*request) ([]*request, error) {
 		}
 		switch {
 		case !fresh:
-			r.done <- errStale
+			r.Answer(errStale)
 		default:
 			retry = append(retry, r)
 		}

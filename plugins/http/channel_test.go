@@ -84,28 +84,14 @@ func (j *fakeJournal) kinds() string {
 // newChannel returns a channel whose log output is checked for the secret when the test ends.
 func newChannel(t *testing.T, tlsConfig *tls.Config) *httpchannel.Channel {
 	t.Helper()
-	var mu sync.Mutex
-	var logs bytes.Buffer
-	logger := slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	var logs testutil.LockedBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	t.Cleanup(func() {
-		mu.Lock()
-		defer mu.Unlock()
 		if strings.Contains(logs.String(), secret) {
 			t.Errorf("the secret appears in the channel's log:\n%s", logs.String())
 		}
 	})
 	return httpchannel.New(httpchannel.Options{Logger: logger, TLSConfig: tlsConfig})
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.w.Write(p)
 }
 
 func action(id, url string) plugins.HTTPAction {

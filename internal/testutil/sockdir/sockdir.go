@@ -3,7 +3,7 @@
 // systems) or bind fails with EINVAL; t.TempDir names its directory after the test, so a
 // subtest with a long name, under a TMPDIR longer than /tmp, overflows it. It imports
 // nothing of Postern, so the bastion's and the hostagent's own tests can use it
-// (internal/testutil imports them).
+// (the harness imports it).
 package sockdir
 
 import (

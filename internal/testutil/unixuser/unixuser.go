@@ -1,6 +1,6 @@
 // Package unixuser makes throwaway local accounts for tests that need a peer of another uid
 // (tests run as root), and places to put what those accounts must reach. It imports nothing
-// of Postern, so the bastion's own packages can use it (internal/testutil imports them).
+// of Postern, so the bastion's own packages can use it.
 package unixuser
 
 import (

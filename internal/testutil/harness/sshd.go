@@ -1,20 +1,20 @@
-package testutil
+package harness
 
 import (
-	"bytes"
 	"net"
 	"os"
 	"os/exec"
 	"os/user"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 // sshdPath is Debian's OpenSSH server, the baseline the bastion benchmarks compare with.
@@ -35,13 +35,11 @@ const privsepDir = "/run/sshd"
 type SSHD struct {
 	Addr, Port, Account string
 	HostKey             gossh.PublicKey
-	ClientKey           SSHKey
+	ClientKey           testutil.SSHKey
 	// KnownHosts pins HostKey for Addr; Identity is ClientKey's private key file.
 	KnownHosts, Identity string
 
-	mu   sync.Mutex // guards cmd and logs
-	cmd  *exec.Cmd
-	logs bytes.Buffer
+	logs testutil.LockedBuffer // sshd's stdout and stderr
 }
 
 // StartSSHD starts /usr/sbin/sshd -D -e with a config in a temp dir and waits until it
@@ -77,15 +75,15 @@ func StartSSHDWith(t testing.TB, opts SSHDOptions) *SSHD {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	hostKey, clientKey := NewSSHKey(t), NewSSHKey(t)
-	s := &SSHD{Addr: FreeAddr(t), Account: u.Username, HostKey: hostKey.Public(), ClientKey: clientKey}
+	hostKey, clientKey := testutil.NewSSHKey(t), testutil.NewSSHKey(t)
+	s := &SSHD{Addr: testutil.FreeAddr(t), Account: u.Username, HostKey: hostKey.Public(), ClientKey: clientKey}
 	if opts.Account != "" {
 		s.Account = opts.Account
 	}
 	_, s.Port, _ = net.SplitHostPort(s.Addr)
 	hostKeyPath := hostKey.WritePrivateKey(t, filepath.Join(dir, "ssh_host_ed25519_key"))
 	s.Identity = clientKey.WritePrivateKey(t, filepath.Join(dir, "id_ed25519"))
-	s.KnownHosts = WriteKnownHosts(t, filepath.Join(dir, "known_hosts"), s.Addr, s.HostKey)
+	s.KnownHosts = testutil.WriteKnownHosts(t, filepath.Join(dir, "known_hosts"), s.Addr, s.HostKey)
 	authorizedLines := append([]string{clientKey.AuthorizedLine()}, opts.AuthorizedKeys...)
 	authorized := filepath.Join(dir, "authorized_keys")
 	var setHome string
@@ -95,14 +93,14 @@ func StartSSHDWith(t testing.TB, opts SSHDOptions) *SSHD {
 			t.Fatal(err)
 		}
 		setHome = "SetEnv HOME=" + home
-		WriteAuthorizedKeys(t, authorized, authorizedLines...)
+		testutil.WriteAuthorizedKeys(t, authorized, authorizedLines...)
 	} else {
 		authorized = "%h/.ssh/authorized_keys"
 		sshDir := filepath.Join(opts.Home, ".ssh")
 		if err := os.MkdirAll(sshDir, 0o700); err != nil {
 			t.Fatal(err)
 		}
-		WriteAuthorizedKeys(t, filepath.Join(sshDir, "authorized_keys"), authorizedLines...)
+		testutil.WriteAuthorizedKeys(t, filepath.Join(sshDir, "authorized_keys"), authorizedLines...)
 		for _, p := range []string{sshDir, filepath.Join(sshDir, "authorized_keys")} {
 			if err := os.Chown(p, opts.UID, opts.GID); err != nil {
 				t.Fatal(err)
@@ -133,12 +131,10 @@ func StartSSHDWith(t testing.TB, opts SSHDOptions) *SSHD {
 	}
 	cmd := exec.Command(sshdPath, "-D", "-e", "-f", config)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
-	cmd.Stdout = &lockedWriter{mu: &s.mu, w: &s.logs}
-	cmd.Stderr = &lockedWriter{mu: &s.mu, w: &s.logs}
+	cmd.Stdout, cmd.Stderr = &s.logs, &s.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatalf("start sshd: %v", err)
 	}
-	s.cmd = cmd
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	t.Cleanup(func() {
@@ -176,8 +172,6 @@ func (s *SSHD) answers() bool {
 
 // Logs is what sshd wrote to stderr.
 func (s *SSHD) Logs() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
 	return s.logs.String()
 }
 
@@ -187,7 +181,7 @@ func (s *SSHD) Logs() string {
 func (s *SSHD) Multiplexed(t testing.TB) []string {
 	t.Helper()
 	cmDir := sockdir.New(t) // holds the control master's socket
-	args := append(OpenSSHArgs(s.KnownHosts, s.Identity, s.Port),
+	args := append(testutil.OpenSSHArgs(s.KnownHosts, s.Identity, s.Port),
 		"-o", "ControlMaster=auto",
 		"-o", "ControlPath="+filepath.Join(cmDir, "m"),
 		"-o", "ControlPersist=60",

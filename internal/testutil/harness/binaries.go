@@ -1,9 +1,7 @@
-package testutil
+package harness
 
 import (
-	"bytes"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"os/user"
@@ -11,11 +9,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	gossh "golang.org/x/crypto/ssh"
-	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
 var binaries struct {
@@ -63,40 +61,6 @@ func CleanupBinaries() {
 	}
 }
 
-// FreeAddr returns a 127.0.0.1 address with a port that was free a moment ago.
-func FreeAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
-// ClosedAddr returns a 127.0.0.1 address where connections are refused until release is
-// called: a socket bound to it but not listening holds the port, so no server started
-// meanwhile (the test's own, on port 0) can be given it, as one could a FreeAddr's. Call
-// release just before something is to listen there.
-func ClosedAddr(t testing.TB) (addr string, release func()) {
-	t.Helper()
-	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM|unix.SOCK_CLOEXEC, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var once sync.Once
-	release = func() { once.Do(func() { unix.Close(fd) }) }
-	t.Cleanup(release)
-	if err := unix.Bind(fd, &unix.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
-		t.Fatal(err)
-	}
-	sa, err := unix.Getsockname(fd)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return fmt.Sprintf("127.0.0.1:%d", sa.(*unix.SockaddrInet4).Port), release
-}
-
 // Hostagent is a postern-hostagent process on 127.0.0.1 with its own data dir, one
 // authorized client key and the current user as the allowed account.
 type Hostagent struct {
@@ -104,7 +68,7 @@ type Hostagent struct {
 	// next to it).
 	Bin                                     string
 	Addr, Dir, DataDir, ConfigPath, Account string
-	ClientKey                               SSHKey
+	ClientKey                               testutil.SSHKey
 	HostKey                                 gossh.PublicKey
 
 	daemon
@@ -134,11 +98,11 @@ func NewHostagentFor(t testing.TB, accounts []string, extraConfig ...string) *Ho
 	t.Helper()
 	dir := sockdir.New(t) // the data dir holds the control socket
 	h := &Hostagent{
-		Addr: FreeAddr(t), Dir: dir, DataDir: filepath.Join(dir, "data"),
-		ConfigPath: filepath.Join(dir, "hostagent.toml"), Account: accounts[0], ClientKey: NewSSHKey(t),
+		Addr: testutil.FreeAddr(t), Dir: dir, DataDir: filepath.Join(dir, "data"),
+		ConfigPath: filepath.Join(dir, "hostagent.toml"), Account: accounts[0], ClientKey: testutil.NewSSHKey(t),
 		daemon: daemon{what: "hostagent"},
 	}
-	WriteAuthorizedKeys(t, h.AuthorizedKeysPath(), h.ClientKey.AuthorizedLine())
+	testutil.WriteAuthorizedKeys(t, h.AuthorizedKeysPath(), h.ClientKey.AuthorizedLine())
 	quoted := make([]string, len(accounts))
 	for i, a := range accounts {
 		quoted[i] = fmt.Sprintf("%q", a)
@@ -182,28 +146,5 @@ func (h *Hostagent) Start(t testing.TB) {
 // Dial connects as the allowed account with the client key.
 func (h *Hostagent) Dial(t testing.TB) *gossh.Client {
 	t.Helper()
-	return MustDialSSH(t, h.Addr, h.Account, h.HostKey, gossh.PublicKeys(h.ClientKey.Signer))
-}
-
-// WaitFor polls cond until it holds or the deadline passes (generous, for busy machines).
-func WaitFor(t testing.TB, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (l *lockedWriter) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.w.Write(p)
+	return testutil.MustDialSSH(t, h.Addr, h.Account, h.HostKey, gossh.PublicKeys(h.ClientKey.Signer))
 }

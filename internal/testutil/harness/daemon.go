@@ -1,13 +1,14 @@
-package testutil
+package harness
 
 import (
 	"bufio"
-	"bytes"
 	"os/exec"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
+
+	"github.com/postern-dev/postern/internal/testutil"
 )
 
 // daemon is a long-running helper process (a hostagent, a bastion) started from a built
@@ -16,9 +17,10 @@ import (
 type daemon struct {
 	what string // for messages: "hostagent", "bastion"
 
-	mu   sync.Mutex // guards cmd and logs
-	cmd  *exec.Cmd
-	logs bytes.Buffer
+	mu  sync.Mutex // guards cmd
+	cmd *exec.Cmd
+
+	logs testutil.LockedBuffer // the process's stderr
 }
 
 // start runs bin with args and waits for the ready line.
@@ -30,7 +32,7 @@ func (d *daemon) start(t testing.TB, ready, bin string, args ...string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stderr = &lockedWriter{mu: &d.mu, w: &d.logs}
+	cmd.Stderr = &d.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -91,7 +93,5 @@ func (d *daemon) PID() int {
 
 // Logs is what the process wrote to stderr.
 func (d *daemon) Logs() string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
 	return d.logs.String()
 }

@@ -1,4 +1,4 @@
-package testutil
+package harness
 
 import (
 	"context"
@@ -17,6 +17,7 @@ import (
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
@@ -29,7 +30,7 @@ type Bastion struct {
 	// Tokens are the bearer tokens by actor name.
 	Tokens map[string]string
 	// ClientKey is the bastion's SSH key (hostagents from NewHostagent authorize it).
-	ClientKey SSHKey
+	ClientKey testutil.SSHKey
 
 	daemon
 }
@@ -37,11 +38,11 @@ type Bastion struct {
 // NewBastion prepares a bastion (config, state dir, client key) without starting it. It
 // authenticates to hostagents with key, the ClientKey of the hostagents it will enroll.
 // extraConfig lines (settings, then any tables) are added to the TOML config.
-func NewBastion(t testing.TB, key SSHKey, extraConfig ...string) *Bastion {
+func NewBastion(t testing.TB, key testutil.SSHKey, extraConfig ...string) *Bastion {
 	t.Helper()
 	dir := sockdir.New(t) // holds the MCP and operator sockets
 	b := &Bastion{
-		Dir: dir, ConfigPath: filepath.Join(dir, "postern.toml"), Addr: FreeAddr(t),
+		Dir: dir, ConfigPath: filepath.Join(dir, "postern.toml"), Addr: testutil.FreeAddr(t),
 		Tokens: map[string]string{}, ClientKey: key, daemon: daemon{what: "bastion"},
 	}
 	stateDir := filepath.Join(dir, "state")
