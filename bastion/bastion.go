@@ -13,6 +13,7 @@ import (
 	"github.com/postern-dev/postern/bastion/delivery"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
+	"github.com/postern-dev/postern/bastion/journal"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/keylock"
 	"github.com/postern-dev/postern/internal/privdir"
@@ -106,13 +107,13 @@ func Open(opts Options) (*Bastion, error) {
 	if err != nil {
 		return nil, err
 	}
-	journal, err := openJournal(cfg, signer, cls.Retention(), opts.Logger, opts.Now)
+	jl, err := journal.Open(cfg, signer, cls.Retention(), opts.Logger, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("bastion: open journal: %w", err)
 	}
 	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: clientKey, Logger: opts.Logger})
 	if err != nil {
-		journal.Close()
+		jl.Close()
 		return nil, err
 	}
 	var plugin *plugins.Manager
@@ -120,13 +121,13 @@ func Open(opts Options) (*Bastion, error) {
 		plugin, err = plugins.NewManager(plugins.ManagerOptions{Path: cfg.HTTPPlugin.Path, SHA256: cfg.HTTPPlugin.SHA256, Logger: opts.Logger.With("component", "http-plugin")})
 		if err != nil {
 			pool.Close()
-			journal.Close()
+			jl.Close()
 			return nil, fmt.Errorf("bastion: http plugin: %w", err)
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Bastion{
-		cfg: cfg, log: opts.Logger, now: opts.Now, journal: journal, fp: fp, inv: inv, pool: pool,
+		cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
 		classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin, policy: pol,
 		ctx: ctx, cancel: cancel, drivers: map[string]*driver{}, cancels: map[string]bool{}, slotFreed: make(chan struct{}),
 	}

@@ -11,8 +11,8 @@ import (
 	"path/filepath"
 	"strings"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/journal"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
@@ -118,7 +118,7 @@ func exportOffline(cfg config.Config, w io.Writer) error {
 	if _, err := os.Stat(cfg.JournalDir()); err != nil && !cfg.Journal.Etcd() {
 		return fmt.Errorf("no journal to export: %w", err)
 	}
-	store, err := bastion.OpenJournalReadOnly(cfg, quiet)
+	store, err := journal.OpenReadOnly(cfg, quiet)
 	if err != nil {
 		return err
 	}

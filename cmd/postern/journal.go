@@ -8,8 +8,8 @@ import (
 	"fmt"
 	"iter"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/journal"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
 )
@@ -56,11 +56,11 @@ func (c *journalCommand) copy(ctx context.Context, args []string) error {
 	var src, dst markers.JournalStore
 	switch *to {
 	case "etcd":
-		if src, err = bastion.OpenJournalReadOnly(pebbleCfg, quiet); err != nil {
+		if src, err = journal.OpenReadOnly(pebbleCfg, quiet); err != nil {
 			return fmt.Errorf("open the Pebble journal %s: %w", cfg.JournalDir(), err)
 		}
 		defer src.Close()
-		if dst, err = bastion.OpenJournalReadOnly(cfg, quiet); err != nil {
+		if dst, err = journal.OpenReadOnly(cfg, quiet); err != nil {
 			return err
 		}
 		defer dst.Close()
@@ -72,14 +72,14 @@ func (c *journalCommand) copy(ctx context.Context, args []string) error {
 		}
 		n, err = importer.Import(src.(markers.RawJournal).Raw())
 	case "pebble":
-		if src, err = bastion.OpenJournalReadOnly(cfg, quiet); err != nil {
+		if src, err = journal.OpenReadOnly(cfg, quiet); err != nil {
 			return err
 		}
 		defer src.Close()
 		if n, err = markers.ImportRaw(cfg.JournalDir(), markers.Options{Graph: markers.JournalGraph, Logger: quiet}, src.(markers.RawJournal).Raw()); err != nil {
 			return err
 		}
-		if dst, err = bastion.OpenJournalReadOnly(pebbleCfg, quiet); err != nil {
+		if dst, err = journal.OpenReadOnly(pebbleCfg, quiet); err != nil {
 			return err
 		}
 		defer dst.Close()

@@ -1,4 +1,7 @@
-package bastion
+// Package journal opens the bastion's journal on the backend its config chooses: Pebble in
+// the state dir (one bastion), or etcd (replicas serving one fleet; docs/replicas.md). The
+// journal itself is markers.JournalStore; this package only connects it.
+package journal
 
 import (
 	"errors"
@@ -17,8 +20,8 @@ import (
 	"github.com/postern-dev/postern/markers/etcdjournal"
 )
 
-// openJournal opens the configured journal.
-func openJournal(cfg config.Config, signer note.Signer, retention map[string]time.Duration, log *slog.Logger, now func() time.Time) (markers.JournalStore, error) {
+// Open opens the configured journal for the daemon.
+func Open(cfg config.Config, signer note.Signer, retention map[string]time.Duration, log *slog.Logger, now func() time.Time) (markers.JournalStore, error) {
 	mo := markers.Options{
 		Graph:         markers.JournalGraph,
 		Signer:        signer,
@@ -34,7 +37,7 @@ func openJournal(cfg config.Config, signer note.Signer, retention map[string]tim
 	if !cfg.Journal.Etcd() {
 		return markers.Open(cfg.JournalDir(), mo)
 	}
-	return OpenEtcdJournal(cfg.Journal, mo)
+	return OpenEtcd(cfg.Journal, mo)
 }
 
 // etcdJournal is the etcd journal with the client it owns.
@@ -45,9 +48,9 @@ type etcdJournal struct {
 
 func (e etcdJournal) Close() error { return errors.Join(e.Journal.Close(), e.cli.Close()) }
 
-// OpenEtcdJournal connects to the etcd cluster of jc and opens the journal under its prefix
+// OpenEtcd connects to the etcd cluster of jc and opens the journal under its prefix
 // (read-only with mo.ReadOnly: for verify and copy). It fails if no quorum answers in time.
-func OpenEtcdJournal(jc config.Journal, mo markers.Options) (markers.JournalStore, error) {
+func OpenEtcd(jc config.Journal, mo markers.Options) (markers.JournalStore, error) {
 	cc := clientv3.Config{Endpoints: jc.Endpoints, DialTimeout: orDefault(jc.Timeout, 5*time.Second), Logger: zap.NewNop()}
 	if jc.CAFile != "" || jc.CertFile != "" {
 		tlsInfo := transport.TLSInfo{TrustedCAFile: jc.CAFile, CertFile: jc.CertFile, KeyFile: jc.KeyFile}
@@ -85,13 +88,13 @@ func orDefault[T comparable](v, def T) T {
 	return v
 }
 
-// OpenJournalReadOnly opens the configured journal for reading (export, verify, copy) while
+// OpenReadOnly opens the configured journal for reading (export, verify, copy) while
 // no bastion of this state dir serves (Pebble locks its dir); an etcd journal may be read
 // while replicas serve it.
-func OpenJournalReadOnly(cfg config.Config, log *slog.Logger) (markers.JournalStore, error) {
+func OpenReadOnly(cfg config.Config, log *slog.Logger) (markers.JournalStore, error) {
 	mo := markers.Options{ReadOnly: true, Graph: markers.JournalGraph, Logger: log}
 	if cfg.Journal.Etcd() {
-		return OpenEtcdJournal(cfg.Journal, mo)
+		return OpenEtcd(cfg.Journal, mo)
 	}
 	return markers.Open(cfg.JournalDir(), mo)
 }

@@ -1,4 +1,4 @@
-package bastion
+package journal
 
 import (
 	"context"
@@ -29,7 +29,7 @@ func TestEtcdJournalOverTLS(t *testing.T) {
 	if err := cfg.Validate(); err != nil {
 		t.Fatal(err)
 	}
-	j, err := OpenEtcdJournal(jc, markers.Options{Graph: markers.JournalGraph, Signer: signer})
+	j, err := OpenEtcd(jc, markers.Options{Graph: markers.JournalGraph, Signer: signer})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -43,7 +43,7 @@ func TestEtcdJournalOverTLS(t *testing.T) {
 
 	noCert := jc
 	noCert.CertFile, noCert.KeyFile = "", ""
-	if j, err := OpenEtcdJournal(noCert, markers.Options{Graph: markers.JournalGraph, Signer: signer}); err == nil {
+	if j, err := OpenEtcd(noCert, markers.Options{Graph: markers.JournalGraph, Signer: signer}); err == nil {
 		j.Close()
 		t.Fatal("a client without a certificate opened the journal")
 	}
