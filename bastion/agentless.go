@@ -18,6 +18,7 @@ import (
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/bastion/verdict"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/ctxtime"
 	"github.com/postern-dev/postern/markers"
@@ -27,7 +28,7 @@ import (
 // pooled connection to a stock sshd, as one line (package agentless) that runs them under
 // the marker script (fleet.GuaranteeMarkerScript) or bare (fleet.GuaranteeNone). The journal gives them
 // the same execution identity; what the host can tell after a lost connection is what
-// reconcileByLevel decides on.
+// verdict.ReconcileByLevel decides on.
 
 // checkStockCall refuses what a host without the hostagent cannot honour, before anything is
 // journaled: operation keys (the hostagent keeps them), commands too long for one line, and
@@ -69,12 +70,12 @@ func (b *Bastion) driveStock(d *driver, log *slog.Logger, host fleet.Host) {
 		if b.ctx.Err() != nil {
 			return // shutting down: the host goes on; the next start reconciles
 		}
-		act := stockExecVerdict(host.Level(), host.Name, a)
+		act := verdict.StockExecVerdict(host.Level(), host.Name, a)
 		if !b.conclude(d, act.Verdict) {
 			return
 		}
 		switch {
-		case act.Do == watch:
+		case act.Do == verdict.Watch:
 			b.watchStock(d, log, host)
 			return
 		case !act.Verdict.Again:
@@ -90,10 +91,10 @@ func (b *Bastion) driveStock(d *driver, log *slog.Logger, host fleet.Host) {
 			return
 		}
 		switch b.reconcileStock(d, log, host) {
-		case watch:
+		case verdict.Watch:
 			b.watchStock(d, log, host)
 			return
-		case redispatch:
+		case verdict.Redispatch:
 		default:
 			return
 		}
@@ -101,21 +102,21 @@ func (b *Bastion) driveStock(d *driver, log *slog.Logger, host fleet.Host) {
 }
 
 // reconcileStock reads what the host can tell about the execution, journals
-// reconcileByLevel's verdict and returns what the driver is to do: exec again (redispatch:
+// verdict.ReconcileByLevel's verdict and returns what the driver is to do: exec again (redispatch:
 // the marker script has no marker, so the command never started), watch the marker, or
 // nothing more (settle, also when the verdict could not be journaled).
-func (b *Bastion) reconcileStock(d *driver, log *slog.Logger, host fleet.Host) reconcileDo {
+func (b *Bastion) reconcileStock(d *driver, log *slog.Logger, host fleet.Host) verdict.Do {
 	rec := d.record()
-	var st levelStatus
+	var st verdict.LevelStatus
 	if host.Level() == fleet.GuaranteeMarkerScript {
 		w, err := b.askStock(host, rec.ID)
 		if err != nil {
 			b.unreachable(d, log, "the marker script on "+host.Name, err)
-			return settle
+			return verdict.Settle
 		}
 		st.Wrapper = w
 	}
-	act := reconcileByLevel(host.Level(), rec, b.now(), host.Name, st, b.cancelRequested(rec.ID))
+	act := verdict.ReconcileByLevel(host.Level(), rec, b.now(), host.Name, st, b.cancelRequested(rec.ID))
 	answer := string(st.Wrapper.State)
 	if answer == "" {
 		answer = "no_marker"
@@ -123,7 +124,7 @@ func (b *Bastion) reconcileStock(d *driver, log *slog.Logger, host fleet.Host) r
 	b.metrics.reconciled.WithLabelValues(answer).Inc()
 	log.Info("reconciled with host", "guarantee", host.Level(), "marker", answer, "action", act.Do, "note", act.Verdict.Note)
 	if !b.conclude(d, act.Verdict) {
-		return settle
+		return verdict.Settle
 	}
 	return act.Do
 }
@@ -146,13 +147,13 @@ func (b *Bastion) watchStock(d *driver, log *slog.Logger, host fleet.Host) {
 			b.unreachable(d, log, "the marker script on "+host.Name, err)
 			return
 		}
-		act := reconcileByLevel(host.Level(), d.record(), b.now(), host.Name, levelStatus{Wrapper: w}, b.cancelRequested(d.id))
-		if act.Do == redispatch {
+		act := verdict.ReconcileByLevel(host.Level(), d.record(), b.now(), host.Name, verdict.LevelStatus{Wrapper: w}, b.cancelRequested(d.id))
+		if act.Do == verdict.Redispatch {
 			// The marker vanished while it was watched: something removed it on the host.
-			act = reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			act = verdict.Action{Do: verdict.Settle, Verdict: verdict.Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
 				"the marker script's marker on %s vanished while the command ran; it is not sent again — review required", host.Name)}}
 		}
-		if !b.conclude(d, act.Verdict) || act.Do != watch {
+		if !b.conclude(d, act.Verdict) || act.Do != verdict.Watch {
 			return
 		}
 	}
@@ -185,11 +186,11 @@ func askMarkerScript(ctx context.Context, pool *fleet.Pool, host fleet.Host, id 
 }
 
 // execStock sends the execution to its stock sshd and returns how the exec ended.
-func (b *Bastion) execStock(d *driver, host fleet.Host) stockAnswer {
+func (b *Bastion) execStock(d *driver, host fleet.Host) verdict.StockAnswer {
 	rec := d.record()
 	conn, err := b.pool.Conn(b.ctx, host)
 	if err != nil {
-		return stockAnswer{Err: err}
+		return verdict.StockAnswer{Err: err}
 	}
 	d.stdout.restart()
 	d.stderr.restart()
@@ -217,7 +218,7 @@ func (b *Bastion) execStock(d *driver, host fleet.Host) stockAnswer {
 		b.pool.Invalidate(host.Name, conn)
 	}
 	// The stderr copy ended before runStock returned: answer is written.
-	return stockAnswer{Sent: res.Sent, Refused: res.Refused, Answer: answer, Exit: res.Exit, Signal: res.Signal, Err: res.Err, Stderr: lastLine(d.stderr), Unreadable: stderr.Unreadable()}
+	return verdict.StockAnswer{Sent: res.Sent, Refused: res.Refused, Answer: answer, Exit: res.Exit, Signal: res.Signal, Err: res.Err, Stderr: lastLine(d.stderr), Unreadable: stderr.Unreadable()}
 }
 
 // stockResult is how one exec channel on a stock sshd ended.

@@ -9,6 +9,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/verdict"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -74,22 +75,8 @@ func (b *Bastion) PendingApprovals(limit int) ([]*markers.Record, error) {
 	return recs, err
 }
 
-// reviewable reports whether an operator may record the outcome of an execution in state:
-// one whose outcome is unknown, or one in flight (dispatched, running) that no driver carries
-// any more — its driver stopped, for instance on a failed journal write, so nothing else
-// would ever settle it.
-func reviewable(state markers.State, driven bool) bool {
-	switch state {
-	case markers.Unknown:
-		return true
-	case markers.Dispatched, markers.Running:
-		return !driven
-	}
-	return false
-}
-
 // Review records what an operator verified about an execution whose outcome Postern cannot
-// settle (reviewable): "completed" (it took effect) or "not-run" (it did not: only this permits
+// settle (verdict.Reviewable): "completed" (it took effect) or "not-run" (it did not: only this permits
 // a new execution of the same intent, since a failed execution no longer matches).
 func (b *Bastion) Review(ctx context.Context, operator, id, outcome, note string) (*markers.Record, error) {
 	if err := checkNote("note", note, true); err != nil {
@@ -113,7 +100,7 @@ func (b *Bastion) Review(ctx context.Context, operator, id, outcome, note string
 		return nil, journalError(err)
 	}
 	driven := b.liveDriver(id) != nil
-	if !reviewable(cur.State, driven) {
+	if !verdict.Reviewable(cur.State, driven) {
 		why := "Postern is still carrying it to an outcome (cancel it, or wait)"
 		switch {
 		case markers.JournalGraph.Terminal(cur.State):

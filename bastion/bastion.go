@@ -166,7 +166,7 @@ func (b *Bastion) Close() error {
 // before the bastion serves. It waits until each has been asked about once (or ctx ends);
 // commands still running stay attached in the background. It never re-dispatches except an
 // execution whose host has no marker for it and that is younger than the host's marker
-// retention (reconcileOn).
+// retention (verdict.ReconcileOn).
 func (b *Bastion) Recover(ctx context.Context) error {
 	var pending []*driver
 	for _, st := range []markers.State{markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running, markers.Unknown} {

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/bastion/verdict"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/ctxtime"
 	"github.com/postern-dev/postern/markers"
@@ -210,11 +211,11 @@ func (b *Bastion) drive(d *driver, asked func()) {
 	if err != nil {
 		note := "host " + rec.Host + " is no longer in the inventory: " + err.Error()
 		if rec.State == markers.Accepted || rec.State == markers.Authorized {
-			b.conclude(d, verdict{To: markers.Failed, Note: note + "; nothing was dispatched"})
+			b.conclude(d, verdict.Verdict{To: markers.Failed, Note: note + "; nothing was dispatched"})
 			return
 		}
 		log.Warn("execution outcome unknown", "why", note)
-		b.conclude(d, verdict{To: markers.Unknown, Note: note})
+		b.conclude(d, verdict.Verdict{To: markers.Unknown, Note: note})
 		return
 	}
 	switch {
@@ -228,7 +229,7 @@ func (b *Bastion) drive(d *driver, asked func()) {
 		cancel()
 		if err != nil {
 			if b.ctx.Err() == nil {
-				b.conclude(d, verdict{To: markers.Failed, Note: fmt.Sprintf("could not connect to %s, nothing was sent: %v", host.Name, err)})
+				b.conclude(d, verdict.Verdict{To: markers.Failed, Note: fmt.Sprintf("could not connect to %s, nothing was sent: %v", host.Name, err)})
 			}
 			return
 		}
@@ -246,10 +247,10 @@ func (b *Bastion) drive(d *driver, asked func()) {
 	case host.Level() != fleet.GuaranteeHostagent:
 		do := b.reconcileStock(d, log, host)
 		asked()
-		if do == watch {
+		if do == verdict.Watch {
 			b.watchStock(d, log, host)
 		}
-		if do != redispatch {
+		if do != verdict.Redispatch {
 			return
 		}
 	default:
@@ -280,7 +281,7 @@ func (b *Bastion) drive(d *driver, asked func()) {
 	}
 }
 
-// reconcile asks the host about the execution and carries out reconcileOn's decision. It
+// reconcile asks the host about the execution and carries out verdict.ReconcileOn's decision. It
 // returns true when the driver is to exec: re-dispatch (the host has no marker, so it never
 // started) or attach (the host has a marker).
 func (b *Bastion) reconcile(d *driver, log *slog.Logger, host fleet.Host) bool {
@@ -290,14 +291,14 @@ func (b *Bastion) reconcile(d *driver, log *slog.Logger, host fleet.Host) bool {
 		b.unreachable(d, log, "hostagent on "+host.Name, err)
 		return false
 	}
-	act := reconcileOn(rec, b.now(), host.Name, st, b.cancelRequested(rec.ID))
+	act := verdict.ReconcileOn(rec, b.now(), host.Name, st, b.cancelRequested(rec.ID))
 	answer := "absent"
 	if st.Marker != nil {
 		answer = string(st.Marker.State)
 	}
 	b.metrics.reconciled.WithLabelValues(answer).Inc()
 	log.Info("reconciled with host", "marker", answer, "action", act.Do, "note", act.Verdict.Note)
-	return b.conclude(d, act.Verdict) && act.Do != settle
+	return b.conclude(d, act.Verdict) && act.Do != verdict.Settle
 }
 
 // unreachable journals that who (the host's hostagent or marker script) could not be asked
@@ -306,30 +307,30 @@ func (b *Bastion) unreachable(d *driver, log *slog.Logger, who string, err error
 	b.metrics.reconciled.WithLabelValues("unreachable").Inc()
 	note := fmt.Sprintf("%s could not be asked (%v); the outcome stays unknown until it can be", who, err)
 	log.Warn("execution outcome unknown", "why", note)
-	b.conclude(d, verdict{To: markers.Unknown, Note: note})
+	b.conclude(d, verdict.Verdict{To: markers.Unknown, Note: note})
 }
 
 // askHost returns the host's status answer about id: its marker (nil if it has none) and
 // how long it keeps markers.
-func (b *Bastion) askHost(host fleet.Host, id string) (hostStatus, error) {
+func (b *Bastion) askHost(host fleet.Host, id string) (verdict.HostStatus, error) {
 	ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
 	defer cancel()
 	conn, err := b.pool.Conn(ctx, host)
 	if err != nil {
-		return hostStatus{}, err
+		return verdict.HostStatus{}, err
 	}
 	cc, err := hostproto.DialControl(conn)
 	if err != nil {
 		b.pool.Invalidate(host.Name, conn)
-		return hostStatus{}, err
+		return verdict.HostStatus{}, err
 	}
 	defer cc.Close()
 	report, err := cc.StatusReport(ctx, []string{id})
 	if err != nil {
 		b.pool.Invalidate(host.Name, conn)
-		return hostStatus{}, err
+		return verdict.HostStatus{}, err
 	}
-	st := hostStatus{Retention: report.MarkerRetention}
+	st := verdict.HostStatus{Retention: report.MarkerRetention}
 	for _, m := range report.Markers {
 		if m.ID == id {
 			st.Marker = m
@@ -454,7 +455,7 @@ func (d *driver) unjournaledStart() *hostproto.Marker {
 // It is written without an fsync (markers.NoSync): it is not one of an execution's two synced
 // writes. Losing it is harmless: a crash that loses it leaves the execution dispatched, and
 // Recover treats dispatched and running alike — it asks the host, whose marker decides
-// (reconcileOn never looks at which of the two the journal shows). The outcome's write is
+// (verdict.ReconcileOn never looks at which of the two the journal shows). The outcome's write is
 // synced and the journal's log is synced in order, so running is durable before the outcome.
 func (b *Bastion) markRunning(d *driver) {
 	m := d.unjournaledStart()
@@ -482,17 +483,17 @@ type storedResult struct {
 	StderrOffset int64  `json:"stderr_offset"`
 }
 
-// settle journals how an exec ended (execVerdict). It returns true when the outcome is
+// settle journals how an exec ended (verdict.ExecVerdict). It returns true when the outcome is
 // unknown because the answer was lost, so that asking the host again may settle it.
 func (b *Bastion) settle(d *driver, log *slog.Logger, host fleet.Host, res hostproto.Result, runErr error) (again bool) {
-	a := execAnswer{Err: runErr, ExitStatus: res.ExitStatus, ExitSignal: res.ExitSignal, Stderr: lastLine(d.stderr)}
+	a := verdict.ExecAnswer{Err: runErr, ExitStatus: res.ExitStatus, ExitSignal: res.ExitSignal, Stderr: lastLine(d.stderr)}
 	if res.First != nil {
 		a.First = res.First.Marker
 	}
 	if res.Final != nil {
 		a.Final = res.Final.Marker
 	}
-	v := execVerdict(d.id, host.Name, a)
+	v := verdict.ExecVerdict(d.id, host.Name, a)
 	if !b.conclude(d, v) {
 		return false
 	}
@@ -500,16 +501,6 @@ func (b *Bastion) settle(d *driver, log *slog.Logger, host fleet.Host, res hostp
 		log.Info("execution ended", "state", d.record().State)
 	}
 	return v.Again
-}
-
-func outcomeNote(m *hostproto.Marker) string {
-	if m.Signal != "" {
-		return "killed by " + m.Signal
-	}
-	if m.ExitCode != nil {
-		return fmt.Sprintf("exit status %d", *m.ExitCode)
-	}
-	return "exited"
 }
 
 // copyOutcome copies the outcome of the host's marker m into the journal record r: the host
@@ -533,10 +524,10 @@ func copyOutcome(r *markers.Record, m *hostproto.Marker) {
 	r.Validated = m.Validated
 }
 
-// conclude journals an SSH execution's verdict: its state (along journalPath), evidence,
+// conclude journals an SSH execution's verdict: its state (along verdict.JournalPath), evidence,
 // review flag, the host's outcome, and — for a terminal state — the captured output tail in
 // the same write. It returns false if the journal did not take it.
-func (b *Bastion) conclude(d *driver, v verdict) bool {
+func (b *Bastion) conclude(d *driver, v verdict.Verdict) bool {
 	var result []byte
 	// A refusal for an operation key keeps no output: the host's stderr names the holder,
 	// which may be another actor's execution.
@@ -566,14 +557,14 @@ func (b *Bastion) conclude(d *driver, v verdict) bool {
 	})
 }
 
-// advance journals the driver's execution moving to `to` along journalPath — or, already
+// advance journals the driver's execution moving to `to` along verdict.JournalPath — or, already
 // there, a note — with note as evidence, review as its ReviewRequired, and the stored result
 // (if any) and mutate in the same write. A start the host confirmed but the journal does not
 // show yet is written as running first. It returns false if the journal did not take it.
 func (b *Bastion) advance(d *driver, to markers.State, note string, review bool, result []byte, mutate func(*markers.Record)) bool {
 	rec := d.record()
 	started := d.unjournaledStart()
-	path := journalPath(rec.State, to, started != nil)
+	path := verdict.JournalPath(rec.State, to, started != nil)
 	review = review && to == markers.Unknown
 	if path == nil && rec.ReviewRequired == review && len(rec.Evidence) > 0 && rec.Evidence[len(rec.Evidence)-1] == note {
 		return true // nothing new to record

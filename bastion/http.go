@@ -21,6 +21,7 @@ import (
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/bastion/verdict"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
 )
@@ -307,50 +308,50 @@ func (b *Bastion) driveHTTP(d *driver, asked func()) {
 	}
 }
 
-// resolveUnknownHTTP carries out decideUnknownHTTP for an unknown HTTP execution, asking the
+// resolveUnknownHTTP carries out verdict.DecideUnknownHTTP for an unknown HTTP execution, asking the
 // endpoint's status check when its class wants one. It returns true to send it again.
 func (b *Bastion) resolveUnknownHTTP(d *driver, log interface{ Info(string, ...any) }) bool {
 	rec := d.record()
 	ep, configured := b.cfg.Endpoint(rec.Host)
-	act := decideUnknownHTTP(rec, configured, nil)
+	act := verdict.DecideUnknownHTTP(rec, configured, nil)
 	var checked *plugins.HTTPResponse
-	if act.Do == statusCheck {
-		var answer statusAnswer
+	if act.Do == verdict.StatusCheck {
+		var answer verdict.StatusAnswer
 		answer, checked = b.statusCheck(rec, ep)
-		act = decideUnknownHTTP(rec, configured, &answer)
+		act = verdict.DecideUnknownHTTP(rec, configured, &answer)
 	}
 	if act.Verdict.To == markers.Completed {
 		b.finishHTTP(d, markers.Completed, act.Verdict.Note, checked)
 		return false
 	}
-	if act.Do == resend {
+	if act.Do == verdict.Resend {
 		log.Info("re-sending", "why", act.Verdict.Note)
 	}
-	return b.toUnknown(d, act.Verdict.Note, act.Verdict.Review) && act.Do == resend
+	return b.toUnknown(d, act.Verdict.Note, act.Verdict.Review) && act.Do == verdict.Resend
 }
 
 // statusCheck asks a conditional_write endpoint whether the execution took effect, and
 // returns its answer (and response, to store when it proves the effect).
-func (b *Bastion) statusCheck(rec *markers.Record, ep config.Endpoint) (statusAnswer, *plugins.HTTPResponse) {
+func (b *Bastion) statusCheck(rec *markers.Record, ep config.Endpoint) (verdict.StatusAnswer, *plugins.HTTPResponse) {
 	if ep.StatusCheck == "" {
-		return statusAnswer{Err: fmt.Errorf("endpoint %s has no status_check", ep.Name)}, nil
+		return verdict.StatusAnswer{Err: fmt.Errorf("endpoint %s has no status_check", ep.Name)}, nil
 	}
 	base, _ := url.Parse(ep.BaseURL)
 	check := *base
 	check.Path = strings.TrimSuffix(base.Path, "/") + strings.ReplaceAll(ep.StatusCheck, "{execution_id}", rec.ID)
 	action, err := b.httpAction(rec, ep, httpRequest{Method: http.MethodGet, URL: check.String()})
 	if err != nil {
-		return statusAnswer{Err: fmt.Errorf("status check not possible: %w", err)}, nil
+		return verdict.StatusAnswer{Err: fmt.Errorf("status check not possible: %w", err)}, nil
 	}
 	out, err := b.plugin.Perform(b.ctx, action, readOnlyJournal{id: rec.ID})
 	redact := action.Credential.Redactor()
 	switch {
 	case err != nil:
-		return statusAnswer{Err: errors.New(redact.String(err.Error()))}, nil
+		return verdict.StatusAnswer{Err: errors.New(redact.String(err.Error()))}, nil
 	case out.Response == nil:
-		return statusAnswer{Err: fmt.Errorf("no response: %s", redact.String(out.Reason))}, nil
+		return verdict.StatusAnswer{Err: fmt.Errorf("no response: %s", redact.String(out.Reason))}, nil
 	}
-	return statusAnswer{Status: out.Response.Status}, out.Response
+	return verdict.StatusAnswer{Status: out.Response.Status}, out.Response
 }
 
 // httpAction builds what the plugin sends, with the credential resolved now.

@@ -355,7 +355,7 @@ func runText(r *markers.Run) string {
 	if r.RunID != "" {
 		s += ", run id " + r.RunID
 	} else {
-		s += ", no run id (the actor's attach window)"
+		s += ", no run id (the actor's verdict.Attach window)"
 	}
 	return s + ", via " + r.Transport
 }
@@ -383,7 +383,7 @@ func answerWho(inv *api.Investigation) string {
 	}
 	fmt.Fprintf(&b, ". Actor %s.", inv.Record.Actor)
 	if len(inv.Related) > 0 {
-		fmt.Fprintf(&b, "\nOther agent runs of the same actor sent the same command within the attach window, as separate intents (another process is another run):")
+		fmt.Fprintf(&b, "\nOther agent runs of the same actor sent the same command within the verdict.Attach window, as separate intents (another process is another run):")
 		for _, r := range inv.Related {
 			fmt.Fprintf(&b, "\n  %s (%s) in %s", r.ExecutionID, r.State, r.Scope)
 		}

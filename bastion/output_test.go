@@ -40,6 +40,6 @@ func TestTailRestartSkipsWhatWasSeen(t *testing.T) {
 	tl.Write([]byte("hel"))
 	tl.Write([]byte("lo world"))
 	if got, at := tl.read(0, 100); string(got) != "hello world" || at != 0 {
-		t.Fatalf("after re-attach: %q at %d; want \"hello world\" at 0", got, at)
+		t.Fatalf("after re-verdict.Attach: %q at %d; want \"hello world\" at 0", got, at)
 	}
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/bastion/verdict"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
@@ -58,7 +59,7 @@ func queryMarkerScript(ctx context.Context, pool *fleet.Pool, host fleet.Host, l
 	// A refusal is the wrapper program's, before the script runs: stdout has no answer then.
 	if _, err := agentless.FindAnswer(out.Bytes()); err != nil {
 		if r, err := agentless.FindAnswer(errb.Bytes()); err == nil && r.Kind == agentless.Refused {
-			return scriptReply{}, errors.New(refusalText(host.Name, r.Reason))
+			return scriptReply{}, errors.New(verdict.RefusalText(host.Name, r.Reason))
 		}
 	}
 	rep := scriptReply{Stdout: out.Bytes(), Stderr: errb.Bytes(), Exit: res.Exit, Truncated: out.Len() > max}

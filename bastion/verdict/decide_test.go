@@ -1,10 +1,9 @@
-package bastion
+package verdict
 
 import (
 	"errors"
 	"flag"
 	"fmt"
-	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -25,17 +24,17 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs of testd
 //
 // Commands (key=value inputs; durations in Go syntax; states by their names):
 //
-//	outcome   from= confirmed= marker=                 markerVerdict + journalPath
+//	outcome   from= confirmed= marker=                 MarkerVerdict + JournalPath
 //	exec      from= confirmed= [err=refused|lost] [first=STATE|other] [final=STATE]
-//	          [exit=N] [signal=S]                       execVerdict + journalPath
+//	          [exit=N] [signal=S]                       ExecVerdict + JournalPath
 //	reconcile from= age= retention= marker=STATE|absent [cancel]
-//	                                                    reconcileOn + journalPath
-//	http      class= [gone] [check=STATUS|error]        decideUnknownHTTP
-//	review    state= driven=                            reviewable
+//	                                                    ReconcileOn + JournalPath
+//	http      class= [gone] [check=STATUS|error]        DecideUnknownHTTP
+//	review    state= driven=                            Reviewable
 //	stock_exec level= from= [unsent] [refused] [answer=KIND[:STATE[:EXIT]]] [exit=N] [signal=S]
-//	                                                    stockExecVerdict + journalPath
+//	                                                    StockExecVerdict + JournalPath
 //	stock_reconcile level= from= age= [marker=STATE|absent] [cancel]
-//	                                                    reconcileByLevel + journalPath
+//	                                                    ReconcileByLevel + JournalPath
 //
 // Every journal path a decision produces is also checked against the journal graph.
 func TestDecisions(t *testing.T) {
@@ -162,10 +161,10 @@ func decide(t *testing.T, file string, c decisionCase) string {
 	switch c.cmd[:strings.IndexByte(c.cmd+" ", ' ')] {
 	case "outcome":
 		from := state("from")
-		return renderVerdict(t, from, boolean("confirmed"), "", markerVerdict(testHost, marker("marker")))
+		return renderVerdict(t, from, boolean("confirmed"), "", MarkerVerdict(testHost, marker("marker")))
 	case "exec":
 		from := state("from")
-		a := execAnswer{Stderr: "postern: refused"}
+		a := ExecAnswer{Stderr: "postern: refused"}
 		switch c.args["err"] {
 		case "refused":
 			a.Err = fmt.Errorf("%w: no such account", hostproto.ErrRefused)
@@ -193,45 +192,45 @@ func decide(t *testing.T, file string, c decisionCase) string {
 			a.ExitStatus = n
 		}
 		a.ExitSignal = c.args["signal"]
-		return renderVerdict(t, from, boolean("confirmed"), "", execVerdict("ex_this", testHost, a))
+		return renderVerdict(t, from, boolean("confirmed"), "", ExecVerdict("ex_this", testHost, a))
 	case "reconcile":
 		from := state("from")
 		now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 		rec := &markers.Record{ID: "ex_this", State: from, CreatedAt: now.Add(-duration("age"))}
-		st := hostStatus{Retention: duration("retention")}
+		st := HostStatus{Retention: duration("retention")}
 		if c.args["marker"] != "absent" {
 			st.Marker = marker("marker")
 		}
-		act := reconcileOn(rec, now, testHost, st, c.flags["cancel"])
+		act := ReconcileOn(rec, now, testHost, st, c.flags["cancel"])
 		return renderVerdict(t, from, false, string(act.Do), act.Verdict)
 	case "http":
 		rec := &markers.Record{ID: "ex_this", State: markers.Unknown, Class: c.args["class"], Host: "payments", Channel: "http"}
-		var check *statusAnswer
+		var check *StatusAnswer
 		switch v := c.args["check"]; v {
 		case "":
 		case "error":
-			check = &statusAnswer{Err: errors.New("connection refused")}
+			check = &StatusAnswer{Err: errors.New("connection refused")}
 		default:
 			n, err := strconv.Atoi(v)
 			if err != nil {
 				fail("check=: %v", err)
 			}
-			check = &statusAnswer{Status: n}
+			check = &StatusAnswer{Status: n}
 		}
-		act := decideUnknownHTTP(rec, !c.flags["gone"], check)
+		act := DecideUnknownHTTP(rec, !c.flags["gone"], check)
 		return renderVerdict(t, markers.Unknown, false, string(act.Do), act.Verdict)
 	case "review":
-		return strconv.FormatBool(reviewable(state("state"), boolean("driven")))
+		return strconv.FormatBool(Reviewable(state("state"), boolean("driven")))
 	case "stock_exec", "stock_reconcile":
-		return decideStock(t, c, state, duration, fail) // agentless_decide_test.go
+		return decideStock(t, c, state, duration, fail) // stock_test.go
 	}
 	return fail("unknown command %q", c.cmd)
 }
 
 // renderVerdict prints a decision and checks that its journal path is legal.
-func renderVerdict(t *testing.T, from markers.State, confirmed bool, do string, v verdict) string {
+func renderVerdict(t *testing.T, from markers.State, confirmed bool, do string, v Verdict) string {
 	t.Helper()
-	path := journalPath(from, v.To, confirmed)
+	path := JournalPath(from, v.To, confirmed)
 	checkJournalPath(t, from, path, v.To)
 	var sb strings.Builder
 	if do != "" {
@@ -295,19 +294,19 @@ func TestEveryHostAnswerIsLegal(t *testing.T) {
 				var m *hostproto.Marker
 				if ms != "" {
 					m = &hostproto.Marker{ID: "ex_this", State: ms}
-					v := markerVerdict(testHost, m)
-					checkJournalPath(t, from, journalPath(from, v.To, confirmed), v.To)
-					v = execVerdict("ex_this", testHost, execAnswer{First: m, Final: m})
-					checkJournalPath(t, from, journalPath(from, v.To, confirmed), v.To)
+					v := MarkerVerdict(testHost, m)
+					checkJournalPath(t, from, JournalPath(from, v.To, confirmed), v.To)
+					v = ExecVerdict("ex_this", testHost, ExecAnswer{First: m, Final: m})
+					checkJournalPath(t, from, JournalPath(from, v.To, confirmed), v.To)
 				}
 				for _, age := range []time.Duration{time.Minute, 1000 * time.Hour} {
 					for _, cancel := range []bool{false, true} {
 						rec := &markers.Record{ID: "ex_this", State: from, CreatedAt: now.Add(-age)}
-						act := reconcileOn(rec, now, testHost, hostStatus{Marker: m, Retention: 720 * time.Hour}, cancel)
-						checkJournalPath(t, from, journalPath(from, act.Verdict.To, false), act.Verdict.To)
+						act := ReconcileOn(rec, now, testHost, HostStatus{Marker: m, Retention: 720 * time.Hour}, cancel)
+						checkJournalPath(t, from, JournalPath(from, act.Verdict.To, false), act.Verdict.To)
 						// The horizon bounds what an absent marker proves; a not_started marker is
 						// proof itself, at any age.
-						if act.Do == redispatch && (m == nil && age > 720*time.Hour || cancel) {
+						if act.Do == Redispatch && (m == nil && age > 720*time.Hour || cancel) {
 							t.Errorf("%s, marker %q, age %v, cancel %v: re-dispatched", from, ms, age, cancel)
 						}
 					}
@@ -324,69 +323,11 @@ func TestEveryClassHandlesAnUnknownOutcome(t *testing.T) {
 		if _, ok := unknownHandling[name]; !ok {
 			t.Errorf("class %s has no unknown handling", name)
 		}
-		if got := unknownHandlingFor("ssh", name); got != askHost {
-			t.Errorf("ssh execution of class %s: %s; want %s", name, got, askHost)
+		if got := UnknownHandlingFor("ssh", name); got != AskHost {
+			t.Errorf("ssh execution of class %s: %s; want %s", name, got, AskHost)
 		}
 	}
-	if got := unknownHandlingFor("http", "my_custom_class"); got != stopForReview {
-		t.Errorf("http execution of a configured class: %s; want %s", got, stopForReview)
-	}
-}
-
-// TestConcludeJournalsEveryHostAnswer carries every host answer out on a real journal, from
-// every state a driver asks a host in: the journal takes each verdict (no illegal transition,
-// no execution left where it was), with review required exactly when the verdict says so.
-func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
-	signer, _, err := markers.LoadOrCreateAuditKey(filepath.Join(t.TempDir(), "audit.key"), "test")
-	if err != nil {
-		t.Fatal(err)
-	}
-	journal, err := markers.Open(filepath.Join(t.TempDir(), "journal"), markers.Options{Graph: markers.JournalGraph, Signer: signer})
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { journal.Close() })
-	b := &Bastion{cfg: config.DefaultConfig(t.TempDir()), log: slog.New(slog.DiscardHandler), journal: journal, metrics: newMetrics(), ctx: t.Context(), cancels: map[string]bool{}}
-	walk := map[markers.State][]markers.State{
-		markers.Dispatched: {markers.Authorized, markers.Dispatched},
-		markers.Running:    {markers.Authorized, markers.Dispatched, markers.Running},
-		markers.Unknown:    {markers.Authorized, markers.Dispatched, markers.Unknown},
-	}
-	n := 0
-	for _, from := range driverStates {
-		for _, ms := range hostproto.MarkerStates() {
-			for _, confirmed := range []bool{false, true} {
-				n++
-				id := fmt.Sprintf("ex_%04d", n)
-				if _, err := journal.Create(t.Context(), &markers.Record{ID: id, Actor: "a", Channel: "ssh"}); err != nil {
-					t.Fatal(err)
-				}
-				rec, err := journal.Advance(t.Context(), id, markers.Accepted, walk[from], "", nil)
-				if err != nil {
-					t.Fatal(err)
-				}
-				d := &driver{id: id, rec: rec, changed: make(chan struct{}), stdout: newTail(1024), stderr: newTail(1024)}
-				if confirmed && from != markers.Running {
-					d.setStarted(&hostproto.Marker{ID: id, State: hostproto.MarkerStarted, PID: 42, PIDStart: 7})
-				}
-				m := &hostproto.Marker{ID: id, State: ms, StartError: "cwd /x does not exist"}
-				v := execVerdict(id, testHost, execAnswer{First: m, Final: m})
-				if !b.conclude(d, v) {
-					t.Errorf("from %s, marker %s, confirmed %v: the journal refused %s", from, ms, confirmed, v.To)
-					continue
-				}
-				got, err := journal.Get(id)
-				if err != nil {
-					t.Fatal(err)
-				}
-				if got.State != v.To || got.ReviewRequired != v.Review || lastEvidence(got.Evidence) != v.Note {
-					t.Errorf("from %s, marker %s, confirmed %v: journal %s (review %v, evidence %q); want %s (review %v, %q)",
-						from, ms, confirmed, got.State, got.ReviewRequired, lastEvidence(got.Evidence), v.To, v.Review, v.Note)
-				}
-				if v.To == markers.Failed && (!got.IsError || got.StartError != v.StartError) {
-					t.Errorf("from %s, marker %s: failed record %+v; want is_error and start error %q", from, ms, got, v.StartError)
-				}
-			}
-		}
+	if got := UnknownHandlingFor("http", "my_custom_class"); got != StopForReview {
+		t.Errorf("http execution of a configured class: %s; want %s", got, StopForReview)
 	}
 }

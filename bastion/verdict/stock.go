@@ -1,4 +1,4 @@
-package bastion
+package verdict
 
 import (
 	"fmt"
@@ -14,15 +14,15 @@ import (
 // carries out (tested from testdata/decisions/agentless, which mirrors the README's
 // guarantee table):
 //
-//	stockExecVerdict  how one exec on a stock sshd ended (answer line, exit, transport) → verdict
-//	reconcileByLevel  what the host can tell about an execution in flight, by level → action
+//	StockExecVerdict  how one exec on a stock sshd ended (answer line, exit, transport) → Verdict
+//	ReconcileByLevel  what the host can tell about an execution in flight, by level → action
 
-// watch: the marker says the command is (still) starting or running; its output cannot be
+// Watch: the marker says the command is (still) starting or running; its output cannot be
 // re-attached, so the driver reads the marker again until it ends.
-const watch reconcileDo = "watch"
+const Watch Do = "watch"
 
-// stockAnswer is how one exec on a stock sshd ended, as the bastion saw it.
-type stockAnswer struct {
+// StockAnswer is how one exec on a stock sshd ended, as the bastion saw it.
+type StockAnswer struct {
 	// Sent: the exec request was handed to the connection. False: it failed before (no
 	// session, connection gone), so the host got nothing to run.
 	Sent bool
@@ -43,14 +43,14 @@ type stockAnswer struct {
 	Unreadable bool
 }
 
-// stockExecVerdict is the journal's verdict on one exec of an execution on a stock sshd
+// StockExecVerdict is the journal's verdict on one exec of an execution on a stock sshd
 // whose guarantee is level (fleet.GuaranteeNone or fleet.GuaranteeMarkerScript).
-func stockExecVerdict(level fleet.Guarantee, host string, a stockAnswer) reconcileAction {
+func StockExecVerdict(level fleet.Guarantee, host string, a StockAnswer) Action {
 	v, do := stockExec(level, host, a)
-	return reconcileAction{Do: do, Verdict: v}
+	return Action{Do: do, Verdict: v}
 }
 
-func stockExec(level fleet.Guarantee, host string, a stockAnswer) (verdict, reconcileDo) {
+func stockExec(level fleet.Guarantee, host string, a StockAnswer) (Verdict, Do) {
 	lost := a.Exit == nil && a.Signal == ""
 	if a.Answer != nil && a.Answer.Kind != agentless.Started && a.Answer.Kind != agentless.Duplicate && a.Answer.Kind != agentless.Refused {
 		// An answer an exec never gives first (status, warning): not one to decide on.
@@ -58,12 +58,12 @@ func stockExec(level fleet.Guarantee, host string, a stockAnswer) (verdict, reco
 	}
 	switch {
 	case !a.Sent:
-		return verdict{To: markers.Failed, Note: fmt.Sprintf("could not send the command to %s (%v); nothing was sent", host, a.Err)}, settle
+		return Verdict{To: markers.Failed, Note: fmt.Sprintf("could not send the command to %s (%v); nothing was sent", host, a.Err)}, Settle
 	case a.Refused:
-		return verdict{To: markers.Failed, Note: fmt.Sprintf("sshd on %s refused the exec request; nothing was started", host)}, settle
+		return Verdict{To: markers.Failed, Note: fmt.Sprintf("sshd on %s refused the exec request; nothing was started", host)}, Settle
 	case a.Answer != nil && a.Answer.Kind == agentless.Refused:
-		why := refusalText(host, a.Answer.Reason)
-		return verdict{To: markers.Failed, StartError: why, Note: fmt.Sprintf("%s; the command did not run", why)}, settle
+		why := RefusalText(host, a.Answer.Reason)
+		return Verdict{To: markers.Failed, StartError: why, Note: fmt.Sprintf("%s; the command did not run", why)}, Settle
 	case a.Answer != nil && a.Answer.Kind == agentless.Duplicate:
 		act := wrapperStateVerdict(host, *a.Answer)
 		return act.Verdict, act.Do
@@ -72,30 +72,30 @@ func stockExec(level fleet.Guarantee, host string, a stockAnswer) (verdict, reco
 		if a.Signal != "" {
 			m.ExitCode = nil
 		}
-		return verdict{To: markers.Completed, Outcome: m, Note: outcomeNote(m)}, settle
+		return Verdict{To: markers.Completed, Outcome: m, Note: OutcomeNote(m)}, Settle
 	case a.Answer != nil && a.Answer.Kind == agentless.Started && level == fleet.GuaranteeNone:
-		return verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
-			"connection to %s lost after the command started (%v); %s keeps no marker (guarantee level none), so whether and how it ended cannot be known; it is not sent again — review required", host, a.Err, host)}, settle
+		return Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"connection to %s lost after the command started (%v); %s keeps no marker (guarantee level none), so whether and how it ended cannot be known; it is not sent again — review required", host, a.Err, host)}, Settle
 	case a.Answer != nil && a.Answer.Kind == agentless.Started:
-		return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
-			"connection to %s lost after the command started (%v); reading its marker", host, a.Err)}, settle
+		return Verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
+			"connection to %s lost after the command started (%v); reading its marker", host, a.Err)}, Settle
 	case !lost && a.Answer == nil && a.Unreadable && level == fleet.GuaranteeNone:
-		return verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
-			"%s exited (%s), and its answer line could not be read, so whether the command started cannot be known; %s keeps no marker (guarantee level none); it is not sent again — review required", host, exitText(a.Exit, a.Signal), host)}, settle
+		return Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"%s exited (%s), and its answer line could not be read, so whether the command started cannot be known; %s keeps no marker (guarantee level none); it is not sent again — review required", host, exitText(a.Exit, a.Signal), host)}, Settle
 	case !lost && a.Answer == nil && a.Unreadable:
-		return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
-			"%s exited (%s), and its answer line could not be read, so whether the command started cannot be known; reading its marker", host, exitText(a.Exit, a.Signal))}, settle
+		return Verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
+			"%s exited (%s), and its answer line could not be read, so whether the command started cannot be known; reading its marker", host, exitText(a.Exit, a.Signal))}, Settle
 	case !lost:
 		// An exit status, and no answer: the account's shell never ran Postern's line (a
 		// login shell that refuses, like nologin), and the answer comes before the command.
-		return verdict{To: markers.Failed, StartError: "the account's shell did not run the command line", Note: fmt.Sprintf(
-			"the account's shell on %s exited (%s) without running Postern's command line, so the command did not start: %s", host, exitText(a.Exit, a.Signal), a.Stderr)}, settle
+		return Verdict{To: markers.Failed, StartError: "the account's shell did not run the command line", Note: fmt.Sprintf(
+			"the account's shell on %s exited (%s) without running Postern's command line, so the command did not start: %s", host, exitText(a.Exit, a.Signal), a.Stderr)}, Settle
 	case level == fleet.GuaranteeNone:
-		return verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
-			"connection to %s lost after the command was sent, before the host confirmed a start (%v); %s keeps no marker (guarantee level none), so whether it started cannot be known; it is not sent again — review required", host, a.Err, host)}, settle
+		return Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"connection to %s lost after the command was sent, before the host confirmed a start (%v); %s keeps no marker (guarantee level none), so whether it started cannot be known; it is not sent again — review required", host, a.Err, host)}, Settle
 	}
-	return verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
-		"connection to %s lost after the command was sent, before the host confirmed a start (%v); reading its marker", host, a.Err)}, settle
+	return Verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
+		"connection to %s lost after the command was sent, before the host confirmed a start (%v); reading its marker", host, a.Err)}, Settle
 }
 
 func exitText(code *int, signal string) string {
@@ -105,9 +105,9 @@ func exitText(code *int, signal string) string {
 	return fmt.Sprintf("exit status %d", *code)
 }
 
-// refusalText says why the wrapper or the plain program refused, for the agent and the
+// RefusalText says why the wrapper or the plain program refused, for the agent and the
 // operator.
-func refusalText(host, reason string) string {
+func RefusalText(host, reason string) string {
 	switch reason {
 	case "cwd":
 		return "the working directory does not exist or cannot be entered on " + host
@@ -123,25 +123,25 @@ func refusalText(host, reason string) string {
 	return fmt.Sprintf("the marker script on %s refused it (%s)", host, reason)
 }
 
-// levelStatus is what a host can tell about an execution in flight.
-type levelStatus struct {
+// LevelStatus is what a host can tell about an execution in flight.
+type LevelStatus struct {
 	// Wrapper is the marker script's status answer (fleet.GuaranteeMarkerScript).
 	Wrapper agentless.Answer
 	// Hostagent is the hostagent's answer (fleet.GuaranteeHostagent).
-	Hostagent hostStatus
+	Hostagent HostStatus
 }
 
-// reconcileByLevel decides what to do with an execution in flight (dispatched, running or
+// ReconcileByLevel decides what to do with an execution in flight (dispatched, running or
 // unknown) from what its host can tell, by the host's guarantee level: the hostagent's
-// marker (reconcileOn); the marker script's (the same rules, with no output to re-attach);
+// marker (ReconcileOn); the marker script's (the same rules, with no output to re-attach);
 // or nothing, so an outcome lost after dispatch is unknown for good and only an operator
 // settles it. cancel: someone asked to cancel it.
-func reconcileByLevel(level fleet.Guarantee, rec *markers.Record, now time.Time, host string, st levelStatus, cancel bool) reconcileAction {
+func ReconcileByLevel(level fleet.Guarantee, rec *markers.Record, now time.Time, host string, st LevelStatus, cancel bool) Action {
 	switch level {
 	case fleet.GuaranteeHostagent:
-		return reconcileOn(rec, now, host, st.Hostagent, cancel)
+		return ReconcileOn(rec, now, host, st.Hostagent, cancel)
 	case fleet.GuaranteeNone:
-		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+		return Action{Do: Settle, Verdict: Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
 			"%s runs no hostagent and no marker script (guarantee level none): nothing on it records executions, so an outcome lost after dispatch cannot be resolved; it is not sent again — review required", host)}}
 	}
 	w := st.Wrapper
@@ -152,38 +152,38 @@ func reconcileByLevel(level fleet.Guarantee, rec *markers.Record, now time.Time,
 		// Under review already (the marker vanished while the command ran, it was
 		// interrupted, a claim was left): the wrapper's files are the account's to delete,
 		// so no marker now proves nothing.
-		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+		return Action{Do: Settle, Verdict: Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
 			"the marker script on %s has no marker for it now, but its outcome already needed review (the marker was there before, or could not be trusted), so a missing marker does not prove it never started; it is not sent again — review required", host)}}
 	}
 	// No marker: the same rule as the hostagent's, under the wrapper's retention.
-	act := reconcileOn(rec, now, host, hostStatus{Retention: time.Duration(w.RetentionDays) * 24 * time.Hour}, cancel)
+	act := ReconcileOn(rec, now, host, HostStatus{Retention: time.Duration(w.RetentionDays) * 24 * time.Hour}, cancel)
 	return act
 }
 
 // wrapperStateVerdict is what a marker the wrapper holds means: its outcome, a command still
 // running (watched, not attached: the wrapper keeps no output), or an unknown only an
 // operator can settle.
-func wrapperStateVerdict(host string, w agentless.Answer) reconcileAction {
+func wrapperStateVerdict(host string, w agentless.Answer) Action {
 	switch w.State {
 	case agentless.Exited:
 		code := *w.Exit
 		m := &hostproto.Marker{State: hostproto.MarkerExited, ExitCode: &code}
-		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Completed, Outcome: m, Note: fmt.Sprintf(
+		return Action{Do: Settle, Verdict: Verdict{To: markers.Completed, Outcome: m, Note: fmt.Sprintf(
 			"the marker script on %s recorded exit status %d (output after the connection was lost is not kept)", host, code)}}
 	case agentless.Running:
-		return reconcileAction{Do: watch, Verdict: verdict{To: markers.Running, Note: fmt.Sprintf(
+		return Action{Do: Watch, Verdict: Verdict{To: markers.Running, Note: fmt.Sprintf(
 			"the marker script on %s says the command is still running; its output cannot be re-attached, watching its marker", host)}}
 	case agentless.Claimed:
 		if w.Old {
-			return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			return Action{Do: Settle, Verdict: Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
 				"the marker script on %s claimed the id more than 5 minutes ago but recorded no start: the command did not start unless the wrapper hangs; it is not sent again — review required (check ~/.postern/markers/ on %s)", host, host)}}
 		}
-		return reconcileAction{Do: watch, Verdict: verdict{To: markers.Unknown, Note: fmt.Sprintf(
+		return Action{Do: Watch, Verdict: Verdict{To: markers.Unknown, Note: fmt.Sprintf(
 			"the marker script on %s claimed the id and has not recorded the start yet; watching its marker", host)}}
 	case agentless.Interrupted:
-		return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+		return Action{Do: Settle, Verdict: Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
 			"the marker script on %s recorded the start, and its process is gone without an exit record (killed, or the machine restarted): the command may have run in part; it is not run again — review required", host)}}
 	}
-	return reconcileAction{Do: settle, Verdict: verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+	return Action{Do: Settle, Verdict: Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
 		"the marker script on %s answered state %q, which this bastion does not know; it is not sent again — review required", host, w.State)}}
 }
