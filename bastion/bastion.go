@@ -2,23 +2,13 @@ package bastion
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
-	"sync"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/bastion/config"
-	"github.com/postern-dev/postern/bastion/delivery"
-	"github.com/postern-dev/postern/bastion/fleet"
-	"github.com/postern-dev/postern/bastion/intent"
-	"github.com/postern-dev/postern/bastion/journal"
-	"github.com/postern-dev/postern/bastion/policy"
-	"github.com/postern-dev/postern/internal/keylock"
-	"github.com/postern-dev/postern/internal/privdir"
-	"github.com/postern-dev/postern/markers"
-	"github.com/postern-dev/postern/plugins"
+	"github.com/postern-dev/postern/bastion/engine"
 )
 
 // Options configure Open.
@@ -29,221 +19,39 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Bastion turns tool calls into executions: it owns the journal (one process, one owner),
-// the SSH pool, and the drivers that carry each execution across the dispatch boundary.
-//
-// Invariants: a lifecycle step is journaled (synced) before the next boundary is crossed; a
-// failed journal write stops the execution where it is (nothing is dispatched); at most one
-// driver acts on an execution at a time; nothing is dispatched twice except an execution
-// whose host marker is absent, under the same execution id (the host refuses duplicates).
+// Bastion is the daemon: the engine, and its surfaces on their endpoints once it serves.
 type Bastion struct {
-	cfg     config.Config
-	log     *slog.Logger
-	now     func() time.Time
-	journal markers.JournalStore
-	fp      *intent.Fingerprinter
-	inv     *fleet.Inventory
-	pool    *fleet.Pool
-	classes *config.Classes
-	metrics *metrics
-	clientK gossh.Signer
-	plugin  *plugins.Manager // nil when no HTTP plugin is configured
-	policy  *policy.Policy
-
-	ctx    context.Context // ended by Close: drivers stop waiting, the hosts go on
-	cancel context.CancelFunc
-	wg     sync.WaitGroup // drivers and the reconcile loop
-
-	intake keylock.Set // serializes match-and-create per intent and per idempotency key
-	runs   knownRuns   // agent runs the journal already holds (calls.go)
-	// tracker judges the delivery of results and applies the clients' cancels.
-	tracker *delivery.Tracker
-	// taskWaits counts each actor's tasks/result requests waiting for an execution to end
-	// (mcptasks.go).
-	taskWaits waitSlots
-
-	mu      sync.Mutex // guards drivers (and each driver's queued), cancels, slotFreed and closed
-	drivers map[string]*driver
-	cancels map[string]bool // executions execution_cancel asked to stop (requestCancel)
-	// slotFreed is closed and replaced when a concurrency slot may have freed (limits.go).
-	slotFreed chan struct{}
-	closed    bool
+	engine *engine.Engine
+	cfg    config.Config
+	log    *slog.Logger
+	now    func() time.Time
 }
 
-// Open opens the state dir (journal, keys, inventory), made private first (see privdir), and
-// returns a bastion that does not serve yet: call Recover, then hand it to the transports.
+// Open opens the engine on the config's state dir; it does not serve yet: call Recover,
+// then Serve.
 func Open(opts Options) (*Bastion, error) {
-	cfg := opts.Config
-	if err := cfg.Validate(); err != nil {
-		return nil, err
-	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	if err := privdir.Ensure(cfg.StateDir, "state dir", opts.Logger); err != nil {
-		return nil, fmt.Errorf("bastion: %w", err)
-	}
-	fp, err := intent.LoadOrCreateFingerprintKey(cfg.FingerprintKeyPath())
+	e, err := engine.Open(engine.Options{Config: opts.Config, Logger: opts.Logger, Now: opts.Now})
 	if err != nil {
 		return nil, err
 	}
-	clientKey, err := fleet.LoadOrCreateClientKey(cfg.ClientKeyPath())
-	if err != nil {
-		return nil, err
-	}
-	inv, err := fleet.OpenInventory(cfg.InventoryPath())
-	if err != nil {
-		return nil, err
-	}
-	signer, _, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-bastion")
-	if err != nil {
-		return nil, err
-	}
-	cls := cfg.ResolveClasses()
-	pol, err := cfg.Policy()
-	if err != nil {
-		return nil, err
-	}
-	jl, err := journal.Open(cfg, signer, cls.Retention(), opts.Logger, opts.Now)
-	if err != nil {
-		return nil, fmt.Errorf("bastion: open journal: %w", err)
-	}
-	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: clientKey, Logger: opts.Logger})
-	if err != nil {
-		jl.Close()
-		return nil, err
-	}
-	var plugin *plugins.Manager
-	if cfg.HTTPPlugin.Path != "" {
-		plugin, err = plugins.NewManager(plugins.ManagerOptions{Path: cfg.HTTPPlugin.Path, SHA256: cfg.HTTPPlugin.SHA256, Logger: opts.Logger.With("component", "http-plugin")})
-		if err != nil {
-			pool.Close()
-			jl.Close()
-			return nil, fmt.Errorf("bastion: http plugin: %w", err)
-		}
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	b := &Bastion{
-		cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
-		classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin, policy: pol,
-		ctx: ctx, cancel: cancel, drivers: map[string]*driver{}, cancels: map[string]bool{}, slotFreed: make(chan struct{}),
-	}
-	var replicas delivery.Replicas
-	if r := b.replicas(); r != nil {
-		replicas = r
-	}
-	b.tracker = delivery.NewTracker(b, replicas, cfg.DeliveryRevokeGrace, opts.Now, opts.Logger)
-	b.metrics.registry.MustRegister(inFlight{b})
-	return b, nil
+	return &Bastion{engine: e, cfg: e.Config(), log: opts.Logger, now: opts.Now}, nil
 }
 
-// ClientPublicKey is the key hostagents must authorize (authorized_keys line).
-func (b *Bastion) ClientPublicKey() gossh.PublicKey { return b.clientK.PublicKey() }
+// Recover reconciles the executions the journal shows in flight before the bastion serves
+// (engine.Engine.Recover).
+func (b *Bastion) Recover(ctx context.Context) error { return b.engine.Recover(ctx) }
 
-// Journal exposes the journal to the operator API (reads, export).
-func (b *Bastion) Journal() markers.JournalStore { return b.journal }
+// Close stops the engine; commands go on on their hosts and the next start reconciles them.
+func (b *Bastion) Close() error { return b.engine.Close() }
 
-// Close stops the drivers (commands go on on their hosts; the next start reconciles them),
-// closes the SSH connections and the journal.
-func (b *Bastion) Close() error {
-	b.mu.Lock()
-	b.closed = true
-	b.mu.Unlock()
-	b.cancel()
-	b.wg.Wait()
-	b.pool.Close()
-	if b.plugin != nil {
-		b.plugin.Close()
-	}
-	return b.journal.Close()
-}
+// ClientPublicKey is the key hostagents must authorize (an authorized_keys line).
+func (b *Bastion) ClientPublicKey() gossh.PublicKey { return b.engine.ClientPublicKey() }
 
-// Recover reconciles every execution the journal shows in flight (dispatched, running,
-// unknown — and accepted or authorized ones a crash stopped before dispatch) with its host,
-// before the bastion serves. It waits until each has been asked about once (or ctx ends);
-// commands still running stay attached in the background. It never re-dispatches except an
-// execution whose host has no marker for it and that is younger than the host's marker
-// retention (verdict.ReconcileOn).
-func (b *Bastion) Recover(ctx context.Context) error {
-	var pending []*driver
-	for _, st := range []markers.State{markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running, markers.Unknown} {
-		cursor := ""
-		for {
-			recs, next, err := b.journal.List(markers.Query{State: st, Limit: 500, Cursor: cursor})
-			if err != nil {
-				return fmt.Errorf("bastion: list %s executions: %w", st, err)
-			}
-			for _, r := range recs {
-				if d := b.startDriver(r); d != nil {
-					pending = append(pending, d)
-				}
-			}
-			if next == "" {
-				break
-			}
-			cursor = next
-		}
-	}
-	if len(pending) > 0 {
-		b.log.Info("reconciling executions in flight", "count", len(pending))
-	}
-	for _, d := range pending {
-		select {
-		case <-d.asked:
-		case <-ctx.Done():
-			return ctx.Err()
-		}
-	}
-	b.wg.Go(b.reconcileLoop)
-	return nil
-}
-
-// reconcileLoop asks the hosts again about SSH executions whose outcome is unknown (their
-// host was unreachable), until the bastion closes.
-func (b *Bastion) reconcileLoop() {
-	t := time.NewTicker(b.cfg.ReconcileInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-b.ctx.Done():
-			return
-		case <-t.C:
-		}
-		if r := b.replicas(); r != nil {
-			b.followInFlight(r)
-			if !r.Leading() {
-				continue
-			}
-		}
-		b.expireApprovals()
-		b.reconcileUnknown()
-	}
-}
-
-// reconcileUnknown asks the hosts again about every SSH execution whose outcome is unknown
-// because its host could not be asked. Unknowns that require review — asking cannot change
-// them: the host's marker says the process vanished, the execution is older than the host's
-// marker retention, or an HTTP class decided — wait for an operator (or an agent's retry)
-// instead of being asked about on every tick.
-func (b *Bastion) reconcileUnknown() {
-	cursor := ""
-	for {
-		recs, next, err := b.journal.List(markers.Query{State: markers.Unknown, Limit: 500, Cursor: cursor})
-		if err != nil {
-			b.log.Error("list unknown executions", "err", err)
-			return
-		}
-		for _, r := range recs {
-			if r.Channel != "http" && !r.ReviewRequired {
-				b.startDriver(r)
-			}
-		}
-		if next == "" || b.ctx.Err() != nil {
-			return
-		}
-		cursor = next
-	}
-}
+// Engine is the engine the surfaces call, for in-process use (tests, benchmarks).
+func (b *Bastion) Engine() *engine.Engine { return b.engine }

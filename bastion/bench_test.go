@@ -87,7 +87,7 @@ func openBastion(b testing.TB, h *harness.Hostagent, adjust ...func(*config.Conf
 func execTrue(ctx context.Context, bs *bastion.Bastion, run string) error {
 	c := benchActor
 	c.RunID = run
-	x, err := bs.Exec(ctx, c, api.ExecArgs{Host: "h1", Command: "true"}, nil)
+	x, err := bs.Engine().Exec(ctx, c, api.ExecArgs{Host: "h1", Command: "true"}, nil)
 	if err != nil {
 		return fmt.Errorf("exec (run %s): %w", run, err)
 	}
@@ -144,16 +144,16 @@ func dedupAt(b *testing.B, h *harness.Hostagent, n, base int, nsPerOp map[string
 	retry := benchActor
 	retry.RunID = "dedup"
 	args := api.ExecArgs{Host: "h1", Command: "true"}
-	first, err := bs.Exec(ctx, retry, args, nil)
+	first, err := bs.Engine().Exec(ctx, retry, args, nil)
 	if err != nil || first.State != "completed" || first.Replayed {
 		b.Fatalf("first exec: %+v, %v", first, err)
 	}
-	rec, err := bs.Journal().Get(first.ExecutionID)
+	rec, err := bs.Engine().Journal().Get(first.ExecutionID)
 	if err != nil {
 		b.Fatal(err)
 	}
 	t0 := time.Now()
-	fillJournal(b, bs.Journal(), n-1)
+	fillJournal(b, bs.Engine().Journal(), n-1)
 	fmt.Printf("records=%d: journal filled in %v\n", n, time.Since(t0).Round(time.Millisecond))
 	// Let flushes and compactions of the fill settle, so this measures lookups rather
 	// than the tail of the fill (as markers' BenchmarkFindByFingerprint does).
@@ -164,17 +164,17 @@ func dedupAt(b *testing.B, h *harness.Hostagent, n, base int, nsPerOp map[string
 			for i := 0; i < b.N; i++ {
 				switch kind {
 				case "replay":
-					x, err := bs.Exec(ctx, retry, args, nil)
+					x, err := bs.Engine().Exec(ctx, retry, args, nil)
 					if err != nil || x.ExecutionID != first.ExecutionID || !x.Replayed {
 						b.Fatalf("retry: %+v, %v; want %s replayed", x, err, first.ExecutionID)
 					}
 				case "hit":
-					if got, err := bs.Journal().FindByFingerprint(rec.Actor, rec.IntentScope, rec.Fingerprint); err != nil || got.ID != rec.ID {
+					if got, err := bs.Engine().Journal().FindByFingerprint(rec.Actor, rec.IntentScope, rec.Fingerprint); err != nil || got.ID != rec.ID {
 						b.Fatalf("lookup: %v", err)
 					}
 				case "miss":
 					fp := fmt.Sprintf("hmac-sha256:%064x", i)
-					if _, err := bs.Journal().FindByFingerprint(rec.Actor, rec.IntentScope, fp); !errors.Is(err, markers.ErrNotFound) {
+					if _, err := bs.Engine().Journal().FindByFingerprint(rec.Actor, rec.IntentScope, fp); !errors.Is(err, markers.ErrNotFound) {
 						b.Fatalf("lookup of an absent fingerprint: %v", err)
 					}
 				}
@@ -241,7 +241,7 @@ func BenchmarkExecTrue(b *testing.B) {
 		b.Fatal(err)
 	}
 	var engine, direct []time.Duration
-	before := bs.Journal().Stats()
+	before := bs.Engine().Journal().Stats()
 	b.ResetTimer()
 	for i := 0; i < b.N; i++ {
 		t0 := time.Now()
@@ -260,7 +260,7 @@ func BenchmarkExecTrue(b *testing.B) {
 		engine, direct = append(engine, t1.Sub(t0)), append(direct, time.Since(t1))
 	}
 	b.StopTimer()
-	after := bs.Journal().Stats()
+	after := bs.Engine().Journal().Stats()
 	e50, d50 := testutil.Percentile(engine, 0.5), testutil.Percentile(direct, 0.5)
 	b.ReportMetric(float64(e50.Microseconds())/1000, "exec-p50-ms")
 	b.ReportMetric(float64(d50.Microseconds())/1000, "hostagent-p50-ms")

@@ -22,11 +22,11 @@ func TestExecSyncsTwice(t *testing.T) {
 	if err := execTrue(ctx, bs, "warm"); err != nil { // the pooled connection
 		t.Fatal(err)
 	}
-	j := bs.Journal()
+	j := bs.Engine().Journal()
 	before := j.Stats()
 	c := benchActor
 	c.RunID = "two-syncs"
-	x, err := bs.Exec(ctx, c, api.ExecArgs{Host: "h1", Command: "true"}, nil)
+	x, err := bs.Engine().Exec(ctx, c, api.ExecArgs{Host: "h1", Command: "true"}, nil)
 	if err != nil || x.State != "completed" {
 		t.Fatalf("exec = %+v, %v; want completed", x, err)
 	}
@@ -51,7 +51,7 @@ func TestExecSyncsTwice(t *testing.T) {
 		t.Errorf("events %v; want the outcome after dispatched (via running or not)", steps)
 	}
 
-	if err := bs.Delivered(ctx, x.ExecutionID); err != nil {
+	if err := bs.Engine().Delivered(ctx, x.ExecutionID); err != nil {
 		t.Fatal(err)
 	}
 	delivered := j.Stats()
@@ -89,12 +89,12 @@ func TestExecFailsClosedWithoutJournal(t *testing.T) {
 		return len(page)
 	}
 	onHost := markersOnHost()
-	if err := bs.Journal().Close(); err != nil {
+	if err := bs.Engine().Journal().Close(); err != nil {
 		t.Fatal(err)
 	}
 	c := benchActor
 	c.RunID = "no-journal"
-	_, err = bs.Exec(ctx, c, api.ExecArgs{Host: "h1", Command: "true"}, nil)
+	_, err = bs.Engine().Exec(ctx, c, api.ExecArgs{Host: "h1", Command: "true"}, nil)
 	var te *api.ToolError
 	if !errors.As(err, &te) || te.Code != api.CodeJournalUnavailable {
 		t.Fatalf("exec with the journal closed = %v; want %s", err, api.CodeJournalUnavailable)

@@ -58,7 +58,12 @@ const shutdownGrace = 5 * time.Second
 // every listener is open. Call Recover first: nothing is served before the journal's
 // executions in flight were reconciled.
 func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
-	srv, err := mcpserver.New(b, mcpserver.Options{Tracker: b.tracker, Logger: b.log.With("component", "mcp"), Now: b.now})
+	var replicas delivery.Replicas
+	if r := b.engine.Replicas(); r != nil {
+		replicas = r
+	}
+	tracker := delivery.NewTracker(b.engine, replicas, b.cfg.DeliveryRevokeGrace, b.now, b.log)
+	srv, err := mcpserver.New(b.engine, mcpserver.Options{Tracker: tracker, Logger: b.log.With("component", "mcp"), Now: b.now})
 	if err != nil {
 		return err
 	}
@@ -66,14 +71,14 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		Stateless: true,
 		Logger:    b.log.With("component", "mcp"),
 	})
-	tracked := b.tracker.Handler(tasks.HTTPHandler(streamable))
+	tracked := tracker.Handler(tasks.HTTPHandler(streamable))
 	remote := tracked
 	if b.cfg.HTTPSessions {
 		sessions := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv }, &mcp.StreamableHTTPOptions{
 			SessionTimeout: sessionIdleTimeout,
 			Logger:         b.log.With("component", "mcp-sessions"),
 		})
-		remote = b.tracker.Handler(tasks.HTTPHandler(bySession(streamable, sessions)))
+		remote = tracker.Handler(tasks.HTTPHandler(bySession(streamable, sessions)))
 	}
 
 	var servers []*http.Server
@@ -101,7 +106,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle(MCPPath, mcpHTTP)
-		mux.Handle("/metrics", b.MetricsHandler())
+		mux.Handle("/metrics", b.engine.MetricsHandler())
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 		l, err := net.Listen("tcp", b.cfg.Listen)
 		if err != nil {
@@ -144,13 +149,13 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		return err
 	}
 	listeners = append(listeners, op)
-	servers = append(servers, &http.Server{Handler: operatorapi.Handler(b, b.log.With("component", "operator")), ReadHeaderTimeout: 10 * time.Second, ConnContext: operatorapi.ConnContext})
+	servers = append(servers, &http.Server{Handler: operatorapi.Handler(b.engine, b.log.With("component", "operator")), ReadHeaderTimeout: 10 * time.Second, ConnContext: operatorapi.ConnContext})
 	ep.OperatorSocket = b.cfg.OperatorSocketPath()
 
 	errs := make(chan error, len(servers))
 	var wg sync.WaitGroup
 	watchCtx, stopWatch := context.WithCancel(ctx)
-	wg.Go(func() { b.tracker.WatchCancels(watchCtx) })
+	wg.Go(func() { tracker.WatchCancels(watchCtx) })
 	for i, s := range servers {
 		wg.Go(func() {
 			if err := s.Serve(listeners[i]); err != nil && !errors.Is(err, http.ErrServerClosed) {

@@ -113,7 +113,7 @@ func BenchmarkHTTPRequest(b *testing.B) {
 	caller := transport.Caller{Actor: "token:bench", RunID: "bench"}
 	inProcess := func() error {
 		n := next()
-		x, err := inproc.HTTPRequest(ctx, caller, api.HTTPArgs{Endpoint: endpoint, Method: "POST", Path: "/v1/payments",
+		x, err := inproc.Engine().HTTPRequest(ctx, caller, api.HTTPArgs{Endpoint: endpoint, Method: "POST", Path: "/v1/payments",
 			Query: map[string][]string{"n": {n}}, JSON: map[string]any{"amount": 1, "currency": "EUR"}}, nil)
 		if err != nil || x.State != "completed" || x.HTTPStatus != http.StatusOK {
 			return fmt.Errorf("in-process HTTPRequest %s: %+v, %v", n, x, err)

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/hostproto"
@@ -31,7 +30,7 @@ func newStockSoakHost(t *testing.T, b *harness.Bastion, name string) *soakHost {
 	h := fleet.Host{Name: name, Addr: sh.proxy.Addr(), Account: acct.Name, HostKey: s.HostKey}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	digest, err := bastion.InstallMarkerScript(ctx, h, b.ClientKey.Signer)
+	digest, err := fleet.InstallMarkerScript(ctx, h, b.ClientKey.Signer)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -15,7 +15,6 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
-	"github.com/postern-dev/postern/bastion"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
@@ -250,7 +249,7 @@ func (c *hostsCommand) installMarkerScript(ctx context.Context, cfg config.Confi
 	if err != nil {
 		return err
 	}
-	digest, err := bastion.InstallMarkerScript(ctx, *h, signer)
+	digest, err := fleet.InstallMarkerScript(ctx, *h, signer)
 	if err != nil && strings.Contains(err.Error(), "unable to authenticate") {
 		fmt.Fprintf(c.stdout, "\nsshd on %s does not accept the bastion's key yet. Add this line to ~%s/.ssh/authorized_keys there, then run this command again:\n\n",
 			cli.Printable(h.Name), cli.Printable(h.Account))

@@ -1,0 +1,355 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/bastion/agentless"
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/bastion/verdict"
+	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/ctxtime"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Hosts without the hostagent (README, "Hosts without the hostagent"): commands go over the
+// pooled connection to a stock sshd, as one line (package agentless) that runs them under
+// the marker script (fleet.GuaranteeMarkerScript) or bare (fleet.GuaranteeNone). The journal gives them
+// the same execution identity; what the host can tell after a lost connection is what
+// verdict.ReconcileByLevel decides on.
+
+// checkStockCall refuses what a host without the hostagent cannot honour, before anything is
+// journaled: operation keys (the hostagent keeps them), commands too long for one line, and
+// on a marker-script host an env HOME — sshd's env, or the exports at the head of the line,
+// reach the wrapper too, and HOME would move its markers away from where the bastion reads
+// them (no marker there means "never started").
+func checkStockCall(host fleet.Host, a api.ExecArgs, cwd string) error {
+	if host.Level() == fleet.GuaranteeHostagent {
+		return nil
+	}
+	if a.OperationKey != "" {
+		return api.Invalid("operation_key needs the hostagent, and %s runs none (guarantee %s); leave it out, or use idempotency_key", host.Name, host.Level())
+	}
+	if _, ok := a.Env["HOME"]; ok && host.Level() == fleet.GuaranteeMarkerScript {
+		return api.Invalid("env HOME: the marker script on %s keeps its markers under the account's home, so HOME cannot be set there; set it inside the command instead", host.Name)
+	}
+	_, err := stockLine(host, &markers.Record{ID: placeholderID, Command: shellCommand(a.Command), Cwd: cwd, TimeoutSeconds: a.TimeoutS}, a.Env)
+	if errors.Is(err, agentless.ErrTooLong) {
+		return api.Invalid("command is too long for %s, which runs no hostagent: %v", host.Name, err)
+	}
+	return err
+}
+
+// stockLine is the command line rec runs as on host, with export at its head.
+func stockLine(host fleet.Host, rec *markers.Record, export map[string]string) (string, error) {
+	c := agentless.Command{ID: rec.ID, Cwd: rec.Cwd, TimeoutS: rec.TimeoutSeconds, Line: commandLine(rec), Export: export}
+	if host.Level() == fleet.GuaranteeMarkerScript {
+		return agentless.WrappedLine(c, host.ScriptSHA256)
+	}
+	return agentless.PlainLine(c)
+}
+
+// driveStock carries an execution on a stock sshd to its outcome, once it is dispatched (or
+// reconciled to be): exec, and after a lost connection read the marker (marker script) — at
+// most maxReconcileAttempts times — or stop for review (level none).
+func (b *Engine) driveStock(d *driver, log *slog.Logger, host fleet.Host) {
+	for attempt := 1; ; attempt++ {
+		a := b.execStock(d, host)
+		if b.ctx.Err() != nil {
+			return // shutting down: the host goes on; the next start reconciles
+		}
+		act := verdict.StockExecVerdict(host.Level(), host.Name, a)
+		if !b.conclude(d, act.Verdict) {
+			return
+		}
+		switch {
+		case act.Do == verdict.Watch:
+			b.watchStock(d, log, host)
+			return
+		case !act.Verdict.Again:
+			if act.Verdict.To != markers.Unknown {
+				log.Info("execution ended", "state", d.record().State)
+			}
+			return
+		case attempt >= maxReconcileAttempts:
+			log.Warn("outcome still unknown after reconciling", "attempts", attempt)
+			return
+		}
+		if !ctxtime.Sleep(b.ctx, time.Duration(attempt)*250*time.Millisecond) {
+			return
+		}
+		switch b.reconcileStock(d, log, host) {
+		case verdict.Watch:
+			b.watchStock(d, log, host)
+			return
+		case verdict.Redispatch:
+		default:
+			return
+		}
+	}
+}
+
+// reconcileStock reads what the host can tell about the execution, journals
+// verdict.ReconcileByLevel's verdict and returns what the driver is to do: exec again (redispatch:
+// the marker script has no marker, so the command never started), watch the marker, or
+// nothing more (settle, also when the verdict could not be journaled).
+func (b *Engine) reconcileStock(d *driver, log *slog.Logger, host fleet.Host) verdict.Do {
+	rec := d.record()
+	var st verdict.LevelStatus
+	if host.Level() == fleet.GuaranteeMarkerScript {
+		w, err := b.askStock(host, rec.ID)
+		if err != nil {
+			b.unreachable(d, log, "the marker script on "+host.Name, err)
+			return verdict.Settle
+		}
+		st.Wrapper = w
+	}
+	act := verdict.ReconcileByLevel(host.Level(), rec, b.now(), host.Name, st, b.cancelRequested(rec.ID))
+	answer := string(st.Wrapper.State)
+	if answer == "" {
+		answer = "no_marker"
+	}
+	b.metrics.reconciled.WithLabelValues(answer).Inc()
+	log.Info("reconciled with host", "guarantee", host.Level(), "marker", answer, "action", act.Do, "note", act.Verdict.Note)
+	if !b.conclude(d, act.Verdict) {
+		return verdict.Settle
+	}
+	return act.Do
+}
+
+// Watching a marker script's marker: every watchMin at first, backing off to watchMax.
+const (
+	watchMin = 250 * time.Millisecond
+	watchMax = 10 * time.Second
+)
+
+// watchStock reads the marker of a command the marker script runs until it ends (or the
+// bastion closes, or the host cannot be asked), journaling what it says.
+func (b *Engine) watchStock(d *driver, log *slog.Logger, host fleet.Host) {
+	for wait := watchMin; ; wait = min(2*wait, watchMax) {
+		if !ctxtime.Sleep(b.ctx, wait) {
+			return
+		}
+		w, err := b.askStock(host, d.id)
+		if err != nil {
+			b.unreachable(d, log, "the marker script on "+host.Name, err)
+			return
+		}
+		act := verdict.ReconcileByLevel(host.Level(), d.record(), b.now(), host.Name, verdict.LevelStatus{Wrapper: w}, b.cancelRequested(d.id))
+		if act.Do == verdict.Redispatch {
+			// The marker vanished while it was watched: something removed it on the host.
+			act = verdict.Action{Do: verdict.Settle, Verdict: verdict.Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+				"the marker script's marker on %s vanished while the command ran; it is not sent again — review required", host.Name)}}
+		}
+		if !b.conclude(d, act.Verdict) || act.Do != verdict.Watch {
+			return
+		}
+	}
+}
+
+// askStock reads the marker script's marker of id on host.
+func (b *Engine) askStock(host fleet.Host, id string) (agentless.Answer, error) {
+	ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
+	defer cancel()
+	return askMarkerScript(ctx, b.pool, host, id)
+}
+
+func askMarkerScript(ctx context.Context, pool *fleet.Pool, host fleet.Host, id string) (agentless.Answer, error) {
+	line, err := agentless.StatusLine(id, host.ScriptSHA256)
+	if err != nil {
+		return agentless.Answer{}, err
+	}
+	rep, err := queryMarkerScript(ctx, pool, host, line, 0)
+	if err != nil {
+		return agentless.Answer{}, err
+	}
+	a, err := agentless.FindAnswer(rep.Stdout)
+	if err != nil {
+		return agentless.Answer{}, fmt.Errorf("the marker script on %s gave no status: %w (stderr %q)", host.Name, err, lastBytes(rep.Stderr, 200))
+	}
+	if a.Kind != agentless.Status || a.ID != id {
+		return agentless.Answer{}, fmt.Errorf("the marker script on %s answered %q for %s", host.Name, a.Kind, id)
+	}
+	return a, nil
+}
+
+// execStock sends the execution to its stock sshd and returns how the exec ended.
+func (b *Engine) execStock(d *driver, host fleet.Host) verdict.StockAnswer {
+	rec := d.record()
+	conn, err := b.pool.Conn(b.ctx, host)
+	if err != nil {
+		return verdict.StockAnswer{Err: err}
+	}
+	d.stdout.restart()
+	d.stderr.restart()
+	start := time.Now()
+	var running runningWriter
+	var answer *agentless.Answer
+	stderr := &agentless.Filter{W: notifyingWriter{d.stderr, d}, OnAnswer: func(a agentless.Answer, err error) {
+		if err != nil {
+			return // not an answer Postern's line gives: the outcome decides without it
+		}
+		answer = &a
+		if a.Kind == agentless.Started {
+			b.metrics.dispatchLatency.Observe(time.Since(start).Seconds())
+			d.setStarted(&hostproto.Marker{ID: rec.ID, State: hostproto.MarkerRunning})
+			running.after(runningDelay, func() { b.markRunning(d) })
+		}
+	}}
+	env := map[string]string{hostproto.EnvExecutionID: rec.ID}
+	maps.Copy(env, rec.Env)
+	res := runStock(b.ctx, conn, env, func(export map[string]string) (string, error) { return stockLine(host, rec, export) },
+		notifyingWriter{d.stdout, d}, stderr)
+	stderr.Close()
+	running.stop()
+	if res.Err != nil {
+		b.pool.Invalidate(host.Name, conn)
+	}
+	// The stderr copy ended before runStock returned: answer is written.
+	return verdict.StockAnswer{Sent: res.Sent, Refused: res.Refused, Answer: answer, Exit: res.Exit, Signal: res.Signal, Err: res.Err, Stderr: lastLine(d.stderr), Unreadable: stderr.Unreadable()}
+}
+
+// stockResult is how one exec channel on a stock sshd ended.
+type stockResult struct {
+	Sent, Refused bool
+	Exit          *int
+	Signal        string
+	Err           error
+}
+
+// runStock opens a session on conn, offers env with SetEnv (what the server's AcceptEnv
+// refuses goes to the line's head instead: line gets it), execs the line and copies the
+// output until the exit status. ctx cancellation closes the channel; the command goes on.
+func runStock(ctx context.Context, conn gossh.Conn, env map[string]string, line func(export map[string]string) (string, error), stdout, stderr io.Writer) stockResult {
+	ch, reqs, err := conn.OpenChannel("session", nil)
+	if err != nil {
+		return stockResult{Err: fmt.Errorf("open session: %w", err)}
+	}
+	defer ch.Close()
+	stop := context.AfterFunc(ctx, func() { ch.Close() })
+	defer stop()
+	var res stockResult
+	var loop sync.WaitGroup
+	loop.Go(func() {
+		for req := range reqs {
+			if code, signal, ok := hostproto.ParseExit(req); ok && signal != "" {
+				res.Signal = signal
+			} else if ok {
+				res.Exit = &code
+			}
+			if req.WantReply {
+				req.Reply(false, nil)
+			}
+		}
+	})
+	// Until the loop is waited for, res belongs to it.
+	fail := func(sent bool, err error) stockResult {
+		ch.Close()
+		loop.Wait()
+		res.Sent, res.Err = sent, err
+		return res
+	}
+	export := map[string]string{}
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		msg := struct{ Name, Value string }{k, env[k]}
+		ok, err := ch.SendRequest("env", true, gossh.Marshal(&msg))
+		if err != nil {
+			return fail(false, fmt.Errorf("send env %s: %w", k, err))
+		}
+		if !ok {
+			export[k] = env[k] // AcceptEnv refused it: exported at the head of the line
+		}
+	}
+	text, err := line(export)
+	if err != nil {
+		return fail(false, err)
+	}
+	cmd := struct{ Command string }{text}
+	ok, err := ch.SendRequest("exec", true, gossh.Marshal(&cmd))
+	switch {
+	case err != nil:
+		// The request may have reached the host before the connection failed.
+		return fail(true, fmt.Errorf("send exec: %w", err))
+	case !ok:
+		res.Refused = true
+		return fail(true, errors.New("exec refused"))
+	}
+	ch.CloseWrite()
+	var copies sync.WaitGroup
+	copies.Go(func() { copyPooled(stdout, ch) })
+	copies.Go(func() { copyPooled(stderr, ch.Stderr()) })
+	copies.Wait()
+	loop.Wait()
+	res.Sent = true
+	switch {
+	case ctx.Err() != nil:
+		res.Err = ctx.Err()
+	case res.Exit == nil && res.Signal == "":
+		res.Err = errors.New("channel closed without an exit status")
+	}
+	return res
+}
+
+// fixedLine is a line for runStock that needs no exports (it is sent without env).
+func fixedLine(line string) func(map[string]string) (string, error) {
+	return func(map[string]string) (string, error) { return line, nil }
+}
+
+// stockMarkerNote is what investigate says about the host's record of rec, by the host's
+// level (the hostagent's is asked through its control protocol instead).
+func (b *Engine) stockMarkerNote(ctx context.Context, rec *markers.Record, host fleet.Host) string {
+	if host.Level() == fleet.GuaranteeNone {
+		return fmt.Sprintf("%s runs no hostagent and no marker script (guarantee level none): nothing on it records executions, so what happened after the bastion lost the connection — whether the command started, whether it is still running, how it ended — cannot be known from Postern; only what the bastion observed is evidence. Check the command's effects on the host, then record what you found with postern review %s", host.Name, rec.ID)
+	}
+	w, err := askMarkerScript(ctx, b.pool, host, rec.ID)
+	if err != nil {
+		return fmt.Sprintf("the marker script on %s could not be read: %v", host.Name, err)
+	}
+	s := string(w.State)
+	switch {
+	case w.State == agentless.Exited:
+		s = fmt.Sprintf("exited, exit %d", *w.Exit)
+	case w.State == agentless.Absent:
+		return fmt.Sprintf("the marker script on %s, asked now, has no marker %s (it keeps finished markers for %d days)", host.Name, rec.ID, w.RetentionDays)
+	}
+	return fmt.Sprintf("the marker script on %s, asked now, has marker %s: %s (guarantee level marker script: no output is kept on the host)", host.Name, rec.ID, s)
+}
+
+// stockHealth is the doctor's answer for a host without the hostagent: it connects with the
+// pinned key and, for the marker script, reads a marker (which checks the script's digest).
+func (b *Engine) stockHealth(ctx context.Context, h fleet.Host) api.HostHealth {
+	hh := api.HostHealth{Name: h.Name, Addr: h.Addr, Guarantee: string(h.Level())}
+	_, err := b.pool.Conn(ctx, h)
+	if err == nil && h.Level() == fleet.GuaranteeMarkerScript {
+		_, err = askMarkerScript(ctx, b.pool, h, placeholderID)
+	}
+	if err == nil {
+		hh.OK = true
+		return hh
+	}
+	hh.Problem = err.Error()
+	switch {
+	case errors.Is(err, fleet.ErrHostKeyMismatch):
+		hh.Fix = fmt.Sprintf("the host presents another key than the one enrolled: check it on the host (ssh-keygen -lf its host key), then `postern hosts enroll %s %s --agentless --replace`", h.Name, h.Addr)
+	case strings.Contains(err.Error(), "unable to authenticate"):
+		hh.Fix = fmt.Sprintf("sshd on %s does not accept the bastion's key: append the line `postern hosts key` prints to ~%s/.ssh/authorized_keys there", h.Name, h.Account)
+	case strings.Contains(err.Error(), "marker script"):
+		hh.Fix = fmt.Sprintf("re-enroll the host to install the marker script again: `postern hosts enroll %s %s --agentless --marker-script --account %s`", h.Name, h.Addr, h.Account)
+	default:
+		hh.Fix = fmt.Sprintf("is sshd running on %s and listening on %s? Check the address with `postern hosts list`, and that no firewall is in the way", h.Name, h.Addr)
+	}
+	return hh
+}
+
+func lastBytes(b []byte, n int) []byte { return b[max(0, len(b)-n):] }

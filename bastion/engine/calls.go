@@ -1,0 +1,160 @@
+package engine
+
+import (
+	"bufio"
+	"context"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/delivery"
+	"github.com/postern-dev/postern/bastion/intent"
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Every call that touches an intent is journaled with the write it makes anyway — a new
+// execution's create event carries its call — or, when it joins, replays or is refused
+// because of an existing execution, as a joined event of that execution (never on a new
+// execution's path, never under the intake lock). The first write that names an agent run
+// also records the run (markers.Run): who the agent is, read once, at first contact. A cache
+// of the runs already recorded keeps that to one record per run, without a read per call.
+
+// Transports as calls and runs name them.
+const (
+	transportUnix   = "unix"
+	transportBridge = "stdio-bridge"
+	transportHTTP   = "http"
+)
+
+func transportOf(c transport.Caller) string {
+	switch {
+	case c.Local && c.Bridged:
+		return transportBridge
+	case c.Local:
+		return transportUnix
+	}
+	return transportHTTP
+}
+
+// maxKnownRuns bounds the cache of recorded runs; when it is full it starts over (a miss
+// costs one read, never a second record).
+const maxKnownRuns = 1 << 16
+
+// knownRuns are the agent runs whose record the journal already holds.
+type knownRuns struct {
+	mu   sync.Mutex // guards runs
+	runs map[string]struct{}
+}
+
+func runCacheKey(actor, scope string) string { return actor + "\x00" + scope }
+
+func (k *knownRuns) has(key string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	_, ok := k.runs[key]
+	return ok
+}
+
+func (k *knownRuns) add(key string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if k.runs == nil || len(k.runs) >= maxKnownRuns {
+		k.runs = make(map[string]struct{})
+	}
+	k.runs[key] = struct{}{}
+}
+
+// newCall is the journal's account of call c in scope, answered by match. It carries the
+// run's identity if the journal may not have it yet.
+func (b *Engine) newCall(ctx context.Context, c transport.Caller, scope string, match intent.Match, replayed bool) *markers.Call {
+	call := &markers.Call{
+		Transport: transportOf(c),
+		RequestID: delivery.RequestID(ctx),
+		Run:       scope,
+		Match:     string(match),
+		Replayed:  replayed,
+	}
+	key := runCacheKey(c.Actor, scope)
+	if b.runs.has(key) {
+		return call
+	}
+	if _, err := b.journal.Run(c.Actor, scope); err == nil {
+		b.runs.add(key)
+		return call
+	}
+	call.NewRun = b.runOf(c, scope)
+	return call
+}
+
+// journaled notes that call was written: its run is recorded.
+func (b *Engine) journaled(actor string, call *markers.Call) {
+	if call != nil && call.NewRun != nil {
+		b.runs.add(runCacheKey(actor, call.Run))
+	}
+}
+
+// runOf is the identity of c's agent run, as the transport read it from the kernel (local)
+// or the request (remote).
+func (b *Engine) runOf(c transport.Caller, scope string) *markers.Run {
+	r := &markers.Run{Actor: c.Actor, Scope: scope, FirstSeen: b.now().UTC(), Transport: transportOf(c)}
+	if c.Local {
+		uid := c.UID
+		r.PID, r.Exe, r.UID = c.PID, c.Exe, &uid
+		if c.Cmdline != "" {
+			r.Cmdline = strings.Split(c.Cmdline, "\x00")
+		}
+		r.StartTime = processStartTime(c.StartTicks)
+		return r
+	}
+	r.RunID = strings.TrimPrefix(scope, "run:")
+	if scope == "window" {
+		r.RunID = ""
+	}
+	r.Token = strings.TrimPrefix(c.Actor, "token:")
+	return r
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc/<pid>/stat's start time: 100 on
+// every Linux architecture Postern runs on.
+const clockTicks = 100
+
+// bootTime is when the system booted (/proc/stat btime); zero if unreadable.
+var bootTime = sync.OnceValue(func() time.Time {
+	f, err := os.Open("/proc/stat")
+	if err != nil {
+		return time.Time{}
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "btime "); ok {
+			if secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+				return time.Unix(secs, 0).UTC()
+			}
+		}
+	}
+	return time.Time{}
+})
+
+// processStartTime is the wall-clock start of a process that started ticks after boot.
+func processStartTime(ticks uint64) time.Time {
+	boot := bootTime()
+	if boot.IsZero() || ticks == 0 {
+		return time.Time{}
+	}
+	return boot.Add(time.Duration(ticks) * time.Second / clockTicks)
+}
+
+// journalJoin journals a call answered by the existing execution id (a join, a replay, a
+// refusal): a joined event, written after the intake lock is released.
+func (b *Engine) journalJoin(ctx context.Context, c transport.Caller, scope, id string, match intent.Match) error {
+	call := b.newCall(ctx, c, scope, match, match.Joins())
+	if err := b.journal.Joined(context.WithoutCancel(ctx), id, call); err != nil {
+		return journalError(err)
+	}
+	b.journaled(c.Actor, call)
+	return nil
+}

@@ -1,0 +1,137 @@
+package engine
+
+import (
+	"crypto/ed25519"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/bastion/intent"
+	"github.com/postern-dev/postern/bastion/transport"
+)
+
+func TestValidateExecArgs(t *testing.T) {
+	b := &Engine{cfg: config.DefaultConfig("/x")}
+	b.cfg.MaxCommandBytes = 32
+	wait := func(n int) *int { return &n }
+	tests := []struct {
+		name    string
+		args    api.ExecArgs
+		wantErr string
+	}{
+		{name: "ok", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "/srv", Env: map[string]string{"RAILS_ENV": "x"}, TimeoutS: 5, WaitS: wait(0)}},
+		{name: "no host", args: api.ExecArgs{Command: "true"}, wantErr: "host is required"},
+		{name: "blank command", args: api.ExecArgs{Host: "h", Command: "  "}, wantErr: "command is required"},
+		{name: "oversized command", args: api.ExecArgs{Host: "h", Command: strings.Repeat("x", 33)}, wantErr: "limit is 32"},
+		{name: "NUL in command", args: api.ExecArgs{Host: "h", Command: "a\x00b"}, wantErr: "NUL"},
+		{name: "invalid UTF-8", args: api.ExecArgs{Host: "h", Command: "a\xffb"}, wantErr: "UTF-8"},
+		{name: "relative cwd", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "srv"}, wantErr: "cwd"},
+		{name: "unclean cwd", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "/srv/../etc"}, wantErr: "cwd"},
+		{name: "env name", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"A=B": "x"}}, wantErr: "variable name"},
+		{name: "reserved env", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"POSTERN_EXECUTION_ID": "ex_x"}}, wantErr: "set by the bastion"},
+		{name: "LD_PRELOAD", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"LD_PRELOAD": "/x.so"}}, wantErr: "no host accepts it"},
+		{name: "PATH", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"PATH": "/tmp"}}, wantErr: "no host accepts it"},
+		{name: "negative timeout", args: api.ExecArgs{Host: "h", Command: "true", TimeoutS: -1}, wantErr: "timeout_s"},
+		{name: "wait too long", args: api.ExecArgs{Host: "h", Command: "true", WaitS: wait(3600)}, wantErr: "wait_s"},
+		{name: "run id with newline", args: api.ExecArgs{Host: "h", Command: "true", RunID: "a\nb"}, wantErr: "run_id"},
+		{name: "idempotency key control char", args: api.ExecArgs{Host: "h", Command: "true", IdempotencyKey: "k\x01"}, wantErr: "idempotency_key"},
+		{name: "operation key with space", args: api.ExecArgs{Host: "h", Command: "true", OperationKey: "a b"}, wantErr: "operation_key"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := b.validate(&tt.args)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("error = %v; want one containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestCheckHostEnv(t *testing.T) {
+	configured := fleet.Host{Name: "db-1", AcceptEnv: []string{"RAILS_ENV", "APP_*"}}
+	bare := fleet.Host{Name: "web-1"}
+	tests := []struct {
+		name    string
+		host    fleet.Host
+		env     map[string]string
+		wantErr string
+	}{
+		{name: "none", host: bare},
+		{name: "locale everywhere", host: bare, env: map[string]string{"LANG": "C", "LC_ALL": "C"}},
+		{name: "accept_env exact and prefix", host: configured, env: map[string]string{"RAILS_ENV": "production", "APP_X": "1"}},
+		{name: "not on this host", host: bare, env: map[string]string{"RAILS_ENV": "production"}, wantErr: "env RAILS_ENV: host web-1 would drop it, since it accepts only POSTERN_*, LANG, LC_* (its accept_env is empty)"},
+		{name: "every dropped name, sorted", host: configured, env: map[string]string{"ZED": "", "APP_OK": "", "ALPHA": ""}, wantErr: "env ALPHA, ZED: host db-1 would drop it, since it accepts only POSTERN_*, LANG, LC_* and its accept_env RAILS_ENV, APP_*"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := checkHostEnv(tt.env, tt.host)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("error = %v; want one containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+func TestInventoryAcceptEnv(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "hosts.toml")
+	key, err := gossh.NewPublicKey(ed25519.PublicKey(make([]byte, ed25519.PublicKeySize)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := fleet.Enroll(path, fleet.Host{Name: "db-1", Addr: "127.0.0.1:2222", Account: "deploy", HostKey: key, AcceptEnv: []string{"APP_*"}}); err != nil {
+		t.Fatal(err)
+	}
+	inv, err := fleet.OpenInventory(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := inv.Host("db-1"); err != nil || !slices.Equal(h.AcceptEnv, []string{"APP_*"}) {
+		t.Fatalf("Host = %+v, %v; want accept_env [APP_*]", h, err)
+	}
+	if err := fleet.Enroll(path, fleet.Host{Name: "db-2", Addr: "127.0.0.1:2222", Account: "deploy", HostKey: key, AcceptEnv: []string{"L*"}}); err == nil || !strings.Contains(err.Error(), "LD_*") {
+		t.Fatalf("Enroll with accept_env L* = %v; want it refused (it would cover LD_*)", err)
+	}
+}
+
+// FuzzExecArgs checks that whatever validate accepts can be fingerprinted, and that the
+// fingerprint does not depend on map order or on fields outside the intent.
+func FuzzExecArgs(f *testing.F) {
+	f.Add("h", "true", "/srv", "LANG", "C", 5, "run-1", "key")
+	f.Add("h", "migrate up; echo \"ok\"", "", "", "", 0, "", "")
+	fp, err := intent.LoadOrCreateFingerprintKey(filepath.Join(f.TempDir(), "fingerprint.key"))
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Fuzz(func(t *testing.T, host, command, cwd, envName, envValue string, timeout int, runID, idemKey string) {
+		b := &Engine{cfg: config.DefaultConfig("/x"), fp: fp}
+		a := api.ExecArgs{Host: host, Command: command, Cwd: cwd, TimeoutS: timeout, RunID: runID, IdempotencyKey: idemKey}
+		if envName != "" {
+			a.Env = map[string]string{envName: envValue}
+		}
+		if b.validate(&a) != nil {
+			return
+		}
+		rec := intent.ActionRecord{Actor: "token:a", Tool: "ssh_exec", Channel: "ssh", Target: "host:" + a.Host,
+			Command: shellCommand(a.Command), Cwd: a.Cwd, Env: a.Env, IntentScope: intent.Scope(transport.Caller{Actor: "token:a"}, a.RunID)}
+		fp1, err := b.fp.Fingerprint(rec)
+		if err != nil {
+			t.Fatalf("validated arguments cannot be fingerprinted: %v", err)
+		}
+		fp2, _ := b.fp.Fingerprint(rec)
+		if fp1 != fp2 || !strings.HasPrefix(fp1, intent.FingerprintPrefix) {
+			t.Fatalf("fingerprint not deterministic: %s vs %s", fp1, fp2)
+		}
+	})
+}

@@ -1,0 +1,66 @@
+package engine
+
+import (
+	"context"
+	"errors"
+
+	"github.com/postern-dev/postern/bastion/delivery"
+	"github.com/postern-dev/postern/bastion/intent"
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/markers"
+)
+
+// deliveredNote is the note of the update event that records a delivery.
+const deliveredNote = "result delivered"
+
+// Delivered records that the result of execution id reached the caller's transport, so a
+// later identical call is a new intent. Only completed executions are marked.
+//
+// The update event names the call that was handed the result, when ctx carries it (the
+// transport's caller and the request's JSON-RPC id).
+//
+// The mark is written without an fsync (markers.NoSync), off the critical path: losing it is
+// harmless. A crash that loses it leaves the execution completed with its result not
+// delivered, so a retry replays the stored result — never a second dispatch, and what the
+// design prescribes whenever delivery is in doubt. Anything that acts on the mark (a new
+// execution of the same intent, once it no longer matches) is itself a synced write, and the
+// journal's log is synced in order, so the mark is durable before that write is. Its
+// revocation (RevokeDelivery) stays synced: losing that would turn a retry into a new intent.
+func (b *Engine) Delivered(ctx context.Context, id string) error {
+	var call *markers.Call
+	if c, ok := transport.CallerFromContext(ctx); ok {
+		call = &markers.Call{Transport: transportOf(c), RequestID: delivery.RequestID(ctx), Run: intent.Scope(c, ""), Match: "delivered"}
+	}
+	_, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, call, markers.NoSync, func(r *markers.Record) error {
+		if r.ResultDeliveredAt == nil && markers.JournalGraph.Terminal(r.State) {
+			t := b.now().UTC()
+			r.ResultDeliveredAt = &t
+		}
+		return nil
+	})
+	return err
+}
+
+// RevokeDelivery revokes the delivery of id's result unless a newer execution of the same
+// intent was accepted since: the delivery then already ended the matching window and a
+// retry joins the newer one, so revoking would only rewrite what made it new. It holds the
+// intake lock of the intent, so no new execution is accepted meanwhile.
+func (b *Engine) RevokeDelivery(ctx context.Context, id string) (bool, error) {
+	rec, err := b.journal.Get(id)
+	if err != nil {
+		return false, err
+	}
+	if rec.IdempotencyKey == "" {
+		defer b.intake.Lock(intent.LockKey(rec.Actor, rec.IntentScope, rec.Fingerprint))()
+		latest, err := b.journal.FindByFingerprint(rec.Actor, rec.IntentScope, rec.Fingerprint)
+		if err != nil && !errors.Is(err, markers.ErrNotFound) {
+			return false, err
+		}
+		if latest != nil && latest.ID != id {
+			b.log.Info("result delivery stays: a newer execution of the same intent was accepted since", "execution_id", id, "newer", latest.ID)
+			return false, nil
+		}
+	}
+	_, revoked, err := b.journal.RevokeDelivery(ctx, id, "the client cancelled the request that carried the result (notifications/cancelled)")
+	return revoked, err
+}

@@ -1,0 +1,216 @@
+package engine
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/policy"
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/markers"
+)
+
+// Limits: an actor's max_concurrent and daily_quota, for the actor as a whole and for each of
+// its agent runs (run_max_concurrent, run_daily_quota; a run is an intent scope). They count
+// by the configured actor (Record.PolicyActor), not the transport's caller string, which
+// every local agent of one user shares.
+//
+//   - A new call over a limit is refused (concurrency_limit, quota_exceeded) and journals
+//     nothing; a call that needs approval is not refused for concurrency, as it runs later.
+//   - max_concurrent counts the executions the bastion is carrying for the actor (its live
+//     drivers, queued ones included). An execution about to be dispatched that was not
+//     admitted by that check — approved by an operator, or recovered after a restart —
+//     waits for a slot instead: it stays authorized, queued (evidence, api.Execution.Queued),
+//     and is dispatched when the executions in flight drop below the limit.
+//   - daily_quota counts the executions accepted since 00:00 UTC that dispatched or may
+//     still (countsTowardQuota): rejected ones, and ones cancelled or failed before dispatch,
+//     do not count.
+
+// checkLimits refuses a new call of actor in scope that would exceed one of its limits. An
+// execution that awaits approval (dispatchNow false) takes no concurrency slot yet: once
+// approved it waits for one (awaitSlot).
+func (b *Engine) checkLimits(c transport.Caller, actor policy.Actor, scope string, dispatchNow bool) error {
+	if dispatchNow && (actor.MaxConcurrent > 0 || actor.RunMaxConcurrent > 0) {
+		b.mu.Lock()
+		all, run := b.inFlightLocked(actor.Name, scope, nil, false)
+		b.mu.Unlock()
+		if why := concurrencyExceeded(actor, all, run); why != "" {
+			b.metrics.rejected.WithLabelValues(api.CodeConcurrencyLimit).Inc()
+			return &api.ToolError{Code: api.CodeConcurrencyLimit, Message: why + "; wait for one to end (nothing was started)"}
+		}
+	}
+	if actor.DailyQuota > 0 || actor.RunDailyQuota > 0 {
+		all, run, err := b.quotaUsed(c.Actor, actor, scope)
+		if err != nil {
+			return journalError(err)
+		}
+		var why string
+		switch {
+		case actor.DailyQuota > 0 && all >= actor.DailyQuota:
+			why = fmt.Sprintf("actor %s used its daily quota of %d executions", actor.Name, actor.DailyQuota)
+		case actor.RunDailyQuota > 0 && run >= actor.RunDailyQuota:
+			why = fmt.Sprintf("this agent run of actor %s used its daily quota of %d executions (run_daily_quota)", actor.Name, actor.RunDailyQuota)
+		}
+		if why != "" {
+			b.metrics.rejected.WithLabelValues(api.CodeQuotaExceeded).Inc()
+			return &api.ToolError{Code: api.CodeQuotaExceeded, Message: why + " (resets at 00:00 UTC; rejected executions do not count); nothing was started"}
+		}
+	}
+	return nil
+}
+
+// concurrencyExceeded says which concurrency limit all (the actor's executions in flight)
+// and run (its run's) reach, or "".
+func concurrencyExceeded(actor policy.Actor, all, run int) string {
+	switch {
+	case actor.MaxConcurrent > 0 && all >= actor.MaxConcurrent:
+		return fmt.Sprintf("actor %s has %d executions in flight, its limit (max_concurrent)", actor.Name, all)
+	case actor.RunMaxConcurrent > 0 && run >= actor.RunMaxConcurrent:
+		return fmt.Sprintf("this agent run of actor %s has %d executions in flight, its limit (run_max_concurrent)", actor.Name, run)
+	}
+	return ""
+}
+
+// inFlightLocked counts the live drivers of actor, and of those the ones in scope, leaving
+// out except and, if activeOnly, the queued ones. Call it with b.mu held.
+func (b *Engine) inFlightLocked(actor, scope string, except *driver, activeOnly bool) (all, run int) {
+	for _, d := range b.drivers {
+		if d == except || (activeOnly && d.queued) {
+			continue
+		}
+		if r := d.record(); r.PolicyActor == actor {
+			all++
+			if r.IntentScope == scope {
+				run++
+			}
+		}
+	}
+	return all, run
+}
+
+// quotaUsed counts the executions of actor (journaled under the caller string journalActor)
+// accepted today that count toward its quotas, and of those the ones in scope. It stops
+// once every quota the actor has is reached.
+func (b *Engine) quotaUsed(journalActor string, actor policy.Actor, scope string) (all, run int, err error) {
+	now := b.now().UTC()
+	midnight := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
+	reached := func() bool {
+		return (actor.DailyQuota == 0 || all >= actor.DailyQuota) && (actor.RunDailyQuota == 0 || run >= actor.RunDailyQuota)
+	}
+	cursor := ""
+	for {
+		recs, next, err := b.journal.List(markers.Query{Actor: journalActor, Since: midnight, Limit: 1000, Cursor: cursor})
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, r := range recs {
+			if r.PolicyActor != actor.Name || !countsTowardQuota(r) {
+				continue
+			}
+			all++
+			if r.IntentScope == scope {
+				run++
+			}
+		}
+		if next == "" || reached() {
+			return all, run, nil
+		}
+		cursor = next
+	}
+}
+
+// countsTowardQuota reports whether an execution uses its actor's quota: it was dispatched,
+// or it still may be (accepted to run, authorized, awaiting approval). Rejected executions
+// and ones cancelled or failed before dispatch never ran, so they do not count.
+func countsTowardQuota(r *markers.Record) bool {
+	if _, dispatched := r.StateTimes[markers.Dispatched]; dispatched {
+		return true
+	}
+	switch r.State {
+	case markers.Accepted:
+		return r.Decision != string(policy.Rejected)
+	case markers.Authorized, markers.AwaitingApproval:
+		return true
+	}
+	return false
+}
+
+// awaitSlot holds an execution that is about to be dispatched until its actor (and its run)
+// has a max_concurrent slot; a new call was admitted by checkLimits and finds one at once.
+// While it waits it is queued: journaled as evidence, and asked() is called (there is no
+// host to ask, so Recover does not wait for it). It returns false when the driver must stop:
+// the bastion is closing, the execution left authorized meanwhile (cancelled), or a journal
+// write failed.
+func (b *Engine) awaitSlot(d *driver, asked func()) bool {
+	rec := d.record()
+	toDispatch := rec.State == markers.Authorized || (rec.State == markers.Accepted && rec.Decision == string(policy.Authorized))
+	if !toDispatch || rec.PolicyActor == "" {
+		return true
+	}
+	actor, ok := b.policy.Actor(rec.PolicyActor)
+	if !ok || (actor.MaxConcurrent == 0 && actor.RunMaxConcurrent == 0) {
+		return true
+	}
+	queued := false
+	for {
+		b.mu.Lock()
+		all, run := b.inFlightLocked(actor.Name, rec.IntentScope, d, true)
+		why := concurrencyExceeded(actor, all, run)
+		d.queued = why != ""
+		freed := b.slotFreed
+		b.mu.Unlock()
+		if why == "" {
+			if !queued {
+				return true
+			}
+			next, err := b.journal.Update(b.ctx, rec.ID, "dequeued", addEvidence("a concurrency slot is free: dispatching"))
+			if err != nil {
+				b.journalFailed(d, b.log, "dequeue", err)
+				return false
+			}
+			d.set(next)
+			return true
+		}
+		if !queued {
+			queued = true
+			note := "queued: " + why + "; it is dispatched when one ends"
+			next, err := b.journal.Update(b.ctx, rec.ID, "queued", addEvidence(note))
+			if err != nil {
+				b.journalFailed(d, b.log, "queue", err)
+				return false
+			}
+			d.set(next)
+			b.metrics.queued.Inc()
+			asked()
+		}
+		select {
+		case <-freed:
+		case <-b.ctx.Done():
+			return false
+		}
+		cur, err := b.journal.Get(rec.ID)
+		if err != nil {
+			b.journalFailed(d, b.log, "queue", err)
+			return false
+		}
+		if cur.State != rec.State {
+			d.set(cur)
+			return false
+		}
+	}
+}
+
+// slotsChangedLocked wakes the executions waiting for a slot (awaitSlot): a driver ended, or
+// a queued execution was cancelled. Call it with b.mu held.
+func (b *Engine) slotsChangedLocked() {
+	close(b.slotFreed)
+	b.slotFreed = make(chan struct{})
+}
+
+// isQueued reports whether execution id waits for a concurrency slot.
+func (b *Engine) isQueued(id string) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	d := b.drivers[id]
+	return d != nil && d.queued
+}

@@ -1,0 +1,155 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/markers"
+)
+
+// cancelWait is how long execution_cancel waits for the host to confirm.
+const cancelWait = 15 * time.Second
+
+// Cancel stops an execution: one not yet dispatched is cancelled in the journal; one on a
+// host is cancelled there (TERM, then KILL after the host's grace period) and its outcome
+// follows from the host's marker; one its host never started (no marker) is cancelled in the
+// journal by its driver instead of being dispatched again. An HTTP request cannot be recalled.
+func (b *Engine) Cancel(ctx context.Context, c transport.Caller, id string) (*api.Execution, error) {
+	rec, err := b.own(c, id)
+	if err != nil {
+		return nil, err
+	}
+	switch rec.State {
+	case markers.Accepted, markers.Authorized:
+		path := []markers.State{markers.Cancelled}
+		if rec.State == markers.Accepted {
+			path = []markers.State{markers.Authorized, markers.Cancelled}
+		}
+		next, err := b.journal.Advance(ctx, id, rec.State, path, "cancelled by "+c.Actor+" before dispatch", nil)
+		if err == nil {
+			b.mu.Lock()
+			b.slotsChangedLocked() // a queued execution's driver lets go
+			b.mu.Unlock()
+			return b.view(next), nil
+		}
+		if !errors.Is(err, markers.ErrConflict) {
+			return nil, journalError(err)
+		}
+		rec = next // the driver dispatched it meanwhile: cancel it on the host
+	case markers.Dispatched, markers.Running, markers.Unknown:
+	default:
+		x := b.stored(rec)
+		x.Next = "It had already ended (" + string(rec.State) + "); nothing to cancel."
+		return x, nil
+	}
+	if rec.Channel == "http" {
+		x := b.stored(rec)
+		x.Next = "An HTTP request that was sent cannot be recalled; its outcome follows from the endpoint's answer. Check execution_status."
+		return x, nil
+	}
+	host, err := b.inv.Host(rec.Host)
+	if err != nil {
+		return nil, &api.ToolError{Code: api.CodeUnknownHost, Message: err.Error(), ExecutionID: id}
+	}
+	b.requestCancel(id)
+	if err := b.cancelOnHost(ctx, host, id); err != nil {
+		x := b.stored(rec)
+		x.Next = fmt.Sprintf("The cancel could not be delivered to %s (%v); the command may still be running. If the host turns out never to have started it, it is cancelled instead of sent again. Try again, or check execution_status.", host.Name, err)
+		return x, nil
+	}
+	d := b.startDriver(rec)
+	if d == nil {
+		return b.stored(rec), nil
+	}
+	return b.await(ctx, d, cancelWait, false, nil), nil
+}
+
+func (b *Engine) cancelOnHost(ctx context.Context, host fleet.Host, id string) error {
+	if host.Level() != fleet.GuaranteeHostagent {
+		return fmt.Errorf("%w: %s (guarantee %s) cannot cancel a command it started", api.ErrNoHostagent, host.Name, host.Level())
+	}
+	ctx, cancel := context.WithTimeout(ctx, cancelWait)
+	defer cancel()
+	conn, err := b.pool.Conn(ctx, host)
+	if err != nil {
+		return err
+	}
+	cc, err := hostproto.DialControl(conn)
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	_, err = cc.Cancel(ctx, id)
+	if errors.Is(err, hostproto.ErrNotRunning) || errors.Is(err, hostproto.ErrNotFound) {
+		return nil // it ended, or never started (no marker): the driver reports which
+	}
+	return err
+}
+
+// List returns the caller's executions, newest first.
+func (b *Engine) List(c transport.Caller, a api.ListArgs) (*api.ListResult, error) {
+	q := markers.Query{Actor: c.Actor, Newest: true, Limit: 50}
+	if a.State != "" {
+		if !markers.JournalGraph.Has(markers.State(a.State)) {
+			return nil, api.Invalid("unknown state %q", a.State)
+		}
+		q.State = markers.State(a.State)
+	}
+	if a.Since != "" {
+		t, err := time.Parse(time.RFC3339, a.Since)
+		if err != nil {
+			return nil, api.Invalid("since: want an RFC 3339 time: %v", err)
+		}
+		q.Since = t
+	}
+	if a.Limit < 0 || a.Limit > 500 {
+		return nil, api.Invalid("limit must be in 0..500")
+	}
+	if a.Limit > 0 {
+		q.Limit = a.Limit
+	}
+	want := q.Limit
+	out := &api.ListResult{Executions: []*api.Execution{}}
+	for {
+		recs, next, err := b.journal.List(q)
+		if err != nil {
+			return nil, journalError(err)
+		}
+		for _, r := range recs {
+			if a.Host == "" || r.Host == a.Host {
+				out.Executions = append(out.Executions, b.view(r))
+			}
+		}
+		if next == "" || len(out.Executions) >= want {
+			break
+		}
+		q.Cursor = next
+	}
+	if len(out.Executions) > want {
+		out.Executions = out.Executions[:want]
+	}
+	return out, nil
+}
+
+// Hosts lists the enrolled hosts.
+func (b *Engine) Hosts() (*api.HostsResult, error) {
+	hosts, err := b.inv.Hosts()
+	if err != nil {
+		return nil, err
+	}
+	out := &api.HostsResult{Hosts: []api.HostInfo{}}
+	for _, h := range hosts {
+		out.Hosts = append(out.Hosts, api.HostInfo{
+			Name: h.Name, Addr: h.Addr, Account: h.Account, HostKey: h.Fingerprint(),
+			HostKeyType: h.HostKey.Type(), Groups: h.Groups, Connected: b.pool.Connected(h.Name), DefaultCwd: h.Cwd,
+			Guarantee: string(h.Level()),
+		})
+	}
+	return out, nil
+}

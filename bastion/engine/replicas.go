@@ -1,0 +1,101 @@
+package engine
+
+import (
+	"github.com/postern-dev/postern/markers"
+)
+
+// Replicas: with a journal shared by several bastions (markers.Replicated, on etcd), at most
+// one of them drives an execution — the owner of its owner key. The others follow it through
+// the journal (a watch) and take it over when its owner's lease expires, then reconcile it
+// with its host by the same rules as Recover: a driver that takes over never dispatches
+// without asking the host first. The background reconcile loop runs on the elected replica;
+// every replica follows the executions in flight, so one of them notices a dead owner.
+
+// replicas is the journal's coordination of replicas, nil on a single node.
+func (b *Engine) replicas() markers.Replicated {
+	r, _ := b.journal.(markers.Replicated)
+	return r
+}
+
+// drives reports whether this replica is to drive d's execution: on a single node always; with
+// replicas once it owns it — at once for an execution it just dispatched (accept's write took
+// the owner key), else by claiming it, following it while another replica owns it. It
+// returns false when the execution ended (or stopped being driven) under another replica,
+// or the bastion is closing.
+func (b *Engine) drives(d *driver, asked func()) bool {
+	r := b.replicas()
+	if r == nil || d.dispatched {
+		return true
+	}
+	for {
+		ok, err := r.Claim(b.ctx, d.id)
+		if err != nil {
+			if b.ctx.Err() == nil {
+				b.log.Error("claim execution", "execution_id", d.id, "err", err)
+			}
+			return false
+		}
+		if ok {
+			// What the record is now, not what it was when the driver started.
+			cur, err := b.journal.Get(d.id)
+			if err != nil {
+				b.journalFailed(d, b.log, "claim", err)
+				return false
+			}
+			d.set(cur)
+			if markers.JournalGraph.Terminal(cur.State) || cur.State == markers.AwaitingApproval {
+				r.Release(d.id) // it ended (or waits for an operator) before the claim
+				return false
+			}
+			return true
+		}
+		asked() // its owner asked
+		gone, err := r.Follow(b.ctx, d.id, d.set)
+		if err != nil && b.ctx.Err() == nil {
+			b.log.Warn("follow execution", "execution_id", d.id, "err", err)
+		}
+		if !gone {
+			return false
+		}
+		b.log.Info("the replica driving an execution is gone; taking it over", "execution_id", d.id)
+	}
+}
+
+// release gives up this replica's ownership of an execution whose driver ended before it
+// did (unknown, journal failed, closing), so that another replica may take it up. An ended
+// execution's owner key went with the write that ended it.
+func (b *Engine) release(d *driver) {
+	r := b.replicas()
+	if r == nil || markers.JournalGraph.Terminal(d.record().State) || b.ctx.Err() != nil {
+		return
+	}
+	r.Release(d.id)
+}
+
+// followInFlight starts a driver — following, or driving once no replica owns it — for every
+// execution in flight that has none here and has not changed for a lease TTL: a younger one
+// was just written by its owner, whose lease (were it dead) would not have expired yet, and
+// following every execution on every replica would cost each of its writes a watch event
+// per replica.
+func (b *Engine) followInFlight(r markers.Replicated) {
+	settled := b.now().Add(-r.LeaseTTL())
+	for _, st := range []markers.State{markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running} {
+		cursor := ""
+		for {
+			recs, next, err := b.journal.List(markers.Query{State: st, Limit: 500, Cursor: cursor})
+			if err != nil {
+				b.log.Error("list executions in flight", "state", st, "err", err)
+				return
+			}
+			for _, rec := range recs {
+				if rec.UpdatedAt.Before(settled) {
+					b.startDriver(rec)
+				}
+			}
+			if next == "" || b.ctx.Err() != nil {
+				break
+			}
+			cursor = next
+		}
+	}
+}
