@@ -63,19 +63,19 @@ func stockLine(host fleet.Host, rec *markers.Record, export map[string]string) (
 // driveStock carries an execution on a stock sshd to its outcome, once it is dispatched (or
 // reconciled to be): exec, and after a lost connection read the marker (marker script) — at
 // most maxReconcileAttempts times — or stop for review (level none).
-func (b *Engine) driveStock(d *driver, log *slog.Logger, host fleet.Host) {
+func (d *driver) driveStock(log *slog.Logger, host fleet.Host) {
 	for attempt := 1; ; attempt++ {
-		a := b.execStock(d, host)
-		if b.ctx.Err() != nil {
+		a := d.execStock(host)
+		if d.ctx.Err() != nil {
 			return // shutting down: the host goes on; the next start reconciles
 		}
 		act := verdict.StockExecVerdict(host.Level(), host.Name, a)
-		if !b.conclude(d, act.Verdict) {
+		if !d.conclude(act.Verdict) {
 			return
 		}
 		switch {
 		case act.Do == verdict.Watch:
-			b.watchStock(d, log, host)
+			d.watchStock(log, host)
 			return
 		case !act.Verdict.Again:
 			if act.Verdict.To != markers.Unknown {
@@ -86,12 +86,12 @@ func (b *Engine) driveStock(d *driver, log *slog.Logger, host fleet.Host) {
 			log.Warn("outcome still unknown after reconciling", "attempts", attempt)
 			return
 		}
-		if !ctxtime.Sleep(b.ctx, time.Duration(attempt)*250*time.Millisecond) {
+		if !ctxtime.Sleep(d.ctx, time.Duration(attempt)*250*time.Millisecond) {
 			return
 		}
-		switch b.reconcileStock(d, log, host) {
+		switch d.reconcileStock(log, host) {
 		case verdict.Watch:
-			b.watchStock(d, log, host)
+			d.watchStock(log, host)
 			return
 		case verdict.Redispatch:
 		default:
@@ -104,25 +104,25 @@ func (b *Engine) driveStock(d *driver, log *slog.Logger, host fleet.Host) {
 // verdict.ReconcileByLevel's verdict and returns what the driver is to do: exec again (redispatch:
 // the marker script has no marker, so the command never started), watch the marker, or
 // nothing more (settle, also when the verdict could not be journaled).
-func (b *Engine) reconcileStock(d *driver, log *slog.Logger, host fleet.Host) verdict.Do {
+func (d *driver) reconcileStock(log *slog.Logger, host fleet.Host) verdict.Do {
 	rec := d.record()
 	var st verdict.LevelStatus
 	if host.Level() == fleet.GuaranteeMarkerScript {
-		w, err := b.askStock(host, rec.ID)
+		w, err := d.e.askStock(host, rec.ID)
 		if err != nil {
-			b.unreachable(d, log, "the marker script on "+host.Name, err)
+			d.unreachable(log, "the marker script on "+host.Name, err)
 			return verdict.Settle
 		}
 		st.Wrapper = w
 	}
-	act := verdict.ReconcileByLevel(host.Level(), rec, b.now(), host.Name, st, b.cancelRequested(rec.ID))
+	act := verdict.ReconcileByLevel(host.Level(), rec, d.now(), host.Name, st, d.e.cancelRequested(rec.ID))
 	answer := string(st.Wrapper.State)
 	if answer == "" {
 		answer = "no_marker"
 	}
-	b.metrics.reconciled.WithLabelValues(answer).Inc()
+	d.metrics.reconciled.WithLabelValues(answer).Inc()
 	log.Info("reconciled with host", "guarantee", host.Level(), "marker", answer, "action", act.Do, "note", act.Verdict.Note)
-	if !b.conclude(d, act.Verdict) {
+	if !d.conclude(act.Verdict) {
 		return verdict.Settle
 	}
 	return act.Do
@@ -136,23 +136,23 @@ const (
 
 // watchStock reads the marker of a command the marker script runs until it ends (or the
 // bastion closes, or the host cannot be asked), journaling what it says.
-func (b *Engine) watchStock(d *driver, log *slog.Logger, host fleet.Host) {
+func (d *driver) watchStock(log *slog.Logger, host fleet.Host) {
 	for wait := watchMin; ; wait = min(2*wait, watchMax) {
-		if !ctxtime.Sleep(b.ctx, wait) {
+		if !ctxtime.Sleep(d.ctx, wait) {
 			return
 		}
-		w, err := b.askStock(host, d.id)
+		w, err := d.e.askStock(host, d.id)
 		if err != nil {
-			b.unreachable(d, log, "the marker script on "+host.Name, err)
+			d.unreachable(log, "the marker script on "+host.Name, err)
 			return
 		}
-		act := verdict.ReconcileByLevel(host.Level(), d.record(), b.now(), host.Name, verdict.LevelStatus{Wrapper: w}, b.cancelRequested(d.id))
+		act := verdict.ReconcileByLevel(host.Level(), d.record(), d.now(), host.Name, verdict.LevelStatus{Wrapper: w}, d.e.cancelRequested(d.id))
 		if act.Do == verdict.Redispatch {
 			// The marker vanished while it was watched: something removed it on the host.
 			act = verdict.Action{Do: verdict.Settle, Verdict: verdict.Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
 				"the marker script's marker on %s vanished while the command ran; it is not sent again — review required", host.Name)}}
 		}
-		if !b.conclude(d, act.Verdict) || act.Do != verdict.Watch {
+		if !d.conclude(act.Verdict) || act.Do != verdict.Watch {
 			return
 		}
 	}
@@ -185,9 +185,9 @@ func askMarkerScript(ctx context.Context, pool *fleet.Pool, host fleet.Host, id 
 }
 
 // execStock sends the execution to its stock sshd and returns how the exec ended.
-func (b *Engine) execStock(d *driver, host fleet.Host) verdict.StockAnswer {
+func (d *driver) execStock(host fleet.Host) verdict.StockAnswer {
 	rec := d.record()
-	conn, err := b.pool.Conn(b.ctx, host)
+	conn, err := d.pool.Conn(d.ctx, host)
 	if err != nil {
 		return verdict.StockAnswer{Err: err}
 	}
@@ -202,19 +202,19 @@ func (b *Engine) execStock(d *driver, host fleet.Host) verdict.StockAnswer {
 		}
 		answer = &a
 		if a.Kind == agentless.Started {
-			b.metrics.dispatchLatency.Observe(time.Since(start).Seconds())
+			d.metrics.dispatchLatency.Observe(time.Since(start).Seconds())
 			d.setStarted(&hostproto.Marker{ID: rec.ID, State: hostproto.MarkerRunning})
-			running.after(runningDelay, func() { b.markRunning(d) })
+			running.after(runningDelay, func() { d.markRunning() })
 		}
 	}}
 	env := map[string]string{hostproto.EnvExecutionID: rec.ID}
 	maps.Copy(env, rec.Env)
-	res := runStock(b.ctx, conn, env, func(export map[string]string) (string, error) { return stockLine(host, rec, export) },
+	res := runStock(d.ctx, conn, env, func(export map[string]string) (string, error) { return stockLine(host, rec, export) },
 		notifyingWriter{d.stdout, d}, stderr)
 	stderr.Close()
 	running.stop()
 	if res.Err != nil {
-		b.pool.Invalidate(host.Name, conn)
+		d.pool.Invalidate(host.Name, conn)
 	}
 	// The stderr copy ended before runStock returned: answer is written.
 	return verdict.StockAnswer{Sent: res.Sent, Refused: res.Refused, Answer: answer, Exit: res.Exit, Signal: res.Signal, Err: res.Err, Stderr: lastLine(d.stderr), Unreadable: stderr.Unreadable()}

@@ -78,14 +78,14 @@ func (b *Engine) applyDecision(ctx context.Context, rec *markers.Record, dec pol
 // finishDecision completes the journaling of a decision a crash interrupted: an execution
 // accepted with a decision other than authorized never dispatches. It reports whether the
 // driver must stop here.
-func (b *Engine) finishDecision(d *driver) bool {
+func (d *driver) finishDecision() bool {
 	rec := d.record()
 	if rec.State != markers.Accepted || rec.Decision == "" || rec.Decision == string(policy.Authorized) {
 		return false
 	}
-	next, err := b.applyDecision(b.ctx, rec, policy.Decision{Outcome: policy.Outcome(rec.Decision), Rule: "as decided when it was accepted"})
+	next, err := d.e.applyDecision(d.ctx, rec, policy.Decision{Outcome: policy.Outcome(rec.Decision), Rule: "as decided when it was accepted"})
 	if err != nil {
-		b.journalFailed(d, b.log, "decision", err)
+		d.journalFailed(d.log, "decision", err)
 		return true
 	}
 	d.set(next)

@@ -31,7 +31,7 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { journal.Close() })
-	b := &Engine{cfg: config.DefaultConfig(t.TempDir()), log: slog.New(slog.DiscardHandler), journal: journal, metrics: newMetrics(), ctx: t.Context(), cancels: map[string]bool{}}
+	b := &Engine{core: &core{cfg: config.DefaultConfig(t.TempDir()), log: slog.New(slog.DiscardHandler), journal: journal, metrics: newMetrics(), ctx: t.Context()}, cancels: map[string]bool{}}
 	walk := map[markers.State][]markers.State{
 		markers.Dispatched: {markers.Authorized, markers.Dispatched},
 		markers.Running:    {markers.Authorized, markers.Dispatched, markers.Running},
@@ -50,13 +50,13 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				d := &driver{id: id, rec: rec, changed: make(chan struct{}), stdout: newTail(1024), stderr: newTail(1024)}
+				d := &driver{core: b.core, e: b, id: id, rec: rec, changed: make(chan struct{}), stdout: newTail(1024), stderr: newTail(1024)}
 				if confirmed && from != markers.Running {
 					d.setStarted(&hostproto.Marker{ID: id, State: hostproto.MarkerStarted, PID: 42, PIDStart: 7})
 				}
 				m := &hostproto.Marker{ID: id, State: ms, StartError: "cwd /x does not exist"}
 				v := verdict.ExecVerdict(id, testHost, verdict.ExecAnswer{First: m, Final: m})
-				if !b.conclude(d, v) {
+				if !d.conclude(v) {
 					t.Errorf("from %s, marker %s, confirmed %v: the journal refused %s", from, ms, confirmed, v.To)
 					continue
 				}

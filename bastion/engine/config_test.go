@@ -17,7 +17,7 @@ import (
 )
 
 func TestValidateExecArgs(t *testing.T) {
-	b := &Engine{cfg: config.DefaultConfig("/x")}
+	b := &Engine{core: &core{cfg: config.DefaultConfig("/x")}}
 	b.cfg.MaxCommandBytes = 32
 	wait := func(n int) *int { return &n }
 	tests := []struct {
@@ -115,7 +115,7 @@ func FuzzExecArgs(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, host, command, cwd, envName, envValue string, timeout int, runID, idemKey string) {
-		b := &Engine{cfg: config.DefaultConfig("/x"), fp: fp}
+		b := &Engine{core: &core{cfg: config.DefaultConfig("/x"), fp: fp}}
 		a := api.ExecArgs{Host: host, Command: command, Cwd: cwd, TimeoutS: timeout, RunID: runID, IdempotencyKey: idemKey}
 		if envName != "" {
 			a.Env = map[string]string{envName: envValue}

@@ -32,6 +32,11 @@ const maxReconcileAttempts = 3
 // At most one driver exists per execution (Bastion.drivers); every state it reaches is
 // journaled before it acts on it.
 type driver struct {
+	*core
+	// e is the engine this driver serves, for what is not shared through core (the driver
+	// registry, views, the host helpers) until those have owners of their own.
+	e *Engine
+
 	id string
 
 	stdout, stderr *tail
@@ -160,6 +165,7 @@ func (b *Engine) startDriverOf(rec *markers.Record, dispatched bool) *driver {
 		return d
 	}
 	d := &driver{
+		core: b.core, e: b,
 		id: rec.ID, rec: rec, changed: make(chan struct{}),
 		stdout: newTail(liveTailBytes), stderr: newTail(liveTailBytes),
 		asked: make(chan struct{}), done: make(chan struct{}),
@@ -177,18 +183,18 @@ func (b *Engine) startDriverOf(rec *markers.Record, dispatched bool) *driver {
 		var once sync.Once
 		asked := func() { once.Do(func() { close(d.asked) }) }
 		defer asked()
-		if !b.drives(d, asked) {
+		if !d.drives(asked) {
 			return
 		}
-		defer b.release(d)
-		if !b.awaitSlot(d, asked) {
+		defer d.release()
+		if !d.awaitSlot(asked) {
 			return
 		}
 		if rec.Channel == "http" {
-			b.driveHTTP(d, asked)
+			d.driveHTTP(asked)
 			return
 		}
-		b.drive(d, asked)
+		d.drive(asked)
 	})
 	return d
 }
@@ -201,21 +207,21 @@ func (b *Engine) liveDriver(id string) *driver {
 
 // drive moves the execution to an outcome: dispatch a new one; for one already in flight,
 // ask its host first and dispatch again only if the host has no marker for it.
-func (b *Engine) drive(d *driver, asked func()) {
-	if b.finishDecision(d) {
+func (d *driver) drive(asked func()) {
+	if d.finishDecision() {
 		return
 	}
 	rec := d.record()
-	log := b.log.With("execution_id", rec.ID, "host", rec.Host)
-	host, err := b.inv.Host(rec.Host)
+	log := d.log.With("execution_id", rec.ID, "host", rec.Host)
+	host, err := d.inv.Host(rec.Host)
 	if err != nil {
 		note := "host " + rec.Host + " is no longer in the inventory: " + err.Error()
 		if rec.State == markers.Accepted || rec.State == markers.Authorized {
-			b.conclude(d, verdict.Verdict{To: markers.Failed, Note: note + "; nothing was dispatched"})
+			d.conclude(verdict.Verdict{To: markers.Failed, Note: note + "; nothing was dispatched"})
 			return
 		}
 		log.Warn("execution outcome unknown", "why", note)
-		b.conclude(d, verdict.Verdict{To: markers.Unknown, Note: note})
+		d.conclude(verdict.Verdict{To: markers.Unknown, Note: note})
 		return
 	}
 	switch {
@@ -224,12 +230,12 @@ func (b *Engine) drive(d *driver, asked func()) {
 	case rec.State == markers.Accepted || rec.State == markers.Authorized:
 		// Connect before the dispatch boundary: a host that cannot be reached (or presents
 		// another key) was sent nothing, so the execution provably failed.
-		ctx, cancel := context.WithTimeout(b.ctx, connectTimeout)
-		_, err := b.pool.Conn(ctx, host)
+		ctx, cancel := context.WithTimeout(d.ctx, connectTimeout)
+		_, err := d.pool.Conn(ctx, host)
 		cancel()
 		if err != nil {
-			if b.ctx.Err() == nil {
-				b.conclude(d, verdict.Verdict{To: markers.Failed, Note: fmt.Sprintf("could not connect to %s, nothing was sent: %v", host.Name, err)})
+			if d.ctx.Err() == nil {
+				d.conclude(verdict.Verdict{To: markers.Failed, Note: fmt.Sprintf("could not connect to %s, nothing was sent: %v", host.Name, err)})
 			}
 			return
 		}
@@ -237,45 +243,45 @@ func (b *Engine) drive(d *driver, asked func()) {
 		if rec.State == markers.Accepted {
 			path = []markers.State{markers.Authorized, markers.Dispatched}
 		}
-		next, err := b.journal.Advance(b.ctx, rec.ID, rec.State, path, "dispatching to "+host.Name, nil)
+		next, err := d.journal.Advance(d.ctx, rec.ID, rec.State, path, "dispatching to "+host.Name, nil)
 		if err != nil {
-			b.journalFailed(d, log, "dispatch", err)
+			d.journalFailed(log, "dispatch", err)
 			return
 		}
 		d.set(next)
-		b.metrics.dispatched.Inc()
+		d.metrics.dispatched.Inc()
 	case host.Level() != fleet.GuaranteeHostagent:
-		do := b.reconcileStock(d, log, host)
+		do := d.reconcileStock(log, host)
 		asked()
 		if do == verdict.Watch {
-			b.watchStock(d, log, host)
+			d.watchStock(log, host)
 		}
 		if do != verdict.Redispatch {
 			return
 		}
 	default:
-		if !b.reconcile(d, log, host) {
+		if !d.reconcile(log, host) {
 			return
 		}
 	}
 	asked()
 	if host.Level() != fleet.GuaranteeHostagent {
-		b.driveStock(d, log, host) // agentless.go
+		d.driveStock(log, host) // agentless.go
 		return
 	}
 	for attempt := 1; ; attempt++ {
-		res, err := b.execOnce(d, host)
-		if b.ctx.Err() != nil {
+		res, err := d.execOnce(host)
+		if d.ctx.Err() != nil {
 			return // shutting down: the host goes on; the next start reconciles
 		}
-		if !b.settle(d, log, host, res, err) {
+		if !d.settle(log, host, res, err) {
 			return
 		}
 		if attempt >= maxReconcileAttempts {
 			log.Warn("outcome still unknown after reconciling", "attempts", attempt)
 			return
 		}
-		if !ctxtime.Sleep(b.ctx, time.Duration(attempt)*250*time.Millisecond) || !b.reconcile(d, log, host) {
+		if !ctxtime.Sleep(d.ctx, time.Duration(attempt)*250*time.Millisecond) || !d.reconcile(log, host) {
 			return
 		}
 	}
@@ -284,30 +290,30 @@ func (b *Engine) drive(d *driver, asked func()) {
 // reconcile asks the host about the execution and carries out verdict.ReconcileOn's decision. It
 // returns true when the driver is to exec: re-dispatch (the host has no marker, so it never
 // started) or attach (the host has a marker).
-func (b *Engine) reconcile(d *driver, log *slog.Logger, host fleet.Host) bool {
+func (d *driver) reconcile(log *slog.Logger, host fleet.Host) bool {
 	rec := d.record()
-	st, err := b.askHost(host, rec.ID)
+	st, err := d.e.askHost(host, rec.ID)
 	if err != nil {
-		b.unreachable(d, log, "hostagent on "+host.Name, err)
+		d.unreachable(log, "hostagent on "+host.Name, err)
 		return false
 	}
-	act := verdict.ReconcileOn(rec, b.now(), host.Name, st, b.cancelRequested(rec.ID))
+	act := verdict.ReconcileOn(rec, d.now(), host.Name, st, d.e.cancelRequested(rec.ID))
 	answer := "absent"
 	if st.Marker != nil {
 		answer = string(st.Marker.State)
 	}
-	b.metrics.reconciled.WithLabelValues(answer).Inc()
+	d.metrics.reconciled.WithLabelValues(answer).Inc()
 	log.Info("reconciled with host", "marker", answer, "action", act.Do, "note", act.Verdict.Note)
-	return b.conclude(d, act.Verdict) && act.Do != verdict.Settle
+	return d.conclude(act.Verdict) && act.Do != verdict.Settle
 }
 
 // unreachable journals that who (the host's hostagent or marker script) could not be asked
 // about the execution: its outcome stays unknown, and the reconcile loop asks again.
-func (b *Engine) unreachable(d *driver, log *slog.Logger, who string, err error) {
-	b.metrics.reconciled.WithLabelValues("unreachable").Inc()
+func (d *driver) unreachable(log *slog.Logger, who string, err error) {
+	d.metrics.reconciled.WithLabelValues("unreachable").Inc()
 	note := fmt.Sprintf("%s could not be asked (%v); the outcome stays unknown until it can be", who, err)
 	log.Warn("execution outcome unknown", "why", note)
-	b.conclude(d, verdict.Verdict{To: markers.Unknown, Note: note})
+	d.conclude(verdict.Verdict{To: markers.Unknown, Note: note})
 }
 
 // askHost returns the host's status answer about id: its marker (nil if it has none) and
@@ -346,9 +352,9 @@ const runningDelay = 20 * time.Millisecond
 
 // execOnce sends the execution to its host under its execution id (a new dispatch, a
 // re-dispatch, or an attach: the host decides by its marker) and returns how it ended.
-func (b *Engine) execOnce(d *driver, host fleet.Host) (hostproto.Result, error) {
+func (d *driver) execOnce(host fleet.Host) (hostproto.Result, error) {
 	rec := d.record()
-	conn, err := b.pool.Conn(b.ctx, host)
+	conn, err := d.pool.Conn(d.ctx, host)
 	if err != nil {
 		return hostproto.Result{}, err
 	}
@@ -357,7 +363,7 @@ func (b *Engine) execOnce(d *driver, host fleet.Host) (hostproto.Result, error) 
 	start := time.Now()
 	var running runningWriter
 	stderr := &mutableWriter{w: notifyingWriter{d.stderr, d}}
-	res, err := hostproto.Run(b.ctx, conn, hostproto.Exec{
+	res, err := hostproto.Run(d.ctx, conn, hostproto.Exec{
 		ExecutionID:  rec.ID,
 		Command:      commandLine(rec),
 		OperationKey: rec.OperationKey,
@@ -376,14 +382,14 @@ func (b *Engine) execOnce(d *driver, host fleet.Host) (hostproto.Result, error) 
 			if m.Final || m.Marker.ID != rec.ID || !m.Marker.State.Live() {
 				return // another execution's marker (operation key taken), or a finished one: the outcome follows
 			}
-			b.metrics.dispatchLatency.Observe(time.Since(start).Seconds())
+			d.metrics.dispatchLatency.Observe(time.Since(start).Seconds())
 			d.setStarted(m.Marker)
-			running.after(runningDelay, func() { b.markRunning(d) })
-			if b.cancelRequested(rec.ID) {
+			running.after(runningDelay, func() { d.markRunning() })
+			if d.e.cancelRequested(rec.ID) {
 				// Cancelled while it was on its way: the host had nothing to cancel then.
-				b.wg.Go(func() {
-					if err := b.cancelOnHost(b.ctx, host, rec.ID); err != nil {
-						b.log.Warn("cancel after start", "execution_id", rec.ID, "err", err)
+				d.wg.Go(func() {
+					if err := d.e.cancelOnHost(d.ctx, host, rec.ID); err != nil {
+						d.log.Warn("cancel after start", "execution_id", rec.ID, "err", err)
 					}
 				})
 			}
@@ -391,7 +397,7 @@ func (b *Engine) execOnce(d *driver, host fleet.Host) (hostproto.Result, error) 
 	})
 	running.stop()
 	if err != nil && !errors.Is(err, hostproto.ErrRefused) && !errors.Is(err, hostproto.ErrExitMissing) {
-		b.pool.Invalidate(host.Name, conn)
+		d.pool.Invalidate(host.Name, conn)
 	}
 	return res, err
 }
@@ -457,18 +463,18 @@ func (d *driver) unjournaledStart() *hostproto.Marker {
 // Recover treats dispatched and running alike — it asks the host, whose marker decides
 // (verdict.ReconcileOn never looks at which of the two the journal shows). The outcome's write is
 // synced and the journal's log is synced in order, so running is durable before the outcome.
-func (b *Engine) markRunning(d *driver) {
+func (d *driver) markRunning() {
 	m := d.unjournaledStart()
 	if m == nil {
 		return
 	}
 	rec := d.record()
-	next, err := b.journal.TransitionWith(b.ctx, rec.ID, rec.State, markers.Running, "host marker "+string(m.State), markers.NoSync, func(r *markers.Record) error {
+	next, err := d.journal.TransitionWith(d.ctx, rec.ID, rec.State, markers.Running, "host marker "+string(m.State), markers.NoSync, func(r *markers.Record) error {
 		r.PID, r.PIDStart = m.PID, m.PIDStart
 		return nil
 	})
 	if err != nil {
-		b.journalFailed(d, b.log, "running", err)
+		d.journalFailed(d.log, "running", err)
 		return
 	}
 	d.set(next)
@@ -485,7 +491,7 @@ type storedResult struct {
 
 // settle journals how an exec ended (verdict.ExecVerdict). It returns true when the outcome is
 // unknown because the answer was lost, so that asking the host again may settle it.
-func (b *Engine) settle(d *driver, log *slog.Logger, host fleet.Host, res hostproto.Result, runErr error) (again bool) {
+func (d *driver) settle(log *slog.Logger, host fleet.Host, res hostproto.Result, runErr error) (again bool) {
 	a := verdict.ExecAnswer{Err: runErr, ExitStatus: res.ExitStatus, ExitSignal: res.ExitSignal, Stderr: lastLine(d.stderr)}
 	if res.First != nil {
 		a.First = res.First.Marker
@@ -494,7 +500,7 @@ func (b *Engine) settle(d *driver, log *slog.Logger, host fleet.Host, res hostpr
 		a.Final = res.Final.Marker
 	}
 	v := verdict.ExecVerdict(d.id, host.Name, a)
-	if !b.conclude(d, v) {
+	if !d.conclude(v) {
 		return false
 	}
 	if v.To != markers.Unknown {
@@ -527,21 +533,21 @@ func copyOutcome(r *markers.Record, m *hostproto.Marker) {
 // conclude journals an SSH execution's verdict: its state (along verdict.JournalPath), evidence,
 // review flag, the host's outcome, and — for a terminal state — the captured output tail in
 // the same write. It returns false if the journal did not take it.
-func (b *Engine) conclude(d *driver, v verdict.Verdict) bool {
+func (d *driver) conclude(v verdict.Verdict) bool {
 	var result []byte
 	// A refusal for an operation key keeps no output: the host's stderr names the holder,
 	// which may be another actor's execution.
 	if markers.JournalGraph.Terminal(v.To) && v.TakenBy == "" {
-		out, outFrom := d.stdout.last(b.cfg.OutputTailBytes)
-		errb, errFrom := d.stderr.last(b.cfg.OutputTailBytes)
+		out, outFrom := d.stdout.last(d.cfg.OutputTailBytes)
+		errb, errFrom := d.stderr.last(d.cfg.OutputTailBytes)
 		var err error
 		result, err = json.Marshal(storedResult{Stdout: out, StdoutOffset: outFrom, Stderr: errb, StderrOffset: errFrom})
 		if err != nil {
-			b.log.Error("encode result", "execution_id", d.id, "err", err)
+			d.log.Error("encode result", "execution_id", d.id, "err", err)
 			return false
 		}
 	}
-	return b.advance(d, v.To, v.Note, v.Review, result, func(r *markers.Record) {
+	return d.advance(v.To, v.Note, v.Review, result, func(r *markers.Record) {
 		if v.Outcome != nil {
 			copyOutcome(r, v.Outcome)
 		}
@@ -561,7 +567,7 @@ func (b *Engine) conclude(d *driver, v verdict.Verdict) bool {
 // there, a note — with note as evidence, review as its ReviewRequired, and the stored result
 // (if any) and mutate in the same write. A start the host confirmed but the journal does not
 // show yet is written as running first. It returns false if the journal did not take it.
-func (b *Engine) advance(d *driver, to markers.State, note string, review bool, result []byte, mutate func(*markers.Record)) bool {
+func (d *driver) advance(to markers.State, note string, review bool, result []byte, mutate func(*markers.Record)) bool {
 	rec := d.record()
 	started := d.unjournaledStart()
 	path := verdict.JournalPath(rec.State, to, started != nil)
@@ -590,48 +596,48 @@ func (b *Engine) advance(d *driver, to markers.State, note string, review bool, 
 	var err error
 	switch {
 	case path == nil:
-		next, err = b.journal.Update(b.ctx, rec.ID, note, apply)
+		next, err = d.journal.Update(d.ctx, rec.ID, note, apply)
 	case result != nil:
-		next, err = b.journal.AdvanceWithResult(b.ctx, rec.ID, rec.State, path, note, result, apply)
+		next, err = d.journal.AdvanceWithResult(d.ctx, rec.ID, rec.State, path, note, result, apply)
 	default:
-		next, err = b.journal.Advance(b.ctx, rec.ID, rec.State, path, note, apply)
+		next, err = d.journal.Advance(d.ctx, rec.ID, rec.State, path, note, apply)
 	}
 	if err != nil {
-		b.journalFailed(d, b.log, string(to), err)
+		d.journalFailed(d.log, string(to), err)
 		return false
 	}
 	d.set(next)
 	if path != nil && (to == markers.Unknown || markers.JournalGraph.Terminal(to)) {
-		b.metrics.finished.WithLabelValues(string(to)).Inc()
+		d.metrics.finished.WithLabelValues(string(to)).Inc()
 	}
 	if markers.JournalGraph.Terminal(to) {
-		b.mu.Lock()
-		delete(b.cancels, rec.ID)
-		b.mu.Unlock()
+		d.e.mu.Lock()
+		delete(d.e.cancels, rec.ID)
+		d.e.mu.Unlock()
 	}
 	return true
 }
 
 // toUnknown journals that the outcome cannot be proven yet (review: and only an operator can
 // settle it). It returns true if the journal took it.
-func (b *Engine) toUnknown(d *driver, note string, review bool) bool {
-	return b.advance(d, markers.Unknown, note, review, nil, nil)
+func (d *driver) toUnknown(note string, review bool) bool {
+	return d.advance(markers.Unknown, note, review, nil, nil)
 }
 
 // journalFailed stops the driver: with the journal unable to record the next step, nothing
 // proceeds (fail closed). The record stays at its last durable state.
-func (b *Engine) journalFailed(d *driver, log *slog.Logger, step string, err error) {
-	if b.ctx.Err() != nil {
+func (d *driver) journalFailed(log *slog.Logger, step string, err error) {
+	if d.ctx.Err() != nil {
 		return
 	}
 	if errors.Is(err, markers.ErrConflict) || errors.Is(err, markers.ErrNotOwner) {
 		// Someone else (a cancel, an operator, another replica) moved the record: follow it.
-		if cur, gerr := b.journal.Get(d.id); gerr == nil {
+		if cur, gerr := d.journal.Get(d.id); gerr == nil {
 			d.set(cur)
 		}
 		return
 	}
-	b.metrics.journalErrors.Inc()
+	d.metrics.journalErrors.Inc()
 	log.Error("journal write failed; execution stopped where it is", "execution_id", d.id, "step", step, "err", err)
 }
 

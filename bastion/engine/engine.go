@@ -28,14 +28,36 @@ type Options struct {
 	Now func() time.Time
 }
 
-// Engine turns tool calls into executions: it owns the journal (one process, one owner),
-// the SSH pool, and the drivers that carry each execution across the dispatch boundary.
+// Engine turns tool calls into executions: it owns the journal's writes (through records),
+// the SSH pool, and the drivers that carry each execution across the dispatch boundary. Its
+// methods are what the surfaces call; the work is done by its parts — intake (matching and
+// acceptance), drivers (one per execution in flight), records (every journal write of an
+// execution), views and hosts — which share core.
 //
 // Invariants: a lifecycle step is journaled (synced) before the next boundary is crossed; a
 // failed journal write stops the execution where it is (nothing is dispatched); at most one
 // driver acts on an execution at a time; nothing is dispatched twice except an execution
 // whose host marker is absent, under the same execution id (the host refuses duplicates).
 type Engine struct {
+	*core
+
+	intake keylock.Set // serializes match-and-create per intent and per idempotency key
+	runs   knownRuns   // agent runs the journal already holds (calls.go)
+	// taskWaits counts each actor's tasks/result requests waiting for an execution to end
+	// (taskstate.go).
+	taskWaits waitSlots
+
+	mu      sync.Mutex // guards drivers (and each driver's queued), cancels, slotFreed and closed
+	drivers map[string]*driver
+	cancels map[string]bool // executions execution_cancel asked to stop (requestCancel)
+	// slotFreed is closed and replaced when a concurrency slot may have freed (limits.go).
+	slotFreed chan struct{}
+	closed    bool
+}
+
+// core is what every part of the engine shares. Its fields are set by Open and never
+// change; what they point to guards itself.
+type core struct {
 	cfg     config.Config
 	log     *slog.Logger
 	now     func() time.Time
@@ -52,19 +74,6 @@ type Engine struct {
 	ctx    context.Context // ended by Close: drivers stop waiting, the hosts go on
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // drivers and the reconcile loop
-
-	intake keylock.Set // serializes match-and-create per intent and per idempotency key
-	runs   knownRuns   // agent runs the journal already holds (calls.go)
-	// taskWaits counts each actor's tasks/result requests waiting for an execution to end
-	// (mcptasks.go).
-	taskWaits waitSlots
-
-	mu      sync.Mutex // guards drivers (and each driver's queued), cancels, slotFreed and closed
-	drivers map[string]*driver
-	cancels map[string]bool // executions execution_cancel asked to stop (requestCancel)
-	// slotFreed is closed and replaced when a concurrency slot may have freed (limits.go).
-	slotFreed chan struct{}
-	closed    bool
 }
 
 // Open opens the state dir (journal, keys, inventory), made private first (see privdir), and
@@ -124,9 +133,12 @@ func Open(opts Options) (*Engine, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &Engine{
-		cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
-		classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin, policy: pol,
-		ctx: ctx, cancel: cancel, drivers: map[string]*driver{}, cancels: map[string]bool{}, slotFreed: make(chan struct{}),
+		core: &core{
+			cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
+			classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin, policy: pol,
+			ctx: ctx, cancel: cancel,
+		},
+		drivers: map[string]*driver{}, cancels: map[string]bool{}, slotFreed: make(chan struct{}),
 	}
 	b.metrics.registry.MustRegister(inFlight{b})
 	return b, nil

@@ -269,31 +269,31 @@ func secret(cr config.Credential) (*plugins.Credential, error) {
 // driveHTTP carries an HTTP execution through the plugin. The plugin journals dispatched
 // just before the first request byte is written and the outcome after; a crash is judged by
 // the boundary the journal shows. An unknown outcome is handled by the endpoint's class.
-func (b *Engine) driveHTTP(d *driver, asked func()) {
-	if b.finishDecision(d) {
+func (d *driver) driveHTTP(asked func()) {
+	if d.finishDecision() {
 		return
 	}
 	rec := d.record()
-	log := b.log.With("execution_id", rec.ID, "endpoint", rec.Host)
+	log := d.log.With("execution_id", rec.ID, "endpoint", rec.Host)
 	defer asked()
 	switch rec.State {
 	case markers.Accepted:
-		next, err := b.journal.Transition(b.ctx, rec.ID, markers.Accepted, markers.Authorized, "authorized", nil)
+		next, err := d.journal.Transition(d.ctx, rec.ID, markers.Accepted, markers.Authorized, "authorized", nil)
 		if err != nil {
-			b.journalFailed(d, log, "authorize", err)
+			d.journalFailed(log, "authorize", err)
 			return
 		}
 		d.set(next)
 	case markers.Dispatched, markers.Running:
 		// In flight when the bastion stopped: the request may have been written.
-		if !b.toUnknown(d, "the bastion stopped while the request was in flight; whether it reached the target is unknown", false) {
+		if !d.toUnknown("the bastion stopped while the request was in flight; whether it reached the target is unknown", false) {
 			return
 		}
 	}
 	for attempt := 1; attempt <= 2; attempt++ {
 		rec = d.record()
 		if rec.State == markers.Unknown {
-			if !b.resolveUnknownHTTP(d, log) {
+			if !d.resolveUnknownHTTP(log) {
 				return
 			}
 			asked()
@@ -301,8 +301,8 @@ func (b *Engine) driveHTTP(d *driver, asked func()) {
 		if markers.JournalGraph.Terminal(d.record().State) {
 			return
 		}
-		b.performHTTP(d, log)
-		if d.record().State != markers.Unknown || b.ctx.Err() != nil {
+		d.performHTTP(log)
+		if d.record().State != markers.Unknown || d.ctx.Err() != nil {
 			return
 		}
 	}
@@ -310,24 +310,24 @@ func (b *Engine) driveHTTP(d *driver, asked func()) {
 
 // resolveUnknownHTTP carries out verdict.DecideUnknownHTTP for an unknown HTTP execution, asking the
 // endpoint's status check when its class wants one. It returns true to send it again.
-func (b *Engine) resolveUnknownHTTP(d *driver, log interface{ Info(string, ...any) }) bool {
+func (d *driver) resolveUnknownHTTP(log interface{ Info(string, ...any) }) bool {
 	rec := d.record()
-	ep, configured := b.cfg.Endpoint(rec.Host)
+	ep, configured := d.cfg.Endpoint(rec.Host)
 	act := verdict.DecideUnknownHTTP(rec, configured, nil)
 	var checked *plugins.HTTPResponse
 	if act.Do == verdict.StatusCheck {
 		var answer verdict.StatusAnswer
-		answer, checked = b.statusCheck(rec, ep)
+		answer, checked = d.e.statusCheck(rec, ep)
 		act = verdict.DecideUnknownHTTP(rec, configured, &answer)
 	}
 	if act.Verdict.To == markers.Completed {
-		b.finishHTTP(d, markers.Completed, act.Verdict.Note, checked)
+		d.finishHTTP(markers.Completed, act.Verdict.Note, checked)
 		return false
 	}
 	if act.Do == verdict.Resend {
 		log.Info("re-sending", "why", act.Verdict.Note)
 	}
-	return b.toUnknown(d, act.Verdict.Note, act.Verdict.Review) && act.Do == verdict.Resend
+	return d.toUnknown(act.Verdict.Note, act.Verdict.Review) && act.Do == verdict.Resend
 }
 
 // statusCheck asks a conditional_write endpoint whether the execution took effect, and
@@ -375,57 +375,57 @@ func (b *Engine) httpAction(rec *markers.Record, ep config.Endpoint, req httpReq
 }
 
 // performHTTP sends the execution's request once through the plugin.
-func (b *Engine) performHTTP(d *driver, log interface{ Warn(string, ...any) }) {
+func (d *driver) performHTTP(log interface{ Warn(string, ...any) }) {
 	rec := d.record()
-	ep, ok := b.cfg.Endpoint(rec.Host)
+	ep, ok := d.cfg.Endpoint(rec.Host)
 	var req httpRequest
 	if ok {
 		ok = json.Unmarshal(rec.Request, &req) == nil
 	}
 	if !ok {
-		b.settleNotSent(d, "endpoint "+rec.Host+" or the journaled request is gone; nothing was sent")
+		d.settleNotSent("endpoint "+rec.Host+" or the journaled request is gone; nothing was sent")
 		return
 	}
-	action, err := b.httpAction(rec, ep, req)
+	action, err := d.e.httpAction(rec, ep, req)
 	if err != nil {
-		b.settleNotSent(d, err.Error()+"; nothing was sent")
+		d.settleNotSent(err.Error()+"; nothing was sent")
 		return
 	}
 	redact := action.Credential.Redactor()
-	_, err = b.plugin.Perform(b.ctx, action, httpJournal{b: b, d: d, redact: redact})
-	if err == nil || b.ctx.Err() != nil {
+	_, err = d.plugin.Perform(d.ctx, action, httpJournal{d: d, redact: redact})
+	if err == nil || d.ctx.Err() != nil {
 		return
 	}
 	err = errors.New(redact.String(err.Error()))
 	// The plugin did not see it through (crashed, or a journal call failed): the journal
 	// says which boundary it reached.
-	cur, gerr := b.journal.Get(rec.ID)
+	cur, gerr := d.journal.Get(rec.ID)
 	if gerr != nil {
-		b.journalFailed(d, b.log, "read after plugin error", gerr)
+		d.journalFailed(d.log, "read after plugin error", gerr)
 		return
 	}
 	d.set(cur)
 	log.Warn("http plugin call ended without an outcome", "execution_id", rec.ID, "state", cur.State, "err", err)
 	switch cur.State {
 	case markers.Authorized:
-		b.finishHTTP(d, markers.Failed, fmt.Sprintf("the plugin failed before the request was written (%v); nothing was sent", err), nil)
+		d.finishHTTP(markers.Failed, fmt.Sprintf("the plugin failed before the request was written (%v); nothing was sent", err), nil)
 	case markers.Dispatched:
-		b.toUnknown(d, fmt.Sprintf("the plugin failed after the request was dispatched (%v); whether it reached the target is unknown", err), false)
+		d.toUnknown(fmt.Sprintf("the plugin failed after the request was dispatched (%v); whether it reached the target is unknown", err), false)
 	}
 }
 
 // settleNotSent ends an execution that was not sent: failed from authorized, unknown if an
 // earlier attempt may have been sent.
-func (b *Engine) settleNotSent(d *driver, note string) {
+func (d *driver) settleNotSent(note string) {
 	if d.record().State == markers.Unknown {
-		b.toUnknown(d, note, false)
+		d.toUnknown(note, false)
 		return
 	}
-	b.finishHTTP(d, markers.Failed, note, nil)
+	d.finishHTTP(markers.Failed, note, nil)
 }
 
 // finishHTTP journals an HTTP outcome with the stored response in the same write.
-func (b *Engine) finishHTTP(d *driver, to markers.State, note string, resp *plugins.HTTPResponse) {
+func (d *driver) finishHTTP(to markers.State, note string, resp *plugins.HTTPResponse) {
 	var result []byte
 	var err error
 	if resp != nil {
@@ -434,11 +434,11 @@ func (b *Engine) finishHTTP(d *driver, to markers.State, note string, resp *plug
 			BodyTruncated: resp.BodyTruncated, IdempotentReplayed: resp.IdempotentReplayed,
 		})
 		if err != nil {
-			b.log.Error("encode response", "execution_id", d.id, "err", err)
+			d.log.Error("encode response", "execution_id", d.id, "err", err)
 			return
 		}
 	}
-	b.advance(d, to, note, false, result, func(r *markers.Record) {
+	d.advance(to, note, false, result, func(r *markers.Record) {
 		if resp != nil {
 			r.HTTPStatus = resp.Status
 			r.IsError = resp.Status >= 400
@@ -450,7 +450,6 @@ func (b *Engine) finishHTTP(d *driver, to markers.State, note string, resp *plug
 // the go-plugin broker). Each call returns once the step is durable. What the plugin reports
 // is redacted here, where it first touches the journal, whatever the plugin did.
 type httpJournal struct {
-	b      *Engine
 	d      *driver
 	redact *plugins.Redactor // the execution's credential; nil without one
 }
@@ -467,12 +466,12 @@ func (j httpJournal) Dispatched(ctx context.Context, id string) error {
 		return err
 	}
 	rec := j.d.record()
-	next, err := j.b.journal.Transition(ctx, id, rec.State, markers.Dispatched, "request bytes handed to the OS", nil)
+	next, err := j.d.journal.Transition(ctx, id, rec.State, markers.Dispatched, "request bytes handed to the OS", nil)
 	if err != nil {
 		return err
 	}
 	j.d.set(next)
-	j.b.metrics.dispatched.Inc()
+	j.d.metrics.dispatched.Inc()
 	return nil
 }
 
@@ -485,7 +484,7 @@ func (j httpJournal) Completed(_ context.Context, id string, resp plugins.HTTPRe
 		note += " (the target replayed its stored response: Idempotent-Replayed)"
 	}
 	resp = j.redact.Response(resp)
-	j.b.finishHTTP(j.d, markers.Completed, note, &resp)
+	j.d.finishHTTP(markers.Completed, note, &resp)
 	return j.outcomeErr(markers.Completed)
 }
 
@@ -493,7 +492,7 @@ func (j httpJournal) Failed(_ context.Context, id, reason string) error {
 	if err := j.check(id); err != nil {
 		return err
 	}
-	j.b.finishHTTP(j.d, markers.Failed, "no request byte was written: "+j.redact.String(reason), nil)
+	j.d.finishHTTP(markers.Failed, "no request byte was written: "+j.redact.String(reason), nil)
 	return j.outcomeErr(markers.Failed)
 }
 
@@ -501,7 +500,7 @@ func (j httpJournal) Unknown(_ context.Context, id, reason string) error {
 	if err := j.check(id); err != nil {
 		return err
 	}
-	j.b.toUnknown(j.d, "the request was written and then "+j.redact.String(reason), false)
+	j.d.toUnknown("the request was written and then "+j.redact.String(reason), false)
 	return j.outcomeErr(markers.Unknown)
 }
 

@@ -36,7 +36,7 @@ func TestCheckPath(t *testing.T) {
 }
 
 func TestCheckHeaders(t *testing.T) {
-	b := &Engine{cfg: config.Config{Credentials: []config.Credential{{Name: "api", Kind: "header", Header: "X-Api-Key", Env: "K"}}}}
+	b := &Engine{core: &core{cfg: config.Config{Credentials: []config.Credential{{Name: "api", Kind: "header", Header: "X-Api-Key", Env: "K"}}}}}
 	ep := config.Endpoint{Name: "e", Credential: "api"}
 	tests := []struct {
 		name    string
@@ -62,7 +62,7 @@ func TestCheckHeaders(t *testing.T) {
 }
 
 func TestRequestBodyIsCanonical(t *testing.T) {
-	b := &Engine{cfg: config.DefaultConfig("/x")}
+	b := &Engine{core: &core{cfg: config.DefaultConfig("/x")}}
 	one, _, ct, err := b.requestBody(api.HTTPArgs{JSON: map[string]any{"b": 1.0, "a": []any{"x", true}}})
 	if err != nil || ct != "application/json" {
 		t.Fatal(err, ct)
@@ -84,7 +84,7 @@ func TestRequestBodyIsCanonical(t *testing.T) {
 func FuzzHTTPArgs(f *testing.F) {
 	f.Add("/v1/x", "X-A", "v", "k", "v")
 	f.Add("/v1/../x", "Authorization", "Bearer a\r\nB: c", "a&b", "c=d")
-	b := &Engine{cfg: config.DefaultConfig("/x")}
+	b := &Engine{core: &core{cfg: config.DefaultConfig("/x")}}
 	f.Fuzz(func(t *testing.T, p, hName, hValue, qKey, qValue string) {
 		if checkPath(p, []string{"/v1"}) == nil && (!strings.HasPrefix(p, "/v1") || strings.Contains(p, "..") || strings.ContainsAny(p, "?#\r\n")) {
 			t.Fatalf("path %q accepted", p)

@@ -141,31 +141,31 @@ func countsTowardQuota(r *markers.Record) bool {
 // host to ask, so Recover does not wait for it). It returns false when the driver must stop:
 // the bastion is closing, the execution left authorized meanwhile (cancelled), or a journal
 // write failed.
-func (b *Engine) awaitSlot(d *driver, asked func()) bool {
+func (d *driver) awaitSlot(asked func()) bool {
 	rec := d.record()
 	toDispatch := rec.State == markers.Authorized || (rec.State == markers.Accepted && rec.Decision == string(policy.Authorized))
 	if !toDispatch || rec.PolicyActor == "" {
 		return true
 	}
-	actor, ok := b.policy.Actor(rec.PolicyActor)
+	actor, ok := d.policy.Actor(rec.PolicyActor)
 	if !ok || (actor.MaxConcurrent == 0 && actor.RunMaxConcurrent == 0) {
 		return true
 	}
 	queued := false
 	for {
-		b.mu.Lock()
-		all, run := b.inFlightLocked(actor.Name, rec.IntentScope, d, true)
+		d.e.mu.Lock()
+		all, run := d.e.inFlightLocked(actor.Name, rec.IntentScope, d, true)
 		why := concurrencyExceeded(actor, all, run)
 		d.queued = why != ""
-		freed := b.slotFreed
-		b.mu.Unlock()
+		freed := d.e.slotFreed
+		d.e.mu.Unlock()
 		if why == "" {
 			if !queued {
 				return true
 			}
-			next, err := b.journal.Update(b.ctx, rec.ID, "dequeued", addEvidence("a concurrency slot is free: dispatching"))
+			next, err := d.journal.Update(d.ctx, rec.ID, "dequeued", addEvidence("a concurrency slot is free: dispatching"))
 			if err != nil {
-				b.journalFailed(d, b.log, "dequeue", err)
+				d.journalFailed(d.log, "dequeue", err)
 				return false
 			}
 			d.set(next)
@@ -174,23 +174,23 @@ func (b *Engine) awaitSlot(d *driver, asked func()) bool {
 		if !queued {
 			queued = true
 			note := "queued: " + why + "; it is dispatched when one ends"
-			next, err := b.journal.Update(b.ctx, rec.ID, "queued", addEvidence(note))
+			next, err := d.journal.Update(d.ctx, rec.ID, "queued", addEvidence(note))
 			if err != nil {
-				b.journalFailed(d, b.log, "queue", err)
+				d.journalFailed(d.log, "queue", err)
 				return false
 			}
 			d.set(next)
-			b.metrics.queued.Inc()
+			d.metrics.queued.Inc()
 			asked()
 		}
 		select {
 		case <-freed:
-		case <-b.ctx.Done():
+		case <-d.ctx.Done():
 			return false
 		}
-		cur, err := b.journal.Get(rec.ID)
+		cur, err := d.journal.Get(rec.ID)
 		if err != nil {
-			b.journalFailed(d, b.log, "queue", err)
+			d.journalFailed(d.log, "queue", err)
 			return false
 		}
 		if cur.State != rec.State {

@@ -22,24 +22,24 @@ func (b *Engine) replicas() markers.Replicated {
 // the owner key), else by claiming it, following it while another replica owns it. It
 // returns false when the execution ended (or stopped being driven) under another replica,
 // or the bastion is closing.
-func (b *Engine) drives(d *driver, asked func()) bool {
-	r := b.replicas()
+func (d *driver) drives(asked func()) bool {
+	r := d.e.replicas()
 	if r == nil || d.dispatched {
 		return true
 	}
 	for {
-		ok, err := r.Claim(b.ctx, d.id)
+		ok, err := r.Claim(d.ctx, d.id)
 		if err != nil {
-			if b.ctx.Err() == nil {
-				b.log.Error("claim execution", "execution_id", d.id, "err", err)
+			if d.ctx.Err() == nil {
+				d.log.Error("claim execution", "execution_id", d.id, "err", err)
 			}
 			return false
 		}
 		if ok {
 			// What the record is now, not what it was when the driver started.
-			cur, err := b.journal.Get(d.id)
+			cur, err := d.journal.Get(d.id)
 			if err != nil {
-				b.journalFailed(d, b.log, "claim", err)
+				d.journalFailed(d.log, "claim", err)
 				return false
 			}
 			d.set(cur)
@@ -50,23 +50,23 @@ func (b *Engine) drives(d *driver, asked func()) bool {
 			return true
 		}
 		asked() // its owner asked
-		gone, err := r.Follow(b.ctx, d.id, d.set)
-		if err != nil && b.ctx.Err() == nil {
-			b.log.Warn("follow execution", "execution_id", d.id, "err", err)
+		gone, err := r.Follow(d.ctx, d.id, d.set)
+		if err != nil && d.ctx.Err() == nil {
+			d.log.Warn("follow execution", "execution_id", d.id, "err", err)
 		}
 		if !gone {
 			return false
 		}
-		b.log.Info("the replica driving an execution is gone; taking it over", "execution_id", d.id)
+		d.log.Info("the replica driving an execution is gone; taking it over", "execution_id", d.id)
 	}
 }
 
 // release gives up this replica's ownership of an execution whose driver ended before it
 // did (unknown, journal failed, closing), so that another replica may take it up. An ended
 // execution's owner key went with the write that ended it.
-func (b *Engine) release(d *driver) {
-	r := b.replicas()
-	if r == nil || markers.JournalGraph.Terminal(d.record().State) || b.ctx.Err() != nil {
+func (d *driver) release() {
+	r := d.e.replicas()
+	if r == nil || markers.JournalGraph.Terminal(d.record().State) || d.ctx.Err() != nil {
 		return
 	}
 	r.Release(d.id)

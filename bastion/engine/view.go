@@ -158,14 +158,14 @@ func (b *Engine) stored(rec *markers.Record) *api.Execution {
 }
 
 // live returns a driven execution's view with the last output it holds.
-func (b *Engine) live(d *driver) *api.Execution {
+func (d *driver) live() *api.Execution {
 	rec := d.record()
 	if markers.JournalGraph.Terminal(rec.State) {
-		return b.stored(rec)
+		return d.e.stored(rec)
 	}
-	x := b.view(rec)
-	out, outFrom := d.stdout.last(b.cfg.OutputTailBytes)
-	errb, errFrom := d.stderr.last(b.cfg.OutputTailBytes)
+	x := d.e.view(rec)
+	out, outFrom := d.stdout.last(d.cfg.OutputTailBytes)
+	errb, errFrom := d.stderr.last(d.cfg.OutputTailBytes)
 	x.Stdout, x.StdoutOffset, x.StdoutBytes = string(out), outFrom, d.stdout.size()
 	x.Stderr, x.StderrOffset, x.StderrBytes = string(errb), errFrom, d.stderr.size()
 	return x
@@ -196,10 +196,10 @@ wait:
 		case <-ctx.Done():
 			break wait
 		case <-tick:
-			progress(b.live(d))
+			progress(d.live())
 		}
 	}
-	x := b.live(d)
+	x := d.live()
 	x.Replayed = joined
 	return x
 }

@@ -27,7 +27,7 @@ func journalOnly(t *testing.T) *Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { j.Close() })
-	return &Engine{journal: j, now: time.Now}
+	return &Engine{core: &core{journal: j, now: time.Now}}
 }
 
 // journalAs creates a record and walks it along path, the last step applying mutate.
