@@ -115,7 +115,7 @@ func (d *driver) reconcileStock(log *slog.Logger, host fleet.Host) verdict.Do {
 		}
 		st.Wrapper = w
 	}
-	act := verdict.ReconcileByLevel(host.Level(), rec, d.now(), host.Name, st, d.e.cancelRequested(rec.ID))
+	act := verdict.ReconcileByLevel(host.Level(), rec, d.now(), host.Name, st, d.all.stopRequested(rec.ID))
 	answer := string(st.Wrapper.State)
 	if answer == "" {
 		answer = "no_marker"
@@ -146,7 +146,7 @@ func (d *driver) watchStock(log *slog.Logger, host fleet.Host) {
 			d.unreachable(log, "the marker script on "+host.Name, err)
 			return
 		}
-		act := verdict.ReconcileByLevel(host.Level(), d.record(), d.now(), host.Name, verdict.LevelStatus{Wrapper: w}, d.e.cancelRequested(d.id))
+		act := verdict.ReconcileByLevel(host.Level(), d.record(), d.now(), host.Name, verdict.LevelStatus{Wrapper: w}, d.all.stopRequested(d.id))
 		if act.Do == verdict.Redispatch {
 			// The marker vanished while it was watched: something removed it on the host.
 			act = verdict.Action{Do: verdict.Settle, Verdict: verdict.Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(

@@ -43,7 +43,7 @@ func (b *Engine) Approve(ctx context.Context, operator, id, note string) (*marke
 	if err != nil {
 		return nil, err
 	}
-	b.startDriver(rec)
+	b.drivers.start(rec)
 	return rec, nil
 }
 
@@ -99,7 +99,7 @@ func (b *Engine) Review(ctx context.Context, operator, id, outcome, note string)
 	case err != nil:
 		return nil, journalError(err)
 	}
-	driven := b.liveDriver(id) != nil
+	driven := b.drivers.live(id) != nil
 	if !verdict.Reviewable(cur.State, driven) {
 		why := "Postern is still carrying it to an outcome (cancel it, or wait)"
 		switch {

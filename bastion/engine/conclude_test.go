@@ -31,7 +31,8 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { journal.Close() })
-	b := &Engine{core: &core{cfg: config.DefaultConfig(t.TempDir()), log: slog.New(slog.DiscardHandler), journal: journal, metrics: newMetrics(), ctx: t.Context()}, cancels: map[string]bool{}}
+	b := &Engine{core: &core{cfg: config.DefaultConfig(t.TempDir()), log: slog.New(slog.DiscardHandler), journal: journal, metrics: newMetrics(), ctx: t.Context()}}
+	b.drivers = newDrivers(b)
 	walk := map[markers.State][]markers.State{
 		markers.Dispatched: {markers.Authorized, markers.Dispatched},
 		markers.Running:    {markers.Authorized, markers.Dispatched, markers.Running},
@@ -50,7 +51,7 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				d := &driver{core: b.core, e: b, id: id, rec: rec, changed: make(chan struct{}), stdout: newTail(1024), stderr: newTail(1024)}
+				d := &driver{core: b.core, all: b.drivers, e: b, id: id, rec: rec, changed: make(chan struct{}), stdout: newTail(1024), stderr: newTail(1024)}
 				if confirmed && from != markers.Running {
 					d.setStarted(&hostproto.Marker{ID: id, State: hostproto.MarkerStarted, PID: 42, PIDStart: 7})
 				}

@@ -33,8 +33,10 @@ const maxReconcileAttempts = 3
 // journaled before it acts on it.
 type driver struct {
 	*core
-	// e is the engine this driver serves, for what is not shared through core (the driver
-	// registry, views, the host helpers) until those have owners of their own.
+	// all are the drivers this one is one of (the concurrency slots, the stop requests).
+	all *drivers
+	// e is the engine this driver serves, for what is not shared through core (views, the
+	// host helpers) until those have owners of their own.
 	e *Engine
 
 	id string
@@ -51,7 +53,7 @@ type driver struct {
 	asked chan struct{} // closed once the host was asked (or dispatched to) once
 	done  chan struct{} // closed when the driver ends
 
-	queued bool // waiting for a concurrency slot (awaitSlot); guarded by Bastion.mu
+	queued bool // waiting for a concurrency slot (awaitSlot); guarded by drivers.mu
 	// dispatched: the record was journaled dispatched by accept, connection up, and this
 	// driver is its first: it execs at once, with nothing to reconcile.
 	dispatched bool
@@ -111,22 +113,6 @@ func copyPooled(w io.Writer, r io.Reader) (int64, error) {
 	return io.CopyBuffer(struct{ io.Writer }{w}, r, *buf)
 }
 
-// requestCancel notes that execution_cancel asked to stop id. Until it ends, its drivers
-// cancel it on the host as soon as the host confirms a start, and cancel it in the journal
-// instead of re-dispatching it if the host never started it. The note lives as long as this
-// process (a restart forgets it; the host's marker still decides).
-func (b *Engine) requestCancel(id string) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.cancels[id] = true
-}
-
-func (b *Engine) cancelRequested(id string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.cancels[id]
-}
-
 // mutableWriter passes writes on until it is muted, then drops them.
 type mutableWriter struct {
 	w     io.Writer
@@ -144,66 +130,6 @@ func (m *mutableWriter) Write(p []byte) (int, error) {
 
 // ReadFrom copies r through a pooled buffer (see notifyingWriter.ReadFrom).
 func (m *mutableWriter) ReadFrom(r io.Reader) (int64, error) { return copyPooled(m, r) }
-
-// startDriver returns the driver of rec's execution, starting one if there is none. It
-// returns nil once the bastion is closing.
-func (b *Engine) startDriver(rec *markers.Record) *driver { return b.startDriverOf(rec, false) }
-
-// startDispatchedDriver starts the driver of an execution accept just journaled as
-// dispatched: it sends it to its host without asking the host first.
-func (b *Engine) startDispatchedDriver(rec *markers.Record) *driver {
-	return b.startDriverOf(rec, true)
-}
-
-func (b *Engine) startDriverOf(rec *markers.Record, dispatched bool) *driver {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.closed {
-		return nil
-	}
-	if d := b.drivers[rec.ID]; d != nil {
-		return d
-	}
-	d := &driver{
-		core: b.core, e: b,
-		id: rec.ID, rec: rec, changed: make(chan struct{}),
-		stdout: newTail(liveTailBytes), stderr: newTail(liveTailBytes),
-		asked: make(chan struct{}), done: make(chan struct{}),
-		dispatched: dispatched && rec.State == markers.Dispatched,
-	}
-	b.drivers[rec.ID] = d
-	b.wg.Go(func() {
-		defer func() {
-			b.mu.Lock()
-			delete(b.drivers, d.id)
-			b.slotsChangedLocked()
-			b.mu.Unlock()
-			close(d.done)
-		}()
-		var once sync.Once
-		asked := func() { once.Do(func() { close(d.asked) }) }
-		defer asked()
-		if !d.drives(asked) {
-			return
-		}
-		defer d.release()
-		if !d.awaitSlot(asked) {
-			return
-		}
-		if rec.Channel == "http" {
-			d.driveHTTP(asked)
-			return
-		}
-		d.drive(asked)
-	})
-	return d
-}
-
-func (b *Engine) liveDriver(id string) *driver {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.drivers[id]
-}
 
 // drive moves the execution to an outcome: dispatch a new one; for one already in flight,
 // ask its host first and dispatch again only if the host has no marker for it.
@@ -297,7 +223,7 @@ func (d *driver) reconcile(log *slog.Logger, host fleet.Host) bool {
 		d.unreachable(log, "hostagent on "+host.Name, err)
 		return false
 	}
-	act := verdict.ReconcileOn(rec, d.now(), host.Name, st, d.e.cancelRequested(rec.ID))
+	act := verdict.ReconcileOn(rec, d.now(), host.Name, st, d.all.stopRequested(rec.ID))
 	answer := "absent"
 	if st.Marker != nil {
 		answer = string(st.Marker.State)
@@ -385,7 +311,7 @@ func (d *driver) execOnce(host fleet.Host) (hostproto.Result, error) {
 			d.metrics.dispatchLatency.Observe(time.Since(start).Seconds())
 			d.setStarted(m.Marker)
 			running.after(runningDelay, func() { d.markRunning() })
-			if d.e.cancelRequested(rec.ID) {
+			if d.all.stopRequested(rec.ID) {
 				// Cancelled while it was on its way: the host had nothing to cancel then.
 				d.wg.Go(func() {
 					if err := d.e.cancelOnHost(d.ctx, host, rec.ID); err != nil {
@@ -611,9 +537,7 @@ func (d *driver) advance(to markers.State, note string, review bool, result []by
 		d.metrics.finished.WithLabelValues(string(to)).Inc()
 	}
 	if markers.JournalGraph.Terminal(to) {
-		d.e.mu.Lock()
-		delete(d.e.cancels, rec.ID)
-		d.e.mu.Unlock()
+		d.all.forgetStop(rec.ID)
 	}
 	return true
 }

@@ -47,12 +47,7 @@ type Engine struct {
 	// (taskstate.go).
 	taskWaits waitSlots
 
-	mu      sync.Mutex // guards drivers (and each driver's queued), cancels, slotFreed and closed
-	drivers map[string]*driver
-	cancels map[string]bool // executions execution_cancel asked to stop (requestCancel)
-	// slotFreed is closed and replaced when a concurrency slot may have freed (limits.go).
-	slotFreed chan struct{}
-	closed    bool
+	drivers *drivers
 }
 
 // core is what every part of the engine shares. Its fields are set by Open and never
@@ -138,8 +133,8 @@ func Open(opts Options) (*Engine, error) {
 			classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin, policy: pol,
 			ctx: ctx, cancel: cancel,
 		},
-		drivers: map[string]*driver{}, cancels: map[string]bool{}, slotFreed: make(chan struct{}),
 	}
+	b.drivers = newDrivers(b)
 	b.metrics.registry.MustRegister(inFlight{b})
 	return b, nil
 }
@@ -159,9 +154,7 @@ func (b *Engine) Journal() markers.JournalStore { return b.journal }
 // Close stops the drivers (commands go on on their hosts; the next start reconciles them),
 // closes the SSH connections and the journal.
 func (b *Engine) Close() error {
-	b.mu.Lock()
-	b.closed = true
-	b.mu.Unlock()
+	b.drivers.close()
 	b.cancel()
 	b.wg.Wait()
 	b.pool.Close()
@@ -187,7 +180,7 @@ func (b *Engine) Recover(ctx context.Context) error {
 				return fmt.Errorf("bastion: list %s executions: %w", st, err)
 			}
 			for _, r := range recs {
-				if d := b.startDriver(r); d != nil {
+				if d := b.drivers.start(r); d != nil {
 					pending = append(pending, d)
 				}
 			}
@@ -207,53 +200,6 @@ func (b *Engine) Recover(ctx context.Context) error {
 			return ctx.Err()
 		}
 	}
-	b.wg.Go(b.reconcileLoop)
+	b.wg.Go(b.drivers.reconcileLoop)
 	return nil
-}
-
-// reconcileLoop asks the hosts again about SSH executions whose outcome is unknown (their
-// host was unreachable), until the bastion closes.
-func (b *Engine) reconcileLoop() {
-	t := time.NewTicker(b.cfg.ReconcileInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-b.ctx.Done():
-			return
-		case <-t.C:
-		}
-		if r := b.replicas(); r != nil {
-			b.followInFlight(r)
-			if !r.Leading() {
-				continue
-			}
-		}
-		b.expireApprovals()
-		b.reconcileUnknown()
-	}
-}
-
-// reconcileUnknown asks the hosts again about every SSH execution whose outcome is unknown
-// because its host could not be asked. Unknowns that require review — asking cannot change
-// them: the host's marker says the process vanished, the execution is older than the host's
-// marker retention, or an HTTP class decided — wait for an operator (or an agent's retry)
-// instead of being asked about on every tick.
-func (b *Engine) reconcileUnknown() {
-	cursor := ""
-	for {
-		recs, next, err := b.journal.List(markers.Query{State: markers.Unknown, Limit: 500, Cursor: cursor})
-		if err != nil {
-			b.log.Error("list unknown executions", "err", err)
-			return
-		}
-		for _, r := range recs {
-			if r.Channel != "http" && !r.ReviewRequired {
-				b.startDriver(r)
-			}
-		}
-		if next == "" || b.ctx.Err() != nil {
-			return
-		}
-		cursor = next
-	}
 }

@@ -299,9 +299,9 @@ func (b *Engine) submit(ctx context.Context, cl *claim, wait time.Duration, prog
 	// finds it and attaches instead of starting a reconciling one of its own.
 	var d *driver
 	if dispatched {
-		d = b.startDispatchedDriver(rec)
+		d = b.drivers.startDispatched(rec)
 	} else {
-		d = b.startDriver(rec)
+		d = b.drivers.start(rec)
 	}
 	unlock()
 	admitted() // the driver counts towards the actor's limits now
@@ -421,7 +421,7 @@ func (b *Engine) connected(h fleet.Host) bool {
 func (b *Engine) join(ctx context.Context, prior *markers.Record, outcome intent.Match, wait time.Duration, progress func(*api.Execution)) (*api.Execution, error) {
 	switch outcome {
 	case intent.Continue, intent.Attach, intent.Reconcile:
-		if d := b.startDriver(prior); d != nil {
+		if d := b.drivers.start(prior); d != nil {
 			return b.await(ctx, d, wait, true, progress), nil
 		}
 	}

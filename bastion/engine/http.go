@@ -383,12 +383,12 @@ func (d *driver) performHTTP(log interface{ Warn(string, ...any) }) {
 		ok = json.Unmarshal(rec.Request, &req) == nil
 	}
 	if !ok {
-		d.settleNotSent("endpoint "+rec.Host+" or the journaled request is gone; nothing was sent")
+		d.settleNotSent("endpoint " + rec.Host + " or the journaled request is gone; nothing was sent")
 		return
 	}
 	action, err := d.e.httpAction(rec, ep, req)
 	if err != nil {
-		d.settleNotSent(err.Error()+"; nothing was sent")
+		d.settleNotSent(err.Error() + "; nothing was sent")
 		return
 	}
 	redact := action.Credential.Redactor()

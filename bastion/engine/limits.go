@@ -31,9 +31,7 @@ import (
 // approved it waits for one (awaitSlot).
 func (b *Engine) checkLimits(c transport.Caller, actor policy.Actor, scope string, dispatchNow bool) error {
 	if dispatchNow && (actor.MaxConcurrent > 0 || actor.RunMaxConcurrent > 0) {
-		b.mu.Lock()
-		all, run := b.inFlightLocked(actor.Name, scope, nil, false)
-		b.mu.Unlock()
+		all, run := b.drivers.inFlight(actor.Name, scope)
 		if why := concurrencyExceeded(actor, all, run); why != "" {
 			b.metrics.rejected.WithLabelValues(api.CodeConcurrencyLimit).Inc()
 			return &api.ToolError{Code: api.CodeConcurrencyLimit, Message: why + "; wait for one to end (nothing was started)"}
@@ -69,23 +67,6 @@ func concurrencyExceeded(actor policy.Actor, all, run int) string {
 		return fmt.Sprintf("this agent run of actor %s has %d executions in flight, its limit (run_max_concurrent)", actor.Name, run)
 	}
 	return ""
-}
-
-// inFlightLocked counts the live drivers of actor, and of those the ones in scope, leaving
-// out except and, if activeOnly, the queued ones. Call it with b.mu held.
-func (b *Engine) inFlightLocked(actor, scope string, except *driver, activeOnly bool) (all, run int) {
-	for _, d := range b.drivers {
-		if d == except || (activeOnly && d.queued) {
-			continue
-		}
-		if r := d.record(); r.PolicyActor == actor {
-			all++
-			if r.IntentScope == scope {
-				run++
-			}
-		}
-	}
-	return all, run
 }
 
 // quotaUsed counts the executions of actor (journaled under the caller string journalActor)
@@ -153,12 +134,12 @@ func (d *driver) awaitSlot(asked func()) bool {
 	}
 	queued := false
 	for {
-		d.e.mu.Lock()
-		all, run := d.e.inFlightLocked(actor.Name, rec.IntentScope, d, true)
+		d.all.mu.Lock()
+		all, run := d.all.inFlightLocked(actor.Name, rec.IntentScope, d, true)
 		why := concurrencyExceeded(actor, all, run)
 		d.queued = why != ""
-		freed := d.e.slotFreed
-		d.e.mu.Unlock()
+		freed := d.all.slotFreed
+		d.all.mu.Unlock()
 		if why == "" {
 			if !queued {
 				return true
@@ -198,19 +179,4 @@ func (d *driver) awaitSlot(asked func()) bool {
 			return false
 		}
 	}
-}
-
-// slotsChangedLocked wakes the executions waiting for a slot (awaitSlot): a driver ended, or
-// a queued execution was cancelled. Call it with b.mu held.
-func (b *Engine) slotsChangedLocked() {
-	close(b.slotFreed)
-	b.slotFreed = make(chan struct{})
-}
-
-// isQueued reports whether execution id waits for a concurrency slot.
-func (b *Engine) isQueued(id string) bool {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	d := b.drivers[id]
-	return d != nil && d.queued
 }

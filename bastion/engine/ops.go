@@ -33,9 +33,7 @@ func (b *Engine) Cancel(ctx context.Context, c transport.Caller, id string) (*ap
 		}
 		next, err := b.journal.Advance(ctx, id, rec.State, path, "cancelled by "+c.Actor+" before dispatch", nil)
 		if err == nil {
-			b.mu.Lock()
-			b.slotsChangedLocked() // a queued execution's driver lets go
-			b.mu.Unlock()
+			b.drivers.slotsChanged() // a queued execution's driver lets go
 			return b.view(next), nil
 		}
 		if !errors.Is(err, markers.ErrConflict) {
@@ -57,13 +55,13 @@ func (b *Engine) Cancel(ctx context.Context, c transport.Caller, id string) (*ap
 	if err != nil {
 		return nil, &api.ToolError{Code: api.CodeUnknownHost, Message: err.Error(), ExecutionID: id}
 	}
-	b.requestCancel(id)
+	b.drivers.requestStop(id)
 	if err := b.cancelOnHost(ctx, host, id); err != nil {
 		x := b.stored(rec)
 		x.Next = fmt.Sprintf("The cancel could not be delivered to %s (%v); the command may still be running. If the host turns out never to have started it, it is cancelled instead of sent again. Try again, or check execution_status.", host.Name, err)
 		return x, nil
 	}
-	d := b.startDriver(rec)
+	d := b.drivers.start(rec)
 	if d == nil {
 		return b.stored(rec), nil
 	}

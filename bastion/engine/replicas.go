@@ -71,31 +71,3 @@ func (d *driver) release() {
 	}
 	r.Release(d.id)
 }
-
-// followInFlight starts a driver — following, or driving once no replica owns it — for every
-// execution in flight that has none here and has not changed for a lease TTL: a younger one
-// was just written by its owner, whose lease (were it dead) would not have expired yet, and
-// following every execution on every replica would cost each of its writes a watch event
-// per replica.
-func (b *Engine) followInFlight(r markers.Replicated) {
-	settled := b.now().Add(-r.LeaseTTL())
-	for _, st := range []markers.State{markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running} {
-		cursor := ""
-		for {
-			recs, next, err := b.journal.List(markers.Query{State: st, Limit: 500, Cursor: cursor})
-			if err != nil {
-				b.log.Error("list executions in flight", "state", st, "err", err)
-				return
-			}
-			for _, rec := range recs {
-				if rec.UpdatedAt.Before(settled) {
-					b.startDriver(rec)
-				}
-			}
-			if next == "" || b.ctx.Err() != nil {
-				break
-			}
-			cursor = next
-		}
-	}
-}

@@ -57,7 +57,7 @@ func (w *waitSlots) release(actor string) {
 func (b *Engine) stateOf(rec *markers.Record) *api.ExecutionState {
 	return &api.ExecutionState{
 		ExecutionID: rec.ID, State: string(rec.State), IsError: rec.IsError, ReviewRequired: rec.ReviewRequired,
-		Queued:     rec.State == markers.Authorized && b.isQueued(rec.ID),
+		Queued:     rec.State == markers.Authorized && b.drivers.queued(rec.ID),
 		AcceptedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt,
 		Retention: b.classes.Get(rec.Class).Retention,
 	}
@@ -120,7 +120,7 @@ func (b *Engine) AwaitEnd(ctx context.Context, c transport.Caller, id string, ch
 			waiting = rec.Actor
 		}
 		var done <-chan struct{}
-		if d := b.liveDriver(id); d != nil {
+		if d := b.drivers.live(id); d != nil {
 			done = d.done
 		}
 		timer := time.NewTimer(taskResultPoll)

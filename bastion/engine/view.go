@@ -51,7 +51,7 @@ func (b *Engine) view(rec *markers.Record) *api.Execution {
 		x.Cause = cause(rec, holder)
 	}
 	x.Next = nextStep(rec, holder)
-	if rec.State == markers.Authorized && b.isQueued(rec.ID) {
+	if rec.State == markers.Authorized && b.drivers.queued(rec.ID) {
 		x.Queued = true
 		x.Next = fmt.Sprintf("Authorized and queued: its actor is at its max_concurrent limit, and it is dispatched when one of the actor's executions ends. Wait with execution_status {execution_id: %q}; do not call ssh_exec again for this.", rec.ID)
 	}
@@ -231,11 +231,11 @@ func (b *Engine) Status(ctx context.Context, c transport.Caller, id string) (*ap
 	if err != nil {
 		return nil, err
 	}
-	if d := b.liveDriver(id); d != nil {
+	if d := b.drivers.live(id); d != nil {
 		return b.await(ctx, d, 0, false, nil), nil
 	}
 	if rec.State == markers.Unknown {
-		if d := b.startDriver(rec); d != nil {
+		if d := b.drivers.start(rec); d != nil {
 			return b.await(ctx, d, wait, false, nil), nil
 		}
 	}
@@ -262,9 +262,9 @@ func (b *Engine) output(ctx context.Context, rec *markers.Record, a api.OutputAr
 		return nil, api.Invalid("wait_s must be in 0..%d", int(b.cfg.MaxWait/time.Second))
 	}
 	wait := b.waitFor(a.WaitS)
-	d := b.liveDriver(a.ExecutionID)
+	d := b.drivers.live(a.ExecutionID)
 	if d == nil && !markers.JournalGraph.Terminal(rec.State) && rec.State != markers.AwaitingApproval && rec.State != markers.Rejected {
-		d = b.startDriver(rec) // attach: reconcile with the host and follow it
+		d = b.drivers.start(rec) // attach: reconcile with the host and follow it
 	}
 	if d != nil {
 		deadline := time.NewTimer(wait)
