@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -175,22 +175,22 @@ func decide(t *testing.T, file string, c decisionCase) string {
 }
 
 // testStatus is a supervisor status: exited:N, signal:S, timed_out, cancelled or start_failed.
-func testStatus(spec string) shim.Status {
+func testStatus(spec string) supervisor.Status {
 	kind, arg, _ := strings.Cut(spec, ":")
 	switch kind {
 	case "exited":
 		n, _ := strconv.Atoi(arg)
-		return shim.Status{Outcome: shim.OutcomeExited, ExitCode: n}
+		return supervisor.Status{Outcome: supervisor.OutcomeExited, ExitCode: n}
 	case "signal":
-		return shim.Status{Outcome: shim.OutcomeExited, ExitCode: -1, Signal: arg}
+		return supervisor.Status{Outcome: supervisor.OutcomeExited, ExitCode: -1, Signal: arg}
 	case "timed_out":
-		return shim.Status{Outcome: shim.OutcomeTimedOut, ExitCode: -1, Signal: "SIGTERM"}
+		return supervisor.Status{Outcome: supervisor.OutcomeTimedOut, ExitCode: -1, Signal: "SIGTERM"}
 	case "cancelled":
-		return shim.Status{Outcome: shim.OutcomeCancelled, ExitCode: -1, Signal: "SIGTERM"}
+		return supervisor.Status{Outcome: supervisor.OutcomeCancelled, ExitCode: -1, Signal: "SIGTERM"}
 	case "start_failed":
-		return shim.Status{Outcome: shim.OutcomeStartFailed, ExitCode: -1, Error: "cwd /srv/app does not exist"}
+		return supervisor.Status{Outcome: supervisor.OutcomeStartFailed, ExitCode: -1, Error: "cwd /srv/app does not exist"}
 	}
-	return shim.Status{}
+	return supervisor.Status{}
 }
 
 // checkMove checks that m is reachable from `from` along path (nil: one edge) in the host

@@ -11,7 +11,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/internal/cli"
 )
 
@@ -31,10 +31,11 @@ Run 'postern-hostagent COMMAND -h' for a command's flags.
 `
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "shim" {
-		// Re-executed by the executor to supervise one command (not for people); before any
-		// signal handling of ours, which the supervisor sets up itself.
-		os.Exit(shim.Main(os.Args[2:]))
+	if supervisor.Invoked(os.Args) {
+		// Re-executed by the executor as the per-host supervisor when postern-supervisor is
+		// not next to it (not for people); before any signal handling of ours, which the
+		// supervisor sets up itself.
+		os.Exit(supervisor.Main(os.Args[2:]))
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
