@@ -919,7 +919,7 @@ func TestSupervisorRefusesOtherUsers(t *testing.T) {
 	h, _ := startTest(t, testSpec("sleep 60"))
 	// The test binary, where nobody may run it; the spool dir it asks for, where nobody
 	// could write (only the supervisor could).
-	bin, err := os.MkdirTemp("", "postern-shim-test-") // t.TempDir's parent is private
+	bin, err := os.MkdirTemp("", "postern-supervisor-test-") // t.TempDir's parent is private
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -931,7 +931,7 @@ func TestSupervisorRefusesOtherUsers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exe := filepath.Join(bin, "shim.test")
+	exe := filepath.Join(bin, "supervisor.test")
 	if err := os.WriteFile(exe, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -942,9 +942,13 @@ func TestSupervisorRefusesOtherUsers(t *testing.T) {
 	cmd := exec.Command(exe)
 	cmd.Env = []string{connectRoleEnv + "=" + h.sup.Socket, "POSTERN_SHIM_TEST_DIR=" + target}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	out, err := cmd.CombinedOutput()
+	// The verdict is on stdout alone: stderr is the runtime's too (a -cover build warns there
+	// that the client, with no GOCOVERDIR, writes no coverage).
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil || strings.TrimSpace(string(out)) != "closed" {
-		t.Fatalf("another uid's request = %q, %v; want the connection closed unanswered", out, err)
+		t.Fatalf("another uid's request = %q, %v (stderr %q); want the connection closed unanswered", out, err, stderr.String())
 	}
 	for _, name := range []string{"witness", SupervisorFile} {
 		if _, err := os.Stat(filepath.Join(target, name)); !errors.Is(err, os.ErrNotExist) {
