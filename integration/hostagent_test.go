@@ -37,6 +37,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	testutil.CleanupBinaries()
+	cleanupPrevious()
 	os.Exit(code)
 }
 
