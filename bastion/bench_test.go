@@ -37,13 +37,13 @@ import (
 // benchActor is the caller of every benchmark execution.
 var benchActor = transport.Caller{Actor: "token:bench"}
 
-// startHostagent runs a real postern-hostagent with postern-shim next to it. It builds them
+// startHostagent runs a real postern-hostagent with postern-supervisor next to it. It builds them
 // into the benchmark's temp dir (the go build cache makes that quick) rather than with
 // harness.Binary, whose shared build dir needs a TestMain this package does not have.
 func startHostagent(b testing.TB) *harness.Hostagent {
 	b.Helper()
 	dir := b.TempDir()
-	for _, name := range []string{"postern-hostagent", "postern-shim"} {
+	for _, name := range []string{"postern-hostagent", "postern-supervisor"} {
 		cmd := exec.Command("go", "build", "-o", filepath.Join(dir, name), "./cmd/"+name)
 		cmd.Dir = ".." // the module root: tests run in their package's directory
 		if out, err := cmd.CombinedOutput(); err != nil {

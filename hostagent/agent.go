@@ -14,7 +14,7 @@ import (
 
 	gliderssh "github.com/gliderlabs/ssh"
 
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/internal/durable"
 	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
@@ -35,9 +35,10 @@ type Agent struct {
 
 // AgentOptions tune OpenAgent.
 type AgentOptions struct {
-	// ShimExe is the binary started as the shim; see ExecutorOptions.ShimExe.
-	ShimExe string
-	Logger  *slog.Logger
+	// SupervisorExe is the binary started as the per-host supervisor; see
+	// ExecutorOptions.SupervisorExe.
+	SupervisorExe string
+	Logger        *slog.Logger
 }
 
 // OpenAgent opens the marker store (creating the data dir and audit key on first start),
@@ -50,7 +51,7 @@ func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, erro
 		logger = slog.Default()
 	}
 	// Commands inherit only stdin, stdout and stderr: nothing this process was handed.
-	if err := shim.CloseInheritedOnExec(); err != nil {
+	if err := supervisor.CloseInheritedOnExec(); err != nil {
 		return nil, fmt.Errorf("hostagent: %w", err)
 	}
 	if err := privdir.Ensure(cfg.DataDir, "data dir", logger); err != nil {
@@ -70,7 +71,7 @@ func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, erro
 	}
 	a := &Agent{cfg: cfg, log: logger, store: store}
 	a.executor, err = NewExecutor(ExecutorOptions{
-		Config: cfg, Store: store, ShimExe: opts.ShimExe, Logger: logger,
+		Config: cfg, Store: store, SupervisorExe: opts.SupervisorExe, Logger: logger,
 		SocketPath: cfg.ControlSocketPath(),
 	})
 	if err == nil {
@@ -207,7 +208,7 @@ func (e *Executor) removeOrphanSpools(cutoff time.Time) (int, error) {
 	removed := 0
 	var errs []error
 	for _, ent := range entries {
-		if shim.IsSpare(ent.Name()) {
+		if supervisor.IsSpare(ent.Name()) {
 			continue // the executor's own
 		}
 		// A restarted execution's spool dir is named <id>.<attempt>.

@@ -5,7 +5,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
@@ -72,7 +72,7 @@ const (
 	foundLive spoolFinding = "live"
 	// foundStartFailed: the status says the command could not start.
 	foundStartFailed spoolFinding = "start_failed"
-	// foundNeverStarted: no supervisor record (shim.ErrNeverStarted).
+	// foundNeverStarted: no supervisor record (supervisor.ErrNeverStarted).
 	foundNeverStarted spoolFinding = "never_started"
 	// foundFenced: recovery fenced the directory: no supervisor ran there, and none will.
 	foundFenced spoolFinding = "fenced"
@@ -133,19 +133,19 @@ func recoveryStep(state markers.State, boot bootOf, found spoolFinding, cause st
 		// cannot start the command later, and only then call it never started.
 		return recovery{Do: recoverFence}
 	case found == foundFenced && state == markers.Started:
-		return recovery{Do: recoverMove, Move: hostMove{To: markers.NotStarted, Note: "recovered: no shim record, the command never ran", Evidence: true}}
+		return recovery{Do: recoverMove, Move: hostMove{To: markers.NotStarted, Note: "recovered: no supervisor record, the command never ran", Evidence: true}}
 	case found == foundUnreadable:
 		return recovery{Do: recoverFail}
 	}
 	// Running with no supervisor record, a supervisor gone without a status, no spool at all.
-	return interrupted("recovered: the shim is gone without an exit record")
+	return interrupted("recovered: the supervisor is gone without an exit record")
 }
 
 // startFailureKind is why a freshly marked command did not start.
 type startFailureKind string
 
 const (
-	// cannotStart: the supervisor could not start the command (shim.StartError): it
+	// cannotStart: the supervisor could not start the command (supervisor.StartError): it
 	// provably did not run, and the same request would fail the same way.
 	cannotStart startFailureKind = "cannot_start"
 	// refusedBeforeSupervisor: refused before a supervisor was asked (the spool is full).
@@ -183,7 +183,7 @@ func startFailure(kind startFailureKind, why, cause string, fence fenceResult) (
 	case fence == fenced:
 		return hostMove{To: markers.NotStarted, Note: "command did not start: " + why, Evidence: true}, false
 	}
-	return hostMove{To: markers.Interrupted, Note: "shim failed after it recorded itself: " + why, Evidence: true}, false
+	return hostMove{To: markers.Interrupted, Note: "the supervisor failed after it recorded itself: " + why, Evidence: true}, false
 }
 
 // waitResult is how waiting for a started command ended.
@@ -209,19 +209,19 @@ type outcome struct {
 // before running was written, so the end goes through running in the same write; running)
 // from how the wait ended (waitErr: the failed wait's error text) and the supervisor's
 // status.
-func outcomeMove(marked markers.State, wait waitResult, waitErr string, st shim.Status) outcome {
+func outcomeMove(marked markers.State, wait waitResult, waitErr string, st supervisor.Status) outcome {
 	var m hostMove
 	switch {
 	case wait == waitedVanished:
-		m = hostMove{To: markers.Interrupted, Note: "the shim vanished without an exit record", Evidence: true}
+		m = hostMove{To: markers.Interrupted, Note: "the supervisor vanished without an exit record", Evidence: true}
 	case wait == waitedFailed:
 		m = hostMove{To: markers.Interrupted, Note: "waiting for the command failed: " + waitErr, Evidence: true}
-	case st.Outcome == shim.OutcomeStartFailed && marked == markers.Started:
+	case st.Outcome == supervisor.OutcomeStartFailed && marked == markers.Started:
 		return outcome{Path: []markers.State{markers.StartFailed},
 			Move: hostMove{To: markers.StartFailed, Note: "command did not start: " + st.Error, Evidence: true, StartError: st.Error}}
-	case st.Outcome == shim.OutcomeTimedOut:
+	case st.Outcome == supervisor.OutcomeTimedOut:
 		m = hostMove{To: markers.TimedOut, Note: "timed out"}
-	case st.Outcome == shim.OutcomeCancelled:
+	case st.Outcome == supervisor.OutcomeCancelled:
 		m = hostMove{To: markers.Cancelled, Note: "cancelled"}
 	default:
 		m = hostMove{To: markers.Exited, Note: "exited"}

@@ -1,23 +1,19 @@
 package hostagent
 
 import (
-	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
+	"github.com/postern-dev/postern/internal/datadriven"
 	"github.com/postern-dev/postern/markers"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs of testdata/decisions/* from the current behaviour")
-
-// The host's decisions are pure functions (decide.go); testdata/decisions holds their tables,
-// pebble style: a command with its inputs, "----", the decision. Run with -rewrite to
-// regenerate the decisions after a deliberate change, and read the diff.
+// The host's decisions are pure functions (decide.go); testdata/decisions holds their tables
+// (internal/datadriven; -rewrite regenerates them).
 //
 // Commands (key=value inputs; states by their names):
 //
@@ -32,109 +28,33 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs of testd
 //
 // Every move a decision makes is also checked against the host graph.
 func TestDecisions(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("testdata", "decisions", "*"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no decision tables: %v", err)
-	}
-	for _, file := range files {
-		t.Run(filepath.Base(file), func(t *testing.T) { runDecisionFile(t, file) })
-	}
+	datadriven.RunDir(t, filepath.Join("testdata", "decisions"), decide)
 }
 
-// decisionCase is one block of a decision table.
-type decisionCase struct {
-	line    int
-	comment string // lines before the command (comments, blank lines)
-	cmd     string
-	args    map[string]string
-	flags   map[string]bool
-	want    string
-}
-
-func runDecisionFile(t *testing.T, file string) {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cases, tail := parseDecisions(t, file, string(data))
-	var out strings.Builder
-	for _, c := range cases {
-		got := decide(t, file, c)
-		if !*rewrite && got != c.want {
-			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", file, c.line, c.cmd, got, c.want)
-		}
-		fmt.Fprintf(&out, "%s%s\n----\n%s\n", c.comment, c.cmd, got)
-	}
-	out.WriteString(tail)
-	if *rewrite {
-		if err := os.WriteFile(file, []byte(out.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// parseDecisions reads blocks: comment lines (#) and blank lines, a command line, "----",
-// and the expected output up to the next blank line.
-func parseDecisions(t *testing.T, file, text string) (cases []decisionCase, tail string) {
-	lines := strings.Split(text, "\n")
-	var comment strings.Builder
-	for i := 0; i < len(lines); i++ {
-		line := lines[i]
-		if line == "" || strings.HasPrefix(line, "#") {
-			comment.WriteString(line + "\n")
-			continue
-		}
-		c := decisionCase{line: i + 1, comment: comment.String(), cmd: line, args: map[string]string{}, flags: map[string]bool{}}
-		comment.Reset()
-		for _, f := range strings.Fields(line)[1:] {
-			if k, v, ok := strings.Cut(f, "="); ok {
-				c.args[k] = v
-			} else {
-				c.flags[f] = true
-			}
-		}
-		if i+1 >= len(lines) || lines[i+1] != "----" {
-			t.Fatalf("%s:%d: want ---- after the command", file, i+1)
-		}
-		i += 2
-		var want []string
-		for ; i < len(lines) && lines[i] != ""; i++ {
-			want = append(want, lines[i])
-		}
-		c.want = strings.Join(want, "\n")
-		// The blank line that ends the block belongs to the next block's comment.
-		if i < len(lines) {
-			comment.WriteString("\n")
-		}
-		cases = append(cases, c)
-	}
-	return cases, strings.TrimSuffix(comment.String(), "\n")
-}
-
-func decide(t *testing.T, file string, c decisionCase) string {
+func decide(t *testing.T, c datadriven.Case) string {
 	fail := func(format string, args ...any) string {
-		t.Fatalf("%s:%d: "+format, append([]any{file, c.line}, args...)...)
+		c.Fatalf(t, format, args...)
 		return ""
 	}
 	state := func(key string) markers.State {
-		s := markers.State(c.args[key])
+		s := markers.State(c.Args[key])
 		if !markers.HostGraph.Has(s) {
 			fail("%s=%q is not a host state", key, s)
 		}
 		return s
 	}
 	var code *int
-	if v, ok := c.args["code"]; ok {
+	if v, ok := c.Args["code"]; ok {
 		n, err := strconv.Atoi(v)
 		if err != nil {
 			fail("code=: %v", err)
 		}
 		code = &n
 	}
-	switch c.cmd[:strings.IndexByte(c.cmd+" ", ' ')] {
+	switch c.Name {
 	case "recover":
 		from := state("state")
-		r := recoveryStep(from, bootOf(c.args["boot"]), spoolFinding(c.args["found"]), c.args["cause"])
+		r := recoveryStep(from, bootOf(c.Args["boot"]), spoolFinding(c.Args["found"]), c.Args["cause"])
 		checkMove(t, from, nil, r.Move)
 		out := string(r.Do)
 		if r.Move.To != "" {
@@ -142,7 +62,7 @@ func decide(t *testing.T, file string, c decisionCase) string {
 		}
 		return out
 	case "start_failure":
-		m, needFence := startFailure(startFailureKind(c.args["kind"]), "supervisor exited", "cwd /srv/app does not exist", fenceResult(c.args["fence"]))
+		m, needFence := startFailure(startFailureKind(c.Args["kind"]), "supervisor exited", "cwd /srv/app does not exist", fenceResult(c.Args["fence"]))
 		if needFence {
 			return "fence first"
 		}
@@ -150,7 +70,7 @@ func decide(t *testing.T, file string, c decisionCase) string {
 		return m.describe()
 	case "outcome":
 		from := state("marked")
-		o := outcomeMove(from, waitResult(c.args["wait"]), "read status: EIO", testStatus(c.args["status"]))
+		o := outcomeMove(from, waitResult(c.Args["wait"]), "read status: EIO", testStatus(c.Args["status"]))
 		checkMove(t, from, o.Path, o.Move)
 		parts := []string{string(from)}
 		for _, s := range o.Path {
@@ -162,35 +82,35 @@ func decide(t *testing.T, file string, c decisionCase) string {
 		}
 		return out
 	case "exit":
-		return strconv.Itoa(exitStatus(state("state"), code, c.args["signal"]))
+		return strconv.Itoa(exitStatus(state("state"), code, c.Args["signal"]))
 	case "duplicate":
-		return string(duplicateAnswer(state("state"), !c.flags["other_command"]))
+		return string(duplicateAnswer(state("state"), !c.Flags["other_command"]))
 	case "operation":
-		if operationFree(state("holder"), code, c.flags["retry_failed"]) {
+		if operationFree(state("holder"), code, c.Flags["retry_failed"]) {
 			return "free: another execution may take the key"
 		}
 		return "taken"
 	}
-	return fail("unknown command %q", c.cmd)
+	return fail("unknown command %q", c.Name)
 }
 
 // testStatus is a supervisor status: exited:N, signal:S, timed_out, cancelled or start_failed.
-func testStatus(spec string) shim.Status {
+func testStatus(spec string) supervisor.Status {
 	kind, arg, _ := strings.Cut(spec, ":")
 	switch kind {
 	case "exited":
 		n, _ := strconv.Atoi(arg)
-		return shim.Status{Outcome: shim.OutcomeExited, ExitCode: n}
+		return supervisor.Status{Outcome: supervisor.OutcomeExited, ExitCode: n}
 	case "signal":
-		return shim.Status{Outcome: shim.OutcomeExited, ExitCode: -1, Signal: arg}
+		return supervisor.Status{Outcome: supervisor.OutcomeExited, ExitCode: -1, Signal: arg}
 	case "timed_out":
-		return shim.Status{Outcome: shim.OutcomeTimedOut, ExitCode: -1, Signal: "SIGTERM"}
+		return supervisor.Status{Outcome: supervisor.OutcomeTimedOut, ExitCode: -1, Signal: "SIGTERM"}
 	case "cancelled":
-		return shim.Status{Outcome: shim.OutcomeCancelled, ExitCode: -1, Signal: "SIGTERM"}
+		return supervisor.Status{Outcome: supervisor.OutcomeCancelled, ExitCode: -1, Signal: "SIGTERM"}
 	case "start_failed":
-		return shim.Status{Outcome: shim.OutcomeStartFailed, ExitCode: -1, Error: "cwd /srv/app does not exist"}
+		return supervisor.Status{Outcome: supervisor.OutcomeStartFailed, ExitCode: -1, Error: "cwd /srv/app does not exist"}
 	}
-	return shim.Status{}
+	return supervisor.Status{}
 }
 
 // checkMove checks that m is reachable from `from` along path (nil: one edge) in the host

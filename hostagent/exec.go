@@ -17,7 +17,7 @@ import (
 
 	gliderssh "github.com/gliderlabs/ssh"
 
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
@@ -48,9 +48,10 @@ var _ markerStore = (*markers.Store)(nil)
 type ExecutorOptions struct {
 	Config Config
 	Store  markerStore
-	// ShimExe is the binary started as the shim (`ShimExe shim`, see shim.Main). Default: ShimBinary
-	// next to this process's executable if it is there, else this executable.
-	ShimExe string
+	// SupervisorExe is the binary started as the per-host supervisor (`SupervisorExe
+	// supervise`, see supervisor.Main). Default: SupervisorBinary next to this process's
+	// executable if it is there, else this executable.
+	SupervisorExe string
 	// SocketPath is the local control socket, handed to commands for checkpoints.
 	SocketPath string
 	Logger     *slog.Logger
@@ -60,20 +61,20 @@ type ExecutorOptions struct {
 //
 // For every execution id it writes the marker (create-if-absent, synced) before the command
 // starts, and never starts an id whose marker exists: a duplicate attaches to the running
-// execution or replays the finished one. Commands run under a shim, detached from the SSH
-// session; the executor watches them and records how they ended.
+// execution or replays the finished one. Commands run under the per-host supervisor, detached
+// from the SSH session; the executor watches them and records how they ended.
 type Executor struct {
 	cfg    Config
 	store  markerStore
 	spool  string
-	quota  *shim.Quota // spool_cap, asked before each launch
-	sup    *shim.Supervisor
-	spares *shim.SpareDirs // spool directories made ahead
-	boot   string          // this boot's id, recorded in every marker
+	quota  *supervisor.Quota // spool_cap, asked before each launch
+	sup    *supervisor.Client
+	spares *supervisor.SpareDirs // spool directories made ahead
+	boot   string                // this boot's id, recorded in every marker
 	sock   string
 	log    *slog.Logger
 
-	// ctx is the parent of the watchers and shims' start; cancelled by Close.
+	// ctx is the parent of the watchers and of command starts; cancelled by Close.
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // watchers
@@ -91,10 +92,10 @@ func NewExecutor(opts ExecutorOptions) (*Executor, error) {
 	if opts.Store == nil {
 		return nil, errors.New("hostagent: executor needs a marker store")
 	}
-	exe := opts.ShimExe
+	exe := opts.SupervisorExe
 	if exe == "" {
 		var err error
-		if exe, err = defaultShimExe(); err != nil {
+		if exe, err = defaultSupervisorExe(); err != nil {
 			return nil, err
 		}
 	}
@@ -106,7 +107,7 @@ func NewExecutor(opts ExecutorOptions) (*Executor, error) {
 	if err := os.MkdirAll(spool, 0o700); err != nil {
 		return nil, fmt.Errorf("hostagent: spool dir: %w", err)
 	}
-	sup, err := shim.NewSupervisor(exe, filepath.Join(opts.Config.DataDir, SupervisorDir), logger.With("component", "supervisor"))
+	sup, err := supervisor.NewClient(exe, filepath.Join(opts.Config.DataDir, SupervisorDir), logger.With("component", "supervisor"))
 	if err != nil {
 		return nil, fmt.Errorf("hostagent: %w", err)
 	}
@@ -117,9 +118,9 @@ func NewExecutor(opts ExecutorOptions) (*Executor, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Executor{
 		cfg: opts.Config, store: opts.Store, spool: spool, sup: sup, boot: boot, sock: opts.SocketPath,
-		spares: shim.NewSpareDirs(spool, spareSpoolDirs, logger),
+		spares: supervisor.NewSpareDirs(spool, spareSpoolDirs, logger),
 		log:    logger.With("component", "executor"), ctx: ctx, cancel: cancel,
-		live: make(map[string]*execution), quota: shim.NewQuota(spool, opts.Config.SpoolCap),
+		live: make(map[string]*execution), quota: supervisor.NewQuota(spool, opts.Config.SpoolCap),
 	}, nil
 }
 
@@ -139,16 +140,16 @@ func bootID() (string, error) {
 	return strings.TrimSpace(string(data)), nil
 }
 
-// ShimBinary is the dedicated shim (cmd/postern-shim): it starts in about half the time of a
-// re-executed agent, which runs every package's initialization first.
-const ShimBinary = "postern-shim"
+// SupervisorBinary is the dedicated supervisor binary (cmd/postern-supervisor): it starts in
+// about half the time of a re-executed agent, which runs every package's initialization first.
+const SupervisorBinary = "postern-supervisor"
 
-func defaultShimExe() (string, error) {
+func defaultSupervisorExe() (string, error) {
 	self, err := os.Executable()
 	if err != nil {
-		return "", fmt.Errorf("hostagent: find own executable for the shim: %w", err)
+		return "", fmt.Errorf("hostagent: find own executable for the supervisor: %w", err)
 	}
-	dedicated := filepath.Join(filepath.Dir(self), ShimBinary)
+	dedicated := filepath.Join(filepath.Dir(self), SupervisorBinary)
 	if info, err := os.Stat(dedicated); err == nil && info.Mode().IsRegular() && info.Mode()&0o111 != 0 {
 		return dedicated, nil
 	}
@@ -298,7 +299,7 @@ func (e *Executor) shell(req ExecRequest) string {
 	return e.cfg.Shell
 }
 
-// launch starts the command of a freshly marked execution under a shim and watches it.
+// launch starts the command of a freshly marked execution under the supervisor and watches it.
 func (e *Executor) launch(x *execution, req ExecRequest) {
 	x.owner = req.Identity.owner()
 	if err := e.quota.Admit(filepath.Base(x.dir)); err != nil {
@@ -308,7 +309,7 @@ func (e *Executor) launch(x *execution, req ExecRequest) {
 	// A spare renamed into place; if that fails, Start makes the directory (and says why if
 	// it cannot).
 	e.spares.Make(x.dir)
-	h, err := e.sup.Start(e.ctx, x.dir, shim.Spec{
+	h, err := e.sup.Start(e.ctx, x.dir, supervisor.Spec{
 		ExecutionID: req.ExecutionID,
 		Command:     req.Command,
 		Shell:       e.shell(req),
@@ -426,8 +427,8 @@ func (e *Executor) attach(ctx context.Context, s gliderssh.Session, x *execution
 	if x.handle != nil {
 		var wg sync.WaitGroup
 		// An interrupted execution ends the copy with ErrVanished; the final marker says so.
-		wg.Go(func() { shim.Follow(ctx, x.dir, shim.StreamStdout, 0, s, x.done) })
-		wg.Go(func() { shim.Follow(ctx, x.dir, shim.StreamStderr, 0, s.Stderr(), x.done) })
+		wg.Go(func() { supervisor.Follow(ctx, x.dir, supervisor.StreamStdout, 0, s, x.done) })
+		wg.Go(func() { supervisor.Follow(ctx, x.dir, supervisor.StreamStderr, 0, s.Stderr(), x.done) })
 		wg.Wait()
 	}
 	select {
@@ -472,7 +473,7 @@ func (e *Executor) replay(s gliderssh.Session, rec *markers.Record) {
 		name string
 		w    io.Writer
 		size int64
-	}{{shim.StdoutFile, s, rec.Output.StdoutBytes}, {shim.StderrFile, s.Stderr(), rec.Output.StderrBytes}} {
+	}{{supervisor.StdoutFile, s, rec.Output.StdoutBytes}, {supervisor.StderrFile, s.Stderr(), rec.Output.StderrBytes}} {
 		file, err := os.Open(filepath.Join(rec.SpoolDir, f.name))
 		if errors.Is(err, os.ErrNotExist) && f.size == 0 {
 			continue // nothing was written; an empty file need not survive a crash

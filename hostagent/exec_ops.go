@@ -7,7 +7,7 @@ import (
 	"io"
 	"time"
 
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
@@ -52,12 +52,12 @@ func (e *Executor) Attach(ctx context.Context, id string, stdoutOffset, stderrOf
 	for _, f := range []struct {
 		stream string
 		offset int64
-	}{{shim.StreamStdout, stdoutOffset}, {shim.StreamStderr, stderrOffset}} {
+	}{{supervisor.StreamStdout, stdoutOffset}, {supervisor.StreamStderr, stderrOffset}} {
 		go func() {
-			_, err := shim.Follow(ctx, rec.SpoolDir, f.stream, f.offset, emitWriter{f.stream, emit}, ended)
+			_, err := supervisor.Follow(ctx, rec.SpoolDir, f.stream, f.offset, emitWriter{f.stream, emit}, ended)
 			// No supervisor, or one that vanished: whatever was stored is all there is, and
 			// the marker tells how the execution ended.
-			if errors.Is(err, shim.ErrNeverStarted) || errors.Is(err, shim.ErrVanished) {
+			if errors.Is(err, supervisor.ErrNeverStarted) || errors.Is(err, supervisor.ErrVanished) {
 				err = nil
 			}
 			errs <- err
@@ -109,7 +109,7 @@ func (e *Executor) Cancel(ctx context.Context, id string) (*markers.Record, erro
 	if err != nil {
 		return nil, err
 	}
-	if err := x.handle.Cancel(); err != nil && !errors.Is(err, shim.ErrNotRunning) {
+	if err := x.handle.Cancel(); err != nil && !errors.Is(err, supervisor.ErrNotRunning) {
 		return nil, fmt.Errorf("cancel %s: %w", id, err)
 	}
 	select {
@@ -130,7 +130,7 @@ func (e *Executor) Checkpoint(ctx context.Context, id string, peerPID int, note 
 	if err != nil {
 		return nil, err
 	}
-	ok, err := shim.InExecution(peerPID, x.handle.Process())
+	ok, err := supervisor.InExecution(peerPID, x.handle.Process())
 	if err != nil || !ok {
 		return nil, fmt.Errorf("%w: pid %d", ErrNotYourProcess, peerPID)
 	}

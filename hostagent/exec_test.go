@@ -15,17 +15,17 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/hostagent"
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
 
 // TestMain lets the test binary stand in for postern-hostagent when the executor re-executes
-// it as the shim.
+// it as the supervisor.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "shim" {
-		os.Exit(shim.Main(os.Args[2:]))
+	if supervisor.Invoked(os.Args) {
+		os.Exit(supervisor.Main(os.Args[2:]))
 	}
 	os.Exit(m.Run())
 }
@@ -36,7 +36,8 @@ type execAgent struct {
 	dial   func() *gossh.Client
 }
 
-// startExecAgent serves an executor whose store useStore sets; the test binary is the shim.
+// startExecAgent serves an executor whose store useStore sets; the test binary is the
+// supervisor.
 func startExecAgent(t testing.TB, useStore func(*hostagent.ExecutorOptions)) *execAgent {
 	t.Helper()
 	dir := t.TempDir()

@@ -8,7 +8,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -30,7 +30,7 @@ type execution struct {
 	// started is closed once the supervisor started the command or failed to; handle is set
 	// before (nil if the command did not start).
 	started chan struct{}
-	handle  *shim.Handle
+	handle  *supervisor.Handle
 	// done is closed once the final marker is written; final is set before (nil if the
 	// marker turned out to exist already, see Executor.claim, or its write failed).
 	done  chan struct{}
@@ -71,17 +71,17 @@ func (x *execution) move(ctx context.Context, m hostMove, path []markers.State, 
 // did not keep.
 func (x *execution) startFailed(ctx context.Context, startErr error) *markers.Record {
 	kind, cause := supervisorFailed, ""
-	var se *shim.StartError
+	var se *supervisor.StartError
 	switch {
 	case errors.As(startErr, &se):
 		kind, cause = cannotStart, se.Cause
-	case errors.Is(startErr, shim.ErrStartFailed):
+	case errors.Is(startErr, supervisor.ErrStartFailed):
 		kind = refusedBeforeSupervisor
 	}
 	m, needFence := startFailure(kind, startErr.Error(), cause, notFenced)
 	if needFence {
 		fence := fenced
-		if shim.Fence(x.dir) != nil {
+		if supervisor.Fence(x.dir) != nil {
 			fence = fenceLost
 		}
 		m, _ = startFailure(kind, startErr.Error(), cause, fence)
@@ -135,10 +135,10 @@ func (x *execution) markRunning(ctx context.Context, m hostMove) error {
 // recordOutcome moves the marker to how the command ended (outcomeMove decides). If the
 // write fails it returns nil and callers report the outcome unknown; recovery records it
 // from the supervisor's status at the next start.
-func (x *execution) recordOutcome(ctx context.Context, st shim.Status, waitErr error) *markers.Record {
+func (x *execution) recordOutcome(ctx context.Context, st supervisor.Status, waitErr error) *markers.Record {
 	wait, why := waitedStatus, ""
 	switch {
-	case errors.Is(waitErr, shim.ErrVanished):
+	case errors.Is(waitErr, supervisor.ErrVanished):
 		wait = waitedVanished
 	case waitErr != nil:
 		wait, why = waitedFailed, waitErr.Error()
@@ -169,7 +169,7 @@ func (x *execution) recordOutcome(ctx context.Context, st shim.Status, waitErr e
 }
 
 // recordStatus copies a supervisor's status into the marker.
-func recordStatus(r *markers.Record, st shim.Status, isError bool) {
+func recordStatus(r *markers.Record, st supervisor.Status, isError bool) {
 	if st.Signal == "" {
 		code := st.ExitCode
 		r.ExitCode = &code
@@ -198,10 +198,10 @@ func (x *execution) recover(ctx context.Context, rec *markers.Record, boot bootO
 	h, found, cause, readErr := readSpool(x.dir)
 	r := recoveryStep(rec.State, boot, found, cause)
 	if r.Do == recoverFence {
-		switch ferr := shim.Fence(x.dir); {
+		switch ferr := supervisor.Fence(x.dir); {
 		case ferr == nil:
 			found = foundFenced
-		case errors.Is(ferr, shim.ErrAlreadyUsed):
+		case errors.Is(ferr, supervisor.ErrAlreadyUsed):
 			// A supervisor recorded itself first: what it left decides.
 			h, found, cause, readErr = readSpool(x.dir)
 		default:
@@ -238,17 +238,17 @@ func (x *execution) recover(ctx context.Context, rec *markers.Record, boot bootO
 
 // readSpool adopts the execution in dir and says what its spool shows (cause: the start
 // error a start_failed status records; err: why it could not be read).
-func readSpool(dir string) (h *shim.Handle, found spoolFinding, cause string, err error) {
-	h, err = shim.Adopt(dir)
+func readSpool(dir string) (h *supervisor.Handle, found spoolFinding, cause string, err error) {
+	h, err = supervisor.Adopt(dir)
 	switch {
 	case err == nil:
-		if st, serr := shim.ReadStatus(dir); serr == nil && st.Outcome == shim.OutcomeStartFailed {
+		if st, serr := supervisor.ReadStatus(dir); serr == nil && st.Outcome == supervisor.OutcomeStartFailed {
 			return h, foundStartFailed, st.Error, nil
 		}
 		return h, foundLive, "", nil
-	case errors.Is(err, shim.ErrNeverStarted):
+	case errors.Is(err, supervisor.ErrNeverStarted):
 		return nil, foundNeverStarted, "", nil
-	case errors.Is(err, shim.ErrVanished):
+	case errors.Is(err, supervisor.ErrVanished):
 		return nil, foundVanished, "", nil
 	case errors.Is(err, os.ErrNotExist):
 		return nil, foundMissing, "", nil

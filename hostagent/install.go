@@ -258,7 +258,7 @@ missing_execution_id = {{quote .MissingExecutionID}}
 // accounts a command may use are decided by allowed_accounts, not by sudoers.
 //
 // KillMode=process: stopping or restarting the agent kills only the agent; commands run under
-// their own shim and are re-adopted by the next agent, never re-run.
+// the per-host supervisor and are re-adopted by the next agent, never re-run.
 var unitTemplate = template.Must(template.New("unit").Parse(`[Unit]
 Description=Postern hostagent (marker-guarded remote execution over SSH)
 Documentation=https://github.com/postern-dev/postern
@@ -270,7 +270,7 @@ Type=simple
 ExecStart={{.Binary}} serve --config {{.Config}}
 Restart=always
 RestartSec=1s
-# Only the agent is stopped on restart; running commands (their shims) survive and are re-adopted.
+# Only the agent is stopped on restart; running commands (their supervisor) survive and are re-adopted.
 KillMode=process
 # Commands inherit this sandbox: they cannot gain privileges (no sudo/setuid) and can write
 # only the paths listed in ReadWritePaths (install --read-write adds more).

@@ -15,7 +15,7 @@ func TestRemoveOrphanSpools(t *testing.T) {
 	store := testutil.OpenStore(t, markers.HostGraph)
 	cfg := DefaultConfig()
 	cfg.DataDir = t.TempDir()
-	e, err := NewExecutor(ExecutorOptions{Config: cfg, Store: store.Store, ShimExe: "/nonexistent"})
+	e, err := NewExecutor(ExecutorOptions{Config: cfg, Store: store.Store, SupervisorExe: "/nonexistent"})
 	if err != nil {
 		t.Fatal(err)
 	}

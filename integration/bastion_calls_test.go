@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"net/http"
@@ -316,11 +317,16 @@ func TestLongCommandReturnsAHandle(t *testing.T) {
 // TestCancelStopsTheCommand: execution_cancel ends a running command on its host and the
 // execution says cancelled.
 func TestCancelStopsTheCommand(t *testing.T) {
-	f := startFleet(t)
-	ctx := testContext(t)
+	cancelStopsTheCommand(t, testContext(t), startFleet(t))
+}
+
+// cancelStopsTheCommand is TestCancelStopsTheCommand on fleet f (TestSkew runs it across
+// releases): the command started once, and is gone.
+func cancelStopsTheCommand(t *testing.T, ctx context.Context, f *testbed) {
 	cs := f.session(t, "agent", "run-cancel")
-	pidFile := filepath.Join(t.TempDir(), "pid")
-	x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo $$ > " + pidFile + "; exec sleep 30", "wait_s": 0})
+	dir := t.TempDir()
+	started, pidFile := filepath.Join(dir, "started"), filepath.Join(dir, "pid")
+	x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo x >> " + started + "; echo $$ > " + pidFile + "; exec sleep 30", "wait_s": 0})
 	var pid int
 	testutil.WaitFor(t, "the command to write its pid", func() bool {
 		data, err := os.ReadFile(pidFile)
@@ -344,4 +350,5 @@ func TestCancelStopsTheCommand(t *testing.T) {
 	if st := statusOf(t, ctx, cs, x.ExecutionID); st.State != "cancelled" {
 		t.Fatalf("status = %+v; want cancelled", st)
 	}
+	ranOnce(t, started)
 }

@@ -160,8 +160,12 @@ func TestLostMCPResponseIsReplayed(t *testing.T) {
 // command runs. The bastion asks the host, finds the marker, attaches, and the waiting call
 // gets the outcome; nothing runs twice.
 func TestHostConnectionCutAfterStart(t *testing.T) {
-	f := startFleetBehindProxy(t)
-	ctx := testContext(t)
+	hostConnectionCutAfterStart(t, testContext(t), startFleetBehindProxy(t))
+}
+
+// hostConnectionCutAfterStart is TestHostConnectionCutAfterStart on fleet f, behind its proxy
+// (TestSkew runs it across releases).
+func hostConnectionCutAfterStart(t *testing.T, ctx context.Context, f *testbed) {
 	cc := hostControl(t, f.host)
 	g := newGatedCommand(t)
 	cs := f.session(t, "agent", "run-cut")
@@ -265,49 +269,53 @@ func TestBastionKilledMidCommand(t *testing.T) {
 		{name: "ended while the bastion was down", endWhileDown: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			f := startFleet(t)
-			ctx := testContext(t)
-			cc := hostControl(t, f.host)
-			g := newGatedCommand(t)
-			args := map[string]any{"host": "h1", "command": g.cmd, "wait_s": 0}
-
-			first := mustCall(t, ctx, f.session(t, "agent", "run-crash"), "ssh_exec", args)
-			marker := waitForRunningMarker(t, ctx, cc)
-			if marker.ID != first.ExecutionID {
-				t.Fatalf("host runs %s; the bastion answered %s", marker.ID, first.ExecutionID)
-			}
-			f.bastion.Kill(t)
-			if tc.endWhileDown {
-				g.open(t)
-				testutil.WaitFor(t, "the command to end on the host", func() bool {
-					m := hostMarker(t, ctx, cc, first.ExecutionID)
-					return m != nil && m.State == hostproto.MarkerExited
-				})
-			}
-			f.bastion.Start(t)
-
-			cs := f.session(t, "agent", "run-crash")
-			again := mustCall(t, ctx, cs, "ssh_exec", args)
-			if again.ExecutionID != first.ExecutionID || !again.Replayed {
-				t.Fatalf("retry after restart = %+v; want %s replayed", again, first.ExecutionID)
-			}
-			if !tc.endWhileDown {
-				if again.State != "running" {
-					t.Fatalf("retry after restart = %+v; want it running", again)
-				}
-				g.open(t)
-			}
-			x, out := followOutput(t, ctx, cs, first.ExecutionID)
-			if x.State != "completed" || out != "done\n" {
-				t.Fatalf("after restart: %+v, stdout %q; want completed with its output", x, out)
-			}
-			if n := effects(t, g.file); n != 1 {
-				t.Fatalf("command ran %d times; want 1", n)
-			}
-			if rec := journaled(t, f.bastion, first.ExecutionID); !hasEvidence(rec, "host marker") {
-				t.Errorf("evidence %q does not show the reconciliation with the host", rec.Evidence)
-			}
+			bastionKilledMidCommand(t, testContext(t), startFleet(t), tc.endWhileDown)
 		})
+	}
+}
+
+// bastionKilledMidCommand is TestBastionKilledMidCommand on fleet f (TestSkew runs it across
+// releases).
+func bastionKilledMidCommand(t *testing.T, ctx context.Context, f *testbed, endWhileDown bool) {
+	cc := hostControl(t, f.host)
+	g := newGatedCommand(t)
+	args := map[string]any{"host": "h1", "command": g.cmd, "wait_s": 0}
+
+	first := mustCall(t, ctx, f.session(t, "agent", "run-crash"), "ssh_exec", args)
+	marker := waitForRunningMarker(t, ctx, cc)
+	if marker.ID != first.ExecutionID {
+		t.Fatalf("host runs %s; the bastion answered %s", marker.ID, first.ExecutionID)
+	}
+	f.bastion.Kill(t)
+	if endWhileDown {
+		g.open(t)
+		testutil.WaitFor(t, "the command to end on the host", func() bool {
+			m := hostMarker(t, ctx, cc, first.ExecutionID)
+			return m != nil && m.State == hostproto.MarkerExited
+		})
+	}
+	f.bastion.Start(t)
+
+	cs := f.session(t, "agent", "run-crash")
+	again := mustCall(t, ctx, cs, "ssh_exec", args)
+	if again.ExecutionID != first.ExecutionID || !again.Replayed {
+		t.Fatalf("retry after restart = %+v; want %s replayed", again, first.ExecutionID)
+	}
+	if !endWhileDown {
+		if again.State != "running" {
+			t.Fatalf("retry after restart = %+v; want it running", again)
+		}
+		g.open(t)
+	}
+	x, out := followOutput(t, ctx, cs, first.ExecutionID)
+	if x.State != "completed" || out != "done\n" {
+		t.Fatalf("after restart: %+v, stdout %q; want completed with its output", x, out)
+	}
+	if n := effects(t, g.file); n != 1 {
+		t.Fatalf("command ran %d times; want 1", n)
+	}
+	if rec := journaled(t, f.bastion, first.ExecutionID); !hasEvidence(rec, "host marker") {
+		t.Errorf("evidence %q does not show the reconciliation with the host", rec.Evidence)
 	}
 }
 

@@ -16,7 +16,7 @@ import (
 // idle.
 func BenchmarkHostagentStart(b *testing.B) {
 	harness.Binary(b, "postern-hostagent") // build outside the timing
-	harness.Binary(b, "postern-shim")
+	harness.Binary(b, "postern-supervisor")
 	var total time.Duration
 	var rssKB int
 	for i := 0; i < b.N; i++ {
@@ -36,7 +36,7 @@ func BenchmarkHostagentStart(b *testing.B) {
 }
 
 // BenchmarkHostagentExecTrue runs `true` through the real agent over one SSH connection,
-// with the dedicated postern-shim next to it and with the agent re-executing itself, and
+// with the dedicated postern-supervisor next to it and with the agent re-executing itself, and
 // reports the p50 of each.
 func BenchmarkHostagentExecTrue(b *testing.B) {
 	selfDir := b.TempDir()
@@ -44,7 +44,7 @@ func BenchmarkHostagentExecTrue(b *testing.B) {
 	if err := os.Link(harness.Binary(b, "postern-hostagent"), self); err != nil {
 		b.Fatal(err)
 	}
-	for _, tc := range []struct{ name, bin string }{{"shim=postern-shim", ""}, {"shim=agent-reexec", self}} {
+	for _, tc := range []struct{ name, bin string }{{"supervisor=postern-supervisor", ""}, {"supervisor=agent-reexec", self}} {
 		b.Run(tc.name, func(b *testing.B) {
 			h := harness.NewHostagent(b)
 			h.Bin = tc.bin

@@ -18,6 +18,8 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/procfs"
 	"github.com/postern-dev/postern/internal/testutil"
@@ -36,6 +38,7 @@ func TestMain(m *testing.M) {
 	}
 	code := m.Run()
 	harness.CleanupBinaries()
+	cleanupPrevious()
 	os.Exit(code)
 }
 
@@ -208,16 +211,18 @@ func TestHostagentKilledMidCommand(t *testing.T) {
 	ranOnce(t, effects)
 }
 
-func TestShimKilledIsInterrupted(t *testing.T) {
+// TestSupervisorKilledIsInterrupted: a command whose supervisor is killed is interrupted, an
+// unknown outcome, and never run again.
+func TestSupervisorKilledIsInterrupted(t *testing.T) {
 	h := harness.StartHostagent(t)
 	id := newID(t)
 	c := h.Dial(t)
 	waitFirst := execInBackground(t, c, hostproto.Exec{ExecutionID: id, Command: "sleep 30"})
-	shimPID := readShimPID(t, filepath.Join(h.DataDir, "spool", id))
-	if exe, _ := os.Readlink("/proc/" + strconv.Itoa(shimPID) + "/exe"); filepath.Base(exe) != "postern-shim" {
-		t.Errorf("the shim runs %q; want the dedicated postern-shim next to the agent", exe)
+	supervisorPID := readSupervisorPID(t, filepath.Join(h.DataDir, "spool", id))
+	if exe, _ := os.Readlink("/proc/" + strconv.Itoa(supervisorPID) + "/exe"); filepath.Base(exe) != hostagent.SupervisorBinary {
+		t.Errorf("the supervisor runs %q; want the dedicated %s next to the agent", exe, hostagent.SupervisorBinary)
 	}
-	if err := syscall.Kill(shimPID, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(supervisorPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
 	first := waitFirst()
@@ -230,13 +235,15 @@ func TestShimKilledIsInterrupted(t *testing.T) {
 	}
 }
 
-func readShimPID(t testing.TB, spool string) int {
+// readSupervisorPID waits for the supervisor record of an execution's spool dir and returns
+// the supervisor's pid.
+func readSupervisorPID(t testing.TB, spool string) int {
 	t.Helper()
 	var rec struct {
 		PID int `json:"pid"`
 	}
-	testutil.WaitFor(t, "the shim record", func() bool {
-		b, err := os.ReadFile(filepath.Join(spool, "shim.json"))
+	testutil.WaitFor(t, "the supervisor record", func() bool {
+		b, err := os.ReadFile(filepath.Join(spool, supervisor.SupervisorFile))
 		return err == nil && json.Unmarshal(b, &rec) == nil && rec.PID > 0
 	})
 	return rec.PID
@@ -433,8 +440,8 @@ func TestMarkersCLI(t *testing.T) {
 	}
 }
 
-// TestNeverStartedRunsOnRetry: a marker left started with no shim record (the agent died
-// between the marker write and the shim start) provably never ran; recovery marks it
+// TestNeverStartedRunsOnRetry: a marker left started with no supervisor record (the agent
+// died between the marker write and the command's start) provably never ran; recovery marks it
 // not_started, and a retry of the same command runs it once — a different command under
 // that id is refused.
 func TestNeverStartedRunsOnRetry(t *testing.T) {
@@ -482,8 +489,8 @@ func loginShell(t testing.TB, h *harness.Hostagent) string {
 	return got.res.First.Marker.Command[0]
 }
 
-// TestHarnessReapsDetachedCommands: a hostagent's test cleanup ends the commands its shims
-// still run (and their children) before the temp dir is removed, so nothing outlives the
+// TestHarnessReapsDetachedCommands: a hostagent's test cleanup ends the commands its
+// supervisor still runs (and their children) before the temp dir is removed, so nothing outlives the
 // test or writes into a directory being deleted.
 func TestHarnessReapsDetachedCommands(t *testing.T) {
 	pidFile := filepath.Join(t.TempDir(), "pid")
@@ -515,7 +522,7 @@ func TestHarnessReapsDetachedCommands(t *testing.T) {
 func TestUpgradeKeepsCommandsRunning(t *testing.T) {
 	installed := t.TempDir()
 	install := func() {
-		for _, name := range []string{"postern-hostagent", "postern-shim"} {
+		for _, name := range []string{"postern-hostagent", "postern-supervisor"} {
 			data, err := os.ReadFile(harness.Binary(t, name))
 			if err != nil {
 				t.Fatal(err)
@@ -538,7 +545,7 @@ func TestUpgradeKeepsCommandsRunning(t *testing.T) {
 	id := newID(t)
 	cmd := "while [ ! -e " + proceed + " ]; do sleep 0.05; done; echo applied >> " + effects + "; echo done; exit 6"
 	waitFirst := execInBackground(t, h.Dial(t), hostproto.Exec{ExecutionID: id, Command: cmd})
-	oldSupervisor := readShimPID(t, filepath.Join(h.DataDir, "spool", id))
+	oldSupervisor := readSupervisorPID(t, filepath.Join(h.DataDir, "spool", id))
 
 	install() // the upgrade: new files under the same names
 	h.Kill(t) // the unit restarts the agent (KillMode=process: the agent only)
@@ -552,7 +559,7 @@ func TestUpgradeKeepsCommandsRunning(t *testing.T) {
 	if fresh.err != nil || fresh.res.ExitStatus != 0 {
 		t.Fatalf("a new command after the upgrade = %+v", fresh)
 	}
-	if pid := readShimPID(t, filepath.Join(h.DataDir, "spool", freshID)); pid == oldSupervisor {
+	if pid := readSupervisorPID(t, filepath.Join(h.DataDir, "spool", freshID)); pid == oldSupervisor {
 		t.Errorf("the new agent ran a new command under the old release's supervisor %d", pid)
 	}
 	if err := os.WriteFile(proceed, nil, 0o600); err != nil {

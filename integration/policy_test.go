@@ -455,7 +455,7 @@ class = "irreversible"`}})
 	ctx := testContext(t)
 	cc := hostControl(t, f.host)
 	notRun, tookEffect := newGatedCommand(t), newGatedCommand(t)
-	// The shims outlive the hostagent: let their commands end with the test.
+	// The supervisor outlives the hostagent: let its commands end with the test.
 	t.Cleanup(func() { notRun.open(t); tookEffect.open(t) })
 	cs := f.session(t, "agent", "run-review")
 	argsNotRun := map[string]any{"host": "h1", "command": notRun.cmd, "wait_s": 0}
@@ -517,8 +517,8 @@ class = "irreversible"`}})
 		}
 	})
 
-	// The orphaned commands end under a restarted hostagent, which adopts their shims, so
-	// that nothing writes to the host's state dir once the test is over.
+	// The orphaned commands end under a restarted hostagent, which adopts them through their
+	// supervisor, so that nothing writes to the host's state dir once the test is over.
 	notRun.open(t)
 	tookEffect.open(t)
 	f.host.Start(t)

@@ -23,6 +23,8 @@ import (
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
@@ -652,7 +654,7 @@ func (s *soak) injectFaults(t *testing.T, rng *rand.Rand, done <-chan struct{}) 
 			time.Sleep(outage())
 			h.agent.Start(t)
 		case faultShimKill:
-			if !killAShim(h, rng) {
+			if !killASupervisor(h, rng) {
 				continue
 			}
 		case faultPluginKill:
@@ -666,10 +668,10 @@ func (s *soak) injectFaults(t *testing.T, rng *rand.Rand, done <-chan struct{}) 
 	}
 }
 
-// killAShim SIGKILLs the supervisor of a command running on h (one picked at random), found
-// by the shim record in its spool dir — every command it runs is interrupted with it; false
+// killASupervisor SIGKILLs the supervisor of a command running on h (one picked at random), found
+// by the supervisor record in its spool dir — every command it runs is interrupted with it; false
 // if no command runs.
-func killAShim(h *soakHost, rng *rand.Rand) bool {
+func killASupervisor(h *soakHost, rng *rand.Rand) bool {
 	spool := filepath.Join(h.agent.DataDir, "spool")
 	entries, err := os.ReadDir(spool)
 	if err != nil {
@@ -677,9 +679,9 @@ func killAShim(h *soakHost, rng *rand.Rand) bool {
 	}
 	var live []int
 	for _, e := range entries {
-		pid := shimPIDOf(filepath.Join(spool, e.Name()))
+		pid := supervisorPIDOf(filepath.Join(spool, e.Name()))
 		if pid > 0 && !processGone(pid) {
-			if exe, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); filepath.Base(exe) == "postern-shim" {
+			if exe, _ := os.Readlink("/proc/" + strconv.Itoa(pid) + "/exe"); filepath.Base(exe) == hostagent.SupervisorBinary {
 				live = append(live, pid)
 			}
 		}
@@ -705,12 +707,12 @@ func (s *soak) restoreAll(t *testing.T) {
 	}
 }
 
-// shimPIDOf reads the shim record in an execution's spool dir (0 if there is none yet).
-func shimPIDOf(spool string) int {
+// supervisorPIDOf reads the supervisor record in an execution's spool dir (0 if there is none yet).
+func supervisorPIDOf(spool string) int {
 	var rec struct {
 		PID int `json:"pid"`
 	}
-	b, err := os.ReadFile(filepath.Join(spool, "shim.json"))
+	b, err := os.ReadFile(filepath.Join(spool, supervisor.SupervisorFile))
 	if err != nil || json.Unmarshal(b, &rec) != nil {
 		return 0
 	}

@@ -11,7 +11,7 @@ import (
 // TestEveryBinaryPrintsItsVersion runs each built binary with --version (and the version
 // subcommand where the CLI has subcommands): one line, its name, the module version, the VCS
 // revision Go stamped into a build from a checkout, and the toolchain — exit 0, nothing else
-// started (the plugin does not wait for a go-plugin handshake, the shim supervises nothing).
+// started (the plugin does not wait for a go-plugin handshake, the supervisor supervises nothing).
 func TestEveryBinaryPrintsItsVersion(t *testing.T) {
 	for _, tt := range []struct {
 		bin  string
@@ -20,7 +20,7 @@ func TestEveryBinaryPrintsItsVersion(t *testing.T) {
 		{"postern", [][]string{{"--version"}, {"version"}}},
 		{"postern-hostagent", [][]string{{"--version"}, {"version"}}},
 		{"postern-plugin-http", [][]string{{"--version"}}},
-		{"postern-shim", [][]string{{"--version"}}},
+		{"postern-supervisor", [][]string{{"--version"}}},
 	} {
 		bin := harness.Binary(t, tt.bin)
 		want := regexp.MustCompile(`^` + regexp.QuoteMeta(tt.bin) + ` \S+ \((rev [0-9a-f]{7,12}(\+dirty)?|no vcs revision), go[0-9.]+\S*\)\n$`)

@@ -2,9 +2,7 @@ package verdict
 
 import (
 	"errors"
-	"flag"
 	"fmt"
-	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -13,14 +11,12 @@ import (
 
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/datadriven"
 	"github.com/postern-dev/postern/markers"
 )
 
-var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs of testdata/decisions/* from the current behaviour")
-
 // The drivers' decisions are pure functions; testdata/decisions holds their tables, one file
-// per DESIGN.md table, pebble style: a command with its inputs, "----", the decision. Run with
-// -rewrite to regenerate the decisions after a deliberate change, and read the diff.
+// per DESIGN.md table (internal/datadriven; -rewrite regenerates them).
 //
 // Commands (key=value inputs; durations in Go syntax; states by their names):
 //
@@ -38,110 +34,33 @@ var rewrite = flag.Bool("rewrite", false, "rewrite the expected outputs of testd
 //
 // Every journal path a decision produces is also checked against the journal graph.
 func TestDecisions(t *testing.T) {
-	files, err := filepath.Glob(filepath.Join("testdata", "decisions", "*"))
-	if err != nil || len(files) == 0 {
-		t.Fatalf("no decision tables: %v", err)
-	}
-	for _, file := range files {
-		t.Run(filepath.Base(file), func(t *testing.T) { runDecisionFile(t, file) })
-	}
-}
-
-// decisionCase is one block of a decision table.
-type decisionCase struct {
-	line    int
-	comment string // lines before the command (comments, blank lines)
-	cmd     string
-	args    map[string]string
-	flags   map[string]bool
-	want    string
-}
-
-func runDecisionFile(t *testing.T, file string) {
-	data, err := os.ReadFile(file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cases, tail := parseDecisions(t, file, string(data))
-	var out strings.Builder
-	for _, c := range cases {
-		got := decide(t, file, c)
-		if !*rewrite && got != c.want {
-			t.Errorf("%s:%d: %s\ngot:\n%s\nwant:\n%s", file, c.line, c.cmd, got, c.want)
-		}
-		fmt.Fprintf(&out, "%s%s\n----\n%s\n", c.comment, c.cmd, got)
-	}
-	out.WriteString(tail)
-	if *rewrite {
-		if err := os.WriteFile(file, []byte(out.String()), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// parseDecisions reads blocks: comment lines (#) and blank lines, a command line, "----",
-// and the expected output up to the next blank line.
-func parseDecisions(t *testing.T, file, text string) (cases []decisionCase, tail string) {
-	lines := strings.Split(text, "\n")
-	var comment strings.Builder
-	for i := 0; i < len(lines); i++ {
-		line := lines[i]
-		if line == "" || strings.HasPrefix(line, "#") {
-			comment.WriteString(line + "\n")
-			continue
-		}
-		c := decisionCase{line: i + 1, comment: comment.String(), cmd: line, args: map[string]string{}, flags: map[string]bool{}}
-		comment.Reset()
-		fields := strings.Fields(line)
-		for _, f := range fields[1:] {
-			if k, v, ok := strings.Cut(f, "="); ok {
-				c.args[k] = v
-			} else {
-				c.flags[f] = true
-			}
-		}
-		if i+1 >= len(lines) || lines[i+1] != "----" {
-			t.Fatalf("%s:%d: want ---- after the command", file, i+1)
-		}
-		i += 2
-		var want []string
-		for ; i < len(lines) && lines[i] != ""; i++ {
-			want = append(want, lines[i])
-		}
-		c.want = strings.Join(want, "\n")
-		// The blank line that ends the block belongs to the next block's comment.
-		if i < len(lines) {
-			comment.WriteString("\n")
-		}
-		cases = append(cases, c)
-	}
-	return cases, strings.TrimSuffix(comment.String(), "\n")
+	datadriven.RunDir(t, filepath.Join("testdata", "decisions"), decide)
 }
 
 // testHost names the host in every decision.
 const testHost = "h1"
 
-func decide(t *testing.T, file string, c decisionCase) string {
+func decide(t *testing.T, c datadriven.Case) string {
 	fail := func(format string, args ...any) string {
-		t.Fatalf("%s:%d: "+format, append([]any{file, c.line}, args...)...)
+		c.Fatalf(t, format, args...)
 		return ""
 	}
 	state := func(key string) markers.State {
-		s := markers.State(c.args[key])
+		s := markers.State(c.Args[key])
 		if s == "" {
 			fail("missing %s=", key)
 		}
 		return s
 	}
 	boolean := func(key string) bool {
-		v, err := strconv.ParseBool(c.args[key])
+		v, err := strconv.ParseBool(c.Args[key])
 		if err != nil {
 			fail("%s=: %v", key, err)
 		}
 		return v
 	}
 	duration := func(key string) time.Duration {
-		d, err := time.ParseDuration(c.args[key])
+		d, err := time.ParseDuration(c.Args[key])
 		if err != nil {
 			fail("%s=: %v", key, err)
 		}
@@ -158,55 +77,55 @@ func decide(t *testing.T, file string, c decisionCase) string {
 		}
 		return m
 	}
-	switch c.cmd[:strings.IndexByte(c.cmd+" ", ' ')] {
+	switch c.Name {
 	case "outcome":
 		from := state("from")
 		return renderVerdict(t, from, boolean("confirmed"), "", MarkerVerdict(testHost, marker("marker")))
 	case "exec":
 		from := state("from")
 		a := ExecAnswer{Stderr: "postern: refused"}
-		switch c.args["err"] {
+		switch c.Args["err"] {
 		case "refused":
 			a.Err = fmt.Errorf("%w: no such account", hostproto.ErrRefused)
 		case "lost":
 			a.Err = errors.New("connection reset")
 		case "":
 		default:
-			fail("err=%s", c.args["err"])
+			fail("err=%s", c.Args["err"])
 		}
-		switch v := c.args["first"]; v {
+		switch v := c.Args["first"]; v {
 		case "":
 		case "other":
 			a.First = &hostproto.Marker{ID: "ex_other", State: hostproto.MarkerRunning, OperationKey: "migration:1"}
 		default:
 			a.First = marker("first")
 		}
-		if c.args["final"] != "" {
+		if c.Args["final"] != "" {
 			a.Final = marker("final")
 		}
-		if v := c.args["exit"]; v != "" {
+		if v := c.Args["exit"]; v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil {
 				fail("exit=: %v", err)
 			}
 			a.ExitStatus = n
 		}
-		a.ExitSignal = c.args["signal"]
+		a.ExitSignal = c.Args["signal"]
 		return renderVerdict(t, from, boolean("confirmed"), "", ExecVerdict("ex_this", testHost, a))
 	case "reconcile":
 		from := state("from")
 		now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 		rec := &markers.Record{ID: "ex_this", State: from, CreatedAt: now.Add(-duration("age"))}
 		st := HostStatus{Retention: duration("retention")}
-		if c.args["marker"] != "absent" {
+		if c.Args["marker"] != "absent" {
 			st.Marker = marker("marker")
 		}
-		act := ReconcileOn(rec, now, testHost, st, c.flags["cancel"])
+		act := ReconcileOn(rec, now, testHost, st, c.Flags["cancel"])
 		return renderVerdict(t, from, false, string(act.Do), act.Verdict)
 	case "http":
-		rec := &markers.Record{ID: "ex_this", State: markers.Unknown, Class: c.args["class"], Host: "payments", Channel: "http"}
+		rec := &markers.Record{ID: "ex_this", State: markers.Unknown, Class: c.Args["class"], Host: "payments", Channel: "http"}
 		var check *StatusAnswer
-		switch v := c.args["check"]; v {
+		switch v := c.Args["check"]; v {
 		case "":
 		case "error":
 			check = &StatusAnswer{Err: errors.New("connection refused")}
@@ -217,14 +136,14 @@ func decide(t *testing.T, file string, c decisionCase) string {
 			}
 			check = &StatusAnswer{Status: n}
 		}
-		act := DecideUnknownHTTP(rec, !c.flags["gone"], check)
+		act := DecideUnknownHTTP(rec, !c.Flags["gone"], check)
 		return renderVerdict(t, markers.Unknown, false, string(act.Do), act.Verdict)
 	case "review":
 		return strconv.FormatBool(Reviewable(state("state"), boolean("driven")))
 	case "stock_exec", "stock_reconcile":
 		return decideStock(t, c, state, duration, fail) // stock_test.go
 	}
-	return fail("unknown command %q", c.cmd)
+	return fail("unknown command %q", c.Name)
 }
 
 // renderVerdict prints a decision and checks that its journal path is legal.

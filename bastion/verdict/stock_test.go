@@ -10,14 +10,15 @@ import (
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/datadriven"
 	"github.com/postern-dev/postern/markers"
 )
 
 // decideStock runs the stock_exec and stock_reconcile commands of testdata/decisions/agentless
 // (see TestDecisions). Wrapper answers are written KIND[:STATE[:EXIT]], e.g. duplicate:exited:3;
 // a marker state is absent, claimed, claimed_old, running, interrupted or exited (exit 0).
-func decideStock(t *testing.T, c decisionCase, state func(string) markers.State, duration func(string) time.Duration, fail func(string, ...any) string) string {
-	level := fleet.Guarantee(c.args["level"])
+func decideStock(t *testing.T, c datadriven.Case, state func(string) markers.State, duration func(string) time.Duration, fail func(string, ...any) string) string {
+	level := fleet.Guarantee(c.Args["level"])
 	from := state("from")
 	wrapper := func(kind agentless.Kind, spec string) agentless.Answer {
 		a := agentless.Answer{Kind: kind, RetentionDays: 30}
@@ -37,20 +38,20 @@ func decideStock(t *testing.T, c decisionCase, state func(string) markers.State,
 		}
 		return a
 	}
-	switch c.cmd[:strings.IndexByte(c.cmd, ' ')] {
+	switch c.Name {
 	case "stock_exec":
-		a := StockAnswer{Sent: !c.flags["unsent"], Refused: c.flags["refused"], Unreadable: c.flags["unreadable"], Err: errors.New("connection reset"), Stderr: "This account is currently not available."}
-		if v := c.args["exit"]; v != "" {
+		a := StockAnswer{Sent: !c.Flags["unsent"], Refused: c.Flags["refused"], Unreadable: c.Flags["unreadable"], Err: errors.New("connection reset"), Stderr: "This account is currently not available."}
+		if v := c.Args["exit"]; v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil {
 				fail("exit=: %v", err)
 			}
 			a.Exit, a.Err = &n, nil
 		}
-		if v := c.args["signal"]; v != "" {
+		if v := c.Args["signal"]; v != "" {
 			a.Signal, a.Err = v, nil
 		}
-		if v := c.args["answer"]; v != "" {
+		if v := c.Args["answer"]; v != "" {
 			kind, rest, _ := strings.Cut(v, ":")
 			ans := agentless.Answer{Kind: agentless.Kind(kind)}
 			switch ans.Kind {
@@ -66,17 +67,17 @@ func decideStock(t *testing.T, c decisionCase, state func(string) markers.State,
 		return renderVerdict(t, from, started, string(act.Do), act.Verdict)
 	case "stock_reconcile":
 		now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
-		rec := &markers.Record{ID: "ex_this", State: from, CreatedAt: now.Add(-duration("age")), ReviewRequired: c.flags["review"]}
+		rec := &markers.Record{ID: "ex_this", State: from, CreatedAt: now.Add(-duration("age")), ReviewRequired: c.Flags["review"]}
 		var st LevelStatus
 		switch level {
 		case fleet.GuaranteeMarkerScript:
-			st.Wrapper = wrapper(agentless.Status, c.args["marker"])
+			st.Wrapper = wrapper(agentless.Status, c.Args["marker"])
 		case fleet.GuaranteeHostagent:
 			// The hostagent's marker for the same observation.
 			st.Hostagent.Retention = 720 * time.Hour
 			m := map[string]hostproto.MarkerState{"claimed": hostproto.MarkerStarted, "running": hostproto.MarkerRunning,
 				"interrupted": hostproto.MarkerInterrupted, "exited": hostproto.MarkerExited}
-			if s, ok := m[c.args["marker"]]; ok {
+			if s, ok := m[c.Args["marker"]]; ok {
 				st.Hostagent.Marker = &hostproto.Marker{ID: "ex_this", State: s}
 				if s == hostproto.MarkerExited {
 					code := 0
@@ -84,8 +85,8 @@ func decideStock(t *testing.T, c decisionCase, state func(string) markers.State,
 				}
 			}
 		}
-		act := ReconcileByLevel(level, rec, now, testHost, st, c.flags["cancel"])
+		act := ReconcileByLevel(level, rec, now, testHost, st, c.Flags["cancel"])
 		return renderVerdict(t, from, false, string(act.Do), act.Verdict)
 	}
-	return fail("unknown command %q", c.cmd)
+	return fail("unknown command %q", c.Name)
 }

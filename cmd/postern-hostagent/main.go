@@ -8,7 +8,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/internal/cli"
 )
 
@@ -28,10 +28,11 @@ Run 'postern-hostagent COMMAND -h' for a command's flags.
 `
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "shim" {
-		// Re-executed by the executor to supervise one command (not for people); before any
-		// signal handling of ours, which the supervisor sets up itself.
-		os.Exit(shim.Main(os.Args[2:]))
+	if supervisor.Invoked(os.Args) {
+		// Re-executed by the executor as the per-host supervisor when postern-supervisor is
+		// not next to it (not for people); before any signal handling of ours, which the
+		// supervisor sets up itself.
+		os.Exit(supervisor.Main(os.Args[2:]))
 	}
 	os.Exit(prog.Main(func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Stdout, os.Stderr) }, os.Stderr))
 }

@@ -15,7 +15,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/hostagent"
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
@@ -45,10 +45,10 @@ func TestUsageErrors(t *testing.T) {
 }
 
 // TestMain lets the test binary stand in for postern-hostagent when the executor re-executes
-// it as the shim.
+// it as the supervisor.
 func TestMain(m *testing.M) {
-	if len(os.Args) > 1 && os.Args[1] == "shim" {
-		os.Exit(shim.Main(os.Args[2:]))
+	if supervisor.Invoked(os.Args) {
+		os.Exit(supervisor.Main(os.Args[2:]))
 	}
 	os.Exit(m.Run())
 }

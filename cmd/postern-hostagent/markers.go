@@ -14,7 +14,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/hostagent"
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/markers"
@@ -337,7 +337,7 @@ func (c *MarkersCommand) tail(ctx context.Context, args []string) error {
 	if viaAgent && (*follow || rec.State.Ended()) {
 		_, err := agent.Attach(ctx, rec.ID, 0, 0, func(stream string, _ int64, data []byte) error {
 			w := c.Stdout
-			if stream == shim.StreamStderr {
+			if stream == supervisor.StreamStderr {
 				w = c.Stderr
 			}
 			_, err := w.Write(data)
@@ -351,7 +351,7 @@ func (c *MarkersCommand) tail(ctx context.Context, args []string) error {
 	for _, f := range []struct {
 		name string
 		w    io.Writer
-	}{{shim.StdoutFile, c.Stdout}, {shim.StderrFile, c.Stderr}} {
+	}{{supervisor.StdoutFile, c.Stdout}, {supervisor.StderrFile, c.Stderr}} {
 		if err := copyFile(filepath.Join(rec.SpoolDir, f.name), f.w); err != nil {
 			return err
 		}

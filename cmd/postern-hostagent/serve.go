@@ -17,7 +17,7 @@ import (
 )
 
 // shutdownGrace is how long serve lets running sessions finish after SIGTERM before it cuts
-// the connections (the commands themselves keep running under their shims).
+// the connections (the commands themselves keep running under the per-host supervisor).
 const shutdownGrace = 10 * time.Second
 
 // ServeCommand runs the hostagent until its context is cancelled.

@@ -10,7 +10,7 @@ import (
 	"io"
 	"os"
 
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/internal/cli"
 )
 
@@ -42,10 +42,10 @@ Run 'postern COMMAND -h' for a command's flags.
 `
 
 func main() {
-	if len(os.Args) > 1 && os.Args[1] == "shim" {
+	if supervisor.Invoked(os.Args) {
 		// `postern up` runs a hostagent in this process, whose executor re-executes this
-		// binary to supervise each command (not for people).
-		os.Exit(shim.Main(os.Args[2:]))
+		// binary as the per-host supervisor (not for people).
+		os.Exit(supervisor.Main(os.Args[2:]))
 	}
 	os.Exit(prog.Main(func(ctx context.Context) error { return run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr) }, os.Stderr))
 }

@@ -31,6 +31,9 @@ type Bastion struct {
 	Tokens map[string]string
 	// ClientKey is the bastion's SSH key (hostagents from NewHostagent authorize it).
 	ClientKey testutil.SSHKey
+	// Bin is the postern binary Start runs; default the one Binary builds (another release's,
+	// for skew tests).
+	Bin string
 
 	daemon
 }
@@ -93,7 +96,10 @@ func (b *Bastion) EnrollAt(t testing.TB, name, addr string, h *Hostagent) {
 // Start runs `postern serve` (again) and waits until it serves.
 func (b *Bastion) Start(t testing.TB) {
 	t.Helper()
-	bin := Binary(t, "postern")
+	bin := b.Bin
+	if bin == "" {
+		bin = Binary(t, "postern")
+	}
 	b.start(t, "postern: serving", bin, "serve", "--config", b.ConfigPath)
 }
 

@@ -64,8 +64,8 @@ func CleanupBinaries() {
 // Hostagent is a postern-hostagent process on 127.0.0.1 with its own data dir, one
 // authorized client key and the current user as the allowed account.
 type Hostagent struct {
-	// Bin is the agent binary Start runs; default the one Binary builds (with postern-shim
-	// next to it).
+	// Bin is the agent binary Start runs; default the one Binary builds (with
+	// postern-supervisor next to it).
 	Bin                                     string
 	Addr, Dir, DataDir, ConfigPath, Account string
 	ClientKey                               testutil.SSHKey
@@ -122,13 +122,13 @@ func NewHostagentFor(t testing.TB, accounts []string, extraConfig ...string) *Ho
 // rewrites it).
 func (h *Hostagent) AuthorizedKeysPath() string { return filepath.Join(h.Dir, "authorized_keys") }
 
-// Start runs the agent (again) and waits until it listens. The dedicated shim is built next
-// to it, as installed.
+// Start runs the agent (again) and waits until it listens. The dedicated supervisor binary is
+// built next to it, as installed.
 func (h *Hostagent) Start(t testing.TB) {
 	t.Helper()
 	bin := h.Bin
 	if bin == "" {
-		Binary(t, "postern-shim")
+		Binary(t, "postern-supervisor")
 		bin = Binary(t, "postern-hostagent")
 	}
 	h.start(t, "listening on", bin, "serve", "--config", h.ConfigPath)

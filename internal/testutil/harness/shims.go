@@ -12,7 +12,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/postern-dev/postern/hostagent/shim"
+	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/internal/procfs"
 )
 
@@ -54,11 +54,11 @@ func reapShims(t testing.TB, dataDir string) {
 	for _, dir := range dirs {
 		// The command first: it leads its own process group, which may hold grandchildren
 		// that the supervisor's death would not reach.
-		if fd, pid := openSpooled(filepath.Join(dir, shim.ProcessFile)); fd >= 0 {
+		if fd, pid := openSpooled(filepath.Join(dir, supervisor.ProcessFile)); fd >= 0 {
 			unix.Kill(-pid, unix.SIGKILL)
 			pidfds = append(pidfds, fd)
 		}
-		if fd, _ := openSpooled(filepath.Join(dir, shim.ShimFile)); fd >= 0 {
+		if fd, _ := openSpooled(filepath.Join(dir, supervisor.SupervisorFile)); fd >= 0 {
 			unix.PidfdSendSignal(fd, unix.SIGKILL, nil, 0)
 			pidfds = append(pidfds, fd)
 		}

@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"context"
@@ -9,7 +9,7 @@ import (
 )
 
 // BenchmarkStartWait measures one execution of `true` through the long-lived supervisor and
-// through a per-command shim (the previous release's way) against running the same shell
+// through a per-command supervisor (the previous release's way) against running the same shell
 // command directly, so the supervisor's overhead is known.
 func BenchmarkStartWait(b *testing.B) {
 	b.Run("supervisor", func(b *testing.B) {
@@ -29,7 +29,7 @@ func BenchmarkStartWait(b *testing.B) {
 			}
 		}
 	})
-	b.Run("per-command shim", func(b *testing.B) {
+	b.Run("per-command supervisor", func(b *testing.B) {
 		exe := testExe(b)
 		root := b.TempDir()
 		ctx := context.Background()

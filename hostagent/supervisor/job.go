@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"crypto/sha256"
@@ -11,9 +11,7 @@ import (
 	"log/slog"
 	"os"
 	"os/exec"
-	"os/signal"
 	"path/filepath"
-	"runtime"
 	"syscall"
 	"time"
 
@@ -22,145 +20,12 @@ import (
 	"github.com/postern-dev/postern/internal/procfs"
 )
 
-// readyFD is where the supervisor finds the readiness pipe that Start passes as
-// ExtraFiles[0].
-const readyFD = 3
-
 // drainAfterKill bounds how long the supervisor waits for the output pipes after SIGKILL of
 // the group; only processes that escaped the group can still hold them open.
 const drainAfterKill = time.Second
 
-// EnvSpoolDir carries the spool directory from Start to the supervisor. Not an argument: a
-// process's arguments are visible to every local user (ps, /proc/PID/cmdline), its
-// environment only to its own user and root, and the directory is named after the
-// execution id.
-const EnvSpoolDir = "POSTERN_SHIM_SPOOL_DIR"
-
-// Main is the hidden `postern-hostagent shim` subcommand. With $POSTERN_SUPERVISOR_DIR set it
-// is the long-lived supervisor the hostagent hands its commands to (daemon.go). Otherwise it
-// supervises the one execution described by spec.json in the spool directory named by
-// $POSTERN_SHIM_SPOOL_DIR — how a hostagent of an earlier release, still running while its
-// package is upgraded, starts each command. It returns the process exit code (0 once a
-// status record is written, 1 if the supervisor failed, 2 on misuse). args are the arguments
-// after "shim": none, or — from an even older hostagent — the spool directory.
-func Main(args []string) int {
-	logger := slog.New(slog.NewTextHandler(os.Stderr, nil))
-	if dir := os.Getenv(EnvSupervisorDir); dir != "" && len(args) == 0 {
-		// Warnings only: the supervisor's log lives as long as the host's data dir.
-		return startDaemon(dir, slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn})))
-	}
-	dir := os.Getenv(EnvSpoolDir)
-	switch {
-	case len(args) == 0 && dir != "":
-	case len(args) == 1 && dir == "":
-		dir = args[0]
-	default:
-		fmt.Fprintln(os.Stderr, "usage: "+EnvSpoolDir+"=DIR postern-hostagent shim (started by the hostagent, not by people)")
-		return 2
-	}
-	// Without Start's pipe on fd 3, fd 3 may be any file (or become one); never write to it.
-	var st unix.Stat_t
-	if err := unix.Fstat(readyFD, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
-		fmt.Fprintln(os.Stderr, "shim: fd 3 is not a readiness pipe; the shim is started by the hostagent only")
-		return 2
-	}
-	// The command inherits stdin, stdout and stderr only: not the pipe (Start reads it to
-	// EOF), nor anything the hostagent was started with.
-	if err := CloseInheritedOnExec(); err != nil {
-		fmt.Fprintf(os.Stderr, "shim: %v; not starting the command\n", err)
-		return 1
-	}
-	s := &supervisor{dir: dir, ready: os.NewFile(readyFD, "ready"), log: logger.With("spool", dir)}
-	if err := s.run(); err != nil {
-		s.log.Error("supervisor failed", "err", err)
-		return 1
-	}
-	return 0
-}
-
-// supervisor runs one execution in a shim process of its own: the per-command mode, which a
-// hostagent of an earlier release still uses while its package is upgraded (see Main). The
-// hostagent of this release hands commands to a long-lived supervisor instead (daemon.go);
-// both run each command through the same job.
-type supervisor struct {
-	dir   string
-	ready *os.File // closed once the parent has been told whether the command started
-	log   *slog.Logger
-}
-
-// run supervises the execution and returns nil once its status record is written.
-func (s *supervisor) run() error {
-	defer s.ready.Close()
-	var spec Spec
-	data, err := readRecord(filepath.Join(s.dir, SpecFile))
-	if err == nil {
-		spec, err = parseSpec(data)
-	}
-	if err != nil {
-		err = fmt.Errorf("shim: load spec: %w", err)
-		s.tellParent(processRecord{Error: err.Error()})
-		return err
-	}
-	s.log = s.log.With("execution_id", spec.ExecutionID)
-
-	// Subscribe before the shim record exists: from then on a SIGTERM means "cancel", never
-	// "die without a status". SIGHUP is caught (and dropped) rather than ignored, because an
-	// ignored disposition would be inherited by the command.
-	sigs := make(chan os.Signal, 1)
-	signal.Notify(sigs, unix.SIGTERM, unix.SIGINT, unix.SIGHUP)
-	defer signal.Stop(sigs)
-
-	self := os.Getpid()
-	selfStart, err := procfs.StartTime(self)
-	if err != nil {
-		s.tellParent(processRecord{Error: err.Error()})
-		return fmt.Errorf("shim: own start time: %w", err)
-	}
-	rec, err := json.Marshal(shimRecord{PID: self, Start: selfStart})
-	if err != nil {
-		return fmt.Errorf("shim: encode shim record: %w", err)
-	}
-	if err := createFileExclusive(s.dir, ShimFile, rec); err != nil {
-		s.tellParent(processRecord{Error: err.Error()})
-		return err
-	}
-
-	// Pdeathsig fires when the thread that started the command exits, not the process; keep
-	// this goroutine on its thread for the rest of the supervisor's life.
-	runtime.LockOSThread()
-	cancel := make(chan struct{})
-	go func() {
-		// Ends with the process: the supervisor exits once the status is written.
-		for sig := range sigs {
-			if sig != unix.SIGHUP {
-				close(cancel)
-				return
-			}
-		}
-	}()
-	j := &job{dir: s.dir, spec: spec, log: s.log, start: (*exec.Cmd).Start, cancel: cancel, tell: s.tellParent, perCommand: true}
-	st := j.run()
-	out, err := json.Marshal(st)
-	if err != nil {
-		return fmt.Errorf("shim: encode status: %w", err)
-	}
-	return writeFileAtomic(s.dir, StatusFile, out)
-}
-
-// tellParent sends the readiness message to Start; a vanished parent is not an error.
-func (s *supervisor) tellParent(msg processRecord) {
-	data, err := json.Marshal(msg)
-	if err == nil {
-		_, err = s.ready.Write(data)
-	}
-	if err != nil {
-		s.log.Warn("could not tell the parent whether the command started", "err", err)
-	}
-	s.ready.Close()
-}
-
 // job runs one command in its spool directory and returns its status: the heart of both
-// supervisor modes. The caller has made the shim record before run.
+// supervisor modes. The caller has made the supervisor record before run.
 type job struct {
 	dir  string
 	spec Spec
@@ -172,9 +37,11 @@ type job struct {
 	cancel <-chan struct{}
 	// tell reports once whether the command started (its process record) or why not.
 	tell func(processRecord)
-	// perCommand: the per-command shim's on-disk contract, which a hostagent of the previous
+	// perCommand: the per-command mode's on-disk contract, which a hostagent of the previous
 	// release reads — a process record, both stream files, synced. The long-lived supervisor
 	// answers for its executions itself and leaves durability to the host marker (daemon.go).
+	//
+	// Deprecated: see mainPerCommand.
 	perCommand bool
 }
 
@@ -208,13 +75,13 @@ func (s *job) run() Status {
 	defer stderr.close()
 	stdoutR, stdoutW, err := os.Pipe()
 	if err != nil {
-		return s.startFailed(fmt.Errorf("shim: stdout pipe: %w", err))
+		return s.startFailed(fmt.Errorf("supervisor: stdout pipe: %w", err))
 	}
 	stderrR, stderrW, err := os.Pipe()
 	if err != nil {
 		stdoutR.Close()
 		stdoutW.Close()
-		return s.startFailed(fmt.Errorf("shim: stderr pipe: %w", err))
+		return s.startFailed(fmt.Errorf("supervisor: stderr pipe: %w", err))
 	}
 
 	cmd := exec.Command(s.spec.Shell, "-c", s.spec.Command)
@@ -299,7 +166,7 @@ func (s *job) run() Status {
 	waitErr := cmd.Wait()
 	if cmd.ProcessState == nil {
 		st.ExitCode = -1
-		errs = append(errs, fmt.Errorf("shim: reap command: %w", waitErr))
+		errs = append(errs, fmt.Errorf("supervisor: reap command: %w", waitErr))
 	} else if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signaled() {
 		st.ExitCode = -1
 		st.Signal = unix.SignalName(ws.Signal())
@@ -459,20 +326,20 @@ func (sp *spooler) copyFrom(r io.Reader, done chan<- struct{}) {
 
 // finish completes info and makes the stored bytes durable; call after copyFrom signalled
 // done. An empty stream has no file and no bytes to lose, so it costs no fsync; always (the
-// per-command shim) creates and syncs the file anyway, as that mode's readers expect both
+// per-command supervisor) creates and syncs the file anyway, as that mode's readers expect both
 // files. A stored byte is synced before the outcome that covers it is recorded, so a
 // recorded outcome never points at output a crash took.
 func (sp *spooler) finish(always bool) error {
 	sp.info.Truncated = sp.info.Stored < sp.info.Bytes
 	sp.info.SHA256 = hex.EncodeToString(sp.hash.Sum(nil))
 	if sp.writeErr != nil {
-		return fmt.Errorf("shim: spool %s: %w", filepath.Base(sp.path), sp.writeErr)
+		return fmt.Errorf("supervisor: spool %s: %w", filepath.Base(sp.path), sp.writeErr)
 	}
 	if sp.file == nil && always {
-		// The per-command shim's contract: both files exist once the status does.
+		// The per-command supervisor's contract: both files exist once the status does.
 		f, err := os.OpenFile(sp.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
 		if err != nil {
-			return fmt.Errorf("shim: create spool file: %w", err)
+			return fmt.Errorf("supervisor: create spool file: %w", err)
 		}
 		sp.file = f
 	}
@@ -480,7 +347,7 @@ func (sp *spooler) finish(always bool) error {
 		return nil
 	}
 	if err := sp.file.Sync(); err != nil {
-		return fmt.Errorf("shim: sync %s: %w", filepath.Base(sp.path), err)
+		return fmt.Errorf("supervisor: sync %s: %w", filepath.Base(sp.path), err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"context"
@@ -16,7 +16,7 @@ import (
 )
 
 // The per-command mode of Main, as a hostagent of the previous release drives it while its
-// package is upgraded: one `exe shim` process per execution. startPerCommand is that
+// package is upgraded: one `exe shim` process per execution (legacySubcommand). startPerCommand is that
 // release's starter, kept here to test that the binary of this release still serves it.
 
 // startPerCommand runs spec in the spool directory dir (created if missing; it must not have been
@@ -28,7 +28,7 @@ import (
 // and the status file says why; the command provably did not run. If ctx ends before the
 // command is reported running, Start cancels the execution, waits for the supervisor to
 // finish and returns ctx's cause; the spool directory then tells whether anything ran. Other errors mean the
-// supervisor failed before it could start the command, or never started (no shim record).
+// supervisor failed before it could start the command, or never started (no supervisor record).
 //
 // The returned handle's Wait must be called to reap the supervisor.
 func startPerCommand(ctx context.Context, exe, dir string, spec Spec) (*Handle, error) {
@@ -40,19 +40,19 @@ func startPerCommand(ctx context.Context, exe, dir string, spec Spec) (*Handle, 
 	// power loss could take the whole directory and make a started command look never
 	// started.
 	if err := durable.SyncDir(filepath.Dir(dir)); err != nil {
-		return nil, fmt.Errorf("shim: create spool dir: %w", err)
+		return nil, fmt.Errorf("supervisor: create spool dir: %w", err)
 	}
 	data, err := json.Marshal(spec)
 	if err != nil {
-		return nil, fmt.Errorf("shim: encode spec: %w", err)
+		return nil, fmt.Errorf("supervisor: encode spec: %w", err)
 	}
 	// The spec is read by the supervisor moments from now, from the page cache: it needs no
-	// fsync (a machine crash ends the supervisor with it). The shim record is what must be
+	// fsync (a machine crash ends the supervisor with it). The supervisor record is what must be
 	// durable, and the supervisor syncs that one before the command starts.
 	if err := createFileVolatile(dir, SpecFile, data); err != nil {
 		return nil, err
 	}
-	cmd, readyR, err := startSupervisorProcess(exe, EnvSpoolDir+"="+dir, filepath.Join(dir, LogFile))
+	cmd, readyR, err := startSupervisorProcess(exe, legacySubcommand, EnvSpoolDir+"="+dir, filepath.Join(dir, LogFile))
 	if err != nil {
 		return nil, err
 	}
@@ -62,15 +62,15 @@ func startPerCommand(ctx context.Context, exe, dir string, spec Spec) (*Handle, 
 	if err != nil {
 		cmd.Process.Kill()
 		cmd.Wait()
-		return nil, fmt.Errorf("shim: pidfd of supervisor: %w", err)
+		return nil, fmt.Errorf("supervisor: pidfd of supervisor: %w", err)
 	}
-	h := &Handle{dir: dir, shim: cmd, pidfd: pidfd}
+	h := &Handle{dir: dir, perCommand: cmd, pidfd: pidfd}
 
 	msg, err := readReady(ctx, readyR)
 	if err != nil && ctx.Err() != nil {
 		unix.PidfdSendSignal(pidfd, unix.SIGTERM, nil, 0)
 		h.reap()
-		return nil, fmt.Errorf("shim: start %s: %w", dir, err)
+		return nil, fmt.Errorf("supervisor: start %s: %w", dir, err)
 	}
 	if err != nil || msg.Error != "" {
 		h.reap()
@@ -80,15 +80,15 @@ func startPerCommand(ctx context.Context, exe, dir string, spec Spec) (*Handle, 
 		if err == nil {
 			err = errors.New(msg.Error)
 		}
-		return nil, fmt.Errorf("shim: supervisor of %s failed: %w (see %s)", dir, err, LogFile)
+		return nil, fmt.Errorf("supervisor: supervisor of %s failed: %w (see %s)", dir, err, LogFile)
 	}
-	rec, err := readShimRecord(dir)
+	rec, err := readSupervisorRecord(dir)
 	if err != nil {
 		// The supervisor writes its record before it starts the command; this is not reachable
 		// unless someone else edits the spool directory.
-		return nil, fmt.Errorf("shim: command running but shim record unreadable: %w", err)
+		return nil, fmt.Errorf("supervisor: command running but supervisor record unreadable: %w", err)
 	}
-	h.proc = Process{ShimPID: rec.PID, ShimStart: rec.Start, PID: msg.PID, PIDStart: msg.Start, StartedAt: msg.StartedAt}
+	h.proc = Process{SupervisorPID: rec.PID, SupervisorStart: rec.Start, PID: msg.PID, PIDStart: msg.Start, StartedAt: msg.StartedAt}
 	return h, nil
 }
 

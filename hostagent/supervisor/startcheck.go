@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"errors"
@@ -18,7 +18,7 @@ type StartError struct {
 	Cause string
 }
 
-func (e *StartError) Error() string { return "shim: command could not be started: " + e.Cause }
+func (e *StartError) Error() string { return "supervisor: command could not be started: " + e.Cause }
 
 // Is makes errors.Is(err, ErrStartFailed) hold.
 func (e *StartError) Is(target error) bool { return target == ErrStartFailed }

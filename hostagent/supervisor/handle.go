@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"bufio"
@@ -27,13 +27,14 @@ var errNoReadyMessage = errors.New("supervisor exited without reporting")
 type Handle struct {
 	dir  string
 	proc Process
-	// shim is the supervisor when this process started it (and so must reap it); nil when
-	// adopted or supervised by the long-lived supervisor.
-	shim *exec.Cmd
+	// perCommand is a per-command supervisor this process started (and so must reap): only
+	// the tests' stand-in for the previous release's hostagent starts one. nil when adopted
+	// or supervised by the long-lived supervisor.
+	perCommand *exec.Cmd
 	// sup is the long-lived supervisor that answers for the execution (daemon.go); zero for
-	// a per-command shim, which is followed through its pidfd instead. conn carries its
+	// a per-command supervisor, which is followed through its pidfd instead. conn carries its
 	// final answer, read by one goroutine that closes ended once status and err are final.
-	sup     shimRecord
+	sup     supervisorRecord
 	conn    *net.UnixConn
 	ended   chan struct{}
 	writeMu sync.Mutex // serializes cancels on conn
@@ -49,10 +50,10 @@ type Handle struct {
 
 // newSupervisedHandle follows an execution of the long-lived supervisor sup, whose final
 // answer arrives on conn (read through br).
-func newSupervisedHandle(dir string, sup shimRecord, proc processRecord, conn *net.UnixConn, br *bufio.Reader) *Handle {
+func newSupervisedHandle(dir string, sup supervisorRecord, proc processRecord, conn *net.UnixConn, br *bufio.Reader) *Handle {
 	h := &Handle{
 		dir:   dir,
-		proc:  Process{ShimPID: sup.PID, ShimStart: sup.Start, PID: proc.PID, PIDStart: proc.Start, StartedAt: proc.StartedAt},
+		proc:  Process{SupervisorPID: sup.PID, SupervisorStart: sup.Start, PID: proc.PID, PIDStart: proc.Start, StartedAt: proc.StartedAt},
 		pidfd: -1,
 		sup:   sup,
 		conn:  conn,
@@ -93,7 +94,7 @@ func (h *Handle) readFinal(br *bufio.Reader) {
 }
 
 // adoptSupervised follows an execution of the long-lived supervisor rec names.
-func adoptSupervised(h *Handle, rec shimRecord) (*Handle, error) {
+func adoptSupervised(h *Handle, rec supervisorRecord) (*Handle, error) {
 	h.sup = rec
 	var conn *net.UnixConn
 	err := errSupervisorGone
@@ -130,7 +131,7 @@ func adoptSupervised(h *Handle, rec shimRecord) (*Handle, error) {
 			}
 			return h, nil
 		case err == nil && !first.Unknown:
-			return nil, fmt.Errorf("shim: adopt %s: supervisor answered %q", h.dir, first.Error)
+			return nil, fmt.Errorf("supervisor: adopt %s: supervisor answered %q", h.dir, first.Error)
 		}
 		// It does not know the execution (it ended before, or the supervisor is going).
 		if ok, err := h.loadStatus(); ok || err != nil {
@@ -145,13 +146,13 @@ func adoptSupervised(h *Handle, rec shimRecord) (*Handle, error) {
 }
 
 // Adopt returns a handle on the execution in dir after a hostagent restart. It returns
-// ErrNeverStarted if there is no shim record (the command provably never ran) and
+// ErrNeverStarted if there is no supervisor record (the command provably never ran) and
 // ErrVanished if the supervisor is gone without a status record (unknown outcome). A
 // finished execution gets a handle whose Wait returns its status at once.
 //
 // Process().PID is zero if the supervisor has not started the command yet.
 func Adopt(dir string) (*Handle, error) {
-	rec, err := readShimRecord(dir)
+	rec, err := readSupervisorRecord(dir)
 	if err != nil {
 		return nil, err
 	}
@@ -161,7 +162,7 @@ func Adopt(dir string) (*Handle, error) {
 	}
 	h := &Handle{
 		dir:   dir,
-		proc:  Process{ShimPID: rec.PID, ShimStart: rec.Start, PID: proc.PID, PIDStart: proc.Start, StartedAt: proc.StartedAt},
+		proc:  Process{SupervisorPID: rec.PID, SupervisorStart: rec.Start, PID: proc.PID, PIDStart: proc.Start, StartedAt: proc.StartedAt},
 		pidfd: -1,
 	}
 	if ok, err := h.loadStatus(); ok || err != nil {
@@ -185,7 +186,7 @@ func Adopt(dir string) (*Handle, error) {
 		return nil, ErrVanished
 	}
 	if err != nil {
-		return nil, fmt.Errorf("shim: adopt %s: pidfd of supervisor: %w", dir, err)
+		return nil, fmt.Errorf("supervisor: adopt %s: pidfd of supervisor: %w", dir, err)
 	}
 	h.pidfd = pidfd
 	return h, nil
@@ -198,7 +199,7 @@ func (h *Handle) loadStatus() (bool, error) {
 		return false, nil
 	}
 	if err != nil {
-		return false, fmt.Errorf("shim: adopt %s: %w", h.dir, err)
+		return false, fmt.Errorf("supervisor: adopt %s: %w", h.dir, err)
 	}
 	h.done, h.status = true, st
 	if h.proc.PID == 0 {
@@ -221,7 +222,7 @@ func (h *Handle) Wait(ctx context.Context) (Status, error) {
 		select {
 		case <-h.ended:
 		case <-ctx.Done():
-			return Status{}, fmt.Errorf("shim: wait %s: %w", h.dir, context.Cause(ctx))
+			return Status{}, fmt.Errorf("supervisor: wait %s: %w", h.dir, context.Cause(ctx))
 		}
 	}
 	h.mu.Lock()
@@ -231,16 +232,16 @@ func (h *Handle) Wait(ctx context.Context) (Status, error) {
 	}
 	if h.pidfd < 0 {
 		h.mu.Unlock()
-		return Status{}, fmt.Errorf("shim: wait %s: handle closed", h.dir)
+		return Status{}, fmt.Errorf("supervisor: wait %s: handle closed", h.dir)
 	}
 	// A private copy, so concurrent waiters' deadlines do not interfere.
 	fd, err := unix.FcntlInt(uintptr(h.pidfd), unix.F_DUPFD_CLOEXEC, 0)
 	h.mu.Unlock()
 	if err != nil {
-		return Status{}, fmt.Errorf("shim: wait %s: dup pidfd: %w", h.dir, err)
+		return Status{}, fmt.Errorf("supervisor: wait %s: dup pidfd: %w", h.dir, err)
 	}
 	if err := waitPidfd(ctx, fd); err != nil {
-		return Status{}, fmt.Errorf("shim: wait %s: %w", h.dir, err)
+		return Status{}, fmt.Errorf("supervisor: wait %s: %w", h.dir, err)
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -259,9 +260,9 @@ func (h *Handle) reap() {
 
 // reapLocked collects an exited (or exiting) supervisor and its status record.
 func (h *Handle) reapLocked() {
-	if h.shim != nil {
+	if h.perCommand != nil {
 		// The supervisor's own exit code adds nothing: the status file is the record.
-		h.shim.Wait()
+		h.perCommand.Wait()
 	}
 	st, err := ReadStatus(h.dir)
 	if errors.Is(err, ErrNoStatus) {
@@ -291,7 +292,7 @@ func (h *Handle) Cancel() error {
 		return ErrNotRunning
 	}
 	if err != nil {
-		return fmt.Errorf("shim: cancel %s: %w", h.dir, err)
+		return fmt.Errorf("supervisor: cancel %s: %w", h.dir, err)
 	}
 	return nil
 }
@@ -313,7 +314,7 @@ func (h *Handle) cancelSupervised() error {
 			return ErrNotRunning
 		default:
 		}
-		return fmt.Errorf("shim: cancel %s: %w", h.dir, err)
+		return fmt.Errorf("supervisor: cancel %s: %w", h.dir, err)
 	}
 	return nil
 }

@@ -1,16 +1,17 @@
-// Package shim owns the detached supervisor that runs the hostagent's commands — a
-// long-lived one that forks each command itself (daemon.go), or, for a hostagent of the
-// previous release, one process per command — exactly once per spool directory, and the
-// spool directory's on-disk contract.
+// Package supervisor owns the per-host supervisor: the long-lived process, apart from the
+// SSH-facing hostagent, that forks and supervises every command (daemon.go) exactly once per
+// spool directory; the hostagent's client of it (Client, Handle); and the spool directory's
+// on-disk contract. It also still serves, deprecated, the previous release's per-command
+// mode (percommand.go), for a hostagent of that release while its package is upgraded.
 //
 // # Invariants
 //
 //   - A spool directory runs at most once: Start creates the spec only if absent, and the
-//     supervisor creates its shim record only if absent before it starts anything.
-//   - The shim record is written before the command starts, so on this boot a spool
+//     supervisor creates its supervisor record only if absent before it starts anything.
+//   - The supervisor record is written before the command starts, so on this boot a spool
 //     directory without one provably never ran its command (ErrNeverStarted). The long-lived
 //     supervisor does not sync it (the host marker is what outlives a machine crash, see
-//     daemon.go); a per-command shim does.
+//     daemon.go); a per-command supervisor does.
 //   - The status file is written atomically after the command's output is fully spooled
 //     (non-empty output synced); its presence means the outcome and the spooled output are
 //     final.
@@ -21,10 +22,10 @@
 //     (setsid, setpgid) are out of reach.
 //
 // The command runs as `Shell -c Command` with stdin from /dev/null, in its own session and
-// process group, with exactly the environment in its Spec and no descriptor but stdin, stdout and
-// stderr (CloseInheritedOnExec). This package knows nothing of markers,
-// SSH or MCP.
-package shim
+// process group, with exactly the environment in its Spec and no descriptor but stdin,
+// stdout and stderr (CloseInheritedOnExec). This package knows nothing of markers, SSH or
+// MCP.
+package supervisor
 
 import (
 	"errors"
@@ -63,20 +64,20 @@ const (
 
 // Errors callers branch on.
 var (
-	// ErrNeverStarted: the spool directory has no shim record, so the command provably never ran.
-	ErrNeverStarted = errors.New("shim: execution never started")
-	// ErrVanished: the supervisor started (there is a shim record) but is gone without a
+	// ErrNeverStarted: the spool directory has no supervisor record, so the command provably never ran.
+	ErrNeverStarted = errors.New("supervisor: execution never started")
+	// ErrVanished: the supervisor started (there is a supervisor record) but is gone without a
 	// status file; the outcome is unknown.
-	ErrVanished = errors.New("shim: supervisor vanished without a status record")
+	ErrVanished = errors.New("supervisor: supervisor vanished without a status record")
 	// ErrNoStatus: the status file does not exist (yet).
-	ErrNoStatus = errors.New("shim: no status record")
+	ErrNoStatus = errors.New("supervisor: no status record")
 	// ErrStartFailed: the command could not be started and provably did not run; the status
 	// file records the reason (or, when Quota.Admit refused it, nothing was created).
-	ErrStartFailed = errors.New("shim: command could not be started")
+	ErrStartFailed = errors.New("supervisor: command could not be started")
 	// ErrNotRunning: the execution has already finished (or its supervisor is gone).
-	ErrNotRunning = errors.New("shim: execution is not running")
+	ErrNotRunning = errors.New("supervisor: execution is not running")
 	// ErrAlreadyUsed: the spool directory already holds an execution; a directory runs once.
-	ErrAlreadyUsed = errors.New("shim: spool directory already used")
+	ErrAlreadyUsed = errors.New("supervisor: spool directory already used")
 )
 
 // Spec is what one execution runs. It is stored as JSON in the spool directory.
@@ -152,7 +153,7 @@ func (s Spec) validate() error {
 		errs = append(errs, fmt.Errorf("output cap %d is negative", s.OutputCap))
 	}
 	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("shim: invalid spec: %w", err)
+		return fmt.Errorf("supervisor: invalid spec: %w", err)
 	}
 	return nil
 }
@@ -195,9 +196,9 @@ type Status struct {
 // /proc/<pid>/stat field 22 (clock ticks since boot), which tell a process from a later one
 // reusing its pid.
 type Process struct {
-	ShimPID   int       `json:"shim_pid"`
-	ShimStart uint64    `json:"shim_start"`
-	PID       int       `json:"pid"`
-	PIDStart  uint64    `json:"pid_start"`
-	StartedAt time.Time `json:"started_at"`
+	SupervisorPID   int       `json:"supervisor_pid"`
+	SupervisorStart uint64    `json:"supervisor_start"`
+	PID             int       `json:"pid"`
+	PIDStart        uint64    `json:"pid_start"`
+	StartedAt       time.Time `json:"started_at"`
 }

@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"fmt"
@@ -18,7 +18,7 @@ const maxAncestry = 4096
 // parent died) are no longer descendants.
 func IsDescendant(pid, ancestor int) (bool, error) {
 	if pid <= 0 || ancestor <= 0 {
-		return false, fmt.Errorf("shim: is descendant: pids %d, %d out of range", pid, ancestor)
+		return false, fmt.Errorf("supervisor: is descendant: pids %d, %d out of range", pid, ancestor)
 	}
 	for range maxAncestry {
 		if pid == ancestor {
@@ -36,7 +36,7 @@ func IsDescendant(pid, ancestor int) (bool, error) {
 		}
 		pid = st.PPID
 	}
-	return false, fmt.Errorf("shim: is descendant: ancestry deeper than %d", maxAncestry)
+	return false, fmt.Errorf("supervisor: is descendant: ancestry deeper than %d", maxAncestry)
 }
 
 // InExecution reports whether pid belongs to the execution p names: the command's process

@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"errors"
@@ -120,7 +120,7 @@ func (q *Quota) Forget(name string) {
 func (q *Quota) rescanLocked() error {
 	entries, err := os.ReadDir(q.root)
 	if err != nil {
-		return fmt.Errorf("shim: spool quota: %w", err)
+		return fmt.Errorf("supervisor: spool quota: %w", err)
 	}
 	clear(q.final)
 	clear(q.open)
@@ -148,7 +148,7 @@ func (q *Quota) usedLocked(fresh bool) (int64, error) {
 			// Admitted but not created yet, or removed: nothing to count now.
 			continue
 		case err != nil:
-			return 0, fmt.Errorf("shim: spool quota: %w", err)
+			return 0, fmt.Errorf("supervisor: spool quota: %w", err)
 		case final:
 			delete(q.open, name)
 			q.final[name] = size

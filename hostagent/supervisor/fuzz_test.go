@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"bufio"
@@ -36,14 +36,14 @@ func FuzzParseStatus(f *testing.F) {
 	})
 }
 
-func FuzzParseShimRecord(f *testing.F) {
+func FuzzParseSupervisorRecord(f *testing.F) {
 	f.Add([]byte(`{"pid":123,"start":456}`))
 	f.Add([]byte(`{"pid":-1,"start":1}`))
 	f.Add([]byte(`{"pid":1}`))
 	f.Add([]byte(`{"fenced":true}`))
 	f.Add([]byte(`{"fenced":true,"pid":3}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		rec, err := parseShimRecord(data)
+		rec, err := parseSupervisorRecord(data)
 		if err == nil && !rec.Fenced && (rec.PID <= 0 || rec.Start == 0) {
 			t.Fatalf("accepted out-of-range record %+v", rec)
 		}

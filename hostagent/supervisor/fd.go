@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"errors"

@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"bufio"
@@ -43,7 +43,7 @@ func TestMain(m *testing.M) {
 	if addr := os.Getenv(connectRoleEnv); addr != "" {
 		os.Exit(connectAs(addr, os.Getenv("POSTERN_SHIM_TEST_DIR")))
 	}
-	if os.Getenv(shimTestEnv) == "1" && len(os.Args) > 1 && os.Args[1] == "shim" {
+	if os.Getenv(shimTestEnv) == "1" && Invoked(os.Args) {
 		os.Exit(Main(os.Args[2:]))
 	}
 	os.Setenv(shimTestEnv, "1")
@@ -62,9 +62,9 @@ func testExe(tb testing.TB) string {
 }
 
 // testSupervisor returns a client of a supervisor of its own, which ends with the test.
-func testSupervisor(tb testing.TB) *Supervisor {
+func testSupervisor(tb testing.TB) *Client {
 	tb.Helper()
-	s, err := NewSupervisor(testExe(tb), filepath.Join(tb.TempDir(), "supervisor"), slog.New(slog.DiscardHandler))
+	s, err := NewClient(testExe(tb), filepath.Join(tb.TempDir(), "supervisor"), slog.New(slog.DiscardHandler))
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -180,7 +180,7 @@ func TestExitOutcomes(t *testing.T) {
 				t.Errorf("ExecutionID = %q; want ex_test", st.ExecutionID)
 			}
 			p := h.Process()
-			if st.PID != p.PID || st.PIDStart != p.PIDStart || p.PID == 0 || p.ShimPID == 0 {
+			if st.PID != p.PID || st.PIDStart != p.PIDStart || p.PID == 0 || p.SupervisorPID == 0 {
 				t.Errorf("status pid %d/%d, process %+v; want matching non-zero pids", st.PID, st.PIDStart, p)
 			}
 			if st.StartedAt.IsZero() || st.EndedAt.Before(st.StartedAt) {
@@ -255,13 +255,13 @@ func TestSupervisorArgumentsNameNoExecution(t *testing.T) {
 	spec := testSpec("sleep 60")
 	spec.ExecutionID = "ex_01J3Z5V8Q4K7M2N9P0R6S8ARGV"
 	h, dir := startTest(t, spec)
-	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(h.Process().ShimPID) + "/cmdline")
+	cmdline, err := os.ReadFile("/proc/" + strconv.Itoa(h.Process().SupervisorPID) + "/cmdline")
 	if err != nil {
 		t.Fatal(err)
 	}
 	args := strings.Split(strings.TrimSuffix(string(cmdline), "\x00"), "\x00")
-	if len(args) != 2 || args[1] != "shim" {
-		t.Errorf("supervisor arguments = %q; want the executable and \"shim\" only", args)
+	if len(args) != 2 || args[1] != Subcommand {
+		t.Errorf("supervisor arguments = %q; want the executable and %q only", args, Subcommand)
 	}
 	if strings.Contains(string(cmdline), dir) || strings.Contains(string(cmdline), spec.ExecutionID) {
 		t.Errorf("supervisor arguments %q name the spool directory or the execution", args)
@@ -521,10 +521,10 @@ func TestKilledSupervisorVanishes(t *testing.T) {
 	h, dir := startTest(t, testSpec("echo ready; exec sleep 60"))
 	waitForOutput(t, dir, "ready")
 	p := h.Process()
-	if err := syscall.Kill(p.ShimPID, syscall.SIGKILL); err != nil {
+	if err := syscall.Kill(p.SupervisorPID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill supervisor: %v", err)
 	}
-	waitFor(t, "the supervisor to die", func() bool { return gone(p.ShimPID) })
+	waitFor(t, "the supervisor to die", func() bool { return gone(p.SupervisorPID) })
 	waitFor(t, "the command to die with its supervisor", func() bool { return gone(p.PID) })
 
 	check := func(when string) {
@@ -640,11 +640,11 @@ func TestIsDescendant(t *testing.T) {
 		{name: "self", pid: self, ancestor: self, want: true},
 		{name: "child", pid: child.Process.Pid, ancestor: self, want: true},
 		{name: "parent is not a descendant", pid: self, ancestor: child.Process.Pid, want: false},
-		{name: "command under supervisor", pid: p.PID, ancestor: p.ShimPID, want: true},
+		{name: "command under supervisor", pid: p.PID, ancestor: p.SupervisorPID, want: true},
 		// The supervisor is detached (nobody's child but init's), so commands are not the
 		// agent's descendants: only the supervisor's.
 		{name: "command is not the starter's descendant", pid: p.PID, ancestor: self, want: false},
-		{name: "sibling", pid: child.Process.Pid, ancestor: p.ShimPID, want: false},
+		{name: "sibling", pid: child.Process.Pid, ancestor: p.SupervisorPID, want: false},
 		{name: "init", pid: 1, ancestor: self, want: false},
 	}
 	for _, tt := range tests {
@@ -733,7 +733,7 @@ func TestFenceStopsASupervisorOnItsWay(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer readyR.Close()
-	cmd := exec.Command(testExe(t), "shim", dir)
+	cmd := exec.Command(testExe(t), legacySubcommand, dir) // an older hostagent's per-command start
 	cmd.ExtraFiles = []*os.File{readyW}
 	if err := cmd.Run(); err == nil {
 		t.Error("the late supervisor succeeded in a fenced dir")
@@ -831,7 +831,7 @@ func TestPerCommandShimStillServes(t *testing.T) {
 // TestSupervisorOutlivesItsAgent: an agent that lets go (or dies) leaves the supervisor and
 // its command running; the command's end is still recorded and adoptable.
 func TestSupervisorOutlivesItsAgent(t *testing.T) {
-	sup, err := NewSupervisor(testExe(t), filepath.Join(t.TempDir(), "supervisor"), slog.New(slog.DiscardHandler))
+	sup, err := NewClient(testExe(t), filepath.Join(t.TempDir(), "supervisor"), slog.New(slog.DiscardHandler))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -846,7 +846,7 @@ func TestSupervisorOutlivesItsAgent(t *testing.T) {
 	p := h.Process()
 	h.Close()
 	sup.Close() // the agent goes away
-	if gone(p.ShimPID) || gone(p.PID) {
+	if gone(p.SupervisorPID) || gone(p.PID) {
 		t.Fatalf("supervisor or command ended with the agent's lease")
 	}
 	adopted, err := Adopt(dir)
@@ -860,7 +860,7 @@ func TestSupervisorOutlivesItsAgent(t *testing.T) {
 		t.Errorf("status = %s/%d; want exited/4", st.Outcome, st.ExitCode)
 	}
 	// With no lease and no command left, it exits on its own.
-	waitFor(t, "the idle supervisor to exit", func() bool { return gone(p.ShimPID) })
+	waitFor(t, "the idle supervisor to exit", func() bool { return gone(p.SupervisorPID) })
 }
 
 // TestDeadSupervisorIsReplaced: a supervisor killed between two commands is replaced at the
@@ -875,7 +875,7 @@ func TestDeadSupervisorIsReplaced(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitForOutput(t, filepath.Join(root, "1"), "ready")
-	old := first.Process().ShimPID
+	old := first.Process().SupervisorPID
 	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
@@ -886,8 +886,8 @@ func TestDeadSupervisorIsReplaced(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Start after the supervisor died = %v", err)
 	}
-	if st := mustWait(t, second); st.ExitCode != 5 || second.Process().ShimPID == old {
-		t.Errorf("second: exit %d under supervisor %d; want 5 under a new supervisor (old %d)", st.ExitCode, second.Process().ShimPID, old)
+	if st := mustWait(t, second); st.ExitCode != 5 || second.Process().SupervisorPID == old {
+		t.Errorf("second: exit %d under supervisor %d; want 5 under a new supervisor (old %d)", st.ExitCode, second.Process().SupervisorPID, old)
 	}
 }
 
@@ -920,7 +920,7 @@ func TestSupervisorRefusesOtherUsers(t *testing.T) {
 	h, _ := startTest(t, testSpec("sleep 60"))
 	// The test binary, where nobody may run it; the spool dir it asks for, where nobody
 	// could write (only the supervisor could).
-	bin, err := os.MkdirTemp("", "postern-shim-test-") // t.TempDir's parent is private
+	bin, err := os.MkdirTemp("", "postern-supervisor-test-") // t.TempDir's parent is private
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -932,7 +932,7 @@ func TestSupervisorRefusesOtherUsers(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	exe := filepath.Join(bin, "shim.test")
+	exe := filepath.Join(bin, "supervisor.test")
 	if err := os.WriteFile(exe, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
@@ -943,11 +943,15 @@ func TestSupervisorRefusesOtherUsers(t *testing.T) {
 	cmd := exec.Command(exe)
 	cmd.Env = []string{connectRoleEnv + "=" + h.sup.Socket, "POSTERN_SHIM_TEST_DIR=" + target}
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	out, err := cmd.CombinedOutput()
+	// The verdict is on stdout alone: stderr is the runtime's too (a -cover build warns there
+	// that the client, with no GOCOVERDIR, writes no coverage).
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
 	if err != nil || strings.TrimSpace(string(out)) != "closed" {
-		t.Fatalf("another uid's request = %q, %v; want the connection closed unanswered", out, err)
+		t.Fatalf("another uid's request = %q, %v (stderr %q); want the connection closed unanswered", out, err, stderr.String())
 	}
-	for _, name := range []string{"witness", ShimFile} {
+	for _, name := range []string{"witness", SupervisorFile} {
 		if _, err := os.Stat(filepath.Join(target, name)); !errors.Is(err, os.ErrNotExist) {
 			t.Errorf("%s exists after another uid's request (%v): it ran", name, err)
 		}

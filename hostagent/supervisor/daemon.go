@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"bufio"
@@ -35,8 +35,8 @@ import (
 //
 // # Durability
 //
-// The daemon syncs nothing but non-empty output. Its records (shim record, process record,
-// status) are page-cache writes, which every process on this boot sees and a process crash
+// The daemon syncs nothing but non-empty output. Its records (supervisor record, process
+// record, status) are page-cache writes, which every process on this boot sees and a process crash
 // does not lose; the host marker, synced by the agent, is what survives a machine crash:
 // `started` before the command is handed over, its end (with sizes and digests) after the
 // status arrives. So a command costs two fsyncs on the host, both the marker's. What that
@@ -45,7 +45,7 @@ import (
 
 // Environment of a supervisor start (Main).
 const (
-	// EnvSupervisorDir, when set, makes `shim` the long-lived supervisor, keeping its pid
+	// EnvSupervisorDir, when set, makes Main the long-lived supervisor, keeping its pid
 	// record and log in that directory.
 	EnvSupervisorDir = "POSTERN_SUPERVISOR_DIR"
 	// envSupervisorDetached marks the second stage of the supervisor's start: the first
@@ -119,7 +119,7 @@ func supervisorRecordName(pid int) string { return "supervisor-" + strconv.Itoa(
 // daemon is the long-lived supervisor's state.
 type daemon struct {
 	dir  string
-	self shimRecord
+	self supervisorRecord
 	log  *slog.Logger
 	ln   *net.UnixListener
 	// forks carries every command start to the one thread that forks (see forker).
@@ -161,7 +161,7 @@ type forkRequest struct {
 }
 
 // runDaemon serves as the long-lived supervisor until it is idle. ready gets the supervisor's
-// shim record (its identity) once it listens.
+// supervisor record (its identity) once it listens.
 func runDaemon(dir string, ready *os.File, logger *slog.Logger) error {
 	defer ready.Close()
 	self := os.Getpid()
@@ -171,7 +171,7 @@ func runDaemon(dir string, ready *os.File, logger *slog.Logger) error {
 	}
 	d := &daemon{
 		dir:   dir,
-		self:  shimRecord{PID: self, Start: start, Socket: socketName(self, start)},
+		self:  supervisorRecord{PID: self, Start: start, Socket: socketName(self, start)},
 		log:   logger,
 		forks: make(chan forkRequest),
 		jobs:  map[string]*daemonJob{},
@@ -330,7 +330,7 @@ func followUp(br *bufio.Reader, j *daemonJob, gone chan<- struct{}) {
 	}
 }
 
-// start runs one execution: registered before its shim record exists, so a wait or an
+// start runs one execution: registered before its supervisor record exists, so a wait or an
 // adoption never finds a record of this supervisor that it does not know.
 func (d *daemon) start(conn *net.UnixConn, br *bufio.Reader, req request) {
 	if req.Spec == nil || !filepath.IsAbs(req.Dir) {
@@ -366,10 +366,10 @@ func (d *daemon) start(conn *net.UnixConn, br *bufio.Reader, req request) {
 
 	rec, err := json.Marshal(d.self)
 	if err == nil {
-		// The shim record is what says "may have run". It needs no fsync: it is read on this
+		// The supervisor record is what says "may have run". It needs no fsync: it is read on this
 		// boot only (recover.go), and create-if-absent is atomic in the kernel, so a Fence
 		// and this record still exclude each other.
-		err = createFileVolatile(req.Dir, ShimFile, rec)
+		err = createFileVolatile(req.Dir, SupervisorFile, rec)
 	}
 	if err != nil {
 		d.finish(req.Dir, j, Status{})
@@ -525,7 +525,7 @@ func startDaemon(dir string, logger *slog.Logger) int {
 	ready := os.NewFile(readyFD, "ready")
 	if os.Getenv(envSupervisorDetached) == "" {
 		// /proc/self/exe is this binary even if a package upgrade replaced the file.
-		cmd := exec.Command("/proc/self/exe", "shim")
+		cmd := exec.Command("/proc/self/exe", Subcommand)
 		cmd.Env = append(os.Environ(), envSupervisorDetached+"=1")
 		cmd.Stderr = os.Stderr
 		cmd.ExtraFiles = []*os.File{ready}
@@ -551,11 +551,11 @@ func startDaemon(dir string, logger *slog.Logger) int {
 
 // errSupervisorGone: the supervisor went away (or would not take the request) before it
 // answered.
-var errSupervisorGone = errors.New("shim: supervisor is gone")
+var errSupervisorGone = errors.New("supervisor: supervisor is gone")
 
 // dialSupervisor connects to the supervisor rec names and checks that the peer is that
 // process of this user.
-func dialSupervisor(ctx context.Context, rec shimRecord) (*net.UnixConn, error) {
+func dialSupervisor(ctx context.Context, rec supervisorRecord) (*net.UnixConn, error) {
 	var dialer net.Dialer
 	c, err := dialer.DialContext(ctx, "unix", rec.Socket)
 	if err != nil {
@@ -564,7 +564,7 @@ func dialSupervisor(ctx context.Context, rec shimRecord) (*net.UnixConn, error) 
 	conn := c.(*net.UnixConn)
 	if err := checkPeer(conn, rec.PID); err != nil {
 		conn.Close()
-		return nil, fmt.Errorf("shim: supervisor %s: %w", rec.Socket, err)
+		return nil, fmt.Errorf("supervisor: supervisor %s: %w", rec.Socket, err)
 	}
 	return conn, nil
 }

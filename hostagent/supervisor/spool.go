@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"context"
@@ -16,14 +16,16 @@ import (
 	"github.com/postern-dev/postern/internal/procfs"
 )
 
-// Files in a spool directory.
+// Files in a spool directory. Their names are an on-disk contract with the previous release,
+// which reads (and, in the per-command mode, writes) the same directories during an upgrade:
+// the supervisor record's file is still called shim.json.
 const (
-	// SpecFile holds the Spec as JSON; written and synced by Start before the supervisor runs.
+	// SpecFile holds the Spec as JSON, for a per-command supervisor.
 	SpecFile = "spec.json"
-	// ShimFile is the shim record (supervisor pid + start time), written and synced by the
-	// supervisor before it starts the command.
-	ShimFile = "shim.json"
-	// ProcessFile records the command's pid + start time once it runs (per-command shims
+	// SupervisorFile is the supervisor record (its pid and start time, and the long-lived
+	// supervisor's socket), created by the supervisor before it starts the command.
+	SupervisorFile = "shim.json"
+	// ProcessFile records the command's pid + start time once it runs (per-command supervisors
 	// only: the long-lived supervisor tells it to whoever asks).
 	ProcessFile = "process.json"
 	// StdoutFile and StderrFile hold the spooled streams, up to the output cap each.
@@ -31,7 +33,7 @@ const (
 	StderrFile = "stderr"
 	// StatusFile is the final Status, written atomically when the command has ended.
 	StatusFile = "status.json"
-	// LogFile receives the supervisor's own diagnostics (never command output).
+	// LogFile receives a per-command supervisor's own diagnostics (never command output).
 	LogFile = "shim.log"
 )
 
@@ -50,12 +52,12 @@ const (
 	followMaxPoll = 250 * time.Millisecond
 )
 
-// shimRecord identifies the supervisor process of a spool directory.
-type shimRecord struct {
+// supervisorRecord identifies the supervisor process of a spool directory.
+type supervisorRecord struct {
 	PID   int    `json:"pid,omitempty"`
 	Start uint64 `json:"start,omitempty"`
 	// Socket is set by the long-lived supervisor (daemon.go): it supervises many executions
-	// and answers for them there. Empty for a per-command shim, whose process is the answer.
+	// and answers for them there. Empty for a per-command supervisor, whose process is the answer.
 	Socket string `json:"socket,omitempty"`
 	// Fenced marks a record written by Fence instead of a supervisor: no supervisor ran
 	// here, and none ever will.
@@ -71,13 +73,13 @@ type processRecord struct {
 	Error     string    `json:"error,omitempty"`
 }
 
-func parseShimRecord(data []byte) (shimRecord, error) {
-	var r shimRecord
+func parseSupervisorRecord(data []byte) (supervisorRecord, error) {
+	var r supervisorRecord
 	if err := json.Unmarshal(data, &r); err != nil {
-		return shimRecord{}, fmt.Errorf("shim: parse shim record: %w", err)
+		return supervisorRecord{}, fmt.Errorf("supervisor: parse supervisor record: %w", err)
 	}
 	if r.Fenced && (r.PID != 0 || r.Start != 0) || !r.Fenced && (r.PID <= 0 || r.Start == 0) {
-		return shimRecord{}, fmt.Errorf("shim: parse shim record: pid %d start %d fenced %v is inconsistent", r.PID, r.Start, r.Fenced)
+		return supervisorRecord{}, fmt.Errorf("supervisor: parse supervisor record: pid %d start %d fenced %v is inconsistent", r.PID, r.Start, r.Fenced)
 	}
 	return r, nil
 }
@@ -85,10 +87,10 @@ func parseShimRecord(data []byte) (shimRecord, error) {
 func parseProcessRecord(data []byte) (processRecord, error) {
 	var r processRecord
 	if err := json.Unmarshal(data, &r); err != nil {
-		return processRecord{}, fmt.Errorf("shim: parse process record: %w", err)
+		return processRecord{}, fmt.Errorf("supervisor: parse process record: %w", err)
 	}
 	if r.Error == "" && (r.PID <= 0 || r.Start == 0) {
-		return processRecord{}, fmt.Errorf("shim: parse process record: pid %d start %d out of range", r.PID, r.Start)
+		return processRecord{}, fmt.Errorf("supervisor: parse process record: pid %d start %d out of range", r.PID, r.Start)
 	}
 	return r, nil
 }
@@ -96,16 +98,16 @@ func parseProcessRecord(data []byte) (processRecord, error) {
 func parseStatus(data []byte) (Status, error) {
 	var s Status
 	if err := json.Unmarshal(data, &s); err != nil {
-		return Status{}, fmt.Errorf("shim: parse status: %w", err)
+		return Status{}, fmt.Errorf("supervisor: parse status: %w", err)
 	}
 	switch s.Outcome {
 	case OutcomeExited, OutcomeTimedOut, OutcomeCancelled, OutcomeStartFailed:
 	default:
-		return Status{}, fmt.Errorf("shim: parse status: unknown outcome %q", s.Outcome)
+		return Status{}, fmt.Errorf("supervisor: parse status: unknown outcome %q", s.Outcome)
 	}
 	for name, st := range map[string]StreamInfo{StreamStdout: s.Stdout, StreamStderr: s.Stderr} {
 		if st.Bytes < 0 || st.Stored < 0 || st.Stored > st.Bytes || st.Truncated != (st.Stored < st.Bytes) {
-			return Status{}, fmt.Errorf("shim: parse status: inconsistent %s sizes %d/%d", name, st.Stored, st.Bytes)
+			return Status{}, fmt.Errorf("supervisor: parse status: inconsistent %s sizes %d/%d", name, st.Stored, st.Bytes)
 		}
 	}
 	return s, nil
@@ -114,7 +116,7 @@ func parseStatus(data []byte) (Status, error) {
 func parseSpec(data []byte) (Spec, error) {
 	var s Spec
 	if err := json.Unmarshal(data, &s); err != nil {
-		return Spec{}, fmt.Errorf("shim: parse spec: %w", err)
+		return Spec{}, fmt.Errorf("supervisor: parse spec: %w", err)
 	}
 	s = s.withDefaults()
 	if err := s.validate(); err != nil {
@@ -132,10 +134,10 @@ func readRecord(path string) ([]byte, error) {
 	defer f.Close()
 	data, err := io.ReadAll(io.LimitReader(f, maxRecordBytes+1))
 	if err != nil {
-		return nil, fmt.Errorf("shim: read %s: %w", path, err)
+		return nil, fmt.Errorf("supervisor: read %s: %w", path, err)
 	}
 	if len(data) > maxRecordBytes {
-		return nil, fmt.Errorf("shim: read %s: larger than %d bytes", path, maxRecordBytes)
+		return nil, fmt.Errorf("supervisor: read %s: larger than %d bytes", path, maxRecordBytes)
 	}
 	return data, nil
 }
@@ -153,40 +155,40 @@ func ReadStatus(dir string) (Status, error) {
 	return parseStatus(data)
 }
 
-func readShimRecord(dir string) (shimRecord, error) {
-	data, err := readRecord(filepath.Join(dir, ShimFile))
+func readSupervisorRecord(dir string) (supervisorRecord, error) {
+	data, err := readRecord(filepath.Join(dir, SupervisorFile))
 	if errors.Is(err, fs.ErrNotExist) {
-		return shimRecord{}, ErrNeverStarted
+		return supervisorRecord{}, ErrNeverStarted
 	}
 	if err != nil {
-		return shimRecord{}, err
+		return supervisorRecord{}, err
 	}
-	rec, err := parseShimRecord(data)
+	rec, err := parseSupervisorRecord(data)
 	if err == nil && rec.Fenced {
-		return shimRecord{}, ErrNeverStarted
+		return supervisorRecord{}, ErrNeverStarted
 	}
 	return rec, err
 }
 
-// Fence makes "never started" final for dir: it takes the shim record's place with a
+// Fence makes "never started" final for dir: it takes the supervisor record's place with a
 // fenced record, so a supervisor still on its way (its parent died while starting it) can
 // no longer create its record and will not run the command. It returns nil if dir is
 // fenced now (the command never ran and never will), or ErrAlreadyUsed if a supervisor
-// recorded itself first (adopt it instead). Without a fence, "no shim record" only means
+// recorded itself first (adopt it instead). Without a fence, "no supervisor record" only means
 // "not yet".
 func Fence(dir string) error {
-	data, err := json.Marshal(shimRecord{Fenced: true})
+	data, err := json.Marshal(supervisorRecord{Fenced: true})
 	if err != nil {
 		return err
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return fmt.Errorf("shim: fence %s: %w", dir, err)
+		return fmt.Errorf("supervisor: fence %s: %w", dir, err)
 	}
-	err = createFileExclusive(dir, ShimFile, data)
+	err = createFileExclusive(dir, SupervisorFile, data)
 	if !errors.Is(err, ErrAlreadyUsed) {
 		return err
 	}
-	if _, rerr := readShimRecord(dir); errors.Is(rerr, ErrNeverStarted) {
+	if _, rerr := readSupervisorRecord(dir); errors.Is(rerr, ErrNeverStarted) {
 		return nil // fenced already
 	}
 	return err
@@ -209,17 +211,17 @@ func readProcessRecord(dir string) (processRecord, error) {
 // complete new one, and the new one survives a crash once this returns.
 func writeFileAtomic(dir, name string, data []byte) error {
 	if err := durable.WriteFile(filepath.Join(dir, name), data, 0o600); err != nil {
-		return fmt.Errorf("shim: %w", err)
+		return fmt.Errorf("supervisor: %w", err)
 	}
 	return nil
 }
 
 // writeFileVolatile replaces dir/name with data atomically but without syncing: for records
-// that only this boot's processes read (a machine crash kills the shim with them).
+// that only this boot's processes read (a machine crash kills the supervisor with them).
 func writeFileVolatile(dir, name string, data []byte) error {
 	f, err := os.CreateTemp(dir, "."+name+".tmp-*")
 	if err != nil {
-		return fmt.Errorf("shim: create temporary %s: %w", name, err)
+		return fmt.Errorf("supervisor: create temporary %s: %w", name, err)
 	}
 	_, err = f.Write(data)
 	if cerr := f.Close(); err == nil {
@@ -230,7 +232,7 @@ func writeFileVolatile(dir, name string, data []byte) error {
 	}
 	if err != nil {
 		os.Remove(f.Name())
-		return fmt.Errorf("shim: write %s: %w", name, err)
+		return fmt.Errorf("supervisor: write %s: %w", name, err)
 	}
 	return nil
 }
@@ -243,14 +245,14 @@ func createFileVolatile(dir, name string, data []byte) error {
 		return fmt.Errorf("%w: %s exists in %s", ErrAlreadyUsed, name, dir)
 	}
 	if err != nil {
-		return fmt.Errorf("shim: create %s: %w", name, err)
+		return fmt.Errorf("supervisor: create %s: %w", name, err)
 	}
 	_, err = f.Write(data)
 	if cerr := f.Close(); err == nil {
 		err = cerr
 	}
 	if err != nil {
-		return fmt.Errorf("shim: write %s: %w", name, err)
+		return fmt.Errorf("supervisor: write %s: %w", name, err)
 	}
 	return nil
 }
@@ -262,7 +264,7 @@ func createFileExclusive(dir, name string, data []byte) error {
 		return fmt.Errorf("%w: %s exists in %s", ErrAlreadyUsed, name, dir)
 	}
 	if err != nil {
-		return fmt.Errorf("shim: %w", err)
+		return fmt.Errorf("supervisor: %w", err)
 	}
 	return nil
 }
@@ -274,14 +276,14 @@ func streamFile(stream string) (string, error) {
 	case StreamStderr:
 		return StderrFile, nil
 	}
-	return "", fmt.Errorf("shim: unknown stream %q", stream)
+	return "", fmt.Errorf("supervisor: unknown stream %q", stream)
 }
 
 // Follow copies the spooled stream ("stdout" or "stderr") of the execution in dir to w,
 // starting at offset, and keeps following it until the execution has finished and everything
 // stored is copied. It returns the offset after the last byte copied, so a caller can resume
 // from there. It returns ErrVanished if the supervisor died without a status record, and
-// ErrNeverStarted for a directory without a shim record. Only stored bytes are copied: a
+// ErrNeverStarted for a directory without a supervisor record. Only stored bytes are copied: a
 // truncated stream ends at the output cap.
 //
 // Follow polls while the execution runs. A caller that learns of the end another way (its
@@ -294,7 +296,7 @@ func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer, 
 		return offset, err
 	}
 	if offset < 0 {
-		return offset, fmt.Errorf("shim: follow %s: negative offset %d", stream, offset)
+		return offset, fmt.Errorf("supervisor: follow %s: negative offset %d", stream, offset)
 	}
 	path := filepath.Join(dir, name)
 	var f *os.File
@@ -316,7 +318,7 @@ func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer, 
 		if f == nil {
 			f, err = os.Open(path)
 			if err != nil && !errors.Is(err, fs.ErrNotExist) {
-				return offset, fmt.Errorf("shim: follow %s: %w", stream, err)
+				return offset, fmt.Errorf("supervisor: follow %s: %w", stream, err)
 			}
 			if err != nil {
 				f = nil
@@ -327,7 +329,7 @@ func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer, 
 			copied, err = io.Copy(w, io.NewSectionReader(f, offset, math.MaxInt64-offset))
 			offset += copied
 			if err != nil {
-				return offset, fmt.Errorf("shim: follow %s: %w", stream, err)
+				return offset, fmt.Errorf("supervisor: follow %s: %w", stream, err)
 			}
 		}
 		if finished {
@@ -352,7 +354,7 @@ func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer, 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			return offset, fmt.Errorf("shim: follow %s: %w", stream, context.Cause(ctx))
+			return offset, fmt.Errorf("supervisor: follow %s: %w", stream, context.Cause(ctx))
 		case <-ended:
 			t.Stop()
 			ended = nil // one more look, the last
@@ -365,7 +367,7 @@ func Follow(ctx context.Context, dir, stream string, offset int64, w io.Writer, 
 // checkSupervisorAlive returns nil if the supervisor of dir is running or has finished with a
 // status record, ErrVanished if it is gone without one, and ErrNeverStarted if it never ran.
 func checkSupervisorAlive(dir string) error {
-	rec, err := readShimRecord(dir)
+	rec, err := readSupervisorRecord(dir)
 	if err != nil {
 		return err
 	}

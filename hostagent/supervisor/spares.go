@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"context"
@@ -100,13 +100,13 @@ func (s *SpareDirs) Make(dst string) error {
 		}
 		os.Remove(spare)
 		if errors.Is(err, unix.EEXIST) {
-			return fmt.Errorf("shim: spool dir %s: %w", dst, fs.ErrExist)
+			return fmt.Errorf("supervisor: spool dir %s: %w", dst, fs.ErrExist)
 		}
 		// Another file system, an old kernel: make it the plain way.
 	default:
 	}
 	if err := os.Mkdir(dst, 0o700); err != nil {
-		return fmt.Errorf("shim: spool dir: %w", err)
+		return fmt.Errorf("supervisor: spool dir: %w", err)
 	}
 	return nil
 }

@@ -1,4 +1,4 @@
-package shim
+package supervisor
 
 import (
 	"bufio"
@@ -29,24 +29,24 @@ const (
 	supervisorExitLimit  = 10 * time.Second
 )
 
-// Supervisor is the hostagent's side of the long-lived supervisor (daemon.go): it starts one
+// Client is the hostagent's side of the long-lived supervisor (daemon.go): it starts one
 // the first time a command needs it, holds a lease on it while this agent runs, and starts
 // executions through it. A supervisor that died is replaced at the next Start. Its methods
 // are safe for concurrent use.
-type Supervisor struct {
-	exe string // started as `exe shim`
+type Client struct {
+	exe string // started as `exe supervise`
 	dir string // the supervisors' records and log
 	log *slog.Logger
 
 	mu  sync.Mutex // guards cur; held while a supervisor starts, so one starts at a time
-	cur *supervisorLink
+	cur *daemonLease
 
 	wg sync.WaitGroup // lease watchers and first-stage reapers
 }
 
-// supervisorLink is a lease on one running supervisor.
-type supervisorLink struct {
-	rec   shimRecord
+// daemonLease is a lease on one running supervisor.
+type daemonLease struct {
+	rec   supervisorRecord
 	lease *net.UnixConn
 	gone  chan struct{} // closed when the lease connection ends (the supervisor died, or Close)
 	// exiting is the supervisor's answer to the lease's end: it had no command left. Set
@@ -54,16 +54,16 @@ type supervisorLink struct {
 	exiting bool
 }
 
-// NewSupervisor returns the client of the supervisors that keep their records in dir (made
-// 0700 if missing), started as `exe shim`. It starts nothing until the first Start.
-func NewSupervisor(exe, dir string, logger *slog.Logger) (*Supervisor, error) {
+// NewClient returns the client of the supervisors that keep their records in dir (made
+// 0700 if missing), started as `exe supervise`. It starts nothing until the first Start.
+func NewClient(exe, dir string, logger *slog.Logger) (*Client, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return nil, fmt.Errorf("shim: supervisor dir: %w", err)
+		return nil, fmt.Errorf("supervisor: supervisor dir: %w", err)
 	}
 	if logger == nil {
 		logger = slog.Default()
 	}
-	return &Supervisor{exe: exe, dir: dir, log: logger}, nil
+	return &Client{exe: exe, dir: dir, log: logger}, nil
 }
 
 // Start runs spec in the spool directory dir (created if missing; it must not have been
@@ -75,7 +75,7 @@ func NewSupervisor(exe, dir string, logger *slog.Logger) (*Supervisor, error) {
 // ctx's cause; the spool directory then tells whether anything ran. Other errors mean the
 // supervisor failed before it reported: whether it recorded itself in dir (and so may have
 // started the command) is for the caller to settle with Fence.
-func (s *Supervisor) Start(ctx context.Context, dir string, spec Spec) (*Handle, error) {
+func (s *Client) Start(ctx context.Context, dir string, spec Spec) (*Handle, error) {
 	// Not synced, nor its parent: what proves a start on a later boot is the host marker, not
 	// the spool (daemon.go, Durability).
 	dir, spec, err := prepare(dir, spec)
@@ -106,16 +106,16 @@ func prepare(dir string, spec Spec) (string, Spec, error) {
 	}
 	dir, err := filepath.Abs(dir)
 	if err != nil {
-		return "", spec, fmt.Errorf("shim: spool dir: %w", err)
+		return "", spec, fmt.Errorf("supervisor: spool dir: %w", err)
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
-		return "", spec, fmt.Errorf("shim: create spool dir: %w", err)
+		return "", spec, fmt.Errorf("supervisor: create spool dir: %w", err)
 	}
 	return dir, spec, nil
 }
 
 // start sends one start request to the supervisor of link.
-func (s *Supervisor) start(ctx context.Context, link *supervisorLink, dir string, spec Spec) (*Handle, error) {
+func (s *Client) start(ctx context.Context, link *daemonLease, dir string, spec Spec) (*Handle, error) {
 	// A local connect; a cancelled ctx is handled once the request is in (below).
 	dialCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), supervisorStartLimit)
 	conn, err := dialSupervisor(dialCtx, link.rec)
@@ -145,17 +145,17 @@ func (s *Supervisor) start(ctx context.Context, link *supervisorLink, dir string
 		h := newSupervisedHandle(dir, link.rec, processRecord{}, conn, br)
 		h.Cancel() // on this connection, behind the start: never before it
 		h.waitReader()
-		return nil, fmt.Errorf("shim: start %s: %w", dir, context.Cause(ctx))
+		return nil, fmt.Errorf("supervisor: start %s: %w", dir, context.Cause(ctx))
 	case err != nil:
 		conn.Close()
 		if !procfs.Running(link.rec.PID, link.rec.Start) {
-			if _, rerr := readShimRecord(dir); errors.Is(rerr, ErrNeverStarted) {
+			if _, rerr := readSupervisorRecord(dir); errors.Is(rerr, ErrNeverStarted) {
 				// It died before it recorded itself in dir, and a dead process writes
 				// nothing more: the command never ran, and dir is as good as new.
 				return nil, fmt.Errorf("%w: %v", errSupervisorGone, err)
 			}
 		}
-		return nil, fmt.Errorf("shim: supervisor of %s failed: %w (see %s)", dir, err, filepath.Join(s.dir, SupervisorLogFile))
+		return nil, fmt.Errorf("supervisor: supervisor of %s failed: %w (see %s)", dir, err, filepath.Join(s.dir, SupervisorLogFile))
 	case first.Exiting:
 		conn.Close()
 		return nil, fmt.Errorf("%w: it is exiting", errSupervisorGone)
@@ -167,16 +167,16 @@ func (s *Supervisor) start(ctx context.Context, link *supervisorLink, dir string
 		if first.AlreadyUsed {
 			return nil, fmt.Errorf("%w: %s", ErrAlreadyUsed, dir)
 		}
-		return nil, fmt.Errorf("shim: supervisor refused %s: %s", dir, first.Error)
+		return nil, fmt.Errorf("supervisor: supervisor refused %s: %s", dir, first.Error)
 	case first.Started == nil:
 		conn.Close()
-		return nil, fmt.Errorf("shim: supervisor of %s answered without a process record", dir)
+		return nil, fmt.Errorf("supervisor: supervisor of %s answered without a process record", dir)
 	}
 	return newSupervisedHandle(dir, link.rec, *first.Started, conn, br), nil
 }
 
 // link returns a lease on a running supervisor, starting one if there is none.
-func (s *Supervisor) link(ctx context.Context) (*supervisorLink, error) {
+func (s *Client) link(ctx context.Context) (*daemonLease, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cur != nil {
@@ -197,7 +197,7 @@ func (s *Supervisor) link(ctx context.Context) (*supervisorLink, error) {
 }
 
 // drop forgets link if it is still the current one.
-func (s *Supervisor) drop(link *supervisorLink) {
+func (s *Client) drop(link *daemonLease) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.cur == link {
@@ -207,10 +207,10 @@ func (s *Supervisor) drop(link *supervisorLink) {
 }
 
 // launch starts a supervisor and takes a lease on it.
-func (s *Supervisor) launch(ctx context.Context) (*supervisorLink, error) {
+func (s *Client) launch(ctx context.Context) (*daemonLease, error) {
 	ctx, cancel := context.WithTimeout(ctx, supervisorStartLimit)
 	defer cancel()
-	cmd, readyR, err := startSupervisorProcess(s.exe, EnvSupervisorDir+"="+s.dir, filepath.Join(s.dir, SupervisorLogFile))
+	cmd, readyR, err := startSupervisorProcess(s.exe, Subcommand, EnvSupervisorDir+"="+s.dir, filepath.Join(s.dir, SupervisorLogFile))
 	if err != nil {
 		return nil, err
 	}
@@ -225,11 +225,11 @@ func (s *Supervisor) launch(ctx context.Context) (*supervisorLink, error) {
 		if err == nil {
 			err = errNoReadyMessage
 		}
-		return nil, fmt.Errorf("shim: start supervisor: %w (see %s)", err, filepath.Join(s.dir, SupervisorLogFile))
+		return nil, fmt.Errorf("supervisor: start supervisor: %w (see %s)", err, filepath.Join(s.dir, SupervisorLogFile))
 	}
-	rec, err := parseShimRecord(data)
+	rec, err := parseSupervisorRecord(data)
 	if err != nil || rec.Socket == "" {
-		return nil, fmt.Errorf("shim: start supervisor: bad readiness message %q", data)
+		return nil, fmt.Errorf("supervisor: start supervisor: bad readiness message %q", data)
 	}
 	lease, err := dialSupervisor(ctx, rec)
 	if err == nil {
@@ -247,9 +247,9 @@ func (s *Supervisor) launch(ctx context.Context) (*supervisorLink, error) {
 		if lease != nil {
 			lease.Close()
 		}
-		return nil, fmt.Errorf("shim: lease on supervisor %d: %w", rec.PID, err)
+		return nil, fmt.Errorf("supervisor: lease on supervisor %d: %w", rec.PID, err)
 	}
-	link := &supervisorLink{rec: rec, lease: lease, gone: make(chan struct{})}
+	link := &daemonLease{rec: rec, lease: lease, gone: make(chan struct{})}
 	s.wg.Go(func() {
 		// Blocks until the lease ends: the supervisor's answer to Close, or its death.
 		if msg, err := readMessage[reply](br); err == nil {
@@ -261,20 +261,20 @@ func (s *Supervisor) launch(ctx context.Context) (*supervisorLink, error) {
 	return link, nil
 }
 
-// startSupervisorProcess starts `exe shim` in a session of its own, with env added to this
+// startSupervisorProcess starts `exe subcommand` in a session of its own, with env added to this
 // process's environment, its stderr appended to logPath and the write end of a readiness
 // pipe as readyFD. It returns the started command and the pipe's read end.
-func startSupervisorProcess(exe, env, logPath string) (*exec.Cmd, *os.File, error) {
+func startSupervisorProcess(exe, subcommand, env, logPath string) (*exec.Cmd, *os.File, error) {
 	logFile, err := os.OpenFile(logPath, os.O_WRONLY|os.O_CREATE|os.O_APPEND, 0o600)
 	if err != nil {
-		return nil, nil, fmt.Errorf("shim: open supervisor log: %w", err)
+		return nil, nil, fmt.Errorf("supervisor: open supervisor log: %w", err)
 	}
 	defer logFile.Close()
 	readyR, readyW, err := os.Pipe()
 	if err != nil {
-		return nil, nil, fmt.Errorf("shim: readiness pipe: %w", err)
+		return nil, nil, fmt.Errorf("supervisor: readiness pipe: %w", err)
 	}
-	cmd := exec.Command(exe, "shim")
+	cmd := exec.Command(exe, subcommand)
 	cmd.Env = append(os.Environ(), env)
 	cmd.Stderr = logFile
 	cmd.ExtraFiles = []*os.File{readyW}
@@ -283,14 +283,14 @@ func startSupervisorProcess(exe, env, logPath string) (*exec.Cmd, *os.File, erro
 	readyW.Close()
 	if err != nil {
 		readyR.Close()
-		return nil, nil, fmt.Errorf("shim: start supervisor: %w", err)
+		return nil, nil, fmt.Errorf("supervisor: start supervisor: %w", err)
 	}
 	return cmd, readyR, nil
 }
 
 // Close lets go of the supervisor. Running commands go on under it (the next agent adopts
 // them); a supervisor left with none exits, and Close waits for that.
-func (s *Supervisor) Close() error {
+func (s *Client) Close() error {
 	s.mu.Lock()
 	link := s.cur
 	s.cur = nil
@@ -313,7 +313,7 @@ func (s *Supervisor) Close() error {
 }
 
 // waitExit waits, up to limit, for the supervisor rec names to exit.
-func waitExit(rec shimRecord, limit time.Duration) {
+func waitExit(rec supervisorRecord, limit time.Duration) {
 	fd, err := unix.PidfdOpen(rec.PID, 0)
 	if err != nil {
 		return // gone already
