@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -108,7 +107,7 @@ func (d *driver) reconcileStock(log *slog.Logger, host fleet.Host) verdict.Do {
 	rec := d.record()
 	var st verdict.LevelStatus
 	if host.Level() == fleet.GuaranteeMarkerScript {
-		w, err := d.e.askStock(host, rec.ID)
+		w, err := d.hosts.scriptStatus(host, rec.ID)
 		if err != nil {
 			d.unreachable(log, "the marker script on "+host.Name, err)
 			return verdict.Settle
@@ -141,7 +140,7 @@ func (d *driver) watchStock(log *slog.Logger, host fleet.Host) {
 		if !ctxtime.Sleep(d.ctx, wait) {
 			return
 		}
-		w, err := d.e.askStock(host, d.id)
+		w, err := d.hosts.scriptStatus(host, d.id)
 		if err != nil {
 			d.unreachable(log, "the marker script on "+host.Name, err)
 			return
@@ -156,32 +155,6 @@ func (d *driver) watchStock(log *slog.Logger, host fleet.Host) {
 			return
 		}
 	}
-}
-
-// askStock reads the marker script's marker of id on host.
-func (b *Engine) askStock(host fleet.Host, id string) (agentless.Answer, error) {
-	ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
-	defer cancel()
-	return askMarkerScript(ctx, b.pool, host, id)
-}
-
-func askMarkerScript(ctx context.Context, pool *fleet.Pool, host fleet.Host, id string) (agentless.Answer, error) {
-	line, err := agentless.StatusLine(id, host.ScriptSHA256)
-	if err != nil {
-		return agentless.Answer{}, err
-	}
-	rep, err := queryMarkerScript(ctx, pool, host, line, 0)
-	if err != nil {
-		return agentless.Answer{}, err
-	}
-	a, err := agentless.FindAnswer(rep.Stdout)
-	if err != nil {
-		return agentless.Answer{}, fmt.Errorf("the marker script on %s gave no status: %w (stderr %q)", host.Name, err, lastBytes(rep.Stderr, 200))
-	}
-	if a.Kind != agentless.Status || a.ID != id {
-		return agentless.Answer{}, fmt.Errorf("the marker script on %s answered %q for %s", host.Name, a.Kind, id)
-	}
-	return a, nil
 }
 
 // execStock sends the execution to its stock sshd and returns how the exec ended.
@@ -304,52 +277,6 @@ func runStock(ctx context.Context, conn gossh.Conn, env map[string]string, line 
 // fixedLine is a line for runStock that needs no exports (it is sent without env).
 func fixedLine(line string) func(map[string]string) (string, error) {
 	return func(map[string]string) (string, error) { return line, nil }
-}
-
-// stockMarkerNote is what investigate says about the host's record of rec, by the host's
-// level (the hostagent's is asked through its control protocol instead).
-func (b *Engine) stockMarkerNote(ctx context.Context, rec *markers.Record, host fleet.Host) string {
-	if host.Level() == fleet.GuaranteeNone {
-		return fmt.Sprintf("%s runs no hostagent and no marker script (guarantee level none): nothing on it records executions, so what happened after the bastion lost the connection — whether the command started, whether it is still running, how it ended — cannot be known from Postern; only what the bastion observed is evidence. Check the command's effects on the host, then record what you found with postern review %s", host.Name, rec.ID)
-	}
-	w, err := askMarkerScript(ctx, b.pool, host, rec.ID)
-	if err != nil {
-		return fmt.Sprintf("the marker script on %s could not be read: %v", host.Name, err)
-	}
-	s := string(w.State)
-	switch {
-	case w.State == agentless.Exited:
-		s = fmt.Sprintf("exited, exit %d", *w.Exit)
-	case w.State == agentless.Absent:
-		return fmt.Sprintf("the marker script on %s, asked now, has no marker %s (it keeps finished markers for %d days)", host.Name, rec.ID, w.RetentionDays)
-	}
-	return fmt.Sprintf("the marker script on %s, asked now, has marker %s: %s (guarantee level marker script: no output is kept on the host)", host.Name, rec.ID, s)
-}
-
-// stockHealth is the doctor's answer for a host without the hostagent: it connects with the
-// pinned key and, for the marker script, reads a marker (which checks the script's digest).
-func (b *Engine) stockHealth(ctx context.Context, h fleet.Host) api.HostHealth {
-	hh := api.HostHealth{Name: h.Name, Addr: h.Addr, Guarantee: string(h.Level())}
-	_, err := b.pool.Conn(ctx, h)
-	if err == nil && h.Level() == fleet.GuaranteeMarkerScript {
-		_, err = askMarkerScript(ctx, b.pool, h, placeholderID)
-	}
-	if err == nil {
-		hh.OK = true
-		return hh
-	}
-	hh.Problem = err.Error()
-	switch {
-	case errors.Is(err, fleet.ErrHostKeyMismatch):
-		hh.Fix = fmt.Sprintf("the host presents another key than the one enrolled: check it on the host (ssh-keygen -lf its host key), then `postern hosts enroll %s %s --agentless --replace`", h.Name, h.Addr)
-	case strings.Contains(err.Error(), "unable to authenticate"):
-		hh.Fix = fmt.Sprintf("sshd on %s does not accept the bastion's key: append the line `postern hosts key` prints to ~%s/.ssh/authorized_keys there", h.Name, h.Account)
-	case strings.Contains(err.Error(), "marker script"):
-		hh.Fix = fmt.Sprintf("re-enroll the host to install the marker script again: `postern hosts enroll %s %s --agentless --marker-script --account %s`", h.Name, h.Addr, h.Account)
-	default:
-		hh.Fix = fmt.Sprintf("is sshd running on %s and listening on %s? Check the address with `postern hosts list`, and that no firewall is in the way", h.Name, h.Addr)
-	}
-	return hh
 }
 
 func lastBytes(b []byte, n int) []byte { return b[max(0, len(b)-n):] }

@@ -56,7 +56,7 @@ func (b *Engine) Deny(ctx context.Context, operator, id, reason string) (*marker
 }
 
 func (b *Engine) decideApproval(ctx context.Context, id string, to markers.State, msg string) (*markers.Record, error) {
-	rec, err := b.journal.Transition(ctx, id, markers.AwaitingApproval, to, msg, addEvidence(msg))
+	rec, err := b.records.approval(ctx, id, to, msg)
 	switch {
 	case errors.Is(err, markers.ErrConflict):
 		return rec, fmt.Errorf("%w: %s is %s", api.ErrNotAwaitingApproval, id, rec.State)
@@ -65,7 +65,6 @@ func (b *Engine) decideApproval(ctx context.Context, id string, to markers.State
 	case err != nil:
 		return nil, journalError(err)
 	}
-	b.metrics.approvals.WithLabelValues(string(to)).Inc()
 	return rec, nil
 }
 
@@ -110,11 +109,7 @@ func (b *Engine) Review(ctx context.Context, operator, id, outcome, note string)
 		}
 		return cur, fmt.Errorf("%w: %s is %s: %s", api.ErrNotReviewable, id, cur.State, why)
 	}
-	rec, err := b.journal.Transition(ctx, id, cur.State, to, msg, func(r *markers.Record) error {
-		r.Evidence = appendBounded(r.Evidence, msg)
-		r.IsError = to == markers.Failed
-		return nil
-	})
+	rec, err := b.records.reviewed(ctx, id, cur.State, to, msg)
 	switch {
 	case errors.Is(err, markers.ErrConflict):
 		return rec, fmt.Errorf("%w: %s is %s now", api.ErrNotReviewable, id, rec.State)

@@ -28,7 +28,7 @@ var errNoOffer = errors.New("bastion: no longer awaiting approval")
 // and returns the request, or nil when it may not be asked: it no longer awaits approval,
 // its class keeps approvals with operators, or it was asked before.
 func (b *Engine) AskInClient(ctx context.Context, c transport.Caller, id string) (*api.ApprovalRequest, error) {
-	cur, err := b.own(c, id)
+	cur, err := b.views.own(c, id)
 	if err != nil || cur.State != markers.AwaitingApproval || !b.classes.InBandApproval(cur.Class) {
 		return nil, nil
 	}
@@ -37,13 +37,7 @@ func (b *Engine) AskInClient(ctx context.Context, c transport.Caller, id string)
 	if err != nil || offered {
 		return nil, nil
 	}
-	rec, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, approvalOfferedNote, b.newCall(ctx, c, intent.Scope(c, ""), "", false), markers.Sync, func(r *markers.Record) error {
-		if r.State != markers.AwaitingApproval {
-			return errNoOffer
-		}
-		r.Evidence = appendBounded(r.Evidence, approvalOfferedNote+"; an operator may still decide")
-		return nil
-	})
+	rec, err := b.records.offered(ctx, id, b.records.call(ctx, c, intent.Scope(c, ""), "", false))
 	if errors.Is(err, errNoOffer) {
 		return nil, nil
 	}
@@ -79,7 +73,7 @@ func (b *Engine) approvalOffered(id string) (bool, error) {
 // bridge relays the decision: then only the bridge of the execution's own agent run may,
 // and redeem, called once every other check passed, must confirm the offer's token.
 func (b *Engine) DecideInClient(ctx context.Context, c transport.Caller, id, decision, note string, redeem func() bool) (*api.Execution, error) {
-	rec, err := b.own(c, id)
+	rec, err := b.views.own(c, id)
 	if err != nil {
 		return nil, err
 	}
@@ -111,5 +105,5 @@ func (b *Engine) DecideInClient(ctx context.Context, c transport.Caller, id, dec
 	if err != nil {
 		return nil, err
 	}
-	return b.view(rec), nil
+	return b.views.view(rec), nil
 }

@@ -65,7 +65,7 @@ func (b *Engine) applyDecision(ctx context.Context, rec *markers.Record, dec pol
 	if dec.Outcome == policy.AwaitingApproval {
 		to, note = markers.AwaitingApproval, fmt.Sprintf("approval required by policy: %s", dec.Rule)
 	}
-	next, err := b.journal.Transition(ctx, rec.ID, rec.State, to, note, addEvidence(note))
+	next, err := b.records.decided(ctx, rec, to, note)
 	if err != nil {
 		return nil, journalError(err)
 	}

@@ -1,17 +1,14 @@
 package engine
 
 import (
-	"bufio"
 	"context"
-	"os"
-	"strconv"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/postern-dev/postern/bastion/delivery"
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/internal/procfs"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -67,9 +64,9 @@ func (k *knownRuns) add(key string) {
 	k.runs[key] = struct{}{}
 }
 
-// newCall is the journal's account of call c in scope, answered by match. It carries the
+// call is the journal's account of call c in scope, answered by match. It carries the
 // run's identity if the journal may not have it yet.
-func (b *Engine) newCall(ctx context.Context, c transport.Caller, scope string, match intent.Match, replayed bool) *markers.Call {
+func (rs *records) call(ctx context.Context, c transport.Caller, scope string, match intent.Match, replayed bool) *markers.Call {
 	call := &markers.Call{
 		Transport: transportOf(c),
 		RequestID: delivery.RequestID(ctx),
@@ -78,35 +75,35 @@ func (b *Engine) newCall(ctx context.Context, c transport.Caller, scope string, 
 		Replayed:  replayed,
 	}
 	key := runCacheKey(c.Actor, scope)
-	if b.runs.has(key) {
+	if rs.runs.has(key) {
 		return call
 	}
-	if _, err := b.journal.Run(c.Actor, scope); err == nil {
-		b.runs.add(key)
+	if _, err := rs.journal.Run(c.Actor, scope); err == nil {
+		rs.runs.add(key)
 		return call
 	}
-	call.NewRun = b.runOf(c, scope)
+	call.NewRun = rs.runOf(c, scope)
 	return call
 }
 
-// journaled notes that call was written: its run is recorded.
-func (b *Engine) journaled(actor string, call *markers.Call) {
+// recorded notes that call was written: its run is recorded.
+func (rs *records) recorded(actor string, call *markers.Call) {
 	if call != nil && call.NewRun != nil {
-		b.runs.add(runCacheKey(actor, call.Run))
+		rs.runs.add(runCacheKey(actor, call.Run))
 	}
 }
 
 // runOf is the identity of c's agent run, as the transport read it from the kernel (local)
 // or the request (remote).
-func (b *Engine) runOf(c transport.Caller, scope string) *markers.Run {
-	r := &markers.Run{Actor: c.Actor, Scope: scope, FirstSeen: b.now().UTC(), Transport: transportOf(c)}
+func (rs *records) runOf(c transport.Caller, scope string) *markers.Run {
+	r := &markers.Run{Actor: c.Actor, Scope: scope, FirstSeen: rs.now().UTC(), Transport: transportOf(c)}
 	if c.Local {
 		uid := c.UID
 		r.PID, r.Exe, r.UID = c.PID, c.Exe, &uid
 		if c.Cmdline != "" {
 			r.Cmdline = strings.Split(c.Cmdline, "\x00")
 		}
-		r.StartTime = processStartTime(c.StartTicks)
+		r.StartTime = procfs.StartedAt(c.StartTicks)
 		return r
 	}
 	r.RunID = strings.TrimPrefix(scope, "run:")
@@ -115,46 +112,4 @@ func (b *Engine) runOf(c transport.Caller, scope string) *markers.Run {
 	}
 	r.Token = strings.TrimPrefix(c.Actor, "token:")
 	return r
-}
-
-// clockTicks is the kernel's USER_HZ, the unit of /proc/<pid>/stat's start time: 100 on
-// every Linux architecture Postern runs on.
-const clockTicks = 100
-
-// bootTime is when the system booted (/proc/stat btime); zero if unreadable.
-var bootTime = sync.OnceValue(func() time.Time {
-	f, err := os.Open("/proc/stat")
-	if err != nil {
-		return time.Time{}
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "btime "); ok {
-			if secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
-				return time.Unix(secs, 0).UTC()
-			}
-		}
-	}
-	return time.Time{}
-})
-
-// processStartTime is the wall-clock start of a process that started ticks after boot.
-func processStartTime(ticks uint64) time.Time {
-	boot := bootTime()
-	if boot.IsZero() || ticks == 0 {
-		return time.Time{}
-	}
-	return boot.Add(time.Duration(ticks) * time.Second / clockTicks)
-}
-
-// journalJoin journals a call answered by the existing execution id (a join, a replay, a
-// refusal): a joined event, written after the intake lock is released.
-func (b *Engine) journalJoin(ctx context.Context, c transport.Caller, scope, id string, match intent.Match) error {
-	call := b.newCall(ctx, c, scope, match, match.Joins())
-	if err := b.journal.Joined(context.WithoutCancel(ctx), id, call); err != nil {
-		return journalError(err)
-	}
-	b.journaled(c.Actor, call)
-	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/verdict"
@@ -32,6 +33,7 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 	}
 	t.Cleanup(func() { journal.Close() })
 	b := &Engine{core: &core{cfg: config.DefaultConfig(t.TempDir()), log: slog.New(slog.DiscardHandler), journal: journal, metrics: newMetrics(), ctx: t.Context()}}
+	b.records = &records{journal: journal, now: time.Now, metrics: b.metrics}
 	b.drivers = newDrivers(b)
 	walk := map[markers.State][]markers.State{
 		markers.Dispatched: {markers.Authorized, markers.Dispatched},

@@ -17,28 +17,14 @@ const deliveredNote = "result delivered"
 // later identical call is a new intent. Only completed executions are marked.
 //
 // The update event names the call that was handed the result, when ctx carries it (the
-// transport's caller and the request's JSON-RPC id).
-//
-// The mark is written without an fsync (markers.NoSync), off the critical path: losing it is
-// harmless. A crash that loses it leaves the execution completed with its result not
-// delivered, so a retry replays the stored result — never a second dispatch, and what the
-// design prescribes whenever delivery is in doubt. Anything that acts on the mark (a new
-// execution of the same intent, once it no longer matches) is itself a synced write, and the
-// journal's log is synced in order, so the mark is durable before that write is. Its
-// revocation (RevokeDelivery) stays synced: losing that would turn a retry into a new intent.
+// transport's caller and the request's JSON-RPC id). It is written without an fsync
+// (records.delivered says why that is safe).
 func (b *Engine) Delivered(ctx context.Context, id string) error {
 	var call *markers.Call
 	if c, ok := transport.CallerFromContext(ctx); ok {
 		call = &markers.Call{Transport: transportOf(c), RequestID: delivery.RequestID(ctx), Run: intent.Scope(c, ""), Match: "delivered"}
 	}
-	_, err := b.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, call, markers.NoSync, func(r *markers.Record) error {
-		if r.ResultDeliveredAt == nil && markers.JournalGraph.Terminal(r.State) {
-			t := b.now().UTC()
-			r.ResultDeliveredAt = &t
-		}
-		return nil
-	})
-	return err
+	return b.records.delivered(ctx, id, call)
 }
 
 // RevokeDelivery revokes the delivery of id's result unless a newer execution of the same
@@ -61,6 +47,5 @@ func (b *Engine) RevokeDelivery(ctx context.Context, id string) (bool, error) {
 			return false, nil
 		}
 	}
-	_, revoked, err := b.journal.RevokeDelivery(ctx, id, "the client cancelled the request that carried the result (notifications/cancelled)")
-	return revoked, err
+	return b.records.deliveryRevoked(ctx, id)
 }

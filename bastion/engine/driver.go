@@ -169,7 +169,7 @@ func (d *driver) drive(asked func()) {
 		if rec.State == markers.Accepted {
 			path = []markers.State{markers.Authorized, markers.Dispatched}
 		}
-		next, err := d.journal.Advance(d.ctx, rec.ID, rec.State, path, "dispatching to "+host.Name, nil)
+		next, err := d.records.dispatching(d.ctx, rec, path, host.Name)
 		if err != nil {
 			d.journalFailed(log, "dispatch", err)
 			return
@@ -218,7 +218,7 @@ func (d *driver) drive(asked func()) {
 // started) or attach (the host has a marker).
 func (d *driver) reconcile(log *slog.Logger, host fleet.Host) bool {
 	rec := d.record()
-	st, err := d.e.askHost(host, rec.ID)
+	st, err := d.hosts.status(host, rec.ID)
 	if err != nil {
 		d.unreachable(log, "hostagent on "+host.Name, err)
 		return false
@@ -240,35 +240,6 @@ func (d *driver) unreachable(log *slog.Logger, who string, err error) {
 	note := fmt.Sprintf("%s could not be asked (%v); the outcome stays unknown until it can be", who, err)
 	log.Warn("execution outcome unknown", "why", note)
 	d.conclude(verdict.Verdict{To: markers.Unknown, Note: note})
-}
-
-// askHost returns the host's status answer about id: its marker (nil if it has none) and
-// how long it keeps markers.
-func (b *Engine) askHost(host fleet.Host, id string) (verdict.HostStatus, error) {
-	ctx, cancel := context.WithTimeout(b.ctx, 15*time.Second)
-	defer cancel()
-	conn, err := b.pool.Conn(ctx, host)
-	if err != nil {
-		return verdict.HostStatus{}, err
-	}
-	cc, err := hostproto.DialControl(conn)
-	if err != nil {
-		b.pool.Invalidate(host.Name, conn)
-		return verdict.HostStatus{}, err
-	}
-	defer cc.Close()
-	report, err := cc.StatusReport(ctx, []string{id})
-	if err != nil {
-		b.pool.Invalidate(host.Name, conn)
-		return verdict.HostStatus{}, err
-	}
-	st := verdict.HostStatus{Retention: report.MarkerRetention}
-	for _, m := range report.Markers {
-		if m.ID == id {
-			st.Marker = m
-		}
-	}
-	return st, nil
 }
 
 // runningDelay is how long a host-confirmed start waits before `running` is journaled on its
@@ -314,7 +285,7 @@ func (d *driver) execOnce(host fleet.Host) (hostproto.Result, error) {
 			if d.all.stopRequested(rec.ID) {
 				// Cancelled while it was on its way: the host had nothing to cancel then.
 				d.wg.Go(func() {
-					if err := d.e.cancelOnHost(d.ctx, host, rec.ID); err != nil {
+					if err := d.hosts.cancel(d.ctx, host, rec.ID); err != nil {
 						d.log.Warn("cancel after start", "execution_id", rec.ID, "err", err)
 					}
 				})
@@ -382,23 +353,14 @@ func (d *driver) unjournaledStart() *hostproto.Marker {
 	return d.started
 }
 
-// markRunning journals that the host started the command (its marker exists and is live).
-//
-// It is written without an fsync (markers.NoSync): it is not one of an execution's two synced
-// writes. Losing it is harmless: a crash that loses it leaves the execution dispatched, and
-// Recover treats dispatched and running alike — it asks the host, whose marker decides
-// (verdict.ReconcileOn never looks at which of the two the journal shows). The outcome's write is
-// synced and the journal's log is synced in order, so running is durable before the outcome.
+// markRunning journals that the host started the command (its marker exists and is live),
+// without an fsync (records.running says why that is safe).
 func (d *driver) markRunning() {
 	m := d.unjournaledStart()
 	if m == nil {
 		return
 	}
-	rec := d.record()
-	next, err := d.journal.TransitionWith(d.ctx, rec.ID, rec.State, markers.Running, "host marker "+string(m.State), markers.NoSync, func(r *markers.Record) error {
-		r.PID, r.PIDStart = m.PID, m.PIDStart
-		return nil
-	})
+	next, err := d.records.running(d.ctx, d.record(), m)
 	if err != nil {
 		d.journalFailed(d.log, "running", err)
 		return
@@ -518,16 +480,7 @@ func (d *driver) advance(to markers.State, note string, review bool, result []by
 		r.ReviewRequired = review
 		return nil
 	}
-	var next *markers.Record
-	var err error
-	switch {
-	case path == nil:
-		next, err = d.journal.Update(d.ctx, rec.ID, note, apply)
-	case result != nil:
-		next, err = d.journal.AdvanceWithResult(d.ctx, rec.ID, rec.State, path, note, result, apply)
-	default:
-		next, err = d.journal.Advance(d.ctx, rec.ID, rec.State, path, note, apply)
-	}
+	next, err := d.records.settled(d.ctx, rec, path, note, result, apply)
 	if err != nil {
 		d.journalFailed(d.log, string(to), err)
 		return false

@@ -42,24 +42,27 @@ type Engine struct {
 	*core
 
 	intake keylock.Set // serializes match-and-create per intent and per idempotency key
-	runs   knownRuns   // agent runs the journal already holds (calls.go)
 	// taskWaits counts each actor's tasks/result requests waiting for an execution to end
 	// (taskstate.go).
 	taskWaits waitSlots
 
 	drivers *drivers
+	views   *views
 }
 
 // core is what every part of the engine shares. Its fields are set by Open and never
 // change; what they point to guards itself.
 type core struct {
-	cfg     config.Config
-	log     *slog.Logger
-	now     func() time.Time
+	cfg config.Config
+	log *slog.Logger
+	now func() time.Time
+	// journal is read here; an execution's writes go through records.
 	journal markers.JournalStore
+	records *records
 	fp      *intent.Fingerprinter
 	inv     *fleet.Inventory
 	pool    *fleet.Pool
+	hosts   *hosts
 	classes *config.Classes
 	metrics *metrics
 	clientK gossh.Signer
@@ -132,9 +135,12 @@ func Open(opts Options) (*Engine, error) {
 			cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
 			classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin, policy: pol,
 			ctx: ctx, cancel: cancel,
+			hosts: &hosts{pool: pool, inv: inv, ctx: ctx},
 		},
 	}
+	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}
 	b.drivers = newDrivers(b)
+	b.views = &views{core: b.core, drivers: b.drivers}
 	b.metrics.registry.MustRegister(inFlight{b})
 	return b, nil
 }

@@ -201,7 +201,7 @@ func (b *Engine) Exec(ctx context.Context, c transport.Caller, a api.ExecArgs, p
 		b.metrics.rejected.WithLabelValues(errorCode(err)).Inc()
 		return nil, err
 	}
-	return b.submit(ctx, cl, b.waitFor(a.WaitS), progress)
+	return b.submit(ctx, cl, b.views.waitFor(a.WaitS), progress)
 }
 
 // submit fingerprints a claim and answers it by the matching rule (match.go): the prior
@@ -253,16 +253,16 @@ func (b *Engine) submit(ctx context.Context, cl *claim, wait time.Duration, prog
 	case outcome == intent.KeyReused:
 		unlock()
 		b.metrics.rejected.WithLabelValues(api.CodeIdempotencyKeyReused).Inc()
-		if err := b.journalJoin(ctx, c, cl.scope, prior.ID, outcome); err != nil {
-			return nil, err
+		if err := b.records.joined(ctx, c, cl.scope, prior.ID, outcome); err != nil {
+			return nil, journalError(err)
 		}
 		return nil, &api.ToolError{Code: api.CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
 			"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", key, prior.ID)}
 	case outcome.Joins():
 		unlock()
 		b.metrics.dedup.WithLabelValues(by).Inc()
-		if err := b.journalJoin(ctx, c, cl.scope, prior.ID, outcome); err != nil {
-			return nil, err
+		if err := b.records.joined(ctx, c, cl.scope, prior.ID, outcome); err != nil {
+			return nil, journalError(err)
 		}
 		return b.join(ctx, prior, outcome, wait, progress)
 	case outcome == intent.NewAttempt:
@@ -293,7 +293,7 @@ func (b *Engine) submit(ctx context.Context, cl *claim, wait time.Duration, prog
 		if rec, err = b.applyDecision(ctx, rec, dec); err != nil {
 			return nil, err
 		}
-		return b.view(rec), nil
+		return b.views.view(rec), nil
 	}
 	// The driver starts before the intake lock is released, so a retry of the same intent
 	// finds it and attaches instead of starting a reconciling one of its own.
@@ -308,7 +308,7 @@ func (b *Engine) submit(ctx context.Context, cl *claim, wait time.Duration, prog
 	if d == nil {
 		return nil, &api.ToolError{Code: "shutting_down", Message: "the bastion is shutting down; " + rec.ID + " was accepted and will be dispatched after restart"}
 	}
-	return b.await(ctx, d, wait, false, progress), nil
+	return b.views.await(ctx, d, wait, false, progress), nil
 }
 
 // matchCall looks up the prior execution of cl's intent (by key, else by fingerprint) and
@@ -379,40 +379,24 @@ func (b *Engine) accept(ctx context.Context, cl *claim, dec policy.Decision, mat
 	note := "authorized"
 	if dec.Outcome == policy.Authorized {
 		path = []markers.State{markers.Authorized}
-		if cl.host != nil && b.connected(*cl.host) {
+		if cl.host != nil && b.hosts.connected(*cl.host) {
 			path = append(path, markers.Dispatched)
 			note = "dispatching to " + r.Host
 		}
 	}
-	call := b.newCall(ctx, cl.caller, cl.scope, match, false)
-	var rec *markers.Record
-	if path == nil {
-		rec, err = b.journal.CreateFor(ctx, &r, call)
-	} else {
-		rec, err = b.journal.CreateAdvancedFor(ctx, &r, path, note, call)
-	}
+	rec, err := b.records.create(ctx, &r, path, note, b.records.call(ctx, cl.caller, cl.scope, match, false))
 	if errors.Is(err, markers.ErrRaced) {
 		return nil, false, err
 	}
 	if err != nil {
 		return nil, false, journalError(err)
 	}
-	b.journaled(cl.caller.Actor, call)
 	b.metrics.accepted.Inc()
 	dispatched = rec.State == markers.Dispatched
 	if dispatched {
 		b.metrics.dispatched.Inc()
 	}
 	return rec, dispatched, nil
-}
-
-// connected makes sure the pooled connection to h is up, before the dispatch boundary: a
-// host that cannot be reached (or presents another key) is sent nothing.
-func (b *Engine) connected(h fleet.Host) bool {
-	ctx, cancel := context.WithTimeout(b.ctx, connectTimeout)
-	defer cancel()
-	_, err := b.pool.Conn(ctx, h)
-	return err == nil
 }
 
 // join answers a call that belongs to an existing execution (recover_or_attach): never a
@@ -422,10 +406,10 @@ func (b *Engine) join(ctx context.Context, prior *markers.Record, outcome intent
 	switch outcome {
 	case intent.Continue, intent.Attach, intent.Reconcile:
 		if d := b.drivers.start(prior); d != nil {
-			return b.await(ctx, d, wait, true, progress), nil
+			return b.views.await(ctx, d, wait, true, progress), nil
 		}
 	}
-	x := b.stored(prior)
+	x := b.views.stored(prior)
 	x.Replayed = true
 	return x, nil
 }
@@ -439,13 +423,6 @@ func commandLine(rec *markers.Record) string {
 		return ""
 	}
 	return rec.Command[len(rec.Command)-1]
-}
-
-func (b *Engine) waitFor(waitS *int) time.Duration {
-	if waitS == nil {
-		return b.cfg.DefaultWait
-	}
-	return time.Duration(*waitS) * time.Second
 }
 
 // journalError reports a failed journal read or write: the call fails closed.

@@ -148,7 +148,7 @@ func (b *Engine) HTTPRequest(ctx context.Context, c transport.Caller, a api.HTTP
 		b.metrics.rejected.WithLabelValues(errorCode(err)).Inc()
 		return nil, err
 	}
-	return b.submit(ctx, cl, b.waitFor(a.WaitS), progress)
+	return b.submit(ctx, cl, b.views.waitFor(a.WaitS), progress)
 }
 
 // checkPath accepts a clean absolute path under one of the prefixes (on a segment boundary).
@@ -278,7 +278,7 @@ func (d *driver) driveHTTP(asked func()) {
 	defer asked()
 	switch rec.State {
 	case markers.Accepted:
-		next, err := d.journal.Transition(d.ctx, rec.ID, markers.Accepted, markers.Authorized, "authorized", nil)
+		next, err := d.records.authorized(d.ctx, rec)
 		if err != nil {
 			d.journalFailed(log, "authorize", err)
 			return
@@ -466,7 +466,7 @@ func (j httpJournal) Dispatched(ctx context.Context, id string) error {
 		return err
 	}
 	rec := j.d.record()
-	next, err := j.d.journal.Transition(ctx, id, rec.State, markers.Dispatched, "request bytes handed to the OS", nil)
+	next, err := j.d.records.requestSent(ctx, rec)
 	if err != nil {
 		return err
 	}

@@ -270,12 +270,12 @@ func (b *Engine) observedOutcome(ctx context.Context, rec *markers.Record) api.O
 	defer cancel()
 	host, err := b.inv.Host(rec.Host)
 	if err == nil && host.Level() != fleet.GuaranteeHostagent {
-		o.MarkerNote = b.stockMarkerNote(ctx, rec, host) // agentless.go
+		o.MarkerNote = b.hosts.stockMarkerNote(ctx, rec, host) // agentless.go
 		return o
 	}
 	var cc *hostproto.ControlClient
 	if err == nil {
-		cc, err = b.hostControl(ctx, host)
+		cc, err = b.hosts.control(ctx, host)
 	}
 	if err != nil {
 		o.MarkerNote = fmt.Sprintf("host %s could not be asked: %v", rec.Host, err)

@@ -144,7 +144,7 @@ func (d *driver) awaitSlot(asked func()) bool {
 			if !queued {
 				return true
 			}
-			next, err := d.journal.Update(d.ctx, rec.ID, "dequeued", addEvidence("a concurrency slot is free: dispatching"))
+			next, err := d.records.dequeued(d.ctx, rec.ID)
 			if err != nil {
 				d.journalFailed(d.log, "dequeue", err)
 				return false
@@ -154,8 +154,7 @@ func (d *driver) awaitSlot(asked func()) bool {
 		}
 		if !queued {
 			queued = true
-			note := "queued: " + why + "; it is dispatched when one ends"
-			next, err := d.journal.Update(d.ctx, rec.ID, "queued", addEvidence(note))
+			next, err := d.records.queued(d.ctx, rec.ID, why)
 			if err != nil {
 				d.journalFailed(d.log, "queue", err)
 				return false

@@ -57,7 +57,7 @@ func (b *Engine) Execution(id string) (*api.ExecutionDetail, error) {
 		detail.Run = run
 	}
 	if rec.ResultRef != "" {
-		detail.Output = b.stored(rec)
+		detail.Output = b.views.stored(rec)
 	}
 	return detail, nil
 }
@@ -69,7 +69,7 @@ func (b *Engine) ReadOutput(ctx context.Context, id string, a api.OutputArgs) (*
 	if err != nil {
 		return nil, err
 	}
-	return b.output(ctx, rec, a)
+	return b.views.output(ctx, rec, a)
 }
 
 // Runs lists agent runs, newest first seen first: an actor's, or the one of a scope.
@@ -124,7 +124,7 @@ func (b *Engine) AuditKey() (string, error) {
 // HostMarkers asks a host for its markers: the hostagent's through its control protocol, the
 // marker script's with its list command (stockmarkers.go).
 func (b *Engine) HostMarkers(ctx context.Context, name string, q api.MarkerQuery) (*api.MarkerPage, error) {
-	host, err := b.markerHost(name)
+	host, err := b.hosts.markerHost(name)
 	if err != nil {
 		return &api.MarkerPage{Host: name}, err
 	}
@@ -133,12 +133,12 @@ func (b *Engine) HostMarkers(ctx context.Context, name string, q api.MarkerQuery
 	var next string
 	if host.Level() == fleet.GuaranteeMarkerScript {
 		var list []agentless.Answer
-		if list, err = listMarkerScript(ctx, b.pool, host); err == nil {
+		if list, err = b.hosts.listMarkerScript(ctx, host); err == nil {
 			page, next, err = scriptMarkerPage(host, list, scriptMarkerQuery{State: cq.State, Cursor: cq.Cursor, Limit: cq.Limit})
 		}
 	} else {
 		var cc *hostproto.ControlClient
-		if cc, err = b.hostControl(ctx, host); err == nil {
+		if cc, err = b.hosts.control(ctx, host); err == nil {
 			page, next, err = cc.List(ctx, cq)
 			cc.Close()
 		}
@@ -148,62 +148,18 @@ func (b *Engine) HostMarkers(ctx context.Context, name string, q api.MarkerQuery
 
 // HostMarker asks a host for its marker of execution id.
 func (b *Engine) HostMarker(ctx context.Context, name, id string) (*hostproto.Marker, error) {
-	host, err := b.markerHost(name)
+	host, err := b.hosts.markerHost(name)
 	if err != nil {
 		return nil, err
 	}
 	var found *hostproto.Marker
 	if host.Level() == fleet.GuaranteeMarkerScript {
-		found, err = b.showScriptMarker(ctx, host, id)
+		found, err = b.hosts.showScriptMarker(ctx, host, id)
 	} else {
-		found, err = b.showHostagentMarker(ctx, host, id)
+		found, err = b.hosts.showHostagentMarker(ctx, host, id)
 	}
 	if err == nil && found == nil {
 		err = fmt.Errorf("%w: host %s has no marker %s", markers.ErrNotFound, host.Name, id)
 	}
 	return found, err
-}
-
-// hostControl opens the hostagent's control protocol on host.
-func (b *Engine) hostControl(ctx context.Context, host fleet.Host) (*hostproto.ControlClient, error) {
-	conn, err := b.pool.Conn(ctx, host)
-	if err != nil {
-		return nil, err
-	}
-	return hostproto.DialControl(conn)
-}
-
-// markerHost is the host a markers request names, once its level keeps markers.
-func (b *Engine) markerHost(name string) (fleet.Host, error) {
-	host, err := b.inv.Host(name)
-	if err == nil && host.Level() == fleet.GuaranteeNone {
-		err = noMarkersError(host)
-	}
-	return host, err
-}
-
-// showHostagentMarker is the hostagent's marker of id (nil: none).
-func (b *Engine) showHostagentMarker(ctx context.Context, host fleet.Host, id string) (*hostproto.Marker, error) {
-	cc, err := b.hostControl(ctx, host)
-	if err != nil {
-		return nil, err
-	}
-	defer cc.Close()
-	found, _, err := cc.Status(ctx, []string{id})
-	if err != nil || len(found) == 0 {
-		return nil, err
-	}
-	return found[0], nil
-}
-
-// showScriptMarker is the marker script's marker of id (nil: none).
-func (b *Engine) showScriptMarker(ctx context.Context, host fleet.Host, id string) (*hostproto.Marker, error) {
-	if !markers.ValidExecutionID(id) {
-		return nil, api.Invalid("%q is not an execution id", id)
-	}
-	a, err := askMarkerScript(ctx, b.pool, host, id)
-	if err != nil || a.State == agentless.Absent {
-		return nil, err
-	}
-	return scriptMarker(host, a), nil
 }

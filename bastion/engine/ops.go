@@ -7,9 +7,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
-	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/transport"
-	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -21,20 +19,16 @@ const cancelWait = 15 * time.Second
 // follows from the host's marker; one its host never started (no marker) is cancelled in the
 // journal by its driver instead of being dispatched again. An HTTP request cannot be recalled.
 func (b *Engine) Cancel(ctx context.Context, c transport.Caller, id string) (*api.Execution, error) {
-	rec, err := b.own(c, id)
+	rec, err := b.views.own(c, id)
 	if err != nil {
 		return nil, err
 	}
 	switch rec.State {
 	case markers.Accepted, markers.Authorized:
-		path := []markers.State{markers.Cancelled}
-		if rec.State == markers.Accepted {
-			path = []markers.State{markers.Authorized, markers.Cancelled}
-		}
-		next, err := b.journal.Advance(ctx, id, rec.State, path, "cancelled by "+c.Actor+" before dispatch", nil)
+		next, err := b.records.cancelledBeforeDispatch(ctx, rec, c.Actor)
 		if err == nil {
 			b.drivers.slotsChanged() // a queued execution's driver lets go
-			return b.view(next), nil
+			return b.views.view(next), nil
 		}
 		if !errors.Is(err, markers.ErrConflict) {
 			return nil, journalError(err)
@@ -42,12 +36,12 @@ func (b *Engine) Cancel(ctx context.Context, c transport.Caller, id string) (*ap
 		rec = next // the driver dispatched it meanwhile: cancel it on the host
 	case markers.Dispatched, markers.Running, markers.Unknown:
 	default:
-		x := b.stored(rec)
+		x := b.views.stored(rec)
 		x.Next = "It had already ended (" + string(rec.State) + "); nothing to cancel."
 		return x, nil
 	}
 	if rec.Channel == "http" {
-		x := b.stored(rec)
+		x := b.views.stored(rec)
 		x.Next = "An HTTP request that was sent cannot be recalled; its outcome follows from the endpoint's answer. Check execution_status."
 		return x, nil
 	}
@@ -56,38 +50,16 @@ func (b *Engine) Cancel(ctx context.Context, c transport.Caller, id string) (*ap
 		return nil, &api.ToolError{Code: api.CodeUnknownHost, Message: err.Error(), ExecutionID: id}
 	}
 	b.drivers.requestStop(id)
-	if err := b.cancelOnHost(ctx, host, id); err != nil {
-		x := b.stored(rec)
+	if err := b.hosts.cancel(ctx, host, id); err != nil {
+		x := b.views.stored(rec)
 		x.Next = fmt.Sprintf("The cancel could not be delivered to %s (%v); the command may still be running. If the host turns out never to have started it, it is cancelled instead of sent again. Try again, or check execution_status.", host.Name, err)
 		return x, nil
 	}
 	d := b.drivers.start(rec)
 	if d == nil {
-		return b.stored(rec), nil
+		return b.views.stored(rec), nil
 	}
-	return b.await(ctx, d, cancelWait, false, nil), nil
-}
-
-func (b *Engine) cancelOnHost(ctx context.Context, host fleet.Host, id string) error {
-	if host.Level() != fleet.GuaranteeHostagent {
-		return fmt.Errorf("%w: %s (guarantee %s) cannot cancel a command it started", api.ErrNoHostagent, host.Name, host.Level())
-	}
-	ctx, cancel := context.WithTimeout(ctx, cancelWait)
-	defer cancel()
-	conn, err := b.pool.Conn(ctx, host)
-	if err != nil {
-		return err
-	}
-	cc, err := hostproto.DialControl(conn)
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	_, err = cc.Cancel(ctx, id)
-	if errors.Is(err, hostproto.ErrNotRunning) || errors.Is(err, hostproto.ErrNotFound) {
-		return nil // it ended, or never started (no marker): the driver reports which
-	}
-	return err
+	return b.views.await(ctx, d, cancelWait, false, nil), nil
 }
 
 // List returns the caller's executions, newest first.
@@ -121,7 +93,7 @@ func (b *Engine) List(c transport.Caller, a api.ListArgs) (*api.ListResult, erro
 		}
 		for _, r := range recs {
 			if a.Host == "" || r.Host == a.Host {
-				out.Executions = append(out.Executions, b.view(r))
+				out.Executions = append(out.Executions, b.views.view(r))
 			}
 		}
 		if next == "" || len(out.Executions) >= want {

@@ -2,8 +2,6 @@ package engine
 
 import (
 	"bytes"
-	"context"
-	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -11,9 +9,7 @@ import (
 	"github.com/postern-dev/postern/bastion/agentless"
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/fleet"
-	"github.com/postern-dev/postern/bastion/verdict"
 	"github.com/postern-dev/postern/hostproto"
-	"github.com/postern-dev/postern/internal/capbuf"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -37,52 +33,6 @@ type scriptReply struct {
 	Exit *int
 	// Truncated: stdout was longer than the query's bound and is cut.
 	Truncated bool
-}
-
-// queryMarkerScript runs line (agentless.StatusLine or ListLine) on host over the pooled
-// connection, keeping at most max bytes of stdout (0: 64 KiB). The wrapper's refusal (script
-// missing or changed) is the error.
-func queryMarkerScript(ctx context.Context, pool *fleet.Pool, host fleet.Host, line string, max int) (scriptReply, error) {
-	conn, err := pool.Conn(ctx, host)
-	if err != nil {
-		return scriptReply{}, err
-	}
-	if max == 0 {
-		max = 64 << 10
-	}
-	var out, errb bytes.Buffer
-	// One byte more than max tells a cut stdout from one of exactly max bytes.
-	res := runStock(ctx, conn, nil, fixedLine(line), &capbuf.Buffer{B: &out, Max: max + 1}, &capbuf.Buffer{B: &errb})
-	if res.Err != nil {
-		pool.Invalidate(host.Name, conn)
-		return scriptReply{}, res.Err
-	}
-	// A refusal is the wrapper program's, before the script runs: stdout has no answer then.
-	if _, err := agentless.FindAnswer(out.Bytes()); err != nil {
-		if r, err := agentless.FindAnswer(errb.Bytes()); err == nil && r.Kind == agentless.Refused {
-			return scriptReply{}, errors.New(verdict.RefusalText(host.Name, r.Reason))
-		}
-	}
-	rep := scriptReply{Stdout: out.Bytes(), Stderr: errb.Bytes(), Exit: res.Exit, Truncated: out.Len() > max}
-	if rep.Truncated {
-		rep.Stdout = rep.Stdout[:max]
-	}
-	return rep, nil
-}
-
-// listMarkerScript reads every marker the marker script keeps on host.
-func listMarkerScript(ctx context.Context, pool *fleet.Pool, host fleet.Host) ([]agentless.Answer, error) {
-	rep, err := queryMarkerScript(ctx, pool, host, agentless.ListLine(host.ScriptSHA256), maxScriptListBytes)
-	if err != nil {
-		return nil, err
-	}
-	switch {
-	case rep.Truncated:
-		return nil, fmt.Errorf("the marker script on %s lists more than %d bytes of markers; read them on the host: ~/.postern/run list", host.Name, maxScriptListBytes)
-	case rep.Exit == nil || *rep.Exit != 0:
-		return nil, fmt.Errorf("the marker script on %s could not list its markers (stderr %q)", host.Name, lastBytes(rep.Stderr, 200))
-	}
-	return parseScriptList(host.Name, rep.Stdout)
 }
 
 // parseScriptList parses the lines of `run list`; lines without the answer prefix (the

@@ -53,23 +53,13 @@ func (w *waitSlots) release(actor string) {
 	}
 }
 
-// stateOf is rec's state without its output.
-func (b *Engine) stateOf(rec *markers.Record) *api.ExecutionState {
-	return &api.ExecutionState{
-		ExecutionID: rec.ID, State: string(rec.State), IsError: rec.IsError, ReviewRequired: rec.ReviewRequired,
-		Queued:     rec.State == markers.Authorized && b.drivers.queued(rec.ID),
-		AcceptedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt,
-		Retention: b.classes.Get(rec.Class).Retention,
-	}
-}
-
 // State is one of the caller's executions without its output.
 func (b *Engine) State(c transport.Caller, id string) (*api.ExecutionState, error) {
-	rec, err := b.own(c, id)
+	rec, err := b.views.own(c, id)
 	if err != nil {
 		return nil, err
 	}
-	return b.stateOf(rec), nil
+	return b.views.stateOf(rec), nil
 }
 
 // States is one page of the caller's executions, newest first, and the next cursor
@@ -84,7 +74,7 @@ func (b *Engine) States(c transport.Caller, cursor string, limit int) ([]*api.Ex
 	}
 	out := make([]*api.ExecutionState, 0, len(recs))
 	for _, r := range recs {
-		out = append(out, b.stateOf(r))
+		out = append(out, b.views.stateOf(r))
 	}
 	return out, next, nil
 }
@@ -101,17 +91,17 @@ func (b *Engine) AwaitEnd(ctx context.Context, c transport.Caller, id string, ch
 		}
 	}()
 	for {
-		rec, err := b.own(c, id)
+		rec, err := b.views.own(c, id)
 		if err != nil {
 			return nil, err
 		}
 		// The status when the wait begins, then every change (the last one terminal).
 		if changed != nil && rec.State != last && (last != "" || !markers.JournalGraph.Terminal(rec.State)) {
-			changed(b.stateOf(rec))
+			changed(b.views.stateOf(rec))
 		}
 		last = rec.State
 		if markers.JournalGraph.Terminal(rec.State) {
-			return b.stored(rec), nil
+			return b.views.stored(rec), nil
 		}
 		if waiting == "" {
 			if !b.taskWaits.acquire(rec.Actor, maxTaskWaitsPerActor) {

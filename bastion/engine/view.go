@@ -2,75 +2,14 @@ package engine
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"strings"
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
-	"github.com/postern-dev/postern/bastion/fleet"
-	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/transport"
-	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
-
-// view builds the result from a record, without output.
-func (b *Engine) view(rec *markers.Record) *api.Execution {
-	x := &api.Execution{
-		ExecutionID:     rec.ID,
-		State:           string(rec.State),
-		ResultDelivered: rec.ResultDeliveredAt != nil,
-		Host:            rec.Host,
-		Command:         commandLine(rec),
-		Class:           rec.Class,
-		HTTPStatus:      rec.HTTPStatus,
-		Signal:          rec.Signal,
-		IsError:         rec.IsError,
-		StdoutBytes:     rec.Output.StdoutBytes,
-		StderrBytes:     rec.Output.StderrBytes,
-		OutputSHA256:    rec.Output.StdoutSHA256,
-		AcceptedAt:      rec.CreatedAt,
-		Evidence:        rec.Evidence,
-		PreviousAttempt: rec.PreviousAttempt,
-		ReviewRequired:  rec.ReviewRequired,
-	}
-	if rec.ExitCode != nil {
-		code := *rec.ExitCode
-		x.ExitCode = &code
-	}
-	if t, ok := rec.StateTimes[markers.Dispatched]; ok {
-		x.DispatchedAt = &t
-	}
-	if t := intent.FinishedAt(rec); !t.IsZero() {
-		x.FinishedAt = &t
-	}
-	holder := b.ownHolder(rec)
-	if rec.State == markers.Failed || rec.State == markers.Unknown {
-		x.Cause = cause(rec, holder)
-	}
-	x.Next = nextStep(rec, holder)
-	if rec.State == markers.Authorized && b.drivers.queued(rec.ID) {
-		x.Queued = true
-		x.Next = fmt.Sprintf("Authorized and queued: its actor is at its max_concurrent limit, and it is dispatched when one of the actor's executions ends. Wait with execution_status {execution_id: %q}; do not call ssh_exec again for this.", rec.ID)
-	}
-	return x
-}
-
-// ownHolder returns the execution the host named as holding rec's operation key when it
-// refused rec, if it is rec's actor's own: an agent never learns another actor's execution
-// ids (the bastion reaches every host with one SSH identity, so the host names it to us).
-func (b *Engine) ownHolder(rec *markers.Record) *markers.Record {
-	if rec.OperationTakenBy == "" {
-		return nil
-	}
-	h, err := b.journal.Get(rec.OperationTakenBy)
-	if err != nil || h.Actor != rec.Actor {
-		return nil
-	}
-	return h
-}
 
 // maxCauseBytes bounds the cause line of a result.
 const maxCauseBytes = 512
@@ -134,223 +73,35 @@ func nextStep(rec *markers.Record, holder *markers.Record) string {
 	return ""
 }
 
-// stored returns a finished (or not live) execution's view with its stored output.
-func (b *Engine) stored(rec *markers.Record) *api.Execution {
-	x := b.view(rec)
-	raw, err := b.journal.Result(rec.ID)
-	if err != nil {
-		return x
-	}
-	if rec.Channel == "http" {
-		var r storedResponse
-		if json.Unmarshal(raw, &r) == nil {
-			x.HTTPStatus, x.ResponseHeader, x.ResponseBody = r.Status, r.Header, string(r.Body)
-			x.ResponseBytes, x.ResponseTruncated, x.IdempotentReplayed = r.BodyBytes, r.BodyTruncated, r.IdempotentReplayed
-		}
-		return x
-	}
-	var r storedResult
-	if json.Unmarshal(raw, &r) == nil {
-		x.Stdout, x.StdoutOffset = string(r.Stdout), r.StdoutOffset
-		x.Stderr, x.StderrOffset = string(r.Stderr), r.StderrOffset
-	}
-	return x
-}
-
-// live returns a driven execution's view with the last output it holds.
-func (d *driver) live() *api.Execution {
-	rec := d.record()
-	if markers.JournalGraph.Terminal(rec.State) {
-		return d.e.stored(rec)
-	}
-	x := d.e.view(rec)
-	out, outFrom := d.stdout.last(d.cfg.OutputTailBytes)
-	errb, errFrom := d.stderr.last(d.cfg.OutputTailBytes)
-	x.Stdout, x.StdoutOffset, x.StdoutBytes = string(out), outFrom, d.stdout.size()
-	x.Stderr, x.StderrOffset, x.StderrBytes = string(errb), errFrom, d.stderr.size()
-	return x
-}
-
 // progressEvery is how often a waiting call reports progress.
 const progressEvery = time.Second
-
-// await waits up to wait for the driver to end (or the caller to go away) and returns the
-// execution as it stands: finished, or still running with its output so far — never a
-// timeout error. progress, if set, hears about the execution every progressEvery.
-func (b *Engine) await(ctx context.Context, d *driver, wait time.Duration, joined bool, progress func(*api.Execution)) *api.Execution {
-	timer := time.NewTimer(wait)
-	defer timer.Stop()
-	var tick <-chan time.Time
-	if progress != nil {
-		t := time.NewTicker(progressEvery)
-		defer t.Stop()
-		tick = t.C
-	}
-wait:
-	for {
-		select {
-		case <-d.done:
-			break wait
-		case <-timer.C:
-			break wait
-		case <-ctx.Done():
-			break wait
-		case <-tick:
-			progress(d.live())
-		}
-	}
-	x := d.live()
-	x.Replayed = joined
-	return x
-}
-
-// own returns execution id if caller may see it: actors see only their own executions.
-func (b *Engine) own(c transport.Caller, id string) (*markers.Record, error) {
-	notFound := &api.ToolError{Code: api.CodeNotFound, Message: "no execution " + id + " of yours"}
-	if !markers.ValidExecutionID(id) {
-		return nil, notFound
-	}
-	rec, err := b.journal.Get(id)
-	if errors.Is(err, markers.ErrNotFound) {
-		return nil, notFound
-	}
-	if err != nil {
-		return nil, journalError(err)
-	}
-	if rec.Actor != c.Actor {
-		return nil, notFound
-	}
-	return rec, nil
-}
 
 // Status returns an execution's record and last output. For one whose outcome is unknown it
 // asks the host again first, waiting up to a third of the default wait for the answer.
 func (b *Engine) Status(ctx context.Context, c transport.Caller, id string) (*api.Execution, error) {
 	wait := b.cfg.DefaultWait / 3
-	rec, err := b.own(c, id)
+	rec, err := b.views.own(c, id)
 	if err != nil {
 		return nil, err
 	}
 	if d := b.drivers.live(id); d != nil {
-		return b.await(ctx, d, 0, false, nil), nil
+		return b.views.await(ctx, d, 0, false, nil), nil
 	}
 	if rec.State == markers.Unknown {
 		if d := b.drivers.start(rec); d != nil {
-			return b.await(ctx, d, wait, false, nil), nil
+			return b.views.await(ctx, d, wait, false, nil), nil
 		}
 	}
-	return b.stored(rec), nil
+	return b.views.stored(rec), nil
 }
 
 // Output returns output from the given offsets, waiting up to wait_s for more output or the
 // end when there is nothing new yet. Output older than what the bastion keeps is read from
 // the host's spool.
 func (b *Engine) Output(ctx context.Context, c transport.Caller, a api.OutputArgs) (*api.Execution, error) {
-	rec, err := b.own(c, a.ExecutionID)
+	rec, err := b.views.own(c, a.ExecutionID)
 	if err != nil {
 		return nil, err
 	}
-	return b.output(ctx, rec, a)
-}
-
-// output is Output for a record the caller may read.
-func (b *Engine) output(ctx context.Context, rec *markers.Record, a api.OutputArgs) (*api.Execution, error) {
-	if a.Offset < 0 || a.StderrOffset < 0 {
-		return nil, api.Invalid("offsets must not be negative")
-	}
-	if a.WaitS != nil && (*a.WaitS < 0 || time.Duration(*a.WaitS)*time.Second > b.cfg.MaxWait) {
-		return nil, api.Invalid("wait_s must be in 0..%d", int(b.cfg.MaxWait/time.Second))
-	}
-	wait := b.waitFor(a.WaitS)
-	d := b.drivers.live(a.ExecutionID)
-	if d == nil && !markers.JournalGraph.Terminal(rec.State) && rec.State != markers.AwaitingApproval && rec.State != markers.Rejected {
-		d = b.drivers.start(rec) // attach: reconcile with the host and follow it
-	}
-	if d != nil {
-		deadline := time.NewTimer(wait)
-		defer deadline.Stop()
-		for d.stdout.size() <= a.Offset && d.stderr.size() <= a.StderrOffset {
-			select {
-			case <-d.changes():
-				continue
-			case <-d.done:
-			case <-deadline.C:
-			case <-ctx.Done():
-			}
-			break
-		}
-		if !markers.JournalGraph.Terminal(d.record().State) {
-			x := b.view(d.record())
-			limit := b.cfg.OutputTailBytes
-			out, outFrom := d.stdout.read(a.Offset, limit)
-			errb, errFrom := d.stderr.read(a.StderrOffset, limit)
-			x.Stdout, x.StdoutOffset, x.StdoutBytes = string(out), outFrom, d.stdout.size()
-			x.Stderr, x.StderrOffset, x.StderrBytes = string(errb), errFrom, d.stderr.size()
-			return x, nil
-		}
-		rec = d.record()
-	}
-	return b.storedFrom(ctx, rec, a.Offset, a.StderrOffset), nil
-}
-
-// storedFrom returns a finished execution's output from the given offsets: from the stored
-// tail when it covers them, else from the host's spool.
-func (b *Engine) storedFrom(ctx context.Context, rec *markers.Record, outOff, errOff int64) *api.Execution {
-	x := b.stored(rec)
-	limit := b.cfg.OutputTailBytes
-	window := func(s string, from, off int64) (string, int64) {
-		if off < from {
-			return s, from
-		}
-		skip := min(off-from, int64(len(s)))
-		s = s[skip:]
-		return s[:min(len(s), limit)], from + skip
-	}
-	if outOff < x.StdoutOffset || errOff < x.StderrOffset {
-		if out, errb, ok := b.fromSpool(ctx, rec, outOff, errOff, limit); ok {
-			x.Stdout, x.StdoutOffset, x.Stderr, x.StderrOffset = out, outOff, errb, errOff
-			return x
-		}
-	}
-	x.Stdout, x.StdoutOffset = window(x.Stdout, x.StdoutOffset, outOff)
-	x.Stderr, x.StderrOffset = window(x.Stderr, x.StderrOffset, errOff)
-	return x
-}
-
-// fromSpool reads output older than the stored tail from the host (its spool keeps the
-// whole capped output until the marker's retention).
-func (b *Engine) fromSpool(ctx context.Context, rec *markers.Record, outOff, errOff int64, limit int) (string, string, bool) {
-	host, err := b.inv.Host(rec.Host)
-	if err != nil || host.Level() != fleet.GuaranteeHostagent {
-		return "", "", false // only the hostagent spools output
-	}
-	ctx, cancel := context.WithTimeout(ctx, 15*time.Second)
-	defer cancel()
-	conn, err := b.pool.Conn(ctx, host)
-	if err != nil {
-		return "", "", false
-	}
-	cc, err := hostproto.DialControl(conn)
-	if err != nil {
-		return "", "", false
-	}
-	defer cc.Close()
-	var out, errb []byte
-	errEnough := errors.New("enough output")
-	_, err = cc.Attach(ctx, rec.ID, outOff, errOff, func(stream string, _ int64, data []byte) error {
-		switch stream {
-		case "stdout":
-			out = append(out, data[:min(len(data), limit-len(out))]...)
-		case "stderr":
-			errb = append(errb, data[:min(len(data), limit-len(errb))]...)
-		}
-		if len(out) >= limit && len(errb) >= limit {
-			return errEnough
-		}
-		return nil
-	})
-	if err != nil && !errors.Is(err, errEnough) {
-		return "", "", false
-	}
-	return string(out), string(errb), true
+	return b.views.output(ctx, rec, a)
 }

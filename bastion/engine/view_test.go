@@ -27,7 +27,11 @@ func journalOnly(t *testing.T) *Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { j.Close() })
-	return &Engine{core: &core{journal: j, now: time.Now}}
+	b := &Engine{core: &core{journal: j, now: time.Now}}
+	b.records = &records{journal: b.journal, now: time.Now, metrics: newMetrics()}
+	b.drivers = newDrivers(b)
+	b.views = &views{core: b.core, drivers: b.drivers}
+	return b
 }
 
 // journalAs creates a record and walks it along path, the last step applying mutate.
@@ -156,7 +160,7 @@ func TestWhatAgentsRead(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := tt.rec
 			r.ID, r.Actor, r.Host = "ex_01K0000000000000000000000"+string(rune('A'+i)), agent, "h1"
-			x := b.view(journalAs(t, b, r, tt.path, tt.mutate))
+			x := b.views.view(journalAs(t, b, r, tt.path, tt.mutate))
 			if got := x.CallFailed(); got != tt.wantFailed {
 				t.Errorf("CallFailed = %v; want %v", got, tt.wantFailed)
 			}
@@ -197,7 +201,7 @@ func TestFinishedAtIgnoresTheDeliveryWrite(t *testing.T) {
 	if !after.UpdatedAt.After(observed) {
 		t.Fatalf("delivery did not update the record (updated %v, completed %v)", after.UpdatedAt, observed)
 	}
-	x := b.view(after)
+	x := b.views.view(after)
 	if x.FinishedAt == nil || !x.FinishedAt.Equal(observed) {
 		t.Errorf("finished_at = %v; want %v, when completed was journaled", x.FinishedAt, observed)
 	}

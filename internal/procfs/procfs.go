@@ -5,6 +5,7 @@
 package procfs
 
 import (
+	"bufio"
 	"bytes"
 	"errors"
 	"fmt"
@@ -12,6 +13,9 @@ import (
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
+	"time"
 )
 
 // Root is where the system mounts /proc.
@@ -106,4 +110,36 @@ func StartTime(pid int) (uint64, error) {
 func Running(pid int, start uint64) bool {
 	st, err := ReadStat(pid)
 	return err == nil && st.StartTime == start && st.State != 'Z'
+}
+
+// clockTicks is the kernel's USER_HZ, the unit of /proc/<pid>/stat's start time: 100 on
+// every Linux architecture Postern runs on.
+const clockTicks = 100
+
+// bootTime is when the system booted (/proc/stat btime); zero if unreadable.
+var bootTime = sync.OnceValue(func() time.Time {
+	f, err := os.Open(filepath.Join(Root, "stat"))
+	if err != nil {
+		return time.Time{}
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "btime "); ok {
+			if secs, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); err == nil {
+				return time.Unix(secs, 0).UTC()
+			}
+		}
+	}
+	return time.Time{}
+})
+
+// StartedAt is the wall-clock start of a process that started ticks after boot (StartTime's
+// unit); zero when the boot time cannot be read.
+func StartedAt(ticks uint64) time.Time {
+	boot := bootTime()
+	if boot.IsZero() || ticks == 0 {
+		return time.Time{}
+	}
+	return boot.Add(time.Duration(ticks) * time.Second / clockTicks)
 }

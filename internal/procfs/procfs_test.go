@@ -9,6 +9,7 @@ import (
 	"strings"
 	"syscall"
 	"testing"
+	"time"
 )
 
 // statTail is what follows the ppid in a stat line (pgid 9), up to and past field 22 (start
@@ -99,5 +100,20 @@ func TestReadStat(t *testing.T) {
 	}
 	if _, err := ReadStat(0); err == nil {
 		t.Errorf("ReadStat(0) read something")
+	}
+}
+
+// TestStartedAt: this process started after boot and before now.
+func TestStartedAt(t *testing.T) {
+	ticks, err := StartTime(os.Getpid())
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := StartedAt(ticks)
+	if got.IsZero() || got.After(time.Now()) || time.Since(got) > time.Hour {
+		t.Fatalf("StartedAt(%d) = %v; want a moment ago", ticks, got)
+	}
+	if !StartedAt(0).IsZero() {
+		t.Error("StartedAt(0) is not zero")
 	}
 }
