@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 	"unicode/utf8"
 
 	"github.com/postern-dev/postern/bastion/api"
@@ -39,7 +38,7 @@ func (b *Engine) Approve(ctx context.Context, operator, id, note string) (*marke
 	if note != "" {
 		msg += ": " + note
 	}
-	rec, err := b.decideApproval(ctx, id, markers.Authorized, msg)
+	rec, err := b.records.approval(ctx, id, markers.Authorized, msg)
 	if err != nil {
 		return nil, err
 	}
@@ -52,20 +51,7 @@ func (b *Engine) Deny(ctx context.Context, operator, id, reason string) (*marker
 	if err := checkNote("reason", reason, true); err != nil {
 		return nil, err
 	}
-	return b.decideApproval(ctx, id, markers.Rejected, "denied by "+operator+": "+reason)
-}
-
-func (b *Engine) decideApproval(ctx context.Context, id string, to markers.State, msg string) (*markers.Record, error) {
-	rec, err := b.records.approval(ctx, id, to, msg)
-	switch {
-	case errors.Is(err, markers.ErrConflict):
-		return rec, fmt.Errorf("%w: %s is %s", api.ErrNotAwaitingApproval, id, rec.State)
-	case errors.Is(err, markers.ErrNotFound):
-		return nil, &api.ToolError{Code: api.CodeNotFound, Message: "no execution " + id}
-	case err != nil:
-		return nil, journalError(err)
-	}
-	return rec, nil
+	return b.records.approval(ctx, id, markers.Rejected, "denied by "+operator+": "+reason)
 }
 
 // PendingApprovals lists the executions awaiting an operator's decision, oldest first.
@@ -117,27 +103,4 @@ func (b *Engine) Review(ctx context.Context, operator, id, outcome, note string)
 		return nil, journalError(err)
 	}
 	return rec, nil
-}
-
-// expireApprovals rejects executions that waited longer than the approval timeout.
-func (b *Engine) expireApprovals() {
-	if b.cfg.ApprovalTimeout <= 0 {
-		return
-	}
-	recs, err := b.PendingApprovals(500)
-	if err != nil {
-		b.log.Error("list pending approvals", "err", err)
-		return
-	}
-	now := b.now()
-	for _, r := range recs {
-		since, ok := r.StateTimes[markers.AwaitingApproval]
-		if !ok || now.Sub(since) < b.cfg.ApprovalTimeout {
-			continue
-		}
-		msg := fmt.Sprintf("rejected: no decision within the approval timeout (%s)", b.cfg.ApprovalTimeout.Round(time.Second))
-		if _, err := b.decideApproval(b.ctx, r.ID, markers.Rejected, msg); err != nil && !errors.Is(err, api.ErrNotAwaitingApproval) {
-			b.log.Error("expire approval", "execution_id", r.ID, "err", err)
-		}
-	}
 }

@@ -32,7 +32,7 @@ func (b *Engine) AskInClient(ctx context.Context, c transport.Caller, id string)
 	if err != nil || cur.State != markers.AwaitingApproval || !b.classes.InBandApproval(cur.Class) {
 		return nil, nil
 	}
-	defer b.intake.Lock("e\x00" + id)()
+	defer b.intake.locks.Lock("e\x00" + id)()
 	offered, err := b.approvalOffered(id)
 	if err != nil || offered {
 		return nil, nil

@@ -34,7 +34,7 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 	t.Cleanup(func() { journal.Close() })
 	b := &Engine{core: &core{cfg: config.DefaultConfig(t.TempDir()), log: slog.New(slog.DiscardHandler), journal: journal, metrics: newMetrics(), ctx: t.Context()}}
 	b.records = &records{journal: journal, now: time.Now, metrics: b.metrics}
-	b.drivers = newDrivers(b)
+	b.drivers = newDrivers(b.core)
 	walk := map[markers.State][]markers.State{
 		markers.Dispatched: {markers.Authorized, markers.Dispatched},
 		markers.Running:    {markers.Authorized, markers.Dispatched, markers.Running},
@@ -53,7 +53,7 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				d := &driver{core: b.core, all: b.drivers, e: b, id: id, rec: rec, changed: make(chan struct{}), stdout: newTail(1024), stderr: newTail(1024)}
+				d := &driver{core: b.core, all: b.drivers, id: id, rec: rec, changed: make(chan struct{}), stdout: newTail(1024), stderr: newTail(1024)}
 				if confirmed && from != markers.Running {
 					d.setStarted(&hostproto.Marker{ID: id, State: hostproto.MarkerStarted, PID: 42, PIDStart: 7})
 				}

@@ -37,7 +37,7 @@ func (b *Engine) RevokeDelivery(ctx context.Context, id string) (bool, error) {
 		return false, err
 	}
 	if rec.IdempotencyKey == "" {
-		defer b.intake.Lock(intent.LockKey(rec.Actor, rec.IntentScope, rec.Fingerprint))()
+		defer b.intake.locks.Lock(intent.LockKey(rec.Actor, rec.IntentScope, rec.Fingerprint))()
 		latest, err := b.journal.FindByFingerprint(rec.Actor, rec.IntentScope, rec.Fingerprint)
 		if err != nil && !errors.Is(err, markers.ErrNotFound) {
 			return false, err

@@ -1,9 +1,12 @@
 package engine
 
 import (
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -16,7 +19,6 @@ import (
 // it).
 type drivers struct {
 	*core
-	engine *Engine
 
 	mu sync.Mutex // guards m, each driver's queued, stops, slotFreed and closed
 	m  map[string]*driver
@@ -27,8 +29,8 @@ type drivers struct {
 	closed    bool
 }
 
-func newDrivers(e *Engine) *drivers {
-	return &drivers{core: e.core, engine: e, m: map[string]*driver{}, stops: map[string]bool{}, slotFreed: make(chan struct{})}
+func newDrivers(c *core) *drivers {
+	return &drivers{core: c, m: map[string]*driver{}, stops: map[string]bool{}, slotFreed: make(chan struct{})}
 }
 
 // start returns the driver of rec's execution, starting one if there is none. It returns nil
@@ -49,7 +51,7 @@ func (ds *drivers) startOf(rec *markers.Record, dispatched bool) *driver {
 		return d
 	}
 	d := &driver{
-		core: ds.core, all: ds, e: ds.engine,
+		core: ds.core, all: ds,
 		id: rec.ID, rec: rec, changed: make(chan struct{}),
 		stdout: newTail(liveTailBytes), stderr: newTail(liveTailBytes),
 		asked: make(chan struct{}), done: make(chan struct{}),
@@ -178,13 +180,13 @@ func (ds *drivers) reconcileLoop() {
 			return
 		case <-t.C:
 		}
-		if r := ds.engine.replicas(); r != nil {
+		if r := ds.replicas(); r != nil {
 			ds.followInFlight(r)
 			if !r.Leading() {
 				continue
 			}
 		}
-		ds.engine.expireApprovals()
+		ds.expireApprovals()
 		ds.reconcileUnknown()
 	}
 }
@@ -238,6 +240,29 @@ func (ds *drivers) followInFlight(r markers.Replicated) {
 				break
 			}
 			cursor = next
+		}
+	}
+}
+
+// expireApprovals rejects executions that waited longer than the approval timeout.
+func (ds *drivers) expireApprovals() {
+	if ds.cfg.ApprovalTimeout <= 0 {
+		return
+	}
+	recs, _, err := ds.journal.List(markers.Query{State: markers.AwaitingApproval, Limit: 500})
+	if err != nil {
+		ds.log.Error("list pending approvals", "err", err)
+		return
+	}
+	now := ds.now()
+	for _, r := range recs {
+		since, ok := r.StateTimes[markers.AwaitingApproval]
+		if !ok || now.Sub(since) < ds.cfg.ApprovalTimeout {
+			continue
+		}
+		msg := fmt.Sprintf("rejected: no decision within the approval timeout (%s)", ds.cfg.ApprovalTimeout.Round(time.Second))
+		if _, err := ds.records.approval(ds.ctx, r.ID, markers.Rejected, msg); err != nil && !errors.Is(err, api.ErrNotAwaitingApproval) {
+			ds.log.Error("expire approval", "execution_id", r.ID, "err", err)
 		}
 	}
 }

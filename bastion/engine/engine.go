@@ -14,7 +14,6 @@ import (
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/journal"
 	"github.com/postern-dev/postern/bastion/policy"
-	"github.com/postern-dev/postern/internal/keylock"
 	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
@@ -41,7 +40,7 @@ type Options struct {
 type Engine struct {
 	*core
 
-	intake keylock.Set // serializes match-and-create per intent and per idempotency key
+	intake *intake
 	// taskWaits counts each actor's tasks/result requests waiting for an execution to end
 	// (taskstate.go).
 	taskWaits waitSlots
@@ -139,8 +138,9 @@ func Open(opts Options) (*Engine, error) {
 		},
 	}
 	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}
-	b.drivers = newDrivers(b)
+	b.drivers = newDrivers(b.core)
 	b.views = &views{core: b.core, drivers: b.drivers}
+	b.intake = &intake{core: b.core, drivers: b.drivers, views: b.views}
 	b.metrics.registry.MustRegister(inFlight{b})
 	return b, nil
 }

@@ -36,14 +36,18 @@ const (
 	markerAskTimeout  = 10 * time.Second
 )
 
+// investigation reads what the five questions need: the journal, the inventory, the hosts.
+type investigation struct{ *core }
+
 // Investigate answers the five questions about execution id.
 func (b *Engine) Investigate(ctx context.Context, id string) (*api.Investigation, error) {
+	iv := investigation{b.core}
 	rec, err := b.journal.Get(id)
 	if err != nil {
 		return nil, err
 	}
 	inv := &api.Investigation{ExecutionID: id, Record: rec, Calls: []api.InvestigatedCall{}, Runs: []*markers.Run{}}
-	siblings, err := b.siblings(rec)
+	siblings, err := iv.siblings(rec)
 	if err != nil {
 		return nil, err
 	}
@@ -55,7 +59,7 @@ func (b *Engine) Investigate(ctx context.Context, id string) (*api.Investigation
 		}
 		eventsOf[s.ID] = evs
 		inv.Siblings = append(inv.Siblings, siblingOf(s))
-		inv.Calls = append(inv.Calls, callsOf(s, evs, b.guaranteeOf(s))...)
+		inv.Calls = append(inv.Calls, callsOf(s, evs, iv.guaranteeOf(s))...)
 	}
 	slices.SortStableFunc(inv.Calls, func(a, b api.InvestigatedCall) int { return a.At.Compare(b.At) })
 	seen := map[string]bool{}
@@ -68,11 +72,11 @@ func (b *Engine) Investigate(ctx context.Context, id string) (*api.Investigation
 			inv.Runs = append(inv.Runs, r)
 		}
 	}
-	if inv.Related, err = b.related(rec); err != nil {
+	if inv.Related, err = iv.related(rec); err != nil {
 		return nil, err
 	}
 	inv.Authorization = authorizationOf(rec, eventsOf[id])
-	inv.Outcome = b.observedOutcome(ctx, rec)
+	inv.Outcome = iv.observedOutcome(ctx, rec)
 	inv.Delivery = deliveryOf(rec, eventsOf[id])
 	inv.Answers = []string{
 		answerWho(inv),
@@ -86,19 +90,19 @@ func (b *Engine) Investigate(ctx context.Context, id string) (*api.Investigation
 
 // siblings are the executions of rec's intent, oldest first: the same actor, scope and
 // fingerprint, and for a keyed execution every attempt under its key.
-func (b *Engine) siblings(rec *markers.Record) ([]*markers.Record, error) {
-	ids, err := b.journal.SiblingIDs(rec.Actor, rec.IntentScope, rec.Fingerprint, maxSiblings)
+func (iv investigation) siblings(rec *markers.Record) ([]*markers.Record, error) {
+	ids, err := iv.journal.SiblingIDs(rec.Actor, rec.IntentScope, rec.Fingerprint, maxSiblings)
 	if err != nil {
 		return nil, err
 	}
 	if rec.IdempotencyKey != "" {
-		newest, err := b.journal.FindByIdempotencyKey(rec.Actor, rec.IdempotencyKey)
+		newest, err := iv.journal.FindByIdempotencyKey(rec.Actor, rec.IdempotencyKey)
 		for n := 0; err == nil && newest != nil && n < maxSiblings; n++ {
 			ids = append(ids, newest.ID)
 			if newest.PreviousAttempt == "" {
 				break
 			}
-			newest, err = b.journal.Get(newest.PreviousAttempt)
+			newest, err = iv.journal.Get(newest.PreviousAttempt)
 		}
 		if err != nil && !errors.Is(err, markers.ErrNotFound) {
 			return nil, err
@@ -109,7 +113,7 @@ func (b *Engine) siblings(rec *markers.Record) ([]*markers.Record, error) {
 	ids = slices.Compact(ids)
 	var out []*markers.Record
 	for _, sid := range ids {
-		s, err := b.journal.Get(sid)
+		s, err := iv.journal.Get(sid)
 		if errors.Is(err, markers.ErrNotFound) {
 			continue // removed by retention
 		}
@@ -123,9 +127,9 @@ func (b *Engine) siblings(rec *markers.Record) ([]*markers.Record, error) {
 
 // related are the actor's executions of the same command on the same target from other
 // agent runs, accepted within the class's attach window of rec.
-func (b *Engine) related(rec *markers.Record) ([]api.Sibling, error) {
-	window := b.classes.Get(rec.Class).AttachWindow
-	recs, _, err := b.journal.List(markers.Query{Actor: rec.Actor, Since: rec.CreatedAt.Add(-window), Until: rec.CreatedAt.Add(window), Limit: maxRelatedScanned})
+func (iv investigation) related(rec *markers.Record) ([]api.Sibling, error) {
+	window := iv.classes.Get(rec.Class).AttachWindow
+	recs, _, err := iv.journal.List(markers.Query{Actor: rec.Actor, Since: rec.CreatedAt.Add(-window), Until: rec.CreatedAt.Add(window), Limit: maxRelatedScanned})
 	if err != nil {
 		return nil, err
 	}
@@ -146,11 +150,11 @@ func siblingOf(r *markers.Record) api.Sibling {
 
 // guaranteeOf is the guarantee level of rec's host as enrolled now: "" for an HTTP execution
 // or a host no longer enrolled.
-func (b *Engine) guaranteeOf(rec *markers.Record) fleet.Guarantee {
+func (iv investigation) guaranteeOf(rec *markers.Record) fleet.Guarantee {
 	if rec.Channel == "http" {
 		return ""
 	}
-	host, err := b.inv.Host(rec.Host)
+	host, err := iv.inv.Host(rec.Host)
 	if err != nil {
 		return ""
 	}
@@ -253,7 +257,7 @@ func authorizationOf(rec *markers.Record, evs []markers.Event) api.Authorization
 }
 
 // observedOutcome is what the journal holds, and what the host's marker says now.
-func (b *Engine) observedOutcome(ctx context.Context, rec *markers.Record) api.ObservedOutcome {
+func (iv investigation) observedOutcome(ctx context.Context, rec *markers.Record) api.ObservedOutcome {
 	o := api.ObservedOutcome{State: string(rec.State), ExitCode: rec.ExitCode, Signal: rec.Signal, HTTPStatus: rec.HTTPStatus, Evidence: rec.Evidence}
 	if t := intent.FinishedAt(rec); !t.IsZero() {
 		o.ObservedAt = &t
@@ -268,14 +272,14 @@ func (b *Engine) observedOutcome(ctx context.Context, rec *markers.Record) api.O
 	}
 	ctx, cancel := context.WithTimeout(ctx, markerAskTimeout)
 	defer cancel()
-	host, err := b.inv.Host(rec.Host)
+	host, err := iv.inv.Host(rec.Host)
 	if err == nil && host.Level() != fleet.GuaranteeHostagent {
-		o.MarkerNote = b.hosts.stockMarkerNote(ctx, rec, host) // agentless.go
+		o.MarkerNote = iv.hosts.stockMarkerNote(ctx, rec, host) // agentless.go
 		return o
 	}
 	var cc *hostproto.ControlClient
 	if err == nil {
-		cc, err = b.hosts.control(ctx, host)
+		cc, err = iv.hosts.control(ctx, host)
 	}
 	if err != nil {
 		o.MarkerNote = fmt.Sprintf("host %s could not be asked: %v", rec.Host, err)

@@ -2,11 +2,8 @@ package engine
 
 import (
 	"fmt"
-	"time"
 
-	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/policy"
-	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -26,37 +23,6 @@ import (
 //     still (countsTowardQuota): rejected ones, and ones cancelled or failed before dispatch,
 //     do not count.
 
-// checkLimits refuses a new call of actor in scope that would exceed one of its limits. An
-// execution that awaits approval (dispatchNow false) takes no concurrency slot yet: once
-// approved it waits for one (awaitSlot).
-func (b *Engine) checkLimits(c transport.Caller, actor policy.Actor, scope string, dispatchNow bool) error {
-	if dispatchNow && (actor.MaxConcurrent > 0 || actor.RunMaxConcurrent > 0) {
-		all, run := b.drivers.inFlight(actor.Name, scope)
-		if why := concurrencyExceeded(actor, all, run); why != "" {
-			b.metrics.rejected.WithLabelValues(api.CodeConcurrencyLimit).Inc()
-			return &api.ToolError{Code: api.CodeConcurrencyLimit, Message: why + "; wait for one to end (nothing was started)"}
-		}
-	}
-	if actor.DailyQuota > 0 || actor.RunDailyQuota > 0 {
-		all, run, err := b.quotaUsed(c.Actor, actor, scope)
-		if err != nil {
-			return journalError(err)
-		}
-		var why string
-		switch {
-		case actor.DailyQuota > 0 && all >= actor.DailyQuota:
-			why = fmt.Sprintf("actor %s used its daily quota of %d executions", actor.Name, actor.DailyQuota)
-		case actor.RunDailyQuota > 0 && run >= actor.RunDailyQuota:
-			why = fmt.Sprintf("this agent run of actor %s used its daily quota of %d executions (run_daily_quota)", actor.Name, actor.RunDailyQuota)
-		}
-		if why != "" {
-			b.metrics.rejected.WithLabelValues(api.CodeQuotaExceeded).Inc()
-			return &api.ToolError{Code: api.CodeQuotaExceeded, Message: why + " (resets at 00:00 UTC; rejected executions do not count); nothing was started"}
-		}
-	}
-	return nil
-}
-
 // concurrencyExceeded says which concurrency limit all (the actor's executions in flight)
 // and run (its run's) reach, or "".
 func concurrencyExceeded(actor policy.Actor, all, run int) string {
@@ -67,37 +33,6 @@ func concurrencyExceeded(actor policy.Actor, all, run int) string {
 		return fmt.Sprintf("this agent run of actor %s has %d executions in flight, its limit (run_max_concurrent)", actor.Name, run)
 	}
 	return ""
-}
-
-// quotaUsed counts the executions of actor (journaled under the caller string journalActor)
-// accepted today that count toward its quotas, and of those the ones in scope. It stops
-// once every quota the actor has is reached.
-func (b *Engine) quotaUsed(journalActor string, actor policy.Actor, scope string) (all, run int, err error) {
-	now := b.now().UTC()
-	midnight := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
-	reached := func() bool {
-		return (actor.DailyQuota == 0 || all >= actor.DailyQuota) && (actor.RunDailyQuota == 0 || run >= actor.RunDailyQuota)
-	}
-	cursor := ""
-	for {
-		recs, next, err := b.journal.List(markers.Query{Actor: journalActor, Since: midnight, Limit: 1000, Cursor: cursor})
-		if err != nil {
-			return 0, 0, err
-		}
-		for _, r := range recs {
-			if r.PolicyActor != actor.Name || !countsTowardQuota(r) {
-				continue
-			}
-			all++
-			if r.IntentScope == scope {
-				run++
-			}
-		}
-		if next == "" || reached() {
-			return all, run, nil
-		}
-		cursor = next
-	}
 }
 
 // countsTowardQuota reports whether an execution uses its actor's quota: it was dispatched,

@@ -2,9 +2,13 @@ package engine
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/intent"
+	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
@@ -53,10 +57,21 @@ func (rs *records) joined(ctx context.Context, c transport.Caller, scope, id str
 	return nil
 }
 
-// decided journals a policy decision other than authorized: the execution waits for an
-// operator (awaiting_approval) or is rejected.
-func (rs *records) decided(ctx context.Context, rec *markers.Record, to markers.State, note string) (*markers.Record, error) {
-	return rs.journal.Transition(ctx, rec.ID, rec.State, to, note, addEvidence(note))
+// policyDecision journals a policy decision other than authorized: the execution waits for
+// an operator (awaiting_approval) or is rejected. Neither ever dispatches.
+func (rs *records) policyDecision(ctx context.Context, rec *markers.Record, dec policy.Decision) (*markers.Record, error) {
+	to, note := markers.Rejected, fmt.Sprintf("rejected by policy: %s", dec.Rule)
+	if dec.Outcome == policy.AwaitingApproval {
+		to, note = markers.AwaitingApproval, fmt.Sprintf("approval required by policy: %s", dec.Rule)
+	}
+	next, err := rs.journal.Transition(ctx, rec.ID, rec.State, to, note, addEvidence(note))
+	if err != nil {
+		return nil, journalError(err)
+	}
+	if to == markers.Rejected {
+		rs.metrics.finished.WithLabelValues(string(markers.Rejected)).Inc()
+	}
+	return next, nil
 }
 
 // authorized journals that an accepted execution may go ahead (an HTTP execution's driver
@@ -126,13 +141,20 @@ func (rs *records) cancelledBeforeDispatch(ctx context.Context, rec *markers.Rec
 }
 
 // approval journals a decision on an execution awaiting approval: authorized or rejected,
-// with msg (who decided, and why) as evidence.
+// with msg (who decided, and why) as evidence. api.ErrNotAwaitingApproval when it no longer
+// awaits one.
 func (rs *records) approval(ctx context.Context, id string, to markers.State, msg string) (*markers.Record, error) {
 	rec, err := rs.journal.Transition(ctx, id, markers.AwaitingApproval, to, msg, addEvidence(msg))
-	if err == nil {
-		rs.metrics.approvals.WithLabelValues(string(to)).Inc()
+	switch {
+	case errors.Is(err, markers.ErrConflict):
+		return rec, fmt.Errorf("%w: %s is %s", api.ErrNotAwaitingApproval, id, rec.State)
+	case errors.Is(err, markers.ErrNotFound):
+		return nil, &api.ToolError{Code: api.CodeNotFound, Message: "no execution " + id}
+	case err != nil:
+		return nil, journalError(err)
 	}
-	return rec, err
+	rs.metrics.approvals.WithLabelValues(string(to)).Inc()
+	return rec, nil
 }
 
 // reviewed journals what an operator verified about an execution in from: completed (it
@@ -182,4 +204,13 @@ func (rs *records) delivered(ctx context.Context, id string, call *markers.Call)
 func (rs *records) deliveryRevoked(ctx context.Context, id string) (bool, error) {
 	_, revoked, err := rs.journal.RevokeDelivery(ctx, id, "the client cancelled the request that carried the result (notifications/cancelled)")
 	return revoked, err
+}
+
+// journalError reports a failed journal read or write: the call fails closed.
+func journalError(err error) error {
+	var te *api.ToolError
+	if errors.As(err, &te) {
+		return err
+	}
+	return &api.ToolError{Code: api.CodeJournalUnavailable, Message: "the journal could not record this call, so nothing was dispatched: " + err.Error()}
 }

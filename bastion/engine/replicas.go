@@ -12,8 +12,8 @@ import (
 // every replica follows the executions in flight, so one of them notices a dead owner.
 
 // replicas is the journal's coordination of replicas, nil on a single node.
-func (b *Engine) replicas() markers.Replicated {
-	r, _ := b.journal.(markers.Replicated)
+func (c *core) replicas() markers.Replicated {
+	r, _ := c.journal.(markers.Replicated)
 	return r
 }
 
@@ -23,7 +23,7 @@ func (b *Engine) replicas() markers.Replicated {
 // returns false when the execution ended (or stopped being driven) under another replica,
 // or the bastion is closing.
 func (d *driver) drives(asked func()) bool {
-	r := d.e.replicas()
+	r := d.replicas()
 	if r == nil || d.dispatched {
 		return true
 	}
@@ -65,7 +65,7 @@ func (d *driver) drives(asked func()) bool {
 // did (unknown, journal failed, closing), so that another replica may take it up. An ended
 // execution's owner key went with the write that ended it.
 func (d *driver) release() {
-	r := d.e.replicas()
+	r := d.replicas()
 	if r == nil || markers.JournalGraph.Terminal(d.record().State) || d.ctx.Err() != nil {
 		return
 	}

@@ -13,7 +13,7 @@ import (
 // delivery_settle waits, and only for what is left of it.
 func TestDeliverySettling(t *testing.T) {
 	now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
-	b := &Engine{core: &core{cfg: config.Config{DeliverySettle: time.Second}, now: func() time.Time { return now }}}
+	b := &intake{core: &core{cfg: config.Config{DeliverySettle: time.Second}, now: func() time.Time { return now }}}
 	at := func(d time.Duration) *time.Time { v := now.Add(-d); return &v }
 	tests := []struct {
 		name    string

@@ -123,3 +123,62 @@ func (b *Engine) Hosts() (*api.HostsResult, error) {
 	}
 	return out, nil
 }
+
+// Exec runs ssh_exec: it finds the execution this call belongs to — a prior one of the
+// same intent, by the matching rule or the idempotency key — or accepts a new one, and waits
+// up to wait_s for it. progress, if set, is told about the execution while it waits.
+func (b *Engine) Exec(ctx context.Context, c transport.Caller, a api.ExecArgs, progress func(*api.Execution)) (*api.Execution, error) {
+	cl, err := b.intake.resolveSSH(c, a)
+	if err != nil {
+		b.metrics.rejected.WithLabelValues(errorCode(err)).Inc()
+		return nil, err
+	}
+	return b.intake.submit(ctx, cl, b.views.waitFor(a.WaitS), progress)
+}
+
+// HTTPEnabled reports whether an HTTP plugin is configured: http_request exists.
+func (b *Engine) HTTPEnabled() bool { return b.plugin != nil }
+
+// HTTPRequest runs http_request: the same identity, matching rule and lifecycle as ssh_exec,
+// performed by the HTTP plugin.
+func (b *Engine) HTTPRequest(ctx context.Context, c transport.Caller, a api.HTTPArgs, progress func(*api.Execution)) (*api.Execution, error) {
+	cl, err := b.intake.resolveHTTP(c, a)
+	if err != nil {
+		b.metrics.rejected.WithLabelValues(errorCode(err)).Inc()
+		return nil, err
+	}
+	return b.intake.submit(ctx, cl, b.views.waitFor(a.WaitS), progress)
+}
+
+// progressEvery is how often a waiting call reports progress.
+const progressEvery = time.Second
+
+// Status returns an execution's record and last output. For one whose outcome is unknown it
+// asks the host again first, waiting up to a third of the default wait for the answer.
+func (b *Engine) Status(ctx context.Context, c transport.Caller, id string) (*api.Execution, error) {
+	wait := b.cfg.DefaultWait / 3
+	rec, err := b.views.own(c, id)
+	if err != nil {
+		return nil, err
+	}
+	if d := b.drivers.live(id); d != nil {
+		return b.views.await(ctx, d, 0, false, nil), nil
+	}
+	if rec.State == markers.Unknown {
+		if d := b.drivers.start(rec); d != nil {
+			return b.views.await(ctx, d, wait, false, nil), nil
+		}
+	}
+	return b.views.stored(rec), nil
+}
+
+// Output returns output from the given offsets, waiting up to wait_s for more output or the
+// end when there is nothing new yet. Output older than what the bastion keeps is read from
+// the host's spool.
+func (b *Engine) Output(ctx context.Context, c transport.Caller, a api.OutputArgs) (*api.Execution, error) {
+	rec, err := b.views.own(c, a.ExecutionID)
+	if err != nil {
+		return nil, err
+	}
+	return b.views.output(ctx, rec, a)
+}

@@ -29,7 +29,7 @@ func journalOnly(t *testing.T) *Engine {
 	t.Cleanup(func() { j.Close() })
 	b := &Engine{core: &core{journal: j, now: time.Now}}
 	b.records = &records{journal: b.journal, now: time.Now, metrics: newMetrics()}
-	b.drivers = newDrivers(b)
+	b.drivers = newDrivers(b.core)
 	b.views = &views{core: b.core, drivers: b.drivers}
 	return b
 }

@@ -1,0 +1,357 @@
+package engine
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/intent"
+	"github.com/postern-dev/postern/bastion/policy"
+	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/internal/ctxtime"
+	"github.com/postern-dev/postern/internal/keylock"
+	"github.com/postern-dev/postern/markers"
+)
+
+// intake answers the calls that start work (ssh_exec, http_request): it checks the
+// arguments, resolves the call to its intent (bastion/intent), and either joins the prior
+// execution the matching rule names or decides on a new one (policy, the actor's limits) and
+// accepts it — journaled before anything is sent — handing it to a driver.
+//
+// Invariant: the lookup of a call's prior execution and the acceptance of a new one happen
+// under one of locks (per intent, per idempotency key), so two calls of one intent never both
+// create.
+type intake struct {
+	*core
+	drivers *drivers
+	views   *views
+	locks   keylock.Set
+}
+
+// submit fingerprints a claim and answers it by the matching rule (match.go): the prior
+// execution it belongs to — found by its idempotency key if it has one, else by its
+// fingerprint in its scope — or a new execution, accepted (journaled) and handed to a driver.
+func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, progress func(*api.Execution)) (*api.Execution, error) {
+	c := cl.caller
+	if c.Actor == "" {
+		return nil, &api.ToolError{Code: "unauthenticated", Message: "no caller identity"}
+	}
+	var err error
+	if cl.fingerprint, err = in.fp.Fingerprint(cl.action); err != nil {
+		return nil, err
+	}
+	key := cl.record.IdempotencyKey
+	// The lookup and the acceptance of a new execution happen under one intake lock, so two
+	// concurrent calls of one intent cannot both create.
+	lockKey, by := intent.LockKey(c.Actor, cl.scope, cl.fingerprint), "fingerprint"
+	if key != "" {
+		lockKey, by = "k\x00"+c.Actor+"\x00"+key, "idempotency_key"
+	}
+	facts := intent.Facts{Actor: c.Actor, Scope: cl.scope, Fingerprint: cl.fingerprint, IdempotencyKey: key}
+	var (
+		unlock  func()
+		prior   *markers.Record
+		outcome intent.Match
+	)
+	defer func() { unlock() }()
+	claimed := cl.record // as it was before matching and deciding, for a match again (ErrRaced)
+	for {
+		unlock = sync.OnceFunc(in.locks.Lock(lockKey))
+		if prior, outcome, err = in.matchCall(cl, &facts); err != nil {
+			return nil, err
+		}
+		wait := in.deliverySettling(prior, outcome)
+		if wait <= 0 {
+			break
+		}
+		// A result delivered moments ago may yet be given up: the client's
+		// notifications/cancelled can arrive after the re-issue it preceded. Decide once the
+		// settle time has passed, without the intake lock (a revocation takes it), so that a
+		// revocation in between makes the call join.
+		unlock()
+		if !ctxtime.Sleep(ctx, wait) {
+			return nil, ctx.Err()
+		}
+	}
+	switch {
+	case outcome == intent.KeyReused:
+		unlock()
+		in.metrics.rejected.WithLabelValues(api.CodeIdempotencyKeyReused).Inc()
+		if err := in.records.joined(ctx, c, cl.scope, prior.ID, outcome); err != nil {
+			return nil, journalError(err)
+		}
+		return nil, &api.ToolError{Code: api.CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
+			"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", key, prior.ID)}
+	case outcome.Joins():
+		unlock()
+		in.metrics.dedup.WithLabelValues(by).Inc()
+		if err := in.records.joined(ctx, c, cl.scope, prior.ID, outcome); err != nil {
+			return nil, journalError(err)
+		}
+		return in.join(ctx, prior, outcome, wait, progress)
+	case outcome == intent.NewAttempt:
+		cl.record.PreviousAttempt = prior.ID
+		cl.record.Evidence = appendBounded(cl.record.Evidence, fmt.Sprintf(
+			"new attempt of %s, which failed without effect (same idempotency_key, same request)", prior.ID))
+	}
+	dec, admitted, err := in.decide(c, cl)
+	if err != nil {
+		return nil, err
+	}
+	defer admitted()
+	rec, dispatched, err := in.accept(ctx, cl, dec, outcome)
+	if errors.Is(err, markers.ErrRaced) {
+		// Another replica accepted this intent after it was matched here: match again, to
+		// join that execution.
+		in.log.Info("another replica accepted this intent first; matching the call again", "actor", c.Actor)
+		unlock()
+		admitted()
+		cl.record = claimed
+		return in.submit(ctx, cl, wait, progress)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if dec.Outcome != policy.Authorized {
+		unlock()
+		if rec, err = in.records.policyDecision(ctx, rec, dec); err != nil {
+			return nil, err
+		}
+		return in.views.view(rec), nil
+	}
+	// The driver starts before the intake lock is released, so a retry of the same intent
+	// finds it and attaches instead of starting a reconciling one of its own.
+	var d *driver
+	if dispatched {
+		d = in.drivers.startDispatched(rec)
+	} else {
+		d = in.drivers.start(rec)
+	}
+	unlock()
+	admitted() // the driver counts towards the actor's limits now
+	if d == nil {
+		return nil, &api.ToolError{Code: "shutting_down", Message: "the bastion is shutting down; " + rec.ID + " was accepted and will be dispatched after restart"}
+	}
+	return in.views.await(ctx, d, wait, false, progress), nil
+}
+
+// matchCall looks up the prior execution of cl's intent (by key, else by fingerprint) and
+// applies the matching rule. Call it under the intake lock.
+func (in *intake) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, intent.Match, error) {
+	var prior *markers.Record
+	var err error
+	if facts.IdempotencyKey != "" {
+		prior, err = in.journal.FindByIdempotencyKey(facts.Actor, facts.IdempotencyKey)
+	} else {
+		prior, err = in.journal.FindByFingerprint(facts.Actor, facts.Scope, facts.Fingerprint)
+	}
+	switch {
+	case errors.Is(err, markers.ErrNotFound):
+		prior = nil
+	case err != nil:
+		return nil, "", journalError(err)
+	}
+	class := config.Class{}
+	if prior != nil {
+		class = in.classes.Get(prior.Class)
+		if facts.IdempotencyKey != "" {
+			if facts.SameRequest, err = in.fp.SameRequest(prior, cl.action, cl.fingerprint); err != nil {
+				return nil, "", err
+			}
+		}
+	}
+	return prior, intent.Rule(prior, *facts, in.now(), class), nil
+}
+
+// deliverySettling is how long a call must wait before a new-intent decision that rests on
+// prior's delivery is final (see config.Config.DeliverySettle); 0 when it needs no wait.
+func (in *intake) deliverySettling(prior *markers.Record, outcome intent.Match) time.Duration {
+	if outcome != intent.NewExecution || prior == nil || prior.State != markers.Completed || prior.ResultDeliveredAt == nil {
+		return 0
+	}
+	return prior.ResultDeliveredAt.Add(in.cfg.DeliverySettle).Sub(in.now())
+}
+
+// decide runs the ladder for a new execution and checks the actor's limits (limits.go). A
+// rejection by the ladder is journaled (the caller and an operator can see it and why);
+// exceeding a limit is a plain error and journals nothing. The returned release must be
+// called once the execution is accepted and its driver started: an actor with limits is
+// admitted one call at a time, so concurrent calls cannot all pass the same count.
+func (in *intake) decide(c transport.Caller, cl *claim) (policy.Decision, func(), error) {
+	actor, ok := in.policyActor(c)
+	ask := cl.ask
+	if ok {
+		ask.Actor = actor.Name
+		cl.record.PolicyActor = actor.Name
+	}
+	dec := in.policy.Decide(ask)
+	cl.record.Class = dec.Class
+	if cl.record.Class == "" {
+		cl.record.Class = cl.defaultClass
+	}
+	cl.record.Decision = string(dec.Outcome)
+	steps := append([]string(nil), dec.Steps...)
+	steps = append(steps, fmt.Sprintf("policy: %s (%s)", dec.Outcome, dec.Rule))
+	for _, s := range steps {
+		cl.record.Evidence = appendBounded(cl.record.Evidence, s)
+	}
+	if dec.Outcome == policy.Rejected || !ok || !actor.Limited() {
+		return dec, func() {}, nil
+	}
+	release := sync.OnceFunc(in.locks.Lock("a\x00" + actor.Name))
+	if err := in.checkLimits(c, actor, cl.scope, dec.Outcome == policy.Authorized); err != nil {
+		release()
+		return dec, nil, err
+	}
+	return dec, release, nil
+}
+
+// policyActor resolves the caller to its configured actor: by token name for remote
+// callers, by process (uid, executable) for local ones.
+func (in *intake) policyActor(c transport.Caller) (policy.Actor, bool) {
+	if c.Local {
+		return in.policy.LocalActor(c.UID, c.Exe)
+	}
+	return in.policy.Actor(strings.TrimPrefix(c.Actor, "token:"))
+}
+
+// checkLimits refuses a new call of actor in scope that would exceed one of its limits. An
+// execution that awaits approval (dispatchNow false) takes no concurrency slot yet: once
+// approved it waits for one (awaitSlot).
+func (in *intake) checkLimits(c transport.Caller, actor policy.Actor, scope string, dispatchNow bool) error {
+	if dispatchNow && (actor.MaxConcurrent > 0 || actor.RunMaxConcurrent > 0) {
+		all, run := in.drivers.inFlight(actor.Name, scope)
+		if why := concurrencyExceeded(actor, all, run); why != "" {
+			in.metrics.rejected.WithLabelValues(api.CodeConcurrencyLimit).Inc()
+			return &api.ToolError{Code: api.CodeConcurrencyLimit, Message: why + "; wait for one to end (nothing was started)"}
+		}
+	}
+	if actor.DailyQuota > 0 || actor.RunDailyQuota > 0 {
+		all, run, err := in.quotaUsed(c.Actor, actor, scope)
+		if err != nil {
+			return journalError(err)
+		}
+		var why string
+		switch {
+		case actor.DailyQuota > 0 && all >= actor.DailyQuota:
+			why = fmt.Sprintf("actor %s used its daily quota of %d executions", actor.Name, actor.DailyQuota)
+		case actor.RunDailyQuota > 0 && run >= actor.RunDailyQuota:
+			why = fmt.Sprintf("this agent run of actor %s used its daily quota of %d executions (run_daily_quota)", actor.Name, actor.RunDailyQuota)
+		}
+		if why != "" {
+			in.metrics.rejected.WithLabelValues(api.CodeQuotaExceeded).Inc()
+			return &api.ToolError{Code: api.CodeQuotaExceeded, Message: why + " (resets at 00:00 UTC; rejected executions do not count); nothing was started"}
+		}
+	}
+	return nil
+}
+
+// quotaUsed counts the executions of actor (journaled under the caller string journalActor)
+// accepted today that count toward its quotas, and of those the ones in scope. It stops
+// once every quota the actor has is reached.
+func (in *intake) quotaUsed(journalActor string, actor policy.Actor, scope string) (all, run int, err error) {
+	now := in.now().UTC()
+	midnight := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
+	reached := func() bool {
+		return (actor.DailyQuota == 0 || all >= actor.DailyQuota) && (actor.RunDailyQuota == 0 || run >= actor.RunDailyQuota)
+	}
+	cursor := ""
+	for {
+		recs, next, err := in.journal.List(markers.Query{Actor: journalActor, Since: midnight, Limit: 1000, Cursor: cursor})
+		if err != nil {
+			return 0, 0, err
+		}
+		for _, r := range recs {
+			if r.PolicyActor != actor.Name || !countsTowardQuota(r) {
+				continue
+			}
+			all++
+			if r.IntentScope == scope {
+				run++
+			}
+		}
+		if next == "" || reached() {
+			return all, run, nil
+		}
+		cursor = next
+	}
+}
+
+// accept journals a new execution (synced) before anything else happens to it. When the
+// policy authorized it at once, the first states are journaled together, in the one synced
+// write before the dispatch boundary (DESIGN.md's two synced writes per execution, the other
+// being its outcome): accepted → authorized, and for SSH → dispatched once the host's pooled
+// connection is up (dispatched reports that), so its driver execs at once.
+//
+// Why one write is as safe as three: the states between accepted and dispatched are there so
+// that a crash between them can be resumed, and with nothing decided in between (no approval,
+// no other caller: the intake lock is held and the record does not exist before the write)
+// there is no such moment. A crash before the write is durable leaves nothing: no record, and
+// nothing sent (the connection is made before, but the exec goes out only after the write
+// returns), and the caller never saw an execution id, so its retry is a new execution —
+// indistinguishable from a call that never arrived. A crash after it is a crash after
+// dispatch: Recover asks the host, whose marker (or its absence: never started) decides. A
+// failed write fails closed: nothing is dispatched.
+//
+// A host that cannot be reached is the exception: the execution is journaled authorized, and
+// its driver records that it failed with nothing sent (the pool's backoff answers it at once).
+//
+// Its create event carries the call (matched as match: new or new_attempt), in that write.
+func (in *intake) accept(ctx context.Context, cl *claim, dec policy.Decision, match intent.Match) (_ *markers.Record, dispatched bool, _ error) {
+	id, err := markers.NewExecutionID(in.now())
+	if err != nil {
+		return nil, false, err
+	}
+	r := cl.record
+	r.ID, r.Actor, r.IntentScope, r.Fingerprint = id, cl.caller.Actor, cl.scope, cl.fingerprint
+	var path []markers.State
+	note := "authorized"
+	if dec.Outcome == policy.Authorized {
+		path = []markers.State{markers.Authorized}
+		if cl.host != nil && in.hosts.connected(*cl.host) {
+			path = append(path, markers.Dispatched)
+			note = "dispatching to " + r.Host
+		}
+	}
+	rec, err := in.records.create(ctx, &r, path, note, in.records.call(ctx, cl.caller, cl.scope, match, false))
+	if errors.Is(err, markers.ErrRaced) {
+		return nil, false, err
+	}
+	if err != nil {
+		return nil, false, journalError(err)
+	}
+	in.metrics.accepted.Inc()
+	dispatched = rec.State == markers.Dispatched
+	if dispatched {
+		in.metrics.dispatched.Inc()
+	}
+	return rec, dispatched, nil
+}
+
+// join answers a call that belongs to an existing execution (recover_or_attach): never a
+// second dispatch. A live execution is followed by its driver — continued, attached to or
+// reconciled — for up to wait; any other is returned as journaled.
+func (in *intake) join(ctx context.Context, prior *markers.Record, outcome intent.Match, wait time.Duration, progress func(*api.Execution)) (*api.Execution, error) {
+	switch outcome {
+	case intent.Continue, intent.Attach, intent.Reconcile:
+		if d := in.drivers.start(prior); d != nil {
+			return in.views.await(ctx, d, wait, true, progress), nil
+		}
+	}
+	x := in.views.stored(prior)
+	x.Replayed = true
+	return x, nil
+}
+
+func errorCode(err error) string {
+	var te *api.ToolError
+	if errors.As(err, &te) {
+		return te.Code
+	}
+	return "internal"
+}
