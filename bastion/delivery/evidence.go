@@ -1,7 +1,7 @@
 // Package delivery decides when a result counts as delivered to the client that asked, and
 // undoes that when the client gives up on it: the kernel's evidence that the peer has every
 // byte (evidence.go), the registry that matches notifications/cancelled to calls
-// (cancels.go), and the HTTP middleware that carries both out for every MCP transport and
+// (calls.go), and the HTTP middleware that carries both out for every MCP transport and
 // journals the outcome through the engine (track.go). docs/design.md, "Result delivery: what
 // counts as evidence".
 //

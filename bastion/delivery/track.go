@@ -39,7 +39,7 @@ type Replicas interface {
 type Tracker struct {
 	journal  Journal
 	replicas Replicas // nil on a single node
-	reg      *cancels
+	reg      *callRegistry
 	log      *slog.Logger
 	// posts holds the POSTs in flight by their postKeyHeader value → *postState.
 	posts sync.Map
@@ -48,7 +48,7 @@ type Tracker struct {
 // NewTracker returns a tracker that journals through j. A cancel revokes a delivery
 // recorded within grace of it; r is nil on a single node.
 func NewTracker(j Journal, r Replicas, grace time.Duration, now func() time.Time, log *slog.Logger) *Tracker {
-	return &Tracker{journal: j, replicas: r, reg: newCancels(grace, now), log: log}
+	return &Tracker{journal: j, replicas: r, reg: newCallRegistry(grace, now), log: log}
 }
 
 // deliveries collects the executions whose results a response carries, so they are marked
@@ -106,7 +106,7 @@ func Carries(ctx context.Context, id string) {
 }
 
 // Handler wraps the MCP handler. It reads each POSTed body (already bounded by the
-// transport) for tools/call requests and notifications/cancelled (cancels.go). A tool call's
+// transport) for tools/call requests and notifications/cancelled (calls.go). A tool call's
 // executions are marked delivered only on positive evidence (evidence.go): the response was
 // written and flushed, the request was not cancelled, and the client's end of the connection
 // has every byte while still connected. Anything else leaves them
@@ -133,7 +133,7 @@ func (t *Tracker) Handler(next http.Handler) http.Handler {
 				continue
 			}
 			key := requestKey{caller.Actor, scope, m.Cancelled}
-			err := t.revokeDeliveries(ctx, t.reg.cancel(key))
+			err := t.revokeDeliveries(ctx, t.reg.abandon(key))
 			if t.replicas != nil && err == nil {
 				// The request may be served by another replica: it applies the cancel too.
 				err = t.replicas.PublishCancel(ctx, key.encode())
@@ -184,7 +184,7 @@ func (t *Tracker) recordDelivery(ctx context.Context, tw *trackingWriter, w http
 	flushErr := http.NewResponseController(w).Flush()
 	cancelled := func() bool {
 		for _, c := range calls {
-			if t.reg.isCancelled(c) {
+			if t.reg.abandoned(c) {
 				return true
 			}
 		}
@@ -282,7 +282,7 @@ func (t *Tracker) WatchCancels(ctx context.Context) {
 			t.log.Warn("ignored a malformed cancel published by another replica")
 			return
 		}
-		if err := t.revokeDeliveries(ctx, t.reg.cancel(key)); err != nil {
+		if err := t.revokeDeliveries(ctx, t.reg.abandon(key)); err != nil {
 			t.log.Error("journal delivery revocation", "actor", key.actor, "err", err)
 		}
 	})

@@ -61,7 +61,7 @@ func TestCancelRegistry(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			clock := &fakeClock{t: time.Unix(1000, 0)}
-			reg := newCancels(30*time.Second, clock.now)
+			reg := newCallRegistry(30*time.Second, clock.now)
 			var call *trackedCall
 			aborted := false
 			for i, s := range tt.steps {
@@ -72,7 +72,7 @@ func TestCancelRegistry(t *testing.T) {
 				case "finish":
 					revoke = reg.finish(call, s.delivered)
 				case "cancel":
-					revoke = reg.cancel(key)
+					revoke = reg.abandon(key)
 				case "wait":
 					clock.t = clock.t.Add(s.wait)
 				}
@@ -82,10 +82,10 @@ func TestCancelRegistry(t *testing.T) {
 				if s.wantAborted && !aborted {
 					t.Fatalf("step %d %s: the call's handler was not aborted", i, s.do)
 				}
-				if s.wantCancel && !reg.isCancelled(call) {
+				if s.wantCancel && !reg.abandoned(call) {
 					t.Fatalf("step %d %s: the call is not cancelled", i, s.do)
 				}
-				if s.wantNotCancel && reg.isCancelled(call) {
+				if s.wantNotCancel && reg.abandoned(call) {
 					t.Fatalf("step %d %s: the call is cancelled", i, s.do)
 				}
 			}
@@ -95,29 +95,29 @@ func TestCancelRegistry(t *testing.T) {
 
 func TestCancelRegistryKeys(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1000, 0)}
-	reg := newCancels(30*time.Second, clock.now)
+	reg := newCallRegistry(30*time.Second, clock.now)
 	mine := reg.begin(requestKey{"token:agent", "run-1", "7"}, nil)
 	otherRun := reg.begin(requestKey{"token:agent", "run-2", "7"}, nil)
 	otherActor := reg.begin(requestKey{"token:other", "run-1", "7"}, nil)
 	otherID := reg.begin(requestKey{"token:agent", "run-1", "8"}, nil)
-	reg.cancel(requestKey{"token:agent", "run-1", "7"})
+	reg.abandon(requestKey{"token:agent", "run-1", "7"})
 	for name, c := range map[string]*trackedCall{"another run": otherRun, "another actor": otherActor, "another request id": otherID} {
-		if reg.isCancelled(c) {
+		if reg.abandoned(c) {
 			t.Errorf("a cancel of another caller's request cancelled %s", name)
 		}
 	}
-	if !reg.isCancelled(mine) {
+	if !reg.abandoned(mine) {
 		t.Error("the cancel did not reach its own request")
 	}
 }
 
 func TestCancelRegistryIsBounded(t *testing.T) {
 	clock := &fakeClock{t: time.Unix(1000, 0)}
-	reg := newCancels(30*time.Second, clock.now)
+	reg := newCallRegistry(30*time.Second, clock.now)
 	for i := range maxFinishedCalls + 100 {
 		c := reg.begin(requestKey{"token:agent", "", fmt.Sprint(i)}, nil)
 		reg.finish(c, []string{"ex_1"})
-		reg.cancel(requestKey{"token:agent", "", fmt.Sprint(-i - 1)}) // unmatched: kept
+		reg.abandon(requestKey{"token:agent", "", fmt.Sprint(-i - 1)}) // unmatched: kept
 	}
 	reg.mu.Lock()
 	finished, keys := len(reg.finished), len(reg.calls)
@@ -126,7 +126,7 @@ func TestCancelRegistryIsBounded(t *testing.T) {
 		t.Errorf("registry holds %d finished calls under %d keys; want at most %d", finished, keys, maxFinishedCalls)
 	}
 	clock.t = clock.t.Add(time.Minute)
-	reg.cancel(requestKey{"token:agent", "", "x"})
+	reg.abandon(requestKey{"token:agent", "", "x"})
 	reg.mu.Lock()
 	finished = len(reg.finished)
 	reg.mu.Unlock()

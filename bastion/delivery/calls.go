@@ -12,11 +12,11 @@ import (
 // may then re-issue the call. Whatever the connection said, that client did not take the
 // result: before the result was delivered, delivery is never recorded for the request; after
 // it, within the grace window, delivery is revoked (a journaled event), so the re-issue joins
-// the execution and gets the stored result replayed. cancels matches the notification to the
+// the execution and gets the stored result replayed. callRegistry matches the notification to the
 // call by (actor, scope, JSON-RPC request id). With replicas the notification may reach
 // another replica than the one serving the request (a load balancer sends each POST where it
 // likes): the replica that receives it publishes it through the journal's etcd, and every
-// replica applies it to its own registry as if received (watchCancels).
+// replica applies it to its own registry as if received (Tracker.WatchCancels).
 
 // requestKey names one JSON-RPC request of one caller: the actor, the intent scope the
 // transport knows (intent.Scope without a run_id argument: the agent's run of a local caller,
@@ -53,15 +53,15 @@ type trackedCall struct {
 	abort func()
 
 	// Guarded by cancels.mu:
-	cancelled bool
+	abandoned bool
 	finished  time.Time // when the response ended (zero while in flight)
 	delivered []string  // the executions whose delivery this request recorded
 	revoked   bool      // delivered was revoked (or is being revoked) by a cancel
 	orphan    bool      // a cancel that came before any call with its key
 }
 
-// cancels is the registry of calls in flight and recently answered.
-type cancels struct {
+// callRegistry is the registry of calls in flight and recently answered.
+type callRegistry struct {
 	grace time.Duration
 	now   func() time.Time
 
@@ -72,15 +72,15 @@ type cancels struct {
 	finished []*trackedCall
 }
 
-func newCancels(grace time.Duration, now func() time.Time) *cancels {
-	return &cancels{grace: grace, now: now, calls: map[requestKey][]*trackedCall{}}
+func newCallRegistry(grace time.Duration, now func() time.Time) *callRegistry {
+	return &callRegistry{grace: grace, now: now, calls: map[requestKey][]*trackedCall{}}
 }
 
 // begin registers a call in flight. A cancel that already came for its key (the notification
 // overtook the call on another connection) cancels it: its delivery will not be recorded. Its
 // handler is left to run, since a request id may be reused by another client of the same run,
 // and not recording a delivery is always safe where ending a wait early is not.
-func (cs *cancels) begin(key requestKey, abort func()) *trackedCall {
+func (cs *callRegistry) begin(key requestKey, abort func()) *trackedCall {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	now := cs.now()
@@ -89,29 +89,29 @@ func (cs *cancels) begin(key requestKey, abort func()) *trackedCall {
 	for _, other := range cs.calls[key] {
 		if other.orphan && !other.revoked {
 			other.revoked = true // used up
-			c.cancelled = true
+			c.abandoned = true
 		}
 	}
 	cs.calls[key] = append(cs.calls[key], c)
 	return c
 }
 
-// isCancelled reports whether the client cancelled c.
-func (cs *cancels) isCancelled(c *trackedCall) bool {
+// abandoned reports whether the client gave up on c (notifications/cancelled).
+func (cs *callRegistry) abandoned(c *trackedCall) bool {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
-	return c.cancelled
+	return c.abandoned
 }
 
 // finish ends c once its response is done, with the executions whose delivery it recorded.
 // If a cancel came while they were being recorded, it returns them: the caller revokes them.
-func (cs *cancels) finish(c *trackedCall, delivered []string) (revoke []string) {
+func (cs *callRegistry) finish(c *trackedCall, delivered []string) (revoke []string) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	now := cs.now()
 	c.finished, c.delivered = now, delivered
 	switch {
-	case len(delivered) > 0 && c.cancelled:
+	case len(delivered) > 0 && c.abandoned:
 		c.revoked = true
 		revoke = delivered
 		cs.removeLocked(c)
@@ -126,11 +126,11 @@ func (cs *cancels) finish(c *trackedCall, delivered []string) (revoke []string) 
 	return revoke
 }
 
-// cancel records that the client abandoned request key. Calls in flight are cancelled (their
+// abandon records that the client abandoned request key. Calls in flight are cancelled (their
 // delivery will not be recorded, their handlers end); calls delivered within the grace window
-// return their executions, whose delivery the caller revokes. A cancel that matches nothing is
+// return their executions, whose delivery the caller revokes. An abandon that matches nothing is
 // kept for the grace window, for a call still on its way.
-func (cs *cancels) cancel(key requestKey) (revoke []string) {
+func (cs *callRegistry) abandon(key requestKey) (revoke []string) {
 	cs.mu.Lock()
 	defer cs.mu.Unlock()
 	now := cs.now()
@@ -141,8 +141,8 @@ func (cs *cancels) cancel(key requestKey) (revoke []string) {
 		case c.orphan:
 		case c.finished.IsZero():
 			matched = true
-			if !c.cancelled {
-				c.cancelled = true
+			if !c.abandoned {
+				c.abandoned = true
 				if c.abort != nil {
 					c.abort()
 				}
@@ -166,7 +166,7 @@ func (cs *cancels) cancel(key requestKey) (revoke []string) {
 
 // expireLocked forgets finished calls older than the grace window, and the oldest beyond
 // maxFinishedCalls.
-func (cs *cancels) expireLocked(now time.Time) {
+func (cs *callRegistry) expireLocked(now time.Time) {
 	n := 0
 	for n < len(cs.finished) && (len(cs.finished)-n > maxFinishedCalls || now.Sub(cs.finished[n].finished) > cs.grace) {
 		cs.removeLocked(cs.finished[n])
@@ -177,7 +177,7 @@ func (cs *cancels) expireLocked(now time.Time) {
 }
 
 // removeLocked drops c from the index by key (not from finished).
-func (cs *cancels) removeLocked(c *trackedCall) {
+func (cs *callRegistry) removeLocked(c *trackedCall) {
 	list := cs.calls[c.key]
 	for i, other := range list {
 		if other == c {
