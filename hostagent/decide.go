@@ -12,7 +12,7 @@ import (
 
 // The host's decisions about a marker, as pure functions that the executor (execution.go,
 // recover.go) carries out; tested from testdata/decisions, which mirrors the marker lifecycle
-// (DESIGN.md, "The hostagent"):
+// (docs/design.md, "The hostagent"):
 //
 //	started → running → exited | timed_out | cancelled | interrupted
 //	started → not_started (provably never ran; may start again) | start_failed (final)

@@ -21,7 +21,7 @@ var ErrBadKeyID = errors.New("certificate key id unusable as an identity")
 // that signed the login — or, for a user certificate, the certificate's key id, so that a
 // certificate renewed with a new key stays the same identity.
 //
-// An execution belongs to the identity that created it (DESIGN.md, "The hostagent"). The
+// An execution belongs to the identity that created it (docs/design.md, "The hostagent"). The
 // marker records it as Account plus Actor: "cert:<key id>" for a certificate, "key:<SHA256
 // fingerprint>" for a plain key. Another identity is told nothing about it.
 type Identity struct {

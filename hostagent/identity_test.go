@@ -9,7 +9,7 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-// TestIdentityOwns mirrors DESIGN.md: an execution belongs to the identity that created it —
+// TestIdentityOwns mirrors docs/design.md ("The hostagent"): an execution belongs to the identity that created it —
 // account + key fingerprint, or certificate key id + principal.
 func TestIdentityOwns(t *testing.T) {
 	plain := Identity{Account: "deploy", Fingerprint: "SHA256:aaa"}

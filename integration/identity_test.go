@@ -23,7 +23,7 @@ import (
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 )
 
-// The hostagent's promise to identities (DESIGN.md, "The hostagent"): an execution belongs to
+// The hostagent's promise to identities (docs/design.md, "The hostagent"): an execution belongs to
 // the identity that created it, and nothing tells another identity — another account, another
 // key of the same account, another certificate key id, or an unprivileged local user — about
 // it. These tests use two real accounts, the real OpenSSH client and the real binaries.

@@ -24,7 +24,7 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-// Policy and approvals end to end (DESIGN.md, "Approval is evidence, not idempotency"): a
+// Policy and approvals end to end (docs/design.md, "Approval is evidence, not idempotency"): a
 // real `postern serve` with rules and actors in its config, a real hostagent, the go-sdk MCP
 // client as the agent and the `postern` binary as the operator. What every test checks
 // besides the states: what never ran did not run, and a retry never opens a second approval.

@@ -8,7 +8,7 @@ import (
 // State is the lifecycle state of one execution record.
 type State string
 
-// Journal states: the bastion's view of an execution (DESIGN.md, "Execution lifecycle").
+// Journal states: the bastion's view of an execution (docs/design.md, "Execution lifecycle (bastion journal)").
 const (
 	Accepted         State = "accepted"
 	Authorized       State = "authorized"
@@ -23,7 +23,7 @@ const (
 	TimedOut         State = "timed_out"
 )
 
-// Host states: a hostagent's marker for an execution (DESIGN.md, "The hostagent"). Running,
+// Host states: a hostagent's marker for an execution (docs/design.md, "Marker lifecycle (host)"). Running,
 // Cancelled and TimedOut are shared with the journal.
 const (
 	// Started: the marker is written and nothing runs yet.

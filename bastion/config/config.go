@@ -140,7 +140,7 @@ type Endpoint struct {
 	Methods []string `toml:"methods"`
 	// PathPrefixes the request path must start with. Default ["/"].
 	PathPrefixes []string `toml:"path_prefixes"`
-	// Class decides what an unknown outcome allows (DESIGN.md). Default idempotent_write.
+	// Class decides what an unknown outcome allows (docs/design.md, "Action classes"). Default idempotent_write.
 	Class string `toml:"class"`
 	// Credential names a [[credentials]] entry ("" = none).
 	Credential string `toml:"credential"`

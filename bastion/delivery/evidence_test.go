@@ -19,7 +19,7 @@ const (
 	tcpLastAck   = 9
 )
 
-// TestJudgeDelivery is the evidence rule of DESIGN.md "Result delivery", one look at the
+// TestJudgeDelivery is the evidence rule of docs/design.md, "Result delivery: what counts as evidence", one look at the
 // kernel's facts at a time.
 func TestJudgeDelivery(t *testing.T) {
 	tests := []struct {

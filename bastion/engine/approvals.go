@@ -12,7 +12,7 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-// Approval is evidence, not idempotency (DESIGN.md): an operator's decision is journaled on
+// Approval is evidence, not idempotency (docs/design.md): an operator's decision is journaled on
 // the execution it concerns, with the operator's identity, and a retry of that execution
 // shows the record — it never opens a second approval.
 

@@ -22,7 +22,7 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-// Hosts without the hostagent (README, "Hosts without the hostagent"): commands go over the
+// Hosts without the hostagent (docs/agentless.md): commands go over the
 // pooled connection to a stock sshd, as one line (package agentless) that runs them under
 // the marker script (fleet.GuaranteeMarkerScript) or bare (fleet.GuaranteeNone). The journal gives them
 // the same execution identity; what the host can tell after a lost connection is what

@@ -284,9 +284,9 @@ func (in *intake) quotaUsed(journalActor string, actor policy.Actor, scope strin
 
 // accept journals a new execution (synced) before anything else happens to it. When the
 // policy authorized it at once, the first states are journaled together, in the one synced
-// write before the dispatch boundary (DESIGN.md's two synced writes per execution, the other
-// being its outcome): accepted → authorized, and for SSH → dispatched once the host's pooled
-// connection is up (dispatched reports that), so its driver execs at once.
+// write before the dispatch boundary (docs/design.md, "Two synced writes per execution"; the
+// other is its outcome): accepted → authorized, and for SSH → dispatched once the host's
+// pooled connection is up (dispatched reports that), so its driver execs at once.
 //
 // Why one write is as safe as three: the states between accepted and dispatched are there so
 // that a crash between them can be resumed, and with nothing decided in between (no approval,

@@ -7,7 +7,7 @@ import (
 )
 
 // Guarantee is what a host can promise about an execution whose outcome the bastion lost
-// (README, "Hosts without the hostagent"): the hostagent's durable marker, the marker
+// (docs/agentless.md): the hostagent's durable marker, the marker
 // script's, or nothing.
 type Guarantee string
 

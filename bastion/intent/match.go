@@ -102,7 +102,7 @@ func Rule(prior *markers.Record, in Facts, now time.Time, class config.Class) Ma
 	return RecoverOrAttach(prior)
 }
 
-// RecoverOrAttach is DESIGN.md's recover_or_attach table: what a call that matched prior
+// RecoverOrAttach is the recover_or_attach table of docs/design.md: what a call that matched prior
 // gets, by prior's state. It never returns a blind success.
 func RecoverOrAttach(prior *markers.Record) Match {
 	switch prior.State {

@@ -8,7 +8,7 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-// TestMatchRule mirrors DESIGN.md's matching rule, its idempotency_key paragraph (keyed
+// TestMatchRule mirrors the matching rule of docs/design.md, its idempotency_key paragraph (keyed
 // retries included) and the recover_or_attach table, row by row.
 const day = 24 * time.Hour
 

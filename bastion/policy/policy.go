@@ -16,7 +16,7 @@ const (
 	ToolHTTPRequest = "http_request"
 )
 
-// Built-in action classes (DESIGN.md, "Action classes"), strictest first.
+// Built-in action classes (docs/design.md, "Action classes"), strictest first.
 const (
 	ClassIrreversible     = "irreversible"
 	ClassConditionalWrite = "conditional_write"

@@ -16,7 +16,7 @@ import (
 )
 
 // The drivers' decisions are pure functions; testdata/decisions holds their tables, one file
-// per DESIGN.md table (internal/datadriven; -rewrite regenerates them).
+// per table of docs/design.md (internal/datadriven; -rewrite regenerates them).
 //
 // Commands (key=value inputs; durations in Go syntax; states by their names):
 //

@@ -55,7 +55,7 @@ type hostOutcome struct {
 	live bool
 }
 
-// hostOutcomes maps every host marker state to the journal (DESIGN.md, "The hostagent":
+// hostOutcomes maps every host marker state to the journal (docs/design.md, "Marker lifecycle (host)":
 // marker lifecycle). A marker absent altogether is not here: what that proves depends on the
 // execution's age (ReconcileOn).
 var hostOutcomes = map[hostproto.MarkerState]hostOutcome{
@@ -184,7 +184,7 @@ type HostStatus struct {
 }
 
 // ReconcileOn decides what to do with an SSH execution in flight (dispatched, running or
-// unknown) from its host's status answer (DESIGN.md, "Action classes", remote_command: check
+// unknown) from its host's status answer (docs/design.md, "Action classes", remote_command: check
 // the host marker; absent → re-dispatch the same execution id; present → attach; else stop for
 // review). A missing marker proves "never started" only while the host still keeps markers of
 // the execution's age: older executions are never re-dispatched. cancel: an operator or agent

@@ -11,7 +11,7 @@ import (
 )
 
 // What a stock sshd's answer means for the journal, as pure functions the agentless driver
-// carries out (tested from testdata/decisions/agentless, which mirrors the README's
+// carries out (tested from testdata/decisions/agentless, which mirrors docs/agentless.md's
 // guarantee table):
 //
 //	StockExecVerdict  how one exec on a stock sshd ended (answer line, exit, transport) → Verdict

@@ -25,7 +25,7 @@ const (
 	StopForReview OnUnknown = "review"
 )
 
-// unknownHandling is the "on unknown outcome" column of DESIGN.md's class table.
+// unknownHandling is the "on unknown outcome" column of the class table in docs/design.md ("Action classes").
 var unknownHandling = map[string]OnUnknown{
 	config.ClassReadOnly:         ResendSameKey,
 	config.ClassIdempotentWrite:  ResendSameKey,
@@ -75,7 +75,7 @@ type HTTPAction struct {
 }
 
 // DecideUnknownHTTP decides what to do with an HTTP execution whose outcome is unknown, by
-// its class (DESIGN.md, "Action classes"). configured: its endpoint still exists. check is
+// its class (docs/design.md, "Action classes"). configured: its endpoint still exists. check is
 // the status check's answer, nil before it was asked.
 func DecideUnknownHTTP(rec *markers.Record, configured bool, check *StatusAnswer) HTTPAction {
 	unknown := func(review bool, note string) HTTPAction {

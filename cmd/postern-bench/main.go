@@ -78,7 +78,7 @@ func steps(quick bool) []step {
 
 func main() {
 	quick := flag.Bool("quick", false, "measure P4 at 10⁵ journal records instead of 10⁶ (saves about a minute; the report says so)")
-	markdown := flag.Bool("markdown", false, "print the table as Markdown (for the README)")
+	markdown := flag.Bool("markdown", false, "print the table as Markdown (for docs/benchmarks.md)")
 	rawPath := flag.String("raw", "", "write the go test output to this file (default: a new file in the temp dir)")
 	from := flag.String("from", "", "render the report from a file of earlier go test output instead of running the benchmarks")
 	flag.Parse()

@@ -282,7 +282,7 @@ func renderText(w io.Writer, lines []line) error {
 	return renderNotes(w, lines)
 }
 
-// renderMarkdown writes the lines as a GitHub table, for the README.
+// renderMarkdown writes the lines as a GitHub table, for docs/benchmarks.md.
 func renderMarkdown(w io.Writer, lines []line) error {
 	fmt.Fprintf(w, "| %s |\n|%s\n", strings.Join(header, " | "), strings.Repeat("---|", len(header)))
 	for _, l := range lines {

@@ -284,7 +284,7 @@ func eventNote(ev markers.Event) string {
 }
 
 // stateLabel is the journal state, with a completed execution whose result never reached
-// its caller marked as such (DESIGN.md: completed_result_not_delivered).
+// its caller marked as such (docs/design.md: completed_result_not_delivered).
 func stateLabel(r *markers.Record) string {
 	if r.State == markers.Completed && r.ResultDeliveredAt == nil {
 		return "completed (not delivered)"
