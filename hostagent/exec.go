@@ -80,7 +80,7 @@ type Executor struct {
 	wg     sync.WaitGroup // watchers
 
 	// opMu serializes the operation-key check with marker creation, so two ids cannot both
-	// take one operation key.
+	// take one operation key. Lock order: opMu before mu.
 	opMu sync.Mutex
 
 	mu   sync.Mutex // guards live

@@ -307,7 +307,7 @@ func (c *channelClient) Perform(ctx context.Context, action HTTPAction, journal 
 // journalRouter is the Journal the plugin reaches: it hands each report to the call in
 // flight for its execution id, and refuses reports for any other.
 type journalRouter struct {
-	mu    sync.Mutex
+	mu    sync.Mutex // guards calls; released before a call's own lock (callJournal.mu) is taken
 	calls map[string]*callJournal
 }
 

@@ -54,7 +54,7 @@ func NewTracker(j Journal, r Replicas, grace time.Duration, now func() time.Time
 // deliveries collects the executions whose results a response carries, so they are marked
 // delivered only once the response was written to the transport.
 type deliveries struct {
-	mu  sync.Mutex
+	mu  sync.Mutex // guards ids: the handlers of one POST add to it concurrently
 	ids []string
 }
 

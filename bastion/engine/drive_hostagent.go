@@ -186,7 +186,7 @@ func (d *driver) execOnce(host fleet.Host) (hostproto.Result, error) {
 // runningWriter runs the delayed `running` write; stop cancels it or waits for it, so it
 // never outlives the exec that scheduled it.
 type runningWriter struct {
-	mu    sync.Mutex
+	mu    sync.Mutex // guards timer and done
 	timer *time.Timer
 	done  chan struct{}
 }

@@ -5,7 +5,7 @@ import "sync"
 // tail keeps the last cap bytes of one output stream, addressed by absolute offset, so a
 // command streaming a gigabyte costs the bastion cap bytes of memory.
 type tail struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards the fields below; never held while another lock is taken
 	// ring grows as output arrives (most commands print little) up to limit bytes, then
 	// wraps: it holds [total-len(ring), total).
 	ring  []byte

@@ -27,7 +27,7 @@ const maxTaskWaitsPerActor = 64
 
 // waitSlots counts waits per actor; the zero value is ready.
 type waitSlots struct {
-	mu sync.Mutex
+	mu sync.Mutex // guards n
 	n  map[string]int
 }
 

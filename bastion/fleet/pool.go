@@ -67,7 +67,9 @@ type Pool struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // keepalive loops
 
-	mu    sync.Mutex // guards conns and closed
+	// mu guards conns, dialing, failing and closed. Lock order: a host's dialing mutex
+	// before mu (Conn holds the first while it dials, taking mu briefly).
+	mu    sync.Mutex
 	conns map[string]*pooledConn
 	// dialing serializes dials per host, so concurrent callers share one connection.
 	dialing map[string]*sync.Mutex

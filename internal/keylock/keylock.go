@@ -12,8 +12,8 @@ type Set struct {
 }
 
 type entry struct {
-	mu   sync.Mutex
-	refs int // guarded by Set.mu
+	mu   sync.Mutex // the key's lock; taken after Set.mu is released
+	refs int        // guarded by Set.mu
 }
 
 // Lock locks key and returns its unlock function.

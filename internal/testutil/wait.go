@@ -27,7 +27,7 @@ func WaitFor(tb testing.TB, what string, cond func() bool) {
 
 // LockedBuffer is a bytes.Buffer that a process or goroutine writes while the test reads it.
 type LockedBuffer struct {
-	mu  sync.Mutex
+	mu  sync.Mutex // guards buf
 	buf bytes.Buffer
 }
 

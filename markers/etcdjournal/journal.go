@@ -109,12 +109,12 @@ type Journal struct {
 
 	// seen is the mod_revision of each pointer index entry as this journal last looked it up
 	// (see create).
-	seenMu sync.Mutex
+	seenMu sync.Mutex // guards seen
 	seen   map[string]seenEntry
 
 	// written holds records as this replica last wrote them, with their mod_revision: a
 	// change of one starts from it instead of reading it back (see change).
-	wmu     sync.Mutex
+	wmu     sync.Mutex // guards written; never held with seenMu or smu
 	written map[string]writtenRecord
 
 	smu     sync.Mutex // guards session
