@@ -1,5 +1,7 @@
-// Package markers owns Postern's durable execution records: the bastion's journal and every
-// hostagent's markers are both a markers.Store on Pebble.
+// Package markers owns Postern's durable execution records and their two state machines: every
+// hostagent's markers are a markers.Store on Pebble, and the bastion's journal is a
+// JournalStore — the same Store on Pebble for one bastion, or markers/etcdjournal for
+// replicas — written record for record the same way (plan.go, layout.go).
 //
 // # Invariants
 //
@@ -16,8 +18,10 @@
 //     serialized by a per-id lock held until their batch is durable.
 //   - Every write appends one event to a hash-chained log (prev_hash, this_hash) in the same
 //     batch as the record and its secondary indexes, so the chain has no gaps after a crash.
-//     A single committer goroutine assigns sequence numbers and commits the batches of all
-//     pending writers together: chain order is commit order, and many writers share one fsync.
+//     Writers hand their batches to a group commit (internal/groupcommit): a writer that finds
+//     no commit in progress leads one — it assigns sequence numbers and commits every queued
+//     writer's batch together, on its own goroutine — so chain order is commit order and many
+//     writers share one fsync.
 //   - Checkpoints of (origin, size, head hash) are signed with an Ed25519 audit key in the
 //     golang.org/x/mod/sumdb/note format; VerifyJSONL and VerifyDir check chain and signatures
 //     offline.
