@@ -111,7 +111,7 @@ func TestOpenSSHMaxSessions(t *testing.T) {
 		master.Process.Kill()
 		master.Wait()
 	})
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, "the OpenSSH control master", func() bool {
 		return exec.Command(sshBin, sshArgs("-O", "check", ts.account+"@127.0.0.1")...).Run() == nil
 	})
 

@@ -747,7 +747,7 @@ func TestShutdownWaitsForHandlers(t *testing.T) {
 		out, _ := sess.Output("sleep 1; echo finished")
 		done <- result{stdout: string(out)}
 	}()
-	waitFor(t, func() bool { return ts.handler.execCount() == 1 })
+	testutil.WaitFor(t, "one exec handled", func() bool { return ts.handler.execCount() == 1 })
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	if err := ts.srv.Shutdown(ctx); err != nil {
@@ -758,17 +758,6 @@ func TestShutdownWaitsForHandlers(t *testing.T) {
 	}
 	if _, err := ts.dial(t, ts.account, gossh.PublicKeys(ts.key.Signer)); err == nil {
 		t.Error("dial after Shutdown succeeded")
-	}
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(60 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not met within 60s")
-		}
-		time.Sleep(10 * time.Millisecond)
 	}
 }
 
@@ -796,7 +785,7 @@ func TestMaxSessionsPerConnection(t *testing.T) {
 		t.Errorf("exec on another connection = %+v; want it served", got)
 	}
 	open[0].Close()
-	waitFor(t, func() bool {
+	testutil.WaitFor(t, "a session slot freed by the closed one", func() bool {
 		ch, _, err := conn.OpenChannel("session", nil)
 		if err != nil {
 			return false

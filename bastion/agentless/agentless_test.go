@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -283,16 +284,10 @@ func TestWrapperStates(t *testing.T) {
 		cmd.Wait()
 	}()
 	started := filepath.Join(home, ".postern", "markers", c.ID, "started")
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		if _, err := os.Stat(started); err == nil {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("no started record")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	testutil.WaitFor(t, "the started record", func() bool {
+		_, err := os.Stat(started)
+		return err == nil
+	})
 	if a := status(c.ID); a.State != Running {
 		t.Fatalf("live command: %+v", a)
 	}

@@ -2,7 +2,6 @@ package transport
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -17,8 +16,8 @@ import (
 	"sync"
 	"syscall"
 	"testing"
-	"time"
 
+	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 )
@@ -157,9 +156,8 @@ func TestUnixAccessByUID(t *testing.T) {
 	}
 	bin := unixuser.SharedBinary(t, exe)
 	path := filepath.Join(unixuser.SharedDir(t, "bastionhard-"), "mcp.sock")
-	var logMu sync.Mutex
-	var logs bytes.Buffer
-	logger := slog.New(slog.NewTextHandler(lockedWriter{&logMu, &logs}, nil))
+	var logs testutil.LockedBuffer
+	logger := slog.New(slog.NewTextHandler(&logs, nil))
 	// 16 slots, the last one kept for the owners; 20 per uid, so the total binds first.
 	l, err := ListenUnix(path, UnixAccess{UIDs: []int{allowed.UID}, MaxConns: 16, MaxConnsPerUID: 20, Logger: logger})
 	if err != nil {
@@ -176,9 +174,7 @@ func TestUnixAccessByUID(t *testing.T) {
 	if got[0] != "refused" {
 		t.Fatalf("unconfigured uid %d got %q; want refused at accept", stranger.UID, got)
 	}
-	logMu.Lock()
 	logged := logs.String()
-	logMu.Unlock()
 	if !strings.Contains(logged, "local connection refused") || !strings.Contains(logged, "uid="+strconv.Itoa(stranger.UID)) {
 		t.Errorf("log = %q; want the refusal of uid %d", logged, stranger.UID)
 	}
@@ -212,11 +208,7 @@ func TestUnixAccessByUID(t *testing.T) {
 	// The helper closes its connections; the server sees them go and the slots come back.
 	holder.release()
 	// The server sees them go asynchronously; a slot comes back once it has.
-	for deadline := time.Now().Add(time.Minute); ownerConns(1)[0] != "ok"; time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the helper's connections closed, yet their slots never came back")
-		}
-	}
+	testutil.WaitFor(t, "the closed connections' slots to come back", func() bool { return ownerConns(1)[0] == "ok" })
 }
 
 func TestUnixAccessPerUIDLimit(t *testing.T) {
@@ -238,15 +230,4 @@ func TestUnixAccessPerUIDLimit(t *testing.T) {
 	if _, got := connectAs(t, bin, allowed, path, 5); strings.Join(got, " ") != "ok ok ok refused refused" {
 		t.Fatalf("got %q; want 3 admitted (max_local_conns_per_uid), then refused", got)
 	}
-}
-
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  *bytes.Buffer
-}
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.w.Write(p)
 }

@@ -25,6 +25,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/postern-dev/postern/internal/procfs"
+	"github.com/postern-dev/postern/internal/testutil"
 )
 
 // shimTestEnv makes the test binary act as the supervisor when Start re-executes it.
@@ -116,22 +117,10 @@ func mustWait(tb testing.TB, h *Handle) Status {
 	return st
 }
 
-// waitFor polls cond until it holds or waitLimit passes.
-func waitFor(tb testing.TB, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(waitLimit)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
 // waitForOutput waits until the spooled stdout contains want.
 func waitForOutput(tb testing.TB, dir, want string) {
 	tb.Helper()
-	waitFor(tb, "output "+strconv.Quote(want), func() bool {
+	testutil.WaitFor(tb, "output "+strconv.Quote(want), func() bool {
 		data, _ := os.ReadFile(filepath.Join(dir, StdoutFile))
 		return strings.Contains(string(data), want)
 	})
@@ -456,7 +445,7 @@ func TestStragglersAreTerminated(t *testing.T) {
 	if err != nil {
 		t.Fatalf("straggler pid: %v", err)
 	}
-	waitFor(t, "background process to die", func() bool { return gone(straggler) })
+	testutil.WaitFor(t, "background process to die", func() bool { return gone(straggler) })
 }
 
 func TestAdoptWhileRunning(t *testing.T) {
@@ -524,8 +513,8 @@ func TestKilledSupervisorVanishes(t *testing.T) {
 	if err := syscall.Kill(p.SupervisorPID, syscall.SIGKILL); err != nil {
 		t.Fatalf("kill supervisor: %v", err)
 	}
-	waitFor(t, "the supervisor to die", func() bool { return gone(p.SupervisorPID) })
-	waitFor(t, "the command to die with its supervisor", func() bool { return gone(p.PID) })
+	testutil.WaitFor(t, "the supervisor to die", func() bool { return gone(p.SupervisorPID) })
+	testutil.WaitFor(t, "the command to die with its supervisor", func() bool { return gone(p.PID) })
 
 	check := func(when string) {
 		t.Helper()
@@ -860,7 +849,7 @@ func TestSupervisorOutlivesItsAgent(t *testing.T) {
 		t.Errorf("status = %s/%d; want exited/4", st.Outcome, st.ExitCode)
 	}
 	// With no lease and no command left, it exits on its own.
-	waitFor(t, "the idle supervisor to exit", func() bool { return gone(p.SupervisorPID) })
+	testutil.WaitFor(t, "the idle supervisor to exit", func() bool { return gone(p.SupervisorPID) })
 }
 
 // TestDeadSupervisorIsReplaced: a supervisor killed between two commands is replaced at the
