@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -14,21 +15,30 @@ import (
 )
 
 // journalOnly is a bastion with nothing but a journal (a real store in a temp dir): enough
-// to build what tools return.
+// to build what tools return. Its clock moves a millisecond at every reading, so consecutive
+// writes never share a time.
 func journalOnly(t *testing.T) *Engine {
 	t.Helper()
 	dir := t.TempDir()
+	var mu sync.Mutex
+	clock := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	now := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		clock = clock.Add(time.Millisecond)
+		return clock
+	}
 	signer, _, err := markers.LoadOrCreateAuditKey(filepath.Join(dir, "audit.key"), "postern-test")
 	if err != nil {
 		t.Fatal(err)
 	}
-	j, err := markers.Open(filepath.Join(dir, "journal"), markers.Options{Graph: markers.JournalGraph, Signer: signer, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	j, err := markers.Open(filepath.Join(dir, "journal"), markers.Options{Graph: markers.JournalGraph, Signer: signer, Now: now, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { j.Close() })
-	b := &Engine{core: &core{journal: j, now: time.Now}}
-	b.records = &records{journal: b.journal, now: time.Now, metrics: newMetrics()}
+	b := &Engine{core: &core{journal: j, now: now}}
+	b.records = &records{journal: b.journal, now: now, metrics: newMetrics()}
 	b.drivers = newDrivers(b.core)
 	b.views = &views{core: b.core, drivers: b.drivers}
 	return b
@@ -190,7 +200,6 @@ func TestFinishedAtIgnoresTheDeliveryWrite(t *testing.T) {
 	rec := journalAs(t, b, markers.Record{ID: "ex_01K00000000000000000000FIN", Actor: "token:agent"},
 		[]markers.State{markers.Authorized, markers.Dispatched, markers.Completed}, nil)
 	observed := rec.StateTimes[markers.Completed]
-	time.Sleep(2 * time.Millisecond) // the store's clock must move for the update to differ
 	if err := b.Delivered(context.Background(), rec.ID); err != nil {
 		t.Fatal(err)
 	}
