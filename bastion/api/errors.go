@@ -55,7 +55,7 @@ var ErrNoMarkers = errors.New("bastion: the host keeps no markers")
 
 // ErrNoHostagent: the host runs a stock sshd, so the hostagent's control operations
 // (cancel, spooled output) do not exist there; a marker script's markers are read with its
-// own commands instead (stockmarkers.go).
+// own commands instead (bastion/engine/scriptmarkers.go).
 var ErrNoHostagent = errors.New("bastion: the host runs no hostagent")
 
 // ErrNotAwaitingApproval: the execution is not waiting for a decision (it was decided, timed

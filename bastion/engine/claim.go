@@ -125,7 +125,7 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 	if cwd == "" {
 		cwd = host.Cwd
 	}
-	if err := checkStockCall(host, a, cwd); err != nil {
+	if err := checkAgentlessCall(host, a, cwd); err != nil {
 		return nil, err
 	}
 	materializedCwd := cwd

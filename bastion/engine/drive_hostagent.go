@@ -61,10 +61,10 @@ func (d *driver) drive(asked func()) {
 		d.set(next)
 		d.metrics.dispatched.Inc()
 	case host.Level() != fleet.GuaranteeHostagent:
-		do := d.reconcileStock(log, host)
+		do := d.reconcileAgentless(log, host)
 		asked()
 		if do == verdict.Watch {
-			d.watchStock(log, host)
+			d.watchAgentless(log, host)
 		}
 		if do != verdict.Redispatch {
 			return
@@ -76,7 +76,7 @@ func (d *driver) drive(asked func()) {
 	}
 	asked()
 	if host.Level() != fleet.GuaranteeHostagent {
-		d.driveStock(log, host) // agentless.go
+		d.driveAgentless(log, host) // agentless.go
 		return
 	}
 	for attempt := 1; ; attempt++ {

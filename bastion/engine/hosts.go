@@ -80,7 +80,7 @@ func (hs *hosts) queryMarkerScript(ctx context.Context, host fleet.Host, line st
 	}
 	var out, errb bytes.Buffer
 	// One byte more than max tells a cut stdout from one of exactly max bytes.
-	res := runStock(ctx, conn, nil, fixedLine(line), &capbuf.Buffer{B: &out, Max: max + 1}, &capbuf.Buffer{B: &errb})
+	res := runAgentless(ctx, conn, nil, fixedLine(line), &capbuf.Buffer{B: &out, Max: max + 1}, &capbuf.Buffer{B: &errb})
 	if res.Err != nil {
 		hs.pool.Invalidate(host.Name, conn)
 		return scriptReply{}, res.Err
@@ -120,9 +120,9 @@ func (hs *hosts) scriptStatus(host fleet.Host, id string) (agentless.Answer, err
 	return hs.askMarkerScript(ctx, host, id)
 }
 
-// stockMarkerNote is what investigate says about the host's record of rec, by the host's
+// agentlessMarkerNote is what investigate says about the host's record of rec, by the host's
 // level (the hostagent's is asked through its control protocol instead).
-func (hs *hosts) stockMarkerNote(ctx context.Context, rec *markers.Record, host fleet.Host) string {
+func (hs *hosts) agentlessMarkerNote(ctx context.Context, rec *markers.Record, host fleet.Host) string {
 	if host.Level() == fleet.GuaranteeNone {
 		return fmt.Sprintf("%s runs no hostagent and no marker script (guarantee level none): nothing on it records executions, so what happened after the bastion lost the connection — whether the command started, whether it is still running, how it ended — cannot be known from Postern; only what the bastion observed is evidence. Check the command's effects on the host, then record what you found with postern review %s", host.Name, rec.ID)
 	}
@@ -140,9 +140,9 @@ func (hs *hosts) stockMarkerNote(ctx context.Context, rec *markers.Record, host 
 	return fmt.Sprintf("the marker script on %s, asked now, has marker %s: %s (guarantee level marker script: no output is kept on the host)", host.Name, rec.ID, s)
 }
 
-// stockHealth is the doctor's answer for a host without the hostagent: it connects with the
+// agentlessHealth is the doctor's answer for a host without the hostagent: it connects with the
 // pinned key and, for the marker script, reads a marker (which checks the script's digest).
-func (hs *hosts) stockHealth(ctx context.Context, h fleet.Host) api.HostHealth {
+func (hs *hosts) agentlessHealth(ctx context.Context, h fleet.Host) api.HostHealth {
 	hh := api.HostHealth{Name: h.Name, Addr: h.Addr, Guarantee: string(h.Level())}
 	_, err := hs.pool.Conn(ctx, h)
 	if err == nil && h.Level() == fleet.GuaranteeMarkerScript {
@@ -254,7 +254,7 @@ func (hs *hosts) cancel(ctx context.Context, host fleet.Host, id string) error {
 func (hs *hosts) health(ctx context.Context, h fleet.Host) api.HostHealth {
 	hh := api.HostHealth{Name: h.Name, Addr: h.Addr}
 	if h.Level() != fleet.GuaranteeHostagent {
-		return hs.stockHealth(ctx, h) // agentless.go
+		return hs.agentlessHealth(ctx, h) // agentless.go
 	}
 	conn, err := hs.pool.Conn(ctx, h)
 	if err == nil {

@@ -274,7 +274,7 @@ func (iv investigation) observedOutcome(ctx context.Context, rec *markers.Record
 	defer cancel()
 	host, err := iv.inv.Host(rec.Host)
 	if err == nil && host.Level() != fleet.GuaranteeHostagent {
-		o.MarkerNote = iv.hosts.stockMarkerNote(ctx, rec, host) // agentless.go
+		o.MarkerNote = iv.hosts.agentlessMarkerNote(ctx, rec, host) // agentless.go
 		return o
 	}
 	var cc *hostproto.ControlClient

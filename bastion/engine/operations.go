@@ -122,7 +122,7 @@ func (b *Engine) AuditKey() (string, error) {
 }
 
 // HostMarkers asks a host for its markers: the hostagent's through its control protocol, the
-// marker script's with its list command (stockmarkers.go).
+// marker script's with its list command (scriptmarkers.go).
 func (b *Engine) HostMarkers(ctx context.Context, name string, q api.MarkerQuery) (*api.MarkerPage, error) {
 	host, err := b.hosts.markerHost(name)
 	if err != nil {

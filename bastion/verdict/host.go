@@ -1,5 +1,5 @@
 // Package verdict decides what a target's answer means for the journal: a host's marker or
-// exec outcome (host.go), a stock sshd's answer by guarantee level (stock.go), an HTTP
+// exec outcome (host.go), a stock sshd's answer by guarantee level (agentless.go), an HTTP
 // execution's unknown outcome by its class (unknown.go), and whether an operator may review
 // one (review.go). Every decision is a pure function, tested from the tables in
 // testdata/decisions that mirror docs/design.md; the engine's drivers carry them out.

@@ -40,7 +40,7 @@ func decideStock(t *testing.T, c datadriven.Case, state func(string) markers.Sta
 	}
 	switch c.Name {
 	case "stock_exec":
-		a := StockAnswer{Sent: !c.Flags["unsent"], Refused: c.Flags["refused"], Unreadable: c.Flags["unreadable"], Err: errors.New("connection reset"), Stderr: "This account is currently not available."}
+		a := AgentlessAnswer{Sent: !c.Flags["unsent"], Refused: c.Flags["refused"], Unreadable: c.Flags["unreadable"], Err: errors.New("connection reset"), Stderr: "This account is currently not available."}
 		if v := c.Args["exit"]; v != "" {
 			n, err := strconv.Atoi(v)
 			if err != nil {
@@ -62,7 +62,7 @@ func decideStock(t *testing.T, c datadriven.Case, state func(string) markers.Sta
 			}
 			a.Answer = &ans
 		}
-		act := StockExecVerdict(level, testHost, a)
+		act := AgentlessExecVerdict(level, testHost, a)
 		started := a.Answer != nil && a.Answer.Kind == agentless.Started
 		return renderVerdict(t, from, started, string(act.Do), act.Verdict)
 	case "stock_reconcile":

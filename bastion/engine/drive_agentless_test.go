@@ -25,7 +25,7 @@ func TestCheckStockCallKeepsTheWrapperAtHome(t *testing.T) {
 		{"level none, HOME", fleet.Host{Name: "h1", Guarantee: fleet.GuaranteeNone}, map[string]string{"HOME": "/tmp/elsewhere"}, false},
 		{"hostagent, HOME", fleet.Host{Name: "h1"}, map[string]string{"HOME": "/tmp/elsewhere"}, false},
 	} {
-		err := checkStockCall(tc.host, api.ExecArgs{Command: "true", Env: tc.env}, "")
+		err := checkAgentlessCall(tc.host, api.ExecArgs{Command: "true", Env: tc.env}, "")
 		if (err != nil) != tc.wantErr {
 			t.Errorf("%s: checkStockCall = %v; want error %v", tc.name, err, tc.wantErr)
 		}

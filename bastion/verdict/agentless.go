@@ -14,15 +14,15 @@ import (
 // carries out (tested from testdata/decisions/agentless, which mirrors docs/agentless.md's
 // guarantee table):
 //
-//	StockExecVerdict  how one exec on a stock sshd ended (answer line, exit, transport) → Verdict
+//	AgentlessExecVerdict  how one exec on a stock sshd ended (answer line, exit, transport) → Verdict
 //	ReconcileByLevel  what the host can tell about an execution in flight, by level → action
 
 // Watch: the marker says the command is (still) starting or running; its output cannot be
 // re-attached, so the driver reads the marker again until it ends.
 const Watch Do = "watch"
 
-// StockAnswer is how one exec on a stock sshd ended, as the bastion saw it.
-type StockAnswer struct {
+// AgentlessAnswer is how one exec on a stock sshd ended, as the bastion saw it.
+type AgentlessAnswer struct {
 	// Sent: the exec request was handed to the connection. False: it failed before (no
 	// session, connection gone), so the host got nothing to run.
 	Sent bool
@@ -43,14 +43,14 @@ type StockAnswer struct {
 	Unreadable bool
 }
 
-// StockExecVerdict is the journal's verdict on one exec of an execution on a stock sshd
+// AgentlessExecVerdict is the journal's verdict on one exec of an execution on a stock sshd
 // whose guarantee is level (fleet.GuaranteeNone or fleet.GuaranteeMarkerScript).
-func StockExecVerdict(level fleet.Guarantee, host string, a StockAnswer) Action {
-	v, do := stockExec(level, host, a)
+func AgentlessExecVerdict(level fleet.Guarantee, host string, a AgentlessAnswer) Action {
+	v, do := agentlessExec(level, host, a)
 	return Action{Do: do, Verdict: v}
 }
 
-func stockExec(level fleet.Guarantee, host string, a StockAnswer) (Verdict, Do) {
+func agentlessExec(level fleet.Guarantee, host string, a AgentlessAnswer) (Verdict, Do) {
 	lost := a.Exit == nil && a.Signal == ""
 	if a.Answer != nil && a.Answer.Kind != agentless.Started && a.Answer.Kind != agentless.Duplicate && a.Answer.Kind != agentless.Refused {
 		// An answer an exec never gives first (status, warning): not one to decide on.

@@ -28,12 +28,12 @@ import (
 // the same execution identity; what the host can tell after a lost connection is what
 // verdict.ReconcileByLevel decides on.
 
-// checkStockCall refuses what a host without the hostagent cannot honour, before anything is
+// checkAgentlessCall refuses what a host without the hostagent cannot honour, before anything is
 // journaled: operation keys (the hostagent keeps them), commands too long for one line, and
 // on a marker-script host an env HOME — sshd's env, or the exports at the head of the line,
 // reach the wrapper too, and HOME would move its markers away from where the bastion reads
 // them (no marker there means "never started").
-func checkStockCall(host fleet.Host, a api.ExecArgs, cwd string) error {
+func checkAgentlessCall(host fleet.Host, a api.ExecArgs, cwd string) error {
 	if host.Level() == fleet.GuaranteeHostagent {
 		return nil
 	}
@@ -43,15 +43,15 @@ func checkStockCall(host fleet.Host, a api.ExecArgs, cwd string) error {
 	if _, ok := a.Env["HOME"]; ok && host.Level() == fleet.GuaranteeMarkerScript {
 		return api.Invalid("env HOME: the marker script on %s keeps its markers under the account's home, so HOME cannot be set there; set it inside the command instead", host.Name)
 	}
-	_, err := stockLine(host, &markers.Record{ID: placeholderID, Command: shellCommand(a.Command), Cwd: cwd, TimeoutSeconds: a.TimeoutS}, a.Env)
+	_, err := agentlessLine(host, &markers.Record{ID: placeholderID, Command: shellCommand(a.Command), Cwd: cwd, TimeoutSeconds: a.TimeoutS}, a.Env)
 	if errors.Is(err, agentless.ErrTooLong) {
 		return api.Invalid("command is too long for %s, which runs no hostagent: %v", host.Name, err)
 	}
 	return err
 }
 
-// stockLine is the command line rec runs as on host, with export at its head.
-func stockLine(host fleet.Host, rec *markers.Record, export map[string]string) (string, error) {
+// agentlessLine is the command line rec runs as on host, with export at its head.
+func agentlessLine(host fleet.Host, rec *markers.Record, export map[string]string) (string, error) {
 	c := agentless.Command{ID: rec.ID, Cwd: rec.Cwd, TimeoutS: rec.TimeoutSeconds, Line: commandLine(rec), Export: export}
 	if host.Level() == fleet.GuaranteeMarkerScript {
 		return agentless.WrappedLine(c, host.ScriptSHA256)
@@ -59,22 +59,22 @@ func stockLine(host fleet.Host, rec *markers.Record, export map[string]string) (
 	return agentless.PlainLine(c)
 }
 
-// driveStock carries an execution on a stock sshd to its outcome, once it is dispatched (or
+// driveAgentless carries an execution on a stock sshd to its outcome, once it is dispatched (or
 // reconciled to be): exec, and after a lost connection read the marker (marker script) — at
 // most maxReconcileAttempts times — or stop for review (level none).
-func (d *driver) driveStock(log *slog.Logger, host fleet.Host) {
+func (d *driver) driveAgentless(log *slog.Logger, host fleet.Host) {
 	for attempt := 1; ; attempt++ {
-		a := d.execStock(host)
+		a := d.execAgentless(host)
 		if d.ctx.Err() != nil {
 			return // shutting down: the host goes on; the next start reconciles
 		}
-		act := verdict.StockExecVerdict(host.Level(), host.Name, a)
+		act := verdict.AgentlessExecVerdict(host.Level(), host.Name, a)
 		if !d.conclude(act.Verdict) {
 			return
 		}
 		switch {
 		case act.Do == verdict.Watch:
-			d.watchStock(log, host)
+			d.watchAgentless(log, host)
 			return
 		case !act.Verdict.Again:
 			if act.Verdict.To != markers.Unknown {
@@ -88,9 +88,9 @@ func (d *driver) driveStock(log *slog.Logger, host fleet.Host) {
 		if !ctxtime.Sleep(d.ctx, time.Duration(attempt)*250*time.Millisecond) {
 			return
 		}
-		switch d.reconcileStock(log, host) {
+		switch d.reconcileAgentless(log, host) {
 		case verdict.Watch:
-			d.watchStock(log, host)
+			d.watchAgentless(log, host)
 			return
 		case verdict.Redispatch:
 		default:
@@ -99,11 +99,11 @@ func (d *driver) driveStock(log *slog.Logger, host fleet.Host) {
 	}
 }
 
-// reconcileStock reads what the host can tell about the execution, journals
+// reconcileAgentless reads what the host can tell about the execution, journals
 // verdict.ReconcileByLevel's verdict and returns what the driver is to do: exec again (redispatch:
 // the marker script has no marker, so the command never started), watch the marker, or
 // nothing more (settle, also when the verdict could not be journaled).
-func (d *driver) reconcileStock(log *slog.Logger, host fleet.Host) verdict.Do {
+func (d *driver) reconcileAgentless(log *slog.Logger, host fleet.Host) verdict.Do {
 	rec := d.record()
 	var st verdict.LevelStatus
 	if host.Level() == fleet.GuaranteeMarkerScript {
@@ -133,9 +133,9 @@ const (
 	watchMax = 10 * time.Second
 )
 
-// watchStock reads the marker of a command the marker script runs until it ends (or the
+// watchAgentless reads the marker of a command the marker script runs until it ends (or the
 // bastion closes, or the host cannot be asked), journaling what it says.
-func (d *driver) watchStock(log *slog.Logger, host fleet.Host) {
+func (d *driver) watchAgentless(log *slog.Logger, host fleet.Host) {
 	for wait := watchMin; ; wait = min(2*wait, watchMax) {
 		if !ctxtime.Sleep(d.ctx, wait) {
 			return
@@ -157,12 +157,12 @@ func (d *driver) watchStock(log *slog.Logger, host fleet.Host) {
 	}
 }
 
-// execStock sends the execution to its stock sshd and returns how the exec ended.
-func (d *driver) execStock(host fleet.Host) verdict.StockAnswer {
+// execAgentless sends the execution to its stock sshd and returns how the exec ended.
+func (d *driver) execAgentless(host fleet.Host) verdict.AgentlessAnswer {
 	rec := d.record()
 	conn, err := d.pool.Conn(d.ctx, host)
 	if err != nil {
-		return verdict.StockAnswer{Err: err}
+		return verdict.AgentlessAnswer{Err: err}
 	}
 	d.stdout.restart()
 	d.stderr.restart()
@@ -182,37 +182,37 @@ func (d *driver) execStock(host fleet.Host) verdict.StockAnswer {
 	}}
 	env := map[string]string{hostproto.EnvExecutionID: rec.ID}
 	maps.Copy(env, rec.Env)
-	res := runStock(d.ctx, conn, env, func(export map[string]string) (string, error) { return stockLine(host, rec, export) },
+	res := runAgentless(d.ctx, conn, env, func(export map[string]string) (string, error) { return agentlessLine(host, rec, export) },
 		notifyingWriter{d.stdout, d}, stderr)
 	stderr.Close()
 	running.stop()
 	if res.Err != nil {
 		d.pool.Invalidate(host.Name, conn)
 	}
-	// The stderr copy ended before runStock returned: answer is written.
-	return verdict.StockAnswer{Sent: res.Sent, Refused: res.Refused, Answer: answer, Exit: res.Exit, Signal: res.Signal, Err: res.Err, Stderr: lastLine(d.stderr), Unreadable: stderr.Unreadable()}
+	// The stderr copy ended before runAgentless returned: answer is written.
+	return verdict.AgentlessAnswer{Sent: res.Sent, Refused: res.Refused, Answer: answer, Exit: res.Exit, Signal: res.Signal, Err: res.Err, Stderr: lastLine(d.stderr), Unreadable: stderr.Unreadable()}
 }
 
-// stockResult is how one exec channel on a stock sshd ended.
-type stockResult struct {
+// agentlessResult is how one exec channel on a stock sshd ended.
+type agentlessResult struct {
 	Sent, Refused bool
 	Exit          *int
 	Signal        string
 	Err           error
 }
 
-// runStock opens a session on conn, offers env with SetEnv (what the server's AcceptEnv
+// runAgentless opens a session on conn, offers env with SetEnv (what the server's AcceptEnv
 // refuses goes to the line's head instead: line gets it), execs the line and copies the
 // output until the exit status. ctx cancellation closes the channel; the command goes on.
-func runStock(ctx context.Context, conn gossh.Conn, env map[string]string, line func(export map[string]string) (string, error), stdout, stderr io.Writer) stockResult {
+func runAgentless(ctx context.Context, conn gossh.Conn, env map[string]string, line func(export map[string]string) (string, error), stdout, stderr io.Writer) agentlessResult {
 	ch, reqs, err := conn.OpenChannel("session", nil)
 	if err != nil {
-		return stockResult{Err: fmt.Errorf("open session: %w", err)}
+		return agentlessResult{Err: fmt.Errorf("open session: %w", err)}
 	}
 	defer ch.Close()
 	stop := context.AfterFunc(ctx, func() { ch.Close() })
 	defer stop()
-	var res stockResult
+	var res agentlessResult
 	var loop sync.WaitGroup
 	loop.Go(func() {
 		for req := range reqs {
@@ -227,7 +227,7 @@ func runStock(ctx context.Context, conn gossh.Conn, env map[string]string, line 
 		}
 	})
 	// Until the loop is waited for, res belongs to it.
-	fail := func(sent bool, err error) stockResult {
+	fail := func(sent bool, err error) agentlessResult {
 		ch.Close()
 		loop.Wait()
 		res.Sent, res.Err = sent, err
@@ -274,7 +274,7 @@ func runStock(ctx context.Context, conn gossh.Conn, env map[string]string, line 
 	return res
 }
 
-// fixedLine is a line for runStock that needs no exports (it is sent without env).
+// fixedLine is a line for runAgentless that needs no exports (it is sent without env).
 func fixedLine(line string) func(map[string]string) (string, error) {
 	return func(map[string]string) (string, error) { return line, nil }
 }
