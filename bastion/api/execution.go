@@ -10,29 +10,33 @@ import (
 
 // ExecArgs are the arguments of ssh_exec.
 type ExecArgs struct {
-	Host           string            `json:"host" jsonschema:"inventory name of the host (see hosts_list)"`
-	Command        string            `json:"command" jsonschema:"command line, run by the account's shell on the host"`
-	Cwd            string            `json:"cwd,omitempty" jsonschema:"absolute working directory; default: the host's configured directory or the account's home"`
-	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables to set: LANG, LC_* and the host's accept_env list (others are refused)"`
-	TimeoutS       int               `json:"timeout_s,omitempty" jsonschema:"kill the command after this many seconds (exit 124); 0 means no timeout"`
-	WaitS          *int              `json:"wait_s,omitempty" jsonschema:"how long to wait for the command before returning it as running (default 30)"`
-	RunID          string            `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to; retries with the same run_id join the same execution"`
-	IdempotencyKey string            `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution, from any run; if that execution failed without effect (nothing ran), the retry is a new attempt linked to it (previous_attempt); the same key with other arguments is an error (idempotency_key_reused)"`
-	OperationKey   string            `json:"operation_key,omitempty" jsonschema:"host-scoped key such as migration:2026_07_22: the host refuses a second execution of the operation"`
+	Host         string            `json:"host" jsonschema:"inventory name of the host (see hosts_list)"`
+	Command      string            `json:"command" jsonschema:"command line, run by the account's shell on the host"`
+	Cwd          string            `json:"cwd,omitempty" jsonschema:"absolute working directory; default: the host's configured directory or the account's home"`
+	Env          map[string]string `json:"env,omitempty" jsonschema:"environment variables to set: LANG, LC_* and the host's accept_env list (others are refused)"`
+	TimeoutS     int               `json:"timeout_s,omitempty" jsonschema:"kill the command after this many seconds (exit 124); 0 means no timeout"`
+	OperationKey string            `json:"operation_key,omitempty" jsonschema:"host-scoped key such as migration:2026_07_22: the host refuses a second execution of the operation"`
+	CallOptions
+}
+
+// CallOptions are the arguments every tool that starts work takes besides what it does: how
+// the call is matched to a prior execution, and how long it waits.
+type CallOptions struct {
+	WaitS          *int   `json:"wait_s,omitempty" jsonschema:"how long to wait for the outcome before returning the execution as running (default 30)"`
+	RunID          string `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to; retries with the same run_id join the same execution"`
+	IdempotencyKey string `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution, from any run; if that execution failed without effect (nothing ran), the retry is a new attempt linked to it (previous_attempt); the same key with other arguments is an error (idempotency_key_reused)"`
 }
 
 // HTTPArgs are the arguments of http_request.
 type HTTPArgs struct {
-	Endpoint       string              `json:"endpoint" jsonschema:"name of a configured endpoint"`
-	Method         string              `json:"method" jsonschema:"HTTP method, allowed by the endpoint"`
-	Path           string              `json:"path" jsonschema:"path under the endpoint's base URL, within its allowed prefixes"`
-	Query          map[string][]string `json:"query,omitempty" jsonschema:"query parameters"`
-	JSON           any                 `json:"json,omitempty" jsonschema:"JSON request body (sent in RFC 8785 canonical form)"`
-	Text           *string             `json:"text,omitempty" jsonschema:"text request body (instead of json)"`
-	Headers        map[string]string   `json:"headers,omitempty" jsonschema:"extra request headers (never Authorization or the credential's header: the bastion injects the credential)"`
-	RunID          string              `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to"`
-	IdempotencyKey string              `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution, from any run; if that execution failed without effect (nothing ran), the retry is a new attempt linked to it (previous_attempt); the same key with other arguments is an error (idempotency_key_reused)"`
-	WaitS          *int                `json:"wait_s,omitempty" jsonschema:"how long to wait for the response (default 30)"`
+	Endpoint string              `json:"endpoint" jsonschema:"name of a configured endpoint"`
+	Method   string              `json:"method" jsonschema:"HTTP method, allowed by the endpoint"`
+	Path     string              `json:"path" jsonschema:"path under the endpoint's base URL, within its allowed prefixes"`
+	Query    map[string][]string `json:"query,omitempty" jsonschema:"query parameters"`
+	JSON     any                 `json:"json,omitempty" jsonschema:"JSON request body (sent in RFC 8785 canonical form)"`
+	Text     *string             `json:"text,omitempty" jsonschema:"text request body (instead of json)"`
+	Headers  map[string]string   `json:"headers,omitempty" jsonschema:"extra request headers (never Authorization or the credential's header: the bastion injects the credential)"`
+	CallOptions
 }
 
 // Execution is what every execution tool returns: the journal's record of one execution,

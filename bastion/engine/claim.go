@@ -83,14 +83,11 @@ func (in *intake) validate(a *api.ExecArgs) error {
 		return api.Invalid("at most %d env variables", maxEnvVars)
 	case a.TimeoutS < 0 || a.TimeoutS > maxTimeoutS:
 		return api.Invalid("timeout_s must be in 0..%d", maxTimeoutS)
-	case a.WaitS != nil && (*a.WaitS < 0 || time.Duration(*a.WaitS)*time.Second > in.cfg.MaxWait):
-		return api.Invalid("wait_s must be in 0..%d", int(in.cfg.MaxWait/time.Second))
-	case a.RunID != "" && !transport.ValidRunID(a.RunID):
-		return api.Invalid("run_id must be 1-128 printable ASCII characters")
-	case !validKey(a.IdempotencyKey):
-		return api.Invalid("idempotency_key must be at most %d printable ASCII characters", maxKeyBytes)
 	case !validKey(a.OperationKey) || strings.Contains(a.OperationKey, " "):
 		return api.Invalid("operation_key must be at most %d visible ASCII characters", maxKeyBytes)
+	}
+	if err := in.checkCallOptions(a.CallOptions); err != nil {
+		return err
 	}
 	for k, v := range a.Env {
 		switch {
@@ -172,6 +169,19 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 	return cl, nil
 }
 
+// checkCallOptions checks the options every tool that starts work takes.
+func (in *intake) checkCallOptions(o api.CallOptions) error {
+	switch {
+	case o.WaitS != nil && (*o.WaitS < 0 || time.Duration(*o.WaitS)*time.Second > in.cfg.MaxWait):
+		return api.Invalid("wait_s must be in 0..%d", int(in.cfg.MaxWait/time.Second))
+	case o.RunID != "" && !transport.ValidRunID(o.RunID):
+		return api.Invalid("run_id must be 1-128 printable ASCII characters")
+	case !validKey(o.IdempotencyKey):
+		return api.Invalid("idempotency_key must be at most %d printable ASCII characters", maxKeyBytes)
+	}
+	return nil
+}
+
 // checkHostEnv refuses the env names host would drop (internal/envpolicy, with the host's
 // accept_env as the inventory records it), all of them at once, so a command never runs
 // without a variable its caller was told it had.
@@ -210,18 +220,13 @@ func validKey(k string) bool {
 func (in *intake) resolveHTTP(c transport.Caller, a api.HTTPArgs) (*claim, error) {
 	ep, ok := in.cfg.Endpoint(a.Endpoint)
 	if !ok {
-		return nil, &api.ToolError{Code: "unknown_endpoint", Message: fmt.Sprintf("no endpoint %q is configured", a.Endpoint)}
+		return nil, &api.ToolError{Code: api.CodeUnknownEndpoint, Message: fmt.Sprintf("no endpoint %q is configured", a.Endpoint)}
 	}
 	if in.plugin == nil {
-		return nil, &api.ToolError{Code: "http_unavailable", Message: "no HTTP plugin is configured"}
+		return nil, &api.ToolError{Code: api.CodeHTTPUnavailable, Message: "no HTTP plugin is configured"}
 	}
-	switch {
-	case a.RunID != "" && !transport.ValidRunID(a.RunID):
-		return nil, api.Invalid("run_id must be 1-128 printable ASCII characters")
-	case !validKey(a.IdempotencyKey):
-		return nil, api.Invalid("idempotency_key must be at most %d printable ASCII characters", maxKeyBytes)
-	case a.WaitS != nil && (*a.WaitS < 0 || time.Duration(*a.WaitS)*time.Second > in.cfg.MaxWait):
-		return nil, api.Invalid("wait_s must be in 0..%d", int(in.cfg.MaxWait/time.Second))
+	if err := in.checkCallOptions(a.CallOptions); err != nil {
+		return nil, err
 	}
 	method := a.Method
 	if !slices.Contains(ep.Methods, method) {

@@ -25,7 +25,7 @@ func TestValidateExecArgs(t *testing.T) {
 		args    api.ExecArgs
 		wantErr string
 	}{
-		{name: "ok", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "/srv", Env: map[string]string{"RAILS_ENV": "x"}, TimeoutS: 5, WaitS: wait(0)}},
+		{name: "ok", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "/srv", Env: map[string]string{"RAILS_ENV": "x"}, TimeoutS: 5, CallOptions: api.CallOptions{WaitS: wait(0)}}},
 		{name: "no host", args: api.ExecArgs{Command: "true"}, wantErr: "host is required"},
 		{name: "blank command", args: api.ExecArgs{Host: "h", Command: "  "}, wantErr: "command is required"},
 		{name: "oversized command", args: api.ExecArgs{Host: "h", Command: strings.Repeat("x", 33)}, wantErr: "limit is 32"},
@@ -38,9 +38,9 @@ func TestValidateExecArgs(t *testing.T) {
 		{name: "LD_PRELOAD", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"LD_PRELOAD": "/x.so"}}, wantErr: "no host accepts it"},
 		{name: "PATH", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"PATH": "/tmp"}}, wantErr: "no host accepts it"},
 		{name: "negative timeout", args: api.ExecArgs{Host: "h", Command: "true", TimeoutS: -1}, wantErr: "timeout_s"},
-		{name: "wait too long", args: api.ExecArgs{Host: "h", Command: "true", WaitS: wait(3600)}, wantErr: "wait_s"},
-		{name: "run id with newline", args: api.ExecArgs{Host: "h", Command: "true", RunID: "a\nb"}, wantErr: "run_id"},
-		{name: "idempotency key control char", args: api.ExecArgs{Host: "h", Command: "true", IdempotencyKey: "k\x01"}, wantErr: "idempotency_key"},
+		{name: "wait too long", args: api.ExecArgs{Host: "h", Command: "true", CallOptions: api.CallOptions{WaitS: wait(3600)}}, wantErr: "wait_s"},
+		{name: "run id with newline", args: api.ExecArgs{Host: "h", Command: "true", CallOptions: api.CallOptions{RunID: "a\nb"}}, wantErr: "run_id"},
+		{name: "idempotency key control char", args: api.ExecArgs{Host: "h", Command: "true", CallOptions: api.CallOptions{IdempotencyKey: "k\x01"}}, wantErr: "idempotency_key"},
 		{name: "operation key with space", args: api.ExecArgs{Host: "h", Command: "true", OperationKey: "a b"}, wantErr: "operation_key"},
 	}
 	for _, tt := range tests {
@@ -116,7 +116,7 @@ func FuzzExecArgs(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, host, command, cwd, envName, envValue string, timeout int, runID, idemKey string) {
 		b := &intake{core: &core{cfg: config.DefaultConfig("/x"), fp: fp}}
-		a := api.ExecArgs{Host: host, Command: command, Cwd: cwd, TimeoutS: timeout, RunID: runID, IdempotencyKey: idemKey}
+		a := api.ExecArgs{Host: host, Command: command, Cwd: cwd, TimeoutS: timeout, CallOptions: api.CallOptions{RunID: runID, IdempotencyKey: idemKey}}
 		if envName != "" {
 			a.Env = map[string]string{envName: envValue}
 		}

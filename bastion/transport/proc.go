@@ -6,6 +6,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 
@@ -38,7 +39,7 @@ func parseProcessRef(s string) (processRef, error) {
 		return processRef{}, errBadProcessRef
 	}
 	pidText, startText, ok := strings.Cut(s, "-")
-	if !ok || !allDigits(pidText) || !allDigits(startText) {
+	if !ok || !decimal.MatchString(pidText) || !decimal.MatchString(startText) {
 		return processRef{}, errBadProcessRef
 	}
 	pid, err := strconv.Atoi(pidText)
@@ -52,17 +53,8 @@ func parseProcessRef(s string) (processRef, error) {
 	return processRef{PID: pid, StartTicks: start}, nil
 }
 
-func allDigits(s string) bool {
-	if s == "" {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if s[i] < '0' || s[i] > '9' {
-			return false
-		}
-	}
-	return true
-}
+// decimal is an unsigned decimal number, with no sign or space ParseUint would accept.
+var decimal = regexp.MustCompile(`^[0-9]+$`)
 
 // agentProcess is the local agent behind a unix-socket peer.
 type agentProcess struct {
