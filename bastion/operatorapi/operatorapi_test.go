@@ -24,6 +24,7 @@ import (
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/testutil/sockdir"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -620,7 +621,7 @@ func TestAudit(t *testing.T) {
 // uid at the other end of the connection, whatever the request says.
 func TestOperatorFromPeerCredentials(t *testing.T) {
 	e := &fakeEngine{}
-	sock := filepath.Join(t.TempDir(), "operator.sock")
+	sock := filepath.Join(sockdir.New(t), "operator.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
 		t.Fatal(err)
