@@ -519,33 +519,34 @@ func TestCancelAfterDelivery(t *testing.T) {
 }
 
 // TestCancelBeforeItsCall: a cancel that overtakes its call (another connection) applies to
-// the call when it comes.
+// the call of its caller when it comes, once; a cancel from another run does not.
 func TestCancelBeforeItsCall(t *testing.T) {
-	r := newRig(t, nil)
-	rm := r.serveTCP(t)
-	rm.post(t, cancel("9"))
-	r.waitServed(t, 1)
-	if status, body := rm.post(t, call("9")); status != 200 {
-		t.Fatalf("call answered %d %s; want 200", status, body)
+	tests := []struct {
+		name      string
+		cancelRun string
+		want      []delivered
+	}{
+		{name: "same caller: not delivered", cancelRun: runID},
+		{name: "another run: delivered", cancelRun: "other-run", want: []delivered{{id: "ex_9", requestID: "9", actor: "token:agent"}}},
 	}
-	r.waitServed(t, 1)
-	wantDeliveries(t, r.journal)
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, nil)
+			rm := r.serveTCP(t)
+			rm.post(t, cancel("9"), transport.RunHeader, tt.cancelRun)
+			r.waitServed(t, 1)
+			if status, body := rm.post(t, call("9")); status != 200 {
+				t.Fatalf("call answered %d %s; want 200", status, body)
+			}
+			r.waitServed(t, 1)
+			wantDeliveries(t, r.journal, tt.want...)
 
-	// Used up: the next call with that id is delivered.
-	rm.post(t, call("9"))
-	r.waitServed(t, 1)
-	wantDeliveries(t, r.journal, delivered{id: "ex_9", requestID: "9", actor: "token:agent"})
-}
-
-// TestCancelIsTheCallersOwn: a cancel from another run does not touch the call.
-func TestCancelIsTheCallersOwn(t *testing.T) {
-	r := newRig(t, nil)
-	rm := r.serveTCP(t)
-	rm.post(t, cancel("5"), transport.RunHeader, "other-run")
-	r.waitServed(t, 1)
-	rm.post(t, call("5"))
-	r.waitServed(t, 1)
-	wantDeliveries(t, r.journal, delivered{id: "ex_5", requestID: "5", actor: "token:agent"})
+			// Used up: the next call with that id is delivered.
+			rm.post(t, call("9"))
+			r.waitServed(t, 1)
+			wantDeliveries(t, r.journal, append(tt.want, delivered{id: "ex_9", requestID: "9", actor: "token:agent"})...)
+		})
+	}
 }
 
 func TestBatch(t *testing.T) {

@@ -3,6 +3,7 @@ package fleet
 import (
 	"bytes"
 	"errors"
+	"log/slog"
 	"net"
 	"os"
 	"os/exec"
@@ -29,10 +30,11 @@ const (
 // key only, answers the hello and keepalives as told, and runs exec requests with /bin/sh
 // under a HOME of its own when it has one.
 type testHost struct {
-	ln     net.Listener
-	key    testutil.SSHKey
-	client gossh.PublicKey
-	home   string // "" refuses sessions
+	ln  net.Listener
+	key testutil.SSHKey
+	// bastion is the key the host admits.
+	bastion testutil.SSHKey
+	home    string // "" refuses sessions
 
 	mu sync.Mutex // guards the fields below
 	// hello is how the hello is answered; mute stops answering keepalives; refuse closes
@@ -47,17 +49,32 @@ type testHost struct {
 	wg sync.WaitGroup
 }
 
-// newTestHost starts a host that admits client. It stops at cleanup.
-func newTestHost(t testing.TB, client gossh.PublicKey) *testHost {
+// newTestHost starts a host that admits a bastion key of its own. It stops at cleanup.
+func newTestHost(t testing.TB) *testHost {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	th := &testHost{ln: ln, key: testutil.NewSSHKey(t), client: client}
+	th := &testHost{ln: ln, key: testutil.NewSSHKey(t), bastion: testutil.NewSSHKey(t)}
 	th.wg.Go(th.acceptLoop)
 	t.Cleanup(th.stop)
 	return th
+}
+
+// newTestPool is a pool with the key th admits; adjust sets options. It is closed at cleanup.
+func (th *testHost) newTestPool(t testing.TB, adjust ...func(*PoolOptions)) *Pool {
+	t.Helper()
+	opts := PoolOptions{Signer: th.bastion.Signer, Logger: slog.New(slog.DiscardHandler)}
+	for _, f := range adjust {
+		f(&opts)
+	}
+	p, err := NewPool(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p
 }
 
 func (th *testHost) addr() string { return th.ln.Addr().String() }
@@ -118,7 +135,7 @@ func (th *testHost) acceptLoop() {
 func (th *testHost) serve(c net.Conn) {
 	cfg := &gossh.ServerConfig{
 		PublicKeyCallback: func(_ gossh.ConnMetadata, key gossh.PublicKey) (*gossh.Permissions, error) {
-			if !bytes.Equal(key.Marshal(), th.client.Marshal()) {
+			if !bytes.Equal(key.Marshal(), th.bastion.Public().Marshal()) {
 				return nil, errors.New("unknown key")
 			}
 			th.mu.Lock()

@@ -15,12 +15,11 @@ import (
 // its own: the script lands in ~/.postern/run and its digest is returned; a refusal on the
 // host is reported with what the host said; a host presenting another key is sent nothing.
 func TestInstallMarkerScript(t *testing.T) {
-	bastion := testutil.NewSSHKey(t)
-	th := newTestHost(t, bastion.Public())
+	th := newTestHost(t)
 	home := t.TempDir()
 	th.set(func(th *testHost) { th.home = home })
 
-	digest, err := InstallMarkerScript(t.Context(), th.enrolled(), bastion.Signer)
+	digest, err := InstallMarkerScript(t.Context(), th.enrolled(), th.bastion.Signer)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -38,18 +37,18 @@ func TestInstallMarkerScript(t *testing.T) {
 		t.Fatal(err)
 	}
 	th.set(func(th *testHost) { th.home = linked })
-	if _, err := InstallMarkerScript(t.Context(), th.enrolled(), bastion.Signer); err == nil || !strings.Contains(err.Error(), "symbolic link") {
+	if _, err := InstallMarkerScript(t.Context(), th.enrolled(), th.bastion.Signer); err == nil || !strings.Contains(err.Error(), "symbolic link") {
 		t.Fatalf("install through a symbolic link = %v; want the host's refusal", err)
 	}
 
 	h := th.enrolled()
 	h.HostKey = testutil.NewSSHKey(t).Public()
-	if _, err := InstallMarkerScript(t.Context(), h, bastion.Signer); !errors.Is(err, ErrHostKeyMismatch) {
+	if _, err := InstallMarkerScript(t.Context(), h, th.bastion.Signer); !errors.Is(err, ErrHostKeyMismatch) {
 		t.Fatalf("install on a host with another key = %v; want ErrHostKeyMismatch", err)
 	}
 
 	th.set(func(th *testHost) { th.home = "" }) // sessions refused
-	if _, err := InstallMarkerScript(t.Context(), th.enrolled(), bastion.Signer); err == nil {
+	if _, err := InstallMarkerScript(t.Context(), th.enrolled(), th.bastion.Signer); err == nil {
 		t.Fatal("install on a host that refuses sessions succeeded")
 	}
 	if _, err := InstallMarkerScript(t.Context(), th.enrolled(), nil); err == nil {

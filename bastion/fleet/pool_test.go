@@ -3,7 +3,6 @@ package fleet
 import (
 	"context"
 	"errors"
-	"log/slog"
 	"strings"
 	"sync"
 	"testing"
@@ -14,21 +13,6 @@ import (
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 )
-
-// newTestPool is a pool with the bastion's key; adjust sets options. It is closed at cleanup.
-func newTestPool(t testing.TB, signer gossh.Signer, adjust ...func(*PoolOptions)) *Pool {
-	t.Helper()
-	opts := PoolOptions{Signer: signer, Logger: slog.New(slog.DiscardHandler)}
-	for _, f := range adjust {
-		f(&opts)
-	}
-	p, err := NewPool(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { p.Close() })
-	return p
-}
 
 // closed reports whether c's connection ends, waiting a minute at most.
 func closed(c *gossh.Client) bool {
@@ -46,7 +30,7 @@ func TestNewPool(t *testing.T) {
 	if _, err := NewPool(PoolOptions{}); err == nil {
 		t.Fatal("NewPool without a signer succeeded")
 	}
-	p := newTestPool(t, testutil.NewSSHKey(t).Signer)
+	p := newTestHost(t).newTestPool(t)
 	want := PoolOptions{DialTimeout: 10 * time.Second, KeepaliveInterval: 15 * time.Second, KeepaliveTimeout: 10 * time.Second}
 	if p.opts.DialTimeout != want.DialTimeout || p.opts.KeepaliveInterval != want.KeepaliveInterval || p.opts.KeepaliveTimeout != want.KeepaliveTimeout {
 		t.Fatalf("defaults = %v, %v, %v; want %v, %v, %v", p.opts.DialTimeout, p.opts.KeepaliveInterval, p.opts.KeepaliveTimeout,
@@ -61,9 +45,8 @@ func TestNewPool(t *testing.T) {
 // TestPoolReusesOneConnection: every caller, concurrent or not, shares the host's one
 // connection.
 func TestPoolReusesOneConnection(t *testing.T) {
-	bastion := testutil.NewSSHKey(t)
-	th := newTestHost(t, bastion.Public())
-	p := newTestPool(t, bastion.Signer)
+	th := newTestHost(t)
+	p := th.newTestPool(t)
 	h := th.enrolled()
 
 	var wg sync.WaitGroup
@@ -96,9 +79,8 @@ func TestPoolReusesOneConnection(t *testing.T) {
 // TestPoolHostKeyMismatch: a host that presents another key than the enrolled one is sent
 // nothing (it never sees a login) and is not pooled; the next call checks again at once.
 func TestPoolHostKeyMismatch(t *testing.T) {
-	bastion := testutil.NewSSHKey(t)
-	th := newTestHost(t, bastion.Public())
-	p := newTestPool(t, bastion.Signer)
+	th := newTestHost(t)
+	p := th.newTestPool(t)
 	h := th.enrolled()
 	h.HostKey = testutil.NewSSHKey(t).Public() // enrolled: another key
 
@@ -122,9 +104,8 @@ func TestPoolHostKeyMismatch(t *testing.T) {
 // TestPoolReenrolledHost: a pooled connection made with the host's old key is not used for
 // the host enrolled with another.
 func TestPoolReenrolledHost(t *testing.T) {
-	bastion := testutil.NewSSHKey(t)
-	th := newTestHost(t, bastion.Public())
-	p := newTestPool(t, bastion.Signer)
+	th := newTestHost(t)
+	p := th.newTestPool(t)
 	h := th.enrolled()
 	old, err := p.Conn(t.Context(), h)
 	if err != nil {
@@ -143,9 +124,8 @@ func TestPoolReenrolledHost(t *testing.T) {
 }
 
 func TestPoolInvalidate(t *testing.T) {
-	bastion := testutil.NewSSHKey(t)
-	th := newTestHost(t, bastion.Public())
-	p := newTestPool(t, bastion.Signer)
+	th := newTestHost(t)
+	p := th.newTestPool(t)
 	h := th.enrolled()
 	first, err := p.Conn(t.Context(), h)
 	if err != nil {
@@ -173,10 +153,9 @@ func TestPoolInvalidate(t *testing.T) {
 // TestPoolRedialBackoff: after a failed dial, callers get ErrHostUnreachable without a new
 // dial until the backoff passes; then the pool dials again, and a success ends the backoff.
 func TestPoolRedialBackoff(t *testing.T) {
-	bastion := testutil.NewSSHKey(t)
-	th := newTestHost(t, bastion.Public())
+	th := newTestHost(t)
 	th.set(func(th *testHost) { th.refuse = true })
-	p := newTestPool(t, bastion.Signer)
+	p := th.newTestPool(t)
 	h := th.enrolled()
 
 	start := time.Now()
@@ -211,9 +190,8 @@ func TestPoolRedialBackoff(t *testing.T) {
 
 // TestPoolCancelledDialIsNoFailure: a dial the caller gave up on says nothing of the host.
 func TestPoolCancelledDialIsNoFailure(t *testing.T) {
-	bastion := testutil.NewSSHKey(t)
-	th := newTestHost(t, bastion.Public())
-	p := newTestPool(t, bastion.Signer)
+	th := newTestHost(t)
+	p := th.newTestPool(t)
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
 	if _, err := p.Conn(ctx, th.enrolled()); err == nil {
@@ -225,10 +203,9 @@ func TestPoolCancelledDialIsNoFailure(t *testing.T) {
 }
 
 func TestPoolKeepalive(t *testing.T) {
-	bastion := testutil.NewSSHKey(t)
 	t.Run("answered", func(t *testing.T) {
-		th := newTestHost(t, bastion.Public())
-		p := newTestPool(t, bastion.Signer, func(o *PoolOptions) {
+		th := newTestHost(t)
+		p := th.newTestPool(t, func(o *PoolOptions) {
 			o.KeepaliveInterval, o.KeepaliveTimeout = time.Millisecond, time.Minute
 		})
 		c, err := p.Conn(t.Context(), th.enrolled())
@@ -244,8 +221,8 @@ func TestPoolKeepalive(t *testing.T) {
 		}
 	})
 	t.Run("unanswered", func(t *testing.T) {
-		th := newTestHost(t, bastion.Public())
-		p := newTestPool(t, bastion.Signer, func(o *PoolOptions) {
+		th := newTestHost(t)
+		p := th.newTestPool(t, func(o *PoolOptions) {
 			o.KeepaliveInterval, o.KeepaliveTimeout = time.Millisecond, 20*time.Millisecond
 		})
 		th.set(func(th *testHost) { th.mute = true })
@@ -263,8 +240,8 @@ func TestPoolKeepalive(t *testing.T) {
 		}
 	})
 	t.Run("host hangs up", func(t *testing.T) {
-		th := newTestHost(t, bastion.Public())
-		p := newTestPool(t, bastion.Signer)
+		th := newTestHost(t)
+		p := th.newTestPool(t)
 		if _, err := p.Conn(t.Context(), th.enrolled()); err != nil {
 			t.Fatal(err)
 		}
@@ -274,9 +251,8 @@ func TestPoolKeepalive(t *testing.T) {
 }
 
 func TestPoolClose(t *testing.T) {
-	bastion := testutil.NewSSHKey(t)
-	th := newTestHost(t, bastion.Public())
-	p := newTestPool(t, bastion.Signer)
+	th := newTestHost(t)
+	p := th.newTestPool(t)
 	c, err := p.Conn(t.Context(), th.enrolled())
 	if err != nil {
 		t.Fatal(err)
@@ -312,10 +288,9 @@ func TestPoolProtocol(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			bastion := testutil.NewSSHKey(t)
-			th := newTestHost(t, bastion.Public())
+			th := newTestHost(t)
 			th.set(func(th *testHost) { th.hello = tt.hello })
-			p := newTestPool(t, bastion.Signer, func(o *PoolOptions) {
+			p := th.newTestPool(t, func(o *PoolOptions) {
 				if tt.hello == helloSilent {
 					o.DialTimeout = 200 * time.Millisecond // the hello waits for it
 				}
@@ -338,7 +313,7 @@ func TestPoolProtocol(t *testing.T) {
 			}
 		})
 	}
-	if got := newTestPool(t, testutil.NewSSHKey(t).Signer).Protocol("web1"); got != 0 {
+	if got := newTestHost(t).newTestPool(t).Protocol("web1"); got != 0 {
 		t.Fatalf("Protocol without a connection = %d; want 0", got)
 	}
 }
@@ -347,7 +322,7 @@ func TestPoolProtocol(t *testing.T) {
 var errAny = errors.New("any error")
 
 func TestScanHostKey(t *testing.T) {
-	th := newTestHost(t, testutil.NewSSHKey(t).Public())
+	th := newTestHost(t)
 	key, err := ScanHostKey(t.Context(), th.addr())
 	if err != nil {
 		t.Fatal(err)
