@@ -388,30 +388,28 @@ func TestDeliveredOverUnixSocket(t *testing.T) {
 // TestNotDeliveredWhenTheClientGoesAway: a client that is gone before it read the result
 // did not take it, whether it closed, reset or simply never read.
 func TestNotDeliveredWhenTheClientGoesAway(t *testing.T) {
-	t.Run("tcp close before the response", func(t *testing.T) {
-		r := newRig(t, nil)
-		rm := r.serveTCP(t)
-		c := dialRaw(t, "tcp", rm.host)
-		r.mcp.beforeWrite = closeFirst(c, nil)
-		io.WriteString(c, rm.rawRequest(call("1")))
-		r.waitServed(t, 1)
-		wantDeliveries(t, r.journal)
-	})
-	t.Run("tcp reset before the response", func(t *testing.T) {
-		r := newRig(t, nil)
-		rm := r.serveTCP(t)
-		c := dialRaw(t, "tcp", rm.host)
-		r.mcp.beforeWrite = closeFirst(c, func() { c.(*net.TCPConn).SetLinger(0) })
-		io.WriteString(c, rm.rawRequest(call("1")))
-		r.waitServed(t, 1)
-		wantDeliveries(t, r.journal)
-	})
+	for _, reset := range []bool{false, true} {
+		t.Run(fmt.Sprintf("tcp gone before the response, reset %v", reset), func(t *testing.T) {
+			r := newRig(t, nil)
+			rm := r.serveTCP(t)
+			c := dialRaw(t, "tcp", rm.host)
+			r.mcp.beforeWrite = func(*http.Request) {
+				if reset {
+					c.(*net.TCPConn).SetLinger(0)
+				}
+				c.Close()
+			}
+			io.WriteString(c, rm.rawRequest(call("1")))
+			r.waitServed(t, 1)
+			wantDeliveries(t, r.journal)
+		})
+	}
 	t.Run("unix close without reading the response", func(t *testing.T) {
 		r := newRig(t, nil)
 		sock := r.serveUnix(t)
 		c := dialRaw(t, "unix", sock)
 		// The response is on the socket, unread, when the client goes.
-		r.mcp.afterWrite = closeFirst(c, nil)
+		r.mcp.afterWrite = func(*http.Request) { c.Close() }
 		body := call("1")
 		fmt.Fprintf(c, "POST /mcp HTTP/1.1\r\nHost: postern\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 		r.waitServed(t, 1)
@@ -427,17 +425,6 @@ func dialRaw(t testing.TB, network, addr string) net.Conn {
 	}
 	t.Cleanup(func() { c.Close() })
 	return c
-}
-
-// closeFirst is a handler hook that closes the client's end c (after prepare, if any) before
-// the handler goes on.
-func closeFirst(c net.Conn, prepare func()) func(*http.Request) {
-	return func(*http.Request) {
-		if prepare != nil {
-			prepare()
-		}
-		c.Close()
-	}
 }
 
 // TestCancelInFlight: notifications/cancelled for a call in flight ends its handler and its
