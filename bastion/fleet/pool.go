@@ -179,8 +179,10 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 		return nil, errors.New("bastion: pool closed")
 	}
 	p.conns[h.Name] = pc
-	p.mu.Unlock()
+	// Added under mu, with closed checked: Close (which sets closed under mu, then waits)
+	// either sees this loop or stops it from starting.
 	p.wg.Add(1)
+	p.mu.Unlock()
 	go p.keepalive(h.Name, pc)
 	return client, nil
 }
