@@ -362,8 +362,10 @@ func TestEngineErrors(t *testing.T) {
 }
 
 // TestListResults: executions_list and hosts_list answer one line per item (or say there
-// is none) and the engine's result as structured content.
+// is none) and the engine's result as structured content. Times are shown in UTC, whatever
+// zone the engine's time is in.
 func TestListResults(t *testing.T) {
+	paris := time.FixedZone("CEST", 2*3600)
 	tests := []struct {
 		name     string
 		list     *api.ListResult
@@ -382,7 +384,7 @@ func TestListResults(t *testing.T) {
 			name: "some",
 			list: &api.ListResult{Executions: []*api.Execution{
 				{ExecutionID: "ex_2", State: "running", Host: "h2", Command: "sleep 60", AcceptedAt: at.Add(time.Minute)},
-				{ExecutionID: "ex_1", State: "completed", Host: "h1", Command: "uptime", AcceptedAt: at},
+				{ExecutionID: "ex_1", State: "completed", Host: "h1", Command: "uptime", AcceptedAt: at.In(paris)},
 			}},
 			hosts: &api.HostsResult{Hosts: []api.HostInfo{
 				{Name: "h1", Addr: "10.0.0.1:22", Account: "deploy", HostKeyType: "ssh-ed25519", HostKey: "SHA256:abc", Guarantee: "hostagent", Connected: true},
