@@ -15,6 +15,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/delivery"
+	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
 )
 
@@ -284,6 +285,15 @@ func connect(t testing.TB, e Engine, s session) *mcp.ClientSession {
 		s.version = "2025-11-25"
 	}
 	c := mcp.NewClient(&mcp.Implementation{Name: "test-client", Version: "0"}, s.client)
+	if err := errors.Join(
+		mcp.AddSendingCustomMethod[*taskRef, *taskAnswer](c, "tasks/get"),
+		mcp.AddSendingCustomMethod[*taskRef, *taskAnswer](c, "tasks/cancel"),
+		mcp.AddSendingCustomMethod[*taskRef, *mcp.CallToolResult](c, "tasks/result"),
+		mcp.AddSendingCustomMethod[*listRef, *listAnswer](c, "tasks/list"),
+		mcp.AddSendingCustomMethod[*approvalParams, *approvalResult](c, transport.MethodApproval),
+	); err != nil {
+		t.Fatal(err)
+	}
 	cs, err := c.Connect(ctx, ct, &mcp.ClientSessionOptions{ProtocolVersion: s.version})
 	if err != nil {
 		t.Fatalf("client connect: %v", err)
@@ -325,6 +335,31 @@ func (c *identifiedConn) Read(ctx context.Context) (jsonrpc.Message, error) {
 }
 
 func (c *identifiedConn) SessionID() string { return c.s.id }
+
+// taskRef are the params of tasks/get, tasks/cancel and tasks/result.
+type taskRef struct {
+	mcp.ParamsBase
+	TaskID string `json:"taskId"`
+}
+
+// listRef are the params of tasks/list.
+type listRef struct {
+	mcp.ParamsBase
+	Cursor string `json:"cursor,omitempty"`
+}
+
+// taskAnswer is the result of tasks/get and tasks/cancel (2025-11-25).
+type taskAnswer struct {
+	mcp.ResultBase
+	tasks.Task
+}
+
+// listAnswer is the result of tasks/list.
+type listAnswer struct {
+	mcp.ResultBase
+	Tasks      []tasks.Task `json:"tasks"`
+	NextCursor string       `json:"nextCursor,omitempty"`
+}
 
 // callTool calls a tool and fails the test on a protocol error.
 func callTool(t testing.TB, cs *mcp.ClientSession, name string, args any) *mcp.CallToolResult {
