@@ -244,14 +244,14 @@ func (j *fakeJournal) deliveredIDs() []string {
 var discardLogger = slog.New(slog.DiscardHandler)
 
 // newServer is New over e with a real delivery tracker that journals into j.
-func newServer(t testing.TB, e Engine, j *fakeJournal) *mcp.Server {
+func newServer(t testing.TB, e Engine, j *fakeJournal) (*mcp.Server, *delivery.Tracker) {
 	t.Helper()
 	tracker := delivery.NewTracker(j, nil, time.Minute, time.Now, discardLogger)
 	srv, err := New(e, Options{Tracker: tracker, Logger: discardLogger})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	return srv
+	return srv, tracker
 }
 
 // session configures connect.
@@ -273,7 +273,7 @@ type session struct {
 // (transport.TokenInfoFor) and the header of the request that carried them.
 func connect(t testing.TB, e Engine, s session) *mcp.ClientSession {
 	t.Helper()
-	srv := newServer(t, e, &fakeJournal{})
+	srv, _ := newServer(t, e, &fakeJournal{})
 	ct, st := mcp.NewInMemoryTransports()
 	ctx := t.Context()
 	ss, err := srv.Connect(ctx, &identifiedTransport{Transport: st, s: s}, nil)
