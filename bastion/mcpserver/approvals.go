@@ -123,13 +123,19 @@ func (o *offerTokens) redeem(id, token string) bool {
 }
 
 // sessionElicits reports whether ss is a stateful session (it has an id) whose client
-// declared elicitation: the daemon can ask it itself.
+// declared form elicitation (an empty elicitation object means form, as before modes
+// existed; the bridge decides the same): the daemon can ask it itself. A client that takes
+// only url elicitation cannot be sent the approval form, and the engine journals an ask.
 func sessionElicits(ss *mcp.ServerSession) bool {
 	if ss == nil || ss.ID() == "" {
 		return false
 	}
 	p := ss.InitializeParams()
-	return p != nil && p.Capabilities != nil && p.Capabilities.Elicitation != nil
+	if p == nil || p.Capabilities == nil {
+		return false
+	}
+	e := p.Capabilities.Elicitation
+	return e != nil && (e.Form != nil || e.URL == nil)
 }
 
 // askInSession asks the user of a stateful Streamable HTTP session about x (elicitation,

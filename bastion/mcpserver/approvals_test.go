@@ -352,10 +352,10 @@ func TestAskInSession(t *testing.T) {
 	}
 }
 
-// TestAskInSessionGuards: nobody is asked — the engine is not even asked to ask — in a
-// stateless session, by a client that declared no elicitation, for a local caller (the
-// bridge asks those), for a tool that only reads an execution, or for an execution that
-// does not await approval.
+// TestAskInSessionGuards: nobody is asked — the engine is not even asked to ask, which it
+// journals — in a stateless session, by a client that declared no form elicitation (the
+// approval is a form), for a local caller (the bridge asks those), for a tool that only
+// reads an execution, or for an execution that does not await approval.
 func TestAskInSessionGuards(t *testing.T) {
 	user := &elicitor{answer: &mcp.ElicitResult{Action: "accept", Content: map[string]any{"decision": "approve"}}}
 	elicits := &mcp.ClientOptions{ElicitationHandler: user.handle}
@@ -367,6 +367,10 @@ func TestAskInSessionGuards(t *testing.T) {
 	}{
 		{"a stateless session", session{caller: &remoteCaller, client: elicits}, "ssh_exec", "awaiting_approval"},
 		{"a client without elicitation", session{caller: &remoteCaller, id: "session-1"}, "ssh_exec", "awaiting_approval"},
+		{"a client with url elicitation only", session{caller: &remoteCaller, id: "session-1", client: &mcp.ClientOptions{
+			ElicitationHandler: user.handle,
+			Capabilities:       &mcp.ClientCapabilities{Elicitation: &mcp.ElicitationCapabilities{URL: &mcp.URLElicitationCapabilities{}}},
+		}}, "ssh_exec", "awaiting_approval"},
 		{"a local caller", session{caller: &bridgedCaller, id: "session-1", client: elicits}, "ssh_exec", "awaiting_approval"},
 		{"execution_status", session{caller: &remoteCaller, id: "session-1", client: elicits}, "execution_status", "awaiting_approval"},
 		{"a running execution", session{caller: &remoteCaller, id: "session-1", client: elicits}, "ssh_exec", "running"},
@@ -395,5 +399,22 @@ func TestAskInSessionGuards(t *testing.T) {
 				t.Errorf("the user was asked: %+v", q)
 			}
 		})
+	}
+}
+
+// TestAskInSessionBeforeModes: a client of a protocol version before elicitation modes
+// declares elicitation as {}, which means form: it is asked.
+func TestAskInSessionBeforeModes(t *testing.T) {
+	user := &elicitor{answer: &mcp.ElicitResult{Action: "decline"}}
+	e := &fakeEngine{
+		exec: func(context.Context, api.ExecArgs, func(*api.Execution)) (*api.Execution, error) {
+			return execution("ex_1", "awaiting_approval"), nil
+		},
+		askInClient: func(id string) (*api.ApprovalRequest, error) { return askOf(id), nil },
+	}
+	cs := connect(t, e, session{caller: &remoteCaller, id: "session-1", version: "2025-06-18", client: &mcp.ClientOptions{ElicitationHandler: user.handle}})
+	callTool(t, cs, "ssh_exec", map[string]any{"host": "h1", "command": "make deploy"})
+	if q := user.questions(); len(q) != 1 {
+		t.Errorf("the user was asked %d times; want once", len(q))
 	}
 }
