@@ -6,6 +6,7 @@ import (
 	"errors"
 	"log/slog"
 	"net/http"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -195,8 +196,9 @@ func (f *fakeEngine) AskInClient(_ context.Context, c transport.Caller, id strin
 // decision is what DecideInClient was asked to journal.
 type decision struct {
 	ID, Decision, Note string
-	// Redeemed is what the redeem func answered, nil when there was none.
-	Redeemed *bool
+	// Redeemed is what the redeem func answered ("true" or "false"), "" when it was not
+	// called.
+	Redeemed string
 }
 
 func (f *fakeEngine) DecideInClient(_ context.Context, c transport.Caller, id, d, note string, redeem func() bool) (*api.Execution, error) {
@@ -205,12 +207,12 @@ func (f *fakeEngine) DecideInClient(_ context.Context, c transport.Caller, id, d
 		return nil, errUnscripted
 	}
 	// Redeem as the engine does, once its other checks passed, and record the answer.
-	var redeemed *bool
+	redeemed := ""
 	wrapped := redeem
 	if redeem != nil {
 		wrapped = func() bool {
 			ok := redeem()
-			redeemed = &ok
+			redeemed = strconv.FormatBool(ok)
 			return ok
 		}
 	}
