@@ -64,11 +64,6 @@ func TestOffer(t *testing.T) {
 		{name: "a decided execution", caller: bridgedCaller, header: formHeader, tool: "ssh_exec", state: "rejected", ask: askOf("ex_1")},
 		{name: "execution_status of an awaiting execution", caller: bridgedCaller, header: formHeader, tool: "execution_status", state: "awaiting_approval", ask: askOf("ex_1")},
 	}
-	args := map[string]map[string]any{
-		"ssh_exec":         {"host": "h1", "command": "make deploy"},
-		"http_request":     {"endpoint": "e", "method": "POST", "path": "/"},
-		"execution_status": {"execution_id": "ex_1"},
-	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			x := execution("ex_1", tt.state)
@@ -80,7 +75,7 @@ func TestOffer(t *testing.T) {
 				askInClient: func(string) (*api.ApprovalRequest, error) { return tt.ask, tt.askErr },
 			}
 			cs := connect(t, e, session{caller: &tt.caller, header: tt.header})
-			res := callTool(t, cs, tt.tool, args[tt.tool])
+			res := callTool(t, cs, tt.tool, toolArgs[tt.tool])
 			asks := e.callsTo("AskInClient")
 			if got := len(asks) > 0; got != tt.wantAsk {
 				t.Errorf("engine asked = %v; want %v", got, tt.wantAsk)
@@ -385,11 +380,7 @@ func TestAskInSessionGuards(t *testing.T) {
 				askInClient: func(id string) (*api.ApprovalRequest, error) { return askOf(id), nil },
 			}
 			cs := connect(t, e, tt.s)
-			args := map[string]any{"host": "h1", "command": "make deploy"}
-			if tt.tool == "execution_status" {
-				args = map[string]any{"execution_id": "ex_1"}
-			}
-			res := callTool(t, cs, tt.tool, args)
+			res := callTool(t, cs, tt.tool, toolArgs[tt.tool])
 			if got := decode[*api.Execution](t, res.StructuredContent); got.State != tt.state {
 				t.Errorf("state = %s; want %s", got.State, tt.state)
 			}

@@ -149,19 +149,15 @@ func TestDelivery(t *testing.T) {
 				x := *tt.x
 				return &x, nil
 			}
-			e := &fakeEngine{
-				exec:   func(context.Context, api.ExecArgs, func(*api.Execution)) (*api.Execution, error) { return answer() },
-				status: func(string) (*api.Execution, error) { return answer() },
-				output: func(api.OutputArgs) (*api.Execution, error) { return answer() },
-				state: func(id string) (*api.ExecutionState, error) {
-					x, err := answer()
-					if err != nil {
-						return nil, err
-					}
-					return stateOf(x), nil
-				},
-				awaitEnd: func(context.Context, string, func(*api.ExecutionState)) (*api.Execution, error) { return answer() },
+			e := answering(answer)
+			e.state = func(string) (*api.ExecutionState, error) {
+				x, err := answer()
+				if err != nil {
+					return nil, err
+				}
+				return stateOf(x), nil
 			}
+			e.awaitEnd = func(context.Context, string, func(*api.ExecutionState)) (*api.Execution, error) { return answer() }
 			ep := serveHTTP(t, e, remoteCaller)
 			if a := ep.post(t, tt.call.method, tt.call.params, nil); a.Error != nil {
 				t.Fatalf("%s: %+v", tt.call.method, a.Error)

@@ -221,6 +221,43 @@ func (f *fakeEngine) DecideInClient(_ context.Context, c transport.Caller, id, d
 	return x, err
 }
 
+// answering is an engine with an HTTP plugin whose tools all answer what answer returns:
+// the execution tools its execution, executions_list and hosts_list an empty result (or
+// its error).
+func answering(answer func() (*api.Execution, error)) *fakeEngine {
+	return &fakeEngine{
+		httpEnabled: true,
+		exec:        func(context.Context, api.ExecArgs, func(*api.Execution)) (*api.Execution, error) { return answer() },
+		httpRequest: func(context.Context, api.HTTPArgs, func(*api.Execution)) (*api.Execution, error) { return answer() },
+		status:      func(string) (*api.Execution, error) { return answer() },
+		output:      func(api.OutputArgs) (*api.Execution, error) { return answer() },
+		cancel:      func(string) (*api.Execution, error) { return answer() },
+		list: func(api.ListArgs) (*api.ListResult, error) {
+			if _, err := answer(); err != nil {
+				return nil, err
+			}
+			return &api.ListResult{Executions: []*api.Execution{}}, nil
+		},
+		hosts: func() (*api.HostsResult, error) {
+			if _, err := answer(); err != nil {
+				return nil, err
+			}
+			return &api.HostsResult{Hosts: []api.HostInfo{}}, nil
+		},
+	}
+}
+
+// toolArgs are arguments each tool accepts.
+var toolArgs = map[string]map[string]any{
+	"ssh_exec":         {"host": "h1", "command": "make deploy"},
+	"http_request":     {"endpoint": "billing", "method": "POST", "path": "/v1/charges"},
+	"execution_status": {"execution_id": "ex_1"},
+	"execution_output": {"execution_id": "ex_1"},
+	"execution_cancel": {"execution_id": "ex_1"},
+	"executions_list":  {},
+	"hosts_list":       {},
+}
+
 // fakeJournal is the engine's delivery journal (delivery.Journal): it records the
 // executions journaled delivered.
 type fakeJournal struct {

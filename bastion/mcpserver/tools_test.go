@@ -89,17 +89,7 @@ func TestToolList(t *testing.T) {
 // caller the transport identified — a run_id argument is an argument, never the caller's —
 // and a read-only tool calls only the engine's reads.
 func TestToolsCallTheEngine(t *testing.T) {
-	x := execution("ex_1", "completed")
-	e := &fakeEngine{
-		httpEnabled: true,
-		exec:        func(context.Context, api.ExecArgs, func(*api.Execution)) (*api.Execution, error) { return x, nil },
-		httpRequest: func(context.Context, api.HTTPArgs, func(*api.Execution)) (*api.Execution, error) { return x, nil },
-		status:      func(string) (*api.Execution, error) { return x, nil },
-		output:      func(api.OutputArgs) (*api.Execution, error) { return x, nil },
-		cancel:      func(string) (*api.Execution, error) { return x, nil },
-		list:        func(api.ListArgs) (*api.ListResult, error) { return &api.ListResult{}, nil },
-		hosts:       func() (*api.HostsResult, error) { return &api.HostsResult{}, nil },
-	}
+	e := answering(func() (*api.Execution, error) { return execution("ex_1", "completed"), nil })
 	cs := connect(t, e, session{caller: &remoteCaller})
 	tests := []struct {
 		tool     string
@@ -207,15 +197,6 @@ func TestArgumentsNameNoCaller(t *testing.T) {
 // TestUnauthenticated: a request the transport did not identify is refused with code
 // unauthenticated by every tool, and the engine hears nothing of it.
 func TestUnauthenticated(t *testing.T) {
-	args := map[string]map[string]any{
-		"ssh_exec":         {"host": "h1", "command": "id"},
-		"http_request":     {"endpoint": "e", "method": "GET", "path": "/"},
-		"execution_status": {"execution_id": "ex_1"},
-		"execution_output": {"execution_id": "ex_1"},
-		"execution_cancel": {"execution_id": "ex_1"},
-		"executions_list":  {},
-		"hosts_list":       {},
-	}
 	sessions := []struct {
 		name string
 		s    session
@@ -227,7 +208,7 @@ func TestUnauthenticated(t *testing.T) {
 		t.Run(ss.name, func(t *testing.T) {
 			e := &fakeEngine{httpEnabled: true}
 			cs := connect(t, e, ss.s)
-			for tool, a := range args {
+			for tool, a := range toolArgs {
 				res := callTool(t, cs, tool, a)
 				if got, want := textOf(t, res), api.CodeUnauthenticated+": the transport did not identify the caller"; !res.IsError || got != want {
 					t.Errorf("%s: isError %v, %q; want isError, %q", tool, res.IsError, got, want)
@@ -277,31 +258,22 @@ func TestExecutionResults(t *testing.T) {
 	}
 	tools := []struct {
 		name       string
-		args       map[string]any
 		startsWork bool
 	}{
-		{"ssh_exec", map[string]any{"host": "h1", "command": "make deploy"}, true},
-		{"http_request", map[string]any{"endpoint": "e", "method": "GET", "path": "/"}, true},
-		{"execution_status", map[string]any{"execution_id": "ex_1"}, false},
-		{"execution_output", map[string]any{"execution_id": "ex_1"}, false},
-		{"execution_cancel", map[string]any{"execution_id": "ex_1"}, false},
+		{"ssh_exec", true},
+		{"http_request", true},
+		{"execution_status", false},
+		{"execution_output", false},
+		{"execution_cancel", false},
 	}
 	var mu sync.Mutex
 	var next *api.Execution
-	answer := func() (*api.Execution, error) {
+	e := answering(func() (*api.Execution, error) {
 		mu.Lock()
 		defer mu.Unlock()
 		cp := *next
 		return &cp, nil
-	}
-	e := &fakeEngine{
-		httpEnabled: true,
-		exec:        func(context.Context, api.ExecArgs, func(*api.Execution)) (*api.Execution, error) { return answer() },
-		httpRequest: func(context.Context, api.HTTPArgs, func(*api.Execution)) (*api.Execution, error) { return answer() },
-		status:      func(string) (*api.Execution, error) { return answer() },
-		output:      func(api.OutputArgs) (*api.Execution, error) { return answer() },
-		cancel:      func(string) (*api.Execution, error) { return answer() },
-	}
+	})
 	cs := connect(t, e, session{caller: &remoteCaller})
 	for _, tool := range tools {
 		for _, ex := range executions {
@@ -309,7 +281,7 @@ func TestExecutionResults(t *testing.T) {
 				mu.Lock()
 				next = ex.x
 				mu.Unlock()
-				res := callTool(t, cs, tool.name, tool.args)
+				res := callTool(t, cs, tool.name, toolArgs[tool.name])
 				if want := tool.startsWork && ex.callFailed; res.IsError != want {
 					t.Errorf("isError = %v; want %v", res.IsError, want)
 				}
@@ -331,26 +303,9 @@ func TestExecutionResults(t *testing.T) {
 // result, with no structured content.
 func TestEngineErrors(t *testing.T) {
 	refused := &api.ToolError{Code: api.CodeNotFound, Message: "no execution ex_404 of yours", ExecutionID: "ex_404"}
-	e := &fakeEngine{
-		httpEnabled: true,
-		exec:        func(context.Context, api.ExecArgs, func(*api.Execution)) (*api.Execution, error) { return nil, refused },
-		httpRequest: func(context.Context, api.HTTPArgs, func(*api.Execution)) (*api.Execution, error) { return nil, refused },
-		status:      func(string) (*api.Execution, error) { return nil, refused },
-		output:      func(api.OutputArgs) (*api.Execution, error) { return nil, refused },
-		cancel:      func(string) (*api.Execution, error) { return nil, refused },
-		list:        func(api.ListArgs) (*api.ListResult, error) { return nil, refused },
-		hosts:       func() (*api.HostsResult, error) { return nil, refused },
-	}
+	e := answering(func() (*api.Execution, error) { return nil, refused })
 	cs := connect(t, e, session{caller: &remoteCaller})
-	for tool, args := range map[string]map[string]any{
-		"ssh_exec":         {"host": "h1", "command": "id"},
-		"http_request":     {"endpoint": "e", "method": "GET", "path": "/"},
-		"execution_status": {"execution_id": "ex_404"},
-		"execution_output": {"execution_id": "ex_404"},
-		"execution_cancel": {"execution_id": "ex_404"},
-		"executions_list":  {},
-		"hosts_list":       {},
-	} {
+	for tool, args := range toolArgs {
 		res := callTool(t, cs, tool, args)
 		if got, want := textOf(t, res), "not_found: no execution ex_404 of yours"; !res.IsError || got != want {
 			t.Errorf("%s: isError %v, %q; want isError, %q", tool, res.IsError, got, want)
