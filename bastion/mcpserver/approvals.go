@@ -109,13 +109,14 @@ func (o *offerTokens) issue(id string, now time.Time) string {
 	return token
 }
 
-// redeem reports whether token is execution id's, and forgets it if so: a token decides once.
-func (o *offerTokens) redeem(id, token string) bool {
+// redeem reports whether token is execution id's and was issued at most offerTokenTTL before
+// now, and forgets it if so: a token decides once.
+func (o *offerTokens) redeem(id, token string, now time.Time) bool {
 	sum := sha256.Sum256([]byte(token))
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	t, ok := o.m[id]
-	if !ok || subtle.ConstantTimeCompare(t.sum[:], sum[:]) != 1 {
+	if !ok || subtle.ConstantTimeCompare(t.sum[:], sum[:]) != 1 || now.Sub(t.at) > offerTokenTTL {
 		return false
 	}
 	delete(o.m, id)
@@ -210,7 +211,7 @@ func (s *server) installApprovals() error {
 		if p == nil {
 			p = &approvalParams{}
 		}
-		redeem := func() bool { return s.offers.redeem(p.ExecutionID, p.Token) }
+		redeem := func() bool { return s.offers.redeem(p.ExecutionID, p.Token, s.now()) }
 		x, err := s.engine.DecideInClient(ctx, c, p.ExecutionID, p.Decision, p.Note, redeem)
 		if err != nil {
 			return nil, err

@@ -172,6 +172,41 @@ func TestApprovalByOffer(t *testing.T) {
 	}
 }
 
+// TestApprovalTokenExpires: an offer's token decides for offerTokenTTL after the offer, not
+// later — whether or not another offer was made since.
+func TestApprovalTokenExpires(t *testing.T) {
+	var mu sync.Mutex
+	now := at
+	clock := func() time.Time {
+		mu.Lock()
+		defer mu.Unlock()
+		return now
+	}
+	e := &fakeEngine{
+		exec: func(context.Context, api.ExecArgs, func(*api.Execution)) (*api.Execution, error) {
+			return execution("ex_1", "awaiting_approval"), nil
+		},
+		askInClient: func(id string) (*api.ApprovalRequest, error) { return askOf(id), nil },
+		decideInClient: func(id, _, _ string, redeem func() bool) (*api.Execution, error) {
+			if !redeem() {
+				return nil, &api.ToolError{Code: api.CodeNotOffered, Message: "no such offer", ExecutionID: id}
+			}
+			return execution(id, "authorized"), nil
+		},
+	}
+	cs := connect(t, e, session{caller: &bridgedCaller, header: formHeader, now: clock})
+	token, _ := offerOf(t, callTool(t, cs, "ssh_exec", toolArgs["ssh_exec"]))["token"].(string)
+
+	mu.Lock()
+	now = now.Add(offerTokenTTL + time.Second)
+	mu.Unlock()
+	_, err := mcp.CallCustomMethod[*approvalParams, *approvalResult](t.Context(), cs, transport.MethodApproval,
+		&approvalParams{ExecutionID: "ex_1", Decision: "approve", Token: token})
+	if err == nil {
+		t.Errorf("a decision with a token older than %v was journaled", offerTokenTTL)
+	}
+}
+
 // TestApprovalUnauthenticated: a decision on a request the transport did not identify is
 // refused before the engine.
 func TestApprovalUnauthenticated(t *testing.T) {
@@ -187,34 +222,38 @@ func TestApprovalUnauthenticated(t *testing.T) {
 	}
 }
 
-// TestOfferTokens: a token decides its own execution once; a later offer for the same
-// execution replaces it; tokens older than offerTokenTTL are dropped when an offer is made.
+// TestOfferTokens: a token decides its own execution once, for offerTokenTTL; a later offer
+// for the same execution replaces it; tokens older than offerTokenTTL are dropped when an
+// offer is made.
 func TestOfferTokens(t *testing.T) {
 	var o offerTokens
 	a := o.issue("ex_a", at)
 	b := o.issue("ex_b", at.Add(time.Hour))
-	if o.redeem("ex_a", b) {
+	if o.redeem("ex_a", b, at) {
 		t.Error("ex_b's token redeemed for ex_a")
 	}
-	if !o.redeem("ex_a", a) {
+	if !o.redeem("ex_a", a, at.Add(offerTokenTTL)) {
 		t.Error("ex_a's token not redeemed")
 	}
-	if o.redeem("ex_a", a) {
+	if o.redeem("ex_a", a, at) {
 		t.Error("ex_a's token redeemed twice")
 	}
 
 	old := o.issue("ex_c", at)
 	current := o.issue("ex_c", at)
-	if o.redeem("ex_c", old) {
+	if o.redeem("ex_c", old, at) {
 		t.Error("a replaced token redeemed")
 	}
-	if !o.redeem("ex_c", current) {
+	if !o.redeem("ex_c", current, at) {
 		t.Error("the current token not redeemed")
 	}
 
+	if o.redeem("ex_b", b, at.Add(time.Hour+offerTokenTTL+time.Second)) {
+		t.Error("a token older than offerTokenTTL redeemed")
+	}
 	o.issue("ex_d", at.Add(time.Hour+offerTokenTTL+time.Second))
-	if o.redeem("ex_b", b) {
-		t.Error("a token older than offerTokenTTL redeemed after a later offer")
+	if n := len(o.m); n != 1 {
+		t.Errorf("%d tokens kept after an offer past the others' TTL; want 1", n)
 	}
 }
 

@@ -34,7 +34,7 @@ type endpoint struct {
 func serveHTTP(t testing.TB, e Engine, c transport.Caller) *endpoint {
 	t.Helper()
 	ep := &endpoint{journal: &fakeJournal{}}
-	srv, tracker := newServer(t, e, ep.journal)
+	srv, tracker := newServer(t, e, ep.journal, nil)
 	streamable := mcp.NewStreamableHTTPHandler(func(*http.Request) *mcp.Server { return srv },
 		&mcp.StreamableHTTPOptions{Stateless: true, Logger: discardLogger})
 	identify := auth.RequireBearerToken(func(context.Context, string, *http.Request) (*auth.TokenInfo, error) {

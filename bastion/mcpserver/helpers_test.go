@@ -282,11 +282,12 @@ func (j *fakeJournal) deliveredIDs() []string {
 
 var discardLogger = slog.New(slog.DiscardHandler)
 
-// newServer is New over e with a real delivery tracker that journals into j.
-func newServer(t testing.TB, e Engine, j *fakeJournal) (*mcp.Server, *delivery.Tracker) {
+// newServer is New over e with a real delivery tracker that journals into j, and the clock
+// now (nil: New's default).
+func newServer(t testing.TB, e Engine, j *fakeJournal, now func() time.Time) (*mcp.Server, *delivery.Tracker) {
 	t.Helper()
 	tracker := delivery.NewTracker(j, nil, time.Minute, time.Now, discardLogger)
-	srv, err := New(e, Options{Tracker: tracker, Logger: discardLogger})
+	srv, err := New(e, Options{Tracker: tracker, Logger: discardLogger, Now: now})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
@@ -305,6 +306,8 @@ type session struct {
 	client *mcp.ClientOptions
 	// version is the protocol version the client asks for (default 2025-11-25).
 	version string
+	// now is the server's clock (default time.Now).
+	now func() time.Time
 }
 
 // connect serves e over go-sdk's in-memory transports and returns a connected client.
@@ -312,7 +315,7 @@ type session struct {
 // (transport.TokenInfoFor) and the header of the request that carried them.
 func connect(t testing.TB, e Engine, s session) *mcp.ClientSession {
 	t.Helper()
-	srv, _ := newServer(t, e, &fakeJournal{})
+	srv, _ := newServer(t, e, &fakeJournal{}, s.now)
 	ct, st := mcp.NewInMemoryTransports()
 	ctx := t.Context()
 	ss, err := srv.Connect(ctx, &identifiedTransport{Transport: st, s: s}, nil)
