@@ -109,13 +109,14 @@ func (o *offerTokens) issue(id string, now time.Time) string {
 	return token
 }
 
-// redeem reports whether token is execution id's, and forgets it if so: a token decides once.
-func (o *offerTokens) redeem(id, token string) bool {
+// redeem reports whether token is execution id's and was issued at most offerTokenTTL before
+// now, and forgets it if so: a token decides once.
+func (o *offerTokens) redeem(id, token string, now time.Time) bool {
 	sum := sha256.Sum256([]byte(token))
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	t, ok := o.m[id]
-	if !ok || subtle.ConstantTimeCompare(t.sum[:], sum[:]) != 1 {
+	if !ok || subtle.ConstantTimeCompare(t.sum[:], sum[:]) != 1 || now.Sub(t.at) > offerTokenTTL {
 		return false
 	}
 	delete(o.m, id)
@@ -123,13 +124,19 @@ func (o *offerTokens) redeem(id, token string) bool {
 }
 
 // sessionElicits reports whether ss is a stateful session (it has an id) whose client
-// declared elicitation: the daemon can ask it itself.
+// declared form elicitation (an empty elicitation object means form, as before modes
+// existed; the bridge decides the same): the daemon can ask it itself. A client that takes
+// only url elicitation cannot be sent the approval form, and the engine journals an ask.
 func sessionElicits(ss *mcp.ServerSession) bool {
 	if ss == nil || ss.ID() == "" {
 		return false
 	}
 	p := ss.InitializeParams()
-	return p != nil && p.Capabilities != nil && p.Capabilities.Elicitation != nil
+	if p == nil || p.Capabilities == nil {
+		return false
+	}
+	e := p.Capabilities.Elicitation
+	return e != nil && (e.Form != nil || e.URL == nil)
 }
 
 // askInSession asks the user of a stateful Streamable HTTP session about x (elicitation,
@@ -204,7 +211,7 @@ func (s *server) installApprovals() error {
 		if p == nil {
 			p = &approvalParams{}
 		}
-		redeem := func() bool { return s.offers.redeem(p.ExecutionID, p.Token) }
+		redeem := func() bool { return s.offers.redeem(p.ExecutionID, p.Token, s.now()) }
 		x, err := s.engine.DecideInClient(ctx, c, p.ExecutionID, p.Decision, p.Note, redeem)
 		if err != nil {
 			return nil, err

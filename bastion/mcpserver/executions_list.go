@@ -35,7 +35,7 @@ func listSummary(out *api.ListResult) string {
 	}
 	var s string
 	for _, x := range out.Executions {
-		s += fmt.Sprintf("%s %s %s on %s: %s\n", x.ExecutionID, x.AcceptedAt.Format("2006-01-02T15:04:05Z"), x.State, x.Host, x.Command)
+		s += fmt.Sprintf("%s %s %s on %s: %s\n", x.ExecutionID, x.AcceptedAt.UTC().Format("2006-01-02T15:04:05Z"), x.State, x.Host, x.Command)
 	}
 	return s
 }

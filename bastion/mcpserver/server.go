@@ -12,6 +12,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
@@ -204,16 +205,24 @@ func result(ctx context.Context, role toolRole, x *api.Execution, err error) (*m
 	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: x.Summary()}}, IsError: isError}, x, nil
 }
 
-// progressFor reports progress to the client if it asked for it (a progress token).
+// progressFor reports progress to the client if it asked for it (a progress token). The
+// progress value counts the notifications, as tasks/result's do: MCP requires it to increase
+// with each one, and the output of a command that prints nothing does not; the message says
+// how much output there is.
 func progressFor(ctx context.Context, req *mcp.CallToolRequest) func(*api.Execution) {
 	token := req.Params.GetProgressToken()
 	if token == nil {
 		return nil
 	}
+	var mu sync.Mutex // guards n, and orders the notifications as their values
+	n := 0
 	return func(x *api.Execution) {
+		mu.Lock()
+		defer mu.Unlock()
+		n++
 		req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
 			ProgressToken: token,
-			Progress:      float64(x.StdoutBytes + x.StderrBytes),
+			Progress:      float64(n),
 			Message:       fmt.Sprintf("%s %s: %d bytes of output", x.ExecutionID, x.State, x.StdoutBytes+x.StderrBytes),
 		})
 	}

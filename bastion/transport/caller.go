@@ -40,9 +40,12 @@ type Caller struct {
 // callerKey is the auth.TokenInfo.Extra key under which the transport stores the Caller.
 const callerKey = "postern.caller"
 
-// tokenInfoFor wraps c in the TokenInfo that go-sdk hands to tool handlers as
-// req.Extra.TokenInfo. No expiration: the transport proves identity per request.
-func tokenInfoFor(c Caller) *auth.TokenInfo {
+// TokenInfoFor wraps c in the TokenInfo that go-sdk hands to tool handlers as
+// req.Extra.TokenInfo: what HTTPHandler and UnixServer attach to every request, and what
+// CallerFromTokenInfo reads back. No expiration: the transport proves identity per request.
+// Outside this package it is for tests of MCP handlers, which attach a caller to requests
+// over go-sdk's in-memory transports as the front ends do over HTTP.
+func TokenInfoFor(c Caller) *auth.TokenInfo {
 	return &auth.TokenInfo{
 		UserID: c.Actor,
 		Extra:  map[string]any{callerKey: c},

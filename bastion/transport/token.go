@@ -117,6 +117,6 @@ func (t *actorTable) verifier() auth.TokenVerifier {
 			return nil, auth.ErrInvalidToken
 		}
 		runID, _ := runIDFromHeader(req.Header)
-		return tokenInfoFor(Caller{Actor: "token:" + name, RunID: runID}), nil
+		return TokenInfoFor(Caller{Actor: "token:" + name, RunID: runID}), nil
 	}
 }

@@ -135,7 +135,7 @@ func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
 		if err != nil {
 			return nil, fmt.Errorf("%w: %w", auth.ErrInvalidToken, err)
 		}
-		return tokenInfoFor(c), nil
+		return TokenInfoFor(c), nil
 	}
 	inner := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Header.Del("Authorization")
