@@ -123,6 +123,9 @@ func (o *offerTokens) redeem(id, token string, now time.Time) bool {
 	return true
 }
 
+// statelessProtocol is the first protocol version without server-initiated requests.
+const statelessProtocol = "2026-07-28"
+
 // sessionElicits reports whether ss is a stateful session (it has an id) whose client
 // declared form elicitation (an empty elicitation object means form, as before modes
 // existed; the bridge decides the same): the daemon can ask it itself. A client that takes
@@ -132,7 +135,8 @@ func sessionElicits(ss *mcp.ServerSession) bool {
 		return false
 	}
 	p := ss.InitializeParams()
-	if p == nil || p.Capabilities == nil {
+	// From protocol 2026-07-28 on a server sends no requests of its own (go-sdk refuses).
+	if p == nil || p.Capabilities == nil || p.ProtocolVersion >= statelessProtocol {
 		return false
 	}
 	e := p.Capabilities.Elicitation

@@ -102,7 +102,8 @@ func TestToolsCallTheEngine(t *testing.T) {
 			args: map[string]any{"host": "h1", "command": "make deploy", "cwd": "/srv", "env": map[string]string{"LANG": "C"},
 				"timeout_s": 60, "wait_s": 0, "run_id": "run-from-argument", "idempotency_key": "k1", "operation_key": "migration:1"},
 			want: engineCall{Method: "Exec", Caller: remoteCaller, Arg: api.ExecArgs{Host: "h1", Command: "make deploy", Cwd: "/srv",
-				Env: map[string]string{"LANG": "C"}, TimeoutS: 60, WaitS: ptr(0), RunID: "run-from-argument", IdempotencyKey: "k1", OperationKey: "migration:1"}},
+				Env: map[string]string{"LANG": "C"}, TimeoutS: 60, OperationKey: "migration:1",
+				CallOptions: api.CallOptions{WaitS: ptr(0), RunID: "run-from-argument", IdempotencyKey: "k1"}}},
 		},
 		{
 			tool: "ssh_exec",
@@ -115,7 +116,7 @@ func TestToolsCallTheEngine(t *testing.T) {
 				"json": map[string]any{"amount": 5}, "headers": map[string]string{"X-Trace": "t1"}, "run_id": "run-from-argument", "idempotency_key": "k2", "wait_s": 5},
 			want: engineCall{Method: "HTTPRequest", Caller: remoteCaller, Arg: api.HTTPArgs{Endpoint: "billing", Method: "POST", Path: "/v1/charges",
 				Query: map[string][]string{"dry": {"1"}}, JSON: map[string]any{"amount": float64(5)}, Headers: map[string]string{"X-Trace": "t1"},
-				RunID: "run-from-argument", IdempotencyKey: "k2", WaitS: ptr(5)}},
+				CallOptions: api.CallOptions{RunID: "run-from-argument", IdempotencyKey: "k2", WaitS: ptr(5)}}},
 		},
 		{
 			tool: "http_request",
