@@ -33,7 +33,7 @@ func LoadOrCreateAuditKey(path, name string) (note.Signer, string, error) {
 		if err := durable.CreateFile(path, []byte(s+"\n"), 0o600); err != nil {
 			return nil, "", fmt.Errorf("markers: write audit key: %w", err)
 		}
-		if err := durable.CreateFile(path+".pub", []byte(v+"\n"), 0o644); err != nil {
+		if err := durable.CreateFile(path+".pub", []byte(v+"\n"), 0o600); err != nil {
 			return nil, "", fmt.Errorf("markers: write audit verifier key: %w", err)
 		}
 		skey = []byte(s)
@@ -53,6 +53,16 @@ func LoadOrCreateAuditKey(path, name string) (note.Signer, string, error) {
 
 // checkpointBody is the signed text: the tlog checkpoint layout (origin, size, base64 head
 // hash) plus the signing time as an extension line.
+// ReadAuditVerifier reads the verifier key of the audit key at path (its path.pub) without
+// creating anything.
+func ReadAuditVerifier(path string) (string, error) {
+	vkey, err := os.ReadFile(path + ".pub")
+	if err != nil {
+		return "", fmt.Errorf("markers: read audit verifier key: %w", err)
+	}
+	return strings.TrimSpace(string(vkey)), nil
+}
+
 func checkpointBody(origin string, seq uint64, headHex string, at time.Time) (string, error) {
 	head, err := hex.DecodeString(headHex)
 	if err != nil {

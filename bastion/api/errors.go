@@ -48,6 +48,7 @@ const (
 	CodeTooManyWaits         = "too_many_waits"
 	CodeNotOffered           = "not_offered"
 	CodeOperatorApprovalOnly = "operator_approval_only"
+	CodeBastionDown          = "bastion_down"
 )
 
 // ErrNoMarkers: nothing on the host records executions (guarantee level none).

@@ -31,6 +31,9 @@ func checkNote(what, s string, required bool) error {
 
 // Approve authorizes an execution awaiting approval and dispatches it.
 func (b *Engine) Approve(ctx context.Context, operator, id, note string) (*markers.Record, error) {
+	if b.readOnly {
+		return nil, errReadOnly
+	}
 	if err := checkNote("note", note, false); err != nil {
 		return nil, err
 	}
@@ -48,6 +51,9 @@ func (b *Engine) Approve(ctx context.Context, operator, id, note string) (*marke
 
 // Deny rejects an execution awaiting approval; a retry of it returns this rejection.
 func (b *Engine) Deny(ctx context.Context, operator, id, reason string) (*markers.Record, error) {
+	if b.readOnly {
+		return nil, errReadOnly
+	}
 	if err := checkNote("reason", reason, true); err != nil {
 		return nil, err
 	}
@@ -64,6 +70,9 @@ func (b *Engine) PendingApprovals(limit int) ([]*markers.Record, error) {
 // settle (verdict.Reviewable): "completed" (it took effect) or "not-run" (it did not: only this permits
 // a new execution of the same intent, since a failed execution no longer matches).
 func (b *Engine) Review(ctx context.Context, operator, id, outcome, note string) (*markers.Record, error) {
+	if b.readOnly {
+		return nil, errReadOnly
+	}
 	if err := checkNote("note", note, true); err != nil {
 		return nil, err
 	}

@@ -2,13 +2,18 @@ package engine
 
 import (
 	"context"
+	"crypto/ed25519"
+	"crypto/rand"
 	"fmt"
+	"io"
 	"log/slog"
+	"os"
 	"sync"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
@@ -25,6 +30,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// ReadOnly opens the engine to read while the daemon is down: the journal read-only,
+	// nothing in the state dir created or changed, no driver ever started (nothing is
+	// reconciled or dispatched), decisions refused. Hosts are still asked, with the
+	// bastion's key when it can be read.
+	ReadOnly bool
 }
 
 // Engine turns tool calls into executions: it owns the journal's writes (through records),
@@ -68,6 +78,9 @@ type core struct {
 	plugin  *plugins.Manager // nil when no HTTP plugin is configured
 	policy  *policy.Policy
 
+	// readOnly: opened to read while the daemon is down (Options.ReadOnly).
+	readOnly bool
+
 	ctx    context.Context // ended by Close: drivers stop waiting, the hosts go on
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // drivers and the reconcile loop
@@ -85,6 +98,9 @@ func Open(opts Options) (*Engine, error) {
 	}
 	if opts.Now == nil {
 		opts.Now = time.Now
+	}
+	if opts.ReadOnly {
+		return openReadOnly(cfg, opts)
 	}
 	if err := privdir.Ensure(cfg.StateDir, "state dir", opts.Logger); err != nil {
 		return nil, fmt.Errorf("bastion: %w", err)
@@ -144,6 +160,75 @@ func Open(opts Options) (*Engine, error) {
 	b.metrics.registry.MustRegister(inFlight{b})
 	return b, nil
 }
+
+// openReadOnly is Open for Options.ReadOnly.
+func openReadOnly(cfg config.Config, opts Options) (*Engine, error) {
+	if _, err := os.Stat(cfg.JournalDir()); !cfg.Journal.Etcd() && err != nil {
+		return nil, fmt.Errorf("%s holds no journal (has a bastion run with this state dir? --state-dir or --config names the one it uses)", cfg.StateDir)
+	}
+	inv, err := fleet.OpenInventory(cfg.InventoryPath())
+	if err != nil {
+		return nil, err
+	}
+	pol, err := cfg.Policy()
+	if err != nil {
+		return nil, err
+	}
+	jl, err := journal.OpenReadOnly(cfg, opts.Logger.With("component", "journal"))
+	if err != nil {
+		return nil, fmt.Errorf("bastion: open the journal read-only: %w", err)
+	}
+	// Without the bastion's key the hosts cannot be asked; everything else still reads.
+	signer, keyErr := fleet.ReadClientKey(cfg.ClientKeyPath())
+	if keyErr != nil {
+		opts.Logger.Info("the hosts cannot be asked", "why", keyErr)
+		if signer, err = newUnreadableKey(keyErr); err != nil {
+			jl.Close()
+			return nil, err
+		}
+	}
+	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: signer, Logger: opts.Logger})
+	if err != nil {
+		jl.Close()
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &Engine{core: &core{
+		cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, inv: inv, pool: pool,
+		classes: cfg.ResolveClasses(), metrics: newMetrics(), policy: pol, readOnly: true,
+		ctx: ctx, cancel: cancel, hosts: &hosts{pool: pool, inv: inv, ctx: ctx},
+	}}
+	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}
+	b.drivers = newDrivers(b.core)
+	b.drivers.close() // nothing is reconciled or dispatched
+	b.views = &views{core: b.core, drivers: b.drivers}
+	b.intake = &intake{core: b.core, drivers: b.drivers, views: b.views}
+	return b, nil
+}
+
+// errReadOnly is the answer to a decision asked of an engine opened read-only.
+var errReadOnly = &api.ToolError{Code: api.CodeBastionDown, Message: "the bastion is not running, and decisions (approve, deny, review) are journaled by it: start it (postern serve; with --hold it reconciles and sends nothing), then decide"}
+
+// unreadableKey is the signer of a read-only engine that could not read the bastion's key:
+// it offers a throwaway public key (kept in memory, written nowhere) and fails to sign with
+// why, so every host it would ask answers with that reason.
+type unreadableKey struct {
+	pub gossh.PublicKey
+	err error
+}
+
+func newUnreadableKey(why error) (unreadableKey, error) {
+	pub, _, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		return unreadableKey{}, err
+	}
+	sshPub, err := gossh.NewPublicKey(pub)
+	return unreadableKey{pub: sshPub, err: why}, err
+}
+
+func (k unreadableKey) PublicKey() gossh.PublicKey { return k.pub }
+
+func (k unreadableKey) Sign(io.Reader, []byte) (*gossh.Signature, error) { return nil, k.err }
 
 // Replicas is the journal's coordination of bastion replicas, nil on a single node.
 func (b *Engine) Replicas() markers.Replicated { return b.replicas() }

@@ -117,8 +117,7 @@ func (b *Engine) ExportAudit(w io.Writer) error { return b.journal.Export(w) }
 
 // AuditKey is the journal's audit verifier key.
 func (b *Engine) AuditKey() (string, error) {
-	_, key, err := markers.LoadOrCreateAuditKey(b.cfg.AuditKeyPath(), "postern-bastion")
-	return key, err
+	return markers.ReadAuditVerifier(b.cfg.AuditKeyPath())
 }
 
 // HostMarkers asks a host for its markers: the hostagent's through its control protocol, the

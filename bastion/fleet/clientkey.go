@@ -52,3 +52,17 @@ func LoadOrCreateClientKey(path string) (gossh.Signer, error) {
 	}
 	return signer, nil
 }
+
+// ReadClientKey reads the bastion's SSH key at path without creating or rewriting anything:
+// for reading the hosts while the daemon is down.
+func ReadClientKey(path string) (gossh.Signer, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("bastion: read client key: %w", err)
+	}
+	signer, err := gossh.ParsePrivateKey(data)
+	if err != nil {
+		return nil, fmt.Errorf("bastion: client key %s: %w", path, err)
+	}
+	return signer, nil
+}

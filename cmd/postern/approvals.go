@@ -49,7 +49,7 @@ func (c *approvalsCommand) list(ctx context.Context, args []string) error {
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	op, err := loc.operator()
+	op, err := loc.operator(c.stderr)
 	if err != nil {
 		return err
 	}
@@ -94,7 +94,7 @@ func (c *decideCommand) Run(ctx context.Context, args []string) error {
 		}
 		body = map[string]string{"reason": *reason}
 	}
-	op, err := loc.operator()
+	op, err := loc.operator(c.stderr)
 	if err != nil {
 		return err
 	}
@@ -120,7 +120,7 @@ func (c *reviewCommand) Run(ctx context.Context, args []string) error {
 	case *note == "":
 		return prog.UsageErrorf(c.stderr, "review needs --note: what you checked")
 	}
-	op, err := loc.operator()
+	op, err := loc.operator(c.stderr)
 	if err != nil {
 		return err
 	}

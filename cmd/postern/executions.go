@@ -65,7 +65,7 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 	if *limit < 1 {
 		return prog.UsageErrorf(c.stderr, "--limit must be at least 1")
 	}
-	op, err := loc.operator()
+	op, err := loc.operator(c.stderr)
 	if err != nil {
 		return err
 	}
@@ -124,7 +124,7 @@ func (c *executionsCommand) show(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	op, err := loc.operator()
+	op, err := loc.operator(c.stderr)
 	if err != nil {
 		return err
 	}

@@ -29,7 +29,7 @@ func (c *executionsCommand) follow(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	op, err := loc.operator()
+	op, err := loc.operator(c.stderr)
 	if err != nil {
 		return err
 	}

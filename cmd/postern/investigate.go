@@ -31,7 +31,7 @@ func (c *investigateCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	op, err := loc.operator()
+	op, err := loc.operator(c.stderr)
 	if err != nil {
 		return err
 	}

@@ -57,11 +57,7 @@ func (c *markersCommand) client() (*operatorClient, error) {
 	if c.host == "" {
 		return nil, prog.UsageErrorf(c.stderr, "--host is required")
 	}
-	cfg, err := c.loc.config()
-	if err != nil {
-		return nil, err
-	}
-	return newOperatorClient(cfg.OperatorSocketPath()), nil
+	return c.loc.operator(c.stderr)
 }
 
 // onDaemonDown says what to do instead when the bastion is not running.

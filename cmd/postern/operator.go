@@ -9,8 +9,10 @@ import (
 	"fmt"
 	"io"
 	"io/fs"
+	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"net/url"
 	"path/filepath"
 	"strings"
@@ -19,15 +21,18 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/engine"
+	"github.com/postern-dev/postern/bastion/operatorapi"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/unixpath"
 	"github.com/postern-dev/postern/markers"
 )
 
-// The operator commands (executions, hosts, markers, audit, token) read what the daemon owns
-// through its operator socket (bastion/operator.go). The journal has one owner, so while the
-// daemon runs they never open its files; while it is down, the commands that can (hosts
-// list, audit export and verify, hosts enroll) read the files directly and say so on stderr.
+// The operator commands (executions, investigate, runs, approvals, markers, hosts, audit)
+// read what the daemon owns through its operator socket (bastion/operatorapi). The journal
+// has one writer, so while the daemon runs they never open its files; while it is down they
+// read the files, read-only, through the same API served in this process (offlineAPI), and
+// say so on stderr.
 
 // errBastionDown: nothing serves the operator socket (no socket file, or nobody listening).
 var errBastionDown = errors.New("the bastion is not running")
@@ -71,6 +76,37 @@ const operatorTimeout = time.Minute
 type operatorClient struct {
 	socket string
 	hc     *http.Client
+	// offline, when set, answers in this process from the journal's files whenever no
+	// daemon serves the socket.
+	offline *offlineAPI
+}
+
+// offlineAPI serves the operator API from the bastion's files while the daemon is down: an
+// engine opened read-only (engine.Options.ReadOnly) behind the same handler the daemon
+// serves, so every read command answers the same way in every state of the system. It never
+// reconciles, dispatches or writes; decisions are refused with what to do.
+type offlineAPI struct {
+	cfg   config.Config
+	note  io.Writer
+	noted bool
+}
+
+// serve answers req from the files. Each request opens the journal and closes it again, so
+// a daemon that starts meanwhile is not kept from it for longer than one answer.
+func (o *offlineAPI) serve(req *http.Request, down error) (*http.Response, error) {
+	quiet := slog.New(slog.DiscardHandler)
+	e, err := engine.Open(engine.Options{Config: o.cfg, Logger: quiet, ReadOnly: true})
+	if err != nil {
+		return nil, fmt.Errorf("%w; nor could its files be read: %v", down, err)
+	}
+	defer e.Close()
+	if !o.noted {
+		o.noted = true
+		fmt.Fprintf(o.note, "note: the bastion is not running; reading its journal files in %s (nothing is reconciled, sent or written)\n", o.cfg.StateDir)
+	}
+	rec := httptest.NewRecorder()
+	operatorapi.Handler(e, quiet).ServeHTTP(rec, req)
+	return rec.Result(), nil
 }
 
 func newOperatorClient(socket string) *operatorClient {
@@ -153,12 +189,18 @@ func (c *operatorClient) send(ctx context.Context, method, path string, query ur
 		req.Header.Set("Content-Type", "application/json")
 	}
 	resp, err := c.hc.Do(req)
-	if err != nil {
-		// The dialer's errors say everything; the URL wrapper would only add noise.
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			err = ue.Err
+	// The dialer's errors say everything; the URL wrapper would only add noise.
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		err = ue.Err
+	}
+	if errors.Is(err, errBastionDown) && c.offline != nil {
+		if req.GetBody != nil {
+			req.Body, _ = req.GetBody() // the body as it was: the failed dial may have read it
 		}
+		resp, err = c.offline.serve(req, err)
+	}
+	if err != nil {
 		return nil, err
 	}
 	if resp.StatusCode == http.StatusOK {
@@ -213,13 +255,16 @@ func (l *locator) config() (config.Config, error) {
 	return cfg, nil
 }
 
-// operator is the operator API of the bastion the locator names.
-func (l *locator) operator() (*operatorClient, error) {
+// operator is the operator API of the bastion the locator names: the daemon's, or while it
+// is down its files' (read-only, said on stderr).
+func (l *locator) operator(stderr io.Writer) (*operatorClient, error) {
 	cfg, err := l.config()
 	if err != nil {
 		return nil, err
 	}
-	return newOperatorClient(cfg.OperatorSocketPath()), nil
+	op := newOperatorClient(cfg.OperatorSocketPath())
+	op.offline = &offlineAPI{cfg: cfg, note: stderr}
+	return op, nil
 }
 
 // operatorIO is where an operator command reads and writes.

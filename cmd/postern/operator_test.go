@@ -3,12 +3,16 @@ package main
 import (
 	"bytes"
 	"context"
+	"crypto/sha256"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -389,12 +393,30 @@ func TestOperatorCommands(t *testing.T) {
 		}
 	})
 
-	t.Run("daemon down: executions and markers say so", func(t *testing.T) {
-		for _, args := range [][]string{{"executions", "list"}, {"executions", "show", id}, {"markers", "--host", "h1", "list"}} {
+	t.Run("daemon down: the read commands read the files, and change nothing", func(t *testing.T) {
+		before := stateDigest(t, f.bastion.StateDir())
+		for _, args := range [][]string{
+			{"executions", "list"}, {"executions", "show", id}, {"investigate", id}, {"runs", "list"},
+			{"approvals", "list"}, {"markers", "--host", "h1", "list"}, {"markers", "--host", "h1", "show", id},
+		} {
 			res := runCLI(t, "", f.at(args...)...)
-			if !errors.Is(res.err, errBastionDown) || !strings.Contains(res.err.Error(), f.bastion.OperatorSocket) {
-				t.Errorf("%v: err = %v; want the bastion is not running, naming its socket", args, res.err)
+			if res.err != nil {
+				t.Errorf("%v: %v; want an answer from the files", args, res.err)
+				continue
 			}
+			if !strings.Contains(res.stderr, "the bastion is not running; reading its journal files in "+f.bastion.StateDir()) {
+				t.Errorf("%v: stderr = %q; want a note that the files were read", args, res.stderr)
+			}
+			if args[0] != "approvals" && args[0] != "runs" && !strings.Contains(res.stdout, id) {
+				t.Errorf("%v: stdout lacks %s:\n%s", args, id, res.stdout)
+			}
+		}
+		res := runCLI(t, "", f.at("review", id, "--outcome", "completed", "--note", "checked")...)
+		if res.err == nil || !strings.Contains(res.err.Error(), "the bastion is not running, and decisions") {
+			t.Errorf("review with the daemon down: %v; want it refused, saying what to do", res.err)
+		}
+		if after := stateDigest(t, f.bastion.StateDir()); after != before {
+			t.Errorf("the state dir changed:\nbefore %s\nafter  %s", before, after)
 		}
 	})
 
@@ -423,7 +445,7 @@ func TestOperatorCommands(t *testing.T) {
 func TestBastionNeverStarted(t *testing.T) {
 	dir := sockdir.New(t)
 	res := runCLI(t, "", "executions", "list", "--state-dir", dir)
-	want := "the bastion is not running (no socket at " + filepath.Join(dir, "operator.sock") + ")"
+	want := "the bastion is not running (no socket at " + filepath.Join(dir, "operator.sock") + "); nor could its files be read: " + dir + " holds no journal (has a bastion run with this state dir? --state-dir or --config names the one it uses)"
 	if !errors.Is(res.err, errBastionDown) || res.err.Error() != want {
 		t.Fatalf("err = %v; want %q", res.err, want)
 	}
@@ -436,4 +458,36 @@ func TestBastionNeverStarted(t *testing.T) {
 // collapseSpaces turns runs of spaces (table padding) into two, so tests match rows.
 func collapseSpaces(s string) string {
 	return regexp.MustCompile(` {2,}`).ReplaceAllString(s, "  ")
+}
+
+// stateDigest is every file under dir with its size, mode and SHA-256, sorted: what a read
+// must leave as it was. Pebble's LOCK file is left out: opening the journal read-only still
+// takes its lock, which touches only the file's time.
+func stateDigest(t *testing.T, dir string) string {
+	t.Helper()
+	var lines []string
+	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
+		if err != nil || d.Type()&fs.ModeSocket != 0 {
+			return err
+		}
+		info, err := d.Info()
+		if err != nil {
+			return err
+		}
+		sum := ""
+		if d.Type().IsRegular() && d.Name() != "LOCK" {
+			data, err := os.ReadFile(p)
+			if err != nil {
+				return err
+			}
+			sum = fmt.Sprintf("%x", sha256.Sum256(data))
+		}
+		lines = append(lines, fmt.Sprintf("%s %v %d %s", strings.TrimPrefix(p, dir), info.Mode(), info.Size(), sum))
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	sort.Strings(lines)
+	return strings.Join(lines, "\n")
 }

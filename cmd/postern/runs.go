@@ -101,7 +101,7 @@ func (c *runsCommand) show(ctx context.Context, args []string) error {
 }
 
 func (c *runsCommand) get(ctx context.Context, loc *locator, q url.Values) (*api.RunPage, error) {
-	op, err := loc.operator()
+	op, err := loc.operator(c.stderr)
 	if err != nil {
 		return nil, err
 	}
