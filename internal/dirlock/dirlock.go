@@ -4,10 +4,10 @@
 //
 // The lock is flock(2) on <dir>/daemon.lock, held for as long as the Lock is (the kernel
 // drops it when the holder exits, however it exits: a stale file never locks anyone out). The
-// holder writes its pid into the file after taking the lock; that content is read only while
-// someone holds the lock, so it names the live holder, not a past one. The store inside the
-// directory keeps its own lock as well: this one adds the name, it does not replace that
-// protection.
+// holder writes its pid into the file after taking the lock and clears it on Release, so a pid
+// in an unlocked file names a holder that never released it — one that crashed or was killed
+// (LastHolder: what `postern status` reports after a crash). The store inside the directory
+// keeps its own lock as well: this one adds the name, it does not replace that protection.
 package dirlock
 
 import (
@@ -17,6 +17,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -50,7 +51,7 @@ func Acquire(dir string) (*Lock, error) {
 	if err != nil {
 		return nil, fmt.Errorf("lock %s: %w", dir, err)
 	}
-	if err := flockNB(f); err != nil {
+	if err := flockRetry(f); err != nil {
 		defer f.Close()
 		if errors.Is(err, unix.EWOULDBLOCK) {
 			return nil, &HeldError{Dir: dir, PID: readPID(f)}
@@ -66,8 +67,50 @@ func Acquire(dir string) (*Lock, error) {
 
 func flockNB(f *os.File) error { return unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB) }
 
-// Release drops the lock (the file stays; it locks nobody out).
-func (l *Lock) Release() error { return l.f.Close() }
+// flockRetry is flockNB tried a few times over contentionWait: LastHolder holds a shared lock
+// for the moment it reads the file, and a daemon starting in that moment must not be told
+// the directory is in use.
+func flockRetry(f *os.File) error {
+	var err error
+	for i := 0; i < 5; i++ {
+		if err = flockNB(f); !errors.Is(err, unix.EWOULDBLOCK) {
+			return err
+		}
+		time.Sleep(contentionWait / 5)
+	}
+	return err
+}
+
+const contentionWait = 250 * time.Millisecond
+
+// Release drops the lock after clearing the holder's pid: the file stays, locks nobody out,
+// and an empty file says the last holder stopped cleanly (LastHolder).
+func (l *Lock) Release() error {
+	return errors.Join(l.f.Truncate(0), l.f.Close())
+}
+
+// LastHolder reports how the last holder of dir's lock stopped, when nobody holds it now:
+// pid is the holder that never released it (it crashed or was killed), 0 when it released
+// it or there was none. held is true when a process holds the lock now (pid is then its pid,
+// if written). It reads without creating or writing anything.
+func LastHolder(dir string) (pid int, held bool, err error) {
+	f, err := os.OpenFile(filepath.Join(dir, FileName), os.O_RDONLY|unix.O_NOFOLLOW, 0)
+	if errors.Is(err, os.ErrNotExist) {
+		return 0, false, nil
+	}
+	if err != nil {
+		return 0, false, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	defer f.Close()
+	if err := unix.Flock(int(f.Fd()), unix.LOCK_SH|unix.LOCK_NB); err != nil {
+		if errors.Is(err, unix.EWOULDBLOCK) {
+			return readPID(f), true, nil
+		}
+		return 0, false, fmt.Errorf("lock %s: %w", dir, err)
+	}
+	defer unix.Flock(int(f.Fd()), unix.LOCK_UN)
+	return readPID(f), false, nil
+}
 
 func writePID(f *os.File) error {
 	if err := f.Truncate(0); err != nil {

@@ -52,3 +52,38 @@ func TestHeldErrorWithoutAPID(t *testing.T) {
 		t.Fatalf("err = %v; want a HeldError without a pid", err)
 	}
 }
+
+func TestLastHolder(t *testing.T) {
+	dir := t.TempDir()
+	if pid, held, err := LastHolder(dir); pid != 0 || held || err != nil {
+		t.Fatalf("no lock file: %d, %v, %v; want 0, false, nil", pid, held, err)
+	}
+	l, err := Acquire(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pid, held, err := LastHolder(dir); pid != os.Getpid() || !held || err != nil {
+		t.Fatalf("held: %d, %v, %v; want %d, true, nil", pid, held, err, os.Getpid())
+	}
+	if err := l.Release(); err != nil {
+		t.Fatal(err)
+	}
+	if pid, held, err := LastHolder(dir); pid != 0 || held || err != nil {
+		t.Fatalf("released: %d, %v, %v; want 0, false, nil", pid, held, err)
+	}
+	// A holder that dies drops the lock without clearing its pid: the kernel closes the file.
+	l, err = Acquire(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	l.f.Close()
+	if pid, held, err := LastHolder(dir); pid != os.Getpid() || held || err != nil {
+		t.Fatalf("holder died: %d, %v, %v; want %d, false, nil", pid, held, err, os.Getpid())
+	}
+	// LastHolder reads without changing anything: a daemon can take the lock after it.
+	again, err := Acquire(dir)
+	if err != nil {
+		t.Fatalf("Acquire after LastHolder: %v", err)
+	}
+	again.Release()
+}
