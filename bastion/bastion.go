@@ -17,6 +17,8 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock. Default time.Now.
 	Now func() time.Time
+	// Hold serves with nothing sent (engine.Options.Hold: serve --hold).
+	Hold bool
 }
 
 // Bastion is the daemon: the engine, and its surfaces on their endpoints once it serves.
@@ -36,7 +38,7 @@ func Open(opts Options) (*Bastion, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	e, err := engine.Open(engine.Options{Config: opts.Config, Logger: opts.Logger, Now: opts.Now})
+	e, err := engine.Open(engine.Options{Config: opts.Config, Logger: opts.Logger, Now: opts.Now, Hold: opts.Hold})
 	if err != nil {
 		return nil, err
 	}

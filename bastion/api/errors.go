@@ -49,6 +49,8 @@ const (
 	CodeNotOffered           = "not_offered"
 	CodeOperatorApprovalOnly = "operator_approval_only"
 	CodeBastionDown          = "bastion_down"
+	// CodeHeld: the bastion was started with --hold, so it sends nothing.
+	CodeHeld = "held"
 )
 
 // ErrNoMarkers: nothing on the host records executions (guarantee level none).

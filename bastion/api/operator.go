@@ -43,6 +43,43 @@ type ExecutionDetail struct {
 	Run *markers.Run `json:"run,omitempty"`
 }
 
+// Daemon states, as Overview reports them.
+const (
+	// DaemonRunning: the daemon serves and carries every execution in flight.
+	DaemonRunning = "running"
+	// DaemonHeld: the daemon serves (reads, denials, reviews) but was started with --hold:
+	// nothing is reconciled or sent until it is restarted without it.
+	DaemonHeld = "held"
+	// DaemonDown: no daemon; the answer was read from the journal's files.
+	DaemonDown = "down"
+)
+
+// Overview is the bastion at a glance (postern status): what is in flight and what waits
+// for an operator, and — when nothing carries the executions in flight (the daemon is down
+// or held) — what starting it will do with each.
+type Overview struct {
+	Daemon   string `json:"daemon"`
+	StateDir string `json:"state_dir"`
+	// InFlight are the executions between acceptance and an outcome that no operator is
+	// asked about: accepted, authorized, dispatched, running, or unknown and still being
+	// resolved.
+	InFlight []OverviewItem `json:"in_flight"`
+	// AwaitingApproval wait for approve or deny; AwaitingReview are unknown outcomes only an
+	// operator can settle (postern review).
+	AwaitingApproval []OverviewItem `json:"awaiting_approval"`
+	AwaitingReview   []OverviewItem `json:"awaiting_review"`
+	// Truncated: a list was cut at its bound (executions list shows them all).
+	Truncated bool `json:"truncated,omitempty"`
+}
+
+// OverviewItem is one execution of an Overview.
+type OverviewItem struct {
+	Record *markers.Record `json:"record"`
+	// AtStart is what starting the daemon (without --hold) does with it (verdict.AtStart);
+	// set only when nothing carries it now.
+	AtStart string `json:"at_start,omitempty"`
+}
+
 // ExecutionPage is one page of executions.
 type ExecutionPage struct {
 	Executions []*markers.Record `json:"executions"`

@@ -45,6 +45,9 @@ func (b *Engine) Cancel(ctx context.Context, c transport.Caller, id string) (*ap
 		x.Next = "An HTTP request that was sent cannot be recalled; its outcome follows from the endpoint's answer. Check execution_status."
 		return x, nil
 	}
+	if b.held {
+		return nil, errHeld("cancelling " + id + " means asking " + rec.Host + " to stop it")
+	}
 	host, err := b.inv.Host(rec.Host)
 	if err != nil {
 		return nil, &api.ToolError{Code: api.CodeUnknownHost, Message: err.Error(), ExecutionID: id}

@@ -31,8 +31,11 @@ func checkNote(what, s string, required bool) error {
 
 // Approve authorizes an execution awaiting approval and dispatches it.
 func (b *Engine) Approve(ctx context.Context, operator, id, note string) (*markers.Record, error) {
-	if b.readOnly {
+	switch {
+	case b.readOnly:
 		return nil, errReadOnly
+	case b.held:
+		return nil, errHeld("approving sends it (deny and review work now)")
 	}
 	if err := checkNote("note", note, false); err != nil {
 		return nil, err

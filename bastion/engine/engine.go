@@ -35,6 +35,11 @@ type Options struct {
 	// reconciled or dispatched), decisions refused. Hosts are still asked, with the
 	// bastion's key when it can be read.
 	ReadOnly bool
+	// Hold starts the engine with nothing sent (serve --hold): Recover reconciles nothing,
+	// no driver starts, new calls and approvals are refused with CodeHeld; reads, denials,
+	// reviews and cancels of what never left the bastion work. An operator looks with the
+	// daemon up, then restarts it without Hold.
+	Hold bool
 }
 
 // Engine turns tool calls into executions: it owns the journal's writes (through records),
@@ -80,6 +85,8 @@ type core struct {
 
 	// readOnly: opened to read while the daemon is down (Options.ReadOnly).
 	readOnly bool
+	// held: started with nothing sent (Options.Hold).
+	held bool
 
 	ctx    context.Context // ended by Close: drivers stop waiting, the hosts go on
 	cancel context.CancelFunc
@@ -149,12 +156,15 @@ func Open(opts Options) (*Engine, error) {
 		core: &core{
 			cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
 			classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin, policy: pol,
-			ctx: ctx, cancel: cancel,
+			held: opts.Hold, ctx: ctx, cancel: cancel,
 			hosts: &hosts{pool: pool, inv: inv, ctx: ctx},
 		},
 	}
 	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}
 	b.drivers = newDrivers(b.core)
+	if opts.Hold {
+		b.drivers.close() // nothing is reconciled or dispatched
+	}
 	b.views = &views{core: b.core, drivers: b.drivers}
 	b.intake = &intake{core: b.core, drivers: b.drivers, views: b.views}
 	b.metrics.registry.MustRegister(inFlight{b})
@@ -209,6 +219,11 @@ func openReadOnly(cfg config.Config, opts Options) (*Engine, error) {
 // errReadOnly is the answer to a decision asked of an engine opened read-only.
 var errReadOnly = &api.ToolError{Code: api.CodeBastionDown, Message: "the bastion is not running, and decisions (approve, deny, review) are journaled by it: start it (postern serve; with --hold it reconciles and sends nothing), then decide"}
 
+// errHeld is the answer to a call that would send something, asked of a held engine.
+func errHeld(what string) error {
+	return &api.ToolError{Code: api.CodeHeld, Message: what + ", and this bastion was started with --hold: it sends nothing to hosts or endpoints until an operator restarts it without --hold; nothing was journaled"}
+}
+
 // unreadableKey is the signer of a read-only engine that could not read the bastion's key:
 // it offers a throwaway public key (kept in memory, written nowhere) and fails to sign with
 // why, so every host it would ask answers with that reason.
@@ -262,6 +277,15 @@ func (b *Engine) Close() error {
 // execution whose host has no marker for it and that is younger than the host's marker
 // retention (verdict.ReconcileOn).
 func (b *Engine) Recover(ctx context.Context) error {
+	if b.held {
+		o, err := b.Overview()
+		if err != nil {
+			return err
+		}
+		b.log.Warn("held: nothing is reconciled or sent until the bastion is restarted without --hold (postern status shows what a start will do)",
+			"in_flight", len(o.InFlight), "awaiting_review", len(o.AwaitingReview), "awaiting_approval", len(o.AwaitingApproval))
+		return nil
+	}
 	var pending []*driver
 	for _, st := range []markers.State{markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running, markers.Unknown} {
 		cursor := ""

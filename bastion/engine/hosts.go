@@ -320,3 +320,16 @@ func (hs *hosts) status(host fleet.Host, id string) (verdict.HostStatus, error) 
 	}
 	return st, nil
 }
+
+// guaranteeOf is the guarantee level of rec's host as enrolled now: "" for an HTTP execution
+// or a host no longer enrolled.
+func guaranteeOf(inv *fleet.Inventory, rec *markers.Record) fleet.Guarantee {
+	if rec.Channel == "http" {
+		return ""
+	}
+	host, err := inv.Host(rec.Host)
+	if err != nil {
+		return ""
+	}
+	return host.Level()
+}

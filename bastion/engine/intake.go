@@ -39,7 +39,7 @@ type intake struct {
 func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, progress func(*api.Execution)) (*api.Execution, error) {
 	c := cl.caller
 	if c.Actor == "" {
-		return nil, &api.ToolError{Code: "unauthenticated", Message: "no caller identity"}
+		return nil, &api.ToolError{Code: api.CodeUnauthenticated, Message: "no caller identity"}
 	}
 	var err error
 	if cl.fingerprint, err = in.fp.Fingerprint(cl.action); err != nil {
@@ -99,6 +99,10 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		cl.record.Evidence = appendBounded(cl.record.Evidence, fmt.Sprintf(
 			"new attempt of %s, which failed without effect (same idempotency_key, same request)", prior.ID))
 	}
+	if in.held {
+		unlock()
+		return nil, errHeld("this call would start a new execution")
+	}
 	dec, admitted, err := in.decide(c, cl)
 	if err != nil {
 		return nil, err
@@ -135,7 +139,7 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	unlock()
 	admitted() // the driver counts towards the actor's limits now
 	if d == nil {
-		return nil, &api.ToolError{Code: "shutting_down", Message: "the bastion is shutting down; " + rec.ID + " was accepted and will be dispatched after restart"}
+		return nil, &api.ToolError{Code: api.CodeShuttingDown, Message: "the bastion is shutting down; " + rec.ID + " was accepted and will be dispatched after restart"}
 	}
 	return in.views.await(ctx, d, wait, false, progress), nil
 }

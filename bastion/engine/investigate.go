@@ -59,7 +59,7 @@ func (b *Engine) Investigate(ctx context.Context, id string) (*api.Investigation
 		}
 		eventsOf[s.ID] = evs
 		inv.Siblings = append(inv.Siblings, siblingOf(s))
-		inv.Calls = append(inv.Calls, callsOf(s, evs, iv.guaranteeOf(s))...)
+		inv.Calls = append(inv.Calls, callsOf(s, evs, guaranteeOf(iv.inv, s))...)
 	}
 	slices.SortStableFunc(inv.Calls, func(a, b api.InvestigatedCall) int { return a.At.Compare(b.At) })
 	seen := map[string]bool{}
@@ -146,19 +146,6 @@ func (iv investigation) related(rec *markers.Record) ([]api.Sibling, error) {
 func siblingOf(r *markers.Record) api.Sibling {
 	return api.Sibling{ExecutionID: r.ID, State: string(r.State), Scope: r.IntentScope, AcceptedAt: r.CreatedAt,
 		DeliveredAt: r.ResultDeliveredAt, IdempotencyKey: r.IdempotencyKey, PreviousAttempt: r.PreviousAttempt}
-}
-
-// guaranteeOf is the guarantee level of rec's host as enrolled now: "" for an HTTP execution
-// or a host no longer enrolled.
-func (iv investigation) guaranteeOf(rec *markers.Record) fleet.Guarantee {
-	if rec.Channel == "http" {
-		return ""
-	}
-	host, err := iv.inv.Host(rec.Host)
-	if err != nil {
-		return ""
-	}
-	return host.Level()
 }
 
 // callsOf are the calls that the events of execution rec name (delivery events are not

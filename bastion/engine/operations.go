@@ -10,6 +10,7 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/policy"
+	"github.com/postern-dev/postern/bastion/verdict"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
@@ -161,4 +162,42 @@ func (b *Engine) HostMarker(ctx context.Context, name, id string) (*hostproto.Ma
 		err = fmt.Errorf("%w: host %s has no marker %s", markers.ErrNotFound, host.Name, id)
 	}
 	return found, err
+}
+
+// overviewBound bounds each state's part of an Overview (executions list shows them all).
+const overviewBound = 200
+
+// Overview is what is in flight and what waits for an operator. When nothing carries the
+// executions in flight (read-only or held), each says what a start will do with it.
+func (b *Engine) Overview() (*api.Overview, error) {
+	o := &api.Overview{Daemon: api.DaemonRunning, StateDir: b.cfg.StateDir,
+		InFlight: []api.OverviewItem{}, AwaitingApproval: []api.OverviewItem{}, AwaitingReview: []api.OverviewItem{}}
+	switch {
+	case b.readOnly:
+		o.Daemon = api.DaemonDown
+	case b.held:
+		o.Daemon = api.DaemonHeld
+	}
+	for _, st := range []markers.State{markers.AwaitingApproval, markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running, markers.Unknown} {
+		recs, next, err := b.journal.List(markers.Query{State: st, Limit: overviewBound})
+		if err != nil {
+			return nil, journalError(err)
+		}
+		o.Truncated = o.Truncated || next != ""
+		for _, r := range recs {
+			item := api.OverviewItem{Record: r}
+			switch {
+			case st == markers.AwaitingApproval:
+				o.AwaitingApproval = append(o.AwaitingApproval, item)
+			case r.ReviewRequired:
+				o.AwaitingReview = append(o.AwaitingReview, item)
+			default:
+				if o.Daemon != api.DaemonRunning {
+					item.AtStart = verdict.AtStart(r, guaranteeOf(b.inv, r))
+				}
+				o.InFlight = append(o.InFlight, item)
+			}
+		}
+	}
+	return o, nil
 }

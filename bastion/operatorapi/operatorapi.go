@@ -58,6 +58,8 @@ type Engine interface {
 	// PolicyCheck is the running policy's decision for req; nothing runs.
 	PolicyCheck(req policy.Request) (policy.Decision, error)
 	Doctor(ctx context.Context) (*api.DoctorReport, error)
+	// Overview is what is in flight and what waits for an operator (postern status).
+	Overview() (*api.Overview, error)
 	Hosts() (*api.HostsResult, error)
 	// HostMarkers and HostMarker ask a host for its markers.
 	HostMarkers(ctx context.Context, host string, q api.MarkerQuery) (*api.MarkerPage, error)
@@ -118,6 +120,10 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 		}
 		dec, err := e.PolicyCheck(req)
 		writeJSON(w, dec, err)
+	})
+	mux.HandleFunc("GET /v1/status", func(w http.ResponseWriter, _ *http.Request) {
+		o, err := e.Overview()
+		writeJSON(w, o, err)
 	})
 	mux.HandleFunc("GET /v1/doctor", func(w http.ResponseWriter, r *http.Request) {
 		rep, err := e.Doctor(r.Context())

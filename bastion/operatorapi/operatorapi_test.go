@@ -111,6 +111,10 @@ func (f *fakeEngine) Doctor(context.Context) (*api.DoctorReport, error) {
 	return &api.DoctorReport{}, f.err
 }
 
+func (f *fakeEngine) Overview() (*api.Overview, error) {
+	return &api.Overview{Daemon: api.DaemonRunning}, f.err
+}
+
 func (f *fakeEngine) Hosts() (*api.HostsResult, error) {
 	if f.err != nil {
 		return nil, f.err
@@ -471,7 +475,7 @@ func TestErrorMapping(t *testing.T) {
 }
 
 func TestReadRoutes(t *testing.T) {
-	for _, path := range []string{"/v1/executions/ex_1", "/v1/investigate/ex_1", "/v1/doctor", "/v1/hosts"} {
+	for _, path := range []string{"/v1/executions/ex_1", "/v1/investigate/ex_1", "/v1/doctor", "/v1/hosts", "/v1/status"} {
 		t.Run(path, func(t *testing.T) {
 			e := &fakeEngine{}
 			status, h, body := call(t, serve(t, e), "GET", path, "")

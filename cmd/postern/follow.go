@@ -17,7 +17,7 @@ import (
 const followWaitS = 20
 
 // followIdle is the pause before asking again about an execution that has no driver to wait
-// on (awaiting approval).
+// on (it awaits approval, or the daemon is held).
 const followIdle = time.Second
 
 // follow streams an execution's output until it ends, as execution_output does for agents,
@@ -58,7 +58,13 @@ func (c *executionsCommand) follow(ctx context.Context, args []string) error {
 			fmt.Fprintf(c.stderr, "%s %s%s\n", id, x.State, endedHow(&x))
 			return nil
 		}
-		if !ended && x.Stdout == "" && x.Stderr == "" && x.State == string(markers.AwaitingApproval) {
+		if !ended && x.Stdout == "" && x.Stderr == "" {
+			if op.readFromFiles() {
+				return fmt.Errorf("%w, so nothing carries %s to its end: its journal shows it %s (postern status says what a start will do; postern markers --host %s show %s asks its host)",
+					errBastionDown, id, x.State, x.Host, id)
+			}
+			// Nothing new and nothing to wait on here (it awaits approval, or the daemon is
+			// held): ask again shortly.
 			select {
 			case <-ctx.Done():
 				return ctx.Err()

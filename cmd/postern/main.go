@@ -23,6 +23,8 @@ commands:
   up          start a bastion and a local hostagent with generated keys (quick start)
   serve       run the bastion (MCP over HTTP and a unix socket, operator API)
   mcp         stdio MCP server for clients that launch one (bridges to the running bastion)
+  status      what runs, what is in flight, what waits for you — start here when
+              something went wrong (works with the daemon down)
   executions  list and show executions from the journal
   investigate answer the five questions about a retried call (who, authorized, outcome,
               delivery, later calls)
@@ -83,6 +85,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 // operatorCommands make, for one invocation, the commands that read or change what the
 // bastion owns (the journal, the hosts, its policy), mostly through its operator socket.
 var operatorCommands = map[string]func(operatorIO) runner{
+	"status":      func(o operatorIO) runner { return &statusCommand{o} },
 	"executions":  func(o operatorIO) runner { return &executionsCommand{o} },
 	"investigate": func(o operatorIO) runner { return &investigateCommand{o} },
 	"runs":        func(o operatorIO) runner { return &runsCommand{o} },

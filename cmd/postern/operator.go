@@ -109,6 +109,10 @@ func (o *offlineAPI) serve(req *http.Request, down error) (*http.Response, error
 	return rec.Result(), nil
 }
 
+// readFromFiles reports whether an answer came from the journal's files (the daemon was
+// down), so nothing is carrying the executions in flight.
+func (c *operatorClient) readFromFiles() bool { return c.offline != nil && c.offline.noted }
+
 func newOperatorClient(socket string) *operatorClient {
 	c := &operatorClient{socket: socket}
 	c.hc = &http.Client{Transport: &http.Transport{

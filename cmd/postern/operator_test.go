@@ -3,16 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
-	"crypto/sha256"
 	"encoding/json"
 	"errors"
-	"fmt"
-	"io/fs"
 	"os"
 	"path/filepath"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -394,7 +390,7 @@ func TestOperatorCommands(t *testing.T) {
 	})
 
 	t.Run("daemon down: the read commands read the files, and change nothing", func(t *testing.T) {
-		before := stateDigest(t, f.bastion.StateDir())
+		before := testutil.DirDigest(t, f.bastion.StateDir())
 		for _, args := range [][]string{
 			{"executions", "list"}, {"executions", "show", id}, {"investigate", id}, {"runs", "list"},
 			{"approvals", "list"}, {"markers", "--host", "h1", "list"}, {"markers", "--host", "h1", "show", id},
@@ -415,7 +411,7 @@ func TestOperatorCommands(t *testing.T) {
 		if res.err == nil || !strings.Contains(res.err.Error(), "the bastion is not running, and decisions") {
 			t.Errorf("review with the daemon down: %v; want it refused, saying what to do", res.err)
 		}
-		if after := stateDigest(t, f.bastion.StateDir()); after != before {
+		if after := testutil.DirDigest(t, f.bastion.StateDir()); after != before {
 			t.Errorf("the state dir changed:\nbefore %s\nafter  %s", before, after)
 		}
 	})
@@ -458,36 +454,4 @@ func TestBastionNeverStarted(t *testing.T) {
 // collapseSpaces turns runs of spaces (table padding) into two, so tests match rows.
 func collapseSpaces(s string) string {
 	return regexp.MustCompile(` {2,}`).ReplaceAllString(s, "  ")
-}
-
-// stateDigest is every file under dir with its size, mode and SHA-256, sorted: what a read
-// must leave as it was. Pebble's LOCK file is left out: opening the journal read-only still
-// takes its lock, which touches only the file's time.
-func stateDigest(t *testing.T, dir string) string {
-	t.Helper()
-	var lines []string
-	err := filepath.WalkDir(dir, func(p string, d fs.DirEntry, err error) error {
-		if err != nil || d.Type()&fs.ModeSocket != 0 {
-			return err
-		}
-		info, err := d.Info()
-		if err != nil {
-			return err
-		}
-		sum := ""
-		if d.Type().IsRegular() && d.Name() != "LOCK" {
-			data, err := os.ReadFile(p)
-			if err != nil {
-				return err
-			}
-			sum = fmt.Sprintf("%x", sha256.Sum256(data))
-		}
-		lines = append(lines, fmt.Sprintf("%s %v %d %s", strings.TrimPrefix(p, dir), info.Mode(), info.Size(), sum))
-		return nil
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	sort.Strings(lines)
-	return strings.Join(lines, "\n")
 }

@@ -36,8 +36,9 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	configPath := fs.String("config", defaultConfigPath, "config file (TOML)")
 	stateDir := fs.String("state-dir", "", "state dir, overrides state_dir")
 	listen := fs.String("listen", "", "Streamable HTTP address, overrides listen (\"off\" disables HTTP)")
+	hold := fs.Bool("hold", false, holdUsage)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: postern serve [--config FILE] [--state-dir DIR] [--listen ADDR]\n\n")
+		fmt.Fprintf(fs.Output(), "usage: postern serve [--config FILE] [--state-dir DIR] [--listen ADDR] [--hold]\n\n")
 		fs.PrintDefaults()
 	}
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
@@ -60,7 +61,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer claim.release()
-	b, err := bastion.Open(bastion.Options{Config: cfg, Logger: logger})
+	b, err := bastion.Open(bastion.Options{Config: cfg, Logger: logger, Hold: *hold})
 	if err != nil {
 		return err
 	}
@@ -71,8 +72,17 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	return portHint(b.Serve(ctx, func(ep bastion.Endpoints) {
 		claim.markServing()
 		fmt.Fprintf(stdout, "postern: serving MCP at %s and %s (operator socket %s)\n", orNone(ep.URL), ep.Socket, ep.OperatorSocket)
+		if *hold {
+			fmt.Fprint(stdout, heldNote)
+		}
 	}), "pass --listen ADDR (or set listen in the config) to use another")
 }
+
+// holdUsage is the --hold flag of serve and up.
+const holdUsage = "start with nothing sent: executions in flight are not reconciled, new calls and approvals are refused; look (postern status, investigate), deny or review, then restart without --hold"
+
+// heldNote is what a held daemon says once it serves.
+const heldNote = "postern: held — nothing is reconciled or sent; `postern status` shows what a start without --hold will do\n"
 
 // loadConfig reads the config file; with none at the default path and a state dir given,
 // the defaults apply.

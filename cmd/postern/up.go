@@ -46,8 +46,9 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	var origins stringList
 	fs.Var(&origins, "allow-origin", "a browser origin (http(s)://host[:port]) that may connect besides the loopback ones (repeatable)")
 	verbose := fs.Bool("v", false, "log at debug level")
+	hold := fs.Bool("hold", false, holdUsage)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: postern up [--state-dir DIR] [--listen ADDR] [--hostagent-listen ADDR] [--allow-origin ORIGIN]...\n\n")
+		fmt.Fprintf(fs.Output(), "usage: postern up [--state-dir DIR] [--listen ADDR] [--hostagent-listen ADDR] [--allow-origin ORIGIN]... [--hold]\n\n")
 		fs.PrintDefaults()
 	}
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
@@ -80,7 +81,7 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return err
 	}
-	b, err := bastion.Open(bastion.Options{Config: cfg, Logger: logger.With("component", "bastion")})
+	b, err := bastion.Open(bastion.Options{Config: cfg, Logger: logger.With("component", "bastion"), Hold: *hold})
 	if err != nil {
 		return err
 	}
@@ -109,6 +110,9 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return portHint(b.Serve(ctx, func(ep bastion.Endpoints) {
 		claim.markServing()
 		printConnect(stdout, ep, dir, enrolledHosts(cfg.InventoryPath()))
+		if *hold {
+			fmt.Fprint(stdout, heldNote)
+		}
 	}), "pass --listen ADDR to use another")
 }
 

@@ -93,14 +93,15 @@ func (b *Bastion) EnrollAt(t testing.TB, name, addr string, h *Hostagent) {
 	}
 }
 
-// Start runs `postern serve` (again) and waits until it serves.
-func (b *Bastion) Start(t testing.TB) {
+// Start runs `postern serve` (again), with serveArgs added (--hold), and waits until it
+// serves.
+func (b *Bastion) Start(t testing.TB, serveArgs ...string) {
 	t.Helper()
 	bin := b.Bin
 	if bin == "" {
 		bin = Binary(t, "postern")
 	}
-	b.start(t, "postern: serving", bin, "serve", "--config", b.ConfigPath)
+	b.start(t, "postern: serving", bin, append([]string{"serve", "--config", b.ConfigPath}, serveArgs...)...)
 }
 
 // bearer adds a bearer token (and optional extra headers) to every request.
