@@ -17,6 +17,7 @@ import (
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
@@ -235,6 +236,29 @@ func (f *testFleet) journaled(t testing.TB) int {
 		t.Fatal(err)
 	}
 	return len(page.Executions)
+}
+
+// hostMarker asks the fleet's hostagent itself, not through the engine, for its marker of
+// id (nil: it has none).
+func (f *testFleet) hostMarker(t testing.TB, id string) *hostproto.Marker {
+	t.Helper()
+	client := f.host.Dial(t)
+	defer client.Close()
+	cc, err := hostproto.DialControl(client)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cc.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	found, _, err := cc.Status(ctx, []string{id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(found) == 0 {
+		return nil
+	}
+	return found[0]
 }
 
 // waitS is a wait_s argument.

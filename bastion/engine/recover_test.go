@@ -1,0 +1,194 @@
+package engine_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/verdict"
+	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/markers"
+)
+
+// gated is a command line that records its start, waits at gate g, then prints done.
+func (f *testFleet) gated(g string) string {
+	return f.effect(g+".started") + "; " + f.gate(g) + "; echo done"
+}
+
+// hasEvidence reports whether some evidence line contains s.
+func hasEvidence(ev []string, s string) bool {
+	return slices.ContainsFunc(ev, func(e string) bool { return strings.Contains(e, s) })
+}
+
+// TestRecoverAttachesToRunning: an engine closed while a command runs is reopened; Recover
+// asks the host, attaches to the command, and takes its outcome — it never starts it again.
+func TestRecoverAttachesToRunning(t *testing.T) {
+	f := newFleet(t)
+	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)})
+	f.waitState(t, alice, x.ExecutionID, markers.Running)
+
+	f.reopen(t)
+	if rec := f.record(t, x.ExecutionID); rec.State != markers.Running || !hasEvidence(rec.Evidence, "attaching") {
+		t.Errorf("after Recover: %s, evidence %q; want running, attached", rec.State, rec.Evidence)
+	}
+	f.release(t, "g")
+	end, err := f.engine().AwaitEnd(context.Background(), alice, x.ExecutionID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	finished(t, end)
+	if end.Stdout != "done\n" {
+		t.Errorf("stdout %q; want the command's output", end.Stdout)
+	}
+	if n := f.count(t, "g.started"); n != 1 {
+		t.Errorf("the command started %d times; want 1", n)
+	}
+}
+
+// TestRecoverTakesOutcome: a command that ended while the engine was closed is settled from
+// the host's marker after Recover, with its output (the host replays it).
+func TestRecoverTakesOutcome(t *testing.T) {
+	f := newFleet(t)
+	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)})
+	f.waitState(t, alice, x.ExecutionID, markers.Running)
+	f.closeEngine(t, f.engine())
+	f.release(t, "g")
+	testutil.WaitFor(t, "the host's marker to show the exit", func() bool {
+		m := f.hostMarker(t, x.ExecutionID)
+		return m != nil && m.State == hostproto.MarkerExited
+	})
+
+	f.open(t)
+	f.waitState(t, alice, x.ExecutionID, markers.Completed)
+	rec := f.record(t, x.ExecutionID)
+	if rec.State != markers.Completed || rec.ExitCode == nil || *rec.ExitCode != 0 {
+		t.Fatalf("after Recover: %s (exit %v, evidence %q); want completed with exit 0", rec.State, rec.ExitCode, rec.Evidence)
+	}
+	st, err := f.engine().Status(context.Background(), alice, x.ExecutionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Stdout != "done\n" {
+		t.Errorf("stdout %q; want the output the command printed while the engine was closed", st.Stdout)
+	}
+	if n := f.count(t, "g.started"); n != 1 {
+		t.Errorf("the command started %d times; want 1", n)
+	}
+}
+
+// TestHostLostMidCommand: the hostagent dies while a command runs. The execution's outcome
+// is unknown; a retry while the host is down joins it and sends nothing, a new call fails
+// with nothing sent; once the host is back, the reconcile loop attaches to the command,
+// which never started twice.
+func TestHostLostMidCommand(t *testing.T) {
+	f := newFleet(t, func(c *config.Config) { c.ReconcileInterval = 50 * time.Millisecond })
+	args := api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)}
+	x := f.exec(t, alice, args)
+	f.waitState(t, alice, x.ExecutionID, markers.Running)
+
+	f.host.Kill(t)
+	f.waitState(t, alice, x.ExecutionID, markers.Unknown)
+	retry := args
+	retry.WaitS = waitS(5)
+	again := f.exec(t, alice, retry)
+	if again.ExecutionID != x.ExecutionID || !again.Replayed || again.State != string(markers.Unknown) || !strings.Contains(again.Next, "NOT known") {
+		t.Errorf("retry while the host is down = %s %s (replayed %v, next %q); want %s unknown, joined", again.ExecutionID, again.State, again.Replayed, again.Next, x.ExecutionID)
+	}
+	other := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.effect("other")})
+	if other.State != string(markers.Failed) || !strings.Contains(other.Cause, "nothing was sent") {
+		t.Errorf("a new call while the host is down = %s (cause %q); want failed, nothing sent", other.State, other.Cause)
+	}
+
+	f.host.Start(t)
+	f.waitState(t, alice, x.ExecutionID, markers.Running)
+	f.release(t, "g")
+	end, err := f.engine().AwaitEnd(context.Background(), alice, x.ExecutionID, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	finished(t, end)
+	if n, m := f.count(t, "g.started"), f.count(t, "other"); n != 1 || m != 0 {
+		t.Errorf("the command started %d times, the other %d; want 1 and 0", n, m)
+	}
+}
+
+// TestReview: an operator records the outcome of an execution Postern cannot settle; the
+// ones whose outcome is known, that await approval or that are still carried are refused.
+func TestReview(t *testing.T) {
+	f := newGatedFleet(t)
+	ctx := context.Background()
+	done := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: "true"})
+	finished(t, done)
+	pending := f.exec(t, alice, api.ExecArgs{Host: "gated", Command: "true"})
+	tookEffect := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("a"), WaitS: waitS(0)})
+	argsB := api.ExecArgs{Host: "h1", Command: f.gated("b"), WaitS: waitS(0)}
+	didNotRun := f.exec(t, alice, argsB)
+	for _, x := range []*api.Execution{tookEffect, didNotRun} {
+		f.waitState(t, alice, x.ExecutionID, markers.Running)
+	}
+	_, err := f.engine().Review(ctx, "op", tookEffect.ExecutionID, "completed", "checked")
+	if !errors.Is(err, api.ErrNotReviewable) || !strings.Contains(err.Error(), "still carrying it") {
+		t.Errorf("review of a running execution = %v; want ErrNotReviewable, still carried", err)
+	}
+
+	f.host.Kill(t)
+	review := func(id, outcome string) *markers.Record {
+		t.Helper()
+		var rec *markers.Record
+		testutil.WaitFor(t, "the driver of "+id+" to give up", func() bool {
+			var err error
+			rec, err = f.engine().Review(ctx, "op", id, outcome, "checked on the host")
+			if errors.Is(err, api.ErrNotReviewable) {
+				return false // its driver is still asking the host
+			}
+			if err != nil {
+				t.Fatalf("review %s %s: %v", id, outcome, err)
+			}
+			return true
+		})
+		return rec
+	}
+	rec := review(tookEffect.ExecutionID, "completed")
+	if rec.State != markers.Completed || rec.IsError || verdict.LastEvidence(rec.Evidence) != "reviewed by op: it took effect: checked on the host" {
+		t.Errorf("reviewed completed = %s (is_error %v, evidence %q); want completed by op", rec.State, rec.IsError, rec.Evidence)
+	}
+	rec = review(didNotRun.ExecutionID, "not-run")
+	if rec.State != markers.Failed || !rec.IsError {
+		t.Errorf("reviewed not-run = %s (is_error %v); want failed", rec.State, rec.IsError)
+	}
+	// It did not run: the same call is a new intent now.
+	if x := f.exec(t, alice, argsB); x.ExecutionID == didNotRun.ExecutionID || x.Replayed {
+		t.Errorf("the call again after not-run = %s (replayed %v); want a new execution", x.ExecutionID, x.Replayed)
+	}
+
+	tests := []struct {
+		name, id, outcome, note string
+		wantErr                 error
+		wantCode, wantText      string
+	}{
+		{name: "outcome known", id: done.ExecutionID, outcome: "not-run", note: "n", wantErr: api.ErrNotReviewable, wantText: "its outcome is known"},
+		{name: "reviewed already", id: tookEffect.ExecutionID, outcome: "not-run", note: "n", wantErr: api.ErrNotReviewable, wantText: "its outcome is known"},
+		{name: "awaits approval", id: pending.ExecutionID, outcome: "completed", note: "n", wantErr: api.ErrNotReviewable, wantText: "awaits approval"},
+		{name: "no such execution", id: "ex_00000000000000000000000000", outcome: "completed", note: "n", wantCode: api.CodeNotFound},
+		{name: "bad outcome", id: done.ExecutionID, outcome: "maybe", note: "n", wantCode: api.CodeInvalidArgument},
+		{name: "no note", id: done.ExecutionID, outcome: "completed", wantCode: api.CodeInvalidArgument},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := f.engine().Review(ctx, "op", tt.id, tt.outcome, tt.note)
+			if tt.wantCode != "" {
+				wantCode(t, err, tt.wantCode)
+				return
+			}
+			if !errors.Is(err, tt.wantErr) || !strings.Contains(err.Error(), tt.wantText) {
+				t.Errorf("got = %v; want %v saying %q", err, tt.wantErr, tt.wantText)
+			}
+		})
+	}
+}
