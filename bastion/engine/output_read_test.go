@@ -151,8 +151,8 @@ func TestCancel(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if x.State != string(markers.AwaitingApproval) {
-		t.Errorf("cancel awaiting approval = %s; want it to stay awaiting_approval", x.State)
+	if x.State != string(markers.AwaitingApproval) || strings.Contains(x.Next, "ended") || !strings.Contains(x.Next, "approval_timeout") {
+		t.Errorf("cancel awaiting approval = %s (next %q); want it to stay awaiting_approval, saying how it ends", x.State, x.Next)
 	}
 
 	// Approved while the actor is at max_concurrent: queued, then cancelled before dispatch.
