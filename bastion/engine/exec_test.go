@@ -134,3 +134,26 @@ func TestExecWaitZero(t *testing.T) {
 		t.Errorf("the command ran %d times; want 1", got)
 	}
 }
+
+// TestExecOperationKey: the host refuses an operation key to every execution but the one
+// holding it; the refusal names the holder only to its own actor.
+func TestExecOperationKey(t *testing.T) {
+	f := newFleet(t)
+	first := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.effect("migrate"), OperationKey: "migration:1"})
+	finished(t, first)
+
+	again := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.effect("migrate") + "; true", OperationKey: "migration:1"})
+	if again.State != string(markers.Failed) || !strings.Contains(again.Cause, first.ExecutionID) || !strings.Contains(again.Next, "already ran as "+first.ExecutionID) {
+		t.Errorf("the operation again = %s (cause %q, next %q); want failed, naming %s", again.State, again.Cause, again.Next, first.ExecutionID)
+	}
+	if again.Stderr != "" {
+		t.Errorf("the refusal kept the host's stderr %q; want none", again.Stderr)
+	}
+	theirs := f.exec(t, bob, api.ExecArgs{Host: "h1", Command: f.effect("migrate"), OperationKey: "migration:1"})
+	if theirs.State != string(markers.Failed) || strings.Contains(theirs.Cause+theirs.Next, first.ExecutionID) || !strings.Contains(theirs.Next, "Do not retry") {
+		t.Errorf("another actor's try = %s (cause %q, next %q); want failed without naming alice's execution", theirs.State, theirs.Cause, theirs.Next)
+	}
+	if n := f.count(t, "migrate"); n != 1 {
+		t.Errorf("the operation ran %d times; want 1", n)
+	}
+}

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strings"
@@ -24,8 +25,8 @@ const httpSecret = "s3cr3t-engine-test"
 // newHTTPFleet is a fleet with the real HTTP plugin (built, pinned by its SHA-256) and a
 // counting target behind one endpoint per class: pay (idempotent_write), once
 // (irreversible), cond (conditional_write, with a status check) and read (read_only), all
-// under /v1 with the bearer credential api.
-func newHTTPFleet(t testing.TB) (*testFleet, *testutil.HTTPTarget) {
+// under /v1 with the bearer credential api. adjust may change the config further.
+func newHTTPFleet(t testing.TB, adjust ...func(*config.Config)) (*testFleet, *testutil.HTTPTarget) {
 	t.Helper()
 	target := testutil.StartHTTPTarget(t, testutil.HTTPTargetOptions{})
 	bin := harness.Binary(t, "postern-plugin-http")
@@ -52,6 +53,9 @@ func newHTTPFleet(t testing.TB) (*testFleet, *testutil.HTTPTarget) {
 				e.StatusCheck = "/status/{execution_id}"
 			}
 			c.Endpoints = append(c.Endpoints, e)
+		}
+		for _, fn := range adjust {
+			fn(c)
 		}
 	})
 	return f, target
@@ -203,4 +207,108 @@ func TestHTTPInFlight(t *testing.T) {
 	if dec.Class != config.ClassIrreversible {
 		t.Errorf("policy check on once = class %s; want irreversible, the endpoint's", dec.Class)
 	}
+}
+
+// TestHTTPNotSent: a request that cannot be sent — its credential unreadable, or its target
+// refusing the connection — fails with nothing sent.
+func TestHTTPNotSent(t *testing.T) {
+	down, _ := testutil.ClosedAddr(t)
+	f, target := newHTTPFleet(t, func(c *config.Config) {
+		c.Credentials = append(c.Credentials, config.Credential{Name: "lost", Kind: "bearer", File: filepath.Join(t.TempDir(), "missing")})
+		c.Endpoints = append(c.Endpoints,
+			config.Endpoint{Name: "nocred", BaseURL: c.Endpoints[0].BaseURL, Methods: []string{"POST"}, PathPrefixes: []string{"/v1"}, Credential: "lost"},
+			config.Endpoint{Name: "down", BaseURL: "http://" + down, Methods: []string{"POST"}, PathPrefixes: []string{"/v1"}})
+	})
+	tests := []struct{ name, endpoint, cause string }{
+		{name: "credential unreadable", endpoint: "nocred", cause: "credential lost: read its file"},
+		{name: "connection refused", endpoint: "down", cause: "no request byte was written"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			x := f.request(t, alice, post(tt.endpoint, "/v1/x"))
+			if x.State != string(markers.Failed) || !strings.Contains(x.Cause, tt.cause) {
+				t.Errorf("got = %s (cause %q); want failed: %s", x.State, x.Cause, tt.cause)
+			}
+		})
+	}
+	if n := len(target.Requests()); n != 0 {
+		t.Errorf("the target received %d requests; want 0", n)
+	}
+}
+
+// TestHTTPRecover: a request in flight when the engine closed is unknown after Recover, and
+// its class decides: idempotent_write is sent again under the same key (the target replays
+// its answer), irreversible is never sent again and waits for a review.
+func TestHTTPRecover(t *testing.T) {
+	f, target := newHTTPFleet(t)
+	tests := []struct {
+		endpoint, path string
+		wantState      markers.State
+		wantReview     bool
+		wantSent       int
+	}{
+		{endpoint: "pay", path: "/v1/held-pay", wantState: markers.Completed, wantSent: 2},
+		{endpoint: "once", path: "/v1/held-once", wantState: markers.Unknown, wantReview: true, wantSent: 1},
+	}
+	ids := map[string]string{}
+	for _, tt := range tests {
+		target.Arm(tt.path, testutil.FaultHold)
+		a := post(tt.endpoint, tt.path)
+		a.WaitS = waitS(0)
+		ids[tt.path] = f.request(t, alice, a).ExecutionID
+		target.WaitHeld(t, tt.path)
+		f.waitState(t, alice, ids[tt.path], markers.Dispatched)
+	}
+	f.closeEngine(t, f.engine())
+	for _, tt := range tests {
+		target.Release(tt.path)
+		waitAnswerStored(t, target, tt.path, ids[tt.path])
+	}
+	f.open(t)
+	for _, tt := range tests {
+		t.Run(tt.endpoint, func(t *testing.T) {
+			st := f.waitState(t, alice, ids[tt.path], tt.wantState)
+			if st.ReviewRequired != tt.wantReview {
+				t.Errorf("review required = %v; want %v", st.ReviewRequired, tt.wantReview)
+			}
+			if n := sentByEngine(target, tt.path); n != tt.wantSent {
+				t.Errorf("the engine sent %d requests; want %d", n, tt.wantSent)
+			}
+			if n := target.Effects(ids[tt.path]); n != 1 {
+				t.Errorf("the target performed %d effects; want 1", n)
+			}
+		})
+	}
+}
+
+// waitAnswerStored waits until the target, released, stored its answer to the request keyed
+// id: until then a request with that key is refused as in progress (409). It asks with the
+// same payload, without the credential (sentByEngine leaves these out); the target replays
+// it without an effect.
+func waitAnswerStored(t testing.TB, target *testutil.HTTPTarget, path, id string) {
+	t.Helper()
+	testutil.WaitFor(t, "the target to store its answer on "+path, func() bool {
+		req, err := http.NewRequest("POST", target.URL+path, strings.NewReader(`{"amount":1}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		req.Header.Set("Idempotency-Key", `"`+id+`"`)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode == http.StatusOK && resp.Header.Get("Idempotent-Replayed") == "true"
+	})
+}
+
+// sentByEngine counts the requests on path that carry the engine's credential.
+func sentByEngine(target *testutil.HTTPTarget, path string) int {
+	n := 0
+	for _, r := range target.RequestsTo(path) {
+		if r.Header.Get("Authorization") == "Bearer "+httpSecret {
+			n++
+		}
+	}
+	return n
 }
