@@ -5,6 +5,7 @@ import (
 	"errors"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -55,6 +56,9 @@ func TestApprove(t *testing.T) {
 		t.Errorf("retry = %s %s (replayed %v); want %s still pending, replayed", again.ExecutionID, again.State, again.Replayed, x.ExecutionID)
 	}
 
+	if got := f.investigated(t, x.ExecutionID, answerLater); !strings.Contains(got, "returned it awaiting approval, no second approval") {
+		t.Errorf("later calls = %q; want the retry returned pending", got)
+	}
 	_, err = f.engine().Approve(ctx, "op", x.ExecutionID, strings.Repeat("n", 2000))
 	wantCode(t, err, api.CodeInvalidArgument)
 	_, err = f.engine().Approve(ctx, "op", "ex_00000000000000000000000000", "")
@@ -102,6 +106,12 @@ func TestDeny(t *testing.T) {
 	again := f.exec(t, alice, args)
 	if again.ExecutionID != x.ExecutionID || again.State != string(markers.Rejected) || !again.Replayed || !strings.Contains(again.Next, "same rejection") {
 		t.Errorf("retry = %s %s (replayed %v, next %q); want the rejection of %s", again.ExecutionID, again.State, again.Replayed, again.Next, x.ExecutionID)
+	}
+	if got := f.investigated(t, x.ExecutionID, answerLater); !strings.Contains(got, "returned the same rejection") {
+		t.Errorf("later calls = %q; want the retry given the rejection", got)
+	}
+	if got := f.investigated(t, x.ExecutionID, answerAuthorization); !strings.Contains(got, "denied by op: not today") || !strings.Contains(got, "Never dispatched") {
+		t.Errorf("authorization = %q; want the denial, never dispatched", got)
 	}
 	// Denying again is idempotent: the rejection stands as it was journaled.
 	if again, err := f.engine().Deny(ctx, "op2", x.ExecutionID, "again"); err != nil || again.State != markers.Rejected || slices.ContainsFunc(again.Evidence, func(e string) bool { return strings.Contains(e, "op2") }) {
@@ -244,6 +254,9 @@ func TestApprovalThroughBridge(t *testing.T) {
 		t.Errorf("approved through the bridge = %s; want authorized", got.State)
 	}
 	f.waitState(t, own, x.ExecutionID, markers.Completed)
+	if got := f.investigated(t, x.ExecutionID, answerWho); !strings.Contains(got, "pid "+strconv.Itoa(os.Getpid())+", "+self) || !strings.Contains(got, "via stdio-bridge") {
+		t.Errorf("who = %q; want the agent process through the bridge", got)
+	}
 	if n := f.count(t, "ran"); n != 1 {
 		t.Errorf("ran %d times; want 1", n)
 	}

@@ -50,6 +50,15 @@ func TestExecIdempotencyKey(t *testing.T) {
 	if te := wantCode(t, err, api.CodeIdempotencyKeyReused); te.ExecutionID != first.ExecutionID {
 		t.Errorf("refusal names %s; want %s", te.ExecutionID, first.ExecutionID)
 	}
+	later := f.investigated(t, first.ExecutionID, answerLater)
+	for _, want := range []string{
+		"joined " + first.ExecutionID + " (reused idempotency key deploy-1): its stored result was replayed",
+		"reused idempotency key deploy-1 for a different request: refused, nothing dispatched",
+	} {
+		if !strings.Contains(later, want) {
+			t.Errorf("later calls = %q; want %q", later, want)
+		}
+	}
 	if n, m := f.count(t, "keyed"), f.count(t, "other"); n != 1 || m != 0 {
 		t.Errorf("side effects: keyed %d, other %d; want 1 and 0", n, m)
 	}
@@ -59,13 +68,13 @@ func TestExecIdempotencyKey(t *testing.T) {
 
 	// A cwd that does not exist yet: the host refuses to start it, so it failed without
 	// effect, and the same key and request is a new attempt.
-	later := f.path("later")
-	retry := api.ExecArgs{Host: "h1", Command: f.effect("attempt"), Cwd: later, IdempotencyKey: "deploy-2"}
+	cwd := f.path("later")
+	retry := api.ExecArgs{Host: "h1", Command: f.effect("attempt"), Cwd: cwd, IdempotencyKey: "deploy-2"}
 	failed := f.exec(t, alice, retry)
 	if failed.State != string(markers.Failed) || !failed.IsError {
 		t.Fatalf("with a missing cwd = %s (evidence %q); want failed", failed.State, failed.Evidence)
 	}
-	if err := os.Mkdir(later, 0o700); err != nil {
+	if err := os.Mkdir(cwd, 0o700); err != nil {
 		t.Fatal(err)
 	}
 	attempt := f.exec(t, alice, retry)
@@ -73,6 +82,9 @@ func TestExecIdempotencyKey(t *testing.T) {
 	if attempt.ExecutionID == failed.ExecutionID || attempt.PreviousAttempt != failed.ExecutionID || attempt.Replayed {
 		t.Errorf("retry after the failure = %s (previous_attempt %q, replayed %v); want a new attempt of %s",
 			attempt.ExecutionID, attempt.PreviousAttempt, attempt.Replayed, failed.ExecutionID)
+	}
+	if got := f.investigated(t, attempt.ExecutionID, answerLater); !strings.Contains(got, "new attempt "+attempt.ExecutionID+" of "+failed.ExecutionID) {
+		t.Errorf("later calls = %q; want the new attempt of %s", got, failed.ExecutionID)
 	}
 	if got := f.count(t, "attempt"); got != 1 {
 		t.Errorf("the keyed command ran %d times; want 1", got)
@@ -124,6 +136,13 @@ func TestExecWaitZero(t *testing.T) {
 		t.Fatalf("exec with wait_s 0 = %s %q (next %q); want it in progress with its id", x.ExecutionID, x.State, x.Next)
 	}
 	f.waitState(t, alice, x.ExecutionID, markers.Running)
+	joined := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gate("g") + "; " + f.effect("ran"), WaitS: waitS(0)})
+	if joined.ExecutionID != x.ExecutionID || !joined.Replayed {
+		t.Errorf("retry while running = %s (replayed %v); want %s joined", joined.ExecutionID, joined.Replayed, x.ExecutionID)
+	}
+	if got := f.investigated(t, x.ExecutionID, answerLater); !strings.Contains(got, "attached to it while it ran") {
+		t.Errorf("later calls = %q; want the retry attached", got)
+	}
 	f.release(t, "g")
 	end, err := f.engine().AwaitEnd(context.Background(), alice, x.ExecutionID, nil)
 	if err != nil {

@@ -261,6 +261,26 @@ func (f *testFleet) hostMarker(t testing.TB, id string) *hostproto.Marker {
 	return found[0]
 }
 
+// investigated is the investigation of id, its answer index i (0..4: who sent the calls,
+// authorization, outcome, delivery, later calls).
+func (f *testFleet) investigated(t testing.TB, id string, i int) string {
+	t.Helper()
+	inv, err := f.engine().Investigate(context.Background(), id)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return inv.Answers[i]
+}
+
+// Answers of an investigation (testFleet.investigated).
+const (
+	answerWho = iota
+	answerAuthorization
+	answerOutcome
+	answerDelivery
+	answerLater
+)
+
 // waitS is a wait_s argument.
 func waitS(n int) *int { return &n }
 

@@ -197,8 +197,8 @@ func TestHTTPInFlight(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(inv.Answers[2], "Yes: the bastion observed HTTP 200") || !strings.Contains(inv.Outcome.MarkerNote, "no host marker") {
-		t.Errorf("outcome answer %q (%q); want the HTTP status, no marker", inv.Answers[2], inv.Outcome.MarkerNote)
+	if !strings.Contains(inv.Answers[answerOutcome], "Yes: the bastion observed HTTP 200") || !strings.Contains(inv.Outcome.MarkerNote, "no host marker") {
+		t.Errorf("outcome answer %q (%q); want the HTTP status, no marker", inv.Answers[answerOutcome], inv.Outcome.MarkerNote)
 	}
 	dec, err := f.engine().PolicyCheck(policy.Request{Actor: "alice", Tool: policy.ToolHTTPRequest, Endpoint: "once", Method: "POST", Path: "/v1/x"})
 	if err != nil {

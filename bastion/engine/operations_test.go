@@ -260,20 +260,22 @@ func TestInvestigate(t *testing.T) {
 	if len(inv.Answers) != 5 {
 		t.Fatalf("%d answers; want 5", len(inv.Answers))
 	}
-	want := []struct{ question, says string }{
-		{"who sent the calls", "One agent run sent 2 calls: run:r1 — token alice, run id r1"},
-		{"who sent the calls", "Other agent runs of the same actor sent the same command"},
-		{"authorized and dispatched", "policy decided authorized"},
-		{"authorized and dispatched", "Dispatched "},
-		{"response or exit status", "Yes: the bastion observed exit 0"},
-		{"response or exit status", "asked now, has marker " + x.ExecutionID + ": exited, exit 0"},
-		{"delivery", "the result is not delivered (completed_result_not_delivered); a retry replays it"},
-		{"later calls", "its stored result was replayed, nothing dispatched"},
+	want := []struct {
+		answer int
+		says   string
+	}{
+		{answerWho, "One agent run sent 2 calls: run:r1 — token alice, run id r1"},
+		{answerWho, "Other agent runs of the same actor sent the same command"},
+		{answerAuthorization, "policy decided authorized"},
+		{answerAuthorization, "Dispatched "},
+		{answerOutcome, "Yes: the bastion observed exit 0"},
+		{answerOutcome, "asked now, has marker " + x.ExecutionID + ": exited, exit 0"},
+		{answerDelivery, "the result is not delivered (completed_result_not_delivered); a retry replays it"},
+		{answerLater, "its stored result was replayed, nothing dispatched"},
 	}
-	questions := map[string]int{"who sent the calls": 0, "authorized and dispatched": 1, "response or exit status": 2, "delivery": 3, "later calls": 4}
 	for _, w := range want {
-		if got := inv.Answers[questions[w.question]]; !strings.Contains(got, w.says) {
-			t.Errorf("%s: got = %q; want it to say %q", w.question, got, w.says)
+		if got := inv.Answers[w.answer]; !strings.Contains(got, w.says) {
+			t.Errorf("answer %d: got = %q; want it to say %q", w.answer+1, got, w.says)
 		}
 	}
 	if len(inv.Calls) != 2 || len(inv.Related) != 1 || inv.Outcome.Marker == nil {
@@ -286,8 +288,8 @@ func TestInvestigate(t *testing.T) {
 	if inv, err = f.engine().Investigate(ctx, x.ExecutionID); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(inv.Answers[3], "The result counts as delivered") || len(inv.Delivery.Deliveries) != 1 {
-		t.Errorf("delivery after Delivered = %q (%d deliveries); want it delivered once", inv.Answers[3], len(inv.Delivery.Deliveries))
+	if !strings.Contains(inv.Answers[answerDelivery], "The result counts as delivered") || len(inv.Delivery.Deliveries) != 1 {
+		t.Errorf("delivery after Delivered = %q (%d deliveries); want it delivered once", inv.Answers[answerDelivery], len(inv.Delivery.Deliveries))
 	}
 	if _, err := f.engine().Investigate(ctx, "ex_00000000000000000000000000"); !errors.Is(err, markers.ErrNotFound) {
 		t.Errorf("investigate an unknown execution = %v; want ErrNotFound", err)

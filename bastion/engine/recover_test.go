@@ -100,6 +100,9 @@ func TestHostLostMidCommand(t *testing.T) {
 	if again.ExecutionID != x.ExecutionID || !again.Replayed || again.State != string(markers.Unknown) || !strings.Contains(again.Next, "NOT known") {
 		t.Errorf("retry while the host is down = %s %s (replayed %v, next %q); want %s unknown, joined", again.ExecutionID, again.State, again.Replayed, again.Next, x.ExecutionID)
 	}
+	if got := f.investigated(t, x.ExecutionID, answerLater); !strings.Contains(got, "its unknown outcome was reconciled with the host, nothing dispatched blindly") {
+		t.Errorf("later calls = %q; want the retry reconciled", got)
+	}
 	other := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.effect("other")})
 	if other.State != string(markers.Failed) || !strings.Contains(other.Cause, "nothing was sent") {
 		t.Errorf("a new call while the host is down = %s (cause %q); want failed, nothing sent", other.State, other.Cause)

@@ -106,8 +106,8 @@ func TestLevelNoneLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(inv.Outcome.MarkerNote, "guarantee level none") || !strings.Contains(inv.Answers[4], "nothing can be asked of plain") {
-		t.Errorf("investigation: marker note %q, later calls %q; want level none named", inv.Outcome.MarkerNote, inv.Answers[4])
+	if !strings.Contains(inv.Outcome.MarkerNote, "guarantee level none") || !strings.Contains(inv.Answers[answerLater], "nothing can be asked of plain") {
+		t.Errorf("investigation: marker note %q, later calls %q; want level none named", inv.Outcome.MarkerNote, inv.Answers[answerLater])
 	}
 	rec, err := f.engine().Review(ctx, "op", x.ExecutionID, "completed", "it ran")
 	if err != nil {
