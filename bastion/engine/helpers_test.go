@@ -251,14 +251,7 @@ func (f *testFleet) hostMarker(t testing.TB, id string) *hostproto.Marker {
 	defer cc.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	found, _, err := cc.Status(ctx, []string{id})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(found) == 0 {
-		return nil
-	}
-	return found[0]
+	return harness.Marker(t, ctx, cc, id)
 }
 
 // investigated is the investigation of id, its answer index i (0..4: who sent the calls,
@@ -280,6 +273,20 @@ const (
 	answerDelivery
 	answerLater
 )
+
+// joinIDs is the ids of xs (by id), comma-separated: a page as a test compares it with the
+// ids it wants.
+func joinIDs[T any](xs []T, id func(T) string) string {
+	ids := make([]string, len(xs))
+	for i, x := range xs {
+		ids[i] = id(x)
+	}
+	return strings.Join(ids, ",")
+}
+
+// Ids of the engine's pages (joinIDs).
+func recordID(r *markers.Record) string   { return r.ID }
+func executionID(x *api.Execution) string { return x.ExecutionID }
 
 // waitS is a wait_s argument.
 func waitS(n int) *int { return &n }

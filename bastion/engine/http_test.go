@@ -16,7 +16,6 @@ import (
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/markers"
-	"github.com/postern-dev/postern/plugins"
 )
 
 // httpSecret is the bearer credential of the test endpoints.
@@ -29,11 +28,7 @@ const httpSecret = "s3cr3t-engine-test"
 func newHTTPFleet(t testing.TB, adjust ...func(*config.Config)) (*testFleet, *testutil.HTTPTarget) {
 	t.Helper()
 	target := testutil.StartHTTPTarget(t, testutil.HTTPTargetOptions{})
-	bin := harness.Binary(t, "postern-plugin-http")
-	sum, err := plugins.FileSHA256(bin)
-	if err != nil {
-		t.Fatal(err)
-	}
+	bin, sum := harness.HTTPPlugin(t)
 	secretFile := filepath.Join(t.TempDir(), "api.secret")
 	if err := os.WriteFile(secretFile, []byte(httpSecret+"\n"), 0o600); err != nil {
 		t.Fatal(err)

@@ -125,12 +125,9 @@ func TestTaskState(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var got []string
-	for _, s := range append(page, rest...) {
-		got = append(got, s.ExecutionID)
-	}
-	if want := []string{ids[2], ids[1], ids[0]}; strings.Join(got, ",") != strings.Join(want, ",") || next == "" || last != "" {
-		t.Errorf("pages = %v (cursors %q, %q); want %v in two pages", got, next, last, want)
+	got := joinIDs(append(page, rest...), func(s *api.ExecutionState) string { return s.ExecutionID })
+	if want := strings.Join([]string{ids[2], ids[1], ids[0]}, ","); got != want || next == "" || last != "" {
+		t.Errorf("pages = %s (cursors %q, %q); want %s in two pages", got, next, last, want)
 	}
 	if _, _, err := f.engine().States(alice, "garbage", 2); !errors.Is(err, markers.ErrInvalidCursor) {
 		t.Errorf("states with a bad cursor = %v; want ErrInvalidCursor", err)

@@ -48,12 +48,8 @@ func TestExecutions(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var got []string
-			for _, r := range page.Executions {
-				got = append(got, r.ID)
-			}
-			if strings.Join(got, ",") != strings.Join(tt.want, ",") {
-				t.Errorf("got = %v; want %v", got, tt.want)
+			if got, want := joinIDs(page.Executions, recordID), strings.Join(tt.want, ","); got != want {
+				t.Errorf("got = %s; want %s", got, want)
 			}
 		})
 	}
@@ -119,12 +115,9 @@ func TestRuns(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var got []string
-			for _, r := range page.Runs {
-				got = append(got, r.Actor+"/"+r.Scope)
-			}
-			if strings.Join(got, ",") != strings.Join(tt.want, ",") {
-				t.Errorf("got = %v; want %v", got, tt.want)
+			got := joinIDs(page.Runs, func(r *markers.Run) string { return r.Actor + "/" + r.Scope })
+			if want := strings.Join(tt.want, ","); got != want {
+				t.Errorf("got = %s; want %s", got, want)
 			}
 		})
 	}

@@ -226,12 +226,8 @@ func TestListAndOwnership(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			var got []string
-			for _, x := range res.Executions {
-				got = append(got, x.ExecutionID)
-			}
-			if strings.Join(got, ",") != strings.Join(tt.want, ",") {
-				t.Errorf("got = %v; want %v", got, tt.want)
+			if got, want := joinIDs(res.Executions, executionID), strings.Join(tt.want, ","); got != want {
+				t.Errorf("got = %s; want %s", got, want)
 			}
 		})
 	}
