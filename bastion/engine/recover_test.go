@@ -195,3 +195,35 @@ func TestReview(t *testing.T) {
 		})
 	}
 }
+
+// TestRecoverQueued: an approved execution queued behind its actor's max_concurrent when the
+// engine closed stays queued after Recover, and is dispatched once the running one ends.
+func TestRecoverQueued(t *testing.T) {
+	f := newGatedFleet(t, func(c *config.Config) { c.Actors[0].MaxConcurrent = 1 })
+	ctx := context.Background()
+	running := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)})
+	f.waitState(t, alice, running.ExecutionID, markers.Running)
+	pending := f.exec(t, alice, api.ExecArgs{Host: "gated", Command: f.effect("queued")})
+	if _, err := f.engine().Approve(ctx, "op", pending.ExecutionID, ""); err != nil {
+		t.Fatal(err)
+	}
+	queued := func() bool {
+		st, err := f.engine().State(alice, pending.ExecutionID)
+		return err == nil && st.Queued
+	}
+	testutil.WaitFor(t, "the approved execution to queue", queued)
+
+	// Recover returns once each execution was asked about, or queued. Each restart is a
+	// chance for the queued one to be dispatched before the running one's driver is back.
+	for i := range 10 {
+		f.reopen(t)
+		if st, err := f.engine().State(alice, pending.ExecutionID); err != nil || st.State != string(markers.Authorized) || !st.Queued {
+			t.Fatalf("after restart %d: %+v, %v; want it authorized and queued while the other one runs (max_concurrent 1)", i+1, st, err)
+		}
+	}
+	f.release(t, "g")
+	f.waitState(t, alice, pending.ExecutionID, markers.Completed)
+	if n, m := f.count(t, "g.started"), f.count(t, "queued"); n != 1 || m != 1 {
+		t.Errorf("started %d and %d times; want once each", n, m)
+	}
+}
