@@ -227,3 +227,34 @@ func TestRecoverQueued(t *testing.T) {
 		t.Errorf("started %d and %d times; want once each", n, m)
 	}
 }
+
+// TestCancelWhileHostDown: a cancel that cannot reach the host says so; once the host
+// answers again, the reconciling driver cancels the command there instead of following it.
+func TestCancelWhileHostDown(t *testing.T) {
+	f := newFleet(t)
+	ctx := context.Background()
+	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)})
+	f.waitState(t, alice, x.ExecutionID, markers.Running)
+	f.host.Kill(t)
+	f.waitState(t, alice, x.ExecutionID, markers.Unknown)
+
+	c, err := f.engine().Cancel(ctx, alice, x.ExecutionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.State != string(markers.Unknown) || !strings.Contains(c.Next, "could not be delivered") {
+		t.Errorf("cancel with the host down = %s (next %q); want unknown, not delivered", c.State, c.Next)
+	}
+	f.host.Start(t)
+	testutil.WaitFor(t, "the host to be asked again", func() bool {
+		st, err := f.engine().Status(ctx, alice, x.ExecutionID)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.State != string(markers.Unknown)
+	})
+	f.waitState(t, alice, x.ExecutionID, markers.Cancelled)
+	if m := f.hostMarker(t, x.ExecutionID); m == nil || m.State != hostproto.MarkerCancelled {
+		t.Errorf("host marker = %+v; want cancelled", m)
+	}
+}
