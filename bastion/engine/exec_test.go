@@ -4,6 +4,7 @@ import (
 	"context"
 	"os"
 	"strings"
+	"sync"
 	"testing"
 
 	"github.com/postern-dev/postern/bastion/api"
@@ -27,6 +28,36 @@ func TestExecRunsOnce(t *testing.T) {
 	}
 	if got := f.count(t, "ran"); got != 1 {
 		t.Errorf("the command ran %d times; want 1", got)
+	}
+}
+
+// TestExecConcurrentCalls: identical calls made at once are one execution: one of them
+// creates it, the others join it, and the command runs once.
+func TestExecConcurrentCalls(t *testing.T) {
+	f := newFleet(t)
+	c := inRun(alice, "burst")
+	args := api.ExecArgs{Host: "h1", Command: f.effect("ran")}
+	const calls = 8
+	ids := make([]string, calls)
+	errs := make([]error, calls)
+	var wg sync.WaitGroup
+	for i := range calls {
+		wg.Go(func() {
+			x, err := f.engine().Exec(context.Background(), c, args, nil)
+			if err == nil {
+				ids[i] = x.ExecutionID
+			}
+			errs[i] = err
+		})
+	}
+	wg.Wait()
+	for i := range calls {
+		if errs[i] != nil || ids[i] != ids[0] {
+			t.Errorf("call %d = %s, %v; want %s", i, ids[i], errs[i], ids[0])
+		}
+	}
+	if n, m := f.count(t, "ran"), f.journaled(t); n != 1 || m != 1 {
+		t.Errorf("ran %d times, %d executions journaled; want 1 and 1", n, m)
 	}
 }
 

@@ -80,7 +80,7 @@ func newFleet(t testing.TB, adjust ...func(*config.Config)) *testFleet {
 		t.Fatal(err)
 	}
 	f.host.ClientKey.WritePrivateKey(t, f.cfg.ClientKeyPath())
-	f.enroll(t, fleet.Host{Name: "h1", Addr: f.host.Addr, Account: f.host.Account, HostKey: f.host.HostKey})
+	f.enroll(t, f.hostAs("h1"))
 	t.Cleanup(func() {
 		if t.Failed() {
 			t.Logf("engine log:\n%s\nhostagent log:\n%s", f.logs.String(), f.host.Logs())
@@ -98,11 +98,16 @@ func (f *testFleet) enroll(t testing.TB, h fleet.Host) {
 	}
 }
 
+// hostAs is the fleet's hostagent as an inventory entry named name.
+func (f *testFleet) hostAs(name string) fleet.Host {
+	return fleet.Host{Name: name, Addr: f.host.Addr, Account: f.host.Account, HostKey: f.host.HostKey}
+}
+
 // alias enrolls the fleet's hostagent under another name as well (its own policy rules can
 // then apply to it).
 func (f *testFleet) alias(t testing.TB, name string) {
 	t.Helper()
-	f.enroll(t, fleet.Host{Name: name, Addr: f.host.Addr, Account: f.host.Account, HostKey: f.host.HostKey})
+	f.enroll(t, f.hostAs(name))
 }
 
 // approvalRule requires an operator's approval for every command on host.

@@ -127,7 +127,9 @@ func TestRuns(t *testing.T) {
 // nothing runs.
 func TestPolicyCheck(t *testing.T) {
 	f := newGatedFleet(t)
-	f.enroll(t, fleet.Host{Name: "db-1", Addr: f.host.Addr, Account: f.host.Account, HostKey: f.host.HostKey, Groups: []string{"prod"}})
+	db := f.hostAs("db-1")
+	db.Groups = []string{"prod"}
+	f.enroll(t, db)
 	tests := []struct {
 		name     string
 		req      policy.Request
@@ -294,8 +296,11 @@ func TestInvestigate(t *testing.T) {
 func TestDoctor(t *testing.T) {
 	f := newFleet(t)
 	down, _ := testutil.ClosedAddr(t)
-	f.enroll(t, fleet.Host{Name: "down", Addr: down, Account: f.host.Account, HostKey: f.host.HostKey})
-	f.enroll(t, fleet.Host{Name: "imposter", Addr: f.host.Addr, Account: f.host.Account, HostKey: testutil.NewSSHKey(t).Public()})
+	gone, imposter := f.hostAs("down"), f.hostAs("imposter")
+	gone.Addr = down
+	imposter.HostKey = testutil.NewSSHKey(t).Public()
+	f.enroll(t, gone)
+	f.enroll(t, imposter)
 	rep, err := f.engine().Doctor(context.Background())
 	if err != nil {
 		t.Fatal(err)

@@ -21,6 +21,14 @@ func (f *testFleet) gated(g string) string {
 	return f.effect(g+".started") + "; " + f.gate(g) + "; echo done"
 }
 
+// waitStarted waits until the command of gated(g) started: its first side effect. The
+// journal's running comes earlier, with the host's first marker, written before the
+// process starts.
+func (f *testFleet) waitStarted(t testing.TB, g string) {
+	t.Helper()
+	testutil.WaitFor(t, "the command at gate "+g+" to start", func() bool { return f.count(t, g+".started") > 0 })
+}
+
 // hasEvidence reports whether some evidence line contains s.
 func hasEvidence(ev []string, s string) bool {
 	return slices.ContainsFunc(ev, func(e string) bool { return strings.Contains(e, s) })
@@ -90,7 +98,7 @@ func TestHostLostMidCommand(t *testing.T) {
 	f := newFleet(t, func(c *config.Config) { c.ReconcileInterval = 50 * time.Millisecond })
 	args := api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)}
 	x := f.exec(t, alice, args)
-	f.waitState(t, alice, x.ExecutionID, markers.Running)
+	f.waitStarted(t, "g")
 
 	f.host.Kill(t)
 	f.waitState(t, alice, x.ExecutionID, markers.Unknown)
@@ -132,6 +140,8 @@ func TestReview(t *testing.T) {
 	tookEffect := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("a"), WaitS: waitS(0)})
 	argsB := api.ExecArgs{Host: "h1", Command: f.gated("b"), WaitS: waitS(0)}
 	didNotRun := f.exec(t, alice, argsB)
+	f.waitStarted(t, "a")
+	f.waitStarted(t, "b")
 	for _, x := range []*api.Execution{tookEffect, didNotRun} {
 		f.waitState(t, alice, x.ExecutionID, markers.Running)
 	}
@@ -234,7 +244,7 @@ func TestCancelWhileHostDown(t *testing.T) {
 	f := newFleet(t)
 	ctx := context.Background()
 	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)})
-	f.waitState(t, alice, x.ExecutionID, markers.Running)
+	f.waitStarted(t, "g")
 	f.host.Kill(t)
 	f.waitState(t, alice, x.ExecutionID, markers.Unknown)
 

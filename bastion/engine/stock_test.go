@@ -19,7 +19,9 @@ import (
 func newPlainFleet(t testing.TB) *testFleet {
 	t.Helper()
 	f := newFleet(t)
-	f.enroll(t, fleet.Host{Name: "plain", Addr: f.host.Addr, Account: f.host.Account, HostKey: f.host.HostKey, Guarantee: fleet.GuaranteeNone})
+	plain := f.hostAs("plain")
+	plain.Guarantee = fleet.GuaranteeNone
+	f.enroll(t, plain)
 	return f
 }
 
@@ -78,6 +80,7 @@ func TestLevelNoneLost(t *testing.T) {
 	ctx := context.Background()
 	args := api.ExecArgs{Host: "plain", Command: f.gated("g"), WaitS: waitS(0)}
 	x := f.exec(t, alice, args)
+	f.waitStarted(t, "g")
 	f.waitState(t, alice, x.ExecutionID, markers.Running)
 	f.host.Kill(t)
 	st := f.waitState(t, alice, x.ExecutionID, markers.Unknown)
