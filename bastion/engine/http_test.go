@@ -61,6 +61,7 @@ func post(endpoint, path string) api.HTTPArgs {
 	return api.HTTPArgs{Endpoint: endpoint, Method: "POST", Path: path, JSON: map[string]any{"amount": 1}, WaitS: waitS(60)}
 }
 
+// request makes an http_request and fails the test if the engine refuses it.
 func (f *testFleet) request(t testing.TB, c transport.Caller, a api.HTTPArgs) *api.Execution {
 	t.Helper()
 	x, err := f.engine().HTTPRequest(context.Background(), c, a, nil)
