@@ -102,7 +102,7 @@ func TestChangedHostKeyIsRefused(t *testing.T) {
 	if n := effects(t, file); n != 0 {
 		t.Fatalf("command ran %d times on a host with the wrong key", n)
 	}
-	if m := hostMarker(t, ctx, cc, x.ExecutionID); m != nil {
+	if m := harness.Marker(t, ctx, cc, x.ExecutionID); m != nil {
 		t.Fatalf("the host has a marker for it: %+v", m)
 	}
 }

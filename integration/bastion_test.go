@@ -280,19 +280,6 @@ func hostControl(t *testing.T, h *harness.Hostagent) *hostproto.ControlClient {
 	return cc
 }
 
-// hostMarker returns the host's marker for id, or nil if the host has none.
-func hostMarker(t *testing.T, ctx context.Context, cc *hostproto.ControlClient, id string) *hostproto.Marker {
-	t.Helper()
-	found, _, err := cc.Status(ctx, []string{id})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(found) == 0 {
-		return nil
-	}
-	return found[0]
-}
-
 // waitForRunningMarker waits until the host has exactly one marker in state running and
 // returns it: the command has started on the host.
 func waitForRunningMarker(t *testing.T, ctx context.Context, cc *hostproto.ControlClient) *hostproto.Marker {

@@ -18,7 +18,6 @@ import (
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
-	"github.com/postern-dev/postern/plugins"
 )
 
 // TestLocalActorByUID: a `[[actors]] uid = N` actor reaches the bastion through the real MCP
@@ -28,11 +27,7 @@ func TestLocalActorByUID(t *testing.T) {
 	agentUser := unixuser.New(t, "bastionhard-l")
 	stranger := unixuser.New(t, "bastionhard-x")
 	target := testutil.StartHTTPTarget(t, testutil.HTTPTargetOptions{})
-	pluginPath := harness.Binary(t, "postern-plugin-http")
-	sum, err := plugins.FileSHA256(pluginPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pluginPath, sum := harness.HTTPPlugin(t)
 	socket := filepath.Join(unixuser.SharedDir(t, "bastionhard-"), "mcp.sock")
 	b := harness.NewBastion(t, testutil.NewSSHKey(t),
 		fmt.Sprintf("socket = %q", socket),

@@ -525,7 +525,7 @@ class = "irreversible"`}})
 	cc = hostControl(t, f.host)
 	for _, id := range []string{a.ExecutionID, b.ExecutionID} {
 		testutil.WaitFor(t, "the host to see "+id+" exit", func() bool {
-			m := hostMarker(t, ctx, cc, id)
+			m := harness.Marker(t, ctx, cc, id)
 			return m != nil && m.State == hostproto.MarkerExited
 		})
 	}

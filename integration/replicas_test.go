@@ -16,7 +16,6 @@ import (
 	"github.com/postern-dev/postern/internal/etcdtest"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/harness"
-	"github.com/postern-dev/postern/plugins"
 )
 
 // haFleet is N bastion replicas (`postern serve` processes) on one journal in a 3-member
@@ -212,11 +211,7 @@ func TestReplicasHTTPReplicaKilledMidRequest(t *testing.T) {
 			if err := os.WriteFile(secret, []byte("s3cr3t-ha\n"), 0o600); err != nil {
 				t.Fatal(err)
 			}
-			plugin := harness.Binary(t, "postern-plugin-http")
-			sum, err := plugins.FileSHA256(plugin)
-			if err != nil {
-				t.Fatal(err)
-			}
+			plugin, sum := harness.HTTPPlugin(t)
 			f := startHAFleet(t, 2,
 				fmt.Sprintf("[http_plugin]\npath = %q\nsha256 = %q", plugin, sum),
 				fmt.Sprintf("[[credentials]]\nname = \"api\"\nkind = \"bearer\"\nfile = %q", secret),

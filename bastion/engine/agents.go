@@ -35,6 +35,11 @@ func (b *Engine) Cancel(ctx context.Context, c transport.Caller, id string) (*ap
 		}
 		rec = next // the driver dispatched it meanwhile: cancel it on the host
 	case markers.Dispatched, markers.Running, markers.Unknown:
+	case markers.AwaitingApproval:
+		// The journal has no edge from awaiting_approval to cancelled: a decision ends it.
+		x := b.views.stored(rec)
+		x.Next = "It awaits an operator's approval and has not run; it cannot be cancelled, and it runs only if approved. An operator denies it (postern deny), or approval_timeout rejects it."
+		return x, nil
 	default:
 		x := b.views.stored(rec)
 		x.Next = "It had already ended (" + string(rec.State) + "); nothing to cancel."

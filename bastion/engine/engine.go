@@ -287,7 +287,10 @@ func (b *Engine) Recover(ctx context.Context) error {
 		return nil
 	}
 	var pending []*driver
-	for _, st := range []markers.State{markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running, markers.Unknown} {
+	// The executions on their hosts first: their drivers hold their actors' concurrency
+	// slots, which an accepted or authorized one about to be dispatched must count
+	// (awaitSlot), or it would be dispatched past its actor's max_concurrent.
+	for _, st := range []markers.State{markers.Dispatched, markers.Running, markers.Unknown, markers.Accepted, markers.Authorized} {
 		cursor := ""
 		for {
 			recs, next, err := b.journal.List(markers.Query{State: st, Limit: 500, Cursor: cursor})
