@@ -48,7 +48,7 @@ func TestDelivered(t *testing.T) {
 		t.Errorf("ran %d times; want 2", n)
 	}
 
-	running := f.exec(t, c, api.ExecArgs{Host: "h1", Command: f.gate("g"), WaitS: waitS(0)})
+	running := f.exec(t, c, api.ExecArgs{Host: "h1", Command: f.gate("g"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
 	if err := f.engine().Delivered(ctx, running.ExecutionID); err != nil {
 		t.Fatal(err)
 	}
@@ -64,7 +64,7 @@ func TestDelivered(t *testing.T) {
 func TestDeliveredKeyed(t *testing.T) {
 	f := newFleet(t)
 	ctx := context.Background()
-	args := api.ExecArgs{Host: "h1", Command: f.effect("ran"), IdempotencyKey: "k"}
+	args := api.ExecArgs{Host: "h1", Command: f.effect("ran"), CallOptions: api.CallOptions{IdempotencyKey: "k"}}
 	first := f.exec(t, alice, args)
 	finished(t, first)
 	if err := f.engine().Delivered(ctx, first.ExecutionID); err != nil {

@@ -223,7 +223,9 @@ func (ds *drivers) reconcileUnknown() {
 // per replica.
 func (ds *drivers) followInFlight(r markers.Replicated) {
 	settled := ds.now().Add(-r.LeaseTTL())
-	for _, st := range []markers.State{markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running} {
+	// The executions on their hosts first, as in Recover: their drivers hold concurrency
+	// slots that one about to be dispatched must count.
+	for _, st := range []markers.State{markers.Dispatched, markers.Running, markers.Accepted, markers.Authorized} {
 		cursor := ""
 		for {
 			recs, next, err := ds.journal.List(markers.Query{State: st, Limit: 500, Cursor: cursor})

@@ -66,7 +66,7 @@ func TestExecConcurrentCalls(t *testing.T) {
 // linked to it.
 func TestExecIdempotencyKey(t *testing.T) {
 	f := newFleet(t)
-	args := api.ExecArgs{Host: "h1", Command: f.effect("keyed"), IdempotencyKey: "deploy-1"}
+	args := api.ExecArgs{Host: "h1", Command: f.effect("keyed"), CallOptions: api.CallOptions{IdempotencyKey: "deploy-1"}}
 	first := f.exec(t, inRun(alice, "r1"), args)
 	finished(t, first)
 
@@ -100,7 +100,7 @@ func TestExecIdempotencyKey(t *testing.T) {
 	// A cwd that does not exist yet: the host refuses to start it, so it failed without
 	// effect, and the same key and request is a new attempt.
 	cwd := f.path("later")
-	retry := api.ExecArgs{Host: "h1", Command: f.effect("attempt"), Cwd: cwd, IdempotencyKey: "deploy-2"}
+	retry := api.ExecArgs{Host: "h1", Command: f.effect("attempt"), Cwd: cwd, CallOptions: api.CallOptions{IdempotencyKey: "deploy-2"}}
 	failed := f.exec(t, alice, retry)
 	if failed.State != string(markers.Failed) || !failed.IsError {
 		t.Fatalf("with a missing cwd = %s (evidence %q); want failed", failed.State, failed.Evidence)
@@ -136,7 +136,7 @@ func TestExecRefusesBeforeJournaling(t *testing.T) {
 		{name: "relative cwd", args: api.ExecArgs{Host: "h1", Command: "true", Cwd: "tmp"}, wantCode: api.CodeInvalidArgument},
 		{name: "forbidden env", args: api.ExecArgs{Host: "h1", Command: "true", Env: map[string]string{"LD_PRELOAD": "x.so"}}, wantCode: api.CodeInvalidArgument},
 		{name: "env the host drops", args: api.ExecArgs{Host: "h1", Command: "true", Env: map[string]string{"RAILS_ENV": "x"}}, wantCode: api.CodeInvalidArgument},
-		{name: "wait beyond max_wait", args: api.ExecArgs{Host: "h1", Command: "true", WaitS: waitS(3600)}, wantCode: api.CodeInvalidArgument},
+		{name: "wait beyond max_wait", args: api.ExecArgs{Host: "h1", Command: "true", CallOptions: api.CallOptions{WaitS: waitS(3600)}}, wantCode: api.CodeInvalidArgument},
 		{name: "unknown host", args: api.ExecArgs{Host: "nope", Command: "true"}, wantCode: api.CodeUnknownHost},
 		{name: "no caller", caller: "-", args: api.ExecArgs{Host: "h1", Command: "true"}, wantCode: api.CodeUnauthenticated},
 	}
@@ -162,12 +162,12 @@ func TestExecRefusesBeforeJournaling(t *testing.T) {
 // ends.
 func TestExecWaitZero(t *testing.T) {
 	f := newFleet(t)
-	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gate("g") + "; " + f.effect("ran"), WaitS: waitS(0)})
+	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gate("g") + "; " + f.effect("ran"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
 	if x.ExecutionID == "" || markers.JournalGraph.Terminal(markers.State(x.State)) || !strings.HasPrefix(x.Next, "Still in progress") {
 		t.Fatalf("exec with wait_s 0 = %s %q (next %q); want it in progress with its id", x.ExecutionID, x.State, x.Next)
 	}
 	f.waitState(t, alice, x.ExecutionID, markers.Running)
-	joined := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gate("g") + "; " + f.effect("ran"), WaitS: waitS(0)})
+	joined := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gate("g") + "; " + f.effect("ran"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
 	if joined.ExecutionID != x.ExecutionID || !joined.Replayed {
 		t.Errorf("retry while running = %s (replayed %v); want %s joined", joined.ExecutionID, joined.Replayed, x.ExecutionID)
 	}

@@ -58,7 +58,7 @@ func newHTTPFleet(t testing.TB, adjust ...func(*config.Config)) (*testFleet, *te
 
 // post is an http_request POST of a JSON body to path on endpoint.
 func post(endpoint, path string) api.HTTPArgs {
-	return api.HTTPArgs{Endpoint: endpoint, Method: "POST", Path: path, JSON: map[string]any{"amount": 1}, WaitS: waitS(60)}
+	return api.HTTPArgs{Endpoint: endpoint, Method: "POST", Path: path, JSON: map[string]any{"amount": 1}, CallOptions: api.CallOptions{WaitS: waitS(60)}}
 }
 
 // request makes an http_request and fails the test if the engine refuses it.
@@ -115,7 +115,7 @@ func TestHTTPRequest(t *testing.T) {
 		{name: "credential header", args: api.HTTPArgs{Endpoint: "pay", Method: "GET", Path: "/v1/x", Headers: map[string]string{"Authorization": "Bearer mine"}}, wantCode: api.CodeInvalidArgument},
 		{name: "header with a newline", args: api.HTTPArgs{Endpoint: "pay", Method: "GET", Path: "/v1/x", Headers: map[string]string{"X-A": "a\nb"}}, wantCode: api.CodeInvalidArgument},
 		{name: "two bodies", args: api.HTTPArgs{Endpoint: "pay", Method: "POST", Path: "/v1/x", JSON: 1, Text: &text}, wantCode: api.CodeInvalidArgument},
-		{name: "bad run id", args: api.HTTPArgs{Endpoint: "pay", Method: "GET", Path: "/v1/x", RunID: "a\nb"}, wantCode: api.CodeInvalidArgument},
+		{name: "bad run id", args: api.HTTPArgs{Endpoint: "pay", Method: "GET", Path: "/v1/x", CallOptions: api.CallOptions{RunID: "a\nb"}}, wantCode: api.CodeInvalidArgument},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -21,7 +21,7 @@ import (
 func TestMaxConcurrent(t *testing.T) {
 	f := newGatedFleet(t, func(c *config.Config) { c.Actors[0].MaxConcurrent = 1 })
 	ctx := context.Background()
-	first := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)})
+	first := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
 
 	_, err := f.engine().Exec(ctx, alice, api.ExecArgs{Host: "h1", Command: f.effect("refused")}, nil)
 	wantCode(t, err, api.CodeConcurrencyLimit)
@@ -139,7 +139,7 @@ func TestTaskState(t *testing.T) {
 func TestAwaitEnd(t *testing.T) {
 	f := newGatedFleet(t)
 	ctx := context.Background()
-	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)})
+	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
 	f.waitState(t, alice, x.ExecutionID, markers.Running)
 
 	var mu sync.Mutex

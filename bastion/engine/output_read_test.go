@@ -22,7 +22,7 @@ import (
 func TestOutputFromOffsets(t *testing.T) {
 	f := newFleet(t)
 	ctx := context.Background()
-	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: "printf a; " + f.gate("g") + "; printf b", WaitS: waitS(0)})
+	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: "printf a; " + f.gate("g") + "; printf b", CallOptions: api.CallOptions{WaitS: waitS(0)}})
 	id := x.ExecutionID
 
 	got, err := f.engine().Output(ctx, alice, api.OutputArgs{ExecutionID: id, WaitS: waitS(30)})
@@ -135,7 +135,7 @@ func TestCancel(t *testing.T) {
 	ctx := context.Background()
 
 	pidFile := f.path("pid")
-	running := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: "echo $$ > " + pidFile + "; " + f.gate("never"), WaitS: waitS(0)})
+	running := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: "echo $$ > " + pidFile + "; " + f.gate("never"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
 	var pid int
 	testutil.WaitFor(t, "the command to write its pid", func() bool {
 		data, err := os.ReadFile(pidFile)

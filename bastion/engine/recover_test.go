@@ -38,7 +38,7 @@ func hasEvidence(ev []string, s string) bool {
 // asks the host, attaches to the command, and takes its outcome — it never starts it again.
 func TestRecoverAttachesToRunning(t *testing.T) {
 	f := newFleet(t)
-	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)})
+	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
 	f.waitState(t, alice, x.ExecutionID, markers.Running)
 
 	f.reopen(t)
@@ -63,7 +63,7 @@ func TestRecoverAttachesToRunning(t *testing.T) {
 // the host's marker after Recover, with its output (the host replays it).
 func TestRecoverTakesOutcome(t *testing.T) {
 	f := newFleet(t)
-	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)})
+	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
 	f.waitState(t, alice, x.ExecutionID, markers.Running)
 	f.closeEngine(t, f.engine())
 	f.release(t, "g")
@@ -96,7 +96,7 @@ func TestRecoverTakesOutcome(t *testing.T) {
 // which never started twice.
 func TestHostLostMidCommand(t *testing.T) {
 	f := newFleet(t, func(c *config.Config) { c.ReconcileInterval = 50 * time.Millisecond })
-	args := api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)}
+	args := api.ExecArgs{Host: "h1", Command: f.gated("g"), CallOptions: api.CallOptions{WaitS: waitS(0)}}
 	x := f.exec(t, alice, args)
 	f.waitStarted(t, "g")
 
@@ -137,8 +137,8 @@ func TestReview(t *testing.T) {
 	done := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: "true"})
 	finished(t, done)
 	pending := f.exec(t, alice, api.ExecArgs{Host: "gated", Command: "true"})
-	tookEffect := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("a"), WaitS: waitS(0)})
-	argsB := api.ExecArgs{Host: "h1", Command: f.gated("b"), WaitS: waitS(0)}
+	tookEffect := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("a"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
+	argsB := api.ExecArgs{Host: "h1", Command: f.gated("b"), CallOptions: api.CallOptions{WaitS: waitS(0)}}
 	didNotRun := f.exec(t, alice, argsB)
 	f.waitStarted(t, "a")
 	f.waitStarted(t, "b")
@@ -211,7 +211,7 @@ func TestReview(t *testing.T) {
 func TestRecoverQueued(t *testing.T) {
 	f := newGatedFleet(t, func(c *config.Config) { c.Actors[0].MaxConcurrent = 1 })
 	ctx := context.Background()
-	running := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)})
+	running := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
 	f.waitState(t, alice, running.ExecutionID, markers.Running)
 	pending := f.exec(t, alice, api.ExecArgs{Host: "gated", Command: f.effect("queued")})
 	if _, err := f.engine().Approve(ctx, "op", pending.ExecutionID, ""); err != nil {
@@ -243,7 +243,7 @@ func TestRecoverQueued(t *testing.T) {
 func TestCancelWhileHostDown(t *testing.T) {
 	f := newFleet(t)
 	ctx := context.Background()
-	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), WaitS: waitS(0)})
+	x := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
 	f.waitStarted(t, "g")
 	f.host.Kill(t)
 	f.waitState(t, alice, x.ExecutionID, markers.Unknown)

@@ -62,7 +62,7 @@ func TestLevelNone(t *testing.T) {
 		}
 	}
 
-	running := f.exec(t, alice, api.ExecArgs{Host: "plain", Command: f.gate("g"), WaitS: waitS(0)})
+	running := f.exec(t, alice, api.ExecArgs{Host: "plain", Command: f.gate("g"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
 	f.waitState(t, alice, running.ExecutionID, markers.Running)
 	c, err := f.engine().Cancel(ctx, alice, running.ExecutionID)
 	if err != nil || !strings.Contains(c.Next, "could not be delivered") {
@@ -78,7 +78,7 @@ func TestLevelNone(t *testing.T) {
 func TestLevelNoneLost(t *testing.T) {
 	f := newPlainFleet(t)
 	ctx := context.Background()
-	args := api.ExecArgs{Host: "plain", Command: f.gated("g"), WaitS: waitS(0)}
+	args := api.ExecArgs{Host: "plain", Command: f.gated("g"), CallOptions: api.CallOptions{WaitS: waitS(0)}}
 	x := f.exec(t, alice, args)
 	f.waitStarted(t, "g")
 	f.waitState(t, alice, x.ExecutionID, markers.Running)
