@@ -69,6 +69,11 @@ func (d *driver) driveAgentless(log *slog.Logger, host fleet.Host) {
 			return // shutting down: the host goes on; the next start reconciles
 		}
 		act := verdict.AgentlessExecVerdict(host.Level(), host.Name, a)
+		if act.Do == verdict.Confirm {
+			w, err := d.hosts.scriptStatus(host, d.id)
+			act = verdict.ConfirmAnswer(host.Name, act.Verdict, w, err)
+			log.Info("confirmed the answer with the marker", "marker", w.State, "action", act.Do, "note", act.Verdict.Note)
+		}
 		if !d.conclude(act.Verdict) {
 			return
 		}

@@ -29,6 +29,8 @@ import (
 //	review    state= driven=                            Reviewable
 //	stock_exec level= from= [unsent] [refused] [answer=KIND[:STATE[:EXIT]]] [exit=N] [signal=S]
 //	                                                    StockExecVerdict + JournalPath
+//	stock_confirm from= [answer=KIND[:REASON|STATE…]] marker=STATE [unreadable]
+//	                                                    ConfirmAnswer + JournalPath
 //	stock_reconcile level= from= age= [marker=STATE|absent] [cancel]
 //	                                                    ReconcileByLevel + JournalPath
 //
@@ -140,7 +142,7 @@ func decide(t *testing.T, c datadriven.Case) string {
 		return renderVerdict(t, markers.Unknown, false, string(act.Do), act.Verdict)
 	case "review":
 		return strconv.FormatBool(Reviewable(state("state"), boolean("driven")))
-	case "stock_exec", "stock_reconcile":
+	case "stock_exec", "stock_confirm", "stock_reconcile":
 		return decideStock(t, c, state, duration, fail) // stock_test.go
 	}
 	return fail("unknown command %q", c.Name)
