@@ -84,24 +84,24 @@ func mustCLI(t *testing.T, ctx context.Context, b *harness.Bastion, args ...stri
 }
 
 // pendingApprovals is `postern approvals list --json`.
-func pendingApprovals(t *testing.T, ctx context.Context, b *harness.Bastion) []*markers.Record {
+func pendingApprovals(t *testing.T, ctx context.Context, b *harness.Bastion) []*api.ApprovalRequest {
 	t.Helper()
-	var page api.ExecutionPage
+	var page api.ApprovalPage
 	out := mustCLI(t, ctx, b, "approvals", "list", "--json")
 	if err := json.Unmarshal([]byte(out), &page); err != nil {
 		t.Fatalf("approvals list --json: %v\n%s", err, out)
 	}
-	return page.Executions
+	return page.Approvals
 }
 
 // wantOnePending checks that id is the only execution awaiting approval.
 func wantOnePending(t *testing.T, ctx context.Context, b *harness.Bastion, id string) {
 	t.Helper()
 	pending := pendingApprovals(t, ctx, b)
-	if len(pending) != 1 || pending[0].ID != id {
+	if len(pending) != 1 || pending[0].ExecutionID != id {
 		ids := []string{}
 		for _, r := range pending {
-			ids = append(ids, r.ID)
+			ids = append(ids, r.ExecutionID)
 		}
 		t.Fatalf("approvals list = %v; want exactly [%s]", ids, id)
 	}

@@ -41,8 +41,13 @@ type Record struct {
 	Cwd     string   `json:"cwd,omitempty"`
 	Class   string   `json:"class,omitempty"`
 	// Decision is the policy's outcome for the execution (authorized, awaiting_approval or
-	// rejected), fixed when it is accepted: a restart never re-decides.
+	// rejected), fixed when it is accepted: a restart never re-decides. Rule names the policy
+	// rule (or default) that decided it.
 	Decision string `json:"decision,omitempty"`
+	Rule     string `json:"rule,omitempty"`
+	// Reason is why the agent says it wants the execution (its call's reason), shown to
+	// whoever is asked to approve it.
+	Reason string `json:"reason,omitempty"`
 	// Host is the inventory name of the target host (SSH) or the endpoint's name (HTTP).
 	Host string `json:"host,omitempty"`
 	// Request is what an HTTP execution sends (method, URL, headers, body — never the

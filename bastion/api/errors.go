@@ -48,7 +48,9 @@ const (
 	CodeTooManyWaits         = "too_many_waits"
 	CodeNotOffered           = "not_offered"
 	CodeOperatorApprovalOnly = "operator_approval_only"
-	CodeBastionDown          = "bastion_down"
+	// CodeNotAnOperator: an approve or review from a uid an agent may run as.
+	CodeNotAnOperator = "not_an_operator"
+	CodeBastionDown   = "bastion_down"
 	// CodeHeld: the bastion was started with --hold, so it sends nothing.
 	CodeHeld = "held"
 )

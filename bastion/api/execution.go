@@ -25,6 +25,7 @@ type CallOptions struct {
 	WaitS          *int   `json:"wait_s,omitempty" jsonschema:"how long to wait for the outcome before returning the execution as running (default 30)"`
 	RunID          string `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to; retries with the same run_id join the same execution"`
 	IdempotencyKey string `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution, from any run; if that execution failed without effect (nothing ran), the retry is a new attempt linked to it (previous_attempt); the same key with other arguments is an error (idempotency_key_reused)"`
+	Reason         string `json:"reason,omitempty" jsonschema:"why you want this, in a sentence: shown to the operator asked to approve it when policy requires an approval (at most 1024 bytes of text; not part of the request's identity)"`
 }
 
 // HTTPArgs are the arguments of http_request.
@@ -205,21 +206,37 @@ type ExecutionState struct {
 	Retention time.Duration `json:"retention"`
 }
 
-// ApprovalRequest is an approval asked of the agent's user in the client: what the
-// execution would do, where, and until when it may be decided.
+// ApprovalRequest is an execution awaiting approval, as whoever decides it sees it (the
+// operator's `approvals list`, the webhook, the agent's user in the client): what it would
+// do and where, who asked and why, the rule that requires the approval, and until when it
+// may be decided.
 type ApprovalRequest struct {
 	ExecutionID string `json:"execution_id"`
-	Actor       string `json:"actor"`
-	Host        string `json:"host"`
-	Class       string `json:"class"`
+	// Actor and Run are who asked: the journal's actor and the agent run (intent scope).
+	Actor string `json:"actor"`
+	Run   string `json:"run,omitempty"`
+	Host  string `json:"host"`
+	Class string `json:"class"`
 	// What is the command line, or for an HTTP request its target.
 	What string `json:"what"`
-	// Expires is when the execution is rejected if nobody decided (zero: never).
-	Expires time.Time `json:"expires,omitzero"`
+	// Reason is why the agent says it wants it ("" when it gave none).
+	Reason string `json:"reason,omitempty"`
+	// Rule is the policy rule that requires the approval.
+	Rule string `json:"rule,omitempty"`
+	// Requested is when it began to wait; Expires is when it is rejected if nobody decided
+	// (zero: never).
+	Requested time.Time `json:"requested,omitzero"`
+	Expires   time.Time `json:"expires,omitzero"`
+	// Decide says how an operator decides it.
+	Decide string `json:"decide,omitempty"`
 }
 
 // Message is what the client's user is asked.
 func (r *ApprovalRequest) Message() string {
-	return fmt.Sprintf("Postern: %s asks to run on %s (class %s):\n\n%s\n\nPolicy requires an approval before it runs (execution %s). Approve or deny; an operator can also decide with `postern approve`.",
-		r.Actor, r.Host, r.Class, r.What, r.ExecutionID)
+	why := ""
+	if r.Reason != "" {
+		why = "\n\nWhy, in the agent's words: " + r.Reason
+	}
+	return fmt.Sprintf("Postern: %s asks to run on %s (class %s):\n\n%s%s\n\nPolicy requires an approval before it runs (execution %s). Approve or deny; an operator can also decide with `postern approve`.",
+		r.Actor, r.Host, r.Class, r.What, why, r.ExecutionID)
 }

@@ -43,6 +43,19 @@ type ExecutionDetail struct {
 	Run *markers.Run `json:"run,omitempty"`
 }
 
+// Operator is who sent an operator's decision: the peer of the operator socket, by uid.
+type Operator struct {
+	// Name is how the journal names the operator ("operator:alice").
+	Name string
+	// UID is the peer's uid; -1 when it could not be read.
+	UID int
+}
+
+// ApprovalPage is the executions awaiting approval, oldest first.
+type ApprovalPage struct {
+	Approvals []*ApprovalRequest `json:"approvals"`
+}
+
 // Daemon states, as Overview reports them.
 const (
 	// DaemonRunning: the daemon serves and carries every execution in flight.

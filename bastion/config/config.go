@@ -102,6 +102,9 @@ type Config struct {
 	// ApprovalTimeout rejects an execution that waited this long for an operator's
 	// decision. Default 1h; "0s" waits forever.
 	ApprovalTimeout time.Duration `toml:"approval_timeout"`
+	// Approvals says who decides approvals and reviews on the operator socket, and where
+	// approval requests are announced.
+	Approvals Approvals `toml:"approvals"`
 	// DeliveryRevokeGrace is how long after a result was delivered a notifications/cancelled
 	// for its request still revokes the delivery (the client gave up on it), so a re-issue
 	// replays the result instead of running again. Default 30s; "0s" revokes nothing after
@@ -121,9 +124,28 @@ type Class struct {
 	AttachWindow time.Duration `toml:"attach_window"`
 	Retention    time.Duration `toml:"retention"`
 	// OperatorApprovalOnly: an approval of this class is decided by an operator
-	// (`postern approve`/`deny`) only, never by the agent's user in the client (elicitation).
-	// Unset: true for irreversible, false otherwise.
+	// (`postern approve`/`deny`) only. Unset: true for every class. false also lets the
+	// agent's client relay its user's answer (elicitation) — which any process of the
+	// agent's uid could give as well, so set it only where that is acceptable.
 	OperatorApprovalOnly *bool `toml:"operator_approval_only"`
+}
+
+// Approvals are the operators who may let an execution run (approve it, or review its
+// outcome) and the webhook that announces approval requests (docs/policy.md, "Who approves").
+type Approvals struct {
+	// Operators are the local users (names or numeric uids) whose `postern approve` and
+	// `postern review` count, and no other's: naming one vouches that no agent runs as it.
+	// Default: anyone the operator socket admits (root and the bastion's user) except a uid
+	// an agent may run as — the uid that made the execution's call, the bastion's own user,
+	// the uids of local [[actors]] — since any process of that uid, the agent's own shell
+	// included, could send the decision. Denials are taken from anyone the socket admits.
+	Operators []string `toml:"operators"`
+	// Webhook is an http(s) URL the bastion POSTs every new approval request to (JSON,
+	// api.ApprovalRequest), so an operator hears of it. "" announces nothing.
+	Webhook string `toml:"webhook"`
+	// WebhookSecretFile holds a secret (a reference, never the value) with which each
+	// webhook body is signed: header Postern-Signature: sha256=<hex HMAC-SHA256 of the body>.
+	WebhookSecretFile string `toml:"webhook_secret_file"`
 }
 
 // Plugin locates a plugin binary and pins it.
@@ -393,6 +415,7 @@ func (c Config) Validate() error {
 	if _, err := c.Policy(); err != nil {
 		errs = append(errs, fmt.Errorf("config: %w", err))
 	}
+	errs = append(errs, c.Approvals.validate()...)
 	if c.DefaultWait < 0 || c.MaxWait <= 0 || c.DefaultWait > c.MaxWait {
 		bad("default_wait (%v) must be in 0..max_wait (%v)", c.DefaultWait, c.MaxWait)
 	}

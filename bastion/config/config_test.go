@@ -83,25 +83,52 @@ func TestClassWindows(t *testing.T) {
 	}
 }
 
-// TestInBandApproval: the agent's user may decide an approval only for a class the config
-// knows and does not keep with operators; a class the config no longer names (a record from
-// an older config, whose class may have been operator-only) stays with operators.
+// TestInBandApproval: the agent's user may decide an approval in the client only for a
+// class the config explicitly opens to it (operator_approval_only = false); every other
+// class — built in, added without the key, or one the config no longer names (a record from
+// an older config) — stays with operators.
 func TestInBandApproval(t *testing.T) {
-	no := false
-	c := Config{Classes: []Class{{Name: "batch"}, {Name: ClassIrreversible, OperatorApprovalOnly: &no}, {Name: "payments", OperatorApprovalOnly: ptr(true)}}}.ResolveClasses()
+	c := Config{Classes: []Class{{Name: "batch"}, {Name: ClassIrreversible, OperatorApprovalOnly: new(false)}, {Name: "payments", OperatorApprovalOnly: new(true)}}}.ResolveClasses()
 	for name, want := range map[string]bool{
-		ClassRemoteCommand:   true,
-		"batch":              true,
+		ClassRemoteCommand:   false,
+		ClassReadOnly:        false,
+		"batch":              false,
 		ClassIrreversible:    true, // configured to allow it
 		"payments":           false,
 		"from-an-old-config": false,
 	} {
 		if got := c.InBandApproval(name); got != want {
-			t.Errorf("inBandApproval(%s) = %v; want %v", name, got, want)
+			t.Errorf("InBandApproval(%s) = %v; want %v", name, got, want)
 		}
 	}
-	if (Config{}).ResolveClasses().InBandApproval(ClassIrreversible) {
-		t.Error("irreversible approvals are in band by default; want operators only")
+}
+
+// TestApprovalsConfig: operators are local users by name or uid; a webhook is an http(s)
+// URL without credentials, and a secret file needs one.
+func TestApprovalsConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		a    Approvals
+		want string // a phrase of the error; "" for none
+	}{
+		{"default", Approvals{}, ""},
+		{"root by name and a uid", Approvals{Operators: []string{"root", "4242"}}, ""},
+		{"unknown user", Approvals{Operators: []string{"no-such-user-here"}}, `no local user "no-such-user-here"`},
+		{"webhook", Approvals{Webhook: "https://hooks.example/postern", WebhookSecretFile: "/etc/postern/hook.secret"}, ""},
+		{"webhook scheme", Approvals{Webhook: "ftp://x"}, "want an http(s) URL"},
+		{"webhook credentials", Approvals{Webhook: "https://u:p@hooks.example/"}, "no credentials in the URL"},
+		{"secret without webhook", Approvals{WebhookSecretFile: "/x"}, "without a webhook"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := tc.a.validate()
+			if tc.want == "" && len(errs) != 0 || tc.want != "" && (len(errs) != 1 || !strings.Contains(errs[0].Error(), tc.want)) {
+				t.Fatalf("validate = %v; want %q", errs, tc.want)
+			}
+		})
+	}
+	uids, err := Approvals{Operators: []string{"root", "4242"}}.OperatorUIDs()
+	if err != nil || len(uids) != 2 || uids[0] != 0 || uids[1] != 4242 {
+		t.Fatalf("OperatorUIDs = %v, %v; want [0 4242]", uids, err)
 	}
 }
 

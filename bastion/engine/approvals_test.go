@@ -3,6 +3,7 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"slices"
 	"strconv"
@@ -34,6 +35,12 @@ func newGatedFleet(t testing.TB, adjust ...func(*config.Config)) *testFleet {
 	return f
 }
 
+// clientApprovals lets the agent's user decide remote_command approvals in the client
+// (operator_approval_only = false; by default every class's approvals stay with operators).
+func clientApprovals(c *config.Config) {
+	c.Classes = append(c.Classes, config.Class{Name: config.ClassRemoteCommand, OperatorApprovalOnly: new(false)})
+}
+
 // TestApprove: a rule requiring approval holds the execution, a retry returns it pending
 // (no second approval), and the operator's approval dispatches it once.
 func TestApprove(t *testing.T) {
@@ -48,8 +55,10 @@ func TestApprove(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(pending) != 1 || pending[0].ID != x.ExecutionID {
-		t.Errorf("pending approvals = %d; want %s", len(pending), x.ExecutionID)
+	if len(pending.Approvals) != 1 || pending.Approvals[0].ExecutionID != x.ExecutionID {
+		t.Errorf("pending approvals = %+v; want %s", pending.Approvals, x.ExecutionID)
+	} else if a := pending.Approvals[0]; a.Actor == "" || a.Run == "" || a.What == "" || a.Rule == "" || a.Requested.IsZero() || a.Expires.IsZero() {
+		t.Errorf("approval request = %+v; want who asked, what, the rule, when and until when", a)
 	}
 	again := f.exec(t, alice, args)
 	if again.ExecutionID != x.ExecutionID || again.State != string(markers.AwaitingApproval) || !again.Replayed {
@@ -59,15 +68,15 @@ func TestApprove(t *testing.T) {
 	if got := f.investigated(t, x.ExecutionID, answerLater); !strings.Contains(got, "returned it awaiting approval, no second approval") {
 		t.Errorf("later calls = %q; want the retry returned pending", got)
 	}
-	_, err = f.engine().Approve(ctx, "op", x.ExecutionID, strings.Repeat("n", 2000))
+	_, err = f.engine().Approve(ctx, testOperator, x.ExecutionID, strings.Repeat("n", 2000))
 	wantCode(t, err, api.CodeInvalidArgument)
-	_, err = f.engine().Approve(ctx, "op", "ex_00000000000000000000000000", "")
+	_, err = f.engine().Approve(ctx, testOperator, "ex_00000000000000000000000000", "")
 	wantCode(t, err, api.CodeNotFound)
 	if got := f.count(t, "ran"); got != 0 {
 		t.Fatalf("ran %d times before the approval; want 0", got)
 	}
 
-	rec, err := f.engine().Approve(ctx, "op", x.ExecutionID, "looks fine")
+	rec, err := f.engine().Approve(ctx, testOperator, x.ExecutionID, "looks fine")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -79,7 +88,7 @@ func TestApprove(t *testing.T) {
 		t.Fatal(err)
 	}
 	finished(t, end)
-	if _, err := f.engine().Approve(ctx, "op", x.ExecutionID, ""); !errors.Is(err, api.ErrNotAwaitingApproval) {
+	if _, err := f.engine().Approve(ctx, testOperator, x.ExecutionID, ""); !errors.Is(err, api.ErrNotAwaitingApproval) {
 		t.Errorf("approve again = %v; want ErrNotAwaitingApproval", err)
 	}
 	if got := f.count(t, "ran"); got != 1 {
@@ -94,9 +103,9 @@ func TestDeny(t *testing.T) {
 	ctx := context.Background()
 	args := api.ExecArgs{Host: "gated", Command: f.effect("ran")}
 	x := f.exec(t, alice, args)
-	_, err := f.engine().Deny(ctx, "op", x.ExecutionID, " ")
+	_, err := f.engine().Deny(ctx, testOperator, x.ExecutionID, " ")
 	wantCode(t, err, api.CodeInvalidArgument)
-	rec, err := f.engine().Deny(ctx, "op", x.ExecutionID, "not today")
+	rec, err := f.engine().Deny(ctx, testOperator, x.ExecutionID, "not today")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,11 +123,11 @@ func TestDeny(t *testing.T) {
 		t.Errorf("authorization = %q; want the denial, never dispatched", got)
 	}
 	// Denying again is idempotent: the rejection stands as it was journaled.
-	if again, err := f.engine().Deny(ctx, "op2", x.ExecutionID, "again"); err != nil || again.State != markers.Rejected || slices.ContainsFunc(again.Evidence, func(e string) bool { return strings.Contains(e, "op2") }) {
+	if again, err := f.engine().Deny(ctx, api.Operator{Name: "op2", UID: 4243}, x.ExecutionID, "again"); err != nil || again.State != markers.Rejected || slices.ContainsFunc(again.Evidence, func(e string) bool { return strings.Contains(e, "op2") }) {
 		t.Errorf("deny again = %+v, %v; want the first rejection unchanged", again, err)
 	}
 	// Approving it is refused.
-	if _, err := f.engine().Approve(ctx, "op", x.ExecutionID, ""); !errors.Is(err, api.ErrNotAwaitingApproval) {
+	if _, err := f.engine().Approve(ctx, testOperator, x.ExecutionID, ""); !errors.Is(err, api.ErrNotAwaitingApproval) {
 		t.Errorf("approve after the denial = %v; want ErrNotAwaitingApproval", err)
 	}
 	if got := f.count(t, "ran"); got != 0 {
@@ -148,7 +157,7 @@ func TestApprovalTimeout(t *testing.T) {
 // for an operator-only class; through a bridge only the execution's own agent run may relay
 // the decision, with the offer's token redeemed.
 func TestApprovalInClient(t *testing.T) {
-	f := newGatedFleet(t)
+	f := newGatedFleet(t, clientApprovals)
 	ctx := context.Background()
 
 	x := f.exec(t, alice, api.ExecArgs{Host: "gated", Command: f.effect("approved")})
@@ -207,7 +216,7 @@ func TestApprovalInClient(t *testing.T) {
 // TestApprovalThroughBridge: a decision relayed by a stdio bridge counts only from the
 // bridge of the execution's own agent run, and only once its offer's token is redeemed.
 func TestApprovalThroughBridge(t *testing.T) {
-	f := newGatedFleet(t)
+	f := newGatedFleet(t, clientApprovals)
 	ctx := context.Background()
 	self, err := os.Executable()
 	if err != nil {
@@ -259,5 +268,37 @@ func TestApprovalThroughBridge(t *testing.T) {
 	}
 	if n := f.count(t, "ran"); n != 1 {
 		t.Errorf("ran %d times; want 1", n)
+	}
+}
+
+// TestApproveAsTheBastionsUser: the bastion's own uid — which any agent of that uid, its
+// shell included, shares — may not approve or review by default, and is told what to do;
+// named in [approvals] operators it may. A denial is taken from it.
+func TestApproveAsTheBastionsUser(t *testing.T) {
+	self := api.Operator{Name: "operator:self", UID: os.Getuid()}
+	for _, named := range []bool{false, true} {
+		t.Run(fmt.Sprintf("named=%v", named), func(t *testing.T) {
+			f := newGatedFleet(t, func(c *config.Config) {
+				if named {
+					c.Approvals.Operators = []string{strconv.Itoa(os.Getuid())}
+				}
+			})
+			ctx := context.Background()
+			x := f.exec(t, alice, api.ExecArgs{Host: "gated", Command: f.effect("ran")})
+			_, err := f.engine().Approve(ctx, self, x.ExecutionID, "")
+			var te *api.ToolError
+			switch {
+			case named && err != nil:
+				t.Fatalf("approve as a named operator: %v", err)
+			case !named && (!errors.As(err, &te) || te.Code != api.CodeNotAnOperator || !strings.Contains(te.Message, "the bastion's own user") || !strings.Contains(te.Message, "sudo postern approve "+x.ExecutionID)):
+				t.Fatalf("approve as the bastion's user: %v; want not_an_operator saying why and what to do", err)
+			case !named:
+				if _, err := f.engine().Deny(ctx, self, x.ExecutionID, "no"); err != nil {
+					t.Fatalf("deny as the bastion's user: %v; want it taken", err)
+				}
+				return
+			}
+			f.waitState(t, alice, x.ExecutionID, markers.Completed)
+		})
 	}
 }

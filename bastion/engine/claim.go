@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/gowebpki/jcs"
@@ -152,6 +153,7 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 	}
 	cl.record = markers.Record{
 		IdempotencyKey: a.IdempotencyKey,
+		Reason:         a.Reason,
 		OperationKey:   a.OperationKey,
 		Tool:           "ssh_exec",
 		Channel:        "ssh",
@@ -178,9 +180,14 @@ func (in *intake) checkCallOptions(o api.CallOptions) error {
 		return api.Invalid("run_id must be 1-128 printable ASCII characters")
 	case !validKey(o.IdempotencyKey):
 		return api.Invalid("idempotency_key must be at most %d printable ASCII characters", maxKeyBytes)
+	case len(o.Reason) > maxReasonBytes || !utf8.ValidString(o.Reason) || strings.ContainsFunc(o.Reason, func(r rune) bool { return unicode.IsControl(r) && r != '\n' }):
+		return api.Invalid("reason must be text of at most %d bytes (UTF-8, no control characters but newlines)", maxReasonBytes)
 	}
 	return nil
 }
+
+// maxReasonBytes bounds a call's reason.
+const maxReasonBytes = 1024
 
 // checkHostEnv refuses the env names host would drop (internal/envpolicy, with the host's
 // accept_env as the inventory records it), all of them at once, so a command never runs
@@ -280,6 +287,7 @@ func (in *intake) resolveHTTP(c transport.Caller, a api.HTTPArgs) (*claim, error
 	}
 	cl.record = markers.Record{
 		IdempotencyKey: a.IdempotencyKey,
+		Reason:         a.Reason,
 		Tool:           "http_request",
 		Channel:        "http",
 		Target:         targetName,

@@ -18,6 +18,7 @@ import (
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/journal"
+	"github.com/postern-dev/postern/bastion/notify"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
@@ -82,6 +83,8 @@ type core struct {
 	clientK gossh.Signer
 	plugin  *plugins.Manager // nil when no HTTP plugin is configured
 	policy  *policy.Policy
+	// announcer tells operators of new approval requests; nil without [approvals] webhook.
+	announcer *notify.Notifier
 
 	// readOnly: opened to read while the daemon is down (Options.ReadOnly).
 	readOnly bool
@@ -159,6 +162,13 @@ func Open(opts Options) (*Engine, error) {
 			held: opts.Hold, ctx: ctx, cancel: cancel,
 			hosts: &hosts{pool: pool, inv: inv, ctx: ctx},
 		},
+	}
+	if cfg.Approvals.Webhook != "" {
+		b.announcer = notify.New(notify.Options{
+			URL: cfg.Approvals.Webhook, SecretFile: cfg.Approvals.WebhookSecretFile,
+			Logger: opts.Logger.With("component", "approval-webhook"),
+			Result: func(r string) { b.metrics.announced.WithLabelValues(r).Inc() },
+		})
 	}
 	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}
 	b.drivers = newDrivers(b.core)
@@ -263,6 +273,9 @@ func (b *Engine) Close() error {
 	b.drivers.close()
 	b.cancel()
 	b.wg.Wait()
+	if b.announcer != nil {
+		b.announcer.Close()
+	}
 	b.pool.Close()
 	if b.plugin != nil {
 		b.plugin.Close()

@@ -59,6 +59,10 @@ type testFleet struct {
 	closed bool
 }
 
+// testOperator decides approvals and reviews in the tests: a uid no agent runs as (the
+// tests run the engine as root, the bastion's own user, which may not approve by default).
+var testOperator = api.Operator{Name: "op", UID: 4242}
+
 // newFleet starts a hostagent and opens an engine (recovered, serving) whose config — two
 // actors alice and bob, no rules, a reconcile loop that does not tick during a test —
 // adjust may change first.

@@ -126,6 +126,9 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		if rec, err = in.records.policyDecision(ctx, rec, dec); err != nil {
 			return nil, err
 		}
+		if rec.State == markers.AwaitingApproval && in.announcer != nil {
+			in.announcer.Announce(in.approvalRequest(rec))
+		}
 		return in.views.view(rec), nil
 	}
 	// The driver starts before the intake lock is released, so a retry of the same intent
@@ -198,7 +201,7 @@ func (in *intake) decide(c transport.Caller, cl *claim) (policy.Decision, func()
 	if cl.record.Class == "" {
 		cl.record.Class = cl.defaultClass
 	}
-	cl.record.Decision = string(dec.Outcome)
+	cl.record.Decision, cl.record.Rule = string(dec.Outcome), dec.Rule
 	steps := append([]string(nil), dec.Steps...)
 	steps = append(steps, fmt.Sprintf("policy: %s (%s)", dec.Outcome, dec.Rule))
 	for _, s := range steps {

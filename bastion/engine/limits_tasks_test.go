@@ -35,7 +35,7 @@ func TestMaxConcurrent(t *testing.T) {
 	if pending.State != string(markers.AwaitingApproval) {
 		t.Fatalf("a call needing approval at the limit = %s; want awaiting_approval", pending.State)
 	}
-	if _, err := f.engine().Approve(ctx, "op", pending.ExecutionID, ""); err != nil {
+	if _, err := f.engine().Approve(ctx, testOperator, pending.ExecutionID, ""); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, "the approved execution to queue", func() bool {

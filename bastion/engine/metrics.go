@@ -22,6 +22,7 @@ type metrics struct {
 	reconciled      *prometheus.CounterVec // host answers during reconciliation
 	journalErrors   prometheus.Counter
 	approvals       *prometheus.CounterVec // operator decisions and timeouts, by resulting state
+	announced       *prometheus.CounterVec // approval requests announced to the webhook, by result
 	queued          prometheus.Counter     // executions that waited for a concurrency slot
 	dispatchLatency prometheus.Histogram   // dispatch to the host's start confirmation
 }
@@ -43,6 +44,8 @@ func newMetrics() *metrics {
 			Name: "postern_reconcile_outcomes_total", Help: "What hosts answered when asked about an execution in flight."}, []string{"answer"}),
 		approvals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postern_approval_decisions_total", Help: "Approvals decided (authorized) or rejected, by resulting state."}, []string{"state"}),
+		announced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postern_approval_announcements_total", Help: "Approval requests announced to the [approvals] webhook, by result (sent, failed, dropped)."}, []string{"result"}),
 		queued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postern_executions_queued_total", Help: "Authorized executions that waited for their actor's max_concurrent slot before dispatch."}),
 		journalErrors: prometheus.NewCounter(prometheus.CounterOpts{
@@ -52,7 +55,7 @@ func newMetrics() *metrics {
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 	}
 	m.registry.MustRegister(m.accepted, m.dispatched, m.dedup, m.rejected, m.finished, m.reconciled,
-		m.journalErrors, m.approvals, m.queued, m.dispatchLatency,
+		m.journalErrors, m.approvals, m.announced, m.queued, m.dispatchLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -156,7 +156,7 @@ func TestCancel(t *testing.T) {
 	}
 
 	// Approved while the actor is at max_concurrent: queued, then cancelled before dispatch.
-	if _, err := f.engine().Approve(ctx, "op", pending.ExecutionID, ""); err != nil {
+	if _, err := f.engine().Approve(ctx, testOperator, pending.ExecutionID, ""); err != nil {
 		t.Fatal(err)
 	}
 	testutil.WaitFor(t, "the approved execution to be queued", func() bool {

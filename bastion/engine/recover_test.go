@@ -145,7 +145,7 @@ func TestReview(t *testing.T) {
 	for _, x := range []*api.Execution{tookEffect, didNotRun} {
 		f.waitState(t, alice, x.ExecutionID, markers.Running)
 	}
-	_, err := f.engine().Review(ctx, "op", tookEffect.ExecutionID, "completed", "checked")
+	_, err := f.engine().Review(ctx, testOperator, tookEffect.ExecutionID, "completed", "checked")
 	if !errors.Is(err, api.ErrNotReviewable) || !strings.Contains(err.Error(), "still carrying it") {
 		t.Errorf("review of a running execution = %v; want ErrNotReviewable, still carried", err)
 	}
@@ -156,7 +156,7 @@ func TestReview(t *testing.T) {
 		var rec *markers.Record
 		testutil.WaitFor(t, "the driver of "+id+" to give up", func() bool {
 			var err error
-			rec, err = f.engine().Review(ctx, "op", id, outcome, "checked on the host")
+			rec, err = f.engine().Review(ctx, testOperator, id, outcome, "checked on the host")
 			if errors.Is(err, api.ErrNotReviewable) {
 				return false // its driver is still asking the host
 			}
@@ -194,7 +194,7 @@ func TestReview(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			_, err := f.engine().Review(ctx, "op", tt.id, tt.outcome, tt.note)
+			_, err := f.engine().Review(ctx, testOperator, tt.id, tt.outcome, tt.note)
 			if tt.wantCode != "" {
 				wantCode(t, err, tt.wantCode)
 				return
@@ -214,7 +214,7 @@ func TestRecoverQueued(t *testing.T) {
 	running := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.gated("g"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
 	f.waitState(t, alice, running.ExecutionID, markers.Running)
 	pending := f.exec(t, alice, api.ExecArgs{Host: "gated", Command: f.effect("queued")})
-	if _, err := f.engine().Approve(ctx, "op", pending.ExecutionID, ""); err != nil {
+	if _, err := f.engine().Approve(ctx, testOperator, pending.ExecutionID, ""); err != nil {
 		t.Fatal(err)
 	}
 	queued := func() bool {

@@ -112,7 +112,7 @@ func TestLevelNoneLost(t *testing.T) {
 	if !strings.Contains(inv.Outcome.MarkerNote, "guarantee level none") || !strings.Contains(inv.Answers[answerLater], "nothing can be asked of plain") {
 		t.Errorf("investigation: marker note %q, later calls %q; want level none named", inv.Outcome.MarkerNote, inv.Answers[answerLater])
 	}
-	rec, err := f.engine().Review(ctx, "op", x.ExecutionID, "completed", "it ran")
+	rec, err := f.engine().Review(ctx, testOperator, x.ExecutionID, "completed", "it ran")
 	if err != nil {
 		t.Fatal(err)
 	}

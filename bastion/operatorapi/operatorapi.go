@@ -66,10 +66,10 @@ type Engine interface {
 	HostMarker(ctx context.Context, host, id string) (*hostproto.Marker, error)
 	ExportAudit(w io.Writer) error
 	AuditKey() (string, error)
-	PendingApprovals(limit int) ([]*markers.Record, error)
-	Approve(ctx context.Context, operator, id, note string) (*markers.Record, error)
-	Deny(ctx context.Context, operator, id, reason string) (*markers.Record, error)
-	Review(ctx context.Context, operator, id, outcome, note string) (*markers.Record, error)
+	PendingApprovals(limit int) (*api.ApprovalPage, error)
+	Approve(ctx context.Context, op api.Operator, id, note string) (*markers.Record, error)
+	Deny(ctx context.Context, op api.Operator, id, reason string) (*markers.Record, error)
+	Review(ctx context.Context, op api.Operator, id, outcome, note string) (*markers.Record, error)
 }
 
 // markersTimeout bounds a host's answer to a markers request.
@@ -166,11 +166,11 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 		w.Write([]byte(key + "\n"))
 	})
 	mux.HandleFunc("GET /v1/approvals", func(w http.ResponseWriter, _ *http.Request) {
-		recs, err := e.PendingApprovals(1000)
-		if recs == nil {
-			recs = []*markers.Record{}
+		page, err := e.PendingApprovals(1000)
+		if page != nil && page.Approvals == nil {
+			page.Approvals = []*api.ApprovalRequest{} // a list, never null
 		}
-		writeJSON(w, api.ExecutionPage{Executions: recs}, err)
+		writeJSON(w, page, err)
 	})
 	mux.HandleFunc("POST /v1/approvals/{id}/approve", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
 		return e.Approve(r.Context(), operatorOf(r), r.PathValue("id"), body.Note)
@@ -299,23 +299,24 @@ type operatorKey struct{}
 // ConnContext names the operator on a connection from its peer credentials (an
 // http.Server's ConnContext for the operator socket).
 func ConnContext(ctx context.Context, c net.Conn) context.Context {
-	name := "operator:unknown"
+	op := api.Operator{Name: "operator:unknown", UID: -1}
 	// The socket's accept check already admitted the peer; a peer whose credentials cannot be
-	// read is named unknown in the journal's decisions.
+	// read is named unknown in the journal's decisions, and decides nothing that runs.
 	if cred, err := peercred.Read(c); err == nil {
-		name = "operator:uid" + strconv.Itoa(int(cred.Uid))
-		if u, err := user.LookupId(strconv.Itoa(int(cred.Uid))); err == nil {
-			name = "operator:" + u.Username
+		op.UID = int(cred.Uid)
+		op.Name = "operator:uid" + strconv.Itoa(op.UID)
+		if u, err := user.LookupId(strconv.Itoa(op.UID)); err == nil {
+			op.Name = "operator:" + u.Username
 		}
 	}
-	return context.WithValue(ctx, operatorKey{}, name)
+	return context.WithValue(ctx, operatorKey{}, op)
 }
 
-func operatorOf(r *http.Request) string {
-	if name, ok := r.Context().Value(operatorKey{}).(string); ok {
-		return name
+func operatorOf(r *http.Request) api.Operator {
+	if op, ok := r.Context().Value(operatorKey{}).(api.Operator); ok {
+		return op
 	}
-	return "operator:unknown"
+	return api.Operator{Name: "operator:unknown", UID: -1}
 }
 
 // writeJSON answers v, or err as an api.OperatorError with the status its kind calls for.
@@ -327,8 +328,11 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 		switch {
 		case errors.As(err, &te):
 			status, code = http.StatusBadRequest, te.Code
-			if te.Code == api.CodeNotFound {
+			switch te.Code {
+			case api.CodeNotFound:
 				status = http.StatusNotFound
+			case api.CodeNotAnOperator:
+				status = http.StatusForbidden
 			}
 		case errors.Is(err, markers.ErrNotFound):
 			status, code = http.StatusNotFound, api.CodeNotFound

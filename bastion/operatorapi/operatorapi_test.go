@@ -44,12 +44,13 @@ type fakeEngine struct {
 	markerQuery api.MarkerQuery
 	deadline    time.Duration // left on the context of a markers request
 	operator    string
+	operatorUID int
 	note        string
 	reason      string
 	outcome     string
 
 	err       error
-	pending   []*markers.Record
+	pending   []*api.ApprovalRequest
 	auditJSON string
 	key       string
 }
@@ -152,36 +153,36 @@ func (f *fakeEngine) ExportAudit(w io.Writer) error {
 
 func (f *fakeEngine) AuditKey() (string, error) { return f.key, f.err }
 
-func (f *fakeEngine) PendingApprovals(limit int) ([]*markers.Record, error) {
+func (f *fakeEngine) PendingApprovals(limit int) (*api.ApprovalPage, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.limit = limit
-	return f.pending, f.err
+	return &api.ApprovalPage{Approvals: f.pending}, f.err
 }
 
-func (f *fakeEngine) decided(operator, id string) (*markers.Record, error) {
-	f.operator, f.id = operator, id
+func (f *fakeEngine) decided(op api.Operator, id string) (*markers.Record, error) {
+	f.operator, f.operatorUID, f.id = op.Name, op.UID, id
 	if f.err != nil {
 		return nil, f.err
 	}
 	return &markers.Record{ID: id, State: markers.Running}, nil
 }
 
-func (f *fakeEngine) Approve(_ context.Context, operator, id, note string) (*markers.Record, error) {
+func (f *fakeEngine) Approve(_ context.Context, operator api.Operator, id, note string) (*markers.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.note = note
 	return f.decided(operator, id)
 }
 
-func (f *fakeEngine) Deny(_ context.Context, operator, id, reason string) (*markers.Record, error) {
+func (f *fakeEngine) Deny(_ context.Context, operator api.Operator, id, reason string) (*markers.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reason = reason
 	return f.decided(operator, id)
 }
 
-func (f *fakeEngine) Review(_ context.Context, operator, id, outcome, note string) (*markers.Record, error) {
+func (f *fakeEngine) Review(_ context.Context, operator api.Operator, id, outcome, note string) (*markers.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.outcome, f.note = outcome, note
@@ -577,11 +578,11 @@ func TestDecisions(t *testing.T) {
 func TestApprovals(t *testing.T) {
 	tests := []struct {
 		name    string
-		pending []*markers.Record
+		pending []*api.ApprovalRequest
 		want    string
 	}{
-		{"none: an empty list, never null", nil, `{"executions":[]}`},
-		{"some", []*markers.Record{{ID: "ex_1"}}, `"id":"ex_1"`},
+		{"none: an empty list, never null", nil, `{"approvals":[]}`},
+		{"some", []*api.ApprovalRequest{{ExecutionID: "ex_1", Reason: "ship it"}}, `"execution_id":"ex_1"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -661,8 +662,8 @@ func TestOperatorFromPeerCredentials(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("%s: status %d; want 200", path, resp.StatusCode)
 		}
-		if e.operator != want {
-			t.Fatalf("%s: operator = %q; want %q", path, e.operator, want)
+		if e.operator != want || e.operatorUID != os.Getuid() {
+			t.Fatalf("%s: operator = %q, uid %d; want %q, uid %d", path, e.operator, e.operatorUID, want, os.Getuid())
 		}
 	}
 }
@@ -675,7 +676,7 @@ func TestConnContextWithoutCredentials(t *testing.T) {
 	defer b.Close()
 	ctx := ConnContext(context.Background(), a)
 	req := httptest.NewRequest("GET", "/", nil).WithContext(ctx)
-	if got := operatorOf(req); got != "operator:unknown" {
-		t.Fatalf("operator = %q; want operator:unknown", got)
+	if got := operatorOf(req); got.Name != "operator:unknown" || got.UID != -1 {
+		t.Fatalf("operator = %+v; want operator:unknown, uid -1", got)
 	}
 }

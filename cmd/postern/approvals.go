@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"net/url"
 
 	"github.com/postern-dev/postern/bastion/api"
@@ -53,22 +54,40 @@ func (c *approvalsCommand) list(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var page api.ExecutionPage
+	var page api.ApprovalPage
 	if err := op.getJSON(ctx, "/v1/approvals", nil, &page); err != nil {
 		return err
 	}
 	if *asJSON {
 		return cli.WriteJSON(c.stdout, page)
 	}
-	if len(page.Executions) == 0 {
+	if len(page.Approvals) == 0 {
 		fmt.Fprintln(c.stdout, "No executions are awaiting approval.")
 		return nil
 	}
-	rows := make([][]string, 0, len(page.Executions))
-	for _, r := range page.Executions {
-		rows = append(rows, []string{r.ID, cli.FormatTime(r.StateTimes[markers.AwaitingApproval]), r.Actor, cli.Dash(r.Host), cli.Dash(r.Class), cli.Printable(commandOf(r))})
+	for i, a := range page.Approvals {
+		if i > 0 {
+			fmt.Fprintln(c.stdout)
+		}
+		writeApprovalRequest(c.stdout, a)
 	}
-	return cli.PrintTable(c.stdout, cli.TableWidth(c.stdout), []string{"ID", "WAITING SINCE", "ACTOR", "HOST", "CLASS", "COMMAND"}, rows)
+	return nil
+}
+
+// writeApprovalRequest prints one approval request: what, where, who asked and why, the
+// rule, and until when it may be decided.
+func writeApprovalRequest(w io.Writer, a *api.ApprovalRequest) {
+	fmt.Fprintf(w, "%s  %s on %s (class %s)\n", a.ExecutionID, cli.Printable(cli.Truncate(a.What, 200)), cli.Dash(a.Host), cli.Dash(a.Class))
+	fmt.Fprintf(w, "  asked by   %s (%s)\n", a.Actor, cli.Dash(a.Run))
+	if a.Reason != "" {
+		fmt.Fprintf(w, "  because    %s\n", cli.Printable(a.Reason))
+	}
+	fmt.Fprintf(w, "  rule       %s\n", cli.Dash(a.Rule))
+	expires := "never"
+	if !a.Expires.IsZero() {
+		expires = cli.FormatTime(a.Expires)
+	}
+	fmt.Fprintf(w, "  waiting    since %s, expires %s\n", cli.FormatTime(a.Requested), expires)
 }
 
 // commandOf is what an execution does, as one line.

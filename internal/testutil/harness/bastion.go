@@ -65,6 +65,12 @@ func NewBastion(t testing.TB, key testutil.SSHKey, extraConfig ...string) *Basti
 		b.Tokens[name] = tok
 		fmt.Fprintf(&cfg, "[[actors]]\nname = %q\ntoken_sha256 = %q\n", name, transport.HashToken(tok))
 	}
+	if !strings.Contains(cfg.String(), "[approvals]") {
+		// The tests' agents are remote token actors and root, the bastion's own user here, is
+		// their operator: it must be named, since by default the bastion's user may not
+		// approve. Tests of who may approve write their own [approvals].
+		cfg.WriteString("[approvals]\noperators = [\"root\"]\n")
+	}
 	if err := os.WriteFile(b.ConfigPath, []byte(cfg.String()), 0o600); err != nil {
 		t.Fatal(err)
 	}
