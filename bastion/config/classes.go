@@ -86,7 +86,6 @@ func (c *Classes) Retention() map[string]time.Duration {
 	return m
 }
 
-
 // BuiltinClassNames are the names of the classes every config has.
 func BuiltinClassNames() []string {
 	names := make([]string, len(builtinClasses))
