@@ -265,20 +265,9 @@ func allowed(rules []compiledRule, l Layer) bool {
 	if inertBuiltins[l.Argv[0]] {
 		return true
 	}
-	for _, rule := range rules {
-		if rule.Decision != DecisionAllow {
-			continue
-		}
-		if !rule.forCommands() {
-			return true
-		}
-		for _, pattern := range rule.Commands {
-			if matchLayer(pattern, l, false) {
-				return true
-			}
-		}
-	}
-	return false
+	return slices.ContainsFunc(rules, func(rule compiledRule) bool {
+		return rule.Decision == DecisionAllow && rule.matchesLayer(l, false)
+	})
 }
 
 // Steps are journaled as evidence: a layer is shown up to maxLayerNote bytes, the list of

@@ -175,7 +175,7 @@ func (p *parser) stmt(s *syntax.Stmt, sc scope) {
 	if s == nil {
 		return
 	}
-	layer := p.command(s.Cmd, sc, s.Redirs)
+	layer := p.command(s.Cmd, sc)
 	for _, r := range s.Redirs {
 		p.redirect(r, sc, layer)
 	}
@@ -183,7 +183,7 @@ func (p *parser) stmt(s *syntax.Stmt, sc scope) {
 
 // command walks one command and returns the index of the layer its redirections belong to
 // (a simple command's), or -1.
-func (p *parser) command(cmd syntax.Command, sc scope, redirs []*syntax.Redirect) int {
+func (p *parser) command(cmd syntax.Command, sc scope) int {
 	switch c := cmd.(type) {
 	case nil:
 	case *syntax.CallExpr:

@@ -38,6 +38,16 @@ commands = ["migrate **"]
 	return config
 }
 
+// wantLines fails the test for each of wants that out does not hold.
+func wantLines(t *testing.T, out string, wants ...string) {
+	t.Helper()
+	for _, want := range wants {
+		if !strings.Contains(out, want) {
+			t.Errorf("policy check printed:\n%s\nwant a line with %q", out, want)
+		}
+	}
+}
+
 // checkStatus is the exit status policy check's error stands for: 0 for none, the
 // decision's status, else what the CLI maps the error to.
 func checkStatus(err error) int {
@@ -96,17 +106,13 @@ func TestPolicyCheckExplainsTheDecision(t *testing.T) {
 			t.Fatalf("decision = %+v; want rejected, five layers, the fifth (rm -rf /x) deciding", out.Decision)
 		}
 		res = runCLI(t, "", append([]string{"policy", "check", "--config", config, "--actor", "deploy-bot", "--host", "web-1", "--"}, words...)...)
-		for _, want := range []string{
-			"decided by:   " + config,
+		wantLines(t, res.stdout,
+			"decided by:   "+config,
 			"command line: sudo env FOO=1 sh -c 'nice rm -rf /x'",
 			`reason:       denied by rule rules[0] "no-rm": rm -rf /x (run by nice) matches "rm **"`,
 			"repair:       the policy forbids this here",
 			"layers:", "   1 sudo env FOO=1 sh -c 'nice rm -rf /x'", "   4       nice rm -rf /x  (via sh -c)",
-			"=> 5         rm -rf /x  (via nice)", `deny: rules[0] "no-rm" matches, layer 5: rm -rf /x`} {
-			if !strings.Contains(res.stdout, want) {
-				t.Errorf("policy check printed:\n%s\nwant a line with %q", res.stdout, want)
-			}
-		}
+			"=> 5         rm -rf /x  (via nice)", `deny: rules[0] "no-rm" matches, layer 5: rm -rf /x`)
 	})
 	t.Run("writes and what is unknowable", func(t *testing.T) {
 		config := writePolicyConfig(t, filepath.Join(dir, "state"), `[[rules]]
@@ -115,17 +121,11 @@ decision = "deny"
 writes = ["/etc/**"]
 `)
 		res := runCLI(t, "", "policy", "check", "--config", config, "--actor", "deploy-bot", "--host", "web-1", "--", "date", ">>", "/tmp/f;", `echo x > "$F"`)
-		for _, want := range []string{"decision:     rejected", `rule:         rules[2] "no-etc"`, "writes:", "     /tmp/f  (layer 1)", `     ‹"$F"› (known only when it runs)  (layer 2)`} {
-			if !strings.Contains(res.stdout, want) {
-				t.Errorf("policy check printed:\n%s\nwant a line with %q", res.stdout, want)
-			}
-		}
+		wantLines(t, res.stdout, "decision:     rejected", `rule:         rules[2] "no-etc"`, "writes:", "     /tmp/f  (layer 1)",
+			`     ‹"$F"› (known only when it runs)  (layer 2)`)
 		res = runCLI(t, "", "policy", "check", "--config", config, "--actor", "deploy-bot", "--host", "web-1", "--", "$CMD", "-rf", "/")
-		for _, want := range []string{"code:         unparsable", "reason:       a program of the command is only known when it runs: $CMD", "repair:       name the program literally"} {
-			if !strings.Contains(res.stdout, want) {
-				t.Errorf("policy check printed:\n%s\nwant a line with %q", res.stdout, want)
-			}
-		}
+		wantLines(t, res.stdout, "code:         unparsable", "reason:       a program of the command is only known when it runs: $CMD",
+			"repair:       name the program literally")
 	})
 	t.Run("exit statuses of errors", func(t *testing.T) {
 		if res := runCLI(t, "", "policy", "check", "--config", config, "--host", "web-1"); checkStatus(res.err) != 2 || !errors.Is(res.err, cli.ErrUsage) {
