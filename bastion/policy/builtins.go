@@ -16,6 +16,10 @@ var reinterpreting = map[string]struct{ reason, repair string }{
 	"fc":      {"fc runs commands from the shell's history", "write the commands"},
 	"bind":    {"bind -x runs a string as shell code", "write the commands"},
 	"compgen": {"compgen runs or expands the code it is given (-C, -F, -W)", "write the commands"},
+	// zsh's (an account's shell may be zsh)
+	"emulate":  {"zsh's emulate -c runs a string as shell code", "write the commands"},
+	"sched":    {"zsh's sched runs a command string later", "write the commands"},
+	"zmodload": {"zsh's zmodload loads modules that change what builtins do", "call the command directly"},
 }
 
 // checkBuiltin records what a bash builtin makes unknowable through its arguments: names
@@ -83,11 +87,8 @@ func (p *parser) checkBuiltin(l Layer, at int) {
 				if l.Argv[0] != "unset" && l.Argv[0] != "export" && strings.ContainsAny(w[1:], "in") {
 					p.unknowable(at, w, l.Argv[0]+" "+w+" makes later assignments arithmetic or names references, which bash evaluates (a[$(cmd)] runs cmd)", "drop -i and -n")
 				}
-			default:
+			default: // NAME or NAME=VALUE; unsetting PATH makes bash look for programs in the working directory
 				n, _, _ := strings.Cut(w, "=")
-				if l.Argv[0] == "unset" && !strings.Contains(n, "[") {
-					continue // unsetting a variable runs nothing
-				}
 				p.bind(n, w, at)
 			}
 		}

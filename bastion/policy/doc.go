@@ -61,9 +61,9 @@
 // A program is unknowable (Script.Unknowable) where it cannot be known before the line
 // runs: an expansion in the command position ($CMD, $(…), `…`, "$dir"/tool, a glob),
 // eval, source, ., alias, unalias, enable, trap, fc, bind, compgen, hash -p, mapfile -C,
-// set -k, a shell reading its input (… | sh, sh <<EOF, bash -s), a wrapper option or
-// form the unwrapper does not know, an assignment to a variable that changes what runs
-// (PATH, LD_*, BASH_ENV, ENV, PS4, SHELLOPTS, SHELL, BASH_ALIASES, BASH_CMDS, EDITOR, …;
+// set -k, zsh's emulate, sched and zmodload, a shell reading its input (… | sh, sh <<EOF, bash -s), a wrapper option or
+// form the unwrapper does not know, an assignment to a variable that changes what runs,
+// or unsetting it (PATH, LD_*, BASH_ENV, ENV, PS4, SHELLOPTS, SHELL, BASH_ALIASES, BASH_CMDS, EDITOR, …;
 // IFS is fine in a script), bash arithmetic over a variable ($((i+1)), ((…)), let,
 // for ((…)), [[ $x -eq 1 ]], ${a[$i]}, ${x:$n}, declare -i) or a name with a subscript
 // (printf -v, read, unset, declare, [ -v ]) — bash evaluates a value such as a[$(cmd)]
@@ -88,7 +88,8 @@
 //
 // The files the shell's redirections open are part of the parse (Script.Writes: > >> >|
 // &> &>> <> and >&NAME; /dev/null and descriptor duplication excepted; Script.Reads: <
-// <>), the redirections of sh -c strings included. A rule's Writes are globs over them
+// <>), the redirections of sh -c strings included; opening /dev/tcp or /dev/udp is a
+// write whatever the direction. A rule's Writes are globs over them
 // ('*' crossing '/'): a path known only at run time matches every writes pattern, a
 // relative path matches when some directory would make it match (the policy does not
 // know the working directory), paths are cleaned (no symlink is followed). A writes rule
@@ -101,7 +102,7 @@
 // A wrapper's layer runs another layer: sudo, doas, pkexec, env, nice, ionice, nohup,
 // timeout, stdbuf, time, chroot, setsid, xargs, find -exec/-execdir/-ok/-okdir, busybox
 // APPLET, sh/bash/dash/zsh/ash/ksh/mksh -c STRING (STRING parsed as a script), the
-// shell's command, builtin and exec, zsh's noglob and nocorrect, runuser (-u USER
+// shell's command, builtin and exec, zsh's noglob, nocorrect and repeat, runuser (-u USER
 // COMMAND, or su's form), su [-] [USER] -c STRING (the user's shell, judged as sh, or -s
 // SHELL), sg GROUP [-c] STRING, setpriv, flock (FILE COMMAND, FILE -c STRING, -c STRING,
 // --fd N COMMAND), systemd-run (properties running commands, --shell and $VAR in the

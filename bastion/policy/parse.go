@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"path"
 	"strings"
 	"unicode/utf8"
 
@@ -348,6 +349,10 @@ func (p *parser) redirect(r *syntax.Redirect, sc scope, layer int) {
 	f := File{Path: v.text, Unknown: !v.known, Layer: layer}
 	if v.known && v.text == "/dev/null" {
 		return
+	}
+	if (r.Op == syntax.RdrIn || r.Op == syntax.DplIn) && v.known &&
+		(strings.HasPrefix(path.Clean(v.text), "/dev/tcp/") || strings.HasPrefix(path.Clean(v.text), "/dev/udp/")) {
+		p.s.Writes = append(p.s.Writes, f) // bash opens a connection to read it: that sends too
 	}
 	switch r.Op {
 	case syntax.DplIn, syntax.DplOut:

@@ -63,6 +63,7 @@ func init() {
 		"exec":      optionWrapper{short: "cla:"}.unwrap("exec"),
 		"noglob":    optionWrapper{keepsShell: true}.unwrap("noglob"),
 		"nocorrect": optionWrapper{keepsShell: true}.unwrap("nocorrect"),
+		"repeat":    optionWrapper{operands: 1, keepsShell: true}.unwrap("repeat"), // zsh's repeat N COMMAND
 		"xargs":     unwrapXargs,
 		"find":      unwrapFind,
 		"busybox":   unwrapBusybox,
