@@ -61,19 +61,20 @@
 // A program is unknowable (Script.Unknowable) where it cannot be known before the line
 // runs: an expansion in the command position ($CMD, $(…), `…`, "$dir"/tool, a glob),
 // eval, source, ., alias, unalias, enable, trap, fc, bind, compgen, hash -p, mapfile -C,
-// set -k, zsh's emulate, sched and zmodload, a shell reading its input (… | sh, sh <<EOF, bash -s), a wrapper option or
-// form the unwrapper does not know, an assignment to a variable that changes what runs,
-// or unsetting it (PATH, LD_*, BASH_ENV, ENV, PS4, SHELLOPTS, SHELL, BASH_ALIASES, BASH_CMDS, EDITOR, …;
-// IFS is fine in a script), bash arithmetic over a variable ($((i+1)), ((…)), let,
-// for ((…)), [[ $x -eq 1 ]], ${a[$i]}, ${x:$n}, declare -i) or a name with a subscript
-// (printf -v, read, unset, declare, [ -v ]) — bash evaluates a value such as a[$(cmd)]
-// there and runs cmd —, ${!x}, ${x@P}, extended globs (zsh runs code in glob
-// qualifiers), a command name that is not printable ASCII (fullwidth or Cyrillic
-// look-alikes), starts with '-' or is empty, a parse error, an empty line, more than
-// MaxCommandBytes, 16 wrapper levels, 256 layers of one simple command or 4096 of the
-// line. An unknowable program matches every command and writes pattern of deny and
-// approve rules (code unparsable), is denied under default deny, and gets the strictest
-// class any applicable rule gives, never looser than remote_command.
+// set -k, zsh's emulate, sched and zmodload, a shell reading its input (… | sh,
+// sh <<EOF, bash -s), a wrapper option or form the unwrapper does not know, setting or
+// unsetting a variable that changes what runs (PATH, LD_*, BASH_ENV, ENV, PS4,
+// SHELLOPTS, SHELL, BASH_ALIASES, BASH_CMDS, EDITOR, …; IFS is fine in a script), bash
+// arithmetic over a variable ($((i+1)), ((…)), let, for ((…)), [[ $x -eq 1 ]], ${a[$i]},
+// ${x:$n}, declare -i) or a name with a subscript (printf -v, read, unset, declare,
+// [ -v ]) — bash evaluates a value such as a[$(cmd)] there and runs cmd —, ${!x},
+// ${x@P}, extended globs (zsh runs code in glob qualifiers), a command name that is not
+// printable ASCII (fullwidth or Cyrillic look-alikes), starts with '-' or is empty, a
+// parse error, an empty line, more than MaxCommandBytes, 16 wrapper levels, 256 layers of
+// one simple command or 4096 of the line. An unknowable program matches every command and
+// writes pattern of deny and approve rules (code unparsable), is denied under default
+// deny, and gets the strictest class any applicable rule gives, never looser than
+// remote_command.
 //
 // Every deny and approve rule fires when ANY layer matches any of its patterns. A layer's
 // class is the strictest class among the class rules that could match it, and the default
