@@ -126,7 +126,7 @@ func (p *Policy) Decide(r Request) Decision {
 					d.Layer, d.Word = i, l.Argv[0]
 					step("allow: no allow rule names layer %d: %s", i+1, clip(l.String(), maxLayerNote))
 					return reject(CodeNotAllowed, fmt.Sprintf("actor %s: default deny: %s not allowed", a.Name, l.Argv[0]),
-						fmt.Sprintf("%s is not among the programs actor %s may run (default deny)%s", l.Argv[0], a.Name, viaNote(l)),
+						fmt.Sprintf("%s%s is not among the programs actor %s may run (default deny)", l.Argv[0], viaNote(l), a.Name),
 						"use a program the allow rules name, or ask an operator to allow this one")
 				}
 			}

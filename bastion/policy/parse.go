@@ -212,9 +212,9 @@ func (p *parser) command(cmd syntax.Command, sc scope) int {
 				p.word(w, sc)
 			}
 		case *syntax.CStyleLoop:
-			p.arith(loop.Init, sc)
-			p.arith(loop.Cond, sc)
-			p.arith(loop.Post, sc)
+			p.arith(loop.Init, sc, loop)
+			p.arith(loop.Cond, sc, loop)
+			p.arith(loop.Post, sc, loop)
 		}
 		p.stmts(c.Do, sc)
 	case *syntax.CaseClause:
@@ -228,7 +228,7 @@ func (p *parser) command(cmd syntax.Command, sc scope) int {
 	case *syntax.FuncDecl: // its body is judged where it is defined
 		p.stmt(c.Body, sc)
 	case *syntax.ArithmCmd:
-		p.arith(c.X, sc)
+		p.arith(c.X, sc, c)
 	case *syntax.TestClause:
 		p.test(c.X, sc)
 	case *syntax.DeclClause:
@@ -236,7 +236,7 @@ func (p *parser) command(cmd syntax.Command, sc scope) int {
 	case *syntax.LetClause:
 		l := p.layer(sc, "let")
 		for _, x := range c.Exprs {
-			p.arith(x, sc)
+			p.arith(x, sc, x)
 			l.Argv = append(l.Argv, sc.text(x))
 		}
 		l.checked = true
@@ -379,13 +379,13 @@ func (p *parser) assign(a *syntax.Assign, sc scope) {
 	if a.Name != nil {
 		p.bind(a.Name.Value, sc.text(a), sc.layer)
 	}
-	p.arith(a.Index, sc)
+	p.arith(a.Index, sc, a)
 	if a.Value != nil {
 		p.word(a.Value, sc)
 	}
 	if a.Array != nil {
 		for _, e := range a.Array.Elems {
-			p.arith(e.Index, sc)
+			p.arith(e.Index, sc, e)
 			if e.Value != nil {
 				p.word(e.Value, sc)
 			}
@@ -490,7 +490,7 @@ func (p *parser) parts(parts []syntax.WordPart, quoted bool, sc scope, v *wordVa
 			*sc.seen++
 			p.stmts(x.Stmts, sc)
 		case *syntax.ArithmExp:
-			p.arith(x.X, sc)
+			p.arith(x.X, sc, x)
 			if !quoted {
 				v.spread = true
 			}
@@ -514,11 +514,11 @@ func (p *parser) param(pe *syntax.ParamExp, quoted bool, sc scope, v *wordVal) {
 			"use the variable itself")
 	}
 	if !allElements(pe.Index) {
-		p.arith(pe.Index, sc)
+		p.arith(pe.Index, sc, pe)
 	}
 	if pe.Slice != nil {
-		p.arith(pe.Slice.Offset, sc)
-		p.arith(pe.Slice.Length, sc)
+		p.arith(pe.Slice.Offset, sc, pe)
+		p.arith(pe.Slice.Length, sc, pe)
 	}
 	if pe.Repl != nil {
 		p.word(pe.Repl.Orig, sc)
@@ -578,15 +578,16 @@ func isElement(idx syntax.ArithmExpr, which string) bool {
 	return ok && lit.Value == which
 }
 
-// arith records an unknowable when bash's arithmetic over x could run code: bash evaluates
+// arith records an unknowable when bash's arithmetic over x (in the construct in, which
+// the explanation quotes) could run code: bash evaluates
 // a variable's value as arithmetic in turn, and a value such as a[$(cmd)] runs cmd. Only
 // numbers, operators and $? $# $$ $! ${#…} are known.
-func (p *parser) arith(x syntax.ArithmExpr, sc scope) {
+func (p *parser) arith(x syntax.ArithmExpr, sc scope, in syntax.Node) {
 	if x == nil {
 		return
 	}
 	if !p.arithKnown(x, sc) {
-		p.unknowable(sc.layer, sc.text(x), "bash evaluates the variables in this arithmetic as arithmetic too, and a value such as a[$(cmd)] runs cmd",
+		p.unknowable(sc.layer, sc.text(in), "bash evaluates the variables in this arithmetic as arithmetic too, and a value such as a[$(cmd)] runs cmd",
 			"use literal numbers, or compute with a program (seq, expr)")
 	}
 }
@@ -643,7 +644,7 @@ func (p *parser) test(x syntax.TestExpr, sc scope) {
 		case syntax.TsEql, syntax.TsNeq, syntax.TsLeq, syntax.TsGeq, syntax.TsLss, syntax.TsGtr:
 			for _, operand := range []syntax.TestExpr{x.X, x.Y} {
 				if w, ok := operand.(*syntax.Word); ok {
-					p.arith(w, sc)
+					p.arith(w, sc, x)
 				} else {
 					p.test(operand, sc)
 				}
