@@ -322,7 +322,7 @@ commands = ["rm **"]`)
 		{name: "after a newline", command: "echo ok\nrm " + victim, code: "denied"},
 		{name: "by path", command: "/bin/rm " + victim, code: "denied"},
 		{name: "command substitution", command: "$(rm " + victim + ")", code: "unparsable"},
-		{name: "backticks", command: "echo `rm " + victim + "`", code: "unparsable"},
+		{name: "backticks", command: "echo `rm " + victim + "`", code: "denied"},
 		// Wrappers are unwrapped: the rule sees the rm they would run.
 		{name: "sudo", command: "sudo -n rm -f " + victim, code: "denied"},
 		{name: "sh -c", command: `sh -c "rm -f ` + victim + `"`, code: "denied"},
@@ -333,7 +333,7 @@ commands = ["rm **"]`)
 		{name: "find -exec", command: "find " + filepath.Dir(victim) + " -name victim -exec rm {} \\;", code: "denied"},
 		{name: "busybox", command: "busybox rm " + victim, code: "denied"},
 		{name: "a shell reading a pipe", command: "echo 'rm " + victim + "' | sh", code: "unparsable"},
-		{name: "a parameter in sh -c", command: "sh -c 'rm $0' " + victim, code: "unparsable"},
+		{name: "a parameter in sh -c", command: "sh -c 'rm $0' " + victim, code: "denied"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": tc.command})
