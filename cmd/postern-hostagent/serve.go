@@ -62,6 +62,11 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer lock.Release()
+	if hostagent.AuthorizedKeyCount(cfg) == 0 {
+		logger.Warn("no authorized keys: nobody can log in, not even the bastion, until a key is added (the files are re-read at every login): "+
+			"append the line `postern hosts key` prints on the bastion to "+keysPlace(cfg),
+			"authorized_keys_file", cfg.AuthorizedKeysFile, "authorized_keys_dir", cfg.AuthorizedKeysDir, "trusted_user_ca_keys_file", cfg.TrustedUserCAKeysFile)
+	}
 	agent, err := hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{Logger: logger})
 	if err != nil {
 		return err
@@ -89,4 +94,15 @@ func lockDataDir(dir string, logger *slog.Logger) (*dirlock.Lock, error) {
 		return nil, fmt.Errorf("data dir %w — a postern-hostagent is already running on it: stop it, or pass another --data-dir", err)
 	}
 	return lock, err
+}
+
+// keysPlace is where an operator adds the bastion's key.
+func keysPlace(cfg hostagent.Config) string {
+	switch {
+	case cfg.AuthorizedKeysFile != "":
+		return cfg.AuthorizedKeysFile
+	case cfg.AuthorizedKeysDir != "":
+		return cfg.AuthorizedKeysDir + "/<account>"
+	}
+	return "an authorized keys file (or sign its key with the CA of " + cfg.TrustedUserCAKeysFile + ")"
 }
