@@ -12,7 +12,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/delivery"
+	"github.com/postern-dev/postern/bastion/engine"
 	"github.com/postern-dev/postern/bastion/mcpserver"
 	"github.com/postern-dev/postern/bastion/operatorapi"
 	"github.com/postern-dev/postern/bastion/tasks"
@@ -21,8 +23,10 @@ import (
 
 // Endpoints are where a serving bastion listens.
 type Endpoints struct {
-	// URL is the Streamable HTTP endpoint ("" if HTTP is disabled).
-	URL string
+	// HTTP is the address the Streamable HTTP listener is bound to ("" if HTTP is disabled);
+	// URL its MCP endpoint.
+	HTTP string
+	URL  string
 	// Socket is the local MCP endpoint (unix socket; `postern mcp` bridges stdio to it).
 	Socket string
 	// OperatorSocket serves the operator CLI.
@@ -108,9 +112,11 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		mux.Handle(MCPPath, mcpHTTP)
 		mux.Handle("/metrics", b.engine.MetricsHandler())
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-		l, err := net.Listen("tcp", b.cfg.Listen)
-		if err != nil {
-			return fmt.Errorf("bastion: listen %s: %w", b.cfg.Listen, err)
+		l := b.httpLn
+		if l == nil {
+			if l, err = net.Listen("tcp", b.cfg.Listen); err != nil {
+				return fmt.Errorf("bastion: listen %s: %w", b.cfg.Listen, err)
+			}
 		}
 		scheme := "http"
 		if b.cfg.TLSCertFile != "" {
@@ -124,6 +130,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		}
 		listeners = append(listeners, l)
 		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ConnContext: delivery.RememberConn(nil)})
+		ep.HTTP = l.Addr().String()
 		ep.URL = scheme + "://" + l.Addr().String() + MCPPath
 		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
 	}
@@ -149,8 +156,9 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		return err
 	}
 	listeners = append(listeners, op)
-	servers = append(servers, &http.Server{Handler: operatorapi.Handler(b.engine, b.log.With("component", "operator")), ReadHeaderTimeout: 10 * time.Second, ConnContext: operatorapi.ConnContext})
 	ep.OperatorSocket = b.cfg.OperatorSocketPath()
+	operator := servingEngine{b.engine, api.Serving{HTTP: ep.HTTP, URL: ep.URL, MCPSocket: ep.Socket, OperatorSocket: ep.OperatorSocket}}
+	servers = append(servers, &http.Server{Handler: operatorapi.Handler(operator, b.log.With("component", "operator")), ReadHeaderTimeout: 10 * time.Second, ConnContext: operatorapi.ConnContext})
 
 	errs := make(chan error, len(servers))
 	var wg sync.WaitGroup
@@ -180,4 +188,21 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	stopWatch()
 	wg.Wait()
 	return serveErr
+}
+
+// servingEngine is the engine as the operator API of a serving daemon sees it: its doctor
+// report says where the daemon listens, as bound (operatorapi.Handler serves the engine alone
+// when the CLI reads the files with the daemon down).
+type servingEngine struct {
+	*engine.Engine
+	serving api.Serving
+}
+
+func (s servingEngine) Doctor(ctx context.Context) (*api.DoctorReport, error) {
+	rep, err := s.Engine.Doctor(ctx)
+	if rep != nil {
+		serving := s.serving
+		rep.Serving = &serving
+	}
+	return rep, err
 }

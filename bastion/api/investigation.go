@@ -72,7 +72,15 @@ type DeliveryAnswer struct {
 	DeliveredAt *time.Time      `json:"delivered_at,omitempty"`
 	Deliveries  []DeliveryEvent `json:"deliveries,omitempty"`
 	Revocations []DeliveryEvent `json:"revocations,omitempty"`
+	// Failures are the responses that carried the result without delivering it: the call,
+	// and why (Note: the client went away, did not acknowledge every byte, …).
+	Failures []DeliveryEvent `json:"failures,omitempty"`
 }
+
+// NotDeliveredNote begins the note of the update event that says why a response that
+// carried an execution's result was not its delivery ("result not delivered: the client
+// cancelled the request or went away").
+const NotDeliveredNote = "result not delivered"
 
 // DeliveryEvent is one delivery or revocation of the result.
 type DeliveryEvent struct {

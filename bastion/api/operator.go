@@ -13,6 +13,20 @@ import (
 type DoctorReport struct {
 	Version string       `json:"version"`
 	Hosts   []HostHealth `json:"hosts"`
+	// Serving is where the daemon listens, as bound: after `postern up --listen` or a port
+	// 0 that is not what a config file says. Absent when read from the files.
+	Serving *Serving `json:"serving,omitempty"`
+}
+
+// Serving is where a running daemon listens.
+type Serving struct {
+	// HTTP is the Streamable HTTP listener's address (host:port), "" when HTTP is disabled;
+	// URL its MCP endpoint.
+	HTTP string `json:"http,omitempty"`
+	URL  string `json:"url,omitempty"`
+	// MCPSocket and OperatorSocket are the unix sockets.
+	MCPSocket      string `json:"mcp_socket"`
+	OperatorSocket string `json:"operator_socket"`
 }
 
 // HostHealth is one enrolled host, asked now.

@@ -24,6 +24,10 @@ type Journal interface {
 	// RevokeDelivery journals that the result of id was not delivered after all; false when
 	// the delivery stays (a newer execution of the intent was accepted since).
 	RevokeDelivery(ctx context.Context, id string) (bool, error)
+	// NotDelivered journals why the response to the call of ctx, which carried the result
+	// of id, does not count as its delivery: what investigate and executions show tell the
+	// operator. It never changes whether the result counts as delivered.
+	NotDelivered(ctx context.Context, id, why string) error
 }
 
 // Replicas carries cancels between bastion replicas (markers.Replicated does): a
@@ -203,6 +207,13 @@ func (t *Tracker) recordDelivery(ctx context.Context, tw *trackingWriter, w http
 	}
 	if why != "" {
 		t.log.Info("result not delivered; a retry will replay it", "executions", ids, "why", why)
+		// Evidence for the operator, written whatever became of the request (its context may
+		// be done: the client went away).
+		for _, id := range ids {
+			if err := t.journal.NotDelivered(context.WithoutCancel(ctx), id, why); err != nil {
+				t.log.Error("journal why a result was not delivered", "execution_id", id, "err", err)
+			}
+		}
 		return nil
 	}
 	var delivered []string

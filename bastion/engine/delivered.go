@@ -20,11 +20,25 @@ const deliveredNote = "result delivered"
 // transport's caller and the request's JSON-RPC id). It is written without an fsync
 // (records.delivered says why that is safe).
 func (b *Engine) Delivered(ctx context.Context, id string) error {
-	var call *markers.Call
-	if c, ok := transport.CallerFromContext(ctx); ok {
-		call = &markers.Call{Transport: transportOf(c), RequestID: delivery.RequestID(ctx), Run: intent.Scope(c, ""), Match: "delivered"}
+	return b.records.delivered(ctx, id, deliveryCall(ctx, "delivered"))
+}
+
+// NotDelivered journals why the response to the call of ctx, which carried the result of
+// execution id, is not its delivery (delivery.Journal): an update event naming the call,
+// written only while the result counts as not delivered, so an operator reading the
+// execution sees why (records.notDelivered).
+func (b *Engine) NotDelivered(ctx context.Context, id, why string) error {
+	return b.records.notDelivered(ctx, id, deliveryCall(ctx, "not delivered"), why)
+}
+
+// deliveryCall is the call the request of ctx carried (nil outside a transport), as a
+// delivery event names it.
+func deliveryCall(ctx context.Context, match string) *markers.Call {
+	c, ok := transport.CallerFromContext(ctx)
+	if !ok {
+		return nil
 	}
-	return b.records.delivered(ctx, id, call)
+	return &markers.Call{Transport: transportOf(c), RequestID: delivery.RequestID(ctx), Run: intent.Scope(c, ""), Match: match}
 }
 
 // RevokeDelivery revokes the delivery of id's result unless a newer execution of the same

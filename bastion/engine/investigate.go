@@ -312,6 +312,8 @@ func deliveryOf(rec *markers.Record, evs []markers.Event) api.DeliveryAnswer {
 			d.Deliveries = append(d.Deliveries, api.DeliveryEvent{At: ev.At, Call: ev.Call})
 		case ev.Kind == markers.KindDeliveryRevoked:
 			d.Revocations = append(d.Revocations, api.DeliveryEvent{At: ev.At, Note: ev.Note})
+		case ev.Kind == markers.KindUpdate && strings.HasPrefix(ev.Note, api.NotDeliveredNote+": "):
+			d.Failures = append(d.Failures, api.DeliveryEvent{At: ev.At, Call: ev.Call, Note: strings.TrimPrefix(ev.Note, api.NotDeliveredNote+": ")})
 		}
 	}
 	return d
@@ -445,6 +447,9 @@ func answerDelivery(inv *api.Investigation) string {
 	var b strings.Builder
 	for _, dl := range d.Deliveries {
 		fmt.Fprintf(&b, "Delivered %s to %s. ", stamp(dl.At), callText(dl.Call))
+	}
+	for _, f := range d.Failures {
+		fmt.Fprintf(&b, "Not delivered %s to %s: %s. ", stamp(f.At), callText(f.Call), f.Note)
 	}
 	for _, r := range d.Revocations {
 		fmt.Fprintf(&b, "Delivery revoked %s: %s. ", stamp(r.At), r.Note)

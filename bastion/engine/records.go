@@ -199,6 +199,27 @@ func (rs *records) delivered(ctx context.Context, id string, call *markers.Call)
 	return err
 }
 
+// notDelivered journals why the response to call, which carried the result of id, does not
+// count as its delivery (api.NotDeliveredNote and why): evidence for the operator, for a
+// result that ended and counts as not delivered (else nothing is written). Like the delivery
+// mark it is written without an fsync: losing it loses an explanation, never a decision.
+func (rs *records) notDelivered(ctx context.Context, id string, call *markers.Call, why string) error {
+	_, err := rs.journal.UpdateFor(context.WithoutCancel(ctx), id, api.NotDeliveredNote+": "+why, call, markers.NoSync, func(r *markers.Record) error {
+		if r.ResultDeliveredAt != nil || !markers.JournalGraph.Terminal(r.State) {
+			return errNothingToExplain
+		}
+		return nil
+	})
+	if errors.Is(err, errNothingToExplain) {
+		return nil
+	}
+	return err
+}
+
+// errNothingToExplain: the result is delivered after all, or not ready: there is no failed
+// delivery to explain.
+var errNothingToExplain = errors.New("bastion: no undelivered result to explain")
+
 // deliveryRevoked journals that the result of id was not delivered after all: the client
 // cancelled the request that carried it.
 func (rs *records) deliveryRevoked(ctx context.Context, id string) (bool, error) {

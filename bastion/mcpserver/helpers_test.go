@@ -274,6 +274,8 @@ func (j *fakeJournal) Delivered(_ context.Context, id string) error {
 
 func (j *fakeJournal) RevokeDelivery(context.Context, string) (bool, error) { return false, nil }
 
+func (j *fakeJournal) NotDelivered(context.Context, string, string) error { return nil }
+
 func (j *fakeJournal) deliveredIDs() []string {
 	j.mu.Lock()
 	defer j.mu.Unlock()

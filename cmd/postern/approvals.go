@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"io"
 	"net/url"
@@ -99,19 +100,27 @@ func commandOf(r *markers.Record) string {
 }
 
 func (c *decideCommand) Run(ctx context.Context, args []string) error {
-	fs, loc := c.flagSet(c.verb + " ID [flags]")
-	note := fs.String("note", "", "why (journaled with your name)")
-	reason := fs.String("reason", "", "why it is denied (required for deny)")
+	// Each verb has its own flag: approve's note is optional, deny's reason is required.
+	var fs *flag.FlagSet
+	var loc *locator
+	var text *string
+	if c.verb == "deny" {
+		fs, loc = c.flagSet("deny ID --reason TEXT [flags]")
+		text = fs.String("reason", "", "why it is denied (required; journaled with your name)")
+	} else {
+		fs, loc = c.flagSet(c.verb + " ID [--note TEXT] [flags]")
+		text = fs.String("note", "", "why (journaled with your name)")
+	}
 	id, err := parseExecutionID(fs, args, c.stderr)
 	if err != nil {
 		return err
 	}
-	body := map[string]string{"note": *note}
+	body := map[string]string{"note": *text}
 	if c.verb == "deny" {
-		if *reason == "" {
+		if *text == "" {
 			return prog.UsageErrorf(c.stderr, "deny needs --reason")
 		}
-		body = map[string]string{"reason": *reason}
+		body = map[string]string{"reason": *text}
 	}
 	op, err := loc.operator(c.stderr)
 	if err != nil {

@@ -180,6 +180,8 @@ func writeExecution(w io.Writer, d *api.ExecutionDetail) error {
 	row("accepted", r.CreatedAt.Local().Format(time.RFC3339))
 	if r.ResultDeliveredAt != nil {
 		row("result delivered", r.ResultDeliveredAt.Local().Format(time.RFC3339))
+	} else if why := notDeliveredWhy(d.Events); why != "" {
+		row("not delivered", why)
 	}
 	if o := r.Output; o.StdoutBytes > 0 || o.StderrBytes > 0 || o.StdoutSHA256 != "" {
 		row("stdout", fmt.Sprintf("%d bytes  sha256 %s", o.StdoutBytes, cli.Dash(o.StdoutSHA256)))
@@ -241,6 +243,17 @@ func writeStream(w io.Writer, name, data string, offset, total int64) {
 	if !strings.HasSuffix(text, "\n") {
 		io.WriteString(w, "\n")
 	}
+}
+
+// notDeliveredWhy is why the last response that carried the result did not deliver it, with
+// when ("" when none was journaled).
+func notDeliveredWhy(events []markers.Event) string {
+	for i := len(events) - 1; i >= 0; i-- {
+		if why, ok := strings.CutPrefix(events[i].Note, api.NotDeliveredNote+": "); ok && events[i].Kind == markers.KindUpdate {
+			return why + " (" + cli.FormatEventTime(events[i].At) + "; a retry replays it)"
+		}
+	}
+	return ""
 }
 
 // eventStep is the event's place in the story: "→ accepted" for the creation,

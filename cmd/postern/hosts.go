@@ -7,11 +7,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/user"
 	"path/filepath"
 	"strings"
 	"syscall"
+	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
@@ -238,7 +240,7 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	if h.Level() == fleet.GuaranteeMarkerScript {
 		return nil // the key is in place: the install used it
 	}
-	return c.printBastionKey(cfg, h)
+	return c.printBastionKey(ctx, cfg, h)
 }
 
 // installMarkerScript installs the marker script on h over SSH, with the pinned key the
@@ -314,13 +316,26 @@ func (c *hostsCommand) key(ctx context.Context, args []string) error {
 	return err
 }
 
-// printBastionKey prints the line the host must authorize: the bastion's public client key,
-// for its hostagent or, without one, for sshd. A state dir without a key gets one now, as the
-// daemon would on its first start.
-func (c *hostsCommand) printBastionKey(cfg config.Config, h fleet.Host) error {
+// keyCheckTimeout bounds the login enroll tries with the bastion's key.
+const keyCheckTimeout = 10 * time.Second
+
+// printBastionKey says whether the host already accepts the bastion's key — it logs in with
+// it, over the pinned host key, as the daemon would — and when it does not (or that cannot be
+// told), prints the line the host must authorize: the bastion's public client key, for its
+// hostagent or, without one, for sshd. A state dir without a key gets one now, as the daemon
+// would on its first start.
+func (c *hostsCommand) printBastionKey(ctx context.Context, cfg config.Config, h fleet.Host) error {
 	signer, err := fleet.LoadOrCreateClientKey(cfg.ClientKeyPath())
 	if err != nil {
 		return fmt.Errorf("the host is enrolled, but the bastion's client key cannot be read: %w", err)
+	}
+	accepted, err := acceptsKey(ctx, h, signer)
+	switch {
+	case accepted:
+		fmt.Fprintf(c.stdout, "%s accepts the bastion's key as %s: ready\n", cli.Printable(h.Name), cli.Printable(h.Account))
+		return nil
+	case err != nil:
+		fmt.Fprintf(c.stdout, "(whether %s accepts the bastion's key could not be checked: %s)\n", cli.Printable(h.Name), cli.Printable(err.Error()))
 	}
 	if h.Level() == fleet.GuaranteeHostagent {
 		fmt.Fprintf(c.stdout, "\nOn %s, add the bastion's key to the hostagent's authorized_keys file (its authorized_keys_file setting):\n\n", cli.Printable(h.Name))
@@ -354,4 +369,35 @@ func checkOwnState(dir string) error {
 			filepath.Clean(dir), owner, owner)
 	}
 	return nil
+}
+
+// acceptsKey logs in to h with signer, checking its pinned host key: true when the host
+// accepts the key; false with no error when it refused it; an error when that could not be
+// told (the host cannot be reached, or another failure).
+func acceptsKey(ctx context.Context, h fleet.Host, signer gossh.Signer) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, keyCheckTimeout)
+	defer cancel()
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, "tcp", h.Addr)
+	if err != nil {
+		return false, err
+	}
+	defer raw.Close()
+	if deadline, ok := ctx.Deadline(); ok {
+		raw.SetDeadline(deadline)
+	}
+	conn, _, _, err := gossh.NewClientConn(raw, h.Addr, &gossh.ClientConfig{
+		User:              h.Account,
+		Auth:              []gossh.AuthMethod{gossh.PublicKeys(signer)},
+		HostKeyCallback:   gossh.FixedHostKey(h.HostKey),
+		HostKeyAlgorithms: []string{h.HostKey.Type()},
+	})
+	switch {
+	case err == nil:
+		conn.Close()
+		return true, nil
+	case strings.Contains(err.Error(), "unable to authenticate"):
+		return false, nil
+	}
+	return false, err
 }

@@ -72,7 +72,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	case "version":
 		return (&cli.VersionCommand{Name: string(prog), Stdout: stdout, Stderr: stderr}).Run(ctx, rest)
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, mainUsage)
+		fmt.Fprint(stdout, mainUsage+"\n"+ruleHelp())
 		return nil
 	}
 	if newCommand, ok := operatorCommands[cmd]; ok {
