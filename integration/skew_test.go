@@ -133,7 +133,7 @@ func TestSkew(t *testing.T) {
 			h.Start(t)
 			b := harness.NewBastion(t, h.ClientKey)
 			if pair.oldBastion {
-				b.Bin = filepath.Join(previous, "postern")
+				b.RunRelease(t, filepath.Join(previous, "postern"))
 			}
 			f := &testbed{bastion: b, host: h, proxy: testutil.StartFaultProxy(t, h.Addr)}
 			b.EnrollAt(t, "h1", f.proxy.Addr(), h)
