@@ -85,8 +85,9 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		if err := in.records.joined(ctx, c, cl.scope, prior.ID, outcome); err != nil {
 			return nil, journalError(err)
 		}
-		return nil, &api.ToolError{Code: api.CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
-			"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", key, prior.ID)}
+		te := keyReused(key, prior.ID).Err()
+		te.ExecutionID = prior.ID
+		return nil, te
 	case outcome.Joins():
 		unlock()
 		in.metrics.dedup.WithLabelValues(by).Inc()
@@ -203,7 +204,7 @@ func (in *intake) decide(c transport.Caller, cl *claim) (policy.Decision, func()
 	}
 	cl.record.Decision, cl.record.Rule = string(dec.Outcome), dec.Rule
 	steps := append([]string(nil), dec.Steps...)
-	steps = append(steps, fmt.Sprintf("policy: %s (%s)", dec.Outcome, dec.Rule))
+	steps = append(steps, api.DecisionEvidence(string(dec.Outcome), dec.Rule))
 	for _, s := range steps {
 		cl.record.Evidence = appendBounded(cl.record.Evidence, s)
 	}
@@ -220,11 +221,11 @@ func (in *intake) decide(c transport.Caller, cl *claim) (policy.Decision, func()
 
 // policyActor resolves the caller to its configured actor: by token name for remote
 // callers, by process (uid, executable) for local ones.
-func (in *intake) policyActor(c transport.Caller) (policy.Actor, bool) {
+func (co *core) policyActor(c transport.Caller) (policy.Actor, bool) {
 	if c.Local {
-		return in.policy.LocalActor(c.UID, c.Exe)
+		return co.policy.LocalActor(c.UID, c.Exe)
 	}
-	return in.policy.Actor(strings.TrimPrefix(c.Actor, "token:"))
+	return co.policy.Actor(strings.TrimPrefix(c.Actor, "token:"))
 }
 
 // checkLimits refuses a new call of actor in scope that would exceed one of its limits. An
@@ -235,7 +236,9 @@ func (in *intake) checkLimits(c transport.Caller, actor policy.Actor, scope stri
 		all, run := in.drivers.inFlight(actor.Name, scope)
 		if why := concurrencyExceeded(actor, all, run); why != "" {
 			in.metrics.rejected.WithLabelValues(api.CodeConcurrencyLimit).Inc()
-			return &api.ToolError{Code: api.CodeConcurrencyLimit, Message: why + "; wait for one to end (nothing was started)"}
+			return api.Refusal{Code: api.CodeConcurrencyLimit, Reason: why,
+				Repair: "wait for one of them to end (execution_status or execution_output), then call again",
+				Next:   "Nothing was started"}.Err()
 		}
 	}
 	if actor.DailyQuota > 0 || actor.RunDailyQuota > 0 {
@@ -252,7 +255,9 @@ func (in *intake) checkLimits(c transport.Caller, actor policy.Actor, scope stri
 		}
 		if why != "" {
 			in.metrics.rejected.WithLabelValues(api.CodeQuotaExceeded).Inc()
-			return &api.ToolError{Code: api.CodeQuotaExceeded, Message: why + " (resets at 00:00 UTC; rejected executions do not count); nothing was started"}
+			return api.Refusal{Code: api.CodeQuotaExceeded, Reason: why,
+				Repair: "the quota resets at 00:00 UTC (rejected executions do not count); until then nothing new can start",
+				Next:   "Nothing was started"}.Err()
 		}
 	}
 	return nil
