@@ -50,9 +50,10 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	// concurrent calls of one intent cannot both create.
 	lockKey, by := intent.LockKey(c.Actor, cl.scope, cl.fingerprint), "fingerprint"
 	if key != "" {
-		lockKey, by = "k\x00"+c.Actor+"\x00"+key, "idempotency_key"
+		lockKey, by = intent.KeyLockKey(key), "idempotency_key"
 	}
-	facts := intent.Facts{Actor: c.Actor, Scope: cl.scope, Fingerprint: cl.fingerprint, IdempotencyKey: key}
+	cl.record.Principal = in.principalOf(c)
+	facts := intent.Facts{Actor: c.Actor, Principal: cl.record.Principal, Scope: cl.scope, Fingerprint: cl.fingerprint, IdempotencyKey: key}
 	var (
 		unlock  func()
 		prior   *markers.Record
@@ -79,6 +80,12 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		}
 	}
 	switch {
+	case outcome == intent.KeyHeld:
+		// Another principal's execution: the caller learns that the key is taken, never
+		// which execution holds it, and nothing is journaled on that execution.
+		unlock()
+		in.metrics.rejected.WithLabelValues(api.CodeIdempotencyKeyHeld).Inc()
+		return nil, keyHeld(key).Err()
 	case outcome == intent.KeyReused:
 		unlock()
 		in.metrics.rejected.WithLabelValues(api.CodeIdempotencyKeyReused).Inc()
@@ -154,7 +161,12 @@ func (in *intake) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, in
 	var prior *markers.Record
 	var err error
 	if facts.IdempotencyKey != "" {
-		prior, err = in.journal.FindByIdempotencyKey(facts.Actor, facts.IdempotencyKey)
+		// Whoever holds the key; then the caller's own key of before principals, which its
+		// actor's space keeps (markers.KeySpace).
+		prior, err = in.journal.FindByIdempotencyKey(markers.SharedKeySpace, facts.IdempotencyKey)
+		if errors.Is(err, markers.ErrNotFound) {
+			prior, err = in.journal.FindByIdempotencyKey(facts.Actor, facts.IdempotencyKey)
+		}
 	} else {
 		prior, err = in.journal.FindByFingerprint(facts.Actor, facts.Scope, facts.Fingerprint)
 	}
@@ -167,7 +179,7 @@ func (in *intake) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, in
 	class := config.Class{}
 	if prior != nil {
 		class = in.classes.Get(prior.Class)
-		if facts.IdempotencyKey != "" {
+		if facts.IdempotencyKey != "" && intent.HoldsKey(prior, *facts) {
 			if facts.SameRequest, err = in.fp.SameRequest(prior, cl.action, cl.fingerprint); err != nil {
 				return nil, "", err
 			}
@@ -226,6 +238,18 @@ func (co *core) policyActor(c transport.Caller) (policy.Actor, bool) {
 		return co.policy.LocalActor(c.UID, c.Exe)
 	}
 	return co.policy.Actor(strings.TrimPrefix(c.Actor, "token:"))
+}
+
+// principalOf is who holds the caller's idempotency keys (markers.Record.Principal):
+// "principal:NAME" for a caller whose configured actor is in a [[principals]] entry, else
+// the caller's own actor string.
+func (co *core) principalOf(c transport.Caller) string {
+	if actor, ok := co.policyActor(c); ok {
+		if name, ok := co.cfg.PrincipalOf(actor.Name); ok {
+			return "principal:" + name
+		}
+	}
+	return c.Actor
 }
 
 // checkLimits refuses a new call of actor in scope that would exceed one of its limits. An

@@ -128,3 +128,13 @@ func keyReused(key, holder string) api.Refusal {
 		Repair: "use a new key for a new request; the same key with the same request returns " + holder,
 		Next:   "Nothing was dispatched"}
 }
+
+// keyHeld refuses a keyed call whose key another principal holds. It names no execution:
+// keys are matched across principals only so that one key never runs twice, and nobody
+// learns another principal's executions through them.
+func keyHeld(key string) api.Refusal {
+	return api.Refusal{Code: api.CodeIdempotencyKeyHeld,
+		Reason: fmt.Sprintf("idempotency_key %q is held by an execution of another principal", key),
+		Repair: "use another key (a random one, or one that names your task and run)",
+		Next:   "Nothing was dispatched"}
+}

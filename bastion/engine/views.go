@@ -135,7 +135,9 @@ wait:
 	return x
 }
 
-// own returns execution id if caller may see it: actors see only their own executions.
+// own returns execution id if caller may see it: actors see only their own executions and
+// those of their principal's other actors (one of which a shared idempotency_key may hand
+// them).
 func (v *views) own(c transport.Caller, id string) (*markers.Record, error) {
 	notFound := &api.ToolError{Code: api.CodeNotFound, Message: "no execution " + id + " of yours"}
 	if !markers.ValidExecutionID(id) {
@@ -148,7 +150,7 @@ func (v *views) own(c transport.Caller, id string) (*markers.Record, error) {
 	if err != nil {
 		return nil, journalError(err)
 	}
-	if rec.Actor != c.Actor {
+	if rec.Actor != c.Actor && (rec.Principal == "" || rec.Principal != v.principalOf(c)) {
 		return nil, notFound
 	}
 	return rec, nil
