@@ -115,8 +115,9 @@ type Config struct {
 	DeliveryRevokeGrace time.Duration `toml:"delivery_revoke_grace"`
 	// DeliverySettle is how long after a result was delivered an identical call waits before
 	// it counts as a new intent: over Streamable HTTP a client's notifications/cancelled is a
-	// POST of its own, and the re-issue that follows an abort may overtake it. Default 1s;
-	// "0s" decides at once. At most 10s.
+	// POST of its own, and the re-issue that follows an abort may overtake it. Calls through
+	// the stdio bridge (postern mcp) never wait: it forwards a cancel before the next call.
+	// Default 1s; "0s" decides at once. At most 10s.
 	DeliverySettle time.Duration `toml:"delivery_settle"`
 }
 

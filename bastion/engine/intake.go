@@ -66,7 +66,7 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		if prior, outcome, err = in.matchCall(cl, &facts); err != nil {
 			return nil, err
 		}
-		wait := in.deliverySettling(prior, outcome)
+		wait := in.deliverySettling(c, prior, outcome)
 		if wait <= 0 {
 			break
 		}
@@ -190,8 +190,16 @@ func (in *intake) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, in
 
 // deliverySettling is how long a call must wait before a new-intent decision that rests on
 // prior's delivery is final (see config.Config.DeliverySettle); 0 when it needs no wait.
-func (in *intake) deliverySettling(prior *markers.Record, outcome intent.Match) time.Duration {
-	if outcome != intent.NewExecution || prior == nil || prior.State != markers.Completed || prior.ResultDeliveredAt == nil {
+//
+// Only a cancel that can overtake the call is waited for: over Streamable HTTP the client's
+// notifications/cancelled is a POST of its own, which may arrive after the re-issue it came
+// before. The stdio bridge forwards a cancel, and the daemon has revoked the delivery it
+// gave up on, before the bridge reads its client's next message (transport.Bridge), so a
+// call through it that finds a delivered result finds it after any cancel of it: it is
+// decided at once. Only a bridge that runs the daemon's own executable is known to be that
+// bridge (Caller.BridgeBinary); any other program may name its parent as a bridge does.
+func (in *intake) deliverySettling(c transport.Caller, prior *markers.Record, outcome intent.Match) time.Duration {
+	if c.BridgeBinary || outcome != intent.NewExecution || prior == nil || prior.State != markers.Completed || prior.ResultDeliveredAt == nil {
 		return 0
 	}
 	return prior.ResultDeliveredAt.Add(in.cfg.DeliverySettle).Sub(in.now())
