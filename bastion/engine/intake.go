@@ -66,6 +66,25 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		if prior, outcome, err = in.matchCall(cl, &facts); err != nil {
 			return nil, err
 		}
+		if judged := in.deliveryInDoubt(prior, outcome); judged != nil {
+			// The result this call would replay is on its way to a client, and whether it
+			// got there is not known yet: a client that read it and calls again must not
+			// be handed the same result as if it had lost it. Decide on the verdict, without
+			// the intake lock (the delivery's journal write does not need it, a revocation
+			// does).
+			unlock()
+			verdict := time.NewTimer(maxDeliveryVerdictWait)
+			select {
+			case <-judged:
+			case <-verdict.C:
+			case <-ctx.Done():
+			}
+			verdict.Stop()
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			continue
+		}
 		wait := in.deliverySettling(c, prior, outcome)
 		if wait <= 0 {
 			break
@@ -186,6 +205,22 @@ func (in *intake) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, in
 		}
 	}
 	return prior, intent.Rule(prior, *facts, in.now(), class), nil
+}
+
+// maxDeliveryVerdictWait bounds how long a call waits for the delivery verdict of the result
+// it would replay (deliveryInDoubt): the transports judge within seconds (the kernel's
+// evidence is looked for at most 5 s), and a call that waited this long replays.
+const maxDeliveryVerdictWait = 10 * time.Second
+
+// deliveryInDoubt returns a channel closed once the delivery of prior's result has been
+// judged, when the call would replay that result (an unkeyed call, a completed execution not
+// delivered) while a response carrying it is still being judged; nil otherwise. A keyed call
+// replays whatever happened to the response, and needs no verdict.
+func (in *intake) deliveryInDoubt(prior *markers.Record, outcome intent.Match) <-chan struct{} {
+	if outcome != intent.Replay || prior.IdempotencyKey != "" || prior.State != markers.Completed || prior.ResultDeliveredAt != nil {
+		return nil
+	}
+	return in.judging.pending(prior.ID)
 }
 
 // deliverySettling is how long a call must wait before a new-intent decision that rests on

@@ -276,6 +276,8 @@ func (j *fakeJournal) RevokeDelivery(context.Context, string) (bool, error) { re
 
 func (j *fakeJournal) NotDelivered(context.Context, string, string) error { return nil }
 
+func (j *fakeJournal) Delivering(string) func() { return func() {} }
+
 func (j *fakeJournal) deliveredIDs() []string {
 	j.mu.Lock()
 	defer j.mu.Unlock()
