@@ -108,7 +108,7 @@ func New(e Engine, opts Options) (*mcp.Server, error) {
 		opts.Now = time.Now
 	}
 	s := &server{engine: e, tracker: opts.Tracker, log: opts.Logger, now: opts.Now}
-	s.srv = mcp.NewServer(&mcp.Implementation{Name: "postern", Title: "Postern SSH bastion", Version: version.String()}, &mcp.ServerOptions{
+	s.srv = mcp.NewServer(&mcp.Implementation{Name: "postern", Title: "Postern SSH bastion", Version: version.Number()}, &mcp.ServerOptions{
 		Instructions: instructions,
 	})
 	// The tools, in the order clients list them.
