@@ -91,13 +91,13 @@ commands = ["deploy **"]
 	noOperatorCommand := []string{"postern ", "next dial", "backoff"}
 
 	rejected := lines[1]
-	mustSay(t, "policy rejection", rejected.Text, []string{"rejected.", `Cause: denied:`, `"no-rm"`, "Next: Rejected; it was not run"}, noOperatorCommand...)
+	mustSay(t, "policy rejection", rejected.Text, []string{"rejected.", `Cause: denied: denied by rule rules[0] "no-rm": rm -rf /tmp/postern-never`, "Next: Rejected; it was not run"}, noOperatorCommand...)
 	if !rejected.IsError || rejected.Result == nil || rejected.Result.State != "rejected" {
 		t.Errorf("policy rejection = %+v; want a rejected execution, isError", rejected)
 	}
 
 	pending := lines[2]
-	mustSay(t, "approval required", pending.Text, []string{"awaiting_approval.", "Cause: approval_required: policy requires a person's approval", `"deploys-need-approval"`,
+	mustSay(t, "approval required", pending.Text, []string{"awaiting_approval.", `Cause: approval_required: rule rules[1] "deploys-need-approval" requires a person's approval`,
 		"execution_status", "never asks twice"}, noOperatorCommand...)
 
 	mustSay(t, "unknown host", lines[3].Text, []string{`unknown_host: there is no host "nowhere"`, "Use one of your hosts: h1, h2-refuses-key, h3-down."}, noOperatorCommand...)
@@ -135,7 +135,6 @@ commands = ["deploy **"]
 	)
 	mustSay(t, "daily quota", lines[2].Text, []string{"quota_exceeded: actor frugal used its daily quota of 1 executions", "resets at 00:00 UTC", "Nothing was started."}, noOperatorCommand...)
 
-	// Plain words: the deny rule judges anything else unparsable, for now.
 	lines = runTS(t, ctx, tsConnectAs(b, "serial", "texts-concurrency"),
 		tsCall("ssh_exec", map[string]any{"host": "h1", "command": "sleep 30", "wait_s": 0}),
 		tsCall("ssh_exec", map[string]any{"host": "h1", "command": "echo second"}),
@@ -152,7 +151,7 @@ commands = ["deploy **"]
 		tsCall("ssh_exec", map[string]any{"host": "h3-down", "command": "true"}),
 		tsCall("ssh_exec", map[string]any{"host": "nowhere", "command": "true"}),
 	)
-	mustSay(t, "a host the actor may not use", lines[1].Text, []string{"rejected.", "Cause: not_allowed:", "host h3-down not allowed", "hosts_list"}, noOperatorCommand...)
+	mustSay(t, "a host the actor may not use", lines[1].Text, []string{"rejected.", "Cause: not_allowed: actor h1-only may not reach host h3-down."}, noOperatorCommand...)
 	mustSay(t, "unknown host, limited actor", lines[2].Text, []string{"Use one of your hosts: h1."}, "h2-refuses-key", "h3-down")
 	cs := f.session(t, "h1-only", "texts-hosts-list")
 	var hosts api.HostsResult

@@ -29,9 +29,17 @@ const (
 // call: rejected, or held for approval. It is journaled as the execution's evidence (and the
 // transition's note), so a retry and a restart show the same text.
 //
-// The reason and repair by code stand in for the decision's own: when policy.Decision says
-// why and what to do in its own words, those take their place here (Reason, Repair).
+// The policy says why and what to do in its own words (Decision.Reason, which names the rule
+// or permission that decided, and Repair); the reason and repair by code stand in for a
+// decision that has none.
 func policyRefusal(dec policy.Decision) api.Refusal {
+	if dec.Reason != "" {
+		code := dec.Code
+		if dec.Outcome == policy.AwaitingApproval {
+			code = codeApprovalRequired
+		}
+		return api.Refusal{Code: code, Reason: dec.Reason, Repair: dec.Repair}
+	}
 	if dec.Outcome == policy.AwaitingApproval {
 		return api.Refusal{Code: codeApprovalRequired, Rule: dec.Rule,
 			Reason: "policy requires a person's approval before this runs"}

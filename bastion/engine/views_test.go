@@ -284,8 +284,20 @@ func TestHostProblem(t *testing.T) {
 }
 
 // TestPolicyRefusal: every policy outcome that is not authorized reads as its code, the
-// rule and a reason an agent can act on; none names an operator command.
+// rule and a reason an agent can act on; none names an operator command. The policy's own
+// words, when it gives them, are the reason and the repair.
 func TestPolicyRefusal(t *testing.T) {
+	own := policyRefusal(policy.Decision{Outcome: policy.Rejected, Code: policy.CodeDenied, Rule: `rules[0] "no-rm"`,
+		Reason: `denied by rule rules[0] "no-rm": rm -rf /x matches "rm **"`, Repair: "the policy forbids this here"})
+	if want := `denied: denied by rule rules[0] "no-rm": rm -rf /x matches "rm **". The policy forbids this here.`; own.Text() != want {
+		t.Errorf("with the policy's words: %q; want %q", own.Text(), want)
+	}
+	pending := policyRefusal(policy.Decision{Outcome: policy.AwaitingApproval, Rule: `rules[1] "prod"`,
+		Reason: `rule rules[1] "prod" requires a person's approval: deploy web`, Repair: "wait for a person to approve it"})
+	if want := `approval_required: rule rules[1] "prod" requires a person's approval: deploy web. Wait for a person to approve it.`; pending.Text() != want {
+		t.Errorf("approval with the policy's words: %q; want %q", pending.Text(), want)
+	}
+
 	for _, dec := range []policy.Decision{
 		{Outcome: policy.Rejected, Code: policy.CodeDenied, Rule: `rules[0] "no-rm"`},
 		{Outcome: policy.Rejected, Code: policy.CodeUnparsable, Rule: `rules[0] "no-rm"`},
