@@ -99,7 +99,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		mcpHTTP, err := transport.HTTPHandler(remote, transport.HTTPOptions{
 			Actors: actors, MaxBodyBytes: b.cfg.MaxBodyBytes,
 			AllowedHosts: b.cfg.AllowedHosts, AllowedOrigins: b.cfg.AllowedOrigins,
-			Logger: b.log.With("component", "http"),
+			Logger: b.log.With("component", "http"), CountRefusal: b.engine.CountRefusal,
 		})
 		if err != nil {
 			return err
@@ -123,12 +123,17 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 			scheme = "https"
 		}
 		listeners = append(listeners, l)
-		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ConnContext: delivery.RememberConn(nil)})
+		servers = append(servers, &http.Server{
+			Handler: mux, ReadHeaderTimeout: 10 * time.Second, ConnContext: delivery.RememberConn(nil),
+			ErrorLog: transport.ServerErrorLog(b.log.With("component", "http"), transport.WhereHTTP, b.engine.CountRefusal),
+		})
 		ep.URL = scheme + "://" + l.Addr().String() + MCPPath
 		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
 	}
 
-	local, err := transport.ListenUnix(b.cfg.SocketPath(), b.cfg.SocketAccess(b.cfg.LocalUIDs(), b.log.With("component", "unix")))
+	localAccess := b.cfg.SocketAccess(b.cfg.LocalUIDs(), b.log.With("component", "unix"))
+	localAccess.Where, localAccess.CountRefusal = transport.WhereMCPSocket, b.engine.CountRefusal
+	local, err := transport.ListenUnix(b.cfg.SocketPath(), localAccess)
 	if err != nil {
 		closeAll()
 		return err
@@ -137,19 +142,25 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	localMux := http.NewServeMux()
 	localMux.Handle(MCPPath, tracked)
 	unixServer := transport.UnixServer(localMux, transport.UnixOptions{
-		MaxBodyBytes: b.cfg.MaxBodyBytes, Logger: b.log.With("component", "unix"),
+		MaxBodyBytes: b.cfg.MaxBodyBytes, Logger: b.log.With("component", "unix"), CountRefusal: b.engine.CountRefusal,
 	})
 	unixServer.ConnContext = delivery.RememberConn(unixServer.ConnContext)
 	servers = append(servers, unixServer)
 	ep.Socket = b.cfg.SocketPath()
 
-	op, err := transport.ListenUnix(b.cfg.OperatorSocketPath(), b.cfg.SocketAccess(nil, b.log.With("component", "operator")))
+	opAccess := b.cfg.SocketAccess(nil, b.log.With("component", "operator"))
+	opAccess.Where, opAccess.CountRefusal = transport.WhereOperatorSocket, b.engine.CountRefusal
+	op, err := transport.ListenUnix(b.cfg.OperatorSocketPath(), opAccess)
 	if err != nil {
 		closeAll()
 		return err
 	}
 	listeners = append(listeners, op)
-	servers = append(servers, &http.Server{Handler: operatorapi.Handler(b.engine, b.log.With("component", "operator")), ReadHeaderTimeout: 10 * time.Second, ConnContext: operatorapi.ConnContext})
+	servers = append(servers, &http.Server{
+		Handler: operatorapi.Handler(b.engine, b.log.With("component", "operator")), ReadHeaderTimeout: 10 * time.Second,
+		ConnContext: operatorapi.ConnContext,
+		ErrorLog:    transport.ServerErrorLog(b.log.With("component", "operator"), transport.WhereOperatorSocket, b.engine.CountRefusal),
+	})
 	ep.OperatorSocket = b.cfg.OperatorSocketPath()
 
 	errs := make(chan error, len(servers))

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -11,6 +12,8 @@ import (
 	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
+
+	"github.com/postern-dev/postern/internal/ratelog"
 )
 
 // DefaultMaxBodyBytes bounds a request body when the options leave it zero. MCP requests are
@@ -39,8 +42,11 @@ type HTTPOptions struct {
 	// loopback ones on a loopback listen. A request with another Origin header is refused
 	// 403; no Origin header is fine (non-browser clients send none).
 	AllowedOrigins []string
-	// Logger receives refusals at debug level (never a token). Default: discard.
+	// Logger receives refusals (never a token), a few lines per reason and minute and then
+	// a summary with the count (internal/ratelog). Default: discard.
 	Logger *slog.Logger
+	// CountRefusal is told of every refused request (WhereHTTP). Default: none.
+	CountRefusal CountRefusal
 }
 
 // HTTPHandler wraps mcpHandler for remote agents: a DNS-rebinding guard (Host and Origin,
@@ -58,12 +64,15 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 	if err != nil {
 		return nil, err
 	}
-	logger := loggerOrDiscard(opts.Logger)
+	refusals := newRefusalLog(loggerOrDiscard(opts.Logger), WhereHTTP, opts.CountRefusal)
 
-	bounded := limitBody(mcpHandler, maxBodyOrDefault(opts.MaxBodyBytes), logger)
+	bounded := limitBody(mcpHandler, maxBodyOrDefault(opts.MaxBodyBytes), refusals)
 	authenticated := auth.RequireBearerToken(actors.verifier(), &auth.RequireBearerTokenOptions{
 		AllowMissingExpiration: true,
 	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if authed, ok := r.Context().Value(authenticatedKey{}).(*bool); ok {
+			*authed = true
+		}
 		// Authenticated: the challenge set for the 401 path does not belong on this response.
 		w.Header().Del("WWW-Authenticate")
 		r.Header.Del("Authorization")
@@ -71,15 +80,15 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 	}))
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		refuse := func(code int, reason string) {
-			logger.Debug("refused request", "remote", r.RemoteAddr, "status", code, "reason", reason)
-			http.Error(w, reason, code)
+		refuse := func(code int, reason, detail string) {
+			refusals.Log(slog.LevelInfo, reason, "refused request", "remote", r.RemoteAddr, "status", code, "detail", detail)
+			http.Error(w, detail, code)
 		}
 		v := guard.decide(r.Host, r.Header.Values("Origin"), localAddr(r))
 		preflight := isPreflight(r)
 		setCORS(w.Header(), v.allowOrigin, preflight)
 		if v.status != 0 {
-			refuse(v.status, v.reason)
+			refuse(v.status, ReasonHostOrOrigin, v.reason)
 			return
 		}
 		if preflight {
@@ -87,21 +96,29 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 			return
 		}
 		if _, err := runIDFromHeader(r.Header); err != nil {
-			refuse(http.StatusBadRequest, err.Error())
+			refuse(http.StatusBadRequest, ReasonBadRunHeader, err.Error())
 			return
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="postern"`)
-		authenticated.ServeHTTP(w, r)
+		authed := false
+		authenticated.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), authenticatedKey{}, &authed)))
+		if !authed {
+			// go-sdk answered 401: no token, or none of ours.
+			refusals.Log(slog.LevelInfo, ReasonUnauthenticated, "refused request", "remote", r.RemoteAddr, "status", http.StatusUnauthorized)
+		}
 	}), nil
 }
+
+// authenticatedKey carries, in a request's context, the flag its authenticated handler sets.
+type authenticatedKey struct{}
 
 // limitBody reads the whole body, up to max bytes, before next runs: a larger body is
 // answered 413 here, so the MCP handler never sees a partial or oversize body whatever the
 // framing (Content-Length, chunked).
-func limitBody(next http.Handler, max int64, logger *slog.Logger) http.Handler {
+func limitBody(next http.Handler, max int64, refusals *ratelog.Logger) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tooLarge := func() {
-			logger.Debug("refused request", "remote", r.RemoteAddr, "status", http.StatusRequestEntityTooLarge, "reason", "body too large")
+			refusals.Log(slog.LevelInfo, ReasonBodyTooLarge, "refused request", "remote", r.RemoteAddr, "status", http.StatusRequestEntityTooLarge)
 			http.Error(w, fmt.Sprintf("request body exceeds %d bytes", max), http.StatusRequestEntityTooLarge)
 		}
 		if r.ContentLength > max {

@@ -96,6 +96,8 @@ type UnixOptions struct {
 	MaxBodyBytes int64
 	// Logger receives connection and refusal events (never a token). Default: discard.
 	Logger *slog.Logger
+	// CountRefusal is told of every refusal (WhereMCPSocket). Default: none.
+	CountRefusal CountRefusal
 }
 
 // peerKey is the context key of the peer facts recorded for a unix connection.
@@ -120,6 +122,7 @@ const localBearer = "unix-peer-credentials"
 // Authorization header the client sends is discarded. Serve it with srv.Serve(ListenUnix(..)).
 func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
 	logger := loggerOrDiscard(opts.Logger)
+	refusals := newRefusalLog(logger, WhereMCPSocket, opts.CountRefusal)
 	actorFor := opts.LocalActor
 	if actorFor == nil {
 		actorFor = defaultLocalActor
@@ -143,7 +146,7 @@ func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
 	})
 	authenticated := auth.RequireBearerToken(verifier, &auth.RequireBearerTokenOptions{
 		AllowMissingExpiration: true,
-	})(limitBody(inner, maxBodyOrDefault(opts.MaxBodyBytes), logger))
+	})(limitBody(inner, maxBodyOrDefault(opts.MaxBodyBytes), refusals))
 
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Header.Set("Authorization", "Bearer "+localBearer)
@@ -153,11 +156,11 @@ func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		ErrorLog:          ServerErrorLog(logger, WhereMCPSocket, opts.CountRefusal),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			p := identifyPeer(c, procs, actorFor)
 			if p.err != nil {
-				logger.Warn("unix peer not identified; its requests are refused", "error", p.err)
+				refusals.Log(slog.LevelWarn, ReasonPeerUnidentified, "unix peer not identified; its requests are refused", "error", p.err)
 			} else {
 				logger.Debug("unix peer", "actor", p.actor, "pid", p.process.self.PID, "scope", p.process.self.Scope)
 			}

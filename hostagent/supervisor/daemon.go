@@ -23,6 +23,7 @@ import (
 
 	"github.com/postern-dev/postern/internal/peercred"
 	"github.com/postern-dev/postern/internal/procfs"
+	"github.com/postern-dev/postern/internal/ratelog"
 )
 
 // The long-lived supervisor ("daemon"): one process per hostagent lifetime that forks every
@@ -121,7 +122,10 @@ type daemon struct {
 	dir  string
 	self supervisorRecord
 	log  *slog.Logger
-	ln   *net.UnixListener
+	// refusals logs connections of other users and failed accepts within bounds
+	// (internal/ratelog): the log lives in the host's data dir.
+	refusals *ratelog.Logger
+	ln       *net.UnixListener
 	// forks carries every command start to the one thread that forks (see forker).
 	forks chan forkRequest
 	wg    sync.WaitGroup // connections and jobs
@@ -170,11 +174,12 @@ func runDaemon(dir string, ready *os.File, logger *slog.Logger) error {
 		return fmt.Errorf("supervisor: own start time: %w", err)
 	}
 	d := &daemon{
-		dir:   dir,
-		self:  supervisorRecord{PID: self, Start: start, Socket: socketName(self, start)},
-		log:   logger,
-		forks: make(chan forkRequest),
-		jobs:  map[string]*daemonJob{},
+		dir:      dir,
+		self:     supervisorRecord{PID: self, Start: start, Socket: socketName(self, start)},
+		log:      logger,
+		refusals: ratelog.New(logger, ratelog.Options{Where: "supervisor"}),
+		forks:    make(chan forkRequest),
+		jobs:     map[string]*daemonJob{},
 	}
 	d.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: d.self.Socket, Net: "unix"})
 	if err != nil {
@@ -218,7 +223,7 @@ func runDaemon(dir string, ready *os.File, logger *slog.Logger) error {
 			if errors.Is(err, net.ErrClosed) {
 				break
 			}
-			d.log.Warn("accept failed", "err", err)
+			d.refusals.Log(slog.LevelWarn, "accept", "accept failed", "err", err)
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
@@ -231,6 +236,7 @@ func runDaemon(dir string, ready *os.File, logger *slog.Logger) error {
 	d.wg.Wait()
 	close(d.forks)
 	<-forkerDone
+	d.refusals.Close()
 	return nil
 }
 
@@ -266,7 +272,7 @@ func (d *daemon) maybeExit(grace bool) {
 func (d *daemon) serve(conn *net.UnixConn) {
 	defer conn.Close()
 	if err := checkPeer(conn, 0); err != nil {
-		d.log.Warn("refused a connection", "err", err)
+		d.refusals.Log(slog.LevelWarn, "peer", "refused a connection", "err", err)
 		return
 	}
 	br := bufio.NewReader(conn)

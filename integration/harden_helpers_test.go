@@ -1,0 +1,214 @@
+package integration
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
+	"github.com/postern-dev/postern/internal/testutil/unixuser"
+)
+
+// The hardening tests attack the daemons as a local user would: the test binary, re-executed
+// as a throwaway unprivileged account (TestHardenHelper), floods sockets or squats names.
+
+// Roles of the re-executed test binary (testutil.Role).
+const (
+	// roleFlood connects to every target of $POSTERN_TEST_TARGETS (newline-separated: a
+	// socket path, an @abstract name, or procnet:PREFIX for every abstract socket in
+	// /proc/net/unix whose name starts with @PREFIX), first holding $POSTERN_TEST_HOLD
+	// connections to each, then connecting and hanging up $POSTERN_TEST_COUNT times; it
+	// prints "connected N failed M" and holds on until stdin closes.
+	roleFlood = "harden-flood"
+)
+
+// TestHardenHelper is not a test: it is the test binary re-executed in a role by runAs.
+func TestHardenHelper(t *testing.T) {
+	switch testutil.Role() {
+	case roleFlood:
+		os.Exit(floodProcess())
+	default:
+		t.Skip("runs only re-executed by a hardening test")
+	}
+}
+
+// helper is the test binary running in a role as another user.
+type helper struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   *bufio.Reader
+}
+
+// runAs starts the test binary (a copy every user can run) as u in role, with env added.
+func runAs(t *testing.T, u unixuser.User, role string, env ...string) *helper {
+	t.Helper()
+	exe, err := os.Executable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command(unixuser.SharedBinary(t, exe), "-test.run=^TestHardenHelper$")
+	cmd.Env = append([]string{"POSTERN_TEST_ROLE=" + role}, env...)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: u.Credential()}
+	cmd.Stderr = os.Stderr
+	h := &helper{cmd: cmd}
+	if h.stdin, err = cmd.StdinPipe(); err != nil {
+		t.Fatal(err)
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.out = bufio.NewReader(stdout)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(h.stop)
+	return h
+}
+
+// line reads the helper's next line of output.
+func (h *helper) line(t *testing.T) string {
+	t.Helper()
+	line, err := h.out.ReadString('\n')
+	if err != nil {
+		t.Fatalf("helper %s: %v", h.cmd.Path, err)
+	}
+	return strings.TrimSpace(line)
+}
+
+// stop closes the helper's stdin and waits for it.
+func (h *helper) stop() {
+	if h.stdin != nil {
+		h.stdin.Close()
+		h.stdin = nil
+		h.cmd.Wait()
+	}
+}
+
+// flood runs roleFlood as u and returns how many connections it made and how many failed,
+// once it made them all; the connections it holds stay open until stop (or the test's end).
+func flood(t *testing.T, u unixuser.User, hold, count int, targets ...string) (connected, failed int, stop func()) {
+	t.Helper()
+	h := runAs(t, u, roleFlood, "POSTERN_TEST_TARGETS="+strings.Join(targets, "\n"),
+		"POSTERN_TEST_HOLD="+strconv.Itoa(hold), "POSTERN_TEST_COUNT="+strconv.Itoa(count))
+	line := h.line(t)
+	if _, err := fmt.Sscanf(line, "connected %d failed %d", &connected, &failed); err != nil {
+		t.Fatalf("flood helper said %q: %v", line, err)
+	}
+	return connected, failed, h.stop
+}
+
+func floodProcess() int {
+	hold, _ := strconv.Atoi(os.Getenv("POSTERN_TEST_HOLD"))
+	count, _ := strconv.Atoi(os.Getenv("POSTERN_TEST_COUNT"))
+	var targets []string
+	for _, t := range strings.Split(os.Getenv("POSTERN_TEST_TARGETS"), "\n") {
+		if prefix, ok := strings.CutPrefix(t, "procnet:"); ok {
+			targets = append(targets, abstractSockets(prefix)...)
+		} else if t != "" {
+			targets = append(targets, t)
+		}
+	}
+	connected, failed := 0, 0
+	var held []net.Conn
+	for _, target := range targets {
+		for range hold {
+			if c, err := net.Dial("unix", target); err == nil {
+				held = append(held, c)
+			}
+		}
+		for range count {
+			c, err := dialRetrying(target)
+			if err != nil {
+				failed++
+				continue
+			}
+			connected++
+			c.Close()
+		}
+	}
+	fmt.Printf("connected %d failed %d\n", connected, failed)
+	io.Copy(io.Discard, os.Stdin)
+	for _, c := range held {
+		c.Close()
+	}
+	return 0
+}
+
+// dialRetrying connects to the unix socket target, waiting while its backlog is full (Go's
+// connect does not block then: EAGAIN).
+func dialRetrying(target string) (net.Conn, error) {
+	for attempt := 0; ; attempt++ {
+		c, err := net.Dial("unix", target)
+		if err == nil || !errors.Is(err, syscall.EAGAIN) || attempt == 1000 {
+			return c, err
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+// abstractSockets lists the listening abstract unix sockets whose name starts with @prefix,
+// as every local user can read them from /proc/net/unix.
+func abstractSockets(prefix string) []string {
+	f, err := os.Open("/proc/net/unix")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	seen := map[string]bool{}
+	var out []string
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		fields := strings.Fields(sc.Text())
+		if len(fields) < 8 {
+			continue
+		}
+		if name := fields[7]; strings.HasPrefix(name, "@"+prefix) && !seen[name] {
+			seen[name] = true
+			out = append(out, name)
+		}
+	}
+	return out
+}
+
+// metricWith reads the bastion's series name whose labels include every one of labels
+// (`where="http"`), 0 if there is none.
+func metricWith(t *testing.T, b *harness.Bastion, name string, labels ...string) float64 {
+	t.Helper()
+	resp, err := http.Get("http://" + b.Addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+next:
+	for sc.Scan() {
+		series, value, ok := strings.Cut(sc.Text(), " ")
+		if !ok || !strings.HasPrefix(series, name+"{") {
+			continue
+		}
+		for _, l := range labels {
+			if !strings.Contains(series, l) {
+				continue next
+			}
+		}
+		f, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			t.Fatalf("metric %s: %v", series, err)
+		}
+		return f
+	}
+	return 0
+}
