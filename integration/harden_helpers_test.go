@@ -31,6 +31,9 @@ const (
 	// connections to each, then connecting and hanging up $POSTERN_TEST_COUNT times; it
 	// prints "connected N failed M" and holds on until stdin closes.
 	roleFlood = "harden-flood"
+	// roleSquat binds the abstract names the next supervisors would take, as the previous
+	// release named them, and connects to every supervisor socket it finds (squatProcess).
+	roleSquat = "harden-squat"
 )
 
 // TestHardenHelper is not a test: it is the test binary re-executed in a role by runAs.
@@ -38,6 +41,8 @@ func TestHardenHelper(t *testing.T) {
 	switch testutil.Role() {
 	case roleFlood:
 		os.Exit(floodProcess())
+	case roleSquat:
+		os.Exit(squatProcess())
 	default:
 		t.Skip("runs only re-executed by a hardening test")
 	}

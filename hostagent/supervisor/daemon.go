@@ -31,8 +31,9 @@ import (
 // It lives in its own session, apart from the SSH-facing agent: an agent that is killed,
 // restarted or upgraded leaves it and its commands running, and the next agent adopts them
 // through it (Adopt). It exits once no agent holds a lease on it and none of its commands is
-// left. Protocol, per connection (abstract unix socket, peers checked by SO_PEERCRED on both
-// sides): one JSON request line, then JSON reply lines (see request and reply).
+// left. Protocol, per connection (a unix socket only its user can reach, see socket.go;
+// peers checked by SO_PEERCRED on both sides): one JSON request line, then JSON reply lines
+// (see request and reply).
 //
 // # Durability
 //
@@ -105,14 +106,6 @@ type reply struct {
 	OK      bool `json:"ok,omitempty"`
 }
 
-// socketName is the abstract unix socket of the supervisor pid that started at start: unique
-// per process, so a restarted supervisor never meets its predecessor's name, and no file to
-// leave behind. Abstract sockets have no permissions; both ends check each other's
-// credentials instead.
-func socketName(pid int, start uint64) string {
-	return "@postern-supervisor-" + strconv.Itoa(pid) + "-" + strconv.FormatUint(start, 10)
-}
-
 // supervisorRecordName is the file, in the supervisor dir, that names a running supervisor
 // (pid + start time) for operators and test harnesses; removed when it exits.
 func supervisorRecordName(pid int) string { return "supervisor-" + strconv.Itoa(pid) + ".json" }
@@ -175,15 +168,15 @@ func runDaemon(dir string, ready *os.File, logger *slog.Logger) error {
 	}
 	d := &daemon{
 		dir:      dir,
-		self:     supervisorRecord{PID: self, Start: start, Socket: socketName(self, start)},
+		self:     supervisorRecord{PID: self, Start: start},
 		log:      logger,
 		refusals: ratelog.New(logger, ratelog.Options{Where: "supervisor"}),
 		forks:    make(chan forkRequest),
 		jobs:     map[string]*daemonJob{},
 	}
-	d.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: d.self.Socket, Net: "unix"})
+	d.ln, d.self.Socket, err = listenSupervisor(dir)
 	if err != nil {
-		return fmt.Errorf("supervisor: listen: %w", err)
+		return err
 	}
 	// Its own signals must not end it: an agent's stop (SIGTERM to the agent's group, a
 	// terminal's SIGHUP or SIGINT) is not meant for the commands it supervises. Caught into a
@@ -468,7 +461,8 @@ func (d *daemon) wait(conn *net.UnixConn, br *bufio.Reader, dir string) {
 }
 
 // checkPeer refuses a peer of another user, and — with pid > 0 — a peer that is not that
-// process: abstract sockets have no file permissions, so credentials are the access check.
+// process: abstract sockets (the previous release's, and the fallback) have no file
+// permissions, so credentials are the access check.
 func checkPeer(conn *net.UnixConn, pid int) error {
 	cred, err := peercred.Read(conn)
 	if err != nil {
