@@ -54,6 +54,10 @@ func bySession(stateless, sessions http.Handler) http.Handler {
 // shutdownGrace bounds how long in-flight requests may finish when the bastion stops.
 const shutdownGrace = 5 * time.Second
 
+// fdReserve is how many descriptors the HTTP endpoint's connections leave, besides the unix
+// sockets' (max_local_conns each), for the journal, the SSH pool, the plugin and the rest.
+const fdReserve = 1024
+
 // Serve serves the MCP endpoints and the operator API until ctx ends; ready is called once
 // every listener is open. Call Recover first: nothing is served before the journal's
 // executions in flight were reconciled.
@@ -122,11 +126,24 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 			l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 			scheme = "https"
 		}
-		listeners = append(listeners, l)
-		servers = append(servers, &http.Server{
-			Handler: mux, ReadHeaderTimeout: 10 * time.Second, ConnContext: delivery.RememberConn(nil),
-			ErrorLog: transport.ServerErrorLog(b.log.With("component", "http"), transport.WhereHTTP, b.engine.CountRefusal),
+		// The descriptors the HTTP connections may not take: the unix sockets' connections
+		// and the rest (journal, SSH pool, plugin).
+		maxLocal := b.cfg.MaxLocalConns
+		if maxLocal <= 0 {
+			maxLocal = transport.DefaultMaxLocalConns
+		}
+		maxConns, nofile := transport.FitHTTPConns(0, 2*maxLocal+fdReserve)
+		if maxConns < transport.DefaultMaxHTTPConns {
+			b.log.Warn("the descriptor limit leaves the HTTP endpoint fewer connections; raise LimitNOFILE",
+				"max_http_conns", maxConns, "nofile", nofile)
+		}
+		srv, hl := transport.NewHTTPServer(l, mux, transport.HTTPServerOptions{
+			Limits:      transport.HTTPLimits{MaxConns: maxConns},
+			ConnContext: delivery.RememberConn(nil),
+			Logger:      b.log.With("component", "http"), CountRefusal: b.engine.CountRefusal,
 		})
+		listeners = append(listeners, hl)
+		servers = append(servers, srv)
 		ep.URL = scheme + "://" + l.Addr().String() + MCPPath
 		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
 	}

@@ -34,6 +34,8 @@ const (
 	// roleSquat binds the abstract names the next supervisors would take, as the previous
 	// release named them, and connects to every supervisor socket it finds (squatProcess).
 	roleSquat = "harden-squat"
+	// roleHoldTCP opens TCP connections to an HTTP endpoint and holds them (holdTCPProcess).
+	roleHoldTCP = "harden-hold-tcp"
 )
 
 // TestHardenHelper is not a test: it is the test binary re-executed in a role by runAs.
@@ -43,6 +45,8 @@ func TestHardenHelper(t *testing.T) {
 		os.Exit(floodProcess())
 	case roleSquat:
 		os.Exit(squatProcess())
+	case roleHoldTCP:
+		os.Exit(holdTCPProcess())
 	default:
 		t.Skip("runs only re-executed by a hardening test")
 	}

@@ -73,6 +73,7 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 		if authed, ok := r.Context().Value(authenticatedKey{}).(*bool); ok {
 			*authed = true
 		}
+		markAuthenticated(w, r) // its connection may stay open (NewHTTPServer)
 		// Authenticated: the challenge set for the 401 path does not belong on this response.
 		w.Header().Del("WWW-Authenticate")
 		r.Header.Del("Authorization")
