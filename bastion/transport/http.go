@@ -1,19 +1,15 @@
 package transport
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
-
-	"github.com/postern-dev/postern/internal/ratelog"
 )
 
 // DefaultMaxBodyBytes bounds a request body when the options leave it zero. MCP requests are
@@ -33,6 +29,12 @@ type HTTPOptions struct {
 	// MaxBodyBytes bounds a request body; a larger one is answered 413 and the MCP handler
 	// never sees it. Default (zero or negative) DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// BodyTimeout bounds the time a request's body may take to arrive (408 after it).
+	// Default DefaultBodyTimeout.
+	BodyTimeout time.Duration
+	// MaxBodiesPerActor bounds the requests of one actor whose bodies are arriving at once
+	// (429 past it). Default DefaultMaxBodiesPerActor.
+	MaxBodiesPerActor int
 	// AllowedHosts are extra Host header values accepted on a listen that is not loopback
 	// (host, any port; or host:port). Loopback names (localhost, 127.0.0.1, ::1) and the
 	// local address the connection arrived on are always accepted: a DNS-rebinding page can
@@ -66,7 +68,7 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 	}
 	refusals := newRefusalLog(loggerOrDiscard(opts.Logger), WhereHTTP, opts.CountRefusal)
 
-	bounded := limitBody(mcpHandler, maxBodyOrDefault(opts.MaxBodyBytes), refusals)
+	bounded := limitBody(mcpHandler, bodyLimits{max: opts.MaxBodyBytes, timeout: opts.BodyTimeout, perActor: opts.MaxBodiesPerActor}, refusals)
 	authenticated := auth.RequireBearerToken(actors.verifier(), &auth.RequireBearerTokenOptions{
 		AllowMissingExpiration: true,
 	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -112,41 +114,6 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 
 // authenticatedKey carries, in a request's context, the flag its authenticated handler sets.
 type authenticatedKey struct{}
-
-// limitBody reads the whole body, up to max bytes, before next runs: a larger body is
-// answered 413 here, so the MCP handler never sees a partial or oversize body whatever the
-// framing (Content-Length, chunked).
-func limitBody(next http.Handler, max int64, refusals *ratelog.Logger) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tooLarge := func() {
-			refusals.Log(slog.LevelInfo, ReasonBodyTooLarge, "refused request", "remote", r.RemoteAddr, "status", http.StatusRequestEntityTooLarge)
-			http.Error(w, fmt.Sprintf("request body exceeds %d bytes", max), http.StatusRequestEntityTooLarge)
-		}
-		if r.ContentLength > max {
-			tooLarge()
-			return
-		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
-		if err != nil {
-			if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-				tooLarge()
-				return
-			}
-			http.Error(w, "reading request body failed", http.StatusBadRequest)
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		r.ContentLength = int64(len(body))
-		next.ServeHTTP(w, r)
-	})
-}
-
-func maxBodyOrDefault(n int64) int64 {
-	if n <= 0 {
-		return DefaultMaxBodyBytes
-	}
-	return n
-}
 
 // errBadRunID is the client-visible reason for a 400 on Postern-Run.
 var errBadRunID = fmt.Errorf("%s header must be one value of 1 to %d printable ASCII characters without spaces", RunHeader, maxRunIDBytes)

@@ -94,6 +94,9 @@ type UnixOptions struct {
 	LocalActor func(uid int) string
 	// MaxBodyBytes bounds a request body (413 above it). Default DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// BodyTimeout and MaxBodiesPerActor are HTTPOptions'; the actor is the peer's uid's.
+	BodyTimeout       time.Duration
+	MaxBodiesPerActor int
 	// Logger receives connection and refusal events (never a token). Default: discard.
 	Logger *slog.Logger
 	// CountRefusal is told of every refusal (WhereMCPSocket). Default: none.
@@ -146,7 +149,7 @@ func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
 	})
 	authenticated := auth.RequireBearerToken(verifier, &auth.RequireBearerTokenOptions{
 		AllowMissingExpiration: true,
-	})(limitBody(inner, maxBodyOrDefault(opts.MaxBodyBytes), refusals))
+	})(limitBody(inner, bodyLimits{max: opts.MaxBodyBytes, timeout: opts.BodyTimeout, perActor: opts.MaxBodiesPerActor}, refusals))
 
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Header.Set("Authorization", "Bearer "+localBearer)
