@@ -35,9 +35,9 @@ type bodyLimits struct {
 }
 
 // limitBody reads the whole body, up to limits.max bytes and within limits.timeout, before
-// next runs: a larger body is answered 413, a late one 408 (and its connection closed), so
-// the MCP handler never sees a partial or oversize body whatever the framing
-// (Content-Length, chunked). It runs once the request authenticated: an actor with
+// next runs: a larger body is answered 413, a late one 408 (and its connection closed), one
+// that is not valid text a JSON-RPC error (text.go), so the MCP handler never sees a
+// partial, oversize or rewritten body whatever the framing (Content-Length, chunked). It runs once the request authenticated: an actor with
 // limits.perActor bodies arriving already is answered 429.
 func limitBody(next http.Handler, limits bodyLimits, refusals *ratelog.Logger) http.Handler {
 	if limits.max <= 0 {
@@ -92,6 +92,9 @@ func limitBody(next http.Handler, limits bodyLimits, refusals *ratelog.Logger) h
 		}
 		if err != nil {
 			http.Error(w, "reading request body failed", http.StatusBadRequest)
+			return
+		}
+		if refuseBadText(w, r, body, refusals) {
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
