@@ -12,7 +12,6 @@ import (
 
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/internal/testutil"
-	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
 // TestSlowBodiesAreCutOff: an authenticated actor sends 50 requests whose bodies trickle in a
@@ -21,13 +20,7 @@ import (
 // timeout ends, every one is counted, and another actor is served all along.
 func TestSlowBodiesAreCutOff(t *testing.T) {
 	const overHTTP, overSocket = 50, 5
-	b := harness.NewBastion(t, testutil.NewSSHKey(t))
-	b.Start(t)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("bastion log:\n%s", b.Logs())
-		}
-	})
+	b := startBastion(t)
 	start := time.Now()
 	dialHTTP := func() (net.Conn, error) { return net.Dial("tcp", b.Addr) }
 	dialSocket := func() (net.Conn, error) { return net.Dial("unix", b.Socket) }
@@ -71,9 +64,9 @@ func TestSlowBodiesAreCutOff(t *testing.T) {
 		t.Errorf("%d requests answered 408; want %d", byStatus[http.StatusRequestTimeout], want)
 	}
 	testutil.WaitFor(t, "the refusals counted", func() bool {
-		return metricWith(t, b, "postern_refusals_total", `where="http"`, `reason="actor_busy"`) == overHTTP-transport.DefaultMaxBodiesPerActor &&
-			metricWith(t, b, "postern_refusals_total", `where="http"`, `reason="body_timeout"`) == transport.DefaultMaxBodiesPerActor &&
-			metricWith(t, b, "postern_refusals_total", `where="mcp_socket"`, `reason="body_timeout"`) == overSocket
+		return refusals(t, b, "http", "actor_busy") == overHTTP-transport.DefaultMaxBodiesPerActor &&
+			refusals(t, b, "http", "body_timeout") == transport.DefaultMaxBodiesPerActor &&
+			refusals(t, b, "mcp_socket", "body_timeout") == overSocket
 	})
 }
 

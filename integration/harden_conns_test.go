@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -19,7 +18,6 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
 )
@@ -32,13 +30,7 @@ import (
 func TestIdleHTTPConnectionsLeaveTheSocketsAnswering(t *testing.T) {
 	const conns, holders, bastionNoFile = 20000, 4, 16384
 	attacker := unixuser.New(t, "hardenconns")
-	b := harness.NewBastion(t, testutil.NewSSHKey(t))
-	b.Start(t)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("bastion log:\n%s", b.Logs())
-		}
-	})
+	b := startBastion(t)
 	pid := b.PID()
 	if err := unix.Prlimit(pid, unix.RLIMIT_NOFILE, &unix.Rlimit{Cur: bastionNoFile, Max: bastionNoFile}, nil); err != nil {
 		t.Fatalf("prlimit the bastion: %v", err)
@@ -209,24 +201,9 @@ func getOK(ctx context.Context, hc *http.Client, url string) error {
 // postInitialize sends an MCP initialize request and wants it answered 200.
 func postInitialize(ctx context.Context, hc *http.Client, url, token string) error {
 	body := `{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"harden","version":"0"}}}`
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader([]byte(body)))
-	if err != nil {
-		return err
+	status, out, err := postMCP(ctx, hc, url, token, []byte(body))
+	if err == nil && (status != http.StatusOK || !strings.Contains(string(out), `"result"`)) {
+		err = fmt.Errorf("%d: %s", status, out)
 	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept", "application/json, text/event-stream")
-	if token != "" {
-		req.Header.Set("Authorization", "Bearer "+token)
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	var out bytes.Buffer
-	out.ReadFrom(resp.Body)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(out.String(), `"result"`) {
-		return fmt.Errorf("%s: %s", resp.Status, out.String())
-	}
-	return nil
+	return err
 }

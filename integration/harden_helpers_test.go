@@ -2,6 +2,8 @@ package integration
 
 import (
 	"bufio"
+	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -52,7 +54,8 @@ func TestHardenHelper(t *testing.T) {
 	}
 }
 
-// helper is the test binary running in a role as another user.
+// helper is a process a test drives through its stdin and stdout: the test binary in a role
+// as another user (runAs), or a client such as `postern mcp`.
 type helper struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
@@ -69,8 +72,16 @@ func runAs(t *testing.T, u unixuser.User, role string, env ...string) *helper {
 	cmd := exec.Command(unixuser.SharedBinary(t, exe), "-test.run=^TestHardenHelper$")
 	cmd.Env = append([]string{"POSTERN_TEST_ROLE=" + role}, env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: u.Credential()}
+	return startHelper(t, cmd)
+}
+
+// startHelper starts cmd with pipes to its stdin and from its stdout (its stderr is the
+// test's); stop, or the test's end, closes its stdin and waits for it.
+func startHelper(t *testing.T, cmd *exec.Cmd) *helper {
+	t.Helper()
 	cmd.Stderr = os.Stderr
 	h := &helper{cmd: cmd}
+	var err error
 	if h.stdin, err = cmd.StdinPipe(); err != nil {
 		t.Fatal(err)
 	}
@@ -191,33 +202,44 @@ func abstractSockets(prefix string) []string {
 	return out
 }
 
-// metricWith reads the bastion's series name whose labels include every one of labels
-// (`where="http"`), 0 if there is none.
-func metricWith(t *testing.T, b *harness.Bastion, name string, labels ...string) float64 {
+// startBastion starts a bastion (extraConfig as harness.NewBastion takes it) whose log the
+// test shows if it fails.
+func startBastion(t *testing.T, extraConfig ...string) *harness.Bastion {
 	t.Helper()
-	resp, err := http.Get("http://" + b.Addr + "/metrics")
+	b := harness.NewBastion(t, testutil.NewSSHKey(t), extraConfig...)
+	b.Start(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("bastion log:\n%s", b.Logs())
+		}
+	})
+	return b
+}
+
+// postMCP posts an MCP message body to url with hc (with a bearer token unless "") and
+// returns the status and the answer.
+func postMCP(ctx context.Context, hc *http.Client, url, token string, body []byte) (int, []byte, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, url, bytes.NewReader(body))
 	if err != nil {
-		t.Fatal(err)
+		return 0, nil, err
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	if token != "" {
+		req.Header.Set("Authorization", "Bearer "+token)
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return 0, nil, err
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 64<<10), 1<<20)
-next:
-	for sc.Scan() {
-		series, value, ok := strings.Cut(sc.Text(), " ")
-		if !ok || !strings.HasPrefix(series, name+"{") {
-			continue
-		}
-		for _, l := range labels {
-			if !strings.Contains(series, l) {
-				continue next
-			}
-		}
-		f, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			t.Fatalf("metric %s: %v", series, err)
-		}
-		return f
-	}
-	return 0
+	out, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, out, err
+}
+
+// refusals is the bastion's postern_refusals_total{where,reason} (labels in the exposition's
+// sorted order).
+func refusals(t *testing.T, b *harness.Bastion, where, reason string) float64 {
+	t.Helper()
+	return metric(t, b, fmt.Sprintf("postern_refusals_total{reason=%q,where=%q}", reason, where))
 }

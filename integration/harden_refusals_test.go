@@ -3,7 +3,6 @@ package integration
 import (
 	"fmt"
 	"net/http"
-	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
@@ -42,7 +41,7 @@ func TestRefusalFloodOfTheHostagent(t *testing.T) {
 		t.Fatalf("exec = %+v", o)
 	}
 	supervisorLog := filepath.Join(h.DataDir, "supervisor", "supervisor.log")
-	supervisorBefore := fileSize(t, supervisorLog)
+	supervisorBefore := len(readFile(supervisorLog))
 	before := len(h.Logs())
 
 	// The share of an account that is not an operator is 8 connections: the flood is refused.
@@ -77,7 +76,7 @@ func TestRefusalFloodOfTheHostagent(t *testing.T) {
 	release()
 
 	grew := len(h.Logs()) - before
-	supGrew := fileSize(t, supervisorLog) - supervisorBefore
+	supGrew := len(readFile(supervisorLog)) - supervisorBefore
 	t.Logf("%d refused connects and %d refused logins added %d bytes to the hostagent's log, %d supervisor connects %d bytes to the supervisor's",
 		connects, logins, grew, supConnected, supGrew)
 	if grew > maxFloodLogBytes {
@@ -106,16 +105,10 @@ func TestRefusalFloodOfTheBastion(t *testing.T) {
 	agentUser := unixuser.New(t, "hardenflood-a")
 	stranger := unixuser.New(t, "hardenflood-s")
 	socket := filepath.Join(unixuser.SharedDir(t, "hardenflood-"), "mcp.sock")
-	b := harness.NewBastion(t, testutil.NewSSHKey(t),
+	b := startBastion(t,
 		fmt.Sprintf("socket = %q", socket),
 		fmt.Sprintf("[[actors]]\nname = \"hardenflood-local\"\nuid = %d", agentUser.UID),
 	)
-	b.Start(t)
-	t.Cleanup(func() {
-		if t.Failed() {
-			t.Logf("bastion log:\n%s", b.Logs())
-		}
-	})
 	before := len(b.Logs())
 
 	connected, failed, _ := flood(t, stranger, 0, connects, socket)
@@ -134,8 +127,7 @@ func TestRefusalFloodOfTheBastion(t *testing.T) {
 		}
 	}
 	testutil.WaitFor(t, "every refusal counted", func() bool {
-		return metricWith(t, b, "postern_refusals_total", `where="mcp_socket"`, `reason="uid_not_allowed"`) == connects &&
-			metricWith(t, b, "postern_refusals_total", `where="http"`, `reason="unauthenticated"`) == requests
+		return refusals(t, b, "mcp_socket", "uid_not_allowed") == connects && refusals(t, b, "http", "unauthenticated") == requests
 	})
 	grew := len(b.Logs()) - before
 	t.Logf("%d refused connects and %d refused requests added %d bytes to the bastion's log", connects, requests, grew)
@@ -153,16 +145,4 @@ func refusalTotal(logs, where, reason string) int {
 	}
 	n, _ := strconv.Atoi(m[len(m)-1][1])
 	return n
-}
-
-func fileSize(t *testing.T, path string) int {
-	t.Helper()
-	fi, err := os.Stat(path)
-	if os.IsNotExist(err) {
-		return 0
-	}
-	if err != nil {
-		t.Fatal(err)
-	}
-	return int(fi.Size())
 }

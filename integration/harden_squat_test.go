@@ -162,11 +162,9 @@ func TestUpgradeFromAbstractSocketSupervisor(t *testing.T) {
 			t.Logf("hostagent log:\n%s", h.Logs())
 		}
 	})
-	effects := filepath.Join(t.TempDir(), "effects")
-	proceed := filepath.Join(t.TempDir(), "proceed")
+	g := newGatedCommand(t)
 	id := newID(t)
-	cmd := "while [ ! -e " + proceed + " ]; do sleep 0.05; done; echo applied >> " + effects + "; echo done; exit 6"
-	waitFirst := execInBackground(t, h.Dial(t), hostproto.Exec{ExecutionID: id, Command: cmd})
+	waitFirst := execInBackground(t, h.Dial(t), hostproto.Exec{ExecutionID: id, Command: g.cmd + "; exit 6"})
 	oldSupervisor := readSupervisorPID(t, filepath.Join(h.DataDir, "spool", id))
 	if rec := readFile(filepath.Join(h.DataDir, "spool", id, "shim.json")); !strings.Contains(rec, `"socket":"@postern-supervisor-`) {
 		t.Fatalf("the previous release's supervisor record %s names no abstract socket", rec)
@@ -183,12 +181,10 @@ func TestUpgradeFromAbstractSocketSupervisor(t *testing.T) {
 	if rec := readFile(filepath.Join(h.DataDir, "spool", fresh, "shim.json")); !strings.Contains(rec, `"socket":"`+filepath.Join(h.DataDir, "supervisor")) {
 		t.Errorf("this release's supervisor record %s names no socket in the supervisor directory", rec)
 	}
-	if err := os.WriteFile(proceed, nil, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	again := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: id, Command: cmd})
+	g.open(t)
+	again := execOn(t, h.Dial(t), hostproto.Exec{ExecutionID: id, Command: g.cmd + "; exit 6"})
 	if again.err != nil || again.res.ExitStatus != 6 || again.stdout != "done\n" || !again.res.Replayed() {
 		t.Fatalf("re-issue after the upgrade = %+v; want exit 6 from the command under supervisor %d", again, oldSupervisor)
 	}
-	ranOnce(t, effects)
+	ranOnce(t, g.file)
 }

@@ -1,13 +1,12 @@
 package integration
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
 	"os/exec"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -46,26 +45,18 @@ func TestInvalidTextIsRefusedBeforeAnythingIsJournaled(t *testing.T) {
 			return status, []byte(out)
 		}},
 		{name: "unix socket", post: func(t *testing.T, body []byte) (int, []byte) {
-			req, err := http.NewRequest(http.MethodPost, "http://local/mcp", bytes.NewReader(body))
+			status, out, err := postMCP(context.Background(), unixClient(f.bastion.Socket), "http://local/mcp", "", body)
 			if err != nil {
 				t.Fatal(err)
 			}
-			req.Header.Set("Content-Type", "application/json")
-			req.Header.Set("Accept", "application/json, text/event-stream")
-			resp, err := unixClient(f.bastion.Socket).Do(req)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer resp.Body.Close()
-			out, _ := io.ReadAll(resp.Body)
-			return resp.StatusCode, out
+			return status, out
 		}},
 	}
 	for _, tr := range transports {
 		for _, tc := range cases {
 			t.Run(tr.name+"/"+tc.name, func(t *testing.T) {
 				status, out := tr.post(t, tc.body)
-				checkInvalidText(t, out, tc.field)
+				checkInvalidText(t, out, "42", tc.field)
 				if status != http.StatusOK {
 					t.Errorf("HTTP status %d; want 200 with the JSON-RPC error", status)
 				}
@@ -75,28 +66,17 @@ func TestInvalidTextIsRefusedBeforeAnythingIsJournaled(t *testing.T) {
 	t.Run("stdio bridge", func(t *testing.T) {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		bridge := exec.CommandContext(ctx, harness.Binary(t, "postern"), "mcp", "--socket", f.bastion.Socket)
-		stdin, err := bridge.StdinPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		stdout, err := bridge.StdoutPipe()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := bridge.Start(); err != nil {
-			t.Fatal(err)
-		}
-		defer bridge.Wait()
-		defer stdin.Close()
-		out := bufio.NewReader(stdout)
-		for _, tc := range cases {
-			stdin.Write(append(tc.body, '\n'))
-			line, err := out.ReadBytes('\n')
+		bridge := startHelper(t, exec.CommandContext(ctx, harness.Binary(t, "postern"), "mcp", "--socket", f.bastion.Socket))
+		defer bridge.stop()
+		for i, tc := range cases {
+			// An id of its own: the bridge may not have forgotten the last one yet.
+			id := strconv.Itoa(100 + i)
+			bridge.stdin.Write(append(bytes.Replace(tc.body, []byte(`"id":42`), []byte(`"id":`+id), 1), '\n'))
+			line, err := bridge.out.ReadBytes('\n')
 			if err != nil {
 				t.Fatalf("%s: the bridge answered nothing: %v", tc.name, err)
 			}
-			checkInvalidText(t, line, tc.field)
+			checkInvalidText(t, line, id, tc.field)
 		}
 	})
 
@@ -109,14 +89,14 @@ func TestInvalidTextIsRefusedBeforeAnythingIsJournaled(t *testing.T) {
 	if list := operatorExecutions(t, f); len(list) != 0 {
 		t.Errorf("the journal holds %d executions; want none: %s", len(list), list)
 	}
-	if n := metricWith(t, f.bastion, "postern_refusals_total", `reason="invalid_text"`, `where="http"`); n != float64(len(cases)) {
+	if n := refusals(t, f.bastion, "http", "invalid_text"); n != float64(len(cases)) {
 		t.Errorf("postern_refusals_total{where=http,reason=invalid_text} = %v; want %d", n, len(cases))
 	}
 }
 
-// checkInvalidText checks a JSON-RPC answer: error -32602 for id 42, invalid_argument,
-// naming field.
-func checkInvalidText(t *testing.T, out []byte, field string) {
+// checkInvalidText checks a JSON-RPC answer: error -32602 for id, invalid_argument, naming
+// field.
+func checkInvalidText(t *testing.T, out []byte, id, field string) {
 	t.Helper()
 	var reply struct {
 		ID    json.RawMessage `json:"id"`
@@ -128,8 +108,8 @@ func checkInvalidText(t *testing.T, out []byte, field string) {
 	if err := json.Unmarshal(out, &reply); err != nil || reply.Error == nil {
 		t.Fatalf("answer %q; want a JSON-RPC error", out)
 	}
-	if string(reply.ID) != "42" || reply.Error.Code != -32602 || !strings.HasPrefix(reply.Error.Message, "invalid_argument: ") || !strings.Contains(reply.Error.Message, field) {
-		t.Fatalf("answer %q; want error -32602 for id 42, invalid_argument naming %s", out, field)
+	if string(reply.ID) != id || reply.Error.Code != -32602 || !strings.HasPrefix(reply.Error.Message, "invalid_argument: ") || !strings.Contains(reply.Error.Message, field) {
+		t.Fatalf("answer %q; want error -32602 for id %s, invalid_argument naming %s", out, id, field)
 	}
 }
 

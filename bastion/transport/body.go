@@ -40,15 +40,9 @@ type bodyLimits struct {
 // partial, oversize or rewritten body whatever the framing (Content-Length, chunked). It runs once the request authenticated: an actor with
 // limits.perActor bodies arriving already is answered 429.
 func limitBody(next http.Handler, limits bodyLimits, refusals *ratelog.Logger) http.Handler {
-	if limits.max <= 0 {
-		limits.max = DefaultMaxBodyBytes
-	}
-	if limits.timeout <= 0 {
-		limits.timeout = DefaultBodyTimeout
-	}
-	if limits.perActor <= 0 {
-		limits.perActor = DefaultMaxBodiesPerActor
-	}
+	limits.max = orDefault(limits.max, DefaultMaxBodyBytes)
+	limits.timeout = orDefault(limits.timeout, DefaultBodyTimeout)
+	limits.perActor = orDefault(limits.perActor, DefaultMaxBodiesPerActor)
 	var mu sync.Mutex // guards arriving
 	arriving := map[string]int{}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {

@@ -59,28 +59,26 @@ type HTTPLimits struct {
 }
 
 func (l HTTPLimits) withDefaults() HTTPLimits {
-	if l.MaxConns <= 0 {
-		l.MaxConns = DefaultMaxHTTPConns
-	}
-	if l.MaxConnsPerPeer <= 0 {
-		l.MaxConnsPerPeer = DefaultMaxHTTPConnsPerPeer
-	}
-	if l.HeaderTimeout <= 0 {
-		l.HeaderTimeout = DefaultHTTPHeaderTimeout
-	}
-	if l.IdleTimeout <= 0 {
-		l.IdleTimeout = DefaultHTTPIdleTimeout
-	}
+	l.MaxConns = orDefault(l.MaxConns, DefaultMaxHTTPConns)
+	l.MaxConnsPerPeer = orDefault(l.MaxConnsPerPeer, DefaultMaxHTTPConnsPerPeer)
+	l.HeaderTimeout = orDefault(l.HeaderTimeout, DefaultHTTPHeaderTimeout)
+	l.IdleTimeout = orDefault(l.IdleTimeout, DefaultHTTPIdleTimeout)
 	return l
+}
+
+// orDefault is v, or def when v is zero or negative (an option left unset).
+func orDefault[T int | int64 | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }
 
 // FitHTTPConns returns want (default DefaultMaxHTTPConns), lowered so that it and reserve
 // descriptors fit under this process's descriptor limit (RLIMIT_NOFILE, which Go raises to
 // the hard limit at start), but not below 16; limit is that limit.
 func FitHTTPConns(want, reserve int) (conns int, limit uint64) {
-	if want <= 0 {
-		want = DefaultMaxHTTPConns
-	}
+	want = orDefault(want, DefaultMaxHTTPConns)
 	var rl unix.Rlimit
 	if err := unix.Getrlimit(unix.RLIMIT_NOFILE, &rl); err != nil || rl.Cur == unix.RLIM_INFINITY {
 		return want, rl.Cur

@@ -1,34 +1,22 @@
 package ratelog
 
 import (
-	"bytes"
 	"log/slog"
 	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/postern-dev/postern/internal/testutil"
 )
 
-// lines is a slog destination that keeps every line.
-type lines struct {
-	mu  sync.Mutex // guards buf
-	buf bytes.Buffer
+// linesOf is what was logged into out, one entry a line.
+func linesOf(out *testutil.LockedBuffer) []string {
+	return strings.Split(strings.TrimSpace(out.String()), "\n")
 }
 
-func (l *lines) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lines) get() []string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return strings.Split(strings.TrimSpace(l.buf.String()), "\n")
-}
-
-func newTestLogger(out *lines, opts Options) *Logger {
+func newTestLogger(out *testutil.LockedBuffer, opts Options) *Logger {
 	return New(slog.New(slog.NewTextHandler(out, nil)), opts)
 }
 
@@ -36,7 +24,7 @@ func newTestLogger(out *lines, opts Options) *Logger {
 // interval, counts every event, and leaves another reason's lines alone.
 func TestFloodIsBoundedAndCounted(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out lines
+		var out testutil.LockedBuffer
 		counted := map[string]int{}
 		var mu sync.Mutex
 		l := newTestLogger(&out, Options{Where: "sock", Burst: 3, Interval: time.Minute, Count: func(where, reason string) {
@@ -48,12 +36,12 @@ func TestFloodIsBoundedAndCounted(t *testing.T) {
 			l.Log(slog.LevelWarn, "busy", "connection refused", "uid", 1000)
 		}
 		l.Log(slog.LevelWarn, "uid", "connection refused", "uid", 1001)
-		if got := len(out.get()); got != 4 {
-			t.Fatalf("%d lines before the interval ended; want 3 of busy and 1 of uid:\n%s", got, strings.Join(out.get(), "\n"))
+		if got := len(linesOf(&out)); got != 4 {
+			t.Fatalf("%d lines before the interval ended; want 3 of busy and 1 of uid:\n%s", got, strings.Join(linesOf(&out), "\n"))
 		}
 		time.Sleep(time.Minute)
 		synctest.Wait()
-		got := out.get()
+		got := linesOf(&out)
 		if len(got) != 5 {
 			t.Fatalf("%d lines after the interval; want 5 (3 + 1 + the summary):\n%s", len(got), strings.Join(got, "\n"))
 		}
@@ -69,7 +57,7 @@ func TestFloodIsBoundedAndCounted(t *testing.T) {
 
 		// The next interval logs again.
 		l.Log(slog.LevelWarn, "busy", "connection refused")
-		if got := out.get(); len(got) != 6 || strings.Contains(got[5], "not_logged") {
+		if got := linesOf(&out); len(got) != 6 || strings.Contains(got[5], "not_logged") {
 			t.Fatalf("first event of a new interval not logged:\n%s", strings.Join(got, "\n"))
 		}
 	})
@@ -78,20 +66,20 @@ func TestFloodIsBoundedAndCounted(t *testing.T) {
 // TestCloseSummarizes: Close logs the interval's summary; later events are counted only.
 func TestCloseSummarizes(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		var out lines
+		var out testutil.LockedBuffer
 		l := newTestLogger(&out, Options{Where: "ssh", Burst: 1, Interval: time.Hour})
 		for range 5 {
 			l.Log(slog.LevelInfo, "public_key", "public key refused")
 		}
 		l.Close()
 		l.Log(slog.LevelInfo, "public_key", "public key refused")
-		got := out.get()
+		got := linesOf(&out)
 		if len(got) != 2 || !strings.Contains(got[1], "not_logged=4 total=5") {
 			t.Fatalf("lines = %q; want one event and a summary of 4 not logged", got)
 		}
 		time.Sleep(2 * time.Hour)
 		synctest.Wait()
-		if got := out.get(); len(got) != 2 {
+		if got := linesOf(&out); len(got) != 2 {
 			t.Fatalf("lines after Close = %q; want nothing more", got)
 		}
 		if totals := l.Totals(); totals["public_key"] != 6 {
