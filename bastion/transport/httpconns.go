@@ -202,13 +202,14 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 		hc.state.Store(int32(http.StateNew))
 		l.mu.Lock()
 		mine := l.byPeer[hc.peer]
+		open := len(mine)
 		var victim *httpConn
-		if len(mine) >= l.perPeer {
+		if open >= l.perPeer {
 			if victim = oldestWaiting(mine); victim == nil {
 				l.mu.Unlock()
 				<-l.slots
 				c.Close()
-				l.refusals.Log(slog.LevelWarn, ReasonPeerConnLimit, "connection refused", "remote", c.RemoteAddr().String(), "peer", hc.peer, "open", len(mine))
+				l.refusals.Log(slog.LevelWarn, ReasonPeerConnLimit, "connection refused", "remote", c.RemoteAddr().String(), "peer", hc.peer, "open", open)
 				continue
 			}
 			victim.evicted = true
@@ -223,7 +224,7 @@ func (l *limitedListener) Accept() (net.Conn, error) {
 		l.mu.Unlock()
 		if victim != nil {
 			victim.c.Close() // its slot is released when the server sees it closed
-			l.refusals.Log(slog.LevelWarn, ReasonPeerConnLimit, "closed a connection that sent nothing, to make room", "remote", victim.c.RemoteAddr().String(), "peer", hc.peer, "open", len(mine))
+			l.refusals.Log(slog.LevelWarn, ReasonPeerConnLimit, "closed a connection that sent nothing, to make room", "remote", victim.c.RemoteAddr().String(), "peer", hc.peer, "open", open)
 		}
 		return c, nil
 	}
