@@ -63,6 +63,8 @@ type Engine struct {
 
 	drivers *drivers
 	views   *views
+	// backups lets one backup run at a time (backup.go).
+	backups sync.Mutex
 }
 
 // core is what every part of the engine shares. Its fields are set by Open and never
