@@ -11,8 +11,8 @@ import (
 
 // Record is one execution: the bastion's journal entry or a host's marker. Fields that a graph
 // does not use stay empty. Identity fields (ID, Graph, Actor, IntentScope, Fingerprint,
-// IdempotencyKey, OperationKey, PreviousAttempt, CreatedAt) are fixed at creation: the
-// secondary indexes are built from them.
+// IdempotencyKey, OperationKey, PreviousAttempt, RecoveredFrom, CreatedAt) are fixed at
+// creation: the secondary indexes are built from them.
 type Record struct {
 	ID    string `json:"id"`
 	Graph Graph  `json:"graph"`
@@ -30,6 +30,12 @@ type Record struct {
 	// execution ended failed (provably no effect) starts a new execution linked to it, and the
 	// idempotency-key index then names the new one.
 	PreviousAttempt string `json:"previous_attempt,omitempty"`
+	// RecoveredFrom (journal) names the host whose marker this record was rebuilt from after
+	// the journal lost it (`postern recover --from-hosts`): its actor, scope and calls were
+	// lost with the journal (Actor and IntentScope are empty), its Fingerprint is the one the
+	// marker kept. The bastion never drives such an execution — it waits for an operator's
+	// review — and a call whose fingerprint names it is answered with it, never run again.
+	RecoveredFrom string `json:"recovered_from,omitempty"`
 
 	// What the execution does, as a summary for operators (the fingerprint covers the full
 	// canonical action record; secrets never appear here).
@@ -197,7 +203,7 @@ func (r *Record) validateIdentity() error {
 	for _, f := range [...]struct{ name, v string }{
 		{"id", r.ID}, {"actor", r.Actor}, {"intent_scope", r.IntentScope}, {"fingerprint", r.Fingerprint},
 		{"idempotency_key", r.IdempotencyKey}, {"operation_key", r.OperationKey},
-		{"previous_attempt", r.PreviousAttempt},
+		{"previous_attempt", r.PreviousAttempt}, {"recovered_from", r.RecoveredFrom},
 	} {
 		if len(f.v) > maxKeyField {
 			return fmt.Errorf("%s is %d bytes, more than %d", f.name, len(f.v), maxKeyField)
@@ -213,5 +219,5 @@ func (r *Record) sameIdentity(o *Record) bool {
 	return r.ID == o.ID && r.Graph == o.Graph && r.Actor == o.Actor && r.IntentScope == o.IntentScope &&
 		r.Fingerprint == o.Fingerprint && r.IdempotencyKey == o.IdempotencyKey &&
 		r.OperationKey == o.OperationKey && r.PreviousAttempt == o.PreviousAttempt &&
-		r.CreatedAt.Equal(o.CreatedAt)
+		r.RecoveredFrom == o.RecoveredFrom && r.CreatedAt.Equal(o.CreatedAt)
 }

@@ -34,7 +34,8 @@ func newDrivers(c *core) *drivers {
 }
 
 // start returns the driver of rec's execution, starting one if there is none. It returns nil
-// once the engine is closing.
+// once the engine is closing, and for an execution rebuilt from a host's marker (recovered
+// from the hosts), which no driver ever carries: it waits for an operator's review.
 func (ds *drivers) start(rec *markers.Record) *driver { return ds.startOf(rec, false) }
 
 // startDispatched starts the driver of an execution accept just journaled as dispatched: it
@@ -44,7 +45,7 @@ func (ds *drivers) startDispatched(rec *markers.Record) *driver { return ds.star
 func (ds *drivers) startOf(rec *markers.Record, dispatched bool) *driver {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
-	if ds.closed {
+	if ds.closed || rec.RecoveredFrom != "" {
 		return nil
 	}
 	if d := ds.m[rec.ID]; d != nil {

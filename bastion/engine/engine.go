@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -92,6 +93,10 @@ type core struct {
 	readOnly bool
 	// held: started with nothing sent (Options.Hold).
 	held bool
+	// recovered: the journal holds executions rebuilt from host markers that await review
+	// (seen by Recover): a call whose own lookup finds nothing is looked up by its
+	// fingerprint alone as well (recover.go).
+	recovered atomic.Bool
 
 	ctx    context.Context // ended by Close: drivers stop waiting, the hosts go on
 	cancel context.CancelFunc
@@ -313,6 +318,10 @@ func (b *Engine) Recover(ctx context.Context) error {
 				return fmt.Errorf("bastion: list %s executions: %w", st, err)
 			}
 			for _, r := range recs {
+				if r.RecoveredFrom != "" {
+					b.recovered.Store(true) // never driven: it waits for review
+					continue
+				}
 				if d := b.drivers.start(r); d != nil {
 					pending = append(pending, d)
 				}

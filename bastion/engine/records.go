@@ -10,6 +10,7 @@ import (
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/bastion/verdict"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
@@ -225,6 +226,37 @@ var errNothingToExplain = errors.New("bastion: no undelivered result to explain"
 func (rs *records) deliveryRevoked(ctx context.Context, id string) (bool, error) {
 	_, revoked, err := rs.journal.RevokeDelivery(ctx, id, "the client cancelled the request that carried the result (notifications/cancelled)")
 	return revoked, err
+}
+
+// recovered journals an execution the journal did not know, rebuilt from its host's marker by
+// postern recover --from-hosts (r, from recoveredRecord): created unknown, review required,
+// in one write, with note on its steps. Invariants: it is never driven — no driver starts for
+// a record with RecoveredFrom (drivers.startOf), so it is never dispatched, attached to or
+// reconciled — and it is matched only by a call with its fingerprint, which is answered
+// with it (intent.RuleRecovered). Only an operator's review settles it.
+func (rs *records) recovered(ctx context.Context, r *markers.Record, note string) (*markers.Record, error) {
+	r.ReviewRequired = true
+	r.Evidence = appendBounded(r.Evidence, note)
+	return rs.journal.CreateAdvancedFor(ctx, r, []markers.State{markers.Authorized, markers.Dispatched, markers.Unknown}, note, nil)
+}
+
+// reviewRecovered journals what recovery from the hosts found about an execution the journal
+// shows unfinished: its host ran it since (or, keeping no markers, may have), so it moves to
+// unknown along the states that proves (verdict.RecoveryPath), review required, with note
+// and the host's evidence. A start reconciles it with its host like any unknown outcome it
+// may ask about, and never dispatches one whose host has its marker.
+func (rs *records) reviewRecovered(ctx context.Context, rec *markers.Record, note string, evidence []string) (*markers.Record, error) {
+	apply := func(r *markers.Record) error {
+		for _, e := range append(evidence, note) {
+			r.Evidence = appendBounded(r.Evidence, e)
+		}
+		r.ReviewRequired = true
+		return nil
+	}
+	if path := verdict.RecoveryPath(rec.State); path != nil {
+		return rs.journal.Advance(ctx, rec.ID, rec.State, path, note, apply)
+	}
+	return rs.journal.Update(ctx, rec.ID, note, apply)
 }
 
 // journalError reports a failed journal read or write: the call fails closed.
