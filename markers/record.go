@@ -54,6 +54,10 @@ type Record struct {
 	// Reason is why the agent says it wants the execution (its call's reason), shown to
 	// whoever is asked to approve it.
 	Reason string `json:"reason,omitempty"`
+	// Replica (journal, replicas on etcd) is the bastion replica that drives the execution
+	// or drove it last: the one that accepted, approved or dispatched it, or took it over
+	// from another (an update event says from whom). Empty on a single node.
+	Replica string `json:"replica,omitempty"`
 	// Host is the inventory name of the target host (SSH) or the endpoint's name (HTTP).
 	Host string `json:"host,omitempty"`
 	// Request is what an HTTP execution sends (method, URL, headers, body — never the

@@ -178,6 +178,9 @@ func Open(opts Options) (*Engine, error) {
 		})
 	}
 	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}
+	if r := b.replicas(); r != nil {
+		b.records.replica = r.Name()
+	}
 	b.drivers = newDrivers(b.core)
 	if opts.Hold {
 		b.drivers.close() // nothing is reconciled or dispatched
@@ -343,5 +346,8 @@ func (b *Engine) Recover(ctx context.Context) error {
 		}
 	}
 	b.wg.Go(b.drivers.reconcileLoop)
+	if r := b.replicas(); r != nil {
+		b.wg.Go(func() { b.drivers.watchHandovers(r) })
+	}
 	return nil
 }

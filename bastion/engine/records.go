@@ -29,6 +29,23 @@ type records struct {
 	metrics *metrics
 	// runs are the agent runs the journal already holds (calls.go).
 	runs knownRuns
+	// replica is this bastion's replica name ("" on a single node): the journal names it in
+	// every call it writes and in the executions it drives (replicas.go).
+	replica string
+}
+
+// drives names this replica in r as the one driving it (Record.Replica).
+func (rs *records) drives(r *markers.Record) error {
+	r.Replica = rs.replica
+	return nil
+}
+
+// served names this replica in call as the one that served it (Call.Replica).
+func (rs *records) served(call *markers.Call) *markers.Call {
+	if call != nil && rs.replica != "" {
+		call.Replica = rs.replica
+	}
+	return call
 }
 
 // create journals a new execution with the call that made it: accepted, and along path at
@@ -36,6 +53,8 @@ type records struct {
 func (rs *records) create(ctx context.Context, r *markers.Record, path []markers.State, note string, call *markers.Call) (*markers.Record, error) {
 	var rec *markers.Record
 	var err error
+	rs.drives(r)
+	call = rs.served(call)
 	if path == nil {
 		rec, err = rs.journal.CreateFor(ctx, r, call)
 	} else {
@@ -50,7 +69,7 @@ func (rs *records) create(ctx context.Context, r *markers.Record, path []markers
 // joined journals a call answered by the existing execution id (a join, a replay, a
 // refusal): a joined event, written after the intake lock is released.
 func (rs *records) joined(ctx context.Context, c transport.Caller, scope, id string, match intent.Match) error {
-	call := rs.call(ctx, c, scope, match, match.Joins())
+	call := rs.served(rs.call(ctx, c, scope, match, match.Joins()))
 	if err := rs.journal.Joined(context.WithoutCancel(ctx), id, call); err != nil {
 		return err
 	}
@@ -84,13 +103,13 @@ func (rs *records) authorized(ctx context.Context, rec *markers.Record) (*marker
 // dispatching journals that the execution is being sent to host, along path (through
 // authorized when it was accepted), before anything is sent.
 func (rs *records) dispatching(ctx context.Context, rec *markers.Record, path []markers.State, host string) (*markers.Record, error) {
-	return rs.journal.Advance(ctx, rec.ID, rec.State, path, "dispatching to "+host, nil)
+	return rs.journal.Advance(ctx, rec.ID, rec.State, path, "dispatching to "+host, rs.drives)
 }
 
 // requestSent journals that an HTTP request's bytes were handed to the OS: from here on its
 // outcome may be unknown, never "not sent".
 func (rs *records) requestSent(ctx context.Context, rec *markers.Record) (*markers.Record, error) {
-	return rs.journal.Transition(ctx, rec.ID, rec.State, markers.Dispatched, "request bytes handed to the OS", nil)
+	return rs.journal.Transition(ctx, rec.ID, rec.State, markers.Dispatched, "request bytes handed to the OS", rs.drives)
 }
 
 // running journals that the host started the command: its marker m exists and is live.
@@ -145,7 +164,10 @@ func (rs *records) cancelledBeforeDispatch(ctx context.Context, rec *markers.Rec
 // with msg (who decided, and why) as evidence. api.ErrNotAwaitingApproval when it no longer
 // awaits one.
 func (rs *records) approval(ctx context.Context, id string, to markers.State, msg string) (*markers.Record, error) {
-	rec, err := rs.journal.Transition(ctx, id, markers.AwaitingApproval, to, msg, addEvidence(msg))
+	rec, err := rs.journal.Transition(ctx, id, markers.AwaitingApproval, to, msg, func(r *markers.Record) error {
+		r.Evidence = appendBounded(r.Evidence, msg)
+		return rs.drives(r) // an approved execution is driven here next
+	})
 	switch {
 	case errors.Is(err, markers.ErrConflict):
 		return rec, fmt.Errorf("%w: %s is %s", api.ErrNotAwaitingApproval, id, rec.State)
@@ -171,7 +193,7 @@ func (rs *records) reviewed(ctx context.Context, id string, from, to markers.Sta
 // offered journals that the approval of execution id was asked of its caller's user (call),
 // while it still awaits approval (else errNoOffer).
 func (rs *records) offered(ctx context.Context, id string, call *markers.Call) (*markers.Record, error) {
-	return rs.journal.UpdateFor(context.WithoutCancel(ctx), id, approvalOfferedNote, call, markers.Sync, func(r *markers.Record) error {
+	return rs.journal.UpdateFor(context.WithoutCancel(ctx), id, approvalOfferedNote, rs.served(call), markers.Sync, func(r *markers.Record) error {
 		if r.State != markers.AwaitingApproval {
 			return errNoOffer
 		}
@@ -190,7 +212,7 @@ func (rs *records) offered(ctx context.Context, id string, call *markers.Call) (
 // journal's log is synced in order, so the mark is durable before that write is. Its
 // revocation (deliveryRevoked) stays synced: losing that would turn a retry into a new intent.
 func (rs *records) delivered(ctx context.Context, id string, call *markers.Call) error {
-	_, err := rs.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, call, markers.NoSync, func(r *markers.Record) error {
+	_, err := rs.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, rs.served(call), markers.NoSync, func(r *markers.Record) error {
 		if r.ResultDeliveredAt == nil && markers.JournalGraph.Terminal(r.State) {
 			t := rs.now().UTC()
 			r.ResultDeliveredAt = &t
@@ -257,6 +279,22 @@ func (rs *records) reviewRecovered(ctx context.Context, rec *markers.Record, not
 		return rs.journal.Advance(ctx, rec.ID, rec.State, path, note, apply)
 	}
 	return rs.journal.Update(ctx, rec.ID, note, apply)
+}
+
+// takenOver journals that this replica took execution rec over from the replica that drove
+// it (rec.Replica), which stopped (handed is true: it handed its executions over as it
+// stopped) or lost its lease (it died, or lost etcd for longer than its lease TTL); this
+// replica drives it from here, asking its host first.
+func (rs *records) takenOver(ctx context.Context, rec *markers.Record, handed bool) (*markers.Record, error) {
+	why := rec.Replica + "'s lease expired: it died, or lost etcd for longer than its lease"
+	if handed {
+		why = rec.Replica + " handed it over as it stopped"
+	}
+	note := fmt.Sprintf("taken over by replica %s from %s (%s)", rs.replica, rec.Replica, why)
+	return rs.journal.Update(ctx, rec.ID, note, func(r *markers.Record) error {
+		r.Evidence = appendBounded(r.Evidence, note)
+		return rs.drives(r)
+	})
 }
 
 // journalError reports a failed journal read or write: the call fails closed.
