@@ -198,3 +198,36 @@ func eventsThrough(export []byte, last uint64) []string {
 	}
 	return out
 }
+
+// On etcd: a backup taken through a serving replica (the journal read at one revision) is
+// refused by a restore while any replica serves the prefix, and replaces the prefix once
+// they all stopped; a replica started on it knows the executions, and it verifies.
+func TestBackupRestoreOnEtcd(t *testing.T) {
+	f := startHAFleet(t, 2)
+	ctx := testContext(t)
+	cs := f.session(t, 0, "run-1")
+	first := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo one"})
+	backup := filepath.Join(t.TempDir(), "backup")
+	if out := string(postern(t, f.replicas[0], "journal", "backup", backup)); !strings.Contains(out, "from the running bastion") {
+		t.Fatalf("backup: %s", out)
+	}
+	mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo after the backup"})
+
+	f.replicas[1].Stop(t)
+	msg := posternFails(t, f.replicas[1].StateDir(), "journal", "restore", backup, "--replace", "--config", f.replicas[1].ConfigPath)
+	if !strings.Contains(msg, "replicas [r0] serve the journal in etcd: stop every replica first") {
+		t.Fatalf("a restore while r0 serves: %s", msg)
+	}
+	f.replicas[0].Stop(t)
+	out := string(postern(t, f.replicas[0], "journal", "restore", backup, "--replace"))
+	if !strings.Contains(out, "deleted the journal in etcd under") || !strings.Contains(out, "restored the journal into etcd under") {
+		t.Fatalf("restore on etcd: %s", out)
+	}
+	if out := string(postern(t, f.replicas[0], "audit", "verify")); !strings.Contains(out, "PASS") {
+		t.Fatalf("verify the restored etcd journal: %s", out)
+	}
+	f.replicas[0].Start(t)
+	if x := statusOf(t, ctx, f.session(t, 0, "run-1"), first.ExecutionID); x.State != "completed" {
+		t.Fatalf("the execution before the backup, on the restored journal: %+v", x)
+	}
+}
