@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -26,6 +27,8 @@ type haFleet struct {
 	etcd     *etcdtest.Cluster
 	replicas []*harness.Bastion
 	host     *harness.Hostagent
+	// journal is the [journal] table of replica i's config.
+	journal func(i int) string
 }
 
 // startHAFleet starts the cluster, the hostagent and n replicas (extraConfig: settings, then
@@ -43,9 +46,11 @@ func startHAFleetTTL(t testing.TB, n int, leaseTTL string, extraConfig ...string
 	f := &haFleet{etcd: etcdtest.Start(t, 3), host: harness.StartHostagent(t)}
 	eps := `"` + strings.Join(f.etcd.Endpoints(), `", "`) + `"`
 	prefix := "/" + t.Name() + "/"
+	f.journal = func(i int) string {
+		return fmt.Sprintf("[journal]\nbackend = \"etcd\"\nendpoints = [%s]\nprefix = %q\nreplica = \"r%d\"\nlease_ttl = %q\ntimeout = \"2s\"", eps, prefix, i, leaseTTL)
+	}
 	for i := range n {
-		b := harness.NewBastion(t, f.host.ClientKey, append(extraConfig, fmt.Sprintf(
-			"[journal]\nbackend = \"etcd\"\nendpoints = [%s]\nprefix = %q\nreplica = \"r%d\"\nlease_ttl = %q\ntimeout = \"2s\"", eps, prefix, i, leaseTTL))...)
+		b := harness.NewBastion(t, f.host.ClientKey, append(extraConfig, f.journal(i))...)
 		if i == 0 {
 			b.Enroll(t, "h1", f.host)
 			b.Start(t)
@@ -200,6 +205,21 @@ func TestReplicaStoppedHandsItsExecutionsOver(t *testing.T) {
 	if !strings.Contains(show, "replica r0") || !strings.Contains(show, "taken over by replica "+by) {
 		t.Errorf("executions show names no replica:\n%s", show)
 	}
+}
+
+// A replica started without copies of the first one's keys makes its own, and is refused:
+// with another fingerprint key no retry on it would match the others' executions, with
+// another audit key the chain would not verify.
+func TestReplicaWithItsOwnKeysIsRefused(t *testing.T) {
+	f := startHAFleet(t, 1)
+	b := harness.NewBastion(t, f.host.ClientKey, f.journal(1))
+	out, err := exec.Command(harness.Binary(t, "postern"), "serve", "--config", b.ConfigPath).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "keys differ from the ones its journal's replicas share") ||
+		!strings.Contains(string(out), "copy fingerprint.key, audit.key and audit.key.pub") {
+		t.Fatalf("a replica with its own keys: %v\n%s", err, out)
+	}
+	shareState(t, f.replicas[0], b)
+	b.Start(t)
 }
 
 // One etcd member stops while a command runs: quorum holds, nothing is interrupted. Then a

@@ -134,7 +134,7 @@ func Open(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	signer, _, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-bastion")
+	signer, verifier, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-bastion")
 	if err != nil {
 		return nil, err
 	}
@@ -146,6 +146,10 @@ func Open(opts Options) (*Engine, error) {
 	jl, err := journal.Open(cfg, signer, cls.Retention(), opts.Logger, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("bastion: open journal: %w", err)
+	}
+	if err := agreeKeys(jl, fp, verifier); err != nil {
+		jl.Close()
+		return nil, err
 	}
 	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: clientKey, Logger: opts.Logger})
 	if err != nil {

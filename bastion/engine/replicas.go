@@ -1,6 +1,14 @@
 package engine
 
 import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -102,4 +110,30 @@ func (ds *drivers) watchHandovers(r markers.Replicated) {
 			}
 		}
 	})
+}
+
+// agreeKeys checks, with replicas, that this replica holds the keys its journal's replicas
+// share — the fingerprint key (without it no retry on this replica matches another's
+// execution) and the audit key (one chain, one verifier) — or, on the first replica to open
+// the journal, records them (markers.Replicated.AgreeKeys). Only a digest leaves the replica:
+// the fingerprint key's HMAC of a fixed record, and the audit verifier key.
+func agreeKeys(jl markers.JournalStore, fp *intent.Fingerprinter, verifier string) error {
+	r, ok := jl.(markers.Replicated)
+	if !ok {
+		return nil
+	}
+	probe, err := fp.Fingerprint(intent.ActionRecord{Tool: "postern replicas share this key"})
+	if err != nil {
+		return err
+	}
+	sum := sha256.Sum256([]byte(probe + "\n" + verifier))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := r.AgreeKeys(ctx, hex.EncodeToString(sum[:16])); err != nil {
+		if errors.Is(err, markers.ErrSharedKeys) {
+			return fmt.Errorf("bastion: %w: copy fingerprint.key, audit.key and audit.key.pub from a serving replica's state dir into this one's (docs/replicas.md, \"Configuration\")", err)
+		}
+		return fmt.Errorf("bastion: %w", err)
+	}
+	return nil
 }

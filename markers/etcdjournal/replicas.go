@@ -293,3 +293,25 @@ func (j *Journal) campaign() {
 		j.leading.Store(false)
 	}
 }
+
+// sharedKeysKey holds the digest of the keys the replicas share (AgreeKeys).
+func (j *Journal) sharedKeysKey() string { return j.prefix + "Mkeys" }
+
+// AgreeKeys records digest as the replicas' shared keys if none is, else compares it.
+func (j *Journal) AgreeKeys(ctx context.Context, digest string) error {
+	ctx, cancel := context.WithTimeout(ctx, j.opTO)
+	defer cancel()
+	k := j.sharedKeysKey()
+	resp, err := j.kv.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, digest)).Else(clientv3.OpGet(k)).Commit()
+	if err != nil {
+		return j.wrap("agree on the shared keys", err)
+	}
+	if resp.Succeeded {
+		return nil
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 && string(kvs[0].Value) != digest {
+		return fmt.Errorf("%w (%s holds keys %s, this replica's are %s)", markers.ErrSharedKeys, j.prefix, kvs[0].Value, digest)
+	}
+	return nil
+}
