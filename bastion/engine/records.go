@@ -227,7 +227,7 @@ func (rs *records) delivered(ctx context.Context, id string, call *markers.Call)
 // result that ended and counts as not delivered (else nothing is written). Like the delivery
 // mark it is written without an fsync: losing it loses an explanation, never a decision.
 func (rs *records) notDelivered(ctx context.Context, id string, call *markers.Call, why string) error {
-	_, err := rs.journal.UpdateFor(context.WithoutCancel(ctx), id, api.NotDeliveredNote+": "+why, call, markers.NoSync, func(r *markers.Record) error {
+	_, err := rs.journal.UpdateFor(context.WithoutCancel(ctx), id, api.NotDeliveredNote+": "+why, rs.served(call), markers.NoSync, func(r *markers.Record) error {
 		if r.ResultDeliveredAt != nil || !markers.JournalGraph.Terminal(r.State) {
 			return errNothingToExplain
 		}

@@ -66,8 +66,9 @@ type StateFile struct{ Name, Path string }
 
 // StateFiles are the files besides the journal that a bastion needs to carry on from it: the
 // fingerprint key (without it no retry matches its execution), the audit key and its
-// verifier (the chain's signatures), the bastion's SSH key (the hosts authorize it) and the
-// inventory (the hosts and their pinned keys).
+// verifier (the chain's signatures), the bastion's SSH key (the hosts authorize it), the
+// inventory (the hosts and their pinned keys), and the config a state dir may hold (`postern
+// up` keeps its own there: the actors and their token hashes).
 func StateFiles(cfg config.Config) []StateFile {
 	return []StateFile{
 		{"fingerprint.key", cfg.FingerprintKeyPath()},
@@ -76,6 +77,7 @@ func StateFiles(cfg config.Config) []StateFile {
 		{"bastion_ed25519", cfg.ClientKeyPath()},
 		{"bastion_ed25519.pub", cfg.ClientPublicKeyPath()},
 		{"hosts.toml", cfg.InventoryPath()},
+		{"postern.toml", filepath.Join(cfg.StateDir, "postern.toml")},
 	}
 }
 
