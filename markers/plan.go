@@ -32,14 +32,20 @@ func (w *Write) Record() *Record { return w.rec }
 // Prev is the record the write changes, nil for a create.
 func (w *Write) Prev() *Record { return w.prev }
 
-// NewRun is the agent run the write's call names for the first time, if any: a backend
-// records it unless the run is already recorded (the first contact stays).
+// NewRun is the agent run the write's call names, if the call carries its identity: a
+// backend records it unless the run is already recorded (the first contact stays).
 func (w *Write) NewRun() *Run {
-	if w.call == nil || w.call.NewRun == nil {
+	if w.call == nil {
 		return nil
 	}
-	w.call.NewRun.bound()
-	return w.call.NewRun
+	run := w.call.NewRun
+	if run == nil {
+		run = w.call.RunIdentity
+	}
+	if run != nil {
+		run.bound()
+	}
+	return run
 }
 
 // Events is the number of events the write appends.
@@ -84,6 +90,19 @@ func (w *Write) Chain(head ChainPos) ([]ChainedEvent, ChainPos, error) {
 		head = ChainPos{Seq: ev.Seq, Hash: ev.ThisHash}
 	}
 	return out, head, nil
+}
+
+// ChainKeys are the keys the write's chained events take: each event line, its entry in
+// the record's event index, and for a create the first-event index entry.
+func (w *Write) ChainKeys(events []ChainedEvent) []KV {
+	kvs := make([]KV, 0, 2*len(events)+1)
+	for _, ev := range events {
+		kvs = append(kvs, KV{seqKey(pEvent, ev.Seq), ev.Line}, KV{execEventKey(w.rec.ID, ev.Seq), nil})
+	}
+	if w.prev == nil && len(events) > 0 {
+		kvs = append(kvs, KV{firstEventKey(events[0].Seq, w.rec.ID), nil})
+	}
+	return kvs
 }
 
 // Mutations are the keys the write sets and deletes besides its events and run: the

@@ -57,7 +57,7 @@ func (r *request) cost() (ops, size int) {
 		return 0, 0
 	}
 	puts, dels := r.w.Mutations()
-	ops = 2*r.w.Events() + len(puts) + len(dels) + len(r.conds) + 3 // run, owner
+	ops = 2*r.w.Events() + 1 + len(puts) + len(dels) + len(r.conds) + 3 // first event, run, owner
 	for _, kv := range puts {
 		size += len(kv.Key) + len(kv.Value)
 	}
@@ -161,9 +161,8 @@ func (j *Journal) tryCommit(group []*request) ([]*request, error) {
 			elseOps = append(elseOps, clientv3.OpGet(c.key, clientv3.WithKeysOnly()))
 		}
 		id := r.w.Record().ID
-		for _, ev := range events {
-			ops = append(ops, clientv3.OpPut(j.key(markers.EventKey(ev.Seq)), string(ev.Line)))
-			ops = append(ops, clientv3.OpPut(j.key(append(markers.ExecEventFamily(id).Start, markers.EventKey(ev.Seq)[1:]...)), ""))
+		for _, kv := range r.w.ChainKeys(events) {
+			ops = append(ops, clientv3.OpPut(j.key(kv.Key), string(kv.Value)))
 		}
 		puts, dels := r.w.Mutations()
 		for _, k := range dels {

@@ -1,0 +1,102 @@
+package etcdjournal
+
+import (
+	clientv3 "go.etcd.io/etcd/client/v3"
+
+	"github.com/postern-dev/postern/markers"
+)
+
+// buildIndexes adds the index entries of markers.IndexVersion to a journal an older release
+// wrote (see markers.IndexVersion): for every record, in transactions within etcd's limits,
+// then the version. Replicas opening at once each build them (the same keys: harmless);
+// records written meanwhile carry theirs already. A journal opened read-only only looks:
+// until the version is there, List by actor scans the time index.
+func (j *Journal) buildIndexes() error {
+	vk := j.key(markers.IndexVersionKey())
+	vals, err := j.getMany([]string{vk})
+	if err != nil {
+		return err
+	}
+	if string(vals[0]) == markers.IndexVersion {
+		j.indexed.Store(true)
+		return nil
+	}
+	if j.opts.ReadOnly {
+		return nil
+	}
+	n := 0
+	var puts []clientv3.Op
+	flush := func() error {
+		for len(puts) > 0 {
+			k := min(len(puts), MaxTxnOps)
+			ctx, cancel := j.opCtx()
+			_, err := j.kv.Txn(ctx).Then(puts[:k]...).Commit()
+			cancel()
+			if err != nil {
+				return j.wrap("build indexes", err)
+			}
+			puts = puts[k:]
+		}
+		return nil
+	}
+	from, end := j.key([]byte{'r'}), j.key([]byte{'r' + 1})
+	for {
+		ctx, cancel := j.opCtx()
+		resp, err := j.kv.Get(ctx, from, clientv3.WithRange(end), clientv3.WithLimit(MaxTxnOps))
+		cancel()
+		if err != nil {
+			return j.wrap("build indexes", err)
+		}
+		recs := make([]*markers.Record, 0, len(resp.Kvs))
+		firsts := make([]clientv3.Op, 0, len(resp.Kvs))
+		for _, kv := range resp.Kvs {
+			rec, err := markers.DecodeRecord(kv.Value)
+			if err != nil {
+				return err
+			}
+			recs = append(recs, rec)
+			f := markers.ExecEventFamily(rec.ID)
+			firsts = append(firsts, clientv3.OpGet(j.key(f.Start), clientv3.WithRange(j.key(f.End)), clientv3.WithKeysOnly(), clientv3.WithLimit(1)))
+		}
+		if len(firsts) > 0 {
+			ctx, cancel := j.opCtx()
+			fr, err := j.kv.Txn(ctx).Then(firsts...).Commit()
+			cancel()
+			if err != nil {
+				return j.wrap("build indexes", err)
+			}
+			for i, rec := range recs {
+				var first []byte
+				if kvs := fr.Responses[i].GetResponseRange().Kvs; len(kvs) == 1 {
+					first = kvs[0].Key[len(j.prefix):]
+				}
+				keys, err := markers.IndexEntriesOf(rec, first)
+				if err != nil {
+					return err
+				}
+				for _, k := range keys {
+					puts = append(puts, clientv3.OpPut(j.key(k), ""))
+				}
+			}
+			n += len(recs)
+			if err := flush(); err != nil {
+				return err
+			}
+		}
+		if !resp.More || len(resp.Kvs) == 0 {
+			break
+		}
+		from = string(resp.Kvs[len(resp.Kvs)-1].Key) + "\x00"
+	}
+	ctx, cancel := j.opCtx()
+	_, err = j.kv.Put(ctx, vk, markers.IndexVersion)
+	cancel()
+	if err != nil {
+		return j.wrap("build indexes", err)
+	}
+	if n > 0 {
+		j.log.Info("built the actor, run and first-event indexes of an older journal", "records", n)
+	}
+	j.indexed.Store(true)
+	return nil
+}
