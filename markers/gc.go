@@ -47,6 +47,12 @@ func (s *Store) GC(ctx context.Context, o GCOptions) (GCResult, error) {
 		}
 	}()
 	res.BytesBefore = s.diskUsage()
+	if !o.DryRun {
+		// Sealed first, so the prefix it prunes can reach the head.
+		if err := s.submit(&commitReq{seal: true}); err != nil {
+			return res, fmt.Errorf("markers: seal before retention: %w", err)
+		}
+	}
 	now := s.now()
 	spans := &touched{}
 	err := s.removeRecords(ctx, now, o.DryRun, &res, spans)

@@ -16,14 +16,14 @@ import (
 )
 
 // A retention pass on etcd (see markers.Store.GC for what it removes): the bastion runs it on
-// the elected replica. Each record's removal is one nested transaction guarded by the
+// the elected replica. It seals the chain first. Each record's removal is one nested transaction guarded by the
 // record's mod_revision and by those of the pointer entries it changes, so a concurrent
 // write of another replica makes it skip that record (the next pass sees it again); several
 // share a transaction within MaxTxnOps operations and MaxTxnBytes bytes in all. The chain's
 // prefix is pruned by moving the base first, then deleting the events before it in bounded
-// ranges (an export skips what an interrupted pass left). Then the revision history up to
-// the pass's start is compacted, so the space is free for etcd to reuse; returning it to
-// the file system is a defragmentation, which the operator runs (docs/replicas.md).
+// ranges (an export skips what an interrupted pass left). Then the revision history is
+// compacted, so the space is free for etcd to reuse; returning it to the file system is a
+// defragmentation, which the operator runs (docs/replicas.md).
 
 // gcPage is how many records a pass reads per request.
 const gcPage = 256
@@ -52,9 +52,11 @@ func (j *Journal) GC(ctx context.Context, o markers.GCOptions) (markers.GCResult
 		return res, err
 	}
 	res.BytesBefore = before.InUseBytes
-	startRev, err := j.revision(ctx)
-	if err != nil {
-		return res, err
+	if !o.DryRun {
+		// Sealed first, so the prefix it prunes can reach the head.
+		if err := j.commitQueued(&request{seal: true, refresh: true}); err != nil {
+			return res, fmt.Errorf("etcdjournal: seal before retention: %w", err)
+		}
 	}
 	now := j.now()
 	if err := j.removeRecords(ctx, now, o.DryRun, &res); err != nil {
@@ -70,7 +72,11 @@ func (j *Journal) GC(ctx context.Context, o markers.GCOptions) (markers.GCResult
 		return res, err
 	}
 	if !o.DryRun && res.Removed() {
-		if err := j.compact(ctx, startRev); err != nil {
+		rev, err := j.revision(ctx)
+		if err != nil {
+			return res, err
+		}
+		if err := j.compact(ctx, rev); err != nil {
 			return res, err
 		}
 		res.Compacted = true
@@ -94,9 +100,11 @@ func (j *Journal) revision(ctx context.Context) (int64, error) {
 	return resp.Header.Revision, nil
 }
 
-// compact compacts the revision history up to rev (the pass's start, not later: a watch of
-// another replica that lags behind the newest revisions keeps its place), waiting until the
-// members applied it. A revision compacted already (etcd's own auto-compaction) is no error.
+// compact compacts the revision history up to rev (the end of the pass, so that what it
+// deleted is freed), waiting until the members applied it. Watches are not disturbed: the
+// keys a pass deletes are of ended executions, which no replica follows, and a replica's
+// watch of cancels that falls behind resumes from now (etcdjournal.WatchCancels). A revision
+// compacted already (etcd's own auto-compaction) is no error.
 func (j *Journal) compact(ctx context.Context, rev int64) error {
 	ctx, cancel := context.WithTimeout(ctx, 4*j.opTO)
 	defer cancel()

@@ -290,6 +290,9 @@ func newerExecutionKeepsItsPointer(t *testing.T, open Opener) {
 	clock.Advance(50 * time.Minute)
 	again := record(2, "alice", "run:1", "read_only")
 	again.Fingerprint = first.Fingerprint // the same intent again, after its result was delivered
+	if _, err := j.FindByFingerprint("alice", "run:1", first.Fingerprint); err != nil { // the bastion matches first
+		t.Fatal(err)
+	}
 	Finished(t, j, again, clock.Now())
 	clock.Advance(40 * time.Minute)
 	if res := gc(t, j, false); res.Records != 1 || res.Tombstones != 0 {
