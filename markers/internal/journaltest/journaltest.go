@@ -289,8 +289,9 @@ func newerExecutionKeepsItsPointer(t *testing.T, open Opener) {
 	Finished(t, j, first, clock.Now())
 	clock.Advance(50 * time.Minute)
 	again := record(2, "alice", "run:1", "read_only")
-	again.Fingerprint = first.Fingerprint                                               // the same intent again, after its result was delivered
-	if _, err := j.FindByFingerprint("alice", "run:1", first.Fingerprint); err != nil { // the bastion matches first
+	// The same intent again, after its result was delivered, matched first as the bastion does.
+	again.Fingerprint = first.Fingerprint
+	if _, err := j.FindByFingerprint("alice", "run:1", first.Fingerprint); err != nil {
 		t.Fatal(err)
 	}
 	Finished(t, j, again, clock.Now())
