@@ -99,6 +99,10 @@ type Config struct {
 	// ReconcileInterval is how often executions with an unknown outcome are reconciled
 	// with their hosts again (and expired approvals rejected). Default 15s.
 	ReconcileInterval time.Duration `toml:"reconcile_interval"`
+	// RetentionInterval is how often the journal's retention pass runs (docs/design.md,
+	// "Retention"; on etcd, on the elected replica). Default 1h; "0s" runs none (then
+	// `postern journal gc` runs it).
+	RetentionInterval time.Duration `toml:"retention_interval"`
 	// ApprovalTimeout rejects an execution that waited this long for an operator's
 	// decision. Default 1h; "0s" waits forever.
 	ApprovalTimeout time.Duration `toml:"approval_timeout"`
@@ -214,6 +218,7 @@ func DefaultConfig(dir string) Config {
 		OutputTailBytes:     64 << 10,
 		MaxBodyBytes:        1 << 20,
 		ReconcileInterval:   15 * time.Second,
+		RetentionInterval:   time.Hour,
 		MaxRequestBodyBytes: 256 << 10,
 		ApprovalTimeout:     time.Hour,
 		MaxLocalConns:       transport.DefaultMaxLocalConns,
@@ -410,6 +415,9 @@ func (c Config) Validate() error {
 	}
 	if c.ApprovalTimeout < 0 {
 		bad("approval_timeout must not be negative")
+	}
+	if c.RetentionInterval < 0 {
+		bad("retention_interval must not be negative (\"0s\" runs no scheduled retention pass)")
 	}
 	if c.MaxLocalConns < 16 || c.MaxLocalConns > 1<<16 {
 		bad("max_local_conns must be in 16..65536, got %d", c.MaxLocalConns)

@@ -133,7 +133,7 @@ func Open(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	jl, err := journal.Open(cfg, signer, cls.Retention(), opts.Logger, opts.Now)
+	jl, err := journal.Open(cfg, signer, opts.Logger, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("bastion: open journal: %w", err)
 	}

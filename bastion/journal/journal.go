@@ -16,12 +16,13 @@ import (
 	"golang.org/x/mod/sumdb/note"
 
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/markers/etcdjournal"
 )
 
 // Open opens the configured journal for the daemon.
-func Open(cfg config.Config, signer note.Signer, retention map[string]time.Duration, log *slog.Logger, now func() time.Time) (markers.JournalStore, error) {
+func Open(cfg config.Config, signer note.Signer, log *slog.Logger, now func() time.Time) (markers.JournalStore, error) {
 	mo := markers.Options{
 		Graph:         markers.JournalGraph,
 		Signer:        signer,
@@ -30,14 +31,37 @@ func Open(cfg config.Config, signer note.Signer, retention map[string]time.Durat
 		CacheBytes:    markers.JournalCacheBytes,
 		PresenceKeys:  markers.JournalPresenceKeys,
 		MaxOpenFiles:  1000,
-		Retention:     retention,
 		Logger:        log.With("component", "journal"),
 		Now:           now,
 	}
+	Retention(cfg.ResolveClasses(), &mo)
 	if !cfg.Journal.Etcd() {
 		return markers.Open(cfg.JournalDir(), mo)
 	}
 	return OpenEtcd(cfg.Journal, mo)
+}
+
+// Retention sets the journal's retention rules (docs/design.md, "Retention") from the
+// action classes: an execution is removable once no call could match it (intent.Removable,
+// its class's attach window and retention); the pointer entries of a removed execution keep
+// its tombstone for one more retention of its class, so a late call is answered by
+// intent.RuleRemoved; an agent run with no execution left goes once it was first seen longer
+// ago than the longest retention; and the chain keeps no event longer than twice the longest
+// retention, even of an execution still held (one in flight or awaiting review for that
+// long).
+func Retention(cls *config.Classes, mo *markers.Options) {
+	var shortest, longest time.Duration
+	for _, d := range cls.Retention() {
+		if shortest == 0 || d < shortest {
+			shortest = d
+		}
+		longest = max(longest, d)
+	}
+	mo.Removable = func(r *markers.Record, now time.Time) bool { return intent.Removable(r, now, cls.Get(r.Class)) }
+	mo.TombstoneRetention = func(class string) time.Duration { return cls.Get(class).Retention }
+	mo.MinRetention = shortest
+	mo.RunRetention = longest
+	mo.EventRetention = 2 * longest
 }
 
 // etcdJournal is the etcd journal with the client it owns.
@@ -71,7 +95,7 @@ func OpenEtcd(jc config.Journal, mo markers.Options) (markers.JournalStore, erro
 	}
 	j, err := etcdjournal.Open(etcdjournal.Options{
 		Client: cli, Prefix: orDefault(jc.Prefix, "/postern/"), Markers: mo, Replica: replica,
-		LeaseTTL: jc.LeaseTTL, OpTimeout: jc.Timeout,
+		LeaseTTL: jc.LeaseTTL, OpTimeout: jc.Timeout, QuotaBytes: jc.QuotaBytes,
 	})
 	if err != nil {
 		cli.Close()
@@ -93,6 +117,7 @@ func orDefault[T comparable](v, def T) T {
 // while replicas serve it.
 func OpenReadOnly(cfg config.Config, log *slog.Logger) (markers.JournalStore, error) {
 	mo := markers.Options{ReadOnly: true, Graph: markers.JournalGraph, Logger: log}
+	Retention(cfg.ResolveClasses(), &mo) // a dry run of the retention pass reads them
 	if cfg.Journal.Etcd() {
 		return OpenEtcd(cfg.Journal, mo)
 	}
