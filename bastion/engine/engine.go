@@ -62,6 +62,8 @@ type Engine struct {
 
 	drivers *drivers
 	views   *views
+	// retention runs the journal's retention passes (retention.go).
+	retention retention
 }
 
 // core is what every part of the engine shares. Its fields are set by Open and never
@@ -167,7 +169,7 @@ func Open(opts Options) (*Engine, error) {
 	}
 	b.views = &views{core: b.core, drivers: b.drivers}
 	b.intake = &intake{core: b.core, drivers: b.drivers, views: b.views}
-	b.metrics.registry.MustRegister(inFlight{b})
+	b.metrics.registry.MustRegister(inFlight{b}, journalBackend{b})
 	return b, nil
 }
 
@@ -316,5 +318,6 @@ func (b *Engine) Recover(ctx context.Context) error {
 		}
 	}
 	b.wg.Go(b.drivers.reconcileLoop)
+	b.wg.Go(b.retentionLoop)
 	return nil
 }

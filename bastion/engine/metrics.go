@@ -24,6 +24,7 @@ type metrics struct {
 	approvals       *prometheus.CounterVec // operator decisions and timeouts, by resulting state
 	queued          prometheus.Counter     // executions that waited for a concurrency slot
 	dispatchLatency prometheus.Histogram   // dispatch to the host's start confirmation
+	retention       *retentionMetrics      // retention.go
 }
 
 func newMetrics() *metrics {
@@ -51,9 +52,11 @@ func newMetrics() *metrics {
 			Name: "postern_dispatch_seconds", Help: "Time from dispatch to the host's marker confirming the start.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
 	}
+	m.retention = newRetentionMetrics()
 	m.registry.MustRegister(m.accepted, m.dispatched, m.dedup, m.rejected, m.finished, m.reconciled,
 		m.journalErrors, m.approvals, m.queued, m.dispatchLatency,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.registry.MustRegister(m.retention.collectors()...)
 	return m
 }
 

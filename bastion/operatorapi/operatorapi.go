@@ -20,6 +20,7 @@
 //	POST /v1/approvals/{id}/approve  {"note"}                      authorize and dispatch
 //	POST /v1/approvals/{id}/deny     {"reason"}                    reject
 //	POST /v1/executions/{id}/review  {"outcome","note"}            an unknown (or stuck) outcome, verified
+//	POST /v1/journal/gc  {"dry_run"}                               a retention pass of the journal, now
 package operatorapi
 
 import (
@@ -70,6 +71,8 @@ type Engine interface {
 	Approve(ctx context.Context, operator, id, note string) (*markers.Record, error)
 	Deny(ctx context.Context, operator, id, reason string) (*markers.Record, error)
 	Review(ctx context.Context, operator, id, outcome, note string) (*markers.Record, error)
+	// RetentionPass runs the journal's retention pass now (dryRun: counts, changes nothing).
+	RetentionPass(ctx context.Context, dryRun bool) (*api.RetentionPass, error)
 }
 
 // markersTimeout bounds a host's answer to a markers request.
@@ -156,6 +159,16 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 		if err := e.ExportAudit(w); err != nil {
 			log.Error("audit export", "err", err)
 		}
+	})
+	mux.HandleFunc("POST /v1/journal/gc", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			DryRun bool `json:"dry_run"`
+		}
+		if !readBody(w, r, &req) {
+			return
+		}
+		p, err := e.RetentionPass(r.Context(), req.DryRun)
+		writeJSON(w, p, err)
 	})
 	mux.HandleFunc("GET /v1/audit/key", func(w http.ResponseWriter, _ *http.Request) {
 		key, err := e.AuditKey()

@@ -98,6 +98,7 @@ func (c *doctorCommand) checks(ctx context.Context, loc locator) []doctorCheck {
 	if errors.Is(err, errBastionDown) {
 		add("daemon", "problem", err.Error(), startFix(loc))
 		out = append(out, portChecks(cfg, false)...)
+		out = append(out, journalChecks(offlineJournalHealth(ctx, cfg))...)
 		add("hosts", "note", "not checked: only the running bastion can reach the hosts with its key", "")
 		return out
 	}
@@ -112,6 +113,9 @@ func (c *doctorCommand) checks(ctx context.Context, loc locator) []doctorCheck {
 		add("daemon", "ok", "running, "+rep.Version, "")
 	}
 	out = append(out, portChecks(cfg, true)...)
+	if rep.Journal != nil {
+		out = append(out, journalChecks(rep.Journal)...)
+	}
 	if len(rep.Hosts) == 0 {
 		add("hosts", "note", "no host is enrolled", "on each host run `postern-hostagent install` and the enroll command it prints")
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-// journalCommand moves a journal between its backends: a single node's Pebble journal to
-// etcd, to grow it into replicas, and back.
+// journalCommand moves a journal between its backends — a single node's Pebble journal to
+// etcd, to grow it into replicas, and back — and runs its retention pass (journal_gc.go).
 type journalCommand struct{ operatorIO }
 
 const journalUsage = `usage: postern journal SUBCOMMAND [flags]
@@ -26,12 +26,16 @@ subcommands:
                  [journal] etcd cluster and prefix of the config (--to etcd), or back into a
                  new Pebble journal in the state dir (--to pebble). Stop every bastion of the
                  journal first. The copy is checked: both exports must be identical.
+  gc [--dry-run] [--archive FILE] [--json]
+                 run the journal's retention pass now: through the running bastion, else
+                 on the journal itself (etcd: only while no replica serves it). --dry-run
+                 counts what it would remove; --archive first exports the journal to FILE.
 
 common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *journalCommand) Run(ctx context.Context, args []string) error {
-	return prog.Dispatch(ctx, "journal", journalUsage, cli.Subcommands{"copy": c.copy}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "journal", journalUsage, cli.Subcommands{"copy": c.copy, "gc": c.gc}, args, c.stdout, c.stderr)
 }
 
 func (c *journalCommand) copy(ctx context.Context, args []string) error {

@@ -32,7 +32,7 @@ commands:
   markers     list and show the markers on a host (asks its hostagent)
   hosts       list and enroll hosts
   audit       export and verify the journal's hash-chained event log
-  journal     copy the journal between Pebble and etcd (a single node into replicas, and back)
+  journal     copy the journal between Pebble and etcd; run its retention pass (gc)
   approvals   list executions awaiting approval; approve ID, deny ID --reason
   review      record what an operator verified about an unknown outcome
   policy      check: which rule decides a call, without running it
