@@ -2,13 +2,16 @@ package integration
 
 import (
 	"encoding/json"
+	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/harness"
 )
 
@@ -140,5 +143,50 @@ func TestRemovedExecutionIsNotRunAgainBlindly(t *testing.T) {
 	msg = mustRefuse(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo other", "idempotency_key": "migrate-7"})
 	if !strings.Contains(msg, api.CodeIdempotencyKeyReused) || !strings.Contains(msg, "removed by the journal's retention") {
 		t.Fatalf("another request under the removed execution's key: %s", msg)
+	}
+}
+
+// On replicas the scheduled pass runs on the elected replica only; an operator may run one
+// through any replica's operator socket; from a machine whose replica is down, the pass is
+// refused while another replica serves the journal (naming it).
+func TestReplicasRetention(t *testing.T) {
+	f := startHAFleet(t, 2, `retention_interval = "1s"`, shortRetention)
+	ctx := testContext(t)
+	var ids []string
+	for i := range 4 {
+		x := mustCall(t, ctx, f.session(t, i%2, "run-1"), "ssh_exec", map[string]any{"host": "h1", "command": "echo " + strings.Repeat("x", i+1)})
+		ids = append(ids, x.ExecutionID)
+	}
+	testutil.WaitFor(t, "the scheduled pass removed every execution", func() bool {
+		for _, id := range ids {
+			if _, err := readOperatorDetail(f.replicas[0], id); err == nil {
+				return false
+			}
+		}
+		return true
+	})
+	passes := []float64{metric(t, f.replicas[0], `postern_retention_passes_total{result="ok"}`), metric(t, f.replicas[1], `postern_retention_passes_total{result="ok"}`)}
+	if (passes[0] > 0) == (passes[1] > 0) {
+		t.Fatalf("scheduled passes per replica = %v; want them on the elected one only", passes)
+	}
+	elected, other := 0, 1
+	if passes[1] > 0 {
+		elected, other = 1, 0
+	}
+	if p := gcPass(t, f.replicas[other]); p.Records != 0 || p.Error != "" {
+		t.Fatalf("a pass asked of the other replica = %+v", p)
+	}
+	out := string(postern(t, f.replicas[other], "audit", "verify"))
+	if !strings.Contains(out, "PASS") || !strings.Contains(out, "pruned by retention") {
+		t.Fatalf("verify after the passes:\n%s", out)
+	}
+	if metric(t, f.replicas[elected], "postern_journal_backend_quota_bytes") != 2<<30 {
+		t.Error("the etcd quota is not reported")
+	}
+	f.replicas[other].Stop(t)
+	cmd := exec.Command(harness.Binary(t, "postern"), "journal", "gc", "--config", f.replicas[other].ConfigPath)
+	msg, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(msg), fmt.Sprintf("r%d, the elected one", elected)) {
+		t.Fatalf("a pass from a stopped replica's machine while r%d serves = %v:\n%s", elected, err, msg)
 	}
 }
