@@ -33,12 +33,19 @@ type haFleet struct {
 // what an operator copies to each replica); the others get copies of it.
 func startHAFleet(t testing.TB, n int, extraConfig ...string) *haFleet {
 	t.Helper()
+	return startHAFleetJournal(t, n, "", extraConfig...)
+}
+
+// startHAFleetJournal is startHAFleet with journalSettings (key = value lines) added to each
+// replica's [journal] table.
+func startHAFleetJournal(t testing.TB, n int, journalSettings string, extraConfig ...string) *haFleet {
+	t.Helper()
 	f := &haFleet{etcd: etcdtest.Start(t, 3), host: harness.StartHostagent(t)}
 	eps := `"` + strings.Join(f.etcd.Endpoints(), `", "`) + `"`
 	prefix := "/" + t.Name() + "/"
 	for i := range n {
 		b := harness.NewBastion(t, f.host.ClientKey, append(extraConfig, fmt.Sprintf(
-			"[journal]\nbackend = \"etcd\"\nendpoints = [%s]\nprefix = %q\nreplica = \"r%d\"\nlease_ttl = \"2s\"\ntimeout = \"2s\"", eps, prefix, i))...)
+			"[journal]\nbackend = \"etcd\"\nendpoints = [%s]\nprefix = %q\nreplica = \"r%d\"\nlease_ttl = \"2s\"\ntimeout = \"2s\"\n%s", eps, prefix, i, journalSettings))...)
 		if i == 0 {
 			b.Enroll(t, "h1", f.host)
 			b.Start(t)

@@ -20,6 +20,10 @@ import (
 type GCOptions struct {
 	// DryRun counts what the pass would remove and changes nothing.
 	DryRun bool
+	// Exclusive: nothing else uses the journal during the pass (every bastion of it is
+	// down). On etcd the pass then compacts the whole revision history at once instead of
+	// keeping its recent part for readers at a fixed revision (etcdjournal.Options.CompactionLag).
+	Exclusive bool
 }
 
 // GCResult says what a pass removed (or, dry run, would remove).

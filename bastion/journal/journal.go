@@ -95,7 +95,7 @@ func OpenEtcd(jc config.Journal, mo markers.Options) (markers.JournalStore, erro
 	}
 	j, err := etcdjournal.Open(etcdjournal.Options{
 		Client: cli, Prefix: orDefault(jc.Prefix, "/postern/"), Markers: mo, Replica: replica,
-		LeaseTTL: jc.LeaseTTL, OpTimeout: jc.Timeout, QuotaBytes: jc.QuotaBytes,
+		LeaseTTL: jc.LeaseTTL, OpTimeout: jc.Timeout, QuotaBytes: jc.QuotaBytes, CompactionLag: jc.CompactionLag,
 	})
 	if err != nil {
 		cli.Close()

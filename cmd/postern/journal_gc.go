@@ -111,7 +111,7 @@ func gcOffline(ctx context.Context, cfg config.Config) (*api.RetentionPass, erro
 		return nil, fmt.Errorf("open the journal for the pass (is a bastion starting on it?): %w", err)
 	}
 	p := &api.RetentionPass{StartedAt: time.Now().UTC()}
-	res, err := jl.GC(ctx, markers.GCOptions{})
+	res, err := jl.GC(ctx, markers.GCOptions{Exclusive: true}) // no bastion of it runs
 	p.GCResult, p.Seconds = res, time.Since(p.StartedAt).Seconds()
 	if cerr := jl.Close(); err == nil {
 		err = cerr

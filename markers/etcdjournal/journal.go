@@ -80,6 +80,11 @@ type Options struct {
 	// QuotaBytes is the members' backend quota (their --quota-backend-bytes), which Backend
 	// reports use against. Default 2 GiB, etcd's default.
 	QuotaBytes int64
+	// CompactionLag is how much recent revision history a retention pass keeps when it
+	// compacts: a reader at one revision (an export, a copy, a replica's watch that fell
+	// behind) fails once that revision is compacted, so one that takes less than this never
+	// does. Default 5 minutes.
+	CompactionLag time.Duration
 }
 
 // DefaultQuotaBytes is etcd's default backend quota.
@@ -129,6 +134,11 @@ type Journal struct {
 	gcMu sync.Mutex
 	// quota is the members' backend quota as configured, for Backend.
 	quota int64
+	// compactLag is Options.CompactionLag; revisions are the store's revision at the start
+	// of each recent pass (guarded by gcMu), which a pass compacts up to once they are
+	// older than compactLag.
+	compactLag time.Duration
+	revisions  []revisionAt
 
 	smu     sync.Mutex // guards session
 	session *concurrency.Session
@@ -175,12 +185,15 @@ func Open(opts Options) (*Journal, error) {
 	if opts.QuotaBytes == 0 {
 		opts.QuotaBytes = DefaultQuotaBytes
 	}
+	if opts.CompactionLag == 0 {
+		opts.CompactionLag = 5 * time.Minute
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	j := &Journal{
 		cli: opts.Client, kv: opts.Client.KV, prefix: opts.Prefix, opts: mo, name: opts.Replica,
 		log: mo.Logger.With("component", "etcdjournal"), ttl: opts.LeaseTTL, opTO: opts.OpTimeout,
 		ctx: ctx, cancel: cancel, headRev: -1, seen: map[string]seenEntry{}, written: map[string]writtenRecord{},
-		quota: opts.QuotaBytes,
+		quota: opts.QuotaBytes, compactLag: opts.CompactionLag,
 	}
 	j.writes = groupcommit.New(j.commitGroup, fitOneTxn)
 	if err := j.load(); err != nil {

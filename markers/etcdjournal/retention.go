@@ -22,7 +22,8 @@ import (
 // share a transaction within MaxTxnOps operations and MaxTxnBytes bytes in all. The chain's
 // prefix is pruned by moving the base first, then deleting the events before it in bounded
 // ranges (an export skips what an interrupted pass left). Then the revision history is
-// compacted, so the space is free for etcd to reuse; returning it to the file system is a
+// compacted up to where it was CompactionLag ago (readers at a fixed revision keep theirs),
+// so the space is free for etcd to reuse; returning it to the file system is a
 // defragmentation, which the operator runs (docs/replicas.md).
 
 // gcPage is how many records a pass reads per request.
@@ -71,15 +72,17 @@ func (j *Journal) GC(ctx context.Context, o markers.GCOptions) (markers.GCResult
 	if err := j.pruneChain(ctx, now, o.DryRun, &res); err != nil {
 		return res, err
 	}
-	if !o.DryRun && res.Removed() {
+	if !o.DryRun {
 		rev, err := j.revision(ctx)
 		if err != nil {
 			return res, err
 		}
-		if err := j.compact(ctx, rev); err != nil {
-			return res, err
+		if target := j.compactTarget(rev, o.Exclusive); target > 0 {
+			if err := j.compact(ctx, target); err != nil {
+				return res, err
+			}
+			res.Compacted = true
 		}
-		res.Compacted = true
 	}
 	after, err := j.Backend(ctx)
 	if err != nil {
@@ -100,11 +103,40 @@ func (j *Journal) revision(ctx context.Context) (int64, error) {
 	return resp.Header.Revision, nil
 }
 
-// compact compacts the revision history up to rev (the end of the pass, so that what it
-// deleted is freed), waiting until the members applied it. Watches are not disturbed: the
-// keys a pass deletes are of ended executions, which no replica follows, and a replica's
-// watch of cancels that falls behind resumes from now (etcdjournal.WatchCancels). A revision
-// compacted already (etcd's own auto-compaction) is no error.
+// revisionAt is the store's revision at a moment.
+type revisionAt struct {
+	at  time.Time
+	rev int64
+}
+
+// compactTarget notes rev, the store's revision now, and returns the revision to compact
+// up to: the newest noted at least compactLag ago (0: none yet), so that a reader at a
+// revision of the last compactLag — an export, a copy — keeps it; or rev itself when the
+// pass has the journal to itself. The caller holds gcMu.
+func (j *Journal) compactTarget(rev int64, exclusive bool) int64 {
+	if exclusive {
+		j.revisions = nil
+		return rev
+	}
+	now := time.Now()
+	var target int64
+	keep := j.revisions[:0]
+	for _, r := range j.revisions {
+		if now.Sub(r.at) >= j.compactLag {
+			target = r.rev // the newest of those old enough; older ones are done with
+			continue
+		}
+		keep = append(keep, r)
+	}
+	j.revisions = append(keep, revisionAt{now, rev})
+	return target
+}
+
+// compact compacts the revision history up to rev, waiting until the members applied it,
+// so that what earlier passes deleted (and every superseded version) is free for etcd to
+// reuse. Watches are not disturbed: the keys a pass deletes are of ended executions, which
+// no replica follows, and a replica's watch of cancels that falls behind resumes from now
+// (WatchCancels). A revision compacted already (etcd's auto-compaction) is no error.
 func (j *Journal) compact(ctx context.Context, rev int64) error {
 	ctx, cancel := context.WithTimeout(ctx, 4*j.opTO)
 	defer cancel()
