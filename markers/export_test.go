@@ -26,3 +26,7 @@ func EventBody(ev *Event) ([]byte, error) {
 	}
 	return append(b, '}'), nil
 }
+
+// SetIndexed makes List read as a store without the actor and run indexes does (scanning
+// the time index): the baseline of BenchmarkListByActor.
+func (s *Store) SetIndexed(v bool) { s.indexed = v }
