@@ -169,6 +169,11 @@ func (s *Store) stage(b *pebble.Batch, head ChainPos, r *commitReq) (ChainPos, e
 			err = b.Delete(k, nil)
 		}
 	}
+	for _, f := range r.DeleteRanges() {
+		if err == nil {
+			err = b.DeleteRange(f.Start, f.End, nil)
+		}
+	}
 	for _, kv := range puts {
 		set(kv.Key, kv.Value)
 	}

@@ -63,7 +63,7 @@ func (s *Store) GC(ctx context.Context, o GCOptions) (GCResult, error) {
 		err = s.removeRuns(ctx, now, o.DryRun, &res)
 	}
 	if err == nil {
-		err = s.pruneChain(now, o.DryRun, &res, spans)
+		err = s.pruneChain(ctx, now, o.DryRun, &res, spans)
 	}
 	if err != nil {
 		if cause := context.Cause(ctx); errors.Is(cause, ErrClosed) {
@@ -147,11 +147,7 @@ func (s *Store) scanKeys(lower, upper []byte, n int, name func([]byte) string) (
 // and the index lock (so that no create takes over one of their pointer entries, nor an
 // agent run's first record goes, between the look and the write).
 func (s *Store) removeChunk(ids []string, now time.Time, dryRun bool, res *GCResult, spans *touched) error {
-	type victim struct {
-		rec   *Record
-		first uint64
-	}
-	var victims []victim
+	var victims []*Record
 	for _, id := range ids {
 		unlock := s.locks.Lock(id)
 		defer unlock() // held until the batch is committed: no write of these records in between
@@ -169,11 +165,7 @@ func (s *Store) removeChunk(ids []string, now time.Time, dryRun bool, res *GCRes
 			res.Kept++
 			continue
 		}
-		first, err := s.firstEvent(id)
-		if err != nil {
-			return err
-		}
-		victims = append(victims, victim{rec, first})
+		victims = append(victims, rec)
 	}
 	if len(victims) == 0 {
 		return nil
@@ -189,7 +181,7 @@ func (s *Store) removeChunk(ids []string, now time.Time, dryRun bool, res *GCRes
 	tombstones := 0
 	var err error
 	for _, v := range victims {
-		rm := PlanRemoval(v.rec, v.first, now, s.opts.tombstoneRetention(v.rec.Class))
+		rm := PlanRemoval(v, now, s.opts.tombstoneRetention(v.Class))
 		for _, k := range rm.Deletes {
 			err = errors.Join(err, b.Delete(k, nil))
 			spans.add(k)
@@ -214,7 +206,7 @@ func (s *Store) removeChunk(ids []string, now time.Time, dryRun bool, res *GCRes
 		err = s.commitGC(b)
 	}
 	for _, v := range victims {
-		s.records.drop(v.rec.ID)
+		s.records.drop(v.ID)
 	}
 	if err != nil {
 		return fmt.Errorf("markers: gc: remove %d records: %w", len(victims), err)
@@ -230,15 +222,6 @@ func (s *Store) commitGC(b *pebble.Batch) error {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
 	return b.Commit(pebble.Sync)
-}
-
-// firstEvent is the sequence number of the first event in id's event index (0: none).
-func (s *Store) firstEvent(id string) (uint64, error) {
-	k, err := s.firstEventKey(id)
-	if err != nil || k == nil {
-		return 0, err
-	}
-	return ExecEventSeq(k)
 }
 
 func (s *Store) pointsTo(key []byte, id string) bool {
@@ -395,22 +378,16 @@ func (s *Store) empty(f Family) (bool, error) {
 	return !some, errors.Join(it.Error(), it.Close())
 }
 
-// pruneChain deletes the events before the cut (CutPoint) and the checkpoints before it,
-// keeping the checkpoint at the cut, which attests the new base.
-func (s *Store) pruneChain(now time.Time, dryRun bool, res *GCResult, spans *touched) error {
+// pruneChain prunes the chain's prefix up to the cut (CutPoint): it scans the prefix for
+// the records still held — the first one's event limits a cut by removal; those before the
+// event horizon are carried forward (carry) — then moves the base to the cut, keeping the
+// checkpoint there, which attests it, and deletes the events and checkpoints before it.
+func (s *Store) pruneChain(ctx context.Context, now time.Time, dryRun bool, res *GCResult, spans *touched) error {
 	base, err := readChainPos(s.db, metaBase)
 	if err != nil {
 		return err
 	}
 	res.BaseSeq = base.Seq
-	head, err := readChainPos(s.db, metaHead)
-	if err != nil {
-		return err
-	}
-	first, err := s.firstRetainedEvent()
-	if err != nil {
-		return err
-	}
 	var cps []LogEntry
 	for e, err := range scanSeq(s.db, Family{seqKey(pCheckpoint, base.Seq+1), CheckpointFamily.End}) {
 		if err != nil {
@@ -418,17 +395,28 @@ func (s *Store) pruneChain(now time.Time, dryRun bool, res *GCResult, spans *tou
 		}
 		cps = append(cps, LogEntry{Seq: e.Seq, Value: append([]byte(nil), e.Value...)})
 	}
-	var horizon time.Time
-	if s.opts.EventRetention > 0 {
-		horizon = now.Add(-s.opts.EventRetention)
+	horizon := s.eventHorizon(now)
+	horizonSeq, err := sealedBefore(cps, horizon)
+	if err != nil || len(cps) == 0 {
+		return err
 	}
-	cut, ok, err := CutPoint(cps, first, head.Seq, horizon)
+	limit, held, err := scanPrefix(ctx, scanSeq(s.db, Family{seqKey(pEvent, base.Seq+1), seqKey(pEvent, cps[len(cps)-1].Seq+1)}),
+		horizonSeq, s.heldCheck())
+	if err != nil {
+		return err
+	}
+	cut, ok, err := CutPoint(cps, limit, horizon)
 	if err != nil || !ok {
 		return err
 	}
-	res.Events, res.BaseSeq = cut.Seq-base.Seq, cut.Seq
+	res.Events, res.BaseSeq, res.Carried = cut.Seq-base.Seq, cut.Seq, len(held)
 	if dryRun {
 		return nil
+	}
+	for _, id := range held {
+		if err := s.carry(ctx, id, cut.Seq, now); err != nil {
+			return err
+		}
 	}
 	b := s.db.NewBatch()
 	defer b.Close()
@@ -449,17 +437,83 @@ func (s *Store) pruneChain(now time.Time, dryRun bool, res *GCResult, spans *tou
 	return nil
 }
 
-// firstRetainedEvent is the first event of the oldest record still held (0: none).
-func (s *Store) firstRetainedEvent() (uint64, error) {
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: FirstEventFamily.Start, UpperBound: FirstEventFamily.End})
+func (s *Store) eventHorizon(now time.Time) time.Time {
+	if s.opts.EventRetention <= 0 {
+		return time.Time{}
+	}
+	return now.Add(-s.opts.EventRetention)
+}
+
+// heldCheck reports which records are still held.
+func (s *Store) heldCheck() HeldFunc {
+	return func(ids []string) (map[string]bool, error) {
+		held := make(map[string]bool, len(ids))
+		for _, id := range ids {
+			_, closer, err := s.db.Get(recordKey(id))
+			switch {
+			case errors.Is(err, pebble.ErrNotFound):
+			case err != nil:
+				return nil, err
+			default:
+				closer.Close()
+				held[id] = true
+			}
+		}
+		return held, nil
+	}
+}
+
+// carry carries forward record id's events up to through (PlanCarries), under its lock, so
+// that the carried events hold the record as it stands.
+func (s *Store) carry(ctx context.Context, id string, through uint64, now time.Time) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	unlock := s.locks.Lock(id)
+	defer unlock()
+	rec, err := s.getLocked(id)
+	if errors.Is(err, ErrNotFound) {
+		return nil // removed since the scan
+	}
 	if err != nil {
-		return 0, err
+		return err
 	}
-	var seq uint64
-	if it.First() {
-		seq, err = FirstEventSeq(it.Key())
+	f := ExecEventFamily(id)
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: f.Start, UpperBound: execEventKey(id, through+1)})
+	if err != nil {
+		return err
 	}
-	return seq, errors.Join(err, it.Error(), it.Close())
+	var entries []LogEntry
+	for ok := it.First(); ok; ok = it.Next() {
+		seq, err := ExecEventSeq(it.Key())
+		if err != nil {
+			it.Close()
+			return err
+		}
+		v, closer, err := s.db.Get(seqKey(pEvent, seq))
+		if errors.Is(err, pebble.ErrNotFound) {
+			continue
+		}
+		if err != nil {
+			it.Close()
+			return err
+		}
+		entries = append(entries, LogEntry{Seq: seq, Value: append([]byte(nil), v...)})
+		closer.Close()
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return err
+	}
+	writes, err := PlanCarries(rec, entries, now)
+	if err != nil {
+		return err
+	}
+	for _, w := range writes {
+		if err := s.submit(&commitReq{Write: w}); err != nil {
+			return fmt.Errorf("markers: carry %s forward: %w", id, err)
+		}
+	}
+	return nil
 }
 
 // touched collects, per key family (its prefix byte), the span of keys a pass deleted, so

@@ -10,32 +10,22 @@ import (
 
 // IndexVersion is the version of the indexes a store written by an older release may lack:
 // the actor and run indexes (journal: List by actor or agent run reads only that actor's or
-// run's executions) and the first-event index (a retention pass finds the oldest event a
-// retained record still needs). A store records the version it holds under metaIndex; one
-// opened for writing without it builds them once (BuildIndexes), and until then List by
-// actor scans the time index, as before.
+// run's executions). A store records the version it holds under metaIndex; one opened for
+// writing without it builds them once (buildIndexes), and until then List by actor scans the
+// time index, as before.
 const IndexVersion = "1"
 
 // IndexVersionKey holds the index version (see IndexVersion).
 func IndexVersionKey() []byte { return metaIndex }
 
 // IndexEntriesOf are the index entries a store of IndexVersion holds for rec beyond those of
-// older releases, given the first key of its event index (nil: none): what BuildIndexes
-// adds for each record, on every backend.
-func IndexEntriesOf(rec *Record, firstEventIndexKey []byte) ([][]byte, error) {
-	var keys [][]byte
-	if rec.Graph == JournalGraph && rec.Actor != "" {
-		keys = append(keys, timedKey(actorPrefix(rec.Actor), rec.CreatedAt, rec.ID),
-			timedKey(runPrefix(rec.Actor, rec.IntentScope), rec.CreatedAt, rec.ID))
+// older releases: what building the indexes adds for each record, on every backend.
+func IndexEntriesOf(rec *Record) [][]byte {
+	if rec.Graph != JournalGraph || rec.Actor == "" {
+		return nil
 	}
-	if firstEventIndexKey != nil {
-		seq, err := ExecEventSeq(firstEventIndexKey)
-		if err != nil {
-			return nil, err
-		}
-		keys = append(keys, firstEventKey(seq, rec.ID))
-	}
-	return keys, nil
+	return [][]byte{timedKey(actorPrefix(rec.Actor), rec.CreatedAt, rec.ID),
+		timedKey(runPrefix(rec.Actor, rec.IntentScope), rec.CreatedAt, rec.ID)}
 }
 
 // buildIndexes adds the entries of IndexVersion for every record of a store that lacks them,
@@ -64,17 +54,7 @@ func (s *Store) buildIndexes() error {
 			b.Close()
 			return err
 		}
-		first, err := s.firstEventKey(rec.ID)
-		if err != nil {
-			b.Close()
-			return err
-		}
-		keys, err := IndexEntriesOf(rec, first)
-		if err != nil {
-			b.Close()
-			return err
-		}
-		for _, k := range keys {
+		for _, k := range IndexEntriesOf(rec) {
 			if err := b.Set(k, nil, nil); err != nil {
 				b.Close()
 				return err
@@ -98,7 +78,7 @@ func (s *Store) buildIndexes() error {
 		return fmt.Errorf("markers: build indexes: %w", err)
 	}
 	if n > 0 {
-		s.log.Info("built the actor, run and first-event indexes of an older store", "records", n)
+		s.log.Info("built the actor and run indexes of an older store", "records", n)
 	}
 	s.indexed = true
 	return nil
@@ -122,18 +102,4 @@ func (s *Store) storedRecords() iter.Seq2[KV, error] {
 			yield(KV{}, err)
 		}
 	}
-}
-
-// firstEventKey is the first key of id's event index, nil if it has none.
-func (s *Store) firstEventKey(id string) ([]byte, error) {
-	f := ExecEventFamily(id)
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: f.Start, UpperBound: f.End})
-	if err != nil {
-		return nil, err
-	}
-	var k []byte
-	if it.First() {
-		k = append([]byte(nil), it.Key()...)
-	}
-	return k, errors.Join(it.Error(), it.Close())
 }

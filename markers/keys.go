@@ -23,8 +23,6 @@ import (
 //	w<first seen unix nanos:8><actor>\0<scope> → run key
 //	a<actor>\0<created unix nanos:8><id>              journal: executions by actor
 //	v<actor>\0<scope>\0<created unix nanos:8><id>     journal: executions by agent run
-//	y<first event seq:8><id>              every record's first event (retention: the oldest
-//	                                      one bounds the prefix of the chain it may prune)
 //	z<expires unix nanos:8><pointer key>  → id: tombstones of removed executions, by expiry
 //	m<name>                              store metadata (head, base, graph, index version)
 //
@@ -47,7 +45,6 @@ const (
 	pRunTime    = 'w'
 	pActor      = 'a'
 	pRunExec    = 'v'
-	pFirstEvent = 'y'
 	pTombstone  = 'z'
 )
 
@@ -55,8 +52,8 @@ var (
 	metaHead  = []byte("mhead")
 	metaBase  = []byte("mbase")
 	metaGraph = []byte("mgraph")
-	// metaIndex holds the version of the indexes an older store may lack (the actor, run
-	// and first-event indexes): built once on open (index.go).
+	// metaIndex holds the version of the indexes an older store may lack (the actor and
+	// run indexes): built once on open (index.go).
 	metaIndex = []byte("mindex")
 )
 
@@ -107,10 +104,6 @@ func runPrefix(actor, scope string) []byte {
 func timedKey(prefix []byte, t time.Time, id string) []byte {
 	k := binary.BigEndian.AppendUint64(append([]byte(nil), prefix...), uint64(t.UnixNano()))
 	return append(k, id...)
-}
-
-func firstEventKey(seq uint64, id string) []byte {
-	return append(seqKey(pFirstEvent, seq), id...)
 }
 
 // indexEntry is one secondary index key and its value.

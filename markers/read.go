@@ -273,7 +273,8 @@ func (s *Store) List(q Query) ([]*Record, string, error) {
 	return out, "", it.Error()
 }
 
-// Events returns the events of execution id in order: the story of the execution.
+// Events returns the events of execution id in order: the story of the execution, with the
+// events carried forward past a pruned prefix of the chain in their place (StoryOf).
 func (s *Store) Events(id string) ([]Event, error) {
 	unlock := s.locks.Lock(id) // events of a write in flight are not durable yet
 	defer unlock()
@@ -307,5 +308,8 @@ func (s *Store) Events(id string) ([]Event, error) {
 		}
 		out = append(out, ev)
 	}
-	return out, it.Error()
+	if err := it.Error(); err != nil {
+		return nil, err
+	}
+	return StoryOf(out)
 }

@@ -1,10 +1,13 @@
 package markers
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
+	"iter"
+	"slices"
 	"time"
 )
 
@@ -40,9 +43,11 @@ type GCResult struct {
 	// Runs: agent runs removed (first seen before Options.RunRetention, no execution left).
 	Runs int `json:"runs"`
 	// Events were pruned from the chain's start: it now starts after BaseSeq (0: from
-	// genesis), attested by the checkpoint at BaseSeq.
+	// genesis), attested by the checkpoint at BaseSeq. Carried: records still held whose
+	// events there were carried forward first (Event.Carried).
 	Events  uint64 `json:"events"`
 	BaseSeq uint64 `json:"base_seq"`
+	Carried int    `json:"carried"`
 	// BytesBefore and BytesAfter are the backend's size around the pass (after its
 	// compaction): on Pebble the store's disk usage, on etcd the logical size in use of the
 	// largest member (see BackendStatus).
@@ -156,20 +161,16 @@ type PointerChange struct {
 type Removal struct {
 	ID string
 	// Deletes are the record, its result and its set index entries (state, time, actor,
-	// run, siblings, first event); Ranges its event index.
+	// run, siblings); Ranges its event index.
 	Deletes  [][]byte
 	Ranges   []Family
 	Pointers []PointerChange
 }
 
-// PlanRemoval plans the removal of rec at now. firstSeq is the sequence number of its first
-// event (the first key of its event index; 0 if it has none). keep is how long tombstones of
-// its pointer entries stay (0: the entries are deleted, no tombstone).
-func PlanRemoval(rec *Record, firstSeq uint64, now time.Time, keep time.Duration) Removal {
+// PlanRemoval plans the removal of rec at now. keep is how long tombstones of its pointer
+// entries stay (0: the entries are deleted, no tombstone).
+func PlanRemoval(rec *Record, now time.Time, keep time.Duration) Removal {
 	rm := Removal{ID: rec.ID, Deletes: [][]byte{recordKey(rec.ID), resultKey(rec.ID)}}
-	if firstSeq > 0 {
-		rm.Deletes = append(rm.Deletes, firstEventKey(firstSeq, rec.ID))
-	}
 	for _, e := range indexEntries(rec) {
 		if e.value == nil {
 			rm.Deletes = append(rm.Deletes, e.key)
@@ -217,16 +218,6 @@ func TombstoneOf(v []byte, id string) bool {
 	return err == nil && t.ID == id
 }
 
-// FirstEventFamily holds every record's first-event index entry; FirstEventSeq parses one.
-var FirstEventFamily = Family{[]byte{pFirstEvent}, []byte{pFirstEvent + 1}}
-
-func FirstEventSeq(key []byte) (uint64, error) {
-	if len(key) < 9 || key[0] != pFirstEvent {
-		return 0, fmt.Errorf("%w: first-event key of %d bytes", ErrCorrupt, len(key))
-	}
-	return binary.BigEndian.Uint64(key[1:9]), nil
-}
-
 // RunExecFamily holds the run index entries of one agent run: empty once no execution of
 // the run is left.
 func RunExecFamily(actor, scope string) Family { return family(runPrefix(actor, scope)) }
@@ -251,27 +242,43 @@ func ParseRunKey(k []byte) (actor, scope string, err error) {
 }
 
 // CutPoint is the newest checkpoint a pass may prune the chain through: every event up to
-// it is of a removed record (it is before first, the first event of the oldest record
-// retained: 0 when none is), or older than the event horizon (checkpoints signed before
-// it). checkpoints are the signed checkpoints after the current base, in order; it returns
-// the chosen one's position, or ok false when the chain cannot be pruned further.
-func CutPoint(checkpoints []LogEntry, first, head uint64, horizon time.Time) (cut ChainPos, ok bool, err error) {
-	limit := head
-	if first > 0 {
-		limit = first - 1
-	}
+// it is before limit (the first event of a record still held that the pass's scan of the
+// chain found; past the head when none: all before it are of removed records), or was sealed
+// before the event horizon (a zero horizon: none) — a held record's events there are
+// carried forward first.
+// checkpoints are the signed checkpoints after the current base, in order. It returns the
+// chosen one's position, or ok false when the chain cannot be pruned further.
+func CutPoint(checkpoints []LogEntry, limit uint64, horizon time.Time) (cut ChainPos, ok bool, err error) {
 	for _, e := range checkpoints {
 		cp, err := parseOwnCheckpoint(e.Value)
 		if err != nil {
 			return ChainPos{}, false, err
 		}
-		if cp.Seq <= limit || (!horizon.IsZero() && cp.At.Before(horizon)) {
+		if cp.Seq < limit || (!horizon.IsZero() && cp.At.Before(horizon)) {
 			cut, ok = ChainPos{Seq: cp.Seq, Hash: cp.Head}, true
 			continue
 		}
 		break
 	}
 	return cut, ok, nil
+}
+
+// EventOf names the execution of an event line without decoding the rest of it: the pass
+// reads every line of the prefix it prunes.
+func EventOf(line []byte) (string, error) {
+	var ev struct {
+		ExecutionID string `json:"execution_id"`
+	}
+	// The id is the fifth field of every line this package writes; a decoder stops early
+	// when the object's rest is not needed, so take the prefix up to "kind".
+	head := line
+	if i := bytes.Index(line, []byte(`,"kind":`)); i > 0 {
+		head = append(line[:i:i], '}')
+	}
+	if err := json.Unmarshal(head, &ev); err != nil || ev.ExecutionID == "" {
+		return "", fmt.Errorf("%w: event line without an execution id", ErrCorrupt)
+	}
+	return ev.ExecutionID, nil
 }
 
 // BackendStatus is a journal backend's size and health, for `postern doctor` and /metrics.
@@ -319,4 +326,120 @@ func (s *Store) Backend(context.Context) (BackendStatus, error) {
 		return BackendStatus{}, err
 	}
 	return BackendStatus{Backend: "pebble", Bytes: s.diskUsage(), BaseSeq: base.Seq, HeadSeq: head.Seq}, nil
+}
+
+// sealedBefore is the newest of checkpoints signed before horizon (0: none, or no horizon).
+func sealedBefore(checkpoints []LogEntry, horizon time.Time) (uint64, error) {
+	if horizon.IsZero() {
+		return 0, nil
+	}
+	var seq uint64
+	for _, e := range checkpoints {
+		cp, err := parseOwnCheckpoint(e.Value)
+		if err != nil {
+			return 0, err
+		}
+		if !cp.At.Before(horizon) {
+			break
+		}
+		seq = cp.Seq
+	}
+	return seq, nil
+}
+
+// HeldFunc reports which of ids (execution ids) still have their record.
+type HeldFunc func(ids []string) (map[string]bool, error)
+
+// scanPage is how many events scanPrefix reads before it asks which of their records are
+// still held.
+const scanPage = 500
+
+// scanPrefix reads a chain's events in order (from its base) for a pass: limit is the first
+// event of a record still held (past the last event read when none), and carry the records
+// still held with events up to horizonSeq, in order of their first event there. It stops
+// once it has passed both.
+func scanPrefix(ctx context.Context, events iter.Seq2[LogEntry, error], horizonSeq uint64, held HeldFunc) (limit uint64, carry []string, err error) {
+	known := map[string]bool{}
+	seen := map[string]bool{}
+	last := uint64(0)
+	type entry struct {
+		seq uint64
+		id  string
+	}
+	var page []entry
+	// decide applies a page; it reports whether the scan is done.
+	decide := func() (bool, error) {
+		var ask []string
+		for _, e := range page {
+			if _, ok := known[e.id]; !ok && !slices.Contains(ask, e.id) {
+				ask = append(ask, e.id)
+			}
+		}
+		if len(ask) > 0 {
+			got, err := held(ask)
+			if err != nil {
+				return false, err
+			}
+			for _, id := range ask {
+				known[id] = got[id]
+			}
+		}
+		for _, e := range page {
+			if limit > 0 && e.seq > horizonSeq {
+				return true, nil
+			}
+			if !known[e.id] {
+				continue
+			}
+			if limit == 0 {
+				limit = e.seq
+			}
+			if e.seq <= horizonSeq && !seen[e.id] {
+				seen[e.id] = true
+				carry = append(carry, e.id)
+			}
+		}
+		page = page[:0]
+		return false, nil
+	}
+	for e, err := range events {
+		if err != nil {
+			return 0, nil, err
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, nil, err
+		}
+		id, err := EventOf(e.Value)
+		if err != nil {
+			return 0, nil, fmt.Errorf("event %d: %w", e.Seq, err)
+		}
+		last = e.Seq
+		page = append(page, entry{e.Seq, id})
+		if len(page) == scanPage {
+			done, err := decide()
+			if err != nil {
+				return 0, nil, err
+			}
+			if done {
+				return limit, carry, nil
+			}
+		}
+	}
+	if _, err := decide(); err != nil {
+		return 0, nil, err
+	}
+	if limit == 0 {
+		limit = last + 1
+	}
+	return limit, carry, nil
+}
+
+// ScanPrefix is scanPrefix for another backend.
+func ScanPrefix(ctx context.Context, events iter.Seq2[LogEntry, error], horizonSeq uint64, held HeldFunc) (uint64, []string, error) {
+	return scanPrefix(ctx, events, horizonSeq, held)
+}
+
+// SealedBefore is sealedBefore for another backend.
+func SealedBefore(checkpoints []LogEntry, horizon time.Time) (uint64, error) {
+	return sealedBefore(checkpoints, horizon)
 }

@@ -134,3 +134,30 @@ func TestCloseStopsAPass(t *testing.T) {
 		t.Fatalf("pass interrupted by Close: %v", err)
 	}
 }
+
+// After a pass carried a held record forward, the store's dir verifies offline: the chain,
+// and every record against its last event (the carried one holds it as it stands).
+func TestCarriedRecordsVerifyOffline(t *testing.T) {
+	clock := journaltest.NewClock()
+	s := testutil.OpenStore(t, markers.JournalGraph, func(o *markers.Options) {
+		o.Now = clock.Now
+		o.Retention = map[string]time.Duration{"read_only": time.Hour}
+		o.EventRetention = time.Hour
+		o.CheckpointEvery = 3
+	})
+	held := &markers.Record{ID: "ex_held", Actor: "a", IntentScope: "run:1", Fingerprint: "f", Class: "read_only"}
+	journaltest.Dispatched(t, s, held, clock.Now())
+	for i := range 3 {
+		journaltest.Finished(t, s, &markers.Record{ID: fmt.Sprintf("ex_%d", i), Actor: "b", IntentScope: "run:2", Fingerprint: fmt.Sprint(i), Class: "read_only"}, clock.Now())
+	}
+	clock.Advance(2 * time.Hour)
+	res, err := s.GC(context.Background(), markers.GCOptions{})
+	if err != nil || res.Carried != 1 || res.Events == 0 {
+		t.Fatalf("pass = %+v, %v", res, err)
+	}
+	s.Close()
+	rep, err := markers.VerifyDir(s.Dir, s.VerifierKey, markers.VerifyOptions{RequireSealed: true})
+	if err != nil || !rep.OK || rep.Records != 1 {
+		t.Fatalf("verify dir = %v, %v; want PASS with the held record matching its last event", rep, err)
+	}
+}

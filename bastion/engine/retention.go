@@ -51,7 +51,7 @@ func (b *Engine) RetentionPass(ctx context.Context, dryRun bool) (*api.Retention
 		log = b.log.Error
 	}
 	log("retention pass", "dry_run", dryRun, "removed", res.Records, "kept", res.Kept, "tombstones", res.Tombstones,
-		"tombstones_expired", res.TombstonesExpired, "runs", res.Runs, "events_pruned", res.Events, "chain_base", res.BaseSeq,
+		"tombstones_expired", res.TombstonesExpired, "runs", res.Runs, "events_pruned", res.Events, "carried", res.Carried, "chain_base", res.BaseSeq,
 		"bytes_before", res.BytesBefore, "bytes_after", res.BytesAfter, "seconds", p.Seconds, "err", err)
 	if err != nil {
 		return p, journalError(err)

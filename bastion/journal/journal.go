@@ -46,9 +46,10 @@ func Open(cfg config.Config, signer note.Signer, log *slog.Logger, now func() ti
 // its class's attach window and retention); the pointer entries of a removed execution keep
 // its tombstone for one more retention of its class, so a late call is answered by
 // intent.RuleRemoved; an agent run with no execution left goes once it was first seen longer
-// ago than the longest retention; and the chain keeps no event longer than twice the longest
-// retention, even of an execution still held (one in flight or awaiting review for that
-// long).
+// ago than the longest retention; and the chain's prefix older than the shortest retention
+// is pruned, the events there of executions still held carried forward first — so that the
+// chain holds about the shortest retention of events plus those of what is held, whatever
+// the mix of classes.
 func Retention(cls *config.Classes, mo *markers.Options) {
 	var shortest, longest time.Duration
 	for _, d := range cls.Retention() {
@@ -61,7 +62,7 @@ func Retention(cls *config.Classes, mo *markers.Options) {
 	mo.TombstoneRetention = func(class string) time.Duration { return cls.Get(class).Retention }
 	mo.MinRetention = shortest
 	mo.RunRetention = longest
-	mo.EventRetention = 2 * longest
+	mo.EventRetention = shortest
 }
 
 // etcdJournal is the etcd journal with the client it owns.

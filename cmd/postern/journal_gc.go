@@ -162,6 +162,9 @@ func printPass(w io.Writer, where string, p *api.RetentionPass) {
 		fmt.Fprintf(w, "  the chain could be pruned through event %d now (%d events)\n", p.BaseSeq, p.Events)
 	case p.Events > 0:
 		fmt.Fprintf(w, "  the chain is pruned through event %d (%d events; a signed checkpoint attests the new start; exports made before hold them)\n", p.BaseSeq, p.Events)
+		if p.Carried > 0 {
+			fmt.Fprintf(w, "  %d executions still held had events there: carried forward first\n", p.Carried)
+		}
 	case p.BaseSeq > 0:
 		fmt.Fprintf(w, "  the chain starts after event %d\n", p.BaseSeq)
 	}

@@ -47,41 +47,18 @@ func (j *Journal) buildIndexes() error {
 		if err != nil {
 			return j.wrap("build indexes", err)
 		}
-		recs := make([]*markers.Record, 0, len(resp.Kvs))
-		firsts := make([]clientv3.Op, 0, len(resp.Kvs))
 		for _, kv := range resp.Kvs {
 			rec, err := markers.DecodeRecord(kv.Value)
 			if err != nil {
 				return err
 			}
-			recs = append(recs, rec)
-			f := markers.ExecEventFamily(rec.ID)
-			firsts = append(firsts, clientv3.OpGet(j.key(f.Start), clientv3.WithRange(j.key(f.End)), clientv3.WithKeysOnly(), clientv3.WithLimit(1)))
+			for _, k := range markers.IndexEntriesOf(rec) {
+				puts = append(puts, clientv3.OpPut(j.key(k), ""))
+			}
+			n++
 		}
-		if len(firsts) > 0 {
-			ctx, cancel := j.opCtx()
-			fr, err := j.kv.Txn(ctx).Then(firsts...).Commit()
-			cancel()
-			if err != nil {
-				return j.wrap("build indexes", err)
-			}
-			for i, rec := range recs {
-				var first []byte
-				if kvs := fr.Responses[i].GetResponseRange().Kvs; len(kvs) == 1 {
-					first = kvs[0].Key[len(j.prefix):]
-				}
-				keys, err := markers.IndexEntriesOf(rec, first)
-				if err != nil {
-					return err
-				}
-				for _, k := range keys {
-					puts = append(puts, clientv3.OpPut(j.key(k), ""))
-				}
-			}
-			n += len(recs)
-			if err := flush(); err != nil {
-				return err
-			}
+		if err := flush(); err != nil {
+			return err
 		}
 		if !resp.More || len(resp.Kvs) == 0 {
 			break
@@ -95,7 +72,7 @@ func (j *Journal) buildIndexes() error {
 		return j.wrap("build indexes", err)
 	}
 	if n > 0 {
-		j.log.Info("built the actor, run and first-event indexes of an older journal", "records", n)
+		j.log.Info("built the actor and run indexes of an older journal", "records", n)
 	}
 	j.indexed.Store(true)
 	return nil

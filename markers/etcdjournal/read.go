@@ -240,7 +240,7 @@ func (j *Journal) Events(id string) ([]markers.Event, error) {
 		}
 		out = append(out, ev)
 	}
-	return out, nil
+	return markers.StoryOf(out)
 }
 
 // Run returns the record of actor's run scope, or ErrNotFound.

@@ -291,26 +291,11 @@ func (j *Journal) removePage(ctx context.Context, timeKeys []*mvccpb.KeyValue, n
 		res.Records += len(victims)
 		return nil
 	}
-	// The first key of each one's event index, and the pointer entries it may still hold.
-	reads = reads[:0]
-	for _, v := range victims {
-		f := markers.ExecEventFamily(v.rec.ID)
-		reads = append(reads, clientv3.OpGet(j.key(f.Start), clientv3.WithRange(j.key(f.End)), clientv3.WithKeysOnly(), clientv3.WithLimit(1)))
-	}
-	firsts, err := j.readOps(ctx, reads)
-	if err != nil {
-		return err
-	}
+	// The pointer entries each may still hold.
 	plans := make([]markers.Removal, len(victims))
 	reads = reads[:0]
 	for i, v := range victims {
-		var first uint64
-		if len(firsts[i]) == 1 {
-			if first, err = markers.ExecEventSeq(firsts[i][0].Key[len(j.prefix):]); err != nil {
-				return err
-			}
-		}
-		plans[i] = markers.PlanRemoval(v.rec, first, now, j.opts.KeepTombstone(v.rec.Class))
+		plans[i] = markers.PlanRemoval(v.rec, now, j.opts.KeepTombstone(v.rec.Class))
 		for _, pc := range plans[i].Pointers {
 			reads = append(reads, clientv3.OpGet(j.key(pc.Key)))
 		}
@@ -482,20 +467,18 @@ func (j *Journal) readCounts(ctx context.Context, ops []clientv3.Op) ([]int64, e
 	return out, nil
 }
 
-// pruneChain moves the base to the cut (markers.CutPoint) — compared on the base's
-// mod_revision, so two passes do not both move it — then deletes the checkpoints before it
+// pruneChain prunes the chain's prefix up to the cut (markers.CutPoint): it scans the
+// prefix for the records still held (markers.ScanPrefix), carries forward those before the
+// event horizon (carry), then moves the base to the cut — compared on the base's
+// mod_revision, so two passes do not both move it — and deletes the checkpoints before it
 // and the events up to it in bounded ranges.
 func (j *Journal) pruneChain(ctx context.Context, now time.Time, dryRun bool, res *markers.GCResult) error {
-	bk, hk := j.key(markers.BaseKey()), j.key(markers.HeadKey())
-	fe := markers.FirstEventFamily
-	kvs, err := j.readOps(ctx, []clientv3.Op{
-		clientv3.OpGet(bk), clientv3.OpGet(hk),
-		clientv3.OpGet(j.key(fe.Start), clientv3.WithRange(j.key(fe.End)), clientv3.WithKeysOnly(), clientv3.WithLimit(1)),
-	})
+	bk := j.key(markers.BaseKey())
+	kvs, err := j.readOps(ctx, []clientv3.Op{clientv3.OpGet(bk)})
 	if err != nil {
 		return err
 	}
-	var base, head markers.ChainPos
+	var base markers.ChainPos
 	var baseRev int64
 	if b := kvs[0]; len(b) == 1 {
 		if err := json.Unmarshal(b[0].Value, &base); err != nil {
@@ -503,18 +486,7 @@ func (j *Journal) pruneChain(ctx context.Context, now time.Time, dryRun bool, re
 		}
 		baseRev = b[0].ModRevision
 	}
-	if h := kvs[1]; len(h) == 1 {
-		if err := json.Unmarshal(h[0].Value, &head); err != nil {
-			return fmt.Errorf("%w: head: %v", markers.ErrCorrupt, err)
-		}
-	}
 	res.BaseSeq = base.Seq
-	var first uint64
-	if f := kvs[2]; len(f) == 1 {
-		if first, err = markers.FirstEventSeq(f[0].Key[len(j.prefix):]); err != nil {
-			return err
-		}
-	}
 	var cps []markers.LogEntry
 	for e, err := range j.scan(markers.Family{Start: markers.CheckpointKey(base.Seq + 1), End: markers.CheckpointFamily.End}, 0) {
 		if err != nil {
@@ -526,14 +498,34 @@ func (j *Journal) pruneChain(ctx context.Context, now time.Time, dryRun bool, re
 	if j.opts.EventRetention > 0 {
 		horizon = now.Add(-j.opts.EventRetention)
 	}
-	cut, ok, err := markers.CutPoint(cps, first, head.Seq, horizon)
-	if err == nil && ok {
-		res.Events, res.BaseSeq = cut.Seq-base.Seq, cut.Seq
+	horizonSeq, err := markers.SealedBefore(cps, horizon)
+	if err != nil {
+		return err
 	}
-	if err != nil || dryRun {
+	if len(cps) == 0 {
+		return j.deleteBefore(ctx, base.Seq)
+	}
+	events := j.scan(markers.Family{Start: markers.EventKey(base.Seq + 1), End: markers.EventKey(cps[len(cps)-1].Seq + 1)}, 0)
+	limit, held, err := markers.ScanPrefix(ctx, events, horizonSeq, j.held(ctx))
+	if err != nil {
+		return err
+	}
+	cut, ok, err := markers.CutPoint(cps, limit, horizon)
+	if err != nil {
 		return err
 	}
 	if ok {
+		res.Events, res.BaseSeq, res.Carried = cut.Seq-base.Seq, cut.Seq, len(held)
+	}
+	if dryRun {
+		return nil
+	}
+	if ok {
+		for _, id := range held {
+			if err := j.carry(ctx, id, cut.Seq, now); err != nil {
+				return err
+			}
+		}
 		pos, _ := json.Marshal(cut)
 		tctx, cancel := context.WithTimeout(ctx, j.opTO)
 		resp, err := j.kv.Txn(tctx).If(clientv3.Compare(clientv3.ModRevision(bk), "=", baseRev)).
@@ -551,6 +543,88 @@ func (j *Journal) pruneChain(ctx context.Context, now time.Time, dryRun bool, re
 	// Delete what lies before the base (this pass's cut, or an interrupted pass's).
 	return j.deleteBefore(ctx, base.Seq)
 }
+
+// held reports which records are still held (keys only, in transactions of reads).
+func (j *Journal) held(ctx context.Context) markers.HeldFunc {
+	return func(ids []string) (map[string]bool, error) {
+		ops := make([]clientv3.Op, len(ids))
+		for i, id := range ids {
+			ops[i] = clientv3.OpGet(j.key(markers.RecordKey(id)), clientv3.WithKeysOnly())
+		}
+		kvs, err := j.readOps(ctx, ops)
+		if err != nil {
+			return nil, err
+		}
+		held := make(map[string]bool, len(ids))
+		for i, id := range ids {
+			held[id] = len(kvs[i]) == 1
+		}
+		return held, nil
+	}
+}
+
+// carry carries forward record id's events up to through (markers.PlanCarries), each
+// carried event compared on the record's mod_revision so that it holds the record as it
+// stands; a record another replica changed meanwhile is read again.
+func (j *Journal) carry(ctx context.Context, id string, through uint64, now time.Time) error {
+	rk := j.key(markers.RecordKey(id))
+	f := markers.ExecEventFamily(id)
+	for attempt := 0; ; attempt++ {
+		kvs, err := j.readOps(ctx, []clientv3.Op{clientv3.OpGet(rk),
+			clientv3.OpGet(j.key(f.Start), clientv3.WithRange(j.key(markers.ExecEventFamily(id).Start)+seqSuffix(through+1)), clientv3.WithKeysOnly())})
+		if err != nil {
+			return err
+		}
+		if len(kvs[0]) == 0 {
+			return nil // removed since the scan
+		}
+		rec, err := markers.DecodeRecord(kvs[0][0].Value)
+		if err != nil {
+			return err
+		}
+		rev := kvs[0][0].ModRevision
+		keys := make([]string, 0, len(kvs[1]))
+		seqs := make([]uint64, 0, len(kvs[1]))
+		for _, kv := range kvs[1] {
+			seq, err := markers.ExecEventSeq(kv.Key[len(j.prefix):])
+			if err != nil {
+				return err
+			}
+			keys, seqs = append(keys, j.key(markers.EventKey(seq))), append(seqs, seq)
+		}
+		lines, err := j.getMany(keys)
+		if err != nil {
+			return err
+		}
+		var entries []markers.LogEntry
+		for i, l := range lines {
+			if l != nil {
+				entries = append(entries, markers.LogEntry{Seq: seqs[i], Value: l})
+			}
+		}
+		writes, err := markers.PlanCarries(rec, entries, now)
+		if err != nil {
+			return err
+		}
+		stale := false
+		for _, w := range writes {
+			err := j.commitQueued(&request{w: w, conds: []cond{{key: rk, rev: rev}}})
+			if errors.Is(err, errStale) && attempt < 5 {
+				stale = true
+				break
+			}
+			if err != nil {
+				return fmt.Errorf("etcdjournal: carry %s forward: %w", id, err)
+			}
+		}
+		if !stale {
+			return nil
+		}
+	}
+}
+
+// seqSuffix is the 8-byte big-endian suffix of an event index key for seq.
+func seqSuffix(seq uint64) string { return string(markers.EventKey(seq)[1:]) }
 
 // deleteBefore deletes the checkpoints before seq and the events up to it, in ranges of at
 // most maxRangeDelete events, several per transaction.

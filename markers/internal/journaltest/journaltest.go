@@ -80,6 +80,7 @@ func Retention(t *testing.T, open Opener) {
 		{"NewerExecutionKeepsItsPointer", newerExecutionKeepsItsPointer},
 		{"DryRunChangesNothing", dryRunChangesNothing},
 		{"RunIdentityRecordsAMissingRun", runIdentityRecordsAMissingRun},
+		{"HeldExecutionsAreCarriedForward", heldExecutionsAreCarriedForward},
 	} {
 		t.Run(tc.name, func(t *testing.T) { tc.f(t, open) })
 	}
@@ -413,4 +414,86 @@ func Indexes(t *testing.T, open Opener) {
 	if _, _, err := j.List(markers.Query{Actor: "bob", Cursor: next}); !errors.Is(err, markers.ErrInvalidCursor) {
 		t.Errorf("another actor's cursor: %v; want ErrInvalidCursor", err)
 	}
+}
+
+// A record held past the event horizon does not pin the chain: its events in the pruned
+// prefix are carried forward (one carried event at the head), so Events still tells its
+// whole story, the chain verifies, and a later pass carries them again without nesting.
+// Without a horizon the held record's first event bounds the prune.
+func heldExecutionsAreCarriedForward(t *testing.T, open Opener) {
+	clock := NewClock()
+	pinned, _ := open(t, retentionOptions(clock))
+	held := record(1, "alice", "run:1", "read_only")
+	Dispatched(t, pinned, held, clock.Now())
+	for i := range 4 {
+		Finished(t, pinned, record(10+i, "bob", "run:2", "read_only"), clock.Now())
+	}
+	clock.Advance(2 * time.Hour)
+	if res := gc(t, pinned, false); res.Records != 4 || res.Events != 0 {
+		t.Fatalf("pass without an event horizon = %+v; want the records removed, the chain kept from the held one's first event", res)
+	}
+
+	j, verifier := open(t, func(o *markers.Options) {
+		retentionOptions(clock)(o)
+		o.EventRetention = time.Hour
+	})
+	Dispatched(t, j, held, clock.Now())
+	if err := j.Joined(ctx, held.ID, &markers.Call{Transport: "http", Run: "run:1", Match: "attach"}); err != nil {
+		t.Fatal(err)
+	}
+	for i := range 4 {
+		Finished(t, j, record(10+i, "bob", "run:2", "read_only"), clock.Now())
+	}
+	story, err := j.Events(held.ID)
+	if err != nil || len(story) != 4 {
+		t.Fatalf("events of the held record = %d, %v", len(story), err)
+	}
+	clock.Advance(2 * time.Hour)
+	res := gc(t, j, false)
+	if res.Records != 4 || res.Carried != 1 || res.Events == 0 {
+		t.Fatalf("pass past the event horizon = %+v; want the held record carried forward and the prefix pruned", res)
+	}
+	again, err := j.Events(held.ID)
+	if err != nil || fmt.Sprint(seqs(again)) != fmt.Sprint(seqs(story)) {
+		t.Fatalf("events of the held record after the pass = %v, %v; want %v", seqs(again), err, seqs(story))
+	}
+	if _, err := j.Transition(ctx, held.ID, markers.Dispatched, markers.Running, "", nil); err != nil {
+		t.Fatal(err)
+	}
+	if rep := verify(t, j, verifier); !rep.OK || rep.PrunedThrough != res.BaseSeq {
+		t.Fatalf("verify after carrying = %v", rep)
+	}
+	clock.Advance(2 * time.Hour)
+	if res := gc(t, j, false); res.Carried != 1 || res.Events == 0 {
+		t.Fatalf("second pass = %+v; want the held record carried again", res)
+	}
+	final, err := j.Events(held.ID)
+	if err != nil || len(final) != len(story)+1 || final[len(final)-1].To != markers.Running {
+		t.Fatalf("events after carrying twice = %v, %v; want the story and the transition once each", seqs(final), err)
+	}
+	for _, ev := range final {
+		if ev.Kind == markers.KindCarried {
+			t.Fatalf("Events shows a carried event: %+v", ev)
+		}
+	}
+	if rep := verify(t, j, verifier); !rep.OK {
+		t.Fatalf("verify after carrying twice = %v", rep)
+	}
+}
+
+func seqs(evs []markers.Event) []uint64 {
+	var out []uint64
+	for _, ev := range evs {
+		out = append(out, ev.Seq)
+	}
+	return out
+}
+
+func verify(t *testing.T, j markers.JournalStore, verifier string) markers.Report {
+	t.Helper()
+	rep, err := markers.VerifyJSONL(bytes.NewReader(export(t, j)), verifier, markers.VerifyOptions{RequireSealed: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }
