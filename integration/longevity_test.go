@@ -119,8 +119,8 @@ func longevity(t *testing.T, plan longevityPlan, b *harness.Bastion) {
 		figures = append(figures, fig)
 		total += fig.executions
 		removed += fig.removed
-		t.Logf("window %d: %d executions (p50 %v, p99 %v); pass removed %d (removed by every pass so far: %v), pruned %d events; backend %d bytes",
-			w, fig.executions, fig.p50.Round(10*time.Microsecond), fig.p99.Round(10*time.Microsecond), fig.removed,
+		t.Logf("window %d: %d executions (p50 %v, p99 %v); pass removed %d in %.2fs (removed by every pass so far: %v), pruned %d events; backend %d bytes",
+			w, fig.executions, fig.p50.Round(10*time.Microsecond), fig.p99.Round(10*time.Microsecond), fig.removed, p.Seconds,
 			metric(t, b, `postern_retention_removed_total{what="executions"}`), fig.events, fig.bytes)
 	}
 	last, first := figures[len(figures)-1], figures[0]

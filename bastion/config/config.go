@@ -103,6 +103,13 @@ type Config struct {
 	// "Retention"; on etcd, on the elected replica). Default 1h; "0s" runs none (then
 	// `postern journal gc` runs it).
 	RetentionInterval time.Duration `toml:"retention_interval"`
+	// EventRetention is how long the journal's hash chain keeps events: a retention pass
+	// prunes the older ones, carrying forward first those of executions still held (each
+	// copied once per event_retention while it is held). Default: the shortest class
+	// retention and a quarter, plus two retention intervals (bastion/journal.Retention).
+	// Longer carries less often but keeps removed executions' events longer; shorter the
+	// reverse.
+	EventRetention time.Duration `toml:"event_retention"`
 	// ApprovalTimeout rejects an execution that waited this long for an operator's
 	// decision. Default 1h; "0s" waits forever.
 	ApprovalTimeout time.Duration `toml:"approval_timeout"`
@@ -418,6 +425,9 @@ func (c Config) Validate() error {
 	}
 	if c.RetentionInterval < 0 {
 		bad("retention_interval must not be negative (\"0s\" runs no scheduled retention pass)")
+	}
+	if c.EventRetention < 0 {
+		bad("event_retention must not be negative")
 	}
 	if c.MaxLocalConns < 16 || c.MaxLocalConns > 1<<16 {
 		bad("max_local_conns must be in 16..65536, got %d", c.MaxLocalConns)

@@ -47,6 +47,8 @@ commands = ["df *"]`},
 		{name: "delivery revoke grace as number", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = 30", wantErr: "duration string"},
 		{name: "delivery settle off", toml: "state_dir = \"/x\"\ndelivery_settle = \"0s\""},
 		{name: "delivery settle too long", toml: "state_dir = \"/x\"\ndelivery_settle = \"1m\"", wantErr: "delivery_settle must be in"},
+		{name: "event retention", toml: "state_dir = \"/x\"\nevent_retention = \"72h\""},
+		{name: "negative event retention", toml: "state_dir = \"/x\"\nevent_retention = \"-1h\"", wantErr: "event_retention must not be negative"},
 		{name: "window longer than retention", toml: "state_dir = \"/x\"\n[[classes]]\nname = \"c\"\nattach_window = \"48h\"\nretention = \"1h\"", wantErr: "longer than retention"},
 	}
 	for _, tt := range tests {

@@ -34,7 +34,7 @@ func Open(cfg config.Config, signer note.Signer, log *slog.Logger, now func() ti
 		Logger:        log.With("component", "journal"),
 		Now:           now,
 	}
-	Retention(cfg.ResolveClasses(), &mo)
+	Retention(cfg, &mo)
 	if !cfg.Journal.Etcd() {
 		return markers.Open(cfg.JournalDir(), mo)
 	}
@@ -42,15 +42,20 @@ func Open(cfg config.Config, signer note.Signer, log *slog.Logger, now func() ti
 }
 
 // Retention sets the journal's retention rules (docs/design.md, "Retention") from the
-// action classes: an execution is removable once no call could match it (intent.Removable,
-// its class's attach window and retention); the pointer entries of a removed execution keep
-// its tombstone for one more retention of its class, so a late call is answered by
-// intent.RuleRemoved; an agent run with no execution left goes once it was first seen longer
-// ago than the longest retention; and the chain's prefix older than the shortest retention
-// is pruned, the events there of executions still held carried forward first — so that the
-// chain holds about the shortest retention of events plus those of what is held, whatever
-// the mix of classes.
-func Retention(cls *config.Classes, mo *markers.Options) {
+// configuration's action classes: an execution is removable once no call could match it
+// (intent.Removable, its class's attach window and retention); the pointer entries of a
+// removed execution keep its tombstone for one more retention of its class, so a late call
+// is answered by intent.RuleRemoved; an agent run with no execution left goes once it was
+// first seen longer ago than the longest retention; and the chain's prefix older than
+// event_retention is pruned, the events there of executions still held carried forward
+// first. event_retention defaults to the shortest class retention, a quarter more and two
+// retention intervals: an execution of the shortest class is gone before its events reach
+// that horizon, so only what is held longer is carried, and the chain holds about the
+// shortest retention of events plus those of what is held, whatever the mix of classes (a
+// horizon at the longest retention would keep every removed execution's events as long as
+// the longest class keeps one: 90 days, not 7, with the built-in classes).
+func Retention(cfg config.Config, mo *markers.Options) {
+	cls := cfg.ResolveClasses()
 	var shortest, longest time.Duration
 	for _, d := range cls.Retention() {
 		if shortest == 0 || d < shortest {
@@ -62,7 +67,10 @@ func Retention(cls *config.Classes, mo *markers.Options) {
 	mo.TombstoneRetention = func(class string) time.Duration { return cls.Get(class).Retention }
 	mo.MinRetention = shortest
 	mo.RunRetention = longest
-	mo.EventRetention = shortest
+	mo.EventRetention = cfg.EventRetention
+	if mo.EventRetention == 0 {
+		mo.EventRetention = shortest + shortest/4 + 2*cfg.RetentionInterval
+	}
 }
 
 // etcdJournal is the etcd journal with the client it owns.
@@ -118,7 +126,7 @@ func orDefault[T comparable](v, def T) T {
 // while replicas serve it.
 func OpenReadOnly(cfg config.Config, log *slog.Logger) (markers.JournalStore, error) {
 	mo := markers.Options{ReadOnly: true, Graph: markers.JournalGraph, Logger: log}
-	Retention(cfg.ResolveClasses(), &mo) // a dry run of the retention pass reads them
+	Retention(cfg, &mo) // a dry run of the retention pass reads them
 	if cfg.Journal.Etcd() {
 		return OpenEtcd(cfg.Journal, mo)
 	}

@@ -48,3 +48,31 @@ func TestEtcdJournalOverTLS(t *testing.T) {
 		t.Fatal("a client without a certificate opened the journal")
 	}
 }
+
+// The journal's retention rules come from the classes: the event horizon is the shortest
+// class retention with a margin (a quarter and two retention intervals) unless
+// event_retention sets it, runs go after the longest retention.
+func TestRetentionRules(t *testing.T) {
+	const day = 24 * time.Hour
+	tests := []struct {
+		name             string
+		eventRetention   time.Duration
+		interval         time.Duration
+		wantEvents, runs time.Duration
+	}{
+		{name: "built-in classes", interval: time.Hour, wantEvents: 7*day + 7*day/4 + 2*time.Hour, runs: 90 * day},
+		{name: "no scheduled pass", wantEvents: 7*day + 7*day/4, runs: 90 * day},
+		{name: "event_retention set", eventRetention: 2 * day, interval: time.Hour, wantEvents: 2 * day, runs: 90 * day},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := config.DefaultConfig(t.TempDir())
+			cfg.EventRetention, cfg.RetentionInterval = tt.eventRetention, tt.interval
+			var mo markers.Options
+			Retention(cfg, &mo)
+			if mo.EventRetention != tt.wantEvents || mo.RunRetention != tt.runs || mo.MinRetention != 7*day {
+				t.Errorf("events %v, runs %v, min %v; want %v, %v, %v", mo.EventRetention, mo.RunRetention, mo.MinRetention, tt.wantEvents, tt.runs, 7*day)
+			}
+		})
+	}
+}
