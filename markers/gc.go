@@ -86,10 +86,14 @@ func (s *Store) GC(ctx context.Context, o GCOptions) (GCResult, error) {
 func (s *Store) diskUsage() int64 { return int64(s.db.Metrics().DiskSpaceUsage()) }
 
 // awaitObsoleteDeleted waits (a few seconds at most) until Pebble deleted the tables a
-// compaction made obsolete, which it does in the background: the space is free only then.
+// compaction replaced, which it does in the background once no reader holds them (until
+// then they are zombies, then obsolete): the space is free only then.
 func (s *Store) awaitObsoleteDeleted(ctx context.Context) {
 	deadline := time.Now().Add(10 * time.Second)
-	for s.db.Metrics().Table.Local.ObsoleteSize > 0 && time.Now().Before(deadline) {
+	for time.Now().Before(deadline) {
+		if t := s.db.Metrics().Table.Local; t.ObsoleteSize == 0 && t.ZombieSize == 0 {
+			return
+		}
 		select {
 		case <-ctx.Done():
 			return
