@@ -106,7 +106,8 @@ type Config struct {
 	// EventRetention is how long the journal's hash chain keeps events: a retention pass
 	// prunes the older ones, carrying forward first those of executions still held (each
 	// copied once per event_retention while it is held). Default: the shortest class
-	// retention and a quarter, plus two retention intervals (bastion/journal.Retention).
+	// retention, plus its removal margin (at most 10 minutes) and two retention intervals
+	// (bastion/journal.Retention).
 	// Longer carries less often but keeps removed executions' events longer; shorter the
 	// reverse.
 	EventRetention time.Duration `toml:"event_retention"`

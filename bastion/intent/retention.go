@@ -19,19 +19,19 @@ import (
 // whatever a call could still join).
 const Removed Match = "execution_removed"
 
-// removalMargin is added to a class's windows before an execution may be removed: it covers
+// RemovalMargin is added to a class's windows before an execution may be removed: it covers
 // the clock skew between bastion replicas (one may run the pass while another matches a
-// call). At most 10 minutes, less for classes with short windows.
-func removalMargin(class config.Class) time.Duration {
-	return min(10*time.Minute, class.Retention/10)
+// call). At most 10 minutes, less for classes with a short retention.
+func RemovalMargin(retention time.Duration) time.Duration {
+	return min(10*time.Minute, retention/10)
 }
 
 // Removable reports whether retention may remove rec at now: only an execution that ended
 // (never one in flight, awaiting approval or awaiting review), and only once no call could
 // join it — its class's attach window has passed since it was accepted and its class's
-// retention since it ended (which bounds a keyed call's match), each plus removalMargin.
+// retention since it ended (which bounds a keyed call's match), each plus RemovalMargin.
 func Removable(rec *markers.Record, now time.Time, class config.Class) bool {
-	margin := removalMargin(class)
+	margin := RemovalMargin(class.Retention)
 	switch {
 	case !markers.JournalGraph.Terminal(rec.State) || rec.ReviewRequired:
 		return false

@@ -48,12 +48,13 @@ func Open(cfg config.Config, signer note.Signer, log *slog.Logger, now func() ti
 // is answered by intent.RuleRemoved; an agent run with no execution left goes once it was
 // first seen longer ago than the longest retention; and the chain's prefix older than
 // event_retention is pruned, the events there of executions still held carried forward
-// first. event_retention defaults to the shortest class retention, a quarter more and two
-// retention intervals: an execution of the shortest class is gone before its events reach
+// first. event_retention defaults to the shortest class retention, its removal margin and
+// two retention intervals (for a command that ran long, whose first events are that much
+// older than its end): an execution of the shortest class is removed before its events reach
 // that horizon, so only what is held longer is carried, and the chain holds about the
-// shortest retention of events plus those of what is held, whatever the mix of classes (a
-// horizon at the longest retention would keep every removed execution's events as long as
-// the longest class keeps one: 90 days, not 7, with the built-in classes).
+// shortest retention of events plus one copy of those of what is held, whatever the mix of
+// classes (a horizon at the longest retention would keep every removed execution's events as
+// long as the longest class keeps one: 90 days, not 7, with the built-in classes).
 func Retention(cfg config.Config, mo *markers.Options) {
 	cls := cfg.ResolveClasses()
 	var shortest, longest time.Duration
@@ -69,7 +70,7 @@ func Retention(cfg config.Config, mo *markers.Options) {
 	mo.RunRetention = longest
 	mo.EventRetention = cfg.EventRetention
 	if mo.EventRetention == 0 {
-		mo.EventRetention = shortest + shortest/4 + 2*cfg.RetentionInterval
+		mo.EventRetention = shortest + intent.RemovalMargin(shortest) + 2*cfg.RetentionInterval
 	}
 }
 

@@ -50,7 +50,7 @@ func TestEtcdJournalOverTLS(t *testing.T) {
 }
 
 // The journal's retention rules come from the classes: the event horizon is the shortest
-// class retention with a margin (a quarter and two retention intervals) unless
+// class retention with a margin (its removal margin and two retention intervals) unless
 // event_retention sets it, runs go after the longest retention.
 func TestRetentionRules(t *testing.T) {
 	const day = 24 * time.Hour
@@ -60,8 +60,8 @@ func TestRetentionRules(t *testing.T) {
 		interval         time.Duration
 		wantEvents, runs time.Duration
 	}{
-		{name: "built-in classes", interval: time.Hour, wantEvents: 7*day + 7*day/4 + 2*time.Hour, runs: 90 * day},
-		{name: "no scheduled pass", wantEvents: 7*day + 7*day/4, runs: 90 * day},
+		{name: "built-in classes", interval: time.Hour, wantEvents: 7*day + 10*time.Minute + 2*time.Hour, runs: 90 * day},
+		{name: "no scheduled pass", wantEvents: 7*day + 10*time.Minute, runs: 90 * day},
 		{name: "event_retention set", eventRetention: 2 * day, interval: time.Hour, wantEvents: 2 * day, runs: 90 * day},
 	}
 	for _, tt := range tests {
