@@ -59,14 +59,16 @@ func journalChecks(h *api.JournalHealth) []doctorCheck {
 		switch {
 		case slices.Contains(h.Alarms, "NOSPACE"):
 			out = append(out, doctorCheck{Check: "journal", Status: "problem",
-				Detail: detail + "; alarm NOSPACE: the quota was reached and etcd refuses every write, so every call fails closed",
-				Fix:    "free space: postern journal gc (or shorten the classes' retention), then on each member in turn etcdctl --endpoints=URL defrag, then etcdctl alarm disarm; or raise --quota-backend-bytes (at most 8 GiB) and [journal] quota_bytes (docs/replicas.md)"})
+				Detail: detail + "; alarm NOSPACE: the quota was reached and etcd refuses every write — a retention pass's too —, so every call fails closed",
+				Fix: "make room first: on each member in turn, etcdctl --endpoints=URL defrag if it has free space, else restart it with a larger --quota-backend-bytes (at most 8 GiB); " +
+					"then etcdctl alarm disarm, postern journal gc (shorten the classes' retention if the steady state does not fit), defragment again, and set [journal] quota_bytes " +
+					"(docs/operations.md, Retention and capacity)"})
 		case len(h.Alarms) > 0:
 			out = append(out, doctorCheck{Check: "journal", Status: "problem", Detail: detail + "; alarms: " + strings.Join(h.Alarms, ", "),
 				Fix: "see etcdctl alarm list and the members' logs (docs/replicas.md)"})
 		case use >= quotaWarn:
 			out = append(out, doctorCheck{Check: "journal", Status: "problem", Detail: detail,
-				Fix: "at the quota every call fails closed: postern journal gc, then defragment the members one at a time (etcdctl --endpoints=URL defrag), or raise the quota (docs/replicas.md, Capacity)"})
+				Fix: "at the quota every call fails closed, and a retention pass can no longer run: postern journal gc now, then defragment the members one at a time (etcdctl --endpoints=URL defrag); shorten the classes' retention or raise the quota if the steady state does not fit (docs/operations.md, Retention and capacity)"})
 		default:
 			out = append(out, doctorCheck{Check: "journal", Status: "ok", Detail: detail})
 		}
