@@ -3,6 +3,7 @@ package bastion
 import (
 	"context"
 	"log/slog"
+	"net"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -19,6 +20,10 @@ type Options struct {
 	Now func() time.Time
 	// Hold serves with nothing sent (engine.Options.Hold: serve --hold).
 	Hold bool
+	// HTTPListener, when set, is what the Streamable HTTP endpoint serves on, already bound
+	// to Config.Listen: `postern up` binds its port before it writes anything, so a port in
+	// use fails first. Serve closes it.
+	HTTPListener net.Listener
 }
 
 // Bastion is the daemon: the engine, and its surfaces on their endpoints once it serves.
@@ -27,6 +32,7 @@ type Bastion struct {
 	cfg    config.Config
 	log    *slog.Logger
 	now    func() time.Time
+	httpLn net.Listener
 }
 
 // Open opens the engine on the config's state dir; it does not serve yet: call Recover,
@@ -42,7 +48,7 @@ func Open(opts Options) (*Bastion, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Bastion{engine: e, cfg: e.Config(), log: opts.Logger, now: opts.Now}, nil
+	return &Bastion{engine: e, cfg: e.Config(), log: opts.Logger, now: opts.Now, httpLn: opts.HTTPListener}, nil
 }
 
 // Recover reconciles the executions the journal shows in flight before the bastion serves

@@ -12,7 +12,9 @@ import (
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
+	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/delivery"
+	"github.com/postern-dev/postern/bastion/engine"
 	"github.com/postern-dev/postern/bastion/mcpserver"
 	"github.com/postern-dev/postern/bastion/operatorapi"
 	"github.com/postern-dev/postern/bastion/tasks"
@@ -21,8 +23,10 @@ import (
 
 // Endpoints are where a serving bastion listens.
 type Endpoints struct {
-	// URL is the Streamable HTTP endpoint ("" if HTTP is disabled).
-	URL string
+	// HTTP is the address the Streamable HTTP listener is bound to ("" if HTTP is disabled);
+	// URL its MCP endpoint.
+	HTTP string
+	URL  string
 	// Socket is the local MCP endpoint (unix socket; `postern mcp` bridges stdio to it).
 	Socket string
 	// OperatorSocket serves the operator CLI.
@@ -53,6 +57,10 @@ func bySession(stateless, sessions http.Handler) http.Handler {
 
 // shutdownGrace bounds how long in-flight requests may finish when the bastion stops.
 const shutdownGrace = 5 * time.Second
+
+// fdReserve is how many descriptors the HTTP endpoint's connections leave, besides the unix
+// sockets' (max_local_conns each), for the journal, the SSH pool, the plugin and the rest.
+const fdReserve = 1024
 
 // Serve serves the MCP endpoints and the operator API until ctx ends; ready is called once
 // every listener is open. Call Recover first: nothing is served before the journal's
@@ -99,7 +107,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		mcpHTTP, err := transport.HTTPHandler(remote, transport.HTTPOptions{
 			Actors: actors, MaxBodyBytes: b.cfg.MaxBodyBytes,
 			AllowedHosts: b.cfg.AllowedHosts, AllowedOrigins: b.cfg.AllowedOrigins,
-			Logger: b.log.With("component", "http"),
+			Logger: b.log.With("component", "http"), CountRefusal: b.engine.CountRefusal,
 		})
 		if err != nil {
 			return err
@@ -108,9 +116,11 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		mux.Handle(MCPPath, mcpHTTP)
 		mux.Handle("/metrics", b.engine.MetricsHandler())
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
-		l, err := net.Listen("tcp", b.cfg.Listen)
-		if err != nil {
-			return fmt.Errorf("bastion: listen %s: %w", b.cfg.Listen, err)
+		l := b.httpLn
+		if l == nil {
+			if l, err = net.Listen("tcp", b.cfg.Listen); err != nil {
+				return fmt.Errorf("bastion: listen %s: %w", b.cfg.Listen, err)
+			}
 		}
 		scheme := "http"
 		if b.cfg.TLSCertFile != "" {
@@ -122,13 +132,32 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 			l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 			scheme = "https"
 		}
-		listeners = append(listeners, l)
-		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ConnContext: delivery.RememberConn(nil)})
+		// The descriptors the HTTP connections may not take: the unix sockets' connections
+		// and the rest (journal, SSH pool, plugin).
+		maxLocal := b.cfg.MaxLocalConns
+		if maxLocal <= 0 {
+			maxLocal = transport.DefaultMaxLocalConns
+		}
+		maxConns, nofile := transport.FitHTTPConns(0, 2*maxLocal+fdReserve)
+		if maxConns < transport.DefaultMaxHTTPConns {
+			b.log.Warn("the descriptor limit leaves the HTTP endpoint fewer connections; raise LimitNOFILE",
+				"max_http_conns", maxConns, "nofile", nofile)
+		}
+		srv, hl := transport.NewHTTPServer(l, mux, transport.HTTPServerOptions{
+			Limits:      transport.HTTPLimits{MaxConns: maxConns},
+			ConnContext: delivery.RememberConn(nil),
+			Logger:      b.log.With("component", "http"), CountRefusal: b.engine.CountRefusal,
+		})
+		listeners = append(listeners, hl)
+		servers = append(servers, srv)
+		ep.HTTP = hl.Addr().String()
 		ep.URL = scheme + "://" + l.Addr().String() + MCPPath
 		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
 	}
 
-	local, err := transport.ListenUnix(b.cfg.SocketPath(), b.cfg.SocketAccess(b.cfg.LocalUIDs(), b.log.With("component", "unix")))
+	localAccess := b.cfg.SocketAccess(b.cfg.LocalUIDs(), b.log.With("component", "unix"))
+	localAccess.Where, localAccess.CountRefusal = transport.WhereMCPSocket, b.engine.CountRefusal
+	local, err := transport.ListenUnix(b.cfg.SocketPath(), localAccess)
 	if err != nil {
 		closeAll()
 		return err
@@ -137,20 +166,27 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	localMux := http.NewServeMux()
 	localMux.Handle(MCPPath, tracked)
 	unixServer := transport.UnixServer(localMux, transport.UnixOptions{
-		MaxBodyBytes: b.cfg.MaxBodyBytes, Logger: b.log.With("component", "unix"),
+		MaxBodyBytes: b.cfg.MaxBodyBytes, Logger: b.log.With("component", "unix"), CountRefusal: b.engine.CountRefusal,
 	})
 	unixServer.ConnContext = delivery.RememberConn(unixServer.ConnContext)
 	servers = append(servers, unixServer)
 	ep.Socket = b.cfg.SocketPath()
 
-	op, err := transport.ListenUnix(b.cfg.OperatorSocketPath(), b.cfg.SocketAccess(nil, b.log.With("component", "operator")))
+	opAccess := b.cfg.SocketAccess(nil, b.log.With("component", "operator"))
+	opAccess.Where, opAccess.CountRefusal = transport.WhereOperatorSocket, b.engine.CountRefusal
+	op, err := transport.ListenUnix(b.cfg.OperatorSocketPath(), opAccess)
 	if err != nil {
 		closeAll()
 		return err
 	}
 	listeners = append(listeners, op)
-	servers = append(servers, &http.Server{Handler: operatorapi.Handler(b.engine, b.log.With("component", "operator")), ReadHeaderTimeout: 10 * time.Second, ConnContext: operatorapi.ConnContext})
 	ep.OperatorSocket = b.cfg.OperatorSocketPath()
+	operator := servingEngine{b.engine, api.Serving{HTTP: ep.HTTP, URL: ep.URL, MCPSocket: ep.Socket, OperatorSocket: ep.OperatorSocket}}
+	servers = append(servers, &http.Server{
+		Handler: operatorapi.Handler(operator, b.log.With("component", "operator")), ReadHeaderTimeout: 10 * time.Second,
+		ConnContext: operatorapi.ConnContext,
+		ErrorLog:    transport.ServerErrorLog(b.log.With("component", "operator"), transport.WhereOperatorSocket, b.engine.CountRefusal),
+	})
 
 	errs := make(chan error, len(servers))
 	var wg sync.WaitGroup
@@ -180,4 +216,21 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	stopWatch()
 	wg.Wait()
 	return serveErr
+}
+
+// servingEngine is the engine as the operator API of a serving daemon sees it: its doctor
+// report says where the daemon listens, as bound (operatorapi.Handler serves the engine alone
+// when the CLI reads the files with the daemon down).
+type servingEngine struct {
+	*engine.Engine
+	serving api.Serving
+}
+
+func (s servingEngine) Doctor(ctx context.Context) (*api.DoctorReport, error) {
+	rep, err := s.Engine.Doctor(ctx)
+	if rep != nil {
+		serving := s.serving
+		rep.Serving = &serving
+	}
+	return rep, err
 }

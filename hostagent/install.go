@@ -87,8 +87,9 @@ func Install(opts InstallOptions, w io.Writer) error {
 	if err := privdir.Ensure(under(cfg.DataDir), "data dir", nil); err != nil {
 		return fmt.Errorf("install: %w", err)
 	}
+	keysCreated := false
 	if cfg.AuthorizedKeysFile != "" {
-		if err := createIfAbsent(under(cfg.AuthorizedKeysFile), nil, 0o600); err != nil {
+		if keysCreated, err = createIfAbsent(under(cfg.AuthorizedKeysFile), nil, 0o600); err != nil {
 			return fmt.Errorf("install: authorized keys: %w", err)
 		}
 	}
@@ -104,13 +105,27 @@ func Install(opts InstallOptions, w io.Writer) error {
 		return fmt.Errorf("install: unit: %w", err)
 	}
 
-	if created {
-		fmt.Fprintf(w, "wrote config %s\n", opts.ConfigPath)
-	} else {
-		fmt.Fprintf(w, "kept existing config %s\n", opts.ConfigPath)
+	// What is where on this disk: under --root, the files are not at the paths they name.
+	if filepath.Clean(opts.Root) != "/" {
+		fmt.Fprintf(w, "installed under %s for the machine whose / it becomes (an image, a chroot): the config and the unit\n"+
+			"name that machine's paths (data_dir %s, not %s), so run them there, not from here\n",
+			opts.Root, cfg.DataDir, under(cfg.DataDir))
 	}
-	fmt.Fprintf(w, "wrote unit %s\n", opts.UnitPath)
-	fmt.Fprintf(w, "host key %s\n", cfg.HostKeyPath())
+	if created {
+		fmt.Fprintf(w, "wrote config          %s\n", under(opts.ConfigPath))
+	} else {
+		fmt.Fprintf(w, "kept existing config  %s\n", under(opts.ConfigPath))
+	}
+	if cfg.AuthorizedKeysFile != "" {
+		if keysCreated {
+			fmt.Fprintf(w, "wrote authorized keys %s (empty: nobody can log in yet)\n", under(cfg.AuthorizedKeysFile))
+		} else {
+			fmt.Fprintf(w, "kept authorized keys  %s\n", under(cfg.AuthorizedKeysFile))
+		}
+	}
+	fmt.Fprintf(w, "data dir              %s (0700)\n", under(cfg.DataDir))
+	fmt.Fprintf(w, "host key              %s\n", under(cfg.HostKeyPath()))
+	fmt.Fprintf(w, "wrote unit            %s\n", under(opts.UnitPath))
 	fmt.Fprintf(w, "host key fingerprint: %s\n", HostKeyFingerprint(hostKey))
 	fmt.Fprintf(w, "\nNext steps:\n")
 	if cfg.AuthorizedKeysFile != "" {
@@ -195,7 +210,7 @@ func installConfig(opts InstallOptions, path string) (cfg Config, created bool, 
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return Config{}, false, fmt.Errorf("install: %w", err)
 	}
-	if err := createIfAbsent(path, buf.Bytes(), 0o640); err != nil {
+	if _, err := createIfAbsent(path, buf.Bytes(), 0o640); err != nil {
 		return Config{}, false, fmt.Errorf("install: config: %w", err)
 	}
 	return cfg, true, nil
@@ -329,15 +344,16 @@ func listenPort(listen string) string {
 	return listen
 }
 
-// createIfAbsent writes data to path only if path does not exist yet.
-func createIfAbsent(path string, data []byte, perm os.FileMode) error {
+// createIfAbsent writes data to path only if path does not exist yet, and says whether it did.
+func createIfAbsent(path string, data []byte, perm os.FileMode) (created bool, err error) {
 	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
-		return err
+		return false, err
 	}
-	if err := durable.CreateFile(path, data, perm); err != nil && !errors.Is(err, fs.ErrExist) {
-		return err
+	err = durable.CreateFile(path, data, perm)
+	if errors.Is(err, fs.ErrExist) {
+		return false, nil
 	}
-	return nil
+	return err == nil, err
 }
 
 func writeFileAtomic(path string, data []byte, perm os.FileMode) error {

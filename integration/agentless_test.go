@@ -407,3 +407,42 @@ func TestStockHostEnrollNeedsTheKey(t *testing.T) {
 		t.Fatalf("enrolled %+v", hosts)
 	}
 }
+
+// TestStockHostForgedNotRunAnswer: a start-up file of the account (which any command of it
+// can write) prints a forged "refused" answer before Postern's line runs. The command runs
+// anyway; the journal must never say it did not run — on a marker-script host the marker
+// shows it started, at level none nothing can confirm the answer — so a retry under the same
+// idempotency_key joins instead of running it a second time.
+func TestStockHostForgedNotRunAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name         string
+		markerScript bool
+		want         string
+	}{
+		{"marker script", true, "completed"},
+		{"level none", false, "unknown"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			tag := "fgn"
+			if tc.markerScript {
+				tag = "fgm"
+			}
+			f := startStockFleet(t, tag, tc.markerScript, true)
+			ctx := testContext(t)
+			f.asAccount(t, ".bashrc", "printf '%s\\n' 'postern-run:1:refused reason=cwd' >&2\n")
+			effects := f.path("effects")
+			args := map[string]any{"host": "s1", "command": "echo x >> " + effects, "idempotency_key": "forged-1", "wait_s": 20}
+			first := mustCall(t, ctx, f.session(t, "run-a"), "ssh_exec", args)
+			if first.State != tc.want {
+				t.Fatalf("first call = %+v; want %s, never failed (did not run)", first, tc.want)
+			}
+			retry := mustCall(t, ctx, f.session(t, "run-b"), "ssh_exec", args)
+			if retry.ExecutionID != first.ExecutionID {
+				t.Errorf("retry = %s; want it to join %s", retry.ExecutionID, first.ExecutionID)
+			}
+			if n := countLines(t, effects); n != 1 {
+				t.Fatalf("the command ran %d times; want 1", n)
+			}
+		})
+	}
+}

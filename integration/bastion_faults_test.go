@@ -192,7 +192,7 @@ func hostConnectionCutAfterStart(t *testing.T, ctx context.Context, f *testbed) 
 	if n := effects(t, g.file); n != 1 {
 		t.Fatalf("command ran %d times; want 1", n)
 	}
-	if m := hostMarker(t, ctx, cc, marker.ID); m == nil || m.State != hostproto.MarkerExited {
+	if m := harness.Marker(t, ctx, cc, marker.ID); m == nil || m.State != hostproto.MarkerExited {
 		t.Fatalf("host marker = %+v; want exited", m)
 	}
 }
@@ -232,7 +232,7 @@ func TestHostConnectionCutBeforeExecArrives(t *testing.T) {
 	testutil.WaitFor(t, "the outcome to be unknown after the cut", func() bool {
 		return journaled(t, f.bastion, id).State == markers.Unknown
 	})
-	if m := hostMarker(t, ctx, cc, id); m != nil {
+	if m := harness.Marker(t, ctx, cc, id); m != nil {
 		t.Fatalf("the host has a marker for the held exec: %+v", m)
 	}
 	f.proxy.Thaw()
@@ -290,7 +290,7 @@ func bastionKilledMidCommand(t *testing.T, ctx context.Context, f *testbed, endW
 	if endWhileDown {
 		g.open(t)
 		testutil.WaitFor(t, "the command to end on the host", func() bool {
-			m := hostMarker(t, ctx, cc, first.ExecutionID)
+			m := harness.Marker(t, ctx, cc, first.ExecutionID)
 			return m != nil && m.State == hostproto.MarkerExited
 		})
 	}

@@ -20,9 +20,13 @@ import (
 // bastion through the stdio bridge (`postern mcp`); an execution awaiting approval asks its
 // user with a form, once, and the answer is journaled as the agent's user's decision.
 
-// approveInBand needs approval for migrate (in-band allowed) and pay (irreversible: operator
-// only, the default).
-const approveInBand = `[[rules]]
+// approveInBand needs approval for migrate (remote_command, opened to the client's user
+// with operator_approval_only = false) and pay (irreversible: operator only, the default).
+const approveInBand = `[[classes]]
+name = "remote_command"
+operator_approval_only = false
+
+[[rules]]
 name = "migrations-need-approval"
 decision = "approve"
 commands = ["migrate **"]

@@ -48,11 +48,7 @@ func (discardJournal) Unknown(context.Context, string, string) error            
 // connection per request (the plugin opens one per execution, by design).
 func BenchmarkHTTPRequest(b *testing.B) {
 	target := testutil.StartHTTPTarget(b, testutil.HTTPTargetOptions{})
-	pluginPath := harness.Binary(b, "postern-plugin-http")
-	sum, err := plugins.FileSHA256(pluginPath)
-	if err != nil {
-		b.Fatal(err)
-	}
+	pluginPath, sum := harness.HTTPPlugin(b)
 	secretFile := filepath.Join(b.TempDir(), "api.secret")
 	if err := os.WriteFile(secretFile, []byte("bench-secret\n"), 0o600); err != nil {
 		b.Fatal(err)

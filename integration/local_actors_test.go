@@ -18,7 +18,6 @@ import (
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/unixuser"
-	"github.com/postern-dev/postern/plugins"
 )
 
 // TestLocalActorByUID: a `[[actors]] uid = N` actor reaches the bastion through the real MCP
@@ -28,11 +27,7 @@ func TestLocalActorByUID(t *testing.T) {
 	agentUser := unixuser.New(t, "bastionhard-l")
 	stranger := unixuser.New(t, "bastionhard-x")
 	target := testutil.StartHTTPTarget(t, testutil.HTTPTargetOptions{})
-	pluginPath := harness.Binary(t, "postern-plugin-http")
-	sum, err := plugins.FileSHA256(pluginPath)
-	if err != nil {
-		t.Fatal(err)
-	}
+	pluginPath, sum := harness.HTTPPlugin(t)
 	socket := filepath.Join(unixuser.SharedDir(t, "bastionhard-"), "mcp.sock")
 	b := harness.NewBastion(t, testutil.NewSSHKey(t),
 		fmt.Sprintf("socket = %q", socket),
@@ -65,8 +60,10 @@ func TestLocalActorByUID(t *testing.T) {
 	if err != nil || res.IsError {
 		t.Fatalf("http_request as uid %d: %v %s", agentUser.UID, err, harness.ResultText(res))
 	}
-	if x.State != "completed" || !slices.Contains(x.Evidence, "actor resolved: bastionhard-local") {
-		t.Fatalf("execution = %+v; want completed, by the actor configured for uid %d", x, agentUser.UID)
+	var full api.Execution
+	if _, err := harness.CallTool(ctx, cs, "execution_status", map[string]any{"execution_id": x.ExecutionID, "evidence": "full"}, &full); err != nil ||
+		x.State != "completed" || !slices.Contains(full.Evidence, "actor resolved: bastionhard-local") {
+		t.Fatalf("execution = %+v (full evidence %q, %v); want completed, by the actor configured for uid %d", x, full.Evidence, err, agentUser.UID)
 	}
 
 	// The stranger's bridge reaches the socket (0666), and the bastion closes the connection

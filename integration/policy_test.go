@@ -84,24 +84,24 @@ func mustCLI(t *testing.T, ctx context.Context, b *harness.Bastion, args ...stri
 }
 
 // pendingApprovals is `postern approvals list --json`.
-func pendingApprovals(t *testing.T, ctx context.Context, b *harness.Bastion) []*markers.Record {
+func pendingApprovals(t *testing.T, ctx context.Context, b *harness.Bastion) []*api.ApprovalRequest {
 	t.Helper()
-	var page api.ExecutionPage
+	var page api.ApprovalPage
 	out := mustCLI(t, ctx, b, "approvals", "list", "--json")
 	if err := json.Unmarshal([]byte(out), &page); err != nil {
 		t.Fatalf("approvals list --json: %v\n%s", err, out)
 	}
-	return page.Executions
+	return page.Approvals
 }
 
 // wantOnePending checks that id is the only execution awaiting approval.
 func wantOnePending(t *testing.T, ctx context.Context, b *harness.Bastion, id string) {
 	t.Helper()
 	pending := pendingApprovals(t, ctx, b)
-	if len(pending) != 1 || pending[0].ID != id {
+	if len(pending) != 1 || pending[0].ExecutionID != id {
 		ids := []string{}
 		for _, r := range pending {
-			ids = append(ids, r.ID)
+			ids = append(ids, r.ExecutionID)
 		}
 		t.Fatalf("approvals list = %v; want exactly [%s]", ids, id)
 	}
@@ -322,7 +322,7 @@ commands = ["rm **"]`)
 		{name: "after a newline", command: "echo ok\nrm " + victim, code: "denied"},
 		{name: "by path", command: "/bin/rm " + victim, code: "denied"},
 		{name: "command substitution", command: "$(rm " + victim + ")", code: "unparsable"},
-		{name: "backticks", command: "echo `rm " + victim + "`", code: "unparsable"},
+		{name: "backticks", command: "echo `rm " + victim + "`", code: "denied"},
 		// Wrappers are unwrapped: the rule sees the rm they would run.
 		{name: "sudo", command: "sudo -n rm -f " + victim, code: "denied"},
 		{name: "sh -c", command: `sh -c "rm -f ` + victim + `"`, code: "denied"},
@@ -333,7 +333,7 @@ commands = ["rm **"]`)
 		{name: "find -exec", command: "find " + filepath.Dir(victim) + " -name victim -exec rm {} \\;", code: "denied"},
 		{name: "busybox", command: "busybox rm " + victim, code: "denied"},
 		{name: "a shell reading a pipe", command: "echo 'rm " + victim + "' | sh", code: "unparsable"},
-		{name: "a parameter in sh -c", command: "sh -c 'rm $0' " + victim, code: "unparsable"},
+		{name: "a parameter in sh -c", command: "sh -c 'rm $0' " + victim, code: "denied"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": tc.command})
@@ -525,7 +525,7 @@ class = "irreversible"`}})
 	cc = hostControl(t, f.host)
 	for _, id := range []string{a.ExecutionID, b.ExecutionID} {
 		testutil.WaitFor(t, "the host to see "+id+" exit", func() bool {
-			m := hostMarker(t, ctx, cc, id)
+			m := harness.Marker(t, ctx, cc, id)
 			return m != nil && m.State == hostproto.MarkerExited
 		})
 	}

@@ -60,7 +60,7 @@ func TestMissingCwdFailsHonestly(t *testing.T) {
 	if rec := journaled(t, f.bastion, x.ExecutionID); rec.StartError != cause || rec.ReviewRequired {
 		t.Errorf("journal record: start error %q, review required %v; want %q and no review", rec.StartError, rec.ReviewRequired, cause)
 	}
-	if m := hostMarker(t, ctx, cc, x.ExecutionID); m == nil || m.State != hostproto.MarkerStartFailed || m.StartError != cause {
+	if m := harness.Marker(t, ctx, cc, x.ExecutionID); m == nil || m.State != hostproto.MarkerStartFailed || m.StartError != cause {
 		t.Errorf("host marker = %+v; want start_failed with %q", m, cause)
 	}
 

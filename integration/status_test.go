@@ -31,6 +31,8 @@ func TestCrashThenLookBeforeRestart(t *testing.T) {
 	args := map[string]any{"host": "h1", "command": command, "wait_s": 0}
 	x := mustCall(t, ctx, f.session(t, "agent", "crash"), "ssh_exec", args)
 	waitForJournalState(t, b, x.ExecutionID, markers.Running)
+	// Running is journaled once the host's marker exists, before the shell has run a line.
+	testutil.WaitFor(t, "the command to start", func() bool { return effects(t, started) == 1 })
 	pid := b.PID()
 	b.Kill(t)
 	// Running is journaled without waiting for the sync (nothing depends on it), so the

@@ -71,6 +71,7 @@ type Tombstone struct {
 	Class          string     `json:"class,omitempty"`
 	State          State      `json:"state"`
 	Actor          string     `json:"actor,omitempty"`
+	Principal      string     `json:"principal,omitempty"`
 	IntentScope    string     `json:"intent_scope,omitempty"`
 	Fingerprint    string     `json:"fingerprint,omitempty"`
 	IdempotencyKey string     `json:"idempotency_key,omitempty"`
@@ -90,17 +91,17 @@ func newTombstone(rec *Record, now time.Time) *Tombstone {
 		finished = t
 	}
 	return &Tombstone{
-		ID: rec.ID, Class: rec.Class, State: rec.State, Actor: rec.Actor, IntentScope: rec.IntentScope,
+		ID: rec.ID, Class: rec.Class, State: rec.State, Actor: rec.Actor, Principal: rec.Principal, IntentScope: rec.IntentScope,
 		Fingerprint: rec.Fingerprint, IdempotencyKey: rec.IdempotencyKey,
 		CreatedAt: rec.CreatedAt, FinishedAt: finished, DeliveredAt: rec.ResultDeliveredAt, RemovedAt: now,
 	}
 }
 
 // Record is the removed execution as its tombstone keeps it: what the matching rule reads of
-// a prior execution (identity, state, class, times, delivery).
+// a prior execution (identity and who holds its key, state, class, times, delivery).
 func (t *Tombstone) Record() *Record {
 	return &Record{
-		ID: t.ID, Graph: JournalGraph, State: t.State, Class: t.Class, Actor: t.Actor, IntentScope: t.IntentScope,
+		ID: t.ID, Graph: JournalGraph, State: t.State, Class: t.Class, Actor: t.Actor, Principal: t.Principal, IntentScope: t.IntentScope,
 		Fingerprint: t.Fingerprint, IdempotencyKey: t.IdempotencyKey, CreatedAt: t.CreatedAt,
 		UpdatedAt: t.FinishedAt, StateTimes: map[State]time.Time{t.State: t.FinishedAt}, ResultDeliveredAt: t.DeliveredAt,
 	}

@@ -175,6 +175,15 @@ func TestLookups(t *testing.T) {
 	mk("ex_05", "bob", "run:1", "fpA", "")
 	mk("ex_06", "alice", "run:1", "fpA", "")
 	mk("ex_07", "carol", "run:1", "fpA", "k3")
+	// Records that name a principal: their keys are in the shared space, whoever holds them.
+	for _, r := range []markers.Record{
+		{ID: "ex_08", Actor: "token:dave", Principal: "principal:dave", IntentScope: "run:1", Fingerprint: "fpA", IdempotencyKey: "k1"},
+		{ID: "ex_09", Actor: "local:dave", Principal: "principal:dave", IntentScope: "run:2", Fingerprint: "fpB", IdempotencyKey: "k4"},
+	} {
+		if _, err := s.Create(ctx, &r); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	tests := []struct {
 		name   string
@@ -188,6 +197,10 @@ func TestLookups(t *testing.T) {
 		{"fingerprint no prefix match", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:1", "fp") }, ""},
 		{"idempotency key per actor", func() (*markers.Record, error) { return s.FindByIdempotencyKey("alice", "k1") }, "ex_01"},
 		{"idempotency key bob", func() (*markers.Record, error) { return s.FindByIdempotencyKey("bob", "k1") }, "ex_03"},
+		{"a principal's key is shared", func() (*markers.Record, error) { return s.FindByIdempotencyKey(markers.SharedKeySpace, "k1") }, "ex_08"},
+		{"whichever actor made it", func() (*markers.Record, error) { return s.FindByIdempotencyKey(markers.SharedKeySpace, "k4") }, "ex_09"},
+		{"not in its actor's space", func() (*markers.Record, error) { return s.FindByIdempotencyKey("local:dave", "k4") }, ""},
+		{"older keys stay in theirs", func() (*markers.Record, error) { return s.FindByIdempotencyKey(markers.SharedKeySpace, "k3") }, ""},
 		{"operation key newest", func() (*markers.Record, error) { return s.FindByOperationKey("op:k1") }, "ex_03"},
 		{"operation key absent", func() (*markers.Record, error) { return s.FindByOperationKey("op:zz") }, ""},
 	}
@@ -606,6 +619,41 @@ func TestReviewRequiredOnlyWhileUnknown(t *testing.T) {
 	if got, _ := s.Get("ex_1"); got.ReviewRequired {
 		t.Errorf("stored record still requires review: %+v", got)
 	}
+}
+
+// A record created along a path to unknown with review required (postern recover) carries the
+// flag on its last step only; one created to end elsewhere cannot carry it. Where it was
+// recovered from is part of its identity.
+func TestCreateUnknownForReview(t *testing.T) {
+	s := testutil.OpenStore(t, markers.JournalGraph)
+	ctx := context.Background()
+	r := &markers.Record{ID: "ex_1", RecoveredFrom: "h1", Fingerprint: "fp", ReviewRequired: true}
+	if _, err := s.CreateAdvanced(ctx, r, []markers.State{markers.Authorized, markers.Dispatched}, "recovered"); err == nil {
+		t.Fatal("created dispatched with review required; want an error")
+	}
+	rec, err := s.CreateAdvanced(ctx, r, []markers.State{markers.Authorized, markers.Dispatched, markers.Unknown}, "recovered")
+	if err != nil || rec.State != markers.Unknown || !rec.ReviewRequired || rec.RecoveredFrom != "h1" {
+		t.Fatalf("create = %+v, %v; want unknown, review required, recovered from h1", rec, err)
+	}
+	evs, _ := s.Events("ex_1")
+	var flags []bool
+	for _, ev := range evs {
+		r, err := ev.DecodedRecord()
+		if err != nil {
+			t.Fatal(err)
+		}
+		flags = append(flags, r.ReviewRequired)
+	}
+	if fmt.Sprint(flags) != "[false false false true]" {
+		t.Errorf("review required by step = %v; want it on the last (unknown) only", flags)
+	}
+	if _, err := s.Update(ctx, "ex_1", "x", func(r *markers.Record) error { r.RecoveredFrom = ""; return nil }); !errors.Is(err, markers.ErrImmutable) {
+		t.Errorf("clearing recovered_from = %v; want ErrImmutable", err)
+	}
+	if found, err := s.FindByFingerprint("", "", "fp"); err != nil || found.ID != "ex_1" {
+		t.Errorf("find the recovered execution by its fingerprint alone = %v, %v", found, err)
+	}
+	closeAndVerify(t, s)
 }
 
 func TestCreateAdvancedWritesEveryStepInOneCommit(t *testing.T) {

@@ -29,8 +29,11 @@ const (
 	CodeInvalidArgument      = "invalid_argument"
 	CodeUnknownHost          = "unknown_host"
 	CodeIdempotencyKeyReused = "idempotency_key_reused"
-	CodeNotFound             = "not_found"
-	CodeJournalUnavailable   = "journal_unavailable"
+	// CodeIdempotencyKeyHeld: the key is held by another principal's execution, which the
+	// error does not name.
+	CodeIdempotencyKeyHeld = "idempotency_key_held"
+	CodeNotFound           = "not_found"
+	CodeJournalUnavailable = "journal_unavailable"
 	// CodeExecutionRemoved: the call would replay an execution the journal's retention
 	// removed, whose class is not run again blindly; nothing was dispatched.
 	CodeExecutionRemoved = "execution_removed"
@@ -51,7 +54,9 @@ const (
 	CodeTooManyWaits         = "too_many_waits"
 	CodeNotOffered           = "not_offered"
 	CodeOperatorApprovalOnly = "operator_approval_only"
-	CodeBastionDown          = "bastion_down"
+	// CodeNotAnOperator: an approve or review from a uid an agent may run as.
+	CodeNotAnOperator = "not_an_operator"
+	CodeBastionDown   = "bastion_down"
 	// CodeHeld: the bastion was started with --hold, so it sends nothing.
 	CodeHeld = "held"
 )

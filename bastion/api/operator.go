@@ -15,6 +15,20 @@ type DoctorReport struct {
 	Hosts   []HostHealth `json:"hosts"`
 	// Journal is the journal backend's size and health, and its last retention pass.
 	Journal *JournalHealth `json:"journal,omitempty"`
+	// Serving is where the daemon listens, as bound: after `postern up --listen` or a port
+	// 0 that is not what a config file says. Absent when read from the files.
+	Serving *Serving `json:"serving,omitempty"`
+}
+
+// Serving is where a running daemon listens.
+type Serving struct {
+	// HTTP is the Streamable HTTP listener's address (host:port), "" when HTTP is disabled;
+	// URL its MCP endpoint.
+	HTTP string `json:"http,omitempty"`
+	URL  string `json:"url,omitempty"`
+	// MCPSocket and OperatorSocket are the unix sockets.
+	MCPSocket      string `json:"mcp_socket"`
+	OperatorSocket string `json:"operator_socket"`
 }
 
 // JournalHealth is the journal's backend as the running bastion sees it.
@@ -64,6 +78,19 @@ type ExecutionDetail struct {
 	// Run is the agent run of its intent scope, as first seen (absent for executions
 	// accepted before runs were journaled).
 	Run *markers.Run `json:"run,omitempty"`
+}
+
+// Operator is who sent an operator's decision: the peer of the operator socket, by uid.
+type Operator struct {
+	// Name is how the journal names the operator ("operator:alice").
+	Name string
+	// UID is the peer's uid; -1 when it could not be read.
+	UID int
+}
+
+// ApprovalPage is the executions awaiting approval, oldest first.
+type ApprovalPage struct {
+	Approvals []*ApprovalRequest `json:"approvals"`
 }
 
 // Daemon states, as Overview reports them.

@@ -19,7 +19,7 @@ var builtinClasses = []Class{
 	{Name: ClassReadOnly, AttachWindow: 5 * time.Minute, Retention: 7 * day},
 	{Name: ClassIdempotentWrite, AttachWindow: time.Hour, Retention: 30 * day},
 	{Name: ClassConditionalWrite, AttachWindow: time.Hour, Retention: 30 * day},
-	{Name: ClassIrreversible, AttachWindow: 7 * day, Retention: 90 * day, OperatorApprovalOnly: ptr(true)},
+	{Name: ClassIrreversible, AttachWindow: 7 * day, Retention: 90 * day},
 	{Name: ClassRemoteCommand, AttachWindow: day, Retention: 30 * day},
 }
 
@@ -69,11 +69,12 @@ func (c *Classes) Get(name string) Class {
 }
 
 // InBandApproval reports whether the agent's user may decide an approval of class name in
-// the client (elicitation), besides operators. A class the config does not name (a record
-// from an older config) stays with operators: it may have been an operator-only one.
+// the client (elicitation), besides operators: only where the config says so
+// (operator_approval_only = false). The agent's uid can reach whatever relays that answer,
+// so by default every class's approvals stay with operators.
 func (c *Classes) InBandApproval(name string) bool {
 	cl, ok := c.byName[name]
-	return ok && (cl.OperatorApprovalOnly == nil || !*cl.OperatorApprovalOnly)
+	return ok && cl.OperatorApprovalOnly != nil && !*cl.OperatorApprovalOnly
 }
 
 // Retention is the per-class retention the journal's GC applies.
@@ -84,8 +85,6 @@ func (c *Classes) Retention() map[string]time.Duration {
 	}
 	return m
 }
-
-func ptr[T any](v T) *T { return &v }
 
 // BuiltinClassNames are the names of the classes every config has.
 func BuiltinClassNames() []string {

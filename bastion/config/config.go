@@ -69,6 +69,9 @@ type Config struct {
 	Actors []policy.Actor `toml:"actors"`
 	// Classes override the built-in action classes' windows and retention, or add classes.
 	Classes []Class `toml:"classes"`
+	// Principals group actors that are one party (one user's HTTP token and local agents):
+	// an idempotency key is the principal's, whichever of its actors sends it.
+	Principals []Principal `toml:"principals"`
 	// Rules map actors, hosts and command patterns (or endpoints and methods) to action
 	// classes, denials and approval requirements (bastion/policy: deny wins).
 	Rules []policy.Rule `toml:"rules"`
@@ -114,6 +117,9 @@ type Config struct {
 	// ApprovalTimeout rejects an execution that waited this long for an operator's
 	// decision. Default 1h; "0s" waits forever.
 	ApprovalTimeout time.Duration `toml:"approval_timeout"`
+	// Approvals says who decides approvals and reviews on the operator socket, and where
+	// approval requests are announced.
+	Approvals Approvals `toml:"approvals"`
 	// DeliveryRevokeGrace is how long after a result was delivered a notifications/cancelled
 	// for its request still revokes the delivery (the client gave up on it), so a re-issue
 	// replays the result instead of running again. Default 30s; "0s" revokes nothing after
@@ -121,8 +127,9 @@ type Config struct {
 	DeliveryRevokeGrace time.Duration `toml:"delivery_revoke_grace"`
 	// DeliverySettle is how long after a result was delivered an identical call waits before
 	// it counts as a new intent: over Streamable HTTP a client's notifications/cancelled is a
-	// POST of its own, and the re-issue that follows an abort may overtake it. Default 1s;
-	// "0s" decides at once. At most 10s.
+	// POST of its own, and the re-issue that follows an abort may overtake it. Calls through
+	// the stdio bridge (postern mcp) never wait: it forwards a cancel before the next call.
+	// Default 1s; "0s" decides at once. At most 10s.
 	DeliverySettle time.Duration `toml:"delivery_settle"`
 }
 
@@ -133,9 +140,28 @@ type Class struct {
 	AttachWindow time.Duration `toml:"attach_window"`
 	Retention    time.Duration `toml:"retention"`
 	// OperatorApprovalOnly: an approval of this class is decided by an operator
-	// (`postern approve`/`deny`) only, never by the agent's user in the client (elicitation).
-	// Unset: true for irreversible, false otherwise.
+	// (`postern approve`/`deny`) only. Unset: true for every class. false also lets the
+	// agent's client relay its user's answer (elicitation) — which any process of the
+	// agent's uid could give as well, so set it only where that is acceptable.
 	OperatorApprovalOnly *bool `toml:"operator_approval_only"`
+}
+
+// Approvals are the operators who may let an execution run (approve it, or review its
+// outcome) and the webhook that announces approval requests (docs/policy.md, "Who approves").
+type Approvals struct {
+	// Operators are the local users (names or numeric uids) whose `postern approve` and
+	// `postern review` count, and no other's: naming one vouches that no agent runs as it.
+	// Default: anyone the operator socket admits (root and the bastion's user) except a uid
+	// an agent may run as — the uid that made the execution's call, the bastion's own user,
+	// the uids of local [[actors]] — since any process of that uid, the agent's own shell
+	// included, could send the decision. Denials are taken from anyone the socket admits.
+	Operators []string `toml:"operators"`
+	// Webhook is an http(s) URL the bastion POSTs every new approval request to (JSON,
+	// api.ApprovalRequest), so an operator hears of it. "" announces nothing.
+	Webhook string `toml:"webhook"`
+	// WebhookSecretFile holds a secret (a reference, never the value) with which each
+	// webhook body is signed: header Postern-Signature: sha256=<hex HMAC-SHA256 of the body>.
+	WebhookSecretFile string `toml:"webhook_secret_file"`
 }
 
 // Plugin locates a plugin binary and pins it.
@@ -193,7 +219,7 @@ func (c Config) Policy() (*policy.Policy, error) {
 		}
 	}
 	if !claimed {
-		actors = append(actors, policy.Actor{Name: selfActor, UID: &uid})
+		actors = append(actors, policy.Actor{Name: SelfActor, UID: &uid})
 	}
 	classes := make([]string, 0, len(builtinClasses)+len(c.Classes))
 	for _, cl := range builtinClasses {
@@ -212,8 +238,9 @@ const maxDeliveryRevokeGrace = 10 * time.Minute
 // maxDeliverySettle bounds delivery_settle: an identical call waits at most this long.
 const maxDeliverySettle = 10 * time.Second
 
-// selfActor is the policy name of local callers running as the bastion's own user.
-const selfActor = "self"
+// SelfActor is the policy name of local callers running as the bastion's own user, when no
+// configured local actor claims its uid.
+const SelfActor = "self"
 
 // DefaultConfig returns the defaults for state dir dir.
 func DefaultConfig(dir string) Config {
@@ -403,9 +430,12 @@ func (c Config) Validate() error {
 		}
 		classes[cl.Name] = true
 	}
-	if _, err := c.Policy(); err != nil {
+	if pol, err := c.Policy(); err != nil {
 		errs = append(errs, fmt.Errorf("config: %w", err))
+	} else {
+		errs = append(errs, c.validatePrincipals(pol)...)
 	}
+	errs = append(errs, c.Approvals.validate()...)
 	if c.DefaultWait < 0 || c.MaxWait <= 0 || c.DefaultWait > c.MaxWait {
 		bad("default_wait (%v) must be in 0..max_wait (%v)", c.DefaultWait, c.MaxWait)
 	}

@@ -49,6 +49,11 @@ commands = ["df *"]`},
 		{name: "delivery settle too long", toml: "state_dir = \"/x\"\ndelivery_settle = \"1m\"", wantErr: "delivery_settle must be in"},
 		{name: "event retention", toml: "state_dir = \"/x\"\nevent_retention = \"72h\""},
 		{name: "negative event retention", toml: "state_dir = \"/x\"\nevent_retention = \"-1h\"", wantErr: "event_retention must not be negative"},
+		{name: "principal of a token and the own user", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"" + hash + "\"\n[[principals]]\nname = \"alice\"\nactors = [\"a\", \"self\"]"},
+		{name: "principal of an unknown actor", toml: "state_dir = \"/x\"\n[[principals]]\nname = \"alice\"\nactors = [\"nobody\"]", wantErr: `unknown actor "nobody"`},
+		{name: "actor in two principals", toml: "state_dir = \"/x\"\n[[principals]]\nname = \"p\"\nactors = [\"self\"]\n[[principals]]\nname = \"q\"\nactors = [\"self\"]", wantErr: "already in principal p"},
+		{name: "principal without actors", toml: "state_dir = \"/x\"\n[[principals]]\nname = \"p\"", wantErr: "list its actors"},
+		{name: "duplicate principal", toml: "state_dir = \"/x\"\n[[principals]]\nname = \"p\"\nactors = [\"self\"]\n[[principals]]\nname = \"p\"\nactors = []", wantErr: "duplicate name"},
 		{name: "window longer than retention", toml: "state_dir = \"/x\"\n[[classes]]\nname = \"c\"\nattach_window = \"48h\"\nretention = \"1h\"", wantErr: "longer than retention"},
 	}
 	for _, tt := range tests {
@@ -85,25 +90,52 @@ func TestClassWindows(t *testing.T) {
 	}
 }
 
-// TestInBandApproval: the agent's user may decide an approval only for a class the config
-// knows and does not keep with operators; a class the config no longer names (a record from
-// an older config, whose class may have been operator-only) stays with operators.
+// TestInBandApproval: the agent's user may decide an approval in the client only for a
+// class the config explicitly opens to it (operator_approval_only = false); every other
+// class — built in, added without the key, or one the config no longer names (a record from
+// an older config) — stays with operators.
 func TestInBandApproval(t *testing.T) {
-	no := false
-	c := Config{Classes: []Class{{Name: "batch"}, {Name: ClassIrreversible, OperatorApprovalOnly: &no}, {Name: "payments", OperatorApprovalOnly: ptr(true)}}}.ResolveClasses()
+	c := Config{Classes: []Class{{Name: "batch"}, {Name: ClassIrreversible, OperatorApprovalOnly: new(false)}, {Name: "payments", OperatorApprovalOnly: new(true)}}}.ResolveClasses()
 	for name, want := range map[string]bool{
-		ClassRemoteCommand:   true,
-		"batch":              true,
+		ClassRemoteCommand:   false,
+		ClassReadOnly:        false,
+		"batch":              false,
 		ClassIrreversible:    true, // configured to allow it
 		"payments":           false,
 		"from-an-old-config": false,
 	} {
 		if got := c.InBandApproval(name); got != want {
-			t.Errorf("inBandApproval(%s) = %v; want %v", name, got, want)
+			t.Errorf("InBandApproval(%s) = %v; want %v", name, got, want)
 		}
 	}
-	if (Config{}).ResolveClasses().InBandApproval(ClassIrreversible) {
-		t.Error("irreversible approvals are in band by default; want operators only")
+}
+
+// TestApprovalsConfig: operators are local users by name or uid; a webhook is an http(s)
+// URL without credentials, and a secret file needs one.
+func TestApprovalsConfig(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		a    Approvals
+		want string // a phrase of the error; "" for none
+	}{
+		{"default", Approvals{}, ""},
+		{"root by name and a uid", Approvals{Operators: []string{"root", "4242"}}, ""},
+		{"unknown user", Approvals{Operators: []string{"no-such-user-here"}}, `no local user "no-such-user-here"`},
+		{"webhook", Approvals{Webhook: "https://hooks.example/postern", WebhookSecretFile: "/etc/postern/hook.secret"}, ""},
+		{"webhook scheme", Approvals{Webhook: "ftp://x"}, "want an http(s) URL"},
+		{"webhook credentials", Approvals{Webhook: "https://u:p@hooks.example/"}, "no credentials in the URL"},
+		{"secret without webhook", Approvals{WebhookSecretFile: "/x"}, "without a webhook"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			errs := tc.a.validate()
+			if tc.want == "" && len(errs) != 0 || tc.want != "" && (len(errs) != 1 || !strings.Contains(errs[0].Error(), tc.want)) {
+				t.Fatalf("validate = %v; want %q", errs, tc.want)
+			}
+		})
+	}
+	uids, err := Approvals{Operators: []string{"root", "4242"}}.OperatorUIDs()
+	if err != nil || len(uids) != 2 || uids[0] != 0 || uids[1] != 4242 {
+		t.Fatalf("OperatorUIDs = %v, %v; want [0 4242]", uids, err)
 	}
 }
 
@@ -219,5 +251,15 @@ func TestJournalConfigValidation(t *testing.T) {
 				t.Fatalf("got %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestPrincipalOf: an actor's principal is the one that lists it; an actor in none has none.
+func TestPrincipalOf(t *testing.T) {
+	c := Config{Principals: []Principal{{Name: "alice", Actors: []string{"local-agent", SelfActor}}, {Name: "ci", Actors: []string{"deploy"}}}}
+	for actor, want := range map[string]string{"local-agent": "alice", SelfActor: "alice", "deploy": "ci", "other": ""} {
+		if got, ok := c.PrincipalOf(actor); got != want || ok != (want != "") {
+			t.Errorf("PrincipalOf(%q) = %q, %v; want %q", actor, got, ok, want)
+		}
 	}
 }

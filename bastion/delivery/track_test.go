@@ -29,6 +29,8 @@ type fakeJournal struct {
 	mu        sync.Mutex
 	delivered []delivered
 	revoked   []string
+	// notDelivered are the NotDelivered calls: "id: why".
+	notDelivered []string
 	// deliverErr and revokeErr fail Delivered and RevokeDelivery.
 	deliverErr, revokeErr error
 }
@@ -58,6 +60,21 @@ func (j *fakeJournal) RevokeDelivery(_ context.Context, id string) (bool, error)
 	j.revoked = append(j.revoked, id)
 	return true, nil
 }
+
+func (j *fakeJournal) NotDelivered(_ context.Context, id, why string) error {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.notDelivered = append(j.notDelivered, id+": "+why)
+	return nil
+}
+
+func (j *fakeJournal) notDeliveries() []string {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return slices.Clone(j.notDelivered)
+}
+
+func (j *fakeJournal) Delivering(string) func() { return func() {} }
 
 func (j *fakeJournal) deliveries() []delivered {
 	j.mu.Lock()
@@ -359,6 +376,9 @@ func TestDeliveredWhenTheClientReads(t *testing.T) {
 	wantDeliveries(t, r.journal,
 		delivered{id: "ex_7", requestID: "7", actor: "token:agent"},
 		delivered{id: "ex_a-b", requestID: `"a-b"`, actor: "token:agent"})
+	if got := r.journal.notDeliveries(); len(got) > 0 {
+		t.Errorf("not delivered = %q; want nothing (both were delivered)", got)
+	}
 }
 
 func TestDeliveredOverUnixSocket(t *testing.T) {
@@ -386,7 +406,8 @@ func TestDeliveredOverUnixSocket(t *testing.T) {
 }
 
 // TestNotDeliveredWhenTheClientGoesAway: a client that is gone before it read the result
-// did not take it, whether it closed, reset or simply never read.
+// did not take it, whether it closed, reset or simply never read — and the journal is told
+// why, for the operator (Journal.NotDelivered).
 func TestNotDeliveredWhenTheClientGoesAway(t *testing.T) {
 	for _, reset := range []bool{false, true} {
 		t.Run(fmt.Sprintf("tcp gone before the response, reset %v", reset), func(t *testing.T) {
@@ -402,6 +423,7 @@ func TestNotDeliveredWhenTheClientGoesAway(t *testing.T) {
 			io.WriteString(c, rm.rawRequest(call("1")))
 			r.waitServed(t, 1)
 			wantDeliveries(t, r.journal)
+			wantNotDelivered(t, r.journal, "ex_1")
 		})
 	}
 	t.Run("unix close without reading the response", func(t *testing.T) {
@@ -414,7 +436,21 @@ func TestNotDeliveredWhenTheClientGoesAway(t *testing.T) {
 		fmt.Fprintf(c, "POST /mcp HTTP/1.1\r\nHost: postern\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body)
 		r.waitServed(t, 1)
 		wantDeliveries(t, r.journal)
+		wantNotDelivered(t, r.journal, "ex_1")
 	})
+}
+
+// wantNotDelivered checks that the journal was told once why the result of id was not
+// delivered, in the words of one of the evidence rule's reasons (which one depends on when
+// the kernel noticed the client go).
+func wantNotDelivered(t testing.TB, j *fakeJournal, id string) {
+	t.Helper()
+	got := j.notDeliveries()
+	reasons := []string{"the response could not be written", "the client cancelled the request or went away",
+		"the client's end did not acknowledge every byte while connected"}
+	if len(got) != 1 || !slices.ContainsFunc(reasons, func(why string) bool { return got[0] == id+": "+why }) {
+		t.Fatalf("not delivered = %q; want one %s: with one of %q", got, id, reasons)
+	}
 }
 
 func dialRaw(t testing.TB, network, addr string) net.Conn {

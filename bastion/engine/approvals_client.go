@@ -16,7 +16,7 @@ import (
 // and relays). The engine journals that the approval was asked — once per execution, so a
 // retry never asks again — and the user's decision, only for the actor (and, through a
 // bridge, the agent run) of the execution and only for a class that allows it
-// (operator_approval_only, default true for irreversible). An operator may decide as well;
+// (operator_approval_only = false; by default none does). An operator may decide as well;
 // the first decision wins (a compare-and-set on awaiting_approval).
 
 // approvalOfferedNote is the journal event note of an offer.
@@ -44,15 +44,7 @@ func (b *Engine) AskInClient(ctx context.Context, c transport.Caller, id string)
 	if err != nil {
 		return nil, err
 	}
-	what := commandLine(rec)
-	if rec.Channel == "http" {
-		what = strings.TrimSpace(rec.Target)
-	}
-	ask := &api.ApprovalRequest{ExecutionID: rec.ID, Actor: rec.Actor, Host: rec.Host, Class: rec.Class, What: what}
-	if since, ok := rec.StateTimes[markers.AwaitingApproval]; ok && b.cfg.ApprovalTimeout > 0 {
-		ask.Expires = since.Add(b.cfg.ApprovalTimeout)
-	}
-	return ask, nil
+	return b.approvalRequest(rec), nil
 }
 
 func (b *Engine) approvalOffered(id string) (bool, error) {
@@ -93,12 +85,12 @@ func (b *Engine) DecideInClient(ctx context.Context, c transport.Caller, id, dec
 	who := fmt.Sprintf("the agent's user, by elicitation (%s, %s)", c.Actor, rec.IntentScope)
 	switch decision {
 	case "approve":
-		rec, err = b.Approve(ctx, who, id, note)
+		rec, err = b.approve(ctx, who, nil, id, note)
 	case "deny":
 		if strings.TrimSpace(note) == "" {
 			note = "denied in the client"
 		}
-		rec, err = b.Deny(ctx, who, id, note)
+		rec, err = b.deny(ctx, who, id, note)
 	default:
 		return nil, api.Invalid("decision must be approve or deny")
 	}

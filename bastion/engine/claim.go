@@ -8,10 +8,10 @@ import (
 	"net/http"
 	"net/url"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/gowebpki/jcs"
@@ -22,6 +22,7 @@ import (
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/envpolicy"
 	"github.com/postern-dev/postern/markers"
 )
@@ -34,7 +35,6 @@ import (
 
 // Bounds on arguments, besides the configured command and body sizes.
 const (
-	maxCwdBytes         = 4096
 	maxEnvVars          = 32
 	maxEnvValueBytes    = 4096
 	maxTimeoutS         = 31 * 24 * 3600
@@ -75,16 +75,21 @@ func (in *intake) validate(a *api.ExecArgs) error {
 		return api.Invalid("command is required")
 	case len(a.Command) > in.cfg.MaxCommandBytes:
 		return api.Invalid("command is %d bytes; the limit is %d", len(a.Command), in.cfg.MaxCommandBytes)
+	case len(a.Command) > hostproto.MaxCommandBytes:
+		return api.Invalid("command is %d bytes; a host is sent at most %d in one request", len(a.Command), hostproto.MaxCommandBytes)
 	case !utf8.ValidString(a.Command) || strings.IndexByte(a.Command, 0) >= 0:
 		return api.Invalid("command must be UTF-8 text without NUL bytes")
-	case a.Cwd != "" && (len(a.Cwd) > maxCwdBytes || !filepath.IsAbs(a.Cwd) || filepath.Clean(a.Cwd) != a.Cwd || !utf8.ValidString(a.Cwd)):
-		return api.Invalid("cwd must be an absolute, clean path of at most %d bytes", maxCwdBytes)
 	case len(a.Env) > maxEnvVars:
 		return api.Invalid("at most %d env variables", maxEnvVars)
 	case a.TimeoutS < 0 || a.TimeoutS > maxTimeoutS:
 		return api.Invalid("timeout_s must be in 0..%d", maxTimeoutS)
 	case !validKey(a.OperationKey) || strings.Contains(a.OperationKey, " "):
 		return api.Invalid("operation_key must be at most %d visible ASCII characters", maxKeyBytes)
+	}
+	if a.Cwd != "" {
+		if err := hostproto.CheckCwd(a.Cwd); err != nil {
+			return api.Invalid("%v", err)
+		}
 	}
 	if err := in.checkCallOptions(a.CallOptions); err != nil {
 		return err
@@ -110,7 +115,15 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 	}
 	host, err := in.inv.Host(a.Host)
 	if errors.Is(err, fleet.ErrUnknownHost) {
-		return nil, &api.ToolError{Code: api.CodeUnknownHost, Message: err.Error()}
+		usable, err := in.usableHosts(c)
+		if err != nil {
+			return nil, err
+		}
+		names := make([]string, len(usable))
+		for i, h := range usable {
+			names[i] = h.Name
+		}
+		return nil, unknownHost(a.Host, names).Err()
 	}
 	if err != nil {
 		return nil, err
@@ -121,6 +134,9 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 	cwd := a.Cwd
 	if cwd == "" {
 		cwd = host.Cwd
+	}
+	if err := checkWire(a, cwd); err != nil {
+		return nil, err
 	}
 	if err := checkAgentlessCall(host, a, cwd); err != nil {
 		return nil, err
@@ -152,6 +168,7 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 	}
 	cl.record = markers.Record{
 		IdempotencyKey: a.IdempotencyKey,
+		Reason:         a.Reason,
 		OperationKey:   a.OperationKey,
 		Tool:           "ssh_exec",
 		Channel:        "ssh",
@@ -169,6 +186,27 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 	return cl, nil
 }
 
+// Placeholders as long as the execution id and the fingerprint a dispatch carries.
+var (
+	wireIDPlaceholder          = "ex_" + strings.Repeat("0", 26)
+	wireFingerprintPlaceholder = "hmac-sha256:" + strings.Repeat("0", 64)
+)
+
+// checkWire refuses an ssh_exec its host could not be sent (hostproto.Exec.Check): every
+// field that reaches the wire is checked here, before anything is journaled, by the rule the
+// dispatch applies.
+func checkWire(a api.ExecArgs, cwd string) error {
+	x := hostproto.Exec{
+		ExecutionID: wireIDPlaceholder, Fingerprint: wireFingerprintPlaceholder,
+		Command: a.Command, OperationKey: a.OperationKey, Cwd: cwd, Env: a.Env,
+		Timeout: time.Duration(a.TimeoutS) * time.Second,
+	}
+	if err := x.Check(); err != nil {
+		return api.Invalid("%s", strings.TrimPrefix(err.Error(), hostproto.ErrInvalidExec.Error()+": "))
+	}
+	return nil
+}
+
 // checkCallOptions checks the options every tool that starts work takes.
 func (in *intake) checkCallOptions(o api.CallOptions) error {
 	switch {
@@ -178,9 +216,14 @@ func (in *intake) checkCallOptions(o api.CallOptions) error {
 		return api.Invalid("run_id must be 1-128 printable ASCII characters")
 	case !validKey(o.IdempotencyKey):
 		return api.Invalid("idempotency_key must be at most %d printable ASCII characters", maxKeyBytes)
+	case len(o.Reason) > maxReasonBytes || !utf8.ValidString(o.Reason) || strings.ContainsFunc(o.Reason, func(r rune) bool { return unicode.IsControl(r) && r != '\n' }):
+		return api.Invalid("reason must be text of at most %d bytes (UTF-8, no control characters but newlines)", maxReasonBytes)
 	}
 	return nil
 }
+
+// maxReasonBytes bounds a call's reason.
+const maxReasonBytes = 1024
 
 // checkHostEnv refuses the env names host would drop (internal/envpolicy, with the host's
 // accept_env as the inventory records it), all of them at once, so a command never runs
@@ -280,6 +323,7 @@ func (in *intake) resolveHTTP(c transport.Caller, a api.HTTPArgs) (*claim, error
 	}
 	cl.record = markers.Record{
 		IdempotencyKey: a.IdempotencyKey,
+		Reason:         a.Reason,
 		Tool:           "http_request",
 		Channel:        "http",
 		Target:         targetName,

@@ -69,6 +69,11 @@ func (d *driver) driveAgentless(log *slog.Logger, host fleet.Host) {
 			return // shutting down: the host goes on; the next start reconciles
 		}
 		act := verdict.AgentlessExecVerdict(host.Level(), host.Name, a)
+		if act.Do == verdict.Confirm {
+			w, err := d.hosts.scriptStatus(host, d.id)
+			act = verdict.ConfirmAnswer(host.Name, act.Verdict, w, err)
+			log.Info("confirmed the answer with the marker", "marker", w.State, "action", act.Do, "note", act.Verdict.Note)
+		}
 		if !d.conclude(act.Verdict) {
 			return
 		}
@@ -109,7 +114,7 @@ func (d *driver) reconcileAgentless(log *slog.Logger, host fleet.Host) verdict.D
 	if host.Level() == fleet.GuaranteeMarkerScript {
 		w, err := d.hosts.scriptStatus(host, rec.ID)
 		if err != nil {
-			d.unreachable(log, "the marker script on "+host.Name, err)
+			d.unreachable(log, host.Name, "its marker script", err)
 			return verdict.Settle
 		}
 		st.Wrapper = w
@@ -142,7 +147,7 @@ func (d *driver) watchAgentless(log *slog.Logger, host fleet.Host) {
 		}
 		w, err := d.hosts.scriptStatus(host, d.id)
 		if err != nil {
-			d.unreachable(log, "the marker script on "+host.Name, err)
+			d.unreachable(log, host.Name, "its marker script", err)
 			return
 		}
 		act := verdict.ReconcileByLevel(host.Level(), d.record(), d.now(), host.Name, verdict.LevelStatus{Wrapper: w}, d.all.stopRequested(d.id))

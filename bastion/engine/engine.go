@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -18,6 +19,7 @@ import (
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/journal"
+	"github.com/postern-dev/postern/bastion/notify"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
@@ -64,6 +66,8 @@ type Engine struct {
 	views   *views
 	// retention runs the journal's retention passes (retention.go).
 	retention retention
+	// backups lets one backup run at a time (backup.go).
+	backups sync.Mutex
 }
 
 // core is what every part of the engine shares. Its fields are set by Open and never
@@ -84,11 +88,20 @@ type core struct {
 	clientK gossh.Signer
 	plugin  *plugins.Manager // nil when no HTTP plugin is configured
 	policy  *policy.Policy
+	// announcer tells operators of new approval requests; nil without [approvals] webhook.
+	announcer *notify.Notifier
+	// judging are the results whose delivery is being judged now (delivered.go); it guards
+	// itself.
+	judging judgments
 
 	// readOnly: opened to read while the daemon is down (Options.ReadOnly).
 	readOnly bool
 	// held: started with nothing sent (Options.Hold).
 	held bool
+	// recovered: the journal holds executions rebuilt from host markers that await review
+	// (seen by Recover): a call whose own lookup finds nothing is looked up by its
+	// fingerprint alone as well (recover.go).
+	recovered atomic.Bool
 
 	ctx    context.Context // ended by Close: drivers stop waiting, the hosts go on
 	cancel context.CancelFunc
@@ -126,7 +139,7 @@ func Open(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	signer, _, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-bastion")
+	signer, verifier, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-bastion")
 	if err != nil {
 		return nil, err
 	}
@@ -138,6 +151,10 @@ func Open(opts Options) (*Engine, error) {
 	jl, err := journal.Open(cfg, signer, opts.Logger, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("bastion: open journal: %w", err)
+	}
+	if err := agreeKeys(jl, fp, verifier); err != nil {
+		jl.Close()
+		return nil, err
 	}
 	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: clientKey, Logger: opts.Logger})
 	if err != nil {
@@ -162,7 +179,17 @@ func Open(opts Options) (*Engine, error) {
 			hosts: &hosts{pool: pool, inv: inv, ctx: ctx},
 		},
 	}
+	if cfg.Approvals.Webhook != "" {
+		b.announcer = notify.New(notify.Options{
+			URL: cfg.Approvals.Webhook, SecretFile: cfg.Approvals.WebhookSecretFile,
+			Logger: opts.Logger.With("component", "approval-webhook"),
+			Result: func(r string) { b.metrics.announced.WithLabelValues(r).Inc() },
+		})
+	}
 	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}
+	if r := b.replicas(); r != nil {
+		b.records.replica = r.Name()
+	}
 	b.drivers = newDrivers(b.core)
 	if opts.Hold {
 		b.drivers.close() // nothing is reconciled or dispatched
@@ -265,6 +292,9 @@ func (b *Engine) Close() error {
 	b.drivers.close()
 	b.cancel()
 	b.wg.Wait()
+	if b.announcer != nil {
+		b.announcer.Close()
+	}
 	b.pool.Close()
 	if b.plugin != nil {
 		b.plugin.Close()
@@ -289,7 +319,10 @@ func (b *Engine) Recover(ctx context.Context) error {
 		return nil
 	}
 	var pending []*driver
-	for _, st := range []markers.State{markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running, markers.Unknown} {
+	// The executions on their hosts first: their drivers hold their actors' concurrency
+	// slots, which an accepted or authorized one about to be dispatched must count
+	// (awaitSlot), or it would be dispatched past its actor's max_concurrent.
+	for _, st := range []markers.State{markers.Dispatched, markers.Running, markers.Unknown, markers.Accepted, markers.Authorized} {
 		cursor := ""
 		for {
 			recs, next, err := b.journal.List(markers.Query{State: st, Limit: 500, Cursor: cursor})
@@ -297,6 +330,10 @@ func (b *Engine) Recover(ctx context.Context) error {
 				return fmt.Errorf("bastion: list %s executions: %w", st, err)
 			}
 			for _, r := range recs {
+				if r.RecoveredFrom != "" {
+					b.recovered.Store(true) // never driven: it waits for review
+					continue
+				}
 				if d := b.drivers.start(r); d != nil {
 					pending = append(pending, d)
 				}
@@ -319,5 +356,8 @@ func (b *Engine) Recover(ctx context.Context) error {
 	}
 	b.wg.Go(b.drivers.reconcileLoop)
 	b.wg.Go(b.retentionLoop)
+	if r := b.replicas(); r != nil {
+		b.wg.Go(func() { b.drivers.watchHandovers(r) })
+	}
 	return nil
 }

@@ -76,6 +76,7 @@ func (b *Engine) Investigate(ctx context.Context, id string) (*api.Investigation
 		return nil, err
 	}
 	inv.Authorization = authorizationOf(rec, eventsOf[id])
+	inv.Replicas = replicasOf(eventsOf[id])
 	inv.Outcome = iv.observedOutcome(ctx, rec)
 	inv.Delivery = deliveryOf(rec, eventsOf[id])
 	inv.Answers = []string{
@@ -195,6 +196,8 @@ func joinedWhat(rec *markers.Record, match string, level fleet.Guarantee) string
 		return fmt.Sprintf("joined %s (%s): returned it awaiting approval, no second approval", rec.ID, via)
 	case intent.Rejection:
 		return fmt.Sprintf("joined %s (%s): returned the same rejection", rec.ID, via)
+	case intent.Recovered:
+		return fmt.Sprintf("joined %s (its fingerprint; recovered from %s's marker): returned awaiting review, nothing dispatched", rec.ID, rec.RecoveredFrom)
 	}
 	return fmt.Sprintf("joined %s (%s)", rec.ID, match)
 }
@@ -221,11 +224,8 @@ func reconcileWhat(rec *markers.Record, level fleet.Guarantee) string {
 func authorizationOf(rec *markers.Record, evs []markers.Event) api.Authorization {
 	a := api.Authorization{Decision: rec.Decision, Class: rec.Class, AcceptedAt: rec.CreatedAt}
 	for _, e := range rec.Evidence {
-		// The decision's evidence line: "policy: <outcome> (<rule>)".
-		if rest, ok := strings.CutPrefix(e, "policy: "); ok {
-			if _, rule, ok := strings.Cut(rest, " ("); ok {
-				a.Rule = strings.TrimSuffix(rule, ")")
-			}
+		if rule, ok := api.RuleOf(e); ok {
+			a.Rule = rule
 		}
 	}
 	if t, ok := rec.StateTimes[markers.Authorized]; ok {
@@ -312,6 +312,8 @@ func deliveryOf(rec *markers.Record, evs []markers.Event) api.DeliveryAnswer {
 			d.Deliveries = append(d.Deliveries, api.DeliveryEvent{At: ev.At, Call: ev.Call})
 		case ev.Kind == markers.KindDeliveryRevoked:
 			d.Revocations = append(d.Revocations, api.DeliveryEvent{At: ev.At, Note: ev.Note})
+		case ev.Kind == markers.KindUpdate && strings.HasPrefix(ev.Note, api.NotDeliveredNote+": "):
+			d.Failures = append(d.Failures, api.DeliveryEvent{At: ev.At, Call: ev.Call, Note: strings.TrimPrefix(ev.Note, api.NotDeliveredNote+": ")})
 		}
 	}
 	return d
@@ -372,7 +374,11 @@ func answerWho(inv *api.Investigation) string {
 			b.WriteString("\n  " + scopeText(inv, s))
 		}
 	}
-	fmt.Fprintf(&b, ". Actor %s.", inv.Record.Actor)
+	if from := inv.Record.RecoveredFrom; from != "" {
+		fmt.Fprintf(&b, ". The journal lost the call that started it, its actor and its run: it was rebuilt from %s's marker (postern recover --from-hosts); later calls of the same intent found it by its fingerprint.", from)
+	} else {
+		fmt.Fprintf(&b, ". Actor %s.", inv.Record.Actor)
+	}
 	if len(inv.Related) > 0 {
 		fmt.Fprintf(&b, "\nOther agent runs of the same actor sent the same command within the verdict.Attach window, as separate intents (another process is another run):")
 		for _, r := range inv.Related {
@@ -414,7 +420,38 @@ func answerAuthorization(inv *api.Investigation) string {
 	} else {
 		b.WriteString(" Never dispatched.")
 	}
+	for _, r := range inv.Replicas {
+		fmt.Fprintf(&b, " %s: %s.", stamp(r.At), r.What)
+	}
 	return b.String()
+}
+
+// replicasOf are the turns of the replicas that drove an execution, from its events: each
+// event's record names the replica driving it (Record.Replica); a change is a turn, in the
+// words of the event that made it.
+func replicasOf(evs []markers.Event) []api.ReplicaStep {
+	var out []api.ReplicaStep
+	last := ""
+	for _, ev := range evs {
+		r, err := ev.DecodedRecord()
+		if err != nil || r.Replica == "" || r.Replica == last {
+			continue
+		}
+		what := ""
+		switch {
+		case ev.Kind == markers.KindCreate:
+			what = "accepted by replica " + r.Replica
+		case strings.HasPrefix(ev.Note, "taken over by replica "):
+			what = ev.Note
+		case ev.Kind == markers.KindTransition:
+			what = fmt.Sprintf("%s by replica %s", ev.To, r.Replica)
+		default:
+			what = "driven by replica " + r.Replica
+		}
+		out = append(out, api.ReplicaStep{At: ev.At, Replica: r.Replica, What: what})
+		last = r.Replica
+	}
+	return out
 }
 
 func answerOutcome(inv *api.Investigation) string {
@@ -445,6 +482,9 @@ func answerDelivery(inv *api.Investigation) string {
 	var b strings.Builder
 	for _, dl := range d.Deliveries {
 		fmt.Fprintf(&b, "Delivered %s to %s. ", stamp(dl.At), callText(dl.Call))
+	}
+	for _, f := range d.Failures {
+		fmt.Fprintf(&b, "Not delivered %s to %s: %s. ", stamp(f.At), callText(f.Call), f.Note)
 	}
 	for _, r := range d.Revocations {
 		fmt.Fprintf(&b, "Delivery revoked %s: %s. ", stamp(r.At), r.Note)
@@ -505,6 +545,9 @@ func callText(c *markers.Call) string {
 	s := "call " + dash(c.RequestID) + " (" + c.Transport
 	if c.Run != "" {
 		s += ", " + c.Run
+	}
+	if c.Replica != "" {
+		s += ", replica " + c.Replica
 	}
 	return s + ")"
 }

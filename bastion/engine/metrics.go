@@ -22,9 +22,11 @@ type metrics struct {
 	reconciled      *prometheus.CounterVec // host answers during reconciliation
 	journalErrors   prometheus.Counter
 	approvals       *prometheus.CounterVec // operator decisions and timeouts, by resulting state
+	announced       *prometheus.CounterVec // approval requests announced to the webhook, by result
 	queued          prometheus.Counter     // executions that waited for a concurrency slot
 	dispatchLatency prometheus.Histogram   // dispatch to the host's start confirmation
 	retention       *retentionMetrics      // retention.go
+	refusals        *prometheus.CounterVec // connections and requests refused by the transports, by where and why
 }
 
 func newMetrics() *metrics {
@@ -44,6 +46,8 @@ func newMetrics() *metrics {
 			Name: "postern_reconcile_outcomes_total", Help: "What hosts answered when asked about an execution in flight."}, []string{"answer"}),
 		approvals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postern_approval_decisions_total", Help: "Approvals decided (authorized) or rejected, by resulting state."}, []string{"state"}),
+		announced: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postern_approval_announcements_total", Help: "Approval requests announced to the [approvals] webhook, by result (sent, failed, dropped)."}, []string{"result"}),
 		queued: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "postern_executions_queued_total", Help: "Authorized executions that waited for their actor's max_concurrent slot before dispatch."}),
 		journalErrors: prometheus.NewCounter(prometheus.CounterOpts{
@@ -51,13 +55,21 @@ func newMetrics() *metrics {
 		dispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "postern_dispatch_seconds", Help: "Time from dispatch to the host's marker confirming the start.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postern_refusals_total", Help: "Connections and requests the transports refused, by where (http, mcp_socket, operator_socket) and reason; their log lines are rate-limited, these count every one."}, []string{"where", "reason"}),
 	}
 	m.retention = newRetentionMetrics()
 	m.registry.MustRegister(m.accepted, m.dispatched, m.dedup, m.rejected, m.finished, m.reconciled,
-		m.journalErrors, m.approvals, m.queued, m.dispatchLatency,
+		m.journalErrors, m.approvals, m.announced, m.queued, m.dispatchLatency, m.refusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	m.registry.MustRegister(m.retention.collectors()...)
 	return m
+}
+
+// CountRefusal counts one connection or request a transport refused
+// (postern_refusals_total). where and reason are the transport's constants, a closed set.
+func (b *Engine) CountRefusal(where, reason string) {
+	b.metrics.refusals.WithLabelValues(where, reason).Inc()
 }
 
 // MetricsHandler serves /metrics.

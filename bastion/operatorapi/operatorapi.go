@@ -16,6 +16,7 @@
 //	GET /v1/markers/{host}/{id}                                    one marker on the host
 //	GET /v1/audit/export                                           the journal's event log, JSONL
 //	GET /v1/audit/key                                              the audit verifier key
+//	GET /v1/journal/backup                                         a consistent copy of the journal (tar stream)
 //	GET /v1/approvals                                              executions awaiting approval
 //	POST /v1/approvals/{id}/approve  {"note"}                      authorize and dispatch
 //	POST /v1/approvals/{id}/deny     {"reason"}                    reject
@@ -66,11 +67,14 @@ type Engine interface {
 	HostMarkers(ctx context.Context, host string, q api.MarkerQuery) (*api.MarkerPage, error)
 	HostMarker(ctx context.Context, host, id string) (*hostproto.Marker, error)
 	ExportAudit(w io.Writer) error
+	// Backup streams a consistent copy of the journal (bastion/journal's backup stream),
+	// writing nothing before it is taken.
+	Backup(ctx context.Context, w io.Writer) error
 	AuditKey() (string, error)
-	PendingApprovals(limit int) ([]*markers.Record, error)
-	Approve(ctx context.Context, operator, id, note string) (*markers.Record, error)
-	Deny(ctx context.Context, operator, id, reason string) (*markers.Record, error)
-	Review(ctx context.Context, operator, id, outcome, note string) (*markers.Record, error)
+	PendingApprovals(limit int) (*api.ApprovalPage, error)
+	Approve(ctx context.Context, op api.Operator, id, note string) (*markers.Record, error)
+	Deny(ctx context.Context, op api.Operator, id, reason string) (*markers.Record, error)
+	Review(ctx context.Context, op api.Operator, id, outcome, note string) (*markers.Record, error)
 	// RetentionPass runs the journal's retention pass now (dryRun: counts, changes nothing).
 	RetentionPass(ctx context.Context, dryRun bool) (*api.RetentionPass, error)
 }
@@ -170,6 +174,17 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 		p, err := e.RetentionPass(r.Context(), req.DryRun)
 		writeJSON(w, p, err)
 	})
+	mux.HandleFunc("GET /v1/journal/backup", func(w http.ResponseWriter, r *http.Request) {
+		sw := &streamWriter{w: w, contentType: "application/x-tar"}
+		if err := e.Backup(r.Context(), sw); err != nil {
+			if !sw.started {
+				writeJSON(w, nil, err)
+				return
+			}
+			// The stream lacks its end: the CLI reports it cut short.
+			log.Error("journal backup", "err", err)
+		}
+	})
 	mux.HandleFunc("GET /v1/audit/key", func(w http.ResponseWriter, _ *http.Request) {
 		key, err := e.AuditKey()
 		if err != nil {
@@ -179,11 +194,11 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 		w.Write([]byte(key + "\n"))
 	})
 	mux.HandleFunc("GET /v1/approvals", func(w http.ResponseWriter, _ *http.Request) {
-		recs, err := e.PendingApprovals(1000)
-		if recs == nil {
-			recs = []*markers.Record{}
+		page, err := e.PendingApprovals(1000)
+		if page != nil && page.Approvals == nil {
+			page.Approvals = []*api.ApprovalRequest{} // a list, never null
 		}
-		writeJSON(w, api.ExecutionPage{Executions: recs}, err)
+		writeJSON(w, page, err)
 	})
 	mux.HandleFunc("POST /v1/approvals/{id}/approve", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
 		return e.Approve(r.Context(), operatorOf(r), r.PathValue("id"), body.Note)
@@ -195,6 +210,22 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 		return e.Review(r.Context(), operatorOf(r), r.PathValue("id"), body.Outcome, body.Note)
 	}))
 	return mux
+}
+
+// streamWriter sets the content type on the first write of a streamed answer, so that an
+// error before it can still be answered as JSON.
+type streamWriter struct {
+	w           http.ResponseWriter
+	contentType string
+	started     bool
+}
+
+func (s *streamWriter) Write(p []byte) (int, error) {
+	if !s.started {
+		s.started = true
+		s.w.Header().Set("Content-Type", s.contentType)
+	}
+	return s.w.Write(p)
 }
 
 // executionQuery reads the filters of GET /v1/executions.
@@ -231,7 +262,7 @@ func executionQuery(r *http.Request) (api.ExecutionQuery, error) {
 // outputArgs reads the offsets and wait of GET /v1/executions/{id}/output.
 func outputArgs(r *http.Request) (api.OutputArgs, error) {
 	a := api.OutputArgs{ExecutionID: r.PathValue("id")}
-	for name, dst := range map[string]*int64{"stdout_offset": &a.Offset, "stderr_offset": &a.StderrOffset} {
+	for name, dst := range map[string]*int64{"stdout_offset": &a.StdoutOffset, "stderr_offset": &a.StderrOffset} {
 		if v := r.FormValue(name); v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {
@@ -312,23 +343,24 @@ type operatorKey struct{}
 // ConnContext names the operator on a connection from its peer credentials (an
 // http.Server's ConnContext for the operator socket).
 func ConnContext(ctx context.Context, c net.Conn) context.Context {
-	name := "operator:unknown"
+	op := api.Operator{Name: "operator:unknown", UID: -1}
 	// The socket's accept check already admitted the peer; a peer whose credentials cannot be
-	// read is named unknown in the journal's decisions.
+	// read is named unknown in the journal's decisions, and decides nothing that runs.
 	if cred, err := peercred.Read(c); err == nil {
-		name = "operator:uid" + strconv.Itoa(int(cred.Uid))
-		if u, err := user.LookupId(strconv.Itoa(int(cred.Uid))); err == nil {
-			name = "operator:" + u.Username
+		op.UID = int(cred.Uid)
+		op.Name = "operator:uid" + strconv.Itoa(op.UID)
+		if u, err := user.LookupId(strconv.Itoa(op.UID)); err == nil {
+			op.Name = "operator:" + u.Username
 		}
 	}
-	return context.WithValue(ctx, operatorKey{}, name)
+	return context.WithValue(ctx, operatorKey{}, op)
 }
 
-func operatorOf(r *http.Request) string {
-	if name, ok := r.Context().Value(operatorKey{}).(string); ok {
-		return name
+func operatorOf(r *http.Request) api.Operator {
+	if op, ok := r.Context().Value(operatorKey{}).(api.Operator); ok {
+		return op
 	}
-	return "operator:unknown"
+	return api.Operator{Name: "operator:unknown", UID: -1}
 }
 
 // writeJSON answers v, or err as an api.OperatorError with the status its kind calls for.
@@ -340,8 +372,11 @@ func writeJSON(w http.ResponseWriter, v any, err error) {
 		switch {
 		case errors.As(err, &te):
 			status, code = http.StatusBadRequest, te.Code
-			if te.Code == api.CodeNotFound {
+			switch te.Code {
+			case api.CodeNotFound:
 				status = http.StatusNotFound
+			case api.CodeNotAnOperator:
+				status = http.StatusForbidden
 			}
 		case errors.Is(err, markers.ErrNotFound):
 			status, code = http.StatusNotFound, api.CodeNotFound

@@ -44,13 +44,14 @@ type fakeEngine struct {
 	markerQuery api.MarkerQuery
 	deadline    time.Duration // left on the context of a markers request
 	operator    string
+	operatorUID int
 	note        string
 	reason      string
 	outcome     string
 	dryRun      bool
 
 	err       error
-	pending   []*markers.Record
+	pending   []*api.ApprovalRequest
 	auditJSON string
 	key       string
 }
@@ -153,36 +154,44 @@ func (f *fakeEngine) ExportAudit(w io.Writer) error {
 
 func (f *fakeEngine) AuditKey() (string, error) { return f.key, f.err }
 
-func (f *fakeEngine) PendingApprovals(limit int) ([]*markers.Record, error) {
+func (f *fakeEngine) Backup(_ context.Context, w io.Writer) error {
+	if f.err != nil {
+		return f.err
+	}
+	_, err := io.WriteString(w, "tar")
+	return err
+}
+
+func (f *fakeEngine) PendingApprovals(limit int) (*api.ApprovalPage, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.limit = limit
-	return f.pending, f.err
+	return &api.ApprovalPage{Approvals: f.pending}, f.err
 }
 
-func (f *fakeEngine) decided(operator, id string) (*markers.Record, error) {
-	f.operator, f.id = operator, id
+func (f *fakeEngine) decided(op api.Operator, id string) (*markers.Record, error) {
+	f.operator, f.operatorUID, f.id = op.Name, op.UID, id
 	if f.err != nil {
 		return nil, f.err
 	}
 	return &markers.Record{ID: id, State: markers.Running}, nil
 }
 
-func (f *fakeEngine) Approve(_ context.Context, operator, id, note string) (*markers.Record, error) {
+func (f *fakeEngine) Approve(_ context.Context, operator api.Operator, id, note string) (*markers.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.note = note
 	return f.decided(operator, id)
 }
 
-func (f *fakeEngine) Deny(_ context.Context, operator, id, reason string) (*markers.Record, error) {
+func (f *fakeEngine) Deny(_ context.Context, operator api.Operator, id, reason string) (*markers.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.reason = reason
 	return f.decided(operator, id)
 }
 
-func (f *fakeEngine) Review(_ context.Context, operator, id, outcome, note string) (*markers.Record, error) {
+func (f *fakeEngine) Review(_ context.Context, operator api.Operator, id, outcome, note string) (*markers.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.outcome, f.note = outcome, note
@@ -391,7 +400,7 @@ func TestOutputArgs(t *testing.T) {
 	}{
 		{name: "from the start", query: "", want: api.OutputArgs{ExecutionID: "ex_1"}, wantStatus: 200},
 		{name: "offsets and wait", query: "?stdout_offset=10&stderr_offset=20&wait_s=5",
-			want: api.OutputArgs{ExecutionID: "ex_1", Offset: 10, StderrOffset: 20, WaitS: &five}, wantStatus: 200},
+			want: api.OutputArgs{ExecutionID: "ex_1", StdoutOffset: 10, StderrOffset: 20, WaitS: &five}, wantStatus: 200},
 		{name: "bad stdout offset", query: "?stdout_offset=x", wantStatus: 400, wantErr: "stdout_offset must be a byte offset"},
 		{name: "bad stderr offset", query: "?stderr_offset=1.5", wantStatus: 400, wantErr: "stderr_offset must be a byte offset"},
 		{name: "bad wait", query: "?wait_s=soon", wantStatus: 400, wantErr: "wait_s must be a number of seconds"},
@@ -410,7 +419,7 @@ func TestOutputArgs(t *testing.T) {
 				return
 			}
 			got := e.outputArgs
-			if e.id != "ex_1" || got.ExecutionID != tt.want.ExecutionID || got.Offset != tt.want.Offset || got.StderrOffset != tt.want.StderrOffset ||
+			if e.id != "ex_1" || got.ExecutionID != tt.want.ExecutionID || got.StdoutOffset != tt.want.StdoutOffset || got.StderrOffset != tt.want.StderrOffset ||
 				(got.WaitS == nil) != (tt.want.WaitS == nil) || (got.WaitS != nil && *got.WaitS != *tt.want.WaitS) {
 				t.Fatalf("ReadOutput(%q, %+v); want %+v", e.id, got, tt.want)
 			}
@@ -601,11 +610,11 @@ func TestDecisions(t *testing.T) {
 func TestApprovals(t *testing.T) {
 	tests := []struct {
 		name    string
-		pending []*markers.Record
+		pending []*api.ApprovalRequest
 		want    string
 	}{
-		{"none: an empty list, never null", nil, `{"executions":[]}`},
-		{"some", []*markers.Record{{ID: "ex_1"}}, `"id":"ex_1"`},
+		{"none: an empty list, never null", nil, `{"approvals":[]}`},
+		{"some", []*api.ApprovalRequest{{ExecutionID: "ex_1", Reason: "ship it"}}, `"execution_id":"ex_1"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -642,6 +651,18 @@ func TestAudit(t *testing.T) {
 	// failure is logged.
 	if status, _, body := call(t, srv, "GET", "/v1/audit/export", ""); status != 200 || string(body) != failing.auditJSON {
 		t.Fatalf("failed export = %d %q; want 200 with what was written", status, body)
+	}
+}
+
+// A backup streams a tar; one that fails before streaming is answered as an error.
+func TestBackup(t *testing.T) {
+	status, h, body := call(t, serve(t, &fakeEngine{}), "GET", "/v1/journal/backup", "")
+	if status != 200 || h.Get("Content-Type") != "application/x-tar" || string(body) != "tar" {
+		t.Fatalf("backup = %d %q %q; want 200 application/x-tar", status, h.Get("Content-Type"), body)
+	}
+	failing := &fakeEngine{err: &api.ToolError{Code: api.CodeBastionDown, Message: "down"}}
+	if status, _, body := call(t, serve(t, failing), "GET", "/v1/journal/backup", ""); status != 400 || operatorError(t, body).Code != api.CodeBastionDown {
+		t.Fatalf("failed backup = %d %s; want 400 bastion_down", status, body)
 	}
 }
 
@@ -685,8 +706,8 @@ func TestOperatorFromPeerCredentials(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Fatalf("%s: status %d; want 200", path, resp.StatusCode)
 		}
-		if e.operator != want {
-			t.Fatalf("%s: operator = %q; want %q", path, e.operator, want)
+		if e.operator != want || e.operatorUID != os.Getuid() {
+			t.Fatalf("%s: operator = %q, uid %d; want %q, uid %d", path, e.operator, e.operatorUID, want, os.Getuid())
 		}
 	}
 }
@@ -699,7 +720,7 @@ func TestConnContextWithoutCredentials(t *testing.T) {
 	defer b.Close()
 	ctx := ConnContext(context.Background(), a)
 	req := httptest.NewRequest("GET", "/", nil).WithContext(ctx)
-	if got := operatorOf(req); got != "operator:unknown" {
-		t.Fatalf("operator = %q; want operator:unknown", got)
+	if got := operatorOf(req); got.Name != "operator:unknown" || got.UID != -1 {
+		t.Fatalf("operator = %+v; want operator:unknown, uid -1", got)
 	}
 }

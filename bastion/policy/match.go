@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"path"
 	"strings"
 	"unicode/utf8"
 )
@@ -18,54 +19,145 @@ func MatchArgv(pattern string, argv []string) bool {
 	return matchLayer(pattern, Layer{Argv: argv}, true)
 }
 
+// token is an argv word as matching sees it.
+type token struct {
+	word string
+	kind tokenKind
+}
+
+type tokenKind int
+
+const (
+	literalToken tokenKind = iota
+	unknownToken           // one word, any value
+	spreadToken            // any number of words (none included), any values
+)
+
+func tokens(l Layer) []token {
+	ts := make([]token, 0, len(l.Argv)+1)
+	for i, w := range l.Argv {
+		kind := literalToken
+		switch {
+		case l.spread(i):
+			kind = spreadToken
+		case l.unknown(i):
+			kind = unknownToken
+		}
+		ts = append(ts, token{w, kind})
+	}
+	if l.Open {
+		ts = append(ts, token{kind: spreadToken})
+	}
+	return ts
+}
+
 // matchLayer is MatchArgv for a layer whose words may be known only at run time (Unknown,
-// Open). could: whether some value of those words matches (an unknown word matches any
-// glob; open words may fill the pattern's remaining words). !could: whether every value
-// does (an unknown word matches only a glob of '*'s; open words only a final "**").
+// Spread, Open). could: whether some value of those words matches (an unknown word matches
+// any pattern word, a spread word any number of them). !could: whether every value does
+// (an unknown word matches only a pattern word of '*'s; a spread word only a final "**"
+// that covers it).
 func matchLayer(pattern string, l Layer, could bool) bool {
 	words := strings.Fields(pattern)
-	argv := l.Argv
-	if len(words) == 0 || len(argv) == 0 {
+	if len(words) == 0 || len(l.Argv) == 0 {
 		return false
 	}
 	rest := words[len(words)-1] == anyRemaining
 	if rest {
 		words = words[:len(words)-1]
 	}
-	n := len(words)
-	switch {
-	case l.Open && !could:
-		// Every number of appended words, zero included, must match.
-		if !rest || len(argv) < n {
-			return false
-		}
-	case l.Open: // could
-		if !rest && len(argv) > n {
-			return false
-		}
-	case rest:
-		if len(argv) < n {
-			return false
-		}
-	default:
-		if len(argv) != n {
-			return false
-		}
+	ts := tokens(l)
+	if could {
+		return couldMatch(words, rest, ts)
 	}
-	for i, w := range words {
-		if i >= len(argv) {
-			break // open words fill the rest (could only: checked above)
-		}
-		switch {
-		case !l.unknown(i):
-			if !globMatch(w, argv[i]) {
+	n := len(words)
+	for i, t := range ts {
+		if t.kind == spreadToken {
+			// Every number of words, none included, must match: only a "**" that starts at or
+			// before this word can take them all.
+			if !rest || i < n {
 				return false
 			}
-		case !could && strings.Trim(w, "*") != "":
-			return false
+			ts = ts[:i]
+			break
+		}
+	}
+	if len(ts) < n || (!rest && len(ts) != n) {
+		return false
+	}
+	for i, w := range words {
+		switch ts[i].kind {
+		case literalToken:
+			if !globMatch(w, ts[i].word) {
+				return false
+			}
+		case unknownToken:
+			if strings.Trim(w, "*") != "" {
+				return false
+			}
 		}
 	}
 	return true
+}
+
+// couldMatch reports whether some value of the tokens matches the pattern words (and a
+// final "**" when rest): a memoized walk over (pattern word, token) positions.
+func couldMatch(words []string, rest bool, ts []token) bool {
+	seen := make(map[[2]int]bool)
+	var match func(w, t int) bool
+	match = func(w, t int) bool {
+		key := [2]int{w, t}
+		if done, ok := seen[key]; ok {
+			return done
+		}
+		seen[key] = false
+		var ok bool
+		switch {
+		case w == len(words) && (rest || t == len(ts)):
+			ok = true
+		case w == len(words): // only spread tokens, each making no word, may remain
+			ok = ts[t].kind == spreadToken && match(w, t+1)
+		case t == len(ts):
+			ok = false
+		case ts[t].kind == spreadToken:
+			ok = match(w, t+1) || match(w+1, t) // no more words from it, or one more
+		case ts[t].kind == unknownToken:
+			ok = match(w+1, t+1)
+		default:
+			ok = globMatch(words[w], ts[t].word) && match(w+1, t+1)
+		}
+		seen[key] = ok
+		return ok
+	}
+	return match(0, 0)
+}
+
+// matchWrite reports whether a file a redirection writes could be one pattern matches: a
+// glob over the cleaned path ('*' crossing '/'). A path only known at run time could be any
+// file; a relative path is under a directory the policy does not know (the account's home,
+// or wherever cd went), so it matches when some directory would make it match ("/etc/**"
+// matches "passwd").
+func matchWrite(pattern string, f File) bool {
+	if f.Unknown {
+		return true
+	}
+	p := f.Path
+	if strings.HasPrefix(p, "/") {
+		return globMatch(pattern, path.Clean(p))
+	}
+	rel := path.Clean(p)
+	if rel == ".." || strings.HasPrefix(rel, "../") {
+		return true // above the unknown directory: anywhere
+	}
+	suffix := "/" + rel
+	if rel == "." {
+		suffix = "/"
+	}
+	for k := 0; k <= len(pattern); k++ {
+		if globMatch(pattern[k:], suffix) {
+			return true
+		}
+	}
+	return false
 }
 
 // validatePattern reports why pattern can never be what its author meant.
@@ -157,6 +249,22 @@ func matchName(patterns []string, name string) bool {
 		}
 	}
 	return false
+}
+
+// validateWritePattern reports why a writes pattern can never be what its author meant.
+func validateWritePattern(pattern string) error {
+	switch {
+	case strings.TrimSpace(pattern) != pattern || pattern == "":
+		return fmt.Errorf("writes pattern %q: empty or padded with spaces", pattern)
+	case pattern[0] != '/' && pattern[0] != '*':
+		return fmt.Errorf("writes pattern %q: an absolute path glob (/etc/**) or one starting with * (*.conf)", pattern)
+	}
+	for _, r := range pattern {
+		if r < 0x20 || r == 0x7f {
+			return fmt.Errorf("writes pattern %q: control character", pattern)
+		}
+	}
+	return nil
 }
 
 func validateGlob(kind, p string) error {

@@ -49,6 +49,14 @@ var builtinRanks = map[string]int{
 const (
 	DecisionDeny    = "deny"
 	DecisionApprove = "approve"
+	// DecisionAllow names programs (or endpoints) an actor with Default "deny" may use.
+	DecisionAllow = "allow"
+)
+
+// Actor defaults (Actor.Default).
+const (
+	DefaultAllow = "allow" // a call no rule denies is authorized (the default)
+	DefaultDeny  = "deny"  // only what allow rules name runs: every program of a command, each endpoint
 )
 
 // Actor is a caller the operator configured: remote by token hash, or local by process
@@ -61,6 +69,11 @@ type Actor struct {
 	Hosts       []string `toml:"hosts"`        // globs over host names and "group:<glob>"; empty = all hosts
 	Tools       []string `toml:"tools"`        // tool names; empty = all tools
 	Endpoints   []string `toml:"endpoints"`    // http endpoint names (globs); empty = all
+	// Default is what the actor may do that no rule names: "allow" (or "") — anything no
+	// deny rule forbids —, or "deny" — only what an applicable allow rule names: every
+	// program every command would run (each layer, wrappers included; an unknowable program
+	// is denied) and each endpoint and method.
+	Default string `toml:"default"`
 	// Limits, enforced by the bastion; 0 = unlimited. The run_ forms apply to each agent run
 	// (intent scope) of the actor on its own, so one run cannot use up another's share.
 	MaxConcurrent    int `toml:"max_concurrent"`     // executions in flight at once
@@ -77,15 +90,17 @@ func (a Actor) Limited() bool {
 // Local reports whether the actor is matched by process rather than by token.
 func (a Actor) Local() bool { return a.TokenSHA256 == "" }
 
-// Rule maps (actors?, hosts/groups, command patterns | endpoint + methods) to a class, a
-// deny, or an approval requirement.
+// Rule maps (actors?, hosts/groups, command patterns | written files | endpoint + methods)
+// to a class, a deny, an approval requirement, or an allowance (for actors with Default
+// "deny").
 type Rule struct {
 	Name      string   `toml:"name"`      // for explanations; default "rules[i]"
 	Class     string   `toml:"class"`     // action class when it matches ("" = keep what other rules or the default say)
-	Decision  string   `toml:"decision"`  // "" | "deny" | "approve"
+	Decision  string   `toml:"decision"`  // "" | "deny" | "approve" | "allow"
 	Actors    []string `toml:"actors"`    // actor names; empty = all
 	Hosts     []string `toml:"hosts"`     // host-name globs or "group:<glob>"; empty = all
 	Commands  []string `toml:"commands"`  // argv patterns (see MatchArgv); empty = all commands
+	Writes    []string `toml:"writes"`    // globs over the files redirections write (> f, >> f); see Script.Writes
 	Endpoints []string `toml:"endpoints"` // http endpoint names (globs); empty = all
 	Methods   []string `toml:"methods"`   // http methods (case-insensitive); empty = all
 }
@@ -122,9 +137,11 @@ const (
 const (
 	CodeActorUnknown  = "actor_unknown"  // no configured actor by that name
 	CodeTargetUnknown = "target_unknown" // the request names no host (ssh_exec) or endpoint (http_request)
-	CodeNotAllowed    = "not_allowed"    // the actor may not use this tool, host or endpoint
-	CodeDenied        = "denied"         // a deny rule matched a command (or endpoint) of the request
-	CodeUnparsable    = "unparsable"     // the command is not plain literal words and a deny rule's patterns could match it
+	// CodeNotAllowed: the actor may not use this tool, host or endpoint; or, under Default
+	// "deny", no allow rule names a program of the command (or the endpoint and method).
+	CodeNotAllowed = "not_allowed"
+	CodeDenied     = "denied"     // a deny rule matched a command, a written file (or endpoint) of the request
+	CodeUnparsable = "unparsable" // a program of the command is only known when it runs, and a deny rule or the actor's default deny could apply
 )
 
 // Decision is the ladder's answer with its explanation.
@@ -134,13 +151,28 @@ type Decision struct {
 	Rule    string   // the rule (or actor limit) that decided, e.g. `rules[2] "no-prod-drops"`
 	Steps   []string // the ladder as walked, one line per step
 	Code    string   // rejections only
+	// Reason says in plain words why the outcome is what it is: `denied by rule "no-rm": rm
+	// -rf /x (run by sudo) matches "rm **"`, "the program is only known when the command
+	// runs ($CMD) …". Set for every outcome.
+	Reason string
+	// Repair says what the caller can do about it ("name the program literally", "wait for
+	// a person's approval"); "" when authorized.
+	Repair string
+	// Word is the word that decided, as written: the program no allow rule names, the
+	// word that makes a program unknowable ($CMD, eval), the file a writes rule matched;
+	// "" when none did.
+	Word string
 	// Layers (ssh_exec) are the commands the command line would run: each simple command
-	// and, through the wrappers Unwrap knows, what it runs. Partial when the command is not
-	// plain literal words or a wrapper could not be unwrapped with certainty.
+	// and, through the wrappers the policy knows, what it runs. Partial when a program is
+	// unknowable.
 	Layers []Layer
 	// Layer is the index into Layers of the layer that decided — matched the deny or
-	// approve rule, or set the class — or -1 when no single layer did.
+	// approve rule, is not allowed, is unknowable, or set the class — or -1 when no single
+	// layer did.
 	Layer int
+	// Writes and Reads (ssh_exec) are the files the command's redirections write and read.
+	Writes []File
+	Reads  []File
 }
 
 // ErrInvalid is wrapped by every validation problem New reports.
@@ -160,6 +192,7 @@ type compiledRule struct {
 }
 
 func (r compiledRule) forCommands() bool  { return len(r.Commands) > 0 }
+func (r compiledRule) forWrites() bool    { return len(r.Writes) > 0 }
 func (r compiledRule) forEndpoints() bool { return len(r.Endpoints) > 0 || len(r.Methods) > 0 }
 
 var (
@@ -229,6 +262,11 @@ func New(actors []Actor, rules []Rule, knownClasses []string) (*Policy, error) {
 				bad("%s: %v", at, err)
 			}
 		}
+		switch a.Default {
+		case "", DefaultAllow, DefaultDeny:
+		default:
+			bad("%s: default %q: want \"allow\" or \"deny\"", at, a.Default)
+		}
 		if a.MaxConcurrent < 0 || a.DailyQuota < 0 || a.RunMaxConcurrent < 0 || a.RunDailyQuota < 0 {
 			bad("%s: max_concurrent, daily_quota, run_max_concurrent and run_daily_quota must not be negative (0 = unlimited)", at)
 		}
@@ -257,12 +295,16 @@ func New(actors []Actor, rules []Rule, knownClasses []string) (*Policy, error) {
 		}
 		switch r.Decision {
 		case "", DecisionApprove:
+		case DecisionAllow:
+			if len(r.Writes) > 0 {
+				bad("%s: an allow rule names programs or endpoints; writes are never default-denied (deny or approve them instead)", label)
+			}
 		case DecisionDeny:
 			if r.Class != "" {
 				bad("%s: a deny rule's class would never apply; drop class or decision", label)
 			}
 		default:
-			bad("%s: decision %q: want \"deny\", \"approve\" or none", label, r.Decision)
+			bad("%s: decision %q: want \"deny\", \"approve\", \"allow\" or none", label, r.Decision)
 		}
 		if r.Class == "" && r.Decision == "" {
 			bad("%s: sets neither class nor decision, so it does nothing", label)
@@ -282,6 +324,11 @@ func New(actors []Actor, rules []Rule, knownClasses []string) (*Policy, error) {
 				bad("%s: %v", label, err)
 			}
 		}
+		for _, w := range r.Writes {
+			if err := validateWritePattern(w); err != nil {
+				bad("%s: %v", label, err)
+			}
+		}
 		for _, e := range r.Endpoints {
 			if err := validateGlob("endpoint", e); err != nil {
 				bad("%s: %v", label, err)
@@ -296,9 +343,12 @@ func New(actors []Actor, rules []Rule, knownClasses []string) (*Policy, error) {
 		}
 		cr := compiledRule{Rule: r, label: label}
 		cr.Actors, cr.Hosts, cr.Commands, cr.Endpoints = slices.Clone(r.Actors), slices.Clone(r.Hosts), slices.Clone(r.Commands), slices.Clone(r.Endpoints)
-		cr.Methods = methods
-		if cr.forCommands() && cr.forEndpoints() {
-			bad("%s: commands (ssh_exec) and endpoints/methods (http_request) are exclusive", label)
+		cr.Writes, cr.Methods = slices.Clone(r.Writes), methods
+		switch {
+		case (cr.forCommands() || cr.forWrites()) && cr.forEndpoints():
+			bad("%s: commands or writes (ssh_exec) and endpoints/methods (http_request) are exclusive", label)
+		case cr.forCommands() && cr.forWrites():
+			bad("%s: commands and writes are exclusive: a writes rule matches the files any command writes", label)
 		}
 		p.rules = append(p.rules, cr)
 	}

@@ -15,11 +15,18 @@ import (
 // guarantee table):
 //
 //	AgentlessExecVerdict  how one exec on a stock sshd ended (answer line, exit, transport) → Verdict
+//	ConfirmAnswer     an answer that nothing started, checked against the marker → action
 //	ReconcileByLevel  what the host can tell about an execution in flight, by level → action
 
 // Watch: the marker says the command is (still) starting or running; its output cannot be
 // re-attached, so the driver reads the marker again until it ends.
 const Watch Do = "watch"
+
+// Confirm: the answer says the command did not start (a refusal, a duplicate id, a shell that
+// did not run Postern's line), and the account's start-up files run before Postern's line
+// and can print any such answer. The driver reads the marker script's marker and decides
+// with ConfirmAnswer; the verdict is journaled only if the marker agrees.
+const Confirm Do = "confirm"
 
 // AgentlessAnswer is how one exec on a stock sshd ended, as the bastion saw it.
 type AgentlessAnswer struct {
@@ -61,12 +68,16 @@ func agentlessExec(level fleet.Guarantee, host string, a AgentlessAnswer) (Verdi
 		return Verdict{To: markers.Failed, Note: fmt.Sprintf("could not send the command to %s (%v); nothing was sent", host, a.Err)}, Settle
 	case a.Refused:
 		return Verdict{To: markers.Failed, Note: fmt.Sprintf("sshd on %s refused the exec request; nothing was started", host)}, Settle
+	case a.Answer != nil && a.Answer.Kind == agentless.Refused && level == fleet.GuaranteeNone:
+		return unconfirmable(host, fmt.Sprintf("its answer says it refused the command (%s)", RefusalText(host, a.Answer.Reason))), Settle
 	case a.Answer != nil && a.Answer.Kind == agentless.Refused:
 		why := RefusalText(host, a.Answer.Reason)
-		return Verdict{To: markers.Failed, StartError: why, Note: fmt.Sprintf("%s; the command did not run", why)}, Settle
+		return Verdict{To: markers.Failed, StartError: why, Note: fmt.Sprintf("%s; the command did not run", why)}, Confirm
+	case a.Answer != nil && a.Answer.Kind == agentless.Duplicate && level == fleet.GuaranteeNone:
+		return unconfirmable(host, "its answer says the execution id ran before"), Settle
 	case a.Answer != nil && a.Answer.Kind == agentless.Duplicate:
 		act := wrapperStateVerdict(host, *a.Answer)
-		return act.Verdict, act.Do
+		return act.Verdict, Confirm
 	case a.Answer != nil && a.Answer.Kind == agentless.Started && !lost:
 		m := &hostproto.Marker{State: hostproto.MarkerExited, ExitCode: a.Exit, Signal: a.Signal}
 		if a.Signal != "" {
@@ -85,17 +96,52 @@ func agentlessExec(level fleet.Guarantee, host string, a AgentlessAnswer) (Verdi
 	case !lost && a.Answer == nil && a.Unreadable:
 		return Verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
 			"%s exited (%s), and its answer line could not be read, so whether the command started cannot be known; reading its marker", host, exitText(a.Exit, a.Signal))}, Settle
+	case !lost && level == fleet.GuaranteeNone:
+		return unconfirmable(host, fmt.Sprintf("the account's shell exited (%s) without Postern's answer line (%s)", exitText(a.Exit, a.Signal), a.Stderr)), Settle
 	case !lost:
 		// An exit status, and no answer: the account's shell never ran Postern's line (a
 		// login shell that refuses, like nologin), and the answer comes before the command.
 		return Verdict{To: markers.Failed, StartError: "the account's shell did not run the command line", Note: fmt.Sprintf(
-			"the account's shell on %s exited (%s) without running Postern's command line, so the command did not start: %s", host, exitText(a.Exit, a.Signal), a.Stderr)}, Settle
+			"the account's shell on %s exited (%s) without running Postern's command line, so the command did not start: %s", host, exitText(a.Exit, a.Signal), a.Stderr)}, Confirm
 	case level == fleet.GuaranteeNone:
 		return Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
 			"connection to %s lost after the command was sent, before the host confirmed a start (%v); %s keeps no marker (guarantee level none), so whether it started cannot be known; it is not sent again — review required", host, a.Err, host)}, Settle
 	}
 	return Verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
 		"connection to %s lost after the command was sent, before the host confirmed a start (%v); reading its marker", host, a.Err)}, Settle
+}
+
+// unconfirmable is the verdict on an answer that says "not run" from a level-none host:
+// nothing on it can confirm the answer, which the account's start-up files could have
+// printed, so the outcome is unknown and never sent again.
+func unconfirmable(host, what string) Verdict {
+	return Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+		"%s: %s, but %s keeps no marker (guarantee level none) to confirm that the command did not start — the account's start-up files run first and can print such an answer; it is not sent again — review required", host, what, host)}
+}
+
+// ConfirmAnswer decides on an answer AgentlessExecVerdict asked to confirm (Confirm), from
+// the marker script's marker read after it: pending is the answer's verdict. No marker
+// confirms an answer that nothing started (a refusal, a shell that did not run the line);
+// a marker means the command was claimed or started whatever the answer said, and its state
+// decides. A duplicate's answer is confirmed by the marker it names. err: the marker could
+// not be read, so it is read again later (the execution is unknown meanwhile).
+func ConfirmAnswer(host string, pending Verdict, w agentless.Answer, err error) Action {
+	switch {
+	case err != nil:
+		return Action{Do: Settle, Verdict: Verdict{To: markers.Unknown, Again: true, Note: fmt.Sprintf(
+			"%s; confirming it with the marker script's marker on %s failed (%v); reading it again", pending.Note, host, err)}}
+	case w.State == agentless.Absent && pending.To == markers.Failed:
+		pending.Note += "; confirmed: the marker script on " + host + " has no marker for it"
+		return Action{Do: Settle, Verdict: pending}
+	case w.State == agentless.Absent:
+		return Action{Do: Settle, Verdict: Verdict{To: markers.Unknown, Review: true, Note: fmt.Sprintf(
+			"the answer from %s named a marker for it, but the marker script has none: the answer was not the script's (the account's start-up files print before it); it is not sent again — review required", host)}}
+	}
+	act := wrapperStateVerdict(host, w)
+	if pending.To == markers.Failed {
+		act.Verdict.Note = fmt.Sprintf("the answer from %s said the command did not start, but the marker script has a marker for it, so the answer was not the script's (the account's start-up files print before it): %s", host, act.Verdict.Note)
+	}
+	return act
 }
 
 func exitText(code *int, signal string) string {

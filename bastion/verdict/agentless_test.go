@@ -65,6 +65,27 @@ func decideStock(t *testing.T, c datadriven.Case, state func(string) markers.Sta
 		act := AgentlessExecVerdict(level, testHost, a)
 		started := a.Answer != nil && a.Answer.Kind == agentless.Started
 		return renderVerdict(t, from, started, string(act.Do), act.Verdict)
+	case "stock_confirm":
+		// An answer AgentlessExecVerdict asked to confirm, then the marker as read after it.
+		a := AgentlessAnswer{Sent: true, Exit: new(int)}
+		if v := c.Args["answer"]; v != "" {
+			kind, rest, _ := strings.Cut(v, ":")
+			ans := agentless.Answer{Kind: agentless.Kind(kind), Reason: rest}
+			if ans.Kind == agentless.Duplicate {
+				ans = wrapper(agentless.Duplicate, rest)
+			}
+			a.Answer = &ans
+		}
+		act := AgentlessExecVerdict(fleet.GuaranteeMarkerScript, testHost, a)
+		if act.Do != Confirm {
+			return fail("answer %q is not one to confirm: %s", c.Args["answer"], act.Do)
+		}
+		var err error
+		if c.Flags["unreadable"] {
+			err = errors.New("connection reset")
+		}
+		act = ConfirmAnswer(testHost, act.Verdict, wrapper(agentless.Status, c.Args["marker"]), err)
+		return renderVerdict(t, from, false, string(act.Do), act.Verdict)
 	case "stock_reconcile":
 		now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 		rec := &markers.Record{ID: "ex_this", State: from, CreatedAt: now.Add(-duration("age")), ReviewRequired: c.Flags["review"]}

@@ -25,7 +25,7 @@ func (c *InstallCommand) Run(_ context.Context, args []string) error {
 	fs := flag.NewFlagSet("install", flag.ContinueOnError)
 	fs.SetOutput(c.Stderr)
 	var opts hostagent.InstallOptions
-	fs.StringVar(&opts.Root, "root", "/", "directory every installed path is written under")
+	fs.StringVar(&opts.Root, "root", "/", "a staging root (an image, a chroot): every file is written under it at the path it has on the machine that root becomes, and the config and unit name that machine's paths")
 	fs.StringVar(&opts.ConfigPath, "config", hostagent.DefaultConfigPath, "config file to create (kept if it exists)")
 	fs.StringVar(&opts.UnitPath, "unit", hostagent.DefaultUnitPath, "systemd unit to write")
 	fs.StringVar(&opts.BinaryPath, "binary", hostagent.DefaultBinaryPath, "hostagent binary the unit runs")

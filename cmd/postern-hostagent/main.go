@@ -58,7 +58,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "marker":
 		return (&MarkerCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "help", "-h", "--help":
-		fmt.Fprint(stdout, mainUsage)
+		fmt.Fprint(stdout, mainUsage+"\n"+ruleHelp())
 		return nil
 	default:
 		fmt.Fprintf(stderr, "postern-hostagent: unknown command %q\n\n%s", args[0], mainUsage)

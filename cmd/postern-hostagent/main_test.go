@@ -125,6 +125,9 @@ func TestInstallThenServe(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Errorf("serve returned %v\n%s", err, stderr.String())
 	}
+	if strings.Contains(stderr.String(), "no authorized keys") {
+		t.Errorf("serve with a key warned that it has none:\n%s", stderr.String())
+	}
 }
 
 func mustRead(t *testing.T, path string) string {
@@ -152,5 +155,50 @@ func TestServeReportsEveryConfigProblemAtOnce(t *testing.T) {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("serve error:\n%v\nwant it to include %q", err, want)
 		}
+	}
+}
+
+// TestInstallUnderARootThenServeWithoutKeys: install under --root says that it wrote for the
+// machine that root becomes, and names every file where it really is; a hostagent started
+// with no authorized key at all says that nobody can log in, and where the key goes.
+func TestInstallUnderARootThenServeWithoutKeys(t *testing.T) {
+	root := sockdir.New(t)
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"install", "--root", root}, &out, &out); err != nil {
+		t.Fatalf("install: %v\n%s", err, out.String())
+	}
+	configPath := filepath.Join(root, hostagent.DefaultConfigPath)
+	keysPath := filepath.Join(root, hostagent.DefaultAuthorizedKeysPath)
+	for _, want := range []string{
+		"installed under " + root + " for the machine whose / it becomes",
+		"data_dir /var/lib/postern-hostagent, not " + filepath.Join(root, "var/lib/postern-hostagent"),
+		"wrote config          " + configPath,
+		"wrote authorized keys " + keysPath + " (empty",
+		"data dir              " + filepath.Join(root, "var/lib/postern-hostagent"),
+		"wrote unit            " + filepath.Join(root, hostagent.DefaultUnitPath),
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("install printed no %q:\n%s", want, out.String())
+		}
+	}
+
+	// Run it here after all: its paths moved under the root.
+	cfgText := strings.ReplaceAll(mustRead(t, configPath), `"/`, `"`+root+`/`)
+	if err := os.WriteFile(configPath, []byte(cfgText), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	var stdout, stderr testutil.LockedBuffer
+	go func() {
+		done <- run(ctx, []string{"serve", "--config", configPath, "--listen", "127.0.0.1:0"}, &stdout, &stderr)
+	}()
+	testutil.WaitFor(t, "serve to listen", func() bool { return strings.Contains(stdout.String(), "listening on") })
+	cancel()
+	if err := <-done; err != nil {
+		t.Errorf("serve returned %v\n%s", err, stderr.String())
+	}
+	if log := stderr.String(); !strings.Contains(log, "no authorized keys: nobody can log in") || !strings.Contains(log, keysPath) {
+		t.Errorf("serve with no key said:\n%s\nwant a warning naming %s", log, keysPath)
 	}
 }

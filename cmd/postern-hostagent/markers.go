@@ -43,52 +43,35 @@ Without a reachable agent, list, show, tail and verify read the data dir directl
 `
 
 func (c *MarkersCommand) Run(ctx context.Context, args []string) error {
-	return prog.Dispatch(ctx, "markers", markersUsage,
+	return prog.Dispatch(ctx, "markers", markersUsage+"\n"+ruleHelp(),
 		cli.Subcommands{"list": c.list, "show": c.show, "tail": c.tail, "verify": c.verify}, args, c.Stdout, c.Stderr)
 }
 
-// agentFlags locate the agent: its control socket and its data dir (for the fallback).
+// agentFlags locate the agent (by the discovery rule): its control socket and its data dir
+// (for the fallback).
 type agentFlags struct {
 	config, socket, dataDir string
-	// paths names the files in the data dir (valid after resolve when dataDir is set).
-	paths     hostagent.Config
-	configSet bool
+	// paths names the files in the data dir (valid after resolve).
+	paths hostagent.Config
+	// where is what the rule chose and why (after resolve).
+	where string
 }
 
 func (f *agentFlags) register(fs *flag.FlagSet) {
-	fs.Func("config", "config file (TOML), for data_dir (default "+hostagent.DefaultConfigPath+")", func(s string) error {
-		f.config, f.configSet = s, true
-		return nil
-	})
+	flagsUsage := fs.Usage
+	fs.Usage = func() { flagsUsage(); fmt.Fprint(fs.Output(), "\n"+ruleHelp()) }
+	fs.StringVar(&f.config, "config", "", "the hostagent's config file (TOML; else $"+envConfig+", "+hostagent.DefaultConfigPath+", …: see below)")
 	fs.StringVar(&f.socket, "socket", "", "control socket (default the config's control_socket, <data_dir>/control.sock)")
-	fs.StringVar(&f.dataDir, "data-dir", "", "data directory, overrides data_dir")
+	fs.StringVar(&f.dataDir, "data-dir", "", "data directory (else $"+envDataDir+", …); with --config, it overrides data_dir")
 }
 
-// resolve fills socket and dataDir. The config file is needed only for what the flags leave
-// out; a missing default config is fine when --socket is given (there is then no fallback).
+// resolve fills socket and dataDir by the discovery rule.
 func (f *agentFlags) resolve() error {
-	cfg := hostagent.DefaultConfig()
-	cfg.DataDir = ""
-	if f.dataDir == "" || f.socket == "" {
-		path := hostagent.DefaultConfigPath
-		if f.configSet {
-			path = f.config
-		}
-		loaded, err := hostagent.LoadConfig(path)
-		switch {
-		case err == nil:
-			cfg = loaded
-		case !f.configSet && f.socket == "" && errors.Is(err, fs.ErrNotExist):
-			return fmt.Errorf("no hostagent config at %s (the installed default): pass --config FILE (the one postern-hostagent serve runs with), or --socket PATH and --data-dir DIR", path)
-		case !f.configSet && f.socket == "" && errors.Is(err, fs.ErrPermission):
-			return fmt.Errorf("%w: run as the hostagent's user or root, or pass --config FILE", err)
-		case f.socket == "" || f.configSet:
-			return err
-		}
+	cfg, found, err := findAgent(f.config, f.dataDir)
+	if err != nil {
+		return err
 	}
-	if f.dataDir != "" {
-		cfg.DataDir = f.dataDir
-	}
+	f.where = found.Why()
 	f.dataDir = cfg.DataDir
 	if f.socket == "" {
 		f.socket = cfg.ControlSocketPath()
@@ -115,9 +98,13 @@ func (f *agentFlags) open(ctx context.Context, stderr io.Writer) (markerSource, 
 	if !agentDown(err) || f.dataDir == "" {
 		return nil, err
 	}
+	if _, err := os.Stat(f.dataDir); errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("no hostagent here: nothing listens on %s and %s does not exist (%s): pass --config FILE (the one postern-hostagent serve runs with), or set %s",
+			f.socket, f.dataDir, f.where, envConfig)
+	}
 	store, err := markers.Open(f.paths.MarkersDir(), markers.Options{Graph: markers.HostGraph, ReadOnly: true})
 	if err != nil {
-		return nil, fmt.Errorf("agent not reachable at %s, and the store cannot be read: %w", f.socket, err)
+		return nil, fmt.Errorf("agent not reachable at %s, and the store cannot be read (%s): %w", f.socket, f.where, err)
 	}
 	fmt.Fprintf(stderr, "note: agent not reachable at %s; reading %s directly\n", f.socket, f.dataDir)
 	return storeSource{store}, nil

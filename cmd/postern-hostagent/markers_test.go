@@ -206,16 +206,30 @@ func checkMarkersCommands(t *testing.T, d *agentDir) {
 	})
 }
 
-// TestMarkersWithoutConfig: with no --config and no installed config, markers list says
-// what to pass instead of failing on a path under /etc.
+// TestMarkersWithoutConfig: with no --config, no variable, no installed config and no
+// local hostagent of postern up, markers list says where it looked and what to pass instead
+// of failing on a path under /etc.
 func TestMarkersWithoutConfig(t *testing.T) {
-	if _, err := os.Stat(hostagent.DefaultConfigPath); err == nil {
-		t.Skipf("%s exists on this machine", hostagent.DefaultConfigPath)
-	}
+	noMachine(t)
 	_, _, err := runCLI(t, "markers", "list")
-	if err == nil || !strings.Contains(err.Error(), "pass --config FILE") || !strings.Contains(err.Error(), hostagent.DefaultConfigPath) {
-		t.Fatalf("markers list without a config: %v; want a hint to pass --config", err)
+	for _, want := range []string{"pass --config FILE", packagedConfig + " (absent)", filepath.Join(os.Getenv("HOME"), ".local/state/postern/hostagent"), "chosen by the user default"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("markers list without a config: %v; want it to say %q", err, want)
+		}
 	}
+}
+
+// noMachine makes the discovery rule independent of the machine the test runs on: no
+// packaged config, no variables, a home of its own.
+func noMachine(t *testing.T) {
+	t.Helper()
+	saved := packagedConfig
+	packagedConfig = filepath.Join(t.TempDir(), "etc-postern-hostagent-config.toml")
+	t.Cleanup(func() { packagedConfig = saved })
+	t.Setenv("HOME", t.TempDir())
+	t.Setenv("XDG_STATE_HOME", "")
+	t.Setenv(envConfig, "")
+	t.Setenv(envDataDir, "")
 }
 
 func TestMarkersThroughTheAgent(t *testing.T) {

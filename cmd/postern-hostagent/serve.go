@@ -26,14 +26,15 @@ type ServeCommand struct {
 }
 
 func (c *ServeCommand) Usage(fs *flag.FlagSet) {
-	fmt.Fprintf(fs.Output(), "usage: postern-hostagent serve --config FILE [--listen ADDR] [--data-dir DIR]\n\nflags (override the config file):\n")
+	fmt.Fprintf(fs.Output(), "usage: postern-hostagent serve [--config FILE] [--listen ADDR] [--data-dir DIR]\n\nflags (override the config file):\n")
 	fs.PrintDefaults()
+	fmt.Fprint(fs.Output(), "\n"+ruleHelp()+"serve needs a config file: postern-hostagent install writes one.\n")
 }
 
 func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(c.Stderr)
-	configPath := fs.String("config", hostagent.DefaultConfigPath, "config file (TOML)")
+	configPath := fs.String("config", "", "config file (TOML; else $"+envConfig+", else "+hostagent.DefaultConfigPath+")")
 	listen := fs.String("listen", "", "address to listen on, overrides listen")
 	dataDir := fs.String("data-dir", "", "data directory, overrides data_dir")
 	fs.Usage = func() { c.Usage(fs) }
@@ -41,15 +42,15 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 
-	cfg, err := hostagent.LoadConfig(*configPath)
+	cfg, found, err := findAgent(*configPath, *dataDir)
 	if err != nil && !hostagent.IsConfigProblem(err) {
 		return err
 	}
+	if found.Config == "" {
+		return fmt.Errorf("no hostagent config to serve (%s): postern-hostagent install writes one, or pass --config FILE", found.Why())
+	}
 	if *listen != "" {
 		cfg.Listen = *listen
-	}
-	if *dataDir != "" {
-		cfg.DataDir = *dataDir
 	}
 	// Every problem at once: the keys that did not decode and what Validate finds in the rest.
 	if err := errors.Join(err, cfg.Validate()); err != nil {
@@ -61,6 +62,11 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 	defer lock.Release()
+	if hostagent.AuthorizedKeyCount(cfg) == 0 {
+		logger.Warn("no authorized keys: nobody can log in, not even the bastion, until a key is added (the files are re-read at every login): "+
+			"append the line `postern hosts key` prints on the bastion to "+keysPlace(cfg),
+			"authorized_keys_file", cfg.AuthorizedKeysFile, "authorized_keys_dir", cfg.AuthorizedKeysDir, "trusted_user_ca_keys_file", cfg.TrustedUserCAKeysFile)
+	}
 	agent, err := hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{Logger: logger})
 	if err != nil {
 		return err
@@ -88,4 +94,15 @@ func lockDataDir(dir string, logger *slog.Logger) (*dirlock.Lock, error) {
 		return nil, fmt.Errorf("data dir %w — a postern-hostagent is already running on it: stop it, or pass another --data-dir", err)
 	}
 	return lock, err
+}
+
+// keysPlace is where an operator adds the bastion's key.
+func keysPlace(cfg hostagent.Config) string {
+	switch {
+	case cfg.AuthorizedKeysFile != "":
+		return cfg.AuthorizedKeysFile
+	case cfg.AuthorizedKeysDir != "":
+		return cfg.AuthorizedKeysDir + "/<account>"
+	}
+	return "an authorized keys file (or sign its key with the CA of " + cfg.TrustedUserCAKeysFile + ")"
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"flag"
 	"fmt"
+	"io"
 	"net/url"
 
 	"github.com/postern-dev/postern/bastion/api"
@@ -53,22 +55,40 @@ func (c *approvalsCommand) list(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	var page api.ExecutionPage
+	var page api.ApprovalPage
 	if err := op.getJSON(ctx, "/v1/approvals", nil, &page); err != nil {
 		return err
 	}
 	if *asJSON {
 		return cli.WriteJSON(c.stdout, page)
 	}
-	if len(page.Executions) == 0 {
+	if len(page.Approvals) == 0 {
 		fmt.Fprintln(c.stdout, "No executions are awaiting approval.")
 		return nil
 	}
-	rows := make([][]string, 0, len(page.Executions))
-	for _, r := range page.Executions {
-		rows = append(rows, []string{r.ID, cli.FormatTime(r.StateTimes[markers.AwaitingApproval]), r.Actor, cli.Dash(r.Host), cli.Dash(r.Class), cli.Printable(commandOf(r))})
+	for i, a := range page.Approvals {
+		if i > 0 {
+			fmt.Fprintln(c.stdout)
+		}
+		writeApprovalRequest(c.stdout, a)
 	}
-	return cli.PrintTable(c.stdout, cli.TableWidth(c.stdout), []string{"ID", "WAITING SINCE", "ACTOR", "HOST", "CLASS", "COMMAND"}, rows)
+	return nil
+}
+
+// writeApprovalRequest prints one approval request: what, where, who asked and why, the
+// rule, and until when it may be decided.
+func writeApprovalRequest(w io.Writer, a *api.ApprovalRequest) {
+	fmt.Fprintf(w, "%s  %s on %s (class %s)\n", a.ExecutionID, cli.Printable(cli.Truncate(a.What, 200)), cli.Dash(a.Host), cli.Dash(a.Class))
+	fmt.Fprintf(w, "  asked by   %s (%s)\n", a.Actor, cli.Dash(a.Run))
+	if a.Reason != "" {
+		fmt.Fprintf(w, "  because    %s\n", cli.Printable(a.Reason))
+	}
+	fmt.Fprintf(w, "  rule       %s\n", cli.Dash(a.Rule))
+	expires := "never"
+	if !a.Expires.IsZero() {
+		expires = cli.FormatTime(a.Expires)
+	}
+	fmt.Fprintf(w, "  waiting    since %s, expires %s\n", cli.FormatTime(a.Requested), expires)
 }
 
 // commandOf is what an execution does, as one line.
@@ -80,19 +100,27 @@ func commandOf(r *markers.Record) string {
 }
 
 func (c *decideCommand) Run(ctx context.Context, args []string) error {
-	fs, loc := c.flagSet(c.verb + " ID [flags]")
-	note := fs.String("note", "", "why (journaled with your name)")
-	reason := fs.String("reason", "", "why it is denied (required for deny)")
+	// Each verb has its own flag: approve's note is optional, deny's reason is required.
+	var fs *flag.FlagSet
+	var loc *locator
+	var text *string
+	if c.verb == "deny" {
+		fs, loc = c.flagSet("deny ID --reason TEXT [flags]")
+		text = fs.String("reason", "", "why it is denied (required; journaled with your name)")
+	} else {
+		fs, loc = c.flagSet(c.verb + " ID [--note TEXT] [flags]")
+		text = fs.String("note", "", "why (journaled with your name)")
+	}
 	id, err := parseExecutionID(fs, args, c.stderr)
 	if err != nil {
 		return err
 	}
-	body := map[string]string{"note": *note}
+	body := map[string]string{"note": *text}
 	if c.verb == "deny" {
-		if *reason == "" {
+		if *text == "" {
 			return prog.UsageErrorf(c.stderr, "deny needs --reason")
 		}
-		body = map[string]string{"reason": *reason}
+		body = map[string]string{"reason": *text}
 	}
 	op, err := loc.operator(c.stderr)
 	if err != nil {

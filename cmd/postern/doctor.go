@@ -7,6 +7,7 @@ import (
 	"io/fs"
 	"net"
 	"os"
+	"strings"
 	"syscall"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/internal/cli"
+	"github.com/postern-dev/postern/internal/locate"
 	"github.com/postern-dev/postern/internal/version"
 )
 
@@ -42,7 +44,7 @@ func (c *doctorCommand) Run(ctx context.Context, args []string) error {
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	checks := c.checks(ctx, *loc)
+	checks := c.checks(ctx, loc)
 	problems := 0
 	for _, ch := range checks {
 		if ch.Status == "problem" {
@@ -55,7 +57,14 @@ func (c *doctorCommand) Run(ctx context.Context, args []string) error {
 		}
 	} else {
 		for _, ch := range checks {
-			fmt.Fprintf(c.stdout, "%-7s %-10s %s\n", ch.Status, ch.Check, cli.Printable(ch.Detail))
+			// A detail of several lines (a config's problems, one a line) keeps its lines.
+			for i, line := range strings.Split(ch.Detail, "\n") {
+				if i == 0 {
+					fmt.Fprintf(c.stdout, "%-7s %-10s %s\n", ch.Status, ch.Check, cli.Printable(line))
+				} else {
+					fmt.Fprintf(c.stdout, "        %-10s %s\n", "", cli.Printable(line))
+				}
+			}
 			if ch.Fix != "" {
 				label := "fix"
 				if ch.Status != "problem" {
@@ -71,7 +80,7 @@ func (c *doctorCommand) Run(ctx context.Context, args []string) error {
 	return nil
 }
 
-func (c *doctorCommand) checks(ctx context.Context, loc locator) []doctorCheck {
+func (c *doctorCommand) checks(ctx context.Context, loc *locator) []doctorCheck {
 	var out []doctorCheck
 	add := func(check, status, detail, fix string) {
 		out = append(out, doctorCheck{Check: check, Status: status, Detail: detail, Fix: fix})
@@ -84,20 +93,18 @@ func (c *doctorCommand) checks(ctx context.Context, loc locator) []doctorCheck {
 		add("config", "problem", err.Error(), "fix the config file (every problem is listed above), or point --config/--state-dir at the bastion's")
 		return out
 	}
-	where := "the defaults for state dir " + cfg.StateDir
-	if loc.configPath != "" {
-		where = loc.configPath
-	}
-	add("config", "ok", "valid: "+where, "")
+	add("config", "ok", "valid: "+loc.where(), "")
 	out = append(out, stateDirChecks(cfg)...)
 	out = append(out, keyChecks(cfg)...)
 
 	add("version", "note", "this CLI and its stdio bridge (postern mcp): "+version.String(), "")
 	var rep api.DoctorReport
-	err = newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/doctor", nil, &rep)
+	op := newOperatorClient(cfg.OperatorSocketPath())
+	op.where = loc.where()
+	err = op.getJSON(ctx, "/v1/doctor", nil, &rep)
 	if errors.Is(err, errBastionDown) {
-		add("daemon", "problem", err.Error(), startFix(loc))
-		out = append(out, portChecks(cfg, false)...)
+		add("daemon", "problem", err.Error(), startFix(*loc.found))
+		out = append(out, portChecks(cfg.Listen, false)...)
 		out = append(out, journalChecks(offlineJournalHealth(ctx, cfg))...)
 		add("hosts", "note", "not checked: only the running bastion can reach the hosts with its key", "")
 		return out
@@ -112,7 +119,16 @@ func (c *doctorCommand) checks(ctx context.Context, loc locator) []doctorCheck {
 	} else {
 		add("daemon", "ok", "running, "+rep.Version, "")
 	}
-	out = append(out, portChecks(cfg, true)...)
+	// The daemon's own listener, as bound (postern up --listen, a port 0): the config's
+	// listen only for a daemon too old to say.
+	listen := cfg.Listen
+	if rep.Serving != nil {
+		listen = rep.Serving.HTTP
+		if listen != cfg.Listen && cfg.Listen != "" {
+			add("port", "note", fmt.Sprintf("the daemon listens on %s, not on the config's %s (started with --listen?)", orNone(listen), cfg.Listen), "")
+		}
+	}
+	out = append(out, portChecks(listen, true)...)
 	if rep.Journal != nil {
 		out = append(out, journalChecks(rep.Journal)...)
 	}
@@ -141,11 +157,19 @@ func (c *doctorCommand) checks(ctx context.Context, loc locator) []doctorCheck {
 	return out
 }
 
-func startFix(loc locator) string {
-	if loc.configPath != "" {
-		return "start it: postern serve --config " + loc.configPath + " (or the postern service: systemctl start postern)"
+// startFix says how to start the bastion the discovery rule found.
+func startFix(f locate.Found) string {
+	switch {
+	case f.Source == locate.FromPackaged:
+		return "start it: systemctl start postern (the packaged service), or postern serve"
+	case f.Source == locate.FromUser:
+		return "start it: postern up (the quick start, on this state dir), or postern serve"
+	case f.Source == locate.FromFlags && f.Config != "":
+		return "start it: postern serve --config " + f.Config + " (or postern up --config " + f.Config + ", with a local hostagent)"
+	case f.Source == locate.FromFlags:
+		return "start it: postern up --state-dir " + f.Dir + " (quick start) or postern serve --state-dir " + f.Dir
 	}
-	return "start it: postern up (quick start) or postern serve --config FILE"
+	return "start it: postern up (quick start) or postern serve, with the same " + envConfig + "/" + envStateDir
 }
 
 // stateDirChecks: the state dir belongs to this user and admits nobody else.
@@ -206,27 +230,27 @@ func keyChecks(cfg config.Config) []doctorCheck {
 
 // portChecks: the HTTP listen address answers while the daemon runs, and is free while it
 // does not.
-func portChecks(cfg config.Config, running bool) []doctorCheck {
-	if cfg.Listen == "" {
+func portChecks(listen string, running bool) []doctorCheck {
+	if listen == "" {
 		return []doctorCheck{{Check: "port", Status: "note", Detail: "Streamable HTTP is disabled (listen = \"\"): local agents only"}}
 	}
 	if running {
-		conn, err := net.DialTimeout("tcp", cfg.Listen, 3*time.Second)
+		conn, err := net.DialTimeout("tcp", listen, 3*time.Second)
 		if err != nil {
-			return []doctorCheck{{Check: "port", Status: "problem", Detail: fmt.Sprintf("nothing answers on %s: %v", cfg.Listen, err),
+			return []doctorCheck{{Check: "port", Status: "problem", Detail: fmt.Sprintf("nothing answers on %s: %v", listen, err),
 				Fix: "is the running bastion configured with another listen address? Check the config it was started with"}}
 		}
 		conn.Close()
-		return []doctorCheck{{Check: "port", Status: "ok", Detail: "Streamable HTTP answers on " + cfg.Listen}}
+		return []doctorCheck{{Check: "port", Status: "ok", Detail: "Streamable HTTP answers on " + listen}}
 	}
-	l, err := net.Listen("tcp", cfg.Listen)
+	l, err := net.Listen("tcp", listen)
 	if errors.Is(err, syscall.EADDRINUSE) {
-		return []doctorCheck{{Check: "port", Status: "problem", Detail: cfg.Listen + " is in use by another process",
+		return []doctorCheck{{Check: "port", Status: "problem", Detail: listen + " is in use by another process",
 			Fix: "stop that process, or choose another address: listen in the config (postern up: --listen)"}}
 	}
 	if err != nil {
-		return []doctorCheck{{Check: "port", Status: "problem", Detail: fmt.Sprintf("%s: %v", cfg.Listen, err), Fix: "set listen in the config to an address of this machine"}}
+		return []doctorCheck{{Check: "port", Status: "problem", Detail: fmt.Sprintf("%s: %v", listen, err), Fix: "set listen in the config to an address of this machine"}}
 	}
 	l.Close()
-	return []doctorCheck{{Check: "port", Status: "ok", Detail: cfg.Listen + " is free for the bastion"}}
+	return []doctorCheck{{Check: "port", Status: "ok", Detail: listen + " is free for the bastion"}}
 }

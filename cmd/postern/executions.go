@@ -158,6 +158,8 @@ func writeExecution(w io.Writer, d *api.ExecutionDetail) error {
 		row("outcome", cli.OutcomeText(r))
 	}
 	row("actor", r.Actor)
+	row("recovered from", r.RecoveredFrom)
+	row("replica", r.Replica)
 	row("tool", r.Tool)
 	row("host", r.Host)
 	row("target", r.Target)
@@ -180,6 +182,8 @@ func writeExecution(w io.Writer, d *api.ExecutionDetail) error {
 	row("accepted", r.CreatedAt.Local().Format(time.RFC3339))
 	if r.ResultDeliveredAt != nil {
 		row("result delivered", r.ResultDeliveredAt.Local().Format(time.RFC3339))
+	} else if why := notDeliveredWhy(d.Events); why != "" {
+		row("not delivered", why)
 	}
 	if o := r.Output; o.StdoutBytes > 0 || o.StderrBytes > 0 || o.StdoutSHA256 != "" {
 		row("stdout", fmt.Sprintf("%d bytes  sha256 %s", o.StdoutBytes, cli.Dash(o.StdoutSHA256)))
@@ -243,6 +247,17 @@ func writeStream(w io.Writer, name, data string, offset, total int64) {
 	}
 }
 
+// notDeliveredWhy is why the last response that carried the result did not deliver it, with
+// when ("" when none was journaled).
+func notDeliveredWhy(events []markers.Event) string {
+	for i := len(events) - 1; i >= 0; i-- {
+		if why, ok := strings.CutPrefix(events[i].Note, api.NotDeliveredNote+": "); ok && events[i].Kind == markers.KindUpdate {
+			return why + " (" + cli.FormatEventTime(events[i].At) + "; a retry replays it)"
+		}
+	}
+	return ""
+}
+
 // eventStep is the event's place in the story: "→ accepted" for the creation,
 // "accepted → authorized" for a transition, "completed (update)" for an update,
 // "completed (delivery revoked)" when the caller abandoned the request that carried the result.
@@ -270,6 +285,9 @@ func eventNote(ev markers.Event) string {
 	call := "call " + cli.Dash(c.RequestID) + " via " + c.Transport
 	if c.Run != "" {
 		call += ", " + c.Run
+	}
+	if c.Replica != "" {
+		call += ", replica " + c.Replica
 	}
 	if c.Match != "" {
 		call += ": " + c.Match

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -96,6 +97,53 @@ func TestEventStep(t *testing.T) {
 	for _, tt := range tests {
 		if got := eventStep(tt.ev); got != tt.want {
 			t.Errorf("eventStep(%s) = %q; want %q", tt.ev.Kind, got, tt.want)
+		}
+	}
+}
+
+// TestShowSaysWhyNotDelivered: `executions show` of a completed result no response delivered
+// says why the last one did not (its journaled event), and nothing once it is delivered.
+func TestShowSaysWhyNotDelivered(t *testing.T) {
+	at := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	d := &api.ExecutionDetail{
+		Record: &markers.Record{ID: "ex_01K0000000000000000000000B", State: markers.Completed},
+		Events: []markers.Event{{Seq: 5, Kind: markers.KindUpdate, From: markers.Completed, To: markers.Completed, At: at,
+			Note: api.NotDeliveredNote + ": the client cancelled the request or went away",
+			Call: &markers.Call{Transport: "http", RequestID: "3", Match: "not delivered"}}},
+	}
+	var out strings.Builder
+	if err := writeExecution(&out, d); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"completed (not delivered)", "not delivered  the client cancelled the request or went away", "a retry replays it", "(call 3 via http: not delivered)"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("show does not print %q:\n%s", want, out.String())
+		}
+	}
+	d.Record.ResultDeliveredAt = &at
+	out.Reset()
+	if err := writeExecution(&out, d); err != nil {
+		t.Fatal(err)
+	}
+	if strings.Contains(out.String(), "not delivered  ") {
+		t.Errorf("show of a delivered result still says why it was not:\n%s", out.String())
+	}
+}
+
+// TestDoctorKeepsTheLinesOfAConfigProblem: a config with several problems is printed one
+// problem a line, not with a literal \n.
+func TestDoctorKeepsTheLinesOfAConfigProblem(t *testing.T) {
+	path := t.TempDir() + "/postern.toml"
+	if err := os.WriteFile(path, []byte("state_dir = \"relative\"\nno_such_key = 1\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	res := runCLI(t, "", "doctor", "--config", path)
+	if res.err == nil || strings.Contains(res.stdout, `\n`) {
+		t.Fatalf("doctor: %v\n%s\nwant a problem, without a literal \\n", res.err, res.stdout)
+	}
+	for _, want := range []string{"problem config ", "no_such_key: unknown key\n", "\n                   config: state_dir must be an absolute path"} {
+		if !strings.Contains(res.stdout, want) {
+			t.Errorf("doctor lacks %q:\n%s", want, res.stdout)
 		}
 	}
 }

@@ -2,16 +2,21 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"net"
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
+	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
@@ -31,6 +36,7 @@ const hostsUsage = `usage: postern hosts SUBCOMMAND [flags]
 subcommands:
   list [--json]  the enrolled hosts (from the inventory file when the bastion is down)
   enroll NAME ADDR [--account USER] [--cwd DIR] [--group G]... [--accept-env NAME]...
+         [--description TEXT] [--label KEY=VALUE]... [--os OS]
          [--expect-host-key SHA256:…] [--yes] [--replace] [--agentless [--marker-script]]
                  scan the host's key, show it, and record it once confirmed (or, with
                  --expect-host-key, once it matches the fingerprint postern-hostagent
@@ -38,6 +44,9 @@ subcommands:
                  no hostagent (guarantee none); --marker-script: and install the marker
                  script ~/.postern/run there over SSH (guarantee marker_script; the
                  bastion's key must be in the account's authorized_keys first)
+  label NAME [KEY=VALUE | KEY-]... [--description TEXT] [--os OS]
+                 set or remove labels (env=prod, role=db), the description and the OS
+                 agents read in hosts_list
   key            print the bastion's public key: the line every hostagent's
                  authorized_keys file needs (also in the state dir, bastion_ed25519.pub)
 
@@ -45,7 +54,7 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *hostsCommand) Run(ctx context.Context, args []string) error {
-	return prog.Dispatch(ctx, "hosts", hostsUsage, cli.Subcommands{"list": c.list, "enroll": c.enroll, "key": c.key}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "hosts", hostsUsage, cli.Subcommands{"list": c.list, "enroll": c.enroll, "label": c.label, "key": c.key}, args, c.stdout, c.stderr)
 }
 
 func (c *hostsCommand) list(ctx context.Context, args []string) error {
@@ -81,10 +90,15 @@ func (c *hostsCommand) list(ctx context.Context, args []string) error {
 		case h.Connected:
 			connected = "yes"
 		}
+		var labels []string
+		for _, k := range slices.Sorted(maps.Keys(h.Labels)) {
+			labels = append(labels, k+"="+h.Labels[k])
+		}
 		rows = append(rows, []string{cli.Printable(h.Name), cli.Printable(h.Addr), cli.Printable(h.Account),
-			cli.Printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), guaranteeText(fleet.Guarantee(h.Guarantee)), connected, cli.Printable(strings.Join(h.Groups, ","))})
+			cli.Printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), guaranteeText(fleet.Guarantee(h.Guarantee)), connected, cli.Printable(strings.Join(h.Groups, ",")),
+			cli.Printable(strings.Join(labels, ",")), cli.Printable(h.OS)})
 	}
-	return cli.PrintTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "GUARANTEE", "CONNECTED", "GROUPS"}, rows)
+	return cli.PrintTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "GUARANTEE", "CONNECTED", "GROUPS", "LABELS", "OS"}, rows)
 }
 
 // guaranteeText is a host's guarantee level as the hosts table shows it.
@@ -112,7 +126,8 @@ func readInventoryHosts(path string) (api.HostsResult, error) {
 	res := api.HostsResult{Hosts: []api.HostInfo{}}
 	for _, h := range hosts {
 		res.Hosts = append(res.Hosts, api.HostInfo{
-			Name: h.Name, Addr: h.Addr, Account: h.Account, HostKey: gossh.FingerprintSHA256(h.HostKey),
+			Name: h.Name, Addr: h.Addr, Account: h.Account, Description: h.Description, Labels: h.Labels, OS: h.OS,
+			HostKey:     gossh.FingerprintSHA256(h.HostKey),
 			HostKeyType: h.HostKey.Type(), Groups: h.Groups, DefaultCwd: h.Cwd, Guarantee: string(h.Level()),
 		})
 	}
@@ -141,6 +156,10 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	fs.Var(&groups, "group", "a group the host belongs to (repeatable)")
 	var acceptEnv stringList
 	fs.Var(&acceptEnv, "accept-env", "a variable (or PREFIX*) the host's hostagent accepts in accept_env, so agents may set it (repeatable)")
+	description := fs.String("description", "", "what the host is, in one line agents read in hosts_list (re-enrolling without it keeps the old one)")
+	var labelFlags stringList
+	fs.Var(&labelFlags, "label", "a label agents read, KEY=VALUE, e.g. env=prod (repeatable; re-enrolling without any keeps the old ones)")
+	osName := fs.String("os", "", "the host's operating system, e.g. \"Debian 12\" (re-enrolling without it keeps the old one)")
 	yes := fs.Bool("yes", false, "record the key without asking")
 	expect := fs.String("expect-host-key", "", "the host key fingerprint (SHA256:…) the host must present; a match needs no confirmation")
 	replace := fs.Bool("replace", false, "record the key even though the host was enrolled with another one")
@@ -164,6 +183,13 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	if *markerScript && !*agentlessHost {
 		return prog.UsageErrorf(c.stderr, "--marker-script is for hosts without the hostagent: add --agentless")
 	}
+	labels, err := parseLabels(labelFlags)
+	if err == nil {
+		err = fleet.ValidateHostInfo(*description, labels, *osName)
+	}
+	if err != nil {
+		return prog.UsageErrorf(c.stderr, "%v", err)
+	}
 	if *account == "" {
 		u, err := user.Current()
 		if err != nil {
@@ -183,7 +209,11 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	h := fleet.Host{Name: name, Addr: addr, Account: *account, HostKey: key, Cwd: *cwd, Groups: groups, AcceptEnv: acceptEnv}
+	h := fleet.Host{Name: name, Addr: addr, Account: *account, HostKey: key, Cwd: *cwd, Groups: groups, AcceptEnv: acceptEnv,
+		Description: *description, Labels: labels, OS: *osName}
+	if err := keepHostInfo(cfg.InventoryPath(), &h); err != nil {
+		return err
+	}
 	if *agentlessHost {
 		h.Guarantee = fleet.GuaranteeNone
 	}
@@ -238,7 +268,7 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	if h.Level() == fleet.GuaranteeMarkerScript {
 		return nil // the key is in place: the install used it
 	}
-	return c.printBastionKey(cfg, h)
+	return c.printBastionKey(ctx, cfg, h)
 }
 
 // installMarkerScript installs the marker script on h over SSH, with the pinned key the
@@ -261,6 +291,29 @@ func (c *hostsCommand) installMarkerScript(ctx context.Context, cfg config.Confi
 	}
 	h.Guarantee, h.ScriptSHA256 = fleet.GuaranteeMarkerScript, digest
 	fmt.Fprintf(c.stdout, "installed the marker script ~/.postern/run on %s (sha256 %s)\n", cli.Printable(h.Name), digest)
+	return nil
+}
+
+// keepHostInfo carries the description, labels and OS of a host enrolled again over to h
+// where the enrollment gives none: re-enrolling (a new key, a new address) keeps what agents
+// are told about the host.
+func keepHostInfo(inventory string, h *fleet.Host) error {
+	inv, err := fleet.OpenInventory(inventory)
+	if err != nil {
+		return err
+	}
+	old, err := inv.Host(h.Name)
+	if errors.Is(err, fleet.ErrUnknownHost) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	h.Description = cmp.Or(h.Description, old.Description)
+	h.OS = cmp.Or(h.OS, old.OS)
+	if h.Labels == nil {
+		h.Labels = old.Labels
+	}
 	return nil
 }
 
@@ -314,13 +367,26 @@ func (c *hostsCommand) key(ctx context.Context, args []string) error {
 	return err
 }
 
-// printBastionKey prints the line the host must authorize: the bastion's public client key,
-// for its hostagent or, without one, for sshd. A state dir without a key gets one now, as the
-// daemon would on its first start.
-func (c *hostsCommand) printBastionKey(cfg config.Config, h fleet.Host) error {
+// keyCheckTimeout bounds the login enroll tries with the bastion's key.
+const keyCheckTimeout = 10 * time.Second
+
+// printBastionKey says whether the host already accepts the bastion's key — it logs in with
+// it, over the pinned host key, as the daemon would — and when it does not (or that cannot be
+// told), prints the line the host must authorize: the bastion's public client key, for its
+// hostagent or, without one, for sshd. A state dir without a key gets one now, as the daemon
+// would on its first start.
+func (c *hostsCommand) printBastionKey(ctx context.Context, cfg config.Config, h fleet.Host) error {
 	signer, err := fleet.LoadOrCreateClientKey(cfg.ClientKeyPath())
 	if err != nil {
 		return fmt.Errorf("the host is enrolled, but the bastion's client key cannot be read: %w", err)
+	}
+	accepted, err := acceptsKey(ctx, h, signer)
+	switch {
+	case accepted:
+		fmt.Fprintf(c.stdout, "%s accepts the bastion's key as %s: ready\n", cli.Printable(h.Name), cli.Printable(h.Account))
+		return nil
+	case err != nil:
+		fmt.Fprintf(c.stdout, "(whether %s accepts the bastion's key could not be checked: %s)\n", cli.Printable(h.Name), cli.Printable(err.Error()))
 	}
 	if h.Level() == fleet.GuaranteeHostagent {
 		fmt.Fprintf(c.stdout, "\nOn %s, add the bastion's key to the hostagent's authorized_keys file (its authorized_keys_file setting):\n\n", cli.Printable(h.Name))
@@ -354,4 +420,35 @@ func checkOwnState(dir string) error {
 			filepath.Clean(dir), owner, owner)
 	}
 	return nil
+}
+
+// acceptsKey logs in to h with signer, checking its pinned host key: true when the host
+// accepts the key; false with no error when it refused it; an error when that could not be
+// told (the host cannot be reached, or another failure).
+func acceptsKey(ctx context.Context, h fleet.Host, signer gossh.Signer) (bool, error) {
+	ctx, cancel := context.WithTimeout(ctx, keyCheckTimeout)
+	defer cancel()
+	var d net.Dialer
+	raw, err := d.DialContext(ctx, "tcp", h.Addr)
+	if err != nil {
+		return false, err
+	}
+	defer raw.Close()
+	if deadline, ok := ctx.Deadline(); ok {
+		raw.SetDeadline(deadline)
+	}
+	conn, _, _, err := gossh.NewClientConn(raw, h.Addr, &gossh.ClientConfig{
+		User:              h.Account,
+		Auth:              []gossh.AuthMethod{gossh.PublicKeys(signer)},
+		HostKeyCallback:   gossh.FixedHostKey(h.HostKey),
+		HostKeyAlgorithms: []string{h.HostKey.Type()},
+	})
+	switch {
+	case err == nil:
+		conn.Close()
+		return true, nil
+	case strings.Contains(err.Error(), "unable to authenticate"):
+		return false, nil
+	}
+	return false, err
 }

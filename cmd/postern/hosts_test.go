@@ -14,6 +14,7 @@ import (
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/internal/cli"
+	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
@@ -130,6 +131,19 @@ func TestHostsEnroll(t *testing.T) {
 		}
 		if h.Account != "deploy" || h.Cwd != "/srv" || !slices.Equal(h.Groups, []string{"a", "b"}) {
 			t.Fatalf("db = %+v; want account deploy, cwd /srv, groups a and b", h)
+		}
+	})
+
+	t.Run("says a host that accepts the bastion's key is ready, without the line", func(t *testing.T) {
+		// The state dir has its key now (the steps above made it): the host authorizes it.
+		pub, err := os.ReadFile(config.DefaultConfig(stateDir).ClientPublicKeyPath())
+		if err != nil {
+			t.Fatal(err)
+		}
+		testutil.WriteAuthorizedKeys(t, second.AuthorizedKeysPath(), second.ClientKey.AuthorizedLine(), strings.TrimSpace(string(pub)))
+		res := mustRun(t, enroll("app", second.Addr, "--yes")...)
+		if !strings.Contains(res.stdout, "app accepts the bastion's key as "+second.Account+": ready") || strings.Contains(res.stdout, string(pub)) {
+			t.Fatalf("stdout = %q; want it ready, without the key to add", res.stdout)
 		}
 	})
 

@@ -2,13 +2,12 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
-	"path/filepath"
 
 	"github.com/postern-dev/postern/bastion"
-	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/internal/cli"
 )
@@ -23,21 +22,31 @@ import (
 func mcpCommand(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("mcp", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	socket := fs.String("socket", "", "the bastion's MCP socket (default <state-dir>/mcp.sock)")
-	stateDir := fs.String("state-dir", defaultStateDir(), "the bastion's state dir")
+	socket := fs.String("socket", "", "the bastion's MCP socket (default its config's socket, <state-dir>/mcp.sock)")
+	var loc locator
+	loc.register(fs)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: postern mcp [--socket PATH | --state-dir DIR]\n\nSpeaks MCP on stdin/stdout; a running `postern serve` or `postern up` does the work.\n\n")
+		fmt.Fprintf(fs.Output(), "usage: postern mcp [--socket PATH | --state-dir DIR | --config FILE]\n\nSpeaks MCP on stdin/stdout; a running `postern serve` or `postern up` does the work.\n\n")
 		fs.PrintDefaults()
+		fmt.Fprint(fs.Output(), "\n"+ruleHelp())
 	}
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
 	path := *socket
 	if path == "" {
-		path = config.DefaultConfig(filepath.Clean(*stateDir)).SocketPath()
+		cfg, err := loc.config()
+		if err != nil {
+			return err
+		}
+		path = cfg.SocketPath()
 	}
 	if _, err := transport.BridgeParentClaim(); err != nil {
 		fmt.Fprintf(stderr, "postern mcp: warning: %v; this bridge is its own agent, so a call re-issued through another bridge is a new intent\n", err)
 	}
-	return transport.Bridge(ctx, path, bastion.MCPPath, stdin, stdout)
+	err := transport.Bridge(ctx, path, bastion.MCPPath, stdin, stdout)
+	if errors.Is(err, transport.ErrDaemonNotRunning) && loc.where() != "" {
+		err = fmt.Errorf("%w (%s)", err, loc.where())
+	}
+	return err
 }

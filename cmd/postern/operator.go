@@ -14,7 +14,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
-	"path/filepath"
+	"os"
 	"strings"
 	"syscall"
 	"time"
@@ -37,17 +37,24 @@ import (
 // errBastionDown: nothing serves the operator socket (no socket file, or nobody listening).
 var errBastionDown = errors.New("the bastion is not running")
 
-// bastionDownError names the socket that nobody serves.
+// bastionDownError names the socket that nobody serves, and where the discovery rule
+// looked for it.
 type bastionDownError struct {
 	socket string
 	absent bool // no socket file at all (never started, or cleaned up)
+	// where is what the discovery rule chose and why ("" when the command did not use it).
+	where string
 }
 
 func (e *bastionDownError) Error() string {
+	what := fmt.Sprintf("nothing listening on %s", e.socket)
 	if e.absent {
-		return fmt.Sprintf("%v (no socket at %s)", errBastionDown, e.socket)
+		what = "no socket at " + e.socket
 	}
-	return fmt.Sprintf("%v (nothing listening on %s)", errBastionDown, e.socket)
+	if e.where != "" {
+		what += "; " + e.where
+	}
+	return fmt.Sprintf("%v (%s)", errBastionDown, what)
 }
 
 func (e *bastionDownError) Unwrap() error { return errBastionDown }
@@ -79,6 +86,8 @@ type operatorClient struct {
 	// offline, when set, answers in this process from the journal's files whenever no
 	// daemon serves the socket.
 	offline *offlineAPI
+	// where is what the discovery rule chose and why, for the errors that found no daemon.
+	where string
 }
 
 // offlineAPI serves the operator API from the bastion's files while the daemon is down: an
@@ -94,6 +103,10 @@ type offlineAPI struct {
 // serve answers req from the files. Each request opens the journal and closes it again, so
 // a daemon that starts meanwhile is not kept from it for longer than one answer.
 func (o *offlineAPI) serve(req *http.Request, down error) (*http.Response, error) {
+	if _, err := os.Stat(o.cfg.StateDir); errors.Is(err, fs.ErrNotExist) {
+		return nil, fmt.Errorf("%w, and no bastion ever ran there (%s does not exist): start one with `postern up` (or `postern serve`), or point at another with --state-dir, --config or %s",
+			down, o.cfg.StateDir, envStateDir)
+	}
 	quiet := slog.New(slog.DiscardHandler)
 	e, err := engine.Open(engine.Options{Config: o.cfg, Logger: quiet, ReadOnly: true})
 	if err != nil {
@@ -126,9 +139,9 @@ func newOperatorClient(socket string) *operatorClient {
 			case err == nil:
 				return conn, nil
 			case errors.Is(err, fs.ErrNotExist):
-				return nil, &bastionDownError{socket: socket, absent: true}
+				return nil, &bastionDownError{socket: socket, absent: true, where: c.where}
 			case errors.Is(err, syscall.ECONNREFUSED):
-				return nil, &bastionDownError{socket: socket}
+				return nil, &bastionDownError{socket: socket, where: c.where}
 			case errors.Is(err, fs.ErrPermission):
 				return nil, fmt.Errorf("operator socket %s: permission denied (it admits only the bastion's user and root)", socket)
 			}
@@ -220,43 +233,21 @@ func (c *operatorClient) send(ctx context.Context, method, path string, query ur
 		path, resp.Status, cli.Printable(cli.Truncate(strings.TrimSpace(string(answer)), 200)))}
 }
 
-// locator finds the bastion: its config file, or its state dir with the default layout.
-type locator struct {
-	stateDir   string
-	configPath string
+// operatorIO is where an operator command reads and writes.
+type operatorIO struct {
+	stdin          io.Reader
+	stdout, stderr io.Writer
 }
 
-func (l *locator) register(fs *flag.FlagSet) {
-	fs.StringVar(&l.stateDir, "state-dir", l.stateDir, "the bastion's state dir (default $XDG_STATE_HOME/postern, else ~/.local/state/postern)")
-	fs.StringVar(&l.configPath, "config", l.configPath, "the bastion's config file (TOML); its paths win over the defaults")
-}
-
-// config returns the bastion's configuration: the file's when --config is given (with
-// --state-dir overriding its state_dir), else the defaults for the state dir.
-func (l *locator) config() (config.Config, error) {
-	var cfg config.Config
-	if l.configPath != "" {
-		loaded, err := config.LoadConfig(l.configPath)
-		if err != nil {
-			return config.Config{}, err
-		}
-		cfg = loaded
-	}
-	if l.stateDir != "" || l.configPath == "" {
-		dir := l.stateDir
-		if dir == "" {
-			dir = defaultStateDir()
-		}
-		abs, err := filepath.Abs(dir)
-		if err != nil {
-			return config.Config{}, fmt.Errorf("state dir: %w", err)
-		}
-		if l.configPath == "" {
-			cfg = config.DefaultConfig(abs)
-		}
-		cfg.StateDir = abs
-	}
-	return cfg, nil
+// flagSet is prog.FlagSet with the flags that locate the bastion (--state-dir, --config)
+// registered in the returned locator.
+func (o operatorIO) flagSet(usage string) (*flag.FlagSet, *locator) {
+	fs := prog.FlagSet(usage, o.stderr)
+	flagsUsage := fs.Usage
+	fs.Usage = func() { flagsUsage(); fmt.Fprint(fs.Output(), "\n"+ruleHelp()) }
+	loc := &locator{}
+	loc.register(fs)
+	return fs, loc
 }
 
 // operator is the operator API of the bastion the locator names: the daemon's, or while it
@@ -268,22 +259,8 @@ func (l *locator) operator(stderr io.Writer) (*operatorClient, error) {
 	}
 	op := newOperatorClient(cfg.OperatorSocketPath())
 	op.offline = &offlineAPI{cfg: cfg, note: stderr}
+	op.where = l.where()
 	return op, nil
-}
-
-// operatorIO is where an operator command reads and writes.
-type operatorIO struct {
-	stdin          io.Reader
-	stdout, stderr io.Writer
-}
-
-// flagSet is prog.FlagSet with the flags that locate the bastion (--state-dir, --config)
-// registered in the returned locator.
-func (o operatorIO) flagSet(usage string) (*flag.FlagSet, *locator) {
-	fs := prog.FlagSet(usage, o.stderr)
-	loc := &locator{}
-	loc.register(fs)
-	return fs, loc
 }
 
 // parseExecutionID parses flags and the one positional argument, an execution id.

@@ -280,6 +280,24 @@ func TestOperatorCommands(t *testing.T) {
 		}
 	})
 
+	t.Run("found by the variables, as by the flags", func(t *testing.T) {
+		noMachine(t)
+		t.Setenv(envStateDir, f.bastion.StateDir())
+		var page api.ExecutionPage
+		decodeJSON(t, mustRun(t, "executions", "list", "--json"), &page)
+		if len(page.Executions) != 1 || page.Executions[0].ID != id {
+			t.Fatalf("executions = %+v; want %s", page.Executions, id)
+		}
+		t.Setenv(envStateDir, "")
+		t.Setenv(envConfig, f.bastion.ConfigPath)
+		res := mustRun(t, "doctor")
+		for _, want := range []string{"valid: config " + f.bastion.ConfigPath + ", chosen by POSTERN_CONFIG", "ok      daemon"} {
+			if !strings.Contains(res.stdout, want) {
+				t.Errorf("doctor lacks %q:\n%s", want, res.stdout)
+			}
+		}
+	})
+
 	t.Run("markers", func(t *testing.T) {
 		var page api.MarkerPage
 		decodeJSON(t, mustRun(t, f.at("markers", "--host", "h1", "list", "--json")...), &page)
@@ -441,12 +459,12 @@ func TestOperatorCommands(t *testing.T) {
 func TestBastionNeverStarted(t *testing.T) {
 	dir := sockdir.New(t)
 	res := runCLI(t, "", "executions", "list", "--state-dir", dir)
-	want := "the bastion is not running (no socket at " + filepath.Join(dir, "operator.sock") + "); nor could its files be read: " + dir + " holds no journal (has a bastion run with this state dir? --state-dir or --config names the one it uses)"
+	want := "the bastion is not running (no socket at " + filepath.Join(dir, "operator.sock") + "; state dir " + dir + ", chosen by --state-dir); nor could its files be read: " + dir + " holds no journal (has a bastion run with this state dir? --state-dir or --config names the one it uses)"
 	if !errors.Is(res.err, errBastionDown) || res.err.Error() != want {
 		t.Fatalf("err = %v; want %q", res.err, want)
 	}
 	res = runCLI(t, "", "hosts", "list", "--state-dir", dir)
-	if res.err != nil || strings.TrimSpace(res.stdout) != "NAME  ADDR  ACCOUNT  HOST KEY  GUARANTEE  CONNECTED  GROUPS" {
+	if res.err != nil || strings.TrimSpace(res.stdout) != "NAME  ADDR  ACCOUNT  HOST KEY  GUARANTEE  CONNECTED  GROUPS  LABELS  OS" {
 		t.Fatalf("hosts list: %v %q; want an empty table", res.err, res.stdout)
 	}
 }

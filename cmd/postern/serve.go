@@ -2,49 +2,34 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"log/slog"
-	"os"
-	"path/filepath"
 
 	"github.com/postern-dev/postern/bastion"
-	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/cli"
 )
-
-// defaultConfigPath is where `postern serve` looks for its configuration.
-const defaultConfigPath = "/etc/postern/postern.toml"
-
-// defaultStateDir is the per-user state dir of `postern up` and of the operator commands:
-// $XDG_STATE_HOME/postern, else ~/.local/state/postern.
-func defaultStateDir() string {
-	if d := os.Getenv("XDG_STATE_HOME"); filepath.IsAbs(d) {
-		return filepath.Join(d, "postern")
-	}
-	if home, err := os.UserHomeDir(); err == nil {
-		return filepath.Join(home, ".local", "state", "postern")
-	}
-	return "/var/lib/postern"
-}
 
 func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	configPath := fs.String("config", defaultConfigPath, "config file (TOML)")
-	stateDir := fs.String("state-dir", "", "state dir, overrides state_dir")
+	var loc locator
+	loc.register(fs)
 	listen := fs.String("listen", "", "Streamable HTTP address, overrides listen (\"off\" disables HTTP)")
 	hold := fs.Bool("hold", false, holdUsage)
 	fs.Usage = func() {
 		fmt.Fprintf(fs.Output(), "usage: postern serve [--config FILE] [--state-dir DIR] [--listen ADDR] [--hold]\n\n")
 		fs.PrintDefaults()
+		fmt.Fprint(fs.Output(), "\n"+ruleHelp())
 	}
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	cfg, err := loadConfig(*configPath, *stateDir)
+	cfg, err := loc.config()
+	if err == nil {
+		err = cfg.Validate()
+	}
 	if err != nil {
 		return err
 	}
@@ -56,6 +41,7 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		cfg.Listen = *listen
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
+	logger.Info("found the bastion", "where", loc.where())
 	claim, err := claimStateDir(cfg.StateDir, "--state-dir", logger)
 	if err != nil {
 		return err
@@ -83,22 +69,6 @@ const holdUsage = "start with nothing sent: executions in flight are not reconci
 
 // heldNote is what a held daemon says once it serves.
 const heldNote = "postern: held — nothing is reconciled or sent; `postern status` shows what a start without --hold will do\n"
-
-// loadConfig reads the config file; with none at the default path and a state dir given,
-// the defaults apply.
-func loadConfig(path, stateDir string) (config.Config, error) {
-	cfg, err := config.LoadConfig(path)
-	if errors.Is(err, os.ErrNotExist) && path == defaultConfigPath && stateDir != "" {
-		cfg, err = config.DefaultConfig(stateDir), nil
-	}
-	if err != nil {
-		return config.Config{}, err
-	}
-	if stateDir != "" {
-		cfg.StateDir = stateDir
-	}
-	return cfg, cfg.Validate()
-}
 
 func orNone(s string) string {
 	if s == "" {

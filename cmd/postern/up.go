@@ -3,15 +3,18 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
 	"os/user"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"text/template"
@@ -27,6 +30,7 @@ import (
 	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/durable"
+	"github.com/postern-dev/postern/internal/locate"
 	"github.com/postern-dev/postern/internal/privdir"
 )
 
@@ -36,20 +40,26 @@ const localHost = "local"
 // upCommand runs the quick start: a bastion and a hostagent in one process, on 127.0.0.1,
 // with keys generated under the state dir on first run and reused after. The hostagent is
 // enrolled as host "local" (its key is recorded once; a changed key is refused, as for any
-// host). It prints how to connect an MCP client.
+// host). Its config is a file (the state dir's postern.toml, or --config FILE), written on
+// the first run from the quick start's settings — its token's actor, its listen address —
+// and taken as it is after, so actors, rules and hosts added there keep host "local" and the
+// token. It prints how to connect an MCP client.
 func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("up", flag.ContinueOnError)
 	fs.SetOutput(stderr)
-	stateDir := fs.String("state-dir", defaultStateDir(), "where keys, the journal and the markers live")
-	listen := fs.String("listen", "127.0.0.1:7410", "the bastion's Streamable HTTP address (loopback)")
+	loc := &locator{forUp: true}
+	fs.StringVar(&loc.stateDir, "state-dir", "", "where keys, the journal and the markers live (else $"+envStateDir+", else "+locate.UserStateDirText+")")
+	fs.StringVar(&loc.configPath, "config", "", "the config to run with, written from the quick start's settings if it does not exist (default <state-dir>/"+stateDirConfig+")")
+	listen := fs.String("listen", config.DefaultConfig("").Listen, "the bastion's Streamable HTTP address (loopback); given, it overrides the config's listen")
 	agentListen := fs.String("hostagent-listen", "127.0.0.1:7422", "the local hostagent's SSH address (loopback)")
 	var origins stringList
-	fs.Var(&origins, "allow-origin", "a browser origin (http(s)://host[:port]) that may connect besides the loopback ones (repeatable)")
+	fs.Var(&origins, "allow-origin", "a browser origin (http(s)://host[:port]) that may connect besides the loopback ones (repeatable; given, it replaces the config's allowed_origins)")
 	verbose := fs.Bool("v", false, "log at debug level")
 	hold := fs.Bool("hold", false, holdUsage)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: postern up [--state-dir DIR] [--listen ADDR] [--hostagent-listen ADDR] [--allow-origin ORIGIN]... [--hold]\n\n")
+		fmt.Fprintf(fs.Output(), "usage: postern up [--state-dir DIR] [--config FILE] [--listen ADDR] [--hostagent-listen ADDR] [--allow-origin ORIGIN]... [--hold]\n\n")
 		fs.PrintDefaults()
+		fmt.Fprint(fs.Output(), "\nWhich state dir: the first of these that names one decides (never the packaged\n/etc/postern, /var/lib/postern: those are the postern service's) —\n"+discoveryRule(true).Help("  "))
 	}
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
@@ -60,15 +70,31 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return fmt.Errorf("--allow-origin: %w", err)
 		}
 	}
-	dir, err := filepath.Abs(*stateDir)
+	listenSet := false
+	fs.Visit(func(f *flag.Flag) { listenSet = listenSet || f.Name == "listen" })
+	plan, err := planUp(loc)
 	if err != nil {
 		return err
 	}
+	dir := plan.dir
 	level := slog.LevelInfo
 	if *verbose {
 		level = slog.LevelDebug
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+
+	// Ctrl-C (or SIGTERM) says that it was heard, and when everything is closed.
+	said := make(chan struct{})
+	stopAnnouncing := context.AfterFunc(ctx, func() {
+		fmt.Fprintln(stdout, "postern: stopping… (running commands go on; the next start finds them)")
+		close(said)
+	})
+	defer func() {
+		if !stopAnnouncing() {
+			<-said
+			fmt.Fprintln(stdout, "postern: stopped")
+		}
+	}()
 
 	// Before anything is written: a second up on this dir stops here, naming the first.
 	claim, err := claimStateDir(dir, "--state-dir", logger.With("component", "bastion"))
@@ -77,11 +103,19 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	defer claim.release()
 
-	cfg, err := upConfig(dir, *listen, origins, logger.With("component", "bastion"))
+	cfg, newConfig, err := upConfig(plan, *listen, listenSet, origins, logger.With("component", "bastion"))
 	if err != nil {
 		return err
 	}
-	b, err := bastion.Open(bastion.Options{Config: cfg, Logger: logger.With("component", "bastion"), Hold: *hold})
+	// The HTTP port before the rest: a port in use fails before anything is enrolled.
+	var httpLn net.Listener
+	if cfg.Listen != "" {
+		if httpLn, err = net.Listen("tcp", cfg.Listen); err != nil {
+			return portHint(fmt.Errorf("bastion: listen %s: %w", cfg.Listen, err), "pass --listen ADDR to use another")
+		}
+		defer httpLn.Close()
+	}
+	b, err := bastion.Open(bastion.Options{Config: cfg, Logger: logger.With("component", "bastion"), Hold: *hold, HTTPListener: httpLn})
 	if err != nil {
 		return err
 	}
@@ -101,55 +135,179 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	})
 	defer func() { stopAgent(); agentDone.Wait() }()
 
-	if err := enrollLocal(ctx, cfg.InventoryPath(), agentLn.Addr().String(), stdout); err != nil {
+	if err := enrollLocal(cfg.InventoryPath(), agentLn.Addr().String(), agent.Server().HostPublicKey(), stdout); err != nil {
 		return err
+	}
+	if newConfig != nil {
+		if err := writeUpConfig(plan.configPath, newConfig); err != nil {
+			return err
+		}
 	}
 	if err := b.Recover(ctx); err != nil {
 		return err
 	}
 	return portHint(b.Serve(ctx, func(ep bastion.Endpoints) {
 		claim.markServing()
-		printConnect(stdout, ep, dir, enrolledHosts(cfg.InventoryPath()))
+		printConnect(stdout, ep, dir, plan.configPath, enrolledHosts(cfg.InventoryPath()))
 		if *hold {
 			fmt.Fprint(stdout, heldNote)
 		}
 	}), "pass --listen ADDR to use another")
 }
 
-// upConfig writes the quick start's config and bearer token on first run and reads them
-// after. The config holds only the token's hash; the token itself is in a 0600 file for the
-// local user's clients. origins are the --allow-origin values.
-func upConfig(dir, listen string, origins []string, logger *slog.Logger) (config.Config, error) {
-	// Checked before the token is written into it; bastion.Open checks again.
-	if err := privdir.Ensure(dir, "state dir", logger); err != nil {
-		return config.Config{}, err
+// upPlan is where `postern up` runs: its state dir and config file, and that file's
+// contents when it exists (nil: it is written from the quick start's settings).
+type upPlan struct {
+	dir, configPath string
+	existing        *config.Config
+}
+
+// planUp applies the discovery rule (without the packaged level): a config found is taken as
+// it is (a state dir given too overrides its state_dir); without one, the state dir's own
+// postern.toml is written on this run — as is a --config FILE that does not exist yet.
+func planUp(loc *locator) (upPlan, error) {
+	f, err := loc.find()
+	if err != nil {
+		return upPlan{}, err
 	}
-	tokenPath := filepath.Join(dir, "token")
+	p := upPlan{dir: f.Dir, configPath: f.Config}
+	if p.configPath == "" {
+		p.configPath = filepath.Join(p.dir, stateDirConfig)
+		return p, nil
+	}
+	cfg, err := config.LoadConfig(p.configPath)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		if p.dir == "" {
+			if p.dir = discoveryRule(true).UserDir; p.dir == "" {
+				return upPlan{}, fmt.Errorf("%s does not exist and no state dir is named for it: pass --state-dir DIR", p.configPath)
+			}
+		}
+	case err != nil:
+		return upPlan{}, fmt.Errorf("%w\n(%s)", err, f.Why())
+	default:
+		p.existing = &cfg
+		if p.dir == "" {
+			p.dir = cfg.StateDir
+		}
+	}
+	return p, nil
+}
+
+// upConfig is the quick start's config: the existing file's, or — on a first run — one made
+// from the quick start's settings, whose text (newFile) is written once up has started its
+// parts. The config holds only the token's hash; the token itself is in a 0600 file for the
+// local user's clients. listen overrides the file's when listenSet; origins (the
+// --allow-origin values) when given.
+func upConfig(p upPlan, listen string, listenSet bool, origins []string, logger *slog.Logger) (cfg config.Config, newFile []byte, err error) {
+	if p.existing != nil {
+		cfg = *p.existing
+		cfg.StateDir = p.dir
+		if listenSet {
+			cfg.Listen = listen
+		}
+		if len(origins) > 0 {
+			cfg.AllowedOrigins = origins
+		}
+		return cfg, nil, cfg.Validate()
+	}
+	// Checked before the token is written into it; bastion.Open checks again.
+	if err := privdir.Ensure(p.dir, "state dir", logger); err != nil {
+		return config.Config{}, nil, err
+	}
+	tokenPath := filepath.Join(p.dir, "token")
 	data, err := os.ReadFile(tokenPath)
 	if errors.Is(err, os.ErrNotExist) {
 		tok, terr := transport.NewToken()
 		if terr != nil {
-			return config.Config{}, terr
+			return config.Config{}, nil, terr
 		}
 		if err := durable.WriteFile(tokenPath, []byte(tok+"\n"), 0o600); err != nil {
-			return config.Config{}, err
+			return config.Config{}, nil, err
 		}
 		data = []byte(tok)
 	} else if err != nil {
-		return config.Config{}, err
+		return config.Config{}, nil, err
 	}
-	cfg := config.DefaultConfig(dir)
+	cfg = config.DefaultConfig(p.dir)
 	cfg.Listen = listen
 	cfg.AllowedOrigins = origins
 	cfg.Actors = upActorsFor(strings.TrimSpace(string(data)))
-	if err := cfg.Validate(); err != nil {
-		return config.Config{}, err
+	cfg.Principals = upPrincipals
+	var buf bytes.Buffer
+	if err := upConfigTemplate.Execute(&buf, cfg); err != nil {
+		return config.Config{}, nil, fmt.Errorf("render the config: %w", err)
 	}
-	return cfg, nil
+	// Run with what the file says, so the next start (from the file) is this one.
+	parsed, err := config.ParseConfig(bytes.NewReader(buf.Bytes()))
+	if err == nil {
+		err = parsed.Validate()
+	}
+	if err != nil {
+		return config.Config{}, nil, fmt.Errorf("the config up would write: %w", err)
+	}
+	return parsed, buf.Bytes(), nil
 }
+
+// writeUpConfig writes the config a first run made, 0600, creating its dir (0700) if needed.
+func writeUpConfig(path string, data []byte) error {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return err
+	}
+	return durable.WriteFile(path, data, 0o600)
+}
+
+var upConfigTemplate = template.Must(template.New("config").Funcs(template.FuncMap{"quote": strconv.Quote}).Parse(
+	`# postern configuration, written by ` + "`postern up`" + ` on its first run from the quick start's
+# settings, and read by it (and by every postern command on this state dir) after.
+# Edit it — actors, rules, classes, endpoints (docs/bastion.md lists every key, docs/policy.md
+# the rules) — and restart ` + "`postern up`" + `: it keeps running host "local", its own hostagent.
+# The same file runs the bastion as a service (docs/operations.md, "From the quick start to a
+# service").
+
+state_dir = {{quote .StateDir}}
+
+# Streamable HTTP (loopback; anything else needs tls_cert_file/tls_key_file).
+# ` + "`postern up --listen ADDR`" + ` overrides it for one run.
+listen = {{quote .Listen}}
+{{- if .AllowedOrigins}}
+allowed_origins = [{{range $i, $o := .AllowedOrigins}}{{if $i}}, {{end}}{{quote $o}}{{end}}]
+{{- else}}
+# Browser origins that may connect besides the loopback ones:
+# allowed_origins = ["https://console.example"]
+{{- end}}
+
+# The quick start's agent: whoever holds the bearer token in <state_dir>/token. Local agents
+# of this user (through ` + "`postern mcp`" + `) are the implicit actor "self". More actors:
+# ` + "`postern token NAME`" + ` prints the lines to add.
+{{- range .Actors}}
+[[actors]]
+name = {{quote .Name}}
+token_sha256 = {{quote .TokenSHA256}}
+{{- end}}
+
+# One principal: the token's holder and this user's local agents are one party, so an
+# idempotency_key is one execution whichever of them sends it (docs/bastion.md, "Principals").
+{{- range .Principals}}
+[[principals]]
+name = {{quote .Name}}
+actors = [{{range $i, $a := .Actors}}{{if $i}}, {{end}}{{quote $a}}{{end}}]
+{{- end}}
+
+# Rules over the parsed command (docs/policy.md), e.g.:
+# [[rules]]
+# name = "no-rm"
+# decision = "deny"
+# commands = ["rm **"]
+`))
 
 // upActor is the actor `postern up` authorizes: the holder of the token in its state dir.
 const upActor = "local-agent"
+
+// upPrincipals make up's two callers one principal: the holder of its token (over HTTP) and
+// the local user's agents (on the socket, and through postern mcp) are the same person, so
+// one idempotency_key is one execution whichever of them sends it.
+var upPrincipals = []config.Principal{{Name: "local-user", Actors: []string{upActor, config.SelfActor}}}
 
 func upActorsFor(token string) []policy.Actor {
 	return []policy.Actor{{Name: upActor, TokenSHA256: transport.HashToken(token)}}
@@ -200,13 +358,10 @@ func startLocalHostagent(ctx context.Context, dir, listen string, bastionKey gos
 	return agent, ln, nil
 }
 
-// enrollLocal records the local hostagent's key on first run; later runs find the same key.
-// A different key is refused, never replaced silently.
-func enrollLocal(ctx context.Context, inventory, addr string, stdout io.Writer) error {
-	key, err := fleet.ScanHostKey(ctx, addr)
-	if err != nil {
-		return err
-	}
+// enrollLocal records the local hostagent's key (key, taken from the hostagent itself: a scan
+// of its port would only make it log a failed handshake) on first run; later runs find the
+// same key. A different key is refused, never replaced silently.
+func enrollLocal(inventory, addr string, key gossh.PublicKey, stdout io.Writer) error {
 	u, err := user.Current()
 	if err != nil {
 		return err
@@ -236,6 +391,7 @@ func enrollLocal(ctx context.Context, inventory, addr string, stdout io.Writer) 
 
 var connectTemplate = template.Must(template.New("connect").Parse(`
 Postern is up. State: {{.Dir}}
+  Config: {{.Config}}   (add actors, rules, classes there, then restart up)
   MCP (Streamable HTTP): {{.URL}}   bearer token in {{.Dir}}/token
   MCP (local socket):    {{.Socket}}   (caller named by the kernel)
   Hosts: {{.Hosts}}
@@ -243,13 +399,13 @@ Postern is up. State: {{.Dir}}
 Connect an MCP client:
 
   Claude Code, stdio (build the binary once: go build -o ~/.local/bin/postern ./cmd/postern):
-    claude mcp add postern -- postern mcp --state-dir {{.Dir}}
+    claude mcp add postern -- postern mcp {{.Where}}
 
   Claude Code, HTTP:
     claude mcp add --transport http postern {{.URL}} --header "Authorization: Bearer $(cat {{.Dir}}/token)"
 
   JSON config (Claude Desktop, Cursor, ...):
-    {"mcpServers": {"postern": {"command": "postern", "args": ["mcp", "--state-dir", "{{.Dir}}"]}}}
+    {"mcpServers": {"postern": {"command": "postern", "args": {{.WhereJSON}}}}}
 
   Browser clients (MCP Inspector): pages on http(s)://localhost, 127.0.0.1 or [::1] may connect
   (with the token); restart with --allow-origin ORIGIN to admit another origin.
@@ -259,12 +415,28 @@ Connect an MCP client:
       -H 'Content-Type: application/json' -H 'Accept: application/json, text/event-stream' \
       -d '{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ssh_exec","arguments":{"host":"local","command":"uname -a"}}}'
 
-Operator: postern executions list --state-dir {{.Dir}}   (Ctrl-C stops; running commands go on)
+Operator: postern status{{.OperatorFlags}}   (Ctrl-C stops; running commands go on)
 `))
 
-func printConnect(w io.Writer, ep bastion.Endpoints, dir, hosts string) {
+// printConnect prints the banner of a started up on state dir dir with config file
+// configPath.
+func printConnect(w io.Writer, ep bastion.Endpoints, dir, configPath, hosts string) {
+	// An MCP client may start the bridge with another environment: it is always told where.
+	where := []string{"--state-dir", dir}
+	if configPath != filepath.Join(dir, stateDirConfig) {
+		where = []string{"--config", configPath, "--state-dir", dir}
+	}
+	whereJSON, _ := json.Marshal(append([]string{"mcp"}, where...))
+	// The operator only where the discovery rule would not find this bastion by itself.
+	operatorFlags := ""
+	if f := discoveryRule(false).Find(locate.Given{Getenv: os.Getenv, Exists: pathExists}); f.Dir != dir || f.Config != configPath {
+		operatorFlags = " " + strings.Join(where, " ")
+	}
 	var buf bytes.Buffer
-	connectTemplate.Execute(&buf, map[string]string{"Dir": dir, "URL": ep.URL, "Socket": ep.Socket, "Hosts": hosts})
+	connectTemplate.Execute(&buf, map[string]string{
+		"Dir": dir, "Config": configPath, "URL": orNone(ep.URL), "Socket": ep.Socket, "Hosts": hosts,
+		"Where": strings.Join(where, " "), "WhereJSON": string(whereJSON), "OperatorFlags": operatorFlags,
+	})
 	w.Write(buf.Bytes())
 }
 

@@ -30,14 +30,24 @@ func (p Program) Main(run func(ctx context.Context) error, stderr io.Writer) int
 	return p.ExitCode(err, stderr)
 }
 
+// ExitStatus is an error whose command already printed what it means and chose its exit
+// status (`postern policy check`: the decision).
+type ExitStatus interface {
+	error
+	ExitStatus() int
+}
+
 // ExitCode maps a command's error to its exit status, printing other errors as "name: err"
-// (usage errors were printed where they arose).
+// (usage errors were printed where they arose, and so was what an ExitStatus means).
 func (p Program) ExitCode(err error, stderr io.Writer) int {
+	var es ExitStatus
 	switch {
 	case err == nil, errors.Is(err, flag.ErrHelp):
 		return 0
 	case errors.Is(err, ErrUsage):
 		return 2
+	case errors.As(err, &es):
+		return es.ExitStatus()
 	default:
 		fmt.Fprintf(stderr, "%s: %v\n", p, err)
 		return 1

@@ -1,6 +1,7 @@
 package harness
 
 import (
+	"context"
 	"fmt"
 	"os"
 	"os/exec"
@@ -12,8 +13,10 @@ import (
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
+	"github.com/postern-dev/postern/plugins"
 )
 
 var binaries struct {
@@ -50,6 +53,18 @@ func Binary(t testing.TB, name string) string {
 	}
 	binaries.built[name] = path
 	return path
+}
+
+// HTTPPlugin builds postern-plugin-http (see Binary) and returns its path and the SHA-256
+// a bastion's [http_plugin] pins it by.
+func HTTPPlugin(t testing.TB) (path, sha256 string) {
+	t.Helper()
+	path = Binary(t, "postern-plugin-http")
+	sum, err := plugins.FileSHA256(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return path, sum
 }
 
 // CleanupBinaries removes what Binary built.
@@ -147,4 +162,18 @@ func (h *Hostagent) Start(t testing.TB) {
 func (h *Hostagent) Dial(t testing.TB) *gossh.Client {
 	t.Helper()
 	return testutil.MustDialSSH(t, h.Addr, h.Account, h.HostKey, gossh.PublicKeys(h.ClientKey.Signer))
+}
+
+// Marker asks a hostagent through its control protocol for its marker of id: nil if it has
+// none.
+func Marker(t testing.TB, ctx context.Context, cc *hostproto.ControlClient, id string) *hostproto.Marker {
+	t.Helper()
+	found, _, err := cc.Status(ctx, []string{id})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(found) == 0 {
+		return nil
+	}
+	return found[0]
 }
