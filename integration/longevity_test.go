@@ -128,15 +128,17 @@ func longevity(t *testing.T, plan longevityPlan, b *harness.Bastion) {
 		total, plan.windows, plan.window, plan.retention, first.bytes, last.bytes, float64(last.bytes)/float64(first.bytes),
 		first.p50.Round(10*time.Microsecond), last.p50.Round(10*time.Microsecond), float64(last.p50)/float64(first.p50))
 	// Flat: from the second window on (the first retention window has passed), the backend
-	// after a pass stays within what one window's executions occupy — it does not grow with
-	// the windows behind it.
+	// after a pass does not grow with the windows behind it. It is not constant — on etcd
+	// the measure is the members' size in use, which moves with the revision history a pass
+	// keeps and bbolt's page use — so the later half's largest is held to the earlier half's
+	// (without retention it grows with every window: the later half's would be about twice).
 	var steady []int64
 	for _, f := range figures[1:] {
 		steady = append(steady, f.bytes)
 	}
-	lo, hi := slices.Min(steady), slices.Max(steady)
-	if hi > 2*lo+(1<<20) {
-		t.Errorf("backend after each pass from the second window on = %v bytes: not flat", steady)
+	early, late := slices.Max(steady[:len(steady)/2]), slices.Max(steady[len(steady)/2:])
+	if late > early+early/2+(1<<20) {
+		t.Errorf("backend after each pass from the second window on = %v bytes: growing (largest %d in the later half, %d in the earlier)", steady, late, early)
 	}
 	if removed := metric(t, b, `postern_retention_removed_total{what="executions"}`); removed < float64(total-last.executions-first.executions) {
 		t.Errorf("removed %v executions in all; want at least those of the windows before the last two (%d)", removed, total-last.executions-first.executions)
