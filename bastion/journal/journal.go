@@ -21,8 +21,9 @@ import (
 	"github.com/postern-dev/postern/markers/etcdjournal"
 )
 
-// Open opens the configured journal for the daemon.
-func Open(cfg config.Config, signer note.Signer, log *slog.Logger, now func() time.Time) (markers.JournalStore, error) {
+// Open opens the configured journal for the daemon. classes are the action classes in force
+// (nil: the config's), which the retention pass reads each time it decides.
+func Open(cfg config.Config, signer note.Signer, classes func() *config.Classes, log *slog.Logger, now func() time.Time) (markers.JournalStore, error) {
 	mo := markers.Options{
 		Graph:         markers.JournalGraph,
 		Signer:        signer,
@@ -34,7 +35,7 @@ func Open(cfg config.Config, signer note.Signer, log *slog.Logger, now func() ti
 		Logger:        log.With("component", "journal"),
 		Now:           now,
 	}
-	Retention(cfg, &mo)
+	Retention(cfg, classes, &mo)
 	if !cfg.Journal.Etcd() {
 		return markers.Open(cfg.JournalDir(), mo)
 	}
@@ -55,17 +56,23 @@ func Open(cfg config.Config, signer note.Signer, log *slog.Logger, now func() ti
 // shortest retention of events plus one copy of those of what is held, whatever the mix of
 // classes (a horizon at the longest retention would keep every removed execution's events as
 // long as the longest class keeps one: 90 days, not 7, with the built-in classes).
-func Retention(cfg config.Config, mo *markers.Options) {
-	cls := cfg.ResolveClasses()
+// classes are the classes in force (nil: the config's): whether a record may go, and how long
+// its tombstones stay, follow a reload; the bounds above are taken once, at open (a reload
+// that adds a shorter or a longer class applies them at the next start).
+func Retention(cfg config.Config, classes func() *config.Classes, mo *markers.Options) {
+	if classes == nil {
+		fixed := cfg.ResolveClasses()
+		classes = func() *config.Classes { return fixed }
+	}
 	var shortest, longest time.Duration
-	for _, d := range cls.Retention() {
+	for _, d := range classes().Retention() {
 		if shortest == 0 || d < shortest {
 			shortest = d
 		}
 		longest = max(longest, d)
 	}
-	mo.Removable = func(r *markers.Record, now time.Time) bool { return intent.Removable(r, now, cls.Get(r.Class)) }
-	mo.TombstoneRetention = func(class string) time.Duration { return cls.Get(class).Retention }
+	mo.Removable = func(r *markers.Record, now time.Time) bool { return intent.Removable(r, now, classes().Get(r.Class)) }
+	mo.TombstoneRetention = func(class string) time.Duration { return classes().Get(class).Retention }
 	mo.MinRetention = shortest
 	mo.RunRetention = longest
 	mo.EventRetention = cfg.EventRetention
@@ -127,7 +134,7 @@ func orDefault[T comparable](v, def T) T {
 // while replicas serve it.
 func OpenReadOnly(cfg config.Config, log *slog.Logger) (markers.JournalStore, error) {
 	mo := markers.Options{ReadOnly: true, Graph: markers.JournalGraph, Logger: log}
-	Retention(cfg, &mo) // a dry run of the retention pass reads them
+	Retention(cfg, nil, &mo) // a dry run of the retention pass reads them
 	if cfg.Journal.Etcd() {
 		return OpenEtcd(cfg.Journal, mo)
 	}

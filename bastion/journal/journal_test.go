@@ -69,10 +69,34 @@ func TestRetentionRules(t *testing.T) {
 			cfg := config.DefaultConfig(t.TempDir())
 			cfg.EventRetention, cfg.RetentionInterval = tt.eventRetention, tt.interval
 			var mo markers.Options
-			Retention(cfg, &mo)
+			Retention(cfg, nil, &mo)
 			if mo.EventRetention != tt.wantEvents || mo.RunRetention != tt.runs || mo.MinRetention != 7*day {
 				t.Errorf("events %v, runs %v, min %v; want %v, %v, %v", mo.EventRetention, mo.RunRetention, mo.MinRetention, tt.wantEvents, tt.runs, 7*day)
 			}
 		})
+	}
+}
+
+// What a pass may remove, and how long tombstones stay, follow the classes in force: a
+// reload that lengthens a class's retention applies to the next pass.
+func TestRetentionFollowsTheClassesInForce(t *testing.T) {
+	cfg := config.DefaultConfig(t.TempDir())
+	inForce := cfg.ResolveClasses()
+	var mo markers.Options
+	Retention(cfg, func() *config.Classes { return inForce }, &mo)
+	if got := mo.TombstoneRetention(config.ClassReadOnly); got != 7*24*time.Hour {
+		t.Fatalf("read_only tombstones stay %v; want 7 days", got)
+	}
+	reloaded := cfg
+	reloaded.Classes = []config.Class{{Name: config.ClassReadOnly, Retention: 14 * 24 * time.Hour}}
+	inForce = reloaded.ResolveClasses()
+	if got := mo.TombstoneRetention(config.ClassReadOnly); got != 14*24*time.Hour {
+		t.Fatalf("after a reload read_only tombstones stay %v; want 14 days", got)
+	}
+	ended := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	rec := &markers.Record{State: markers.Completed, Class: config.ClassReadOnly, CreatedAt: ended,
+		UpdatedAt: ended, StateTimes: map[markers.State]time.Time{markers.Completed: ended}}
+	if mo.Removable(rec, ended.Add(10*24*time.Hour)) {
+		t.Error("a read_only execution ended 10 days ago is removable under a 14-day retention")
 	}
 }

@@ -106,7 +106,7 @@ func gcOffline(ctx context.Context, cfg config.Config) (*api.RetentionPass, erro
 	if err != nil {
 		return nil, err
 	}
-	jl, err := journal.Open(cfg, signer, quiet, time.Now)
+	jl, err := journal.Open(cfg, signer, nil, quiet, time.Now)
 	if err != nil {
 		return nil, fmt.Errorf("open the journal for the pass (is a bastion starting on it?): %w", err)
 	}
