@@ -22,6 +22,7 @@
 //	POST /v1/approvals/{id}/deny     {"reason"}                    reject
 //	POST /v1/executions/{id}/review  {"outcome","note"}            an unknown (or stuck) outcome, verified
 //	POST /v1/journal/gc  {"dry_run"}                               a retention pass of the journal, now
+//	POST /v1/reload                                                read the config file again and apply it
 package operatorapi
 
 import (
@@ -193,6 +194,7 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 			writeJSON(w, nil, err)
 			return
 		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Write([]byte(key + "\n"))
 	})
 	mux.HandleFunc("GET /v1/approvals", func(w http.ResponseWriter, _ *http.Request) {
