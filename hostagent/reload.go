@@ -1,0 +1,228 @@
+package hostagent
+
+// Changing the config without a restart, and revoking keys on open connections.
+//
+// A reload (SIGHUP, or `postern-hostagent reload` over the local control socket) re-reads
+// the config file and validates all of it before anything changes: a file with a problem, or
+// one that changes a setting only a start can apply (liveKeys says which can change), is
+// refused whole, with the reason, and the agent runs on as it was. What a reload applies, the
+// server reads when a connection, a session or a request begins (Server.live): an execution
+// already running keeps the account, environment and limits it started with.
+//
+// The key files are re-read at every login. Every key_check_interval, and at once after a
+// reload, the server also checks the key of every open connection against them
+// (Server.checkKeys): a connection whose key was removed (or whose certificate authority is
+// no longer trusted) gets no new channel and is closed. Closing it is a disconnect like any
+// other: the commands it started go on under the supervisor, their markers record how they
+// end, and the bastion learns their outcome from the markers when it connects again.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
+	"strings"
+	"time"
+
+	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/hostproto"
+)
+
+// liveKeys are the config keys (TOML names) a reload applies. Every other key is read once,
+// at start (the listen address, the data dir and what lives in it, the host key, the control
+// socket and its limits, idle_timeout, and the executor's settings: shell, output and spool
+// caps, kill_grace, marker_retention, retry_failed_operations); a reload that changes one is
+// refused. A key added to Config is restart-only until it is listed here and read from
+// Server.live.
+var liveKeys = map[string]bool{
+	"authorized_keys_file":      true,
+	"authorized_keys_dir":       true,
+	"trusted_user_ca_keys_file": true,
+	"key_check_interval":        true,
+	"allowed_accounts":          true,
+	"accept_env":                true,
+	"missing_execution_id":      true,
+	"handshake_timeout":         true,
+	"max_sessions":              true,
+	"max_command_bytes":         true,
+	"max_env_vars":              true,
+	"max_env_value_bytes":       true,
+}
+
+// configChanges compares the config in force with the one read: the keys whose value
+// differs, and those of them a reload cannot apply, each sorted by name.
+func configChanges(running, next Config) (changed, needRestart []string) {
+	rv, nv := reflect.ValueOf(running), reflect.ValueOf(next)
+	for i := range rv.NumField() {
+		key := configKey(rv.Type().Field(i))
+		if reflect.DeepEqual(rv.Field(i).Interface(), nv.Field(i).Interface()) {
+			continue
+		}
+		changed = append(changed, key)
+		if !liveKeys[key] {
+			needRestart = append(needRestart, key)
+		}
+	}
+	slices.Sort(changed)
+	slices.Sort(needRestart)
+	return changed, needRestart
+}
+
+// configKey is a Config field's TOML key.
+func configKey(f reflect.StructField) string {
+	key, _, _ := strings.Cut(f.Tag.Get("toml"), ",")
+	return key
+}
+
+// configValue is the value of key in cfg, for the log of a reload.
+func configValue(cfg Config, key string) any {
+	v := reflect.ValueOf(cfg)
+	for i := range v.NumField() {
+		if configKey(v.Type().Field(i)) == key {
+			return v.Field(i).Interface()
+		}
+	}
+	return nil
+}
+
+// liveSettings are the parts of the server a reload replaces, made from one validated config.
+type liveSettings struct {
+	cfg      Config
+	auth     *authenticator
+	accounts *accountResolver
+	env      envFilter
+}
+
+func newLiveSettings(cfg Config, logger *slog.Logger) (*liveSettings, error) {
+	accounts, err := newAccountResolver(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &liveSettings{cfg: cfg, auth: newAuthenticator(cfg, logger), accounts: accounts, env: newEnvFilter(cfg)}, nil
+}
+
+// connLogin is who logged in on a connection, with which key.
+type connLogin struct {
+	user string
+	key  gossh.PublicKey
+}
+
+// errKeyRevoked refuses a channel on a connection whose key was revoked.
+var errKeyRevoked = errors.New("the key of this connection is no longer authorized on this host")
+
+// apply makes cfg (validated, and changing only liveKeys) the server's live config, then
+// checks the open connections' keys against it at once.
+func (srv *Server) apply(cfg Config) error {
+	live, err := newLiveSettings(cfg, srv.logger)
+	if err != nil {
+		return err
+	}
+	srv.live.Store(live)
+	srv.checkKeys()
+	return nil
+}
+
+// checkKeys closes every connection whose login the key files no longer admit: it gets no
+// new channel from now on and is closed; the commands it started go on (Handler.Exec's
+// contexts end, not the commands).
+func (srv *Server) checkKeys() {
+	keys := srv.live.Load().auth.current()
+	srv.mu.Lock()
+	conns := make([]*serverConn, 0, len(srv.conns))
+	for sc := range srv.conns {
+		conns = append(conns, sc)
+	}
+	srv.mu.Unlock()
+	for _, sc := range conns {
+		login := sc.login.Load()
+		if login == nil || sc.revoked.Load() {
+			continue
+		}
+		if err := keys.admits(login.user, login.key); err != nil {
+			sc.revoked.Store(true)
+			srv.logger.Warn("closing connection: its key is no longer authorized; the commands it started go on",
+				"remote", sc.RemoteAddr(), "user", boundForLog(login.user), "key", gossh.FingerprintSHA256(signingKey(login.key)),
+				"running_sessions", sc.sessions.Load(), "err", err)
+			sc.Close()
+		}
+	}
+}
+
+// startKeyChecks starts the loop of checkKeys once, for the first Serve.
+func (srv *Server) startKeyChecks() {
+	srv.keyChecks.Do(func() {
+		if !srv.startGoroutine(false) {
+			return
+		}
+		go func() {
+			defer srv.wg.Done()
+			for {
+				timer := time.NewTimer(srv.live.Load().cfg.KeyCheckInterval)
+				select {
+				case <-srv.ctx.Done():
+					timer.Stop()
+					return
+				case <-timer.C:
+				}
+				srv.checkKeys()
+			}
+		}()
+	})
+}
+
+// Reload re-reads the agent's config file (AgentOptions.Load) and applies it: all of it
+// checked first, then what may change live (liveKeys) applied, the change logged key by key.
+// A file with problems, or that changes a setting only a restart applies, changes nothing and
+// is hostproto.ErrReloadRefused saying why (also logged). SIGHUP and the local control socket's
+// reload call it.
+func (a *Agent) Reload(ctx context.Context) (hostproto.ReloadResult, error) {
+	a.reloadMu.Lock()
+	defer a.reloadMu.Unlock()
+	res := hostproto.ReloadResult{Config: a.configFile, Changed: []string{}}
+	refuse := func(err error) (hostproto.ReloadResult, error) {
+		err = fmt.Errorf("%w: nothing changed: %w", hostproto.ErrReloadRefused, err)
+		a.log.Error("config reload refused; the agent runs on as it was", "config", a.configFile, "err", err)
+		return res, err
+	}
+	if a.load == nil {
+		return refuse(errors.New("this agent was not started from a config file"))
+	}
+	next, err := a.load()
+	if err != nil {
+		return refuse(err)
+	}
+	changed, needRestart := configChanges(a.running, next)
+	if len(needRestart) > 0 {
+		return refuse(fmt.Errorf("%s cannot change while the agent runs: restart it to apply (systemctl restart postern-hostagent), or put back the value it runs with",
+			strings.Join(needRestart, ", ")))
+	}
+	if err := ctx.Err(); err != nil {
+		return refuse(err)
+	}
+	if len(changed) > 0 {
+		if err := a.server.apply(next); err != nil {
+			return refuse(err)
+		}
+	}
+	for _, key := range changed {
+		a.log.Info("config changed", "key", key, "from", configValue(a.running, key), "to", configValue(next, key))
+	}
+	a.running = next
+	res.Changed = append(res.Changed, changed...)
+	a.log.Info("config reloaded", "config", a.configFile, "changed", res.Changed)
+	return res, nil
+}
+
+// reloadingBackend is the local control socket's backend: the executor, and the agent's
+// Reload (which the SSH subsystem's backend does not have).
+type reloadingBackend struct {
+	*Executor
+	agent *Agent
+}
+
+func (b reloadingBackend) Reload(ctx context.Context) (hostproto.ReloadResult, error) {
+	return b.agent.Reload(ctx)
+}
