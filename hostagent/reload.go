@@ -213,6 +213,11 @@ func (a *Agent) Reload(ctx context.Context) (hostproto.ReloadResult, error) {
 	a.running = next
 	res.Changed = append(res.Changed, changed...)
 	a.log.Info("config reloaded", "config", a.configFile, "changed", res.Changed)
+	if len(changed) > 0 && AuthorizedKeyCount(next) == 0 {
+		a.log.Warn("no authorized keys: nobody can log in any more, not even the bastion, until a key is added",
+			"authorized_keys_file", next.AuthorizedKeysFile, "authorized_keys_dir", next.AuthorizedKeysDir,
+			"trusted_user_ca_keys_file", next.TrustedUserCAKeysFile)
+	}
 	return res, nil
 }
 

@@ -120,6 +120,11 @@ func TestHostagentReload(t *testing.T) {
 	if code := exitCode(err); code != 1 || !strings.Contains(out, "max_sessions") || !strings.Contains(out, "nothing changed") {
 		t.Fatalf("reload of a bad config: exit %d\n%s\nwant 1, naming max_sessions", code, out)
 	}
+	write(`accept_env = ["APP_*"]` + "\nmax_sesions = 2")
+	out, err = reload()
+	if code := exitCode(err); code != 1 || !strings.Contains(out, "max_sesions: unknown key") || !strings.Contains(out, "nothing changed") {
+		t.Fatalf("reload of a config with a misspelt key: exit %d\n%s\nwant 1, naming it", code, out)
+	}
 	moved := strings.Replace(string(base), h.Addr, "127.0.0.1:1", 1)
 	if err := os.WriteFile(h.ConfigPath, []byte(moved), 0o600); err != nil {
 		t.Fatal(err)

@@ -8,6 +8,7 @@ import (
 	"io"
 	"strings"
 
+	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/cli"
 )
@@ -39,9 +40,13 @@ flags:
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	if err := af.resolve(); err != nil {
+	// A config with problems is the running agent's to judge (and log): only the socket is
+	// needed here, and the keys that did decode name it.
+	cfg, found, err := findAgent(af.config, af.dataDir)
+	if err != nil && !hostagent.IsConfigProblem(err) {
 		return err
 	}
+	af.found(cfg, found)
 	agent, err := hostproto.DialLocalControl(ctx, af.socket)
 	if err != nil {
 		if agentDown(err) {
