@@ -33,10 +33,9 @@ import (
 
 // liveKeys are the config keys (TOML names) a reload applies. Every other key is read once,
 // at start (the listen address, the data dir and what lives in it, the host key, the control
-// socket and its limits, idle_timeout, and the executor's settings: shell, output and spool
-// caps, kill_grace, marker_retention, retry_failed_operations); a reload that changes one is
-// refused. A key added to Config is restart-only until it is listed here and read from
-// Server.live.
+// socket and its limits, idle_timeout, shell, spool_cap, marker_retention); a reload that
+// changes one is refused. A key added to Config is restart-only until it is listed here and
+// read from Server.live or Executor.settings.
 var liveKeys = map[string]bool{
 	"authorized_keys_file":      true,
 	"authorized_keys_dir":       true,
@@ -50,6 +49,10 @@ var liveKeys = map[string]bool{
 	"max_command_bytes":         true,
 	"max_env_vars":              true,
 	"max_env_value_bytes":       true,
+	// The executor's, taken by each command when it starts (Executor.settings).
+	"retry_failed_operations": true,
+	"kill_grace":              true,
+	"output_cap":              true,
 }
 
 // configChanges compares the config in force with the one read: the keys whose value
@@ -206,6 +209,7 @@ func (a *Agent) Reload(ctx context.Context) (hostproto.ReloadResult, error) {
 		if err := a.server.apply(next); err != nil {
 			return refuse(err)
 		}
+		a.executor.settings.Store(&next)
 	}
 	for _, key := range changed {
 		a.log.Info("config changed", "key", key, "from", configValue(a.running, key), "to", configValue(next, key))

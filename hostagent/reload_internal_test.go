@@ -40,11 +40,14 @@ func TestConfigChanges(t *testing.T) {
 		{"listen, state and host key", func(c *Config) {
 			c.Listen, c.DataDir, c.HostKeyFile, c.ControlSocket = "0.0.0.0:22", "/srv", "/k", "/run/s"
 		}, "control_socket,data_dir,host_key_file,listen", "control_socket,data_dir,host_key_file,listen"},
-		{"the executor's", func(c *Config) {
-			c.Shell, c.OutputCap, c.SpoolCap, c.KillGrace = "/bin/bash", 1, 2, time.Minute
-			c.MarkerRetention, c.RetryFailedOperations, c.IdleTimeout = time.Hour, true, time.Hour
-		}, "idle_timeout,kill_grace,marker_retention,output_cap,retry_failed_operations,shell,spool_cap",
-			"idle_timeout,kill_grace,marker_retention,output_cap,retry_failed_operations,shell,spool_cap"},
+		{"what each command takes", func(c *Config) {
+			c.OutputCap, c.KillGrace, c.RetryFailedOperations = 1, time.Minute, true
+		}, "kill_grace,output_cap,retry_failed_operations", ""},
+		{"what is read once", func(c *Config) {
+			c.Shell, c.SpoolCap, c.MarkerRetention, c.IdleTimeout = "/bin/bash", 2, time.Hour, time.Hour
+			c.ControlSocketMaxConns, c.ControlSocketOperatorConns, c.ControlSocketMaxConnsPerUID = 1, 2, 3
+		}, "control_socket_max_conns,control_socket_max_conns_per_uid,control_socket_operator_conns,idle_timeout,marker_retention,shell,spool_cap",
+			"control_socket_max_conns,control_socket_max_conns_per_uid,control_socket_operator_conns,idle_timeout,marker_retention,shell,spool_cap"},
 		{"live and not", func(c *Config) { c.AcceptEnv, c.Listen = []string{"X"}, ":1" }, "accept_env,listen", "listen"},
 	}
 	for _, tt := range tests {

@@ -279,3 +279,50 @@ func TestReloadAppliesLiveAndRefusesWhole(t *testing.T) {
 		t.Fatal("the connection of the key the reload took away is still open")
 	}
 }
+
+// TestRunningExecutionKeepsItsSettings: a reload that lowers output_cap applies to the next
+// command; one already running keeps the cap it started with.
+func TestRunningExecutionKeepsItsSettings(t *testing.T) {
+	ra := startReloadAgent(t)
+	ctx := context.Background()
+	client, err := ra.dial(ra.key)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer client.Close()
+	gate := filepath.Join(t.TempDir(), "gate")
+	before, _ := markers.NewExecutionID(time.Now())
+	var beforeOut bytes.Buffer
+	ran := make(chan error, 1)
+	go func() {
+		_, err := hostproto.Run(ctx, client, hostproto.Exec{ExecutionID: before, Stdout: &beforeOut,
+			Command: "i=0; while [ ! -e " + gate + " ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; printf 0123456789"})
+		ran <- err
+	}()
+	testutil.WaitFor(t, "the first command running", func() bool {
+		m := ra.marker(t, before)
+		return m != nil && m.State == hostproto.MarkerRunning
+	})
+
+	ra.writeConfig(t, `output_cap = 4`)
+	if res, err := ra.control.Reload(ctx); err != nil || strings.Join(res.Changed, ",") != "output_cap" {
+		t.Fatalf("reload = %+v, %v; want output_cap changed", res, err)
+	}
+	after, _ := markers.NewExecutionID(time.Now())
+	var afterOut bytes.Buffer
+	if _, err := hostproto.Run(ctx, client, hostproto.Exec{ExecutionID: after, Stdout: &afterOut, Command: "printf 0123456789"}); err != nil {
+		t.Fatal(err)
+	}
+	if afterOut.String() != "0123" {
+		t.Errorf("a command started after the reload wrote %q; want it capped at 4 bytes", afterOut.String())
+	}
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-ran; err != nil {
+		t.Fatal(err)
+	}
+	if beforeOut.String() != "0123456789" {
+		t.Errorf("the command running during the reload wrote %q; want all of it (the cap it started with)", beforeOut.String())
+	}
+}
