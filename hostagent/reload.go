@@ -116,18 +116,6 @@ type connLogin struct {
 // errKeyRevoked refuses a channel on a connection whose key was revoked.
 var errKeyRevoked = errors.New("the key of this connection is no longer authorized on this host")
 
-// apply makes cfg (validated, and changing only liveKeys) the server's live config, then
-// checks the open connections' keys against it at once.
-func (srv *Server) apply(cfg Config) error {
-	live, err := newLiveSettings(cfg, srv.logger)
-	if err != nil {
-		return err
-	}
-	srv.live.Store(live)
-	srv.checkKeys()
-	return nil
-}
-
 // checkKeys closes every connection whose login the key files no longer admit: it gets no
 // new channel from now on and is closed; the commands it started go on (Handler.Exec's
 // contexts end, not the commands).
@@ -191,7 +179,7 @@ func (a *Agent) Reload(ctx context.Context) (hostproto.ReloadResult, error) {
 		return res, err
 	}
 	if a.load == nil {
-		return refuse(errors.New("this agent was not started from a config file"))
+		return refuse(errors.New("this agent was not started from a config file (postern up runs its own hostagent and writes its config): restart what runs it"))
 	}
 	next, err := a.load()
 	if err != nil {
@@ -206,10 +194,15 @@ func (a *Agent) Reload(ctx context.Context) (hostproto.ReloadResult, error) {
 		return refuse(err)
 	}
 	if len(changed) > 0 {
-		if err := a.server.apply(next); err != nil {
+		live, err := newLiveSettings(next, a.server.logger)
+		if err != nil {
 			return refuse(err)
 		}
+		// Nothing can fail from here: the executor and the server take the config, and the
+		// open connections' keys are checked against it at once.
 		a.executor.settings.Store(&next)
+		a.server.live.Store(live)
+		a.server.checkKeys()
 	}
 	for _, key := range changed {
 		a.log.Info("config changed", "key", key, "from", configValue(a.running, key), "to", configValue(next, key))
