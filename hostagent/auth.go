@@ -77,6 +77,9 @@ type keyFile struct {
 	optional bool   // a missing file is normal (an account without keys of its own)
 	stamp    fileStamp
 	keys     map[string]bool // gossh.PublicKey.Marshal() of each accepted key
+	// statErr is the last failure to stat the file, logged once while it lasts (the key
+	// check reads the files every key_check_interval).
+	statErr string
 }
 
 type fileStamp struct {
@@ -203,10 +206,13 @@ func (a *authenticator) refreshLocked(kf *keyFile, caFile bool) {
 	}
 	stamp, err := statFile(kf.path)
 	if err != nil {
-		a.logger.Error("cannot stat key file; accepting no keys from it", "path", kf.path, "err", err)
-		kf.keys, kf.stamp = nil, fileStamp{}
+		if err.Error() != kf.statErr {
+			a.logger.Error("cannot stat key file; accepting no keys from it", "path", kf.path, "err", err)
+		}
+		kf.keys, kf.stamp, kf.statErr = nil, fileStamp{}, err.Error()
 		return
 	}
+	kf.statErr = ""
 	if stamp == kf.stamp && kf.keys != nil {
 		return
 	}
