@@ -32,11 +32,12 @@ type Agent struct {
 	executor *Executor
 	server   *Server
 
-	configFile string                 // AgentOptions.ConfigFile
-	load       func() (Config, error) // AgentOptions.Load
+	configFile string                       // AgentOptions.ConfigFile
+	load       func([]byte) (Config, error) // AgentOptions.Load
 
-	reloadMu sync.Mutex // serializes reloads; guards running
+	reloadMu sync.Mutex // serializes reloads; guards running and digest
 	running  Config     // the config in force: cfg and the reloads since
+	digest   string     // ConfigDigest of the file running was read from
 }
 
 // AgentOptions tune OpenAgent.
@@ -45,11 +46,13 @@ type AgentOptions struct {
 	// ExecutorOptions.SupervisorExe.
 	SupervisorExe string
 	Logger        *slog.Logger
-	// ConfigFile is the file the config was read from, and Load reads it again, validated,
-	// with the same overrides as at start (flags); Reload uses them. Without Load, a reload
-	// is refused.
-	ConfigFile string
-	Load       func() (Config, error)
+	// ConfigFile is the file the config was read from, ConfigDigest the ConfigDigest of
+	// what was read, and Load makes the config of the file's content again, validated, with
+	// the same overrides as at start (flags); Reload uses them. Without Load, a reload is
+	// refused.
+	ConfigFile   string
+	ConfigDigest string
+	Load         func(data []byte) (Config, error)
 }
 
 // OpenAgent opens the marker store (creating the data dir and audit key on first start),
@@ -80,7 +83,7 @@ func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, erro
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: logger, store: store, configFile: opts.ConfigFile, load: opts.Load, running: cfg}
+	a := &Agent{cfg: cfg, log: logger, store: store, configFile: opts.ConfigFile, load: opts.Load, running: cfg, digest: opts.ConfigDigest}
 	a.executor, err = NewExecutor(ExecutorOptions{
 		Config: cfg, Store: store, SupervisorExe: opts.SupervisorExe, Logger: logger,
 		SocketPath: cfg.ControlSocketPath(),

@@ -132,7 +132,7 @@ type controlBackend interface {
 // reloader is the backend of an agent that can reload its config (Agent.Reload): only the
 // local socket's backend is one.
 type reloader interface {
-	Reload(ctx context.Context) (hostproto.ReloadResult, error)
+	Reload(ctx context.Context, by string) (hostproto.ReloadResult, error)
 }
 
 // controlCaller is who is on the other end of a control connection.
@@ -147,6 +147,8 @@ type controlCaller struct {
 	// peerPID is the pid of a local peer (SO_PEERCRED), which checkpoint and validated
 	// need; 0 over SSH, where they are forbidden.
 	peerPID int
+	// peerUID is the uid of a local peer (SO_PEERCRED).
+	peerUID uint32
 }
 
 func (c controlCaller) sees(rec *markers.Record) bool {
@@ -390,7 +392,7 @@ func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller con
 		if !ok {
 			return nil, fmt.Errorf("%w: this agent cannot reload its config", hostproto.ErrForbidden)
 		}
-		res, err := r.Reload(ctx)
+		res, err := r.Reload(ctx, fmt.Sprintf("control socket: uid %d, pid %d", caller.peerUID, caller.peerPID))
 		if err != nil {
 			return nil, err
 		}

@@ -5,9 +5,11 @@ package hostagent
 // A reload (SIGHUP, or `postern-hostagent reload` over the local control socket) re-reads
 // the config file and validates all of it before anything changes: a file with a problem, or
 // one that changes a setting only a start can apply (liveKeys says which can change), is
-// refused whole, with the reason, and the agent runs on as it was. What a reload applies, the
-// server reads when a connection, a session or a request begins (Server.live): an execution
-// already running keeps the account, environment and limits it started with.
+// refused whole, with the reason, and the agent runs on as it was. A change is written to the
+// reload log (<data_dir>/reloads.jsonl, synced) before it takes effect. What a reload
+// applies, the server and the executor read when a connection, a session or a command begins
+// (Server.live, Executor.settings): an execution already running keeps the account,
+// environment and limits it started with.
 //
 // The key files are re-read at every login. Every key_check_interval, and at once after a
 // reload, the server also checks the key of every open connection against them
@@ -18,17 +20,24 @@ package hostagent
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
+	"syscall"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/durable"
 )
 
 // liveKeys are the config keys (TOML names) a reload applies. Every other key is read once,
@@ -164,24 +173,82 @@ func (srv *Server) startKeyChecks() {
 	})
 }
 
+// ConfigDigest is the hex SHA-256 of a config file's content, as a reload records it.
+func ConfigDigest(data []byte) string {
+	sum := sha256.Sum256(data)
+	return hex.EncodeToString(sum[:])
+}
+
+// ReloadLogName, in the data dir, is the log of the reloads that changed something: one JSON
+// line each (reloadRecord), appended and synced before the change takes effect.
+const ReloadLogName = "reloads.jsonl"
+
+// reloadRecord is one line of the reload log.
+type reloadRecord struct {
+	At time.Time `json:"at"`
+	// By is who asked: "signal:SIGHUP", or "control socket: uid U, pid P".
+	By     string `json:"by"`
+	Config string `json:"config"`
+	// Digest is ConfigDigest of the file now in force, Previous of the one before.
+	Digest   string      `json:"digest"`
+	Previous string      `json:"previous"`
+	Changes  []keyChange `json:"changes"`
+}
+
+type keyChange struct {
+	Key  string `json:"key"`
+	From any    `json:"from"`
+	To   any    `json:"to"`
+}
+
+// appendSynced appends line and a newline to the file at path (0600, created if need be),
+// synced; a file it creates has its directory entry synced too.
+func appendSynced(path string, line []byte) error {
+	_, statErr := os.Lstat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(append(line, '\n'))
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && errors.Is(statErr, os.ErrNotExist) {
+		err = durable.SyncDir(filepath.Dir(path))
+	}
+	return err
+}
+
+// maxConfigBytes bounds the config file a reload reads (ParseConfig reads no more).
+const maxConfigBytes = 1 << 20
+
 // Reload re-reads the agent's config file (AgentOptions.Load) and applies it: all of it
-// checked first, then what may change live (liveKeys) applied, the change logged key by key.
-// A file with problems, or that changes a setting only a restart applies, changes nothing and
-// is hostproto.ErrReloadRefused saying why (also logged). SIGHUP and the local control socket's
-// reload call it.
-func (a *Agent) Reload(ctx context.Context) (hostproto.ReloadResult, error) {
+// checked first, then the change written to the reload log (synced), then what may change
+// live (liveKeys) applied, and logged key by key. A file with problems, one that changes a
+// setting only a restart applies, or a reload log that cannot be written, changes nothing
+// and is hostproto.ErrReloadRefused saying why (also logged). by says who asked: SIGHUP and
+// the local control socket's reload call it.
+func (a *Agent) Reload(ctx context.Context, by string) (hostproto.ReloadResult, error) {
 	a.reloadMu.Lock()
 	defer a.reloadMu.Unlock()
 	res := hostproto.ReloadResult{Config: a.configFile, Changed: []string{}}
 	refuse := func(err error) (hostproto.ReloadResult, error) {
 		err = fmt.Errorf("%w: nothing changed: %w", hostproto.ErrReloadRefused, err)
-		a.log.Error("config reload refused; the agent runs on as it was", "config", a.configFile, "err", err)
+		a.log.Error("config reload refused; the agent runs on as it was", "by", by, "config", a.configFile, "err", err)
 		return res, err
 	}
 	if a.load == nil {
 		return refuse(errors.New("this agent was not started from a config file (postern up runs its own hostagent and writes its config): restart what runs it"))
 	}
-	next, err := a.load()
+	data, err := readBounded(a.configFile, maxConfigBytes)
+	if err != nil {
+		return refuse(fmt.Errorf("config: %w", err))
+	}
+	res.Digest = ConfigDigest(data)
+	next, err := a.load(data)
 	if err != nil {
 		return refuse(err)
 	}
@@ -198,18 +265,29 @@ func (a *Agent) Reload(ctx context.Context) (hostproto.ReloadResult, error) {
 		if err != nil {
 			return refuse(err)
 		}
+		rec := reloadRecord{At: time.Now().UTC(), By: by, Config: a.configFile, Digest: res.Digest, Previous: a.digest}
+		for _, key := range changed {
+			rec.Changes = append(rec.Changes, keyChange{Key: key, From: configValue(a.running, key), To: configValue(next, key)})
+		}
+		line, err := json.Marshal(rec)
+		if err == nil {
+			err = appendSynced(filepath.Join(a.cfg.DataDir, ReloadLogName), line)
+		}
+		if err != nil {
+			return refuse(fmt.Errorf("the reload log could not be written: %w", err))
+		}
 		// Nothing can fail from here: the executor and the server take the config, and the
 		// open connections' keys are checked against it at once.
 		a.executor.settings.Store(&next)
 		a.server.live.Store(live)
 		a.server.checkKeys()
+		for _, c := range rec.Changes {
+			a.log.Info("config changed", "key", c.Key, "from", c.From, "to", c.To)
+		}
 	}
-	for _, key := range changed {
-		a.log.Info("config changed", "key", key, "from", configValue(a.running, key), "to", configValue(next, key))
-	}
-	a.running = next
+	a.running, a.digest = next, res.Digest
 	res.Changed = append(res.Changed, changed...)
-	a.log.Info("config reloaded", "config", a.configFile, "changed", res.Changed)
+	a.log.Info("config reloaded", "by", by, "config", a.configFile, "digest", res.Digest, "changed", res.Changed)
 	if len(changed) > 0 && AuthorizedKeyCount(next) == 0 {
 		a.log.Warn("no authorized keys: nobody can log in any more, not even the bastion, until a key is added",
 			"authorized_keys_file", next.AuthorizedKeysFile, "authorized_keys_dir", next.AuthorizedKeysDir,
@@ -225,6 +303,6 @@ type reloadingBackend struct {
 	agent *Agent
 }
 
-func (b reloadingBackend) Reload(ctx context.Context) (hostproto.ReloadResult, error) {
-	return b.agent.Reload(ctx)
+func (b reloadingBackend) Reload(ctx context.Context, by string) (hostproto.ReloadResult, error) {
+	return b.agent.Reload(ctx, by)
 }

@@ -3,6 +3,7 @@ package hostagent_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"log/slog"
 	"net"
@@ -65,17 +66,22 @@ func startReloadAgent(t *testing.T, extra ...string) *reloadAgent {
 	}
 	testutil.WriteAuthorizedKeys(t, ra.keysPath, ra.key.AuthorizedLine())
 	ra.writeConfig(t, extra...)
-	load := func() (hostagent.Config, error) {
-		cfg, err := hostagent.LoadConfig(ra.configPath)
+	load := func(data []byte) (hostagent.Config, error) {
+		cfg, err := hostagent.ParseConfig(bytes.NewReader(data))
 		return cfg, errors.Join(err, cfg.Validate())
 	}
-	cfg, err := load()
+	data, err := os.ReadFile(ra.configPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := load(data)
 	if err != nil {
 		t.Fatal(err)
 	}
 	logger := slog.New(slog.NewTextHandler(ra.logs, nil))
 	ctx, cancel := context.WithCancel(context.Background())
-	ra.agent, err = hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{Logger: logger, ConfigFile: ra.configPath, Load: load})
+	ra.agent, err = hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{Logger: logger, ConfigFile: ra.configPath,
+		ConfigDigest: hostagent.ConfigDigest(data), Load: load})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -220,7 +226,13 @@ func TestReloadAppliesLiveAndRefusesWhole(t *testing.T) {
 		t.Fatalf("reload of the same file = %+v, %v; want nothing changed", res, err)
 	}
 
-	// A good change applies to the next session.
+	first := res.Digest
+	reloadLog := filepath.Join(ra.dir, "data", hostagent.ReloadLogName)
+	if _, err := os.Stat(reloadLog); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a reload that changed nothing was logged: %v", err)
+	}
+
+	// A good change applies to the next session, and is in the reload log first.
 	ra.writeConfig(t, `accept_env = ["APP_*"]`, `max_sessions = 4`)
 	res, err = ra.control.Reload(ctx)
 	if err != nil || strings.Join(res.Changed, ",") != "accept_env,max_sessions" {
@@ -229,6 +241,30 @@ func TestReloadAppliesLiveAndRefusesWhole(t *testing.T) {
 	if got := echoApp(); got != "blue" {
 		t.Fatalf("after the reload APP_COLOR = %q; want blue", got)
 	}
+	var logged struct {
+		By, Config, Digest, Previous string
+		Changes                      []struct {
+			Key      string
+			From, To any
+		}
+	}
+	if data, err := os.ReadFile(reloadLog); err != nil || json.Unmarshal(data, &logged) != nil {
+		t.Fatalf("reload log: %q, %v", data, err)
+	}
+	if text := ra.configText(`accept_env = ["APP_*"]`, `max_sessions = 4`); logged.Digest != hostagent.ConfigDigest([]byte(text)) ||
+		logged.Previous != first || logged.Digest != res.Digest || logged.Config != ra.configPath ||
+		!strings.HasPrefix(logged.By, "control socket: uid ") || len(logged.Changes) != 2 || logged.Changes[1].Key != "max_sessions" ||
+		logged.Changes[1].From != float64(128) || logged.Changes[1].To != float64(4) {
+		t.Fatalf("reload log line = %+v", logged)
+	}
+	logSize := func() int64 {
+		info, err := os.Stat(reloadLog)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return info.Size()
+	}
+	size := logSize()
 
 	// Bad configs change nothing, and say why.
 	for _, tc := range []struct {
@@ -255,6 +291,24 @@ func TestReloadAppliesLiveAndRefusesWhole(t *testing.T) {
 	if !strings.Contains(ra.logs.String(), "config reload refused") {
 		t.Errorf("the refusals were not logged")
 	}
+	if logSize() != size {
+		t.Errorf("a refused reload was written to the reload log")
+	}
+
+	// A reload log that cannot be written changes nothing either.
+	os.Rename(reloadLog, reloadLog+".kept")
+	if err := os.Mkdir(reloadLog, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	ra.writeConfig(t, `accept_env = []`)
+	if _, err := ra.control.Reload(ctx); !errors.Is(err, hostproto.ErrReloadRefused) || !strings.Contains(err.Error(), "reload log") {
+		t.Errorf("reload with an unwritable log = %v; want refused", err)
+	}
+	if got := echoApp(); got != "blue" {
+		t.Errorf("a reload that could not be logged changed the agent (APP_COLOR = %q)", got)
+	}
+	os.Remove(reloadLog)
+	os.Rename(reloadLog+".kept", reloadLog)
 
 	// A reload that points at another keys file, without K, closes K's connection.
 	client, err := ra.dial(ra.key)

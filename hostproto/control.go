@@ -32,7 +32,7 @@ package hostproto
 //	checkpoint  {"marker":<marker>}
 //	validated   {"marker":<marker>}
 //	export      {"export_end":{"bytes":N,"sha256":"<hex>"}} size and digest of the whole log
-//	reload      {"reload":{"config":"<file>","changed":["<key>",…]}}  local operators only
+//	reload      {"reload":{"config":"<file>","digest":"<hex>","changed":["<key>",…]}}  local operators only
 //	any op      {"error":{"code":"…","message":"…"}}
 //
 // The export is carried as base64 chunks rather than as embedded JSON lines because the hash
@@ -315,10 +315,12 @@ type (
 	}
 )
 
-// ReloadResult is what a reload did: the config file it re-read and the keys (TOML names)
-// whose values changed, sorted; none when the file says what the agent already runs with.
+// ReloadResult is what a reload did: the config file it re-read (and the hex SHA-256 of what
+// it read) and the keys (TOML names) whose values changed, sorted; none when the file says
+// what the agent already runs with.
 type ReloadResult struct {
 	Config  string   `json:"config"`
+	Digest  string   `json:"digest,omitempty"`
 	Changed []string `json:"changed"`
 }
 

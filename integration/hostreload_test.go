@@ -149,6 +149,15 @@ func TestHostagentReload(t *testing.T) {
 	if out, err := reload(); err != nil || !strings.Contains(out, "nothing changed") {
 		t.Fatalf("reload after SIGHUP applied the file: %v\n%s", err, out)
 	}
+	// Both changes are in the reload log, with who asked.
+	logged, err := os.ReadFile(filepath.Join(h.DataDir, "reloads.jsonl"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(strings.TrimSpace(string(logged)), "\n"); len(lines) != 2 ||
+		!strings.Contains(lines[0], `"by":"control socket: uid `) || !strings.Contains(lines[1], `"by":"signal:SIGHUP"`) {
+		t.Fatalf("reload log:\n%s\nwant the command's change, then SIGHUP's", logged)
+	}
 }
 
 func exitCode(err error) int {

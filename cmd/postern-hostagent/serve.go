@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -61,10 +62,13 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}
 	// A reload reads the same file again with the same overrides: the rule is not applied
 	// anew, so a file that appeared since cannot take the running agent elsewhere.
-	load := func() (hostagent.Config, error) {
-		cfg, err := hostagent.LoadConfig(found.Config)
-		if err != nil && !hostagent.IsConfigProblem(err) {
-			return cfg, err
+	load := func(data []byte) (hostagent.Config, error) {
+		cfg, err := hostagent.ParseConfig(bytes.NewReader(data))
+		if err != nil {
+			err = fmt.Errorf("%s: %w", found.Config, err)
+			if !hostagent.IsConfigProblem(err) {
+				return cfg, err
+			}
 		}
 		if found.Dir != "" {
 			cfg.DataDir = found.Dir
@@ -75,7 +79,11 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		// Every problem at once: the keys that did not decode and what Validate finds in the rest.
 		return cfg, errors.Join(err, cfg.Validate())
 	}
-	cfg, err := load()
+	data, err := os.ReadFile(found.Config)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	cfg, err := load(data)
 	if err != nil {
 		return err
 	}
@@ -90,7 +98,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 			"append the line `postern hosts key` prints on the bastion to "+keysPlace(cfg),
 			"authorized_keys_file", cfg.AuthorizedKeysFile, "authorized_keys_dir", cfg.AuthorizedKeysDir, "trusted_user_ca_keys_file", cfg.TrustedUserCAKeysFile)
 	}
-	agent, err := hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{Logger: logger, ConfigFile: found.Config, Load: load})
+	agent, err := hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{
+		Logger: logger, ConfigFile: found.Config, ConfigDigest: hostagent.ConfigDigest(data), Load: load,
+	})
 	if err != nil {
 		return err
 	}
@@ -109,7 +119,7 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 			case <-reloadCtx.Done():
 				return
 			case <-hup:
-				agent.Reload(reloadCtx) // logs what it did, or why it did nothing
+				agent.Reload(reloadCtx, "signal:SIGHUP") // logs what it did, or why it did nothing
 			}
 		}
 	})
