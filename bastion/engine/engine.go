@@ -36,6 +36,9 @@ type Options struct {
 	// reconciled or dispatched), decisions refused. Hosts are still asked, with the
 	// bastion's key when it can be read.
 	ReadOnly bool
+	// ConfigDigest names the config file the engine starts with (config.Digest; "" for none),
+	// in postern status and the first reload's log line.
+	ConfigDigest string
 	// Hold starts the engine with nothing sent (serve --hold): Recover reconciles nothing,
 	// no driver starts, new calls and approvals are refused with CodeHeld; reads, denials,
 	// reviews and cancels of what never left the bastion work. An operator looks with the
@@ -187,11 +190,12 @@ func Open(opts Options) (*Engine, error) {
 			Result: func(r string) { b.metrics.announced.WithLabelValues(r).Inc() },
 		})
 	}
-	b.live.Store(live)
 	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}
 	if r := b.replicas(); r != nil {
 		b.records.replica = r.Name()
 	}
+	live.change = api.ConfigChange{At: opts.Now().UTC(), By: "start", Digest: opts.ConfigDigest, Replica: b.records.replica}
+	b.live.Store(live)
 	b.drivers = newDrivers(b.core)
 	if opts.Hold {
 		b.drivers.close() // nothing is reconciled or dispatched
@@ -280,8 +284,9 @@ func (k unreadableKey) Sign(io.Reader, []byte) (*gossh.Signature, error) { retur
 // Replicas is the journal's coordination of bastion replicas, nil on a single node.
 func (b *Engine) Replicas() markers.Replicated { return b.replicas() }
 
-// Config is the configuration the engine was opened with.
-func (b *Engine) Config() config.Config { return b.cfg }
+// Config is the configuration in force: the one the engine was opened with, with what a
+// reload changed since (reload.go).
+func (b *Engine) Config() config.Config { return b.current().cfg }
 
 // ClientPublicKey is the key hostagents must authorize (authorized_keys line).
 func (b *Engine) ClientPublicKey() gossh.PublicKey { return b.clientK.PublicKey() }
