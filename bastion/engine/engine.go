@@ -66,6 +66,8 @@ type Engine struct {
 
 	drivers *drivers
 	views   *views
+	// retention runs the journal's retention passes (retention.go).
+	retention retention
 	// backups lets one backup run at a time (backup.go).
 	backups sync.Mutex
 	// reloads lets one reload apply at a time (reload.go).
@@ -152,7 +154,17 @@ func Open(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	jl, err := journal.Open(cfg, signer, live.classes.Retention(), opts.Logger, opts.Now)
+	// The retention pass reads the classes in force: a reload that changes a class's windows
+	// or retention applies to what the pass removes as it does to matching (b is set before
+	// the first pass runs).
+	var b *Engine
+	classes := func() *config.Classes {
+		if b == nil {
+			return live.classes
+		}
+		return b.current().classes
+	}
+	jl, err := journal.Open(cfg, signer, classes, opts.Logger, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("bastion: open journal: %w", err)
 	}
@@ -175,7 +187,7 @@ func Open(opts Options) (*Engine, error) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &Engine{
+	b = &Engine{
 		core: &core{
 			cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
 			metrics: newMetrics(), clientK: clientKey, plugin: plugin,
@@ -202,7 +214,7 @@ func Open(opts Options) (*Engine, error) {
 	}
 	b.views = &views{core: b.core, drivers: b.drivers}
 	b.intake = &intake{core: b.core, drivers: b.drivers, views: b.views}
-	b.metrics.registry.MustRegister(inFlight{b})
+	b.metrics.registry.MustRegister(inFlight{b}, journalBackend{b})
 	return b, nil
 }
 
@@ -363,6 +375,7 @@ func (b *Engine) Recover(ctx context.Context) error {
 		}
 	}
 	b.wg.Go(b.drivers.reconcileLoop)
+	b.wg.Go(b.retentionLoop)
 	if r := b.replicas(); r != nil {
 		b.wg.Go(func() { b.drivers.watchHandovers(r) })
 	}

@@ -21,6 +21,7 @@
 //	POST /v1/approvals/{id}/approve  {"note"}                      authorize and dispatch
 //	POST /v1/approvals/{id}/deny     {"reason"}                    reject
 //	POST /v1/executions/{id}/review  {"outcome","note"}            an unknown (or stuck) outcome, verified
+//	POST /v1/journal/gc  {"dry_run"}                               a retention pass of the journal, now
 package operatorapi
 
 import (
@@ -74,6 +75,8 @@ type Engine interface {
 	Approve(ctx context.Context, op api.Operator, id, note string) (*markers.Record, error)
 	Deny(ctx context.Context, op api.Operator, id, reason string) (*markers.Record, error)
 	Review(ctx context.Context, op api.Operator, id, outcome, note string) (*markers.Record, error)
+	// RetentionPass runs the journal's retention pass now (dryRun: counts, changes nothing).
+	RetentionPass(ctx context.Context, dryRun bool) (*api.RetentionPass, error)
 	// Reload reads the daemon's config again and applies what a reload may change.
 	Reload(op api.Operator) (*api.ConfigChange, error)
 }
@@ -162,6 +165,16 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 		if err := e.ExportAudit(w); err != nil {
 			log.Error("audit export", "err", err)
 		}
+	})
+	mux.HandleFunc("POST /v1/journal/gc", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			DryRun bool `json:"dry_run"`
+		}
+		if !readBody(w, r, &req) {
+			return
+		}
+		p, err := e.RetentionPass(r.Context(), req.DryRun)
+		writeJSON(w, p, err)
 	})
 	mux.HandleFunc("GET /v1/journal/backup", func(w http.ResponseWriter, r *http.Request) {
 		sw := &streamWriter{w: w, contentType: "application/x-tar"}
