@@ -283,6 +283,9 @@ Wants=network-online.target
 [Service]
 Type=simple
 ExecStart={{.Binary}} serve --config {{.Config}}
+# systemctl reload: the agent re-reads its config (keys, accounts, env; not listen or the data
+# dir); a bad config changes nothing and fails the reload with the reason.
+ExecReload={{.Binary}} reload --config {{.Config}}
 Restart=always
 RestartSec=1s
 # Only the agent is stopped on restart; running commands (their supervisor) survive and are re-adopted.
