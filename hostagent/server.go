@@ -71,6 +71,7 @@ type Server struct {
 	logger   *slog.Logger
 	glider   *gliderssh.Server
 	hostKey  gossh.Signer
+	hostCert *hostCert // nil without a host certificate
 	auth     *authenticator
 	accounts *accountResolver
 	env      envFilter
@@ -116,6 +117,12 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var cert *hostCert
+	if cfg.HostCertificateFile != "" {
+		if cert, err = newHostCert(cfg.HostCertificateFile, hostKey, logger); err != nil {
+			return nil, err
+		}
+	}
 	accounts, err := newAccountResolver(cfg)
 	if err != nil {
 		return nil, err
@@ -126,6 +133,7 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 		handler:   h,
 		logger:    logger,
 		hostKey:   hostKey,
+		hostCert:  cert,
 		auth:      newAuthenticator(cfg, logger),
 		accounts:  accounts,
 		env:       newEnvFilter(cfg),
@@ -143,7 +151,7 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 		// offers only publickey.
 		PublicKeyHandler: srv.auth.publicKeyHandler(logger),
 		ServerConfigCallback: func(ctx gliderssh.Context) *gossh.ServerConfig {
-			return &gossh.ServerConfig{
+			sc := &gossh.ServerConfig{
 				VerifiedPublicKeyCallback: srv.verifiedKey(ctx),
 				AuthLogCallback: func(conn gossh.ConnMetadata, method string, err error) {
 					if err != nil && method != "none" {
@@ -152,6 +160,12 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 					}
 				},
 			}
+			// Besides the plain key (HostSigners): its type differs, so both are offered and
+			// the bastion asks for the one it trusts.
+			if srv.hostCert != nil {
+				sc.AddHostKey(srv.hostCert.current())
+			}
+			return sc
 		},
 		ConnCallback: func(ctx gliderssh.Context, c net.Conn) net.Conn {
 			ctx.SetValue(serverConnKey{}, c)

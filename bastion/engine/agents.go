@@ -148,7 +148,7 @@ func (b *Engine) hostsResult(hosts []fleet.Host) *api.HostsResult {
 	for _, h := range hosts {
 		out.Hosts = append(out.Hosts, api.HostInfo{
 			Name: h.Name, Addr: h.Addr, Account: h.Account, Description: h.Description, Labels: h.Labels, OS: h.OS,
-			HostKey: h.Fingerprint(), HostKeyType: h.HostKey.Type(), Groups: h.Groups, Connected: b.pool.Connected(h.Name),
+			HostKey: h.Fingerprint(), HostKeyType: h.KeyType(), Groups: h.Groups, Connected: b.pool.Connected(h.Name),
 			DefaultCwd: h.Cwd, Guarantee: string(h.Level()),
 		})
 	}

@@ -127,8 +127,8 @@ func readInventoryHosts(path string) (api.HostsResult, error) {
 	for _, h := range hosts {
 		res.Hosts = append(res.Hosts, api.HostInfo{
 			Name: h.Name, Addr: h.Addr, Account: h.Account, Description: h.Description, Labels: h.Labels, OS: h.OS,
-			HostKey:     gossh.FingerprintSHA256(h.HostKey),
-			HostKeyType: h.HostKey.Type(), Groups: h.Groups, DefaultCwd: h.Cwd, Guarantee: string(h.Level()),
+			HostKey:     h.Fingerprint(),
+			HostKeyType: h.KeyType(), Groups: h.Groups, DefaultCwd: h.Cwd, Guarantee: string(h.Level()),
 		})
 	}
 	return res, nil
