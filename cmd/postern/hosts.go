@@ -44,6 +44,12 @@ subcommands:
                  no hostagent (guarantee none); --marker-script: and install the marker
                  script ~/.postern/run there over SSH (guarantee marker_script; the
                  bastion's key must be in the account's authorized_keys first)
+  import FILE [--format toml|csv] [--account USER] [--replace] [--dry-run] [--json]
+                 enroll every host of a TOML or CSV file (name, addr, account,
+                 host_key, labels, description…) in one change: every host is checked
+                 first, and with any problem (reported by line) nothing is imported;
+                 host_key is the host's public key or @cert-authority (a [[host_cas]]
+                 CA vouches for it); nothing is contacted
   label NAME [KEY=VALUE | KEY-]... [--description TEXT] [--os OS]
                  set or remove labels (env=prod, role=db), the description and the OS
                  agents read in hosts_list
@@ -54,7 +60,7 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *hostsCommand) Run(ctx context.Context, args []string) error {
-	return prog.Dispatch(ctx, "hosts", hostsUsage, cli.Subcommands{"list": c.list, "enroll": c.enroll, "label": c.label, "key": c.key}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "hosts", hostsUsage, cli.Subcommands{"list": c.list, "enroll": c.enroll, "import": c.importFile, "label": c.label, "key": c.key}, args, c.stdout, c.stderr)
 }
 
 func (c *hostsCommand) list(ctx context.Context, args []string) error {
