@@ -88,9 +88,12 @@ func TestHostCertificates(t *testing.T) {
 	if x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "db-2", "command": cmd, "wait_s": 30}); x.State != "failed" || !strings.HasPrefix(x.Cause, "host_cert_refused: ") || x.DispatchedAt != nil {
 		t.Fatalf("db-2 (a certificate for db-9) = %+v; want failed, host_cert_refused, never dispatched", x)
 	}
-	doctor := string(postern(t, b, "hosts", "list"))
-	if !strings.Contains(doctor, "@cert-authority") {
-		t.Errorf("hosts list does not show the CA-trusted hosts:\n%s", doctor)
+	if list := string(postern(t, b, "hosts", "list")); !strings.Contains(list, "@cert-authority") {
+		t.Errorf("hosts list does not show the CA-trusted hosts:\n%s", list)
+	}
+	// Enrolling scans the plain key, the one to pin, from a host that also has a certificate.
+	if out := string(postern(t, b, "hosts", "enroll", "web-1", pinned.Addr, "--account", pinned.Account, "--expect-host-key", gossh.FingerprintSHA256(pinned.HostKey))); !strings.Contains(out, "the key is the one already enrolled for web-1") {
+		t.Errorf("hosts enroll of a host with a certificate printed:\n%s", out)
 	}
 	if !strings.Contains(b.Logs(), `is for \"db-9,elsewhere\", not for db-2 or 127.0.0.1: re-sign it with ssh-keygen -s CA -h -n db-2`) {
 		t.Errorf("the bastion's log does not say what to fix:\n%s", b.Logs())

@@ -53,6 +53,12 @@ func (ca HostCA) vouchesFor(name string) bool {
 	return false
 }
 
+// plainHostKeyAlgorithms are the host key algorithms of keys that can be pinned.
+var plainHostKeyAlgorithms = []string{
+	gossh.KeyAlgoED25519, gossh.KeyAlgoECDSA256, gossh.KeyAlgoECDSA384, gossh.KeyAlgoECDSA521,
+	gossh.KeyAlgoRSASHA512, gossh.KeyAlgoRSASHA256, gossh.KeyAlgoRSA,
+}
+
 // certAlgorithms are the host key algorithms a host trusted through a CA is asked for.
 var certAlgorithms = []string{
 	gossh.CertAlgoED25519v01, gossh.CertAlgoECDSA256v01, gossh.CertAlgoECDSA384v01, gossh.CertAlgoECDSA521v01,

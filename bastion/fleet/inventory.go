@@ -308,6 +308,9 @@ func ScanHostKey(ctx context.Context, addr string) (gossh.PublicKey, error) {
 			presented = key
 			return errScanned
 		},
+		// The plain key, the one to pin, even from a host that also presents a certificate
+		// (which x/crypto would prefer).
+		HostKeyAlgorithms: plainHostKeyAlgorithms,
 	})
 	if presented == nil {
 		return nil, fmt.Errorf("bastion: %s presented no host key: %w", addr, err)
