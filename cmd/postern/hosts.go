@@ -36,7 +36,9 @@ type hostsCommand struct{ operatorIO }
 const hostsUsage = `usage: postern hosts SUBCOMMAND [flags]
 
 subcommands:
-  list [--json]  the enrolled hosts (from the inventory file when the bastion is down)
+  list [--label KEY=VALUE,...] [--limit N [--cursor NAME]] [--json]
+                 the enrolled hosts (from the inventory file when the bastion is down),
+                 those with every label given; --limit: one page, and the next one's cursor
   enroll NAME ADDR [--account USER] [--cwd DIR] [--group G]... [--accept-env NAME]...
          [--description TEXT] [--label KEY=VALUE]... [--os OS]
          [--expect-host-key SHA256:…] [--yes] [--replace] [--agentless [--marker-script]]

@@ -10,6 +10,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
@@ -58,6 +59,18 @@ func TestHostsImport(t *testing.T) {
 	list := mustRun(t, "hosts", "list", "--state-dir", stateDir).stdout
 	if !strings.Contains(list, "db-1") || !strings.Contains(list, "@cert-authority") || !strings.Contains(list, "env=prod,role=db") {
 		t.Fatalf("hosts list after the import:\n%s", list)
+	}
+
+	page := mustRun(t, "hosts", "list", "--label", "env=prod,role=db", "--limit", "1", "--state-dir", stateDir).stdout
+	if !strings.Contains(page, "db-1") || strings.Contains(page, "db-2") || !strings.Contains(page, "1 of 2 hosts; next page: --cursor db-1") {
+		t.Fatalf("hosts list --limit 1:\n%s", page)
+	}
+	page = mustRun(t, "hosts", "list", "--label", "env=prod", "--limit", "1", "--cursor", "db-1", "--state-dir", stateDir).stdout
+	if !strings.Contains(page, "db-2") || strings.Contains(page, "db-1 ") || strings.Contains(page, "next page") {
+		t.Fatalf("hosts list --cursor db-1:\n%s", page)
+	}
+	if res := runCLI(t, "", "hosts", "list", "--label", "env", "--state-dir", stateDir); !errors.Is(res.err, cli.ErrUsage) {
+		t.Fatalf("hosts list --label env: %v; want a usage error", res.err)
 	}
 
 	rekeyed := write("rekeyed.toml", fmt.Sprintf("account = \"postgres\"\n\n[[hosts]]\nname = \"db-1\"\naddr = \"10.0.0.1:2222\"\nhost_key = %q\n", k2.AuthorizedLine()))
