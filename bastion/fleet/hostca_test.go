@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -123,4 +124,69 @@ func FuzzParseRevocations(f *testing.F) {
 			t.Fatal("nil sets without an error")
 		}
 	})
+}
+
+// TestPoolHostCertificate: over SSH on loopback, a host trusted through a CA is pooled on
+// its certificate; the pooled connection is dropped, and the host refused, once the
+// certificate is revoked or has expired.
+func TestPoolHostCertificate(t *testing.T) {
+	th := newTestHost(t)
+	ca := testutil.NewSSHKey(t)
+	now := time.Now()
+	cert := signHostCert(t, ca.Signer, th.key.Public(), 42, []string{"web1"}, now.Add(-time.Minute), now.Add(time.Hour))
+	signer, err := gossh.NewCertSigner(cert, th.key.Signer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	th.set(func(th *testHost) { th.cert = signer })
+	revokedFile := filepath.Join(t.TempDir(), "revoked")
+	if err := os.WriteFile(revokedFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	revoked, err := OpenRevocations(revokedFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var clock atomic.Int64
+	clock.Store(now.UnixNano())
+	p := th.newTestPool(t, func(o *PoolOptions) {
+		o.HostCAs = []HostCA{{Name: "test", Key: ca.Public()}}
+		o.Revoked = revoked
+		o.Now = func() time.Time { return time.Unix(0, clock.Load()) }
+	})
+	h := Host{Name: "web1", Addr: th.addr(), Account: "postern", HostCA: true}
+	c, err := p.Conn(t.Context(), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if again, err := p.Conn(t.Context(), h); err != nil || again != c {
+		t.Fatalf("Conn again = %v; want the pooled connection", err)
+	}
+
+	// Expired while pooled: dropped, and the redial refused for the same reason.
+	clock.Store(now.Add(2 * time.Hour).UnixNano())
+	if _, err := p.Conn(t.Context(), h); !errors.Is(err, ErrHostCertRefused) || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("Conn after expiry = %v; want refused, expired", err)
+	}
+	if !closed(c) || p.Connected("web1") {
+		t.Fatal("the expired certificate's connection is still pooled")
+	}
+
+	// Valid again, then revoked while pooled.
+	clock.Store(now.UnixNano())
+	c, err = p.Conn(t.Context(), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(revokedFile, []byte("serial 42\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	future := now.Add(time.Second)
+	os.Chtimes(revokedFile, future, future)
+	if _, err := p.Conn(t.Context(), h); !errors.Is(err, ErrHostCertRefused) || !strings.Contains(err.Error(), "revoked") {
+		t.Fatalf("Conn after revocation = %v; want refused, revoked", err)
+	}
+	if !closed(c) {
+		t.Fatal("the revoked certificate's connection is still open")
+	}
 }

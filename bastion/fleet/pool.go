@@ -251,19 +251,25 @@ func (p *Pool) Protocol(name string) int {
 
 // current returns the live pooled connection to h, if any: one dialed under what h trusts
 // now, whose key (or certificate) is still trusted — not revoked or expired since.
+// Called with h's dial mutex held; the check (which may read the revocation list) runs
+// outside mu.
 func (p *Pool) current(h Host) *gossh.Client {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	pc := p.conns[h.Name]
+	p.mu.Unlock()
 	if pc == nil {
 		return nil
 	}
-	if pc.trust != h.trust() || CheckHostKey(h, pc.presented, p.opts.HostCAs, p.opts.Revoked, p.opts.Now()) != nil {
-		delete(p.conns, h.Name)
-		pc.client.Close()
-		return nil
+	if pc.trust == h.trust() && CheckHostKey(h, pc.presented, p.opts.HostCAs, p.opts.Revoked, p.opts.Now()) == nil {
+		return pc.client
 	}
-	return pc.client
+	p.mu.Lock()
+	if p.conns[h.Name] == pc {
+		delete(p.conns, h.Name)
+	}
+	p.mu.Unlock()
+	pc.client.Close()
+	return nil
 }
 
 // trust is what h's host key is checked against, as a string: its pinned key, or its CA.
