@@ -36,7 +36,7 @@ type testHost struct {
 	bastion testutil.SSHKey
 	// cert, when set, is a host certificate of key the host presents besides it.
 	cert gossh.Signer
-	home    string // "" refuses sessions
+	home string // "" refuses sessions
 
 	mu sync.Mutex // guards the fields below
 	// hello is how the hello is answered; mute stops answering keepalives; refuse closes
