@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"bytes"
+	"context"
 	"encoding/csv"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/BurntSushi/toml"
 	gossh "golang.org/x/crypto/ssh"
@@ -40,6 +42,9 @@ const (
 type ImportRow struct {
 	Line int
 	Host Host
+	// Expect is the host key fingerprint the file gives instead of the key (SHA256:…, as
+	// `postern-hostagent install` prints it): ScanImport fetches the key and checks it.
+	Expect string
 }
 
 // ImportProblem is why one host of an import file (or the file, Line 0 and no Name) cannot
@@ -113,7 +118,7 @@ func ParseImport(data []byte, format ImportFormat, account string) (rows []Impor
 	first := map[string]int{} // name → the line it was first seen on
 	for i, e := range entries {
 		e.Account = cmpOr(e.Account, account)
-		h, err := e.check()
+		h, expect, err := e.check()
 		if err != nil {
 			problems = append(problems, ImportProblem{Line: lines[i], Name: printableName(e.Name), Err: err})
 			continue
@@ -123,7 +128,7 @@ func ParseImport(data []byte, format ImportFormat, account string) (rows []Impor
 			continue
 		}
 		first[h.Name] = lines[i]
-		rows = append(rows, ImportRow{Line: lines[i], Host: h})
+		rows = append(rows, ImportRow{Line: lines[i], Host: h, Expect: expect})
 	}
 	return rows, problems, nil
 }
@@ -149,34 +154,86 @@ func printableName(s string) string {
 	return strconv.QuoteToASCII(s)
 }
 
+// fingerprintSHA256 is a key fingerprint as ssh-keygen -l and x/crypto print it.
+var fingerprintSHA256 = regexp.MustCompile(`^SHA256:[A-Za-z0-9+/]{43}$`)
+
 // check validates e as an enrollment: the inventory's own checks, and an address of a host
-// and a numeric port.
-func (e importEntry) check() (Host, error) {
+// and a numeric port. A host_key that is a fingerprint is returned as expect, the host
+// without a key.
+func (e importEntry) check() (h Host, expect string, err error) {
 	if e.HostKey == "" {
-		return Host{}, fmt.Errorf("host_key is required: the host's public key (its ssh_host_ed25519_key.pub, or the hostagent's host_ed25519_key.pub) or %s", CertAuthorityMarker)
+		return Host{}, "", fmt.Errorf("host_key is required: the host's public key (its ssh_host_ed25519_key.pub, or the hostagent's host_ed25519_key.pub), its fingerprint (SHA256:…, checked against the key the host presents) or %s", CertAuthorityMarker)
 	}
 	if e.Account == "" {
-		return Host{}, errors.New("account is required: give it for the host, for the file (account = \"…\" before the hosts, in TOML), or with --account")
+		return Host{}, "", errors.New("account is required: give it for the host, for the file (account = \"…\" before the hosts, in TOML), or with --account")
 	}
 	if e.Addr == "" {
-		return Host{}, errors.New("addr is required: host:port of its hostagent")
+		return Host{}, "", errors.New("addr is required: host:port of its hostagent")
 	}
 	if host, port, err := net.SplitHostPort(e.Addr); err != nil {
-		return Host{}, fmt.Errorf("addr %q: want host:port: %w", e.Addr, err)
+		return Host{}, "", fmt.Errorf("addr %q: want host:port: %w", e.Addr, err)
 	} else if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 || host == "" {
-		return Host{}, fmt.Errorf("addr %q: want host:port with a port of 1-65535", e.Addr)
+		return Host{}, "", fmt.Errorf("addr %q: want host:port with a port of 1-65535", e.Addr)
 	}
-	entry := hostEntry{Name: e.Name, Addr: e.Addr, Account: e.Account, HostKey: e.HostKey, Cwd: e.Cwd,
+	key := e.HostKey
+	if fingerprintSHA256.MatchString(key) {
+		expect, key = key, CertAuthorityMarker // the rest is checked as for any host
+	}
+	entry := hostEntry{Name: e.Name, Addr: e.Addr, Account: e.Account, HostKey: key, Cwd: e.Cwd,
 		Groups: e.Groups, AcceptEnv: e.AcceptEnv, Description: e.Description, Labels: e.Labels, OS: e.OS}
 	if len(entry.Labels) == 0 {
 		entry.Labels = nil
 	}
-	h, err := entry.host()
+	h, err = entry.host()
 	if err != nil {
 		// entry.host names the host itself; the report does too.
-		return Host{}, errors.New(strings.TrimPrefix(err.Error(), "host "+e.Name+": "))
+		return Host{}, "", errors.New(strings.TrimPrefix(err.Error(), "host "+e.Name+": "))
 	}
-	return h, nil
+	if expect != "" {
+		h.HostCA = false // no key yet: ScanImport fetches it
+	}
+	return h, expect, nil
+}
+
+// ScanImport fetches the host key of every row that gives its fingerprint (Expect), at most
+// parallel hosts at once, and keeps the rows whose host presents that key (with the key
+// filled in). A host that presents another key, or cannot be reached, is a problem: the
+// address reaches another machine, someone is in the middle, or the host is not up yet.
+func ScanImport(ctx context.Context, rows []ImportRow, parallel int) ([]ImportRow, []ImportProblem) {
+	problems := make([]error, len(rows))
+	sem := make(chan struct{}, max(1, parallel))
+	var wg sync.WaitGroup
+	for i := range rows {
+		if rows[i].Expect == "" {
+			continue
+		}
+		wg.Go(func() {
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			r := &rows[i]
+			key, err := ScanHostKey(ctx, r.Host.Addr)
+			switch {
+			case err != nil:
+				problems[i] = fmt.Errorf("its key could not be fetched to check against %s: %w", r.Expect, err)
+			case gossh.FingerprintSHA256(key) != r.Expect:
+				problems[i] = fmt.Errorf("%s presents %s, not the expected %s: the address reaches another machine, or someone is in the middle",
+					r.Host.Addr, gossh.FingerprintSHA256(key), r.Expect)
+			default:
+				r.Host.HostKey, r.Expect = key, ""
+			}
+		})
+	}
+	wg.Wait()
+	var kept []ImportRow
+	var out []ImportProblem
+	for i, r := range rows {
+		if problems[i] != nil {
+			out = append(out, ImportProblem{Line: r.Line, Name: r.Host.Name, Err: problems[i]})
+			continue
+		}
+		kept = append(kept, r)
+	}
+	return kept, out
 }
 
 // hostsHeader is a TOML [[hosts]] table header on a line of its own.
@@ -333,6 +390,10 @@ func Import(path string, rows []ImportRow, problems []ImportProblem, replace, dr
 	}
 	entries := make([]hostEntry, 0, len(rows))
 	for _, row := range rows {
+		if row.Expect != "" {
+			rep.Problems = append(rep.Problems, ImportProblem{Line: row.Line, Name: row.Host.Name, Err: errors.New("its key was not fetched (ScanImport) to check against " + row.Expect)})
+			continue
+		}
 		entry, err := entryOf(row.Host)
 		if err != nil {
 			rep.Problems = append(rep.Problems, ImportProblem{Line: row.Line, Name: row.Host.Name, Err: err})

@@ -101,13 +101,21 @@ func TestParseImportCSV(t *testing.T) {
 		fmt.Sprintf("web-1,10.0.0.1:2222,deploy,role=web env=prod,\"front, west\",%s\n", k1.AuthorizedLine()) +
 		"web-2,10.0.0.2:2222,,role=web,,@cert-authority\n" +
 		"web-3,10.0.0.3:2222,deploy,role,,@cert-authority\n" +
-		"web-4,[::1]:2222,deploy,,,\n"
+		"web-4,[::1]:2222,deploy,,,\n" +
+		"web-5,[::1]:2222,deploy,,,SHA256:" + strings.Repeat("a", 43) + "\n"
 	rows, problems, err := ParseImport([]byte(file), ImportCSV, "ops")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(rows) != 2 || rows[0].Line != 3 || rows[1].Line != 4 {
+	if len(rows) != 3 || rows[0].Line != 3 || rows[1].Line != 4 || rows[2].Line != 7 {
 		t.Fatalf("rows = %+v", rows)
+	}
+	if r := rows[2]; r.Expect != "SHA256:"+strings.Repeat("a", 43) || r.Host.HostKey != nil || r.Host.HostCA {
+		t.Errorf("web-5 = %+v; want a fingerprint to check, no key yet", r)
+	}
+	// Not scanned: Import refuses it rather than enroll a host without a key.
+	if rep, err := Import(filepath.Join(t.TempDir(), "hosts.toml"), rows[2:], nil, false, false); !errors.Is(err, ErrImportFailed) || rep.Applied {
+		t.Errorf("Import of an unscanned row = %+v, %v; want refused", rep, err)
 	}
 	if h := rows[0].Host; h.Description != "front, west" || h.Labels["env"] != "prod" || h.Account != "deploy" {
 		t.Errorf("web-1 = %+v", h)
@@ -227,6 +235,12 @@ func fuzzImport(t *testing.T, data []byte, format ImportFormat) {
 			t.Fatalf("host %q twice", r.Host.Name)
 		}
 		seen[r.Host.Name] = true
+		if r.Expect != "" {
+			if r.Host.HostKey != nil || r.Host.HostCA || !fingerprintSHA256.MatchString(r.Expect) {
+				t.Fatalf("row %+v: a fingerprint to check, and a key or CA", r)
+			}
+			continue
+		}
 		if _, err := entryOf(r.Host); err != nil {
 			t.Fatalf("row %+v does not enroll: %v", r, err)
 		}

@@ -52,8 +52,9 @@ subcommands:
                  enroll every host of a TOML or CSV file (name, addr, account,
                  host_key, labels, description…) in one change: every host is checked
                  first, and with any problem (reported by line) nothing is imported;
-                 host_key is the host's public key or @cert-authority (a [[host_cas]]
-                 CA vouches for it); nothing is contacted
+                 host_key is the host's public key, its fingerprint SHA256:… (the
+                 host is asked for its key, which must match), or @cert-authority
+                 (a [[host_cas]] CA vouches for it)
   label NAME [KEY=VALUE | KEY-]... [--description TEXT] [--os OS]
                  set or remove labels (env=prod, role=db), the description and the OS
                  agents read in hosts_list

@@ -38,8 +38,9 @@ type importProblem struct {
 }
 
 // importFile enrolls every host of a TOML or CSV file in one change of the inventory (which
-// the daemon re-reads on its next lookup: no daemon needed). Nothing is contacted: each
-// host's key is in the file, or a host CA vouches for it.
+// the daemon re-reads on its next lookup: no daemon needed). Each host's key is in the file,
+// or a host CA vouches for it, or the file gives its fingerprint and the host is asked for
+// the key (which must match).
 func (c *hostsCommand) importFile(ctx context.Context, args []string) error {
 	fs, loc := c.flagSet("hosts import FILE [flags]")
 	format := fs.String("format", "", "toml or csv (default: from the file's extension)")
@@ -76,6 +77,12 @@ func (c *hostsCommand) importFile(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("%s: %w; nothing was imported", file, err)
 	}
+	if n := countExpected(rows); n > 0 {
+		fmt.Fprintf(c.stderr, "fetching the host keys of the %d hosts given by fingerprint (%d at once)\n", n, scanParallel)
+		var unreached []fleet.ImportProblem
+		rows, unreached = fleet.ScanImport(ctx, rows, scanParallel)
+		problems = append(problems, unreached...)
+	}
 	rep, err := fleet.Import(cfg.InventoryPath(), rows, problems, *replace, *dryRun)
 	if err != nil && !errors.Is(err, fleet.ErrImportFailed) {
 		return err
@@ -88,6 +95,20 @@ func (c *hostsCommand) importFile(ctx context.Context, args []string) error {
 		printImportReport(c.stdout, file, cfg.InventoryPath(), rep, *dryRun)
 	}
 	return err
+}
+
+// scanParallel is how many hosts an import asks for their key at once.
+const scanParallel = 16
+
+// countExpected is how many rows give a fingerprint, whose key must be fetched.
+func countExpected(rows []fleet.ImportRow) int {
+	n := 0
+	for _, r := range rows {
+		if r.Expect != "" {
+			n++
+		}
+	}
+	return n
 }
 
 // readBounded reads the file at path, refusing one larger than limit.

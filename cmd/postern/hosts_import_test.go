@@ -8,10 +8,13 @@ import (
 	"strings"
 	"testing"
 
+	gossh "golang.org/x/crypto/ssh"
+
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/testutil"
+	"github.com/postern-dev/postern/internal/testutil/harness"
 	"github.com/postern-dev/postern/internal/testutil/sockdir"
 )
 
@@ -81,5 +84,47 @@ func TestHostsImport(t *testing.T) {
 	res = mustRun(t, "hosts", "import", rekeyed, "--replace", "--json", "--state-dir", stateDir)
 	if !strings.Contains(res.stdout, `"applied": true`) || !strings.Contains(res.stdout, `"changes": [`) {
 		t.Fatalf("import --replace --json printed %s", res.stdout)
+	}
+}
+
+// TestHostsImportByFingerprint: a host given by its fingerprint is asked for its key, which
+// is recorded when it matches; a host presenting another key, or not reachable, fails the
+// import with its line, and nothing is imported.
+func TestHostsImportByFingerprint(t *testing.T) {
+	agent := harness.StartHostagent(t)
+	dir := sockdir.New(t)
+	stateDir := filepath.Join(dir, "state")
+	inventory := config.DefaultConfig(stateDir).InventoryPath()
+	fp := gossh.FingerprintSHA256(agent.HostKey)
+	closedAddr, release := testutil.ClosedAddr(t)
+	defer release()
+	file := filepath.Join(dir, "fleet.csv")
+	write := func(text string) {
+		t.Helper()
+		if err := os.WriteFile(file, []byte(text), 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("name,addr,account,host_key\n" +
+		fmt.Sprintf("good,%s,%s,%s\n", agent.Addr, agent.Account, fp) +
+		fmt.Sprintf("impostor,%s,%s,%s\n", agent.Addr, agent.Account, gossh.FingerprintSHA256(testutil.NewSSHKey(t).Public())) +
+		fmt.Sprintf("down,%s,%s,%s\n", closedAddr, agent.Account, fp))
+	res := runCLI(t, "", "hosts", "import", file, "--state-dir", stateDir)
+	if !errors.Is(res.err, fleet.ErrImportFailed) || !strings.Contains(res.stdout, "line 3: host impostor: "+agent.Addr+" presents "+fp+", not the expected") ||
+		!strings.Contains(res.stdout, "line 4: host down: its key could not be fetched") {
+		t.Fatalf("import: %v\n%s", res.err, res.stdout)
+	}
+	if _, err := os.Stat(inventory); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("a failed import wrote the inventory: %v", err)
+	}
+
+	write("name,addr,account,host_key\n" + fmt.Sprintf("good,%s,%s,%s\n", agent.Addr, agent.Account, fp))
+	mustRun(t, "hosts", "import", file, "--state-dir", stateDir)
+	inv, err := fleet.OpenInventory(inventory)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if h, err := inv.Host("good"); err != nil || h.Fingerprint() != fp {
+		t.Fatalf("good = %+v, %v; want its key %s pinned", h, err, fp)
 	}
 }
