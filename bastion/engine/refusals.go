@@ -99,7 +99,7 @@ func hostProblem(host string, err error) api.Refusal {
 		return api.Refusal{Code: codeHostKeyRefused, Reason: fmt.Sprintf("host %s refuses the bastion's SSH key", host),
 			Repair: "the bastion's key must be authorized on the host; calling again will not help until it is"}
 	case errors.Is(err, fleet.ErrHostCertRefused):
-		return api.Refusal{Code: codeHostCertRefused, Reason: fmt.Sprintf("host %s does not prove itself with a host certificate the bastion trusts, so Postern sends it nothing", host),
+		return api.Refusal{Code: codeHostCertRefused, Reason: fmt.Sprintf("host %s presents a host certificate or key the bastion does not accept (another name, expired, an untrusted CA, or revoked), so Postern sends it nothing", host),
 			Repair: "an operator must fix the host's certificate or the bastion's trust in its CA; calling again will not help until then"}
 	case errors.Is(err, fleet.ErrHostKeyMismatch):
 		return api.Refusal{Code: codeHostKeyMismatch, Reason: fmt.Sprintf("host %s presents another host key than the one enrolled, so Postern sends it nothing", host),
