@@ -109,8 +109,8 @@ func (c *core) approvalRequest(rec *markers.Record) *api.ApprovalRequest {
 	}
 	if since, ok := rec.StateTimes[markers.AwaitingApproval]; ok {
 		r.Requested = since
-		if c.cfg.ApprovalTimeout > 0 {
-			r.Expires = since.Add(c.cfg.ApprovalTimeout)
+		if timeout := c.current().cfg.ApprovalTimeout; timeout > 0 {
+			r.Expires = since.Add(timeout)
 		}
 	}
 	return r
@@ -171,12 +171,12 @@ func (b *Engine) Review(ctx context.Context, op api.Operator, id, outcome, note 
 // checkOperator refuses a decision that lets execution id run (approve) or settles it
 // (review) when op is not trusted to make it (operatorRefusal), saying why and what to do.
 func (b *Engine) checkOperator(op api.Operator, id, verb string) error {
-	named, err := b.cfg.Approvals.OperatorUIDs()
+	named, err := b.current().cfg.Approvals.OperatorUIDs()
 	if err != nil {
 		return err
 	}
 	agents := map[int]string{os.Getuid(): "the bastion's own user"}
-	for _, a := range b.cfg.Actors {
+	for _, a := range b.current().cfg.Actors {
 		if a.UID != nil {
 			agents[*a.UID] = "the uid of local actor " + a.Name
 		}

@@ -29,7 +29,7 @@ var errNoOffer = errors.New("bastion: no longer awaiting approval")
 // its class keeps approvals with operators, or it was asked before.
 func (b *Engine) AskInClient(ctx context.Context, c transport.Caller, id string) (*api.ApprovalRequest, error) {
 	cur, err := b.views.own(c, id)
-	if err != nil || cur.State != markers.AwaitingApproval || !b.classes.InBandApproval(cur.Class) {
+	if err != nil || cur.State != markers.AwaitingApproval || !b.current().classes.InBandApproval(cur.Class) {
 		return nil, nil
 	}
 	defer b.intake.locks.Lock("e\x00" + id)()
@@ -72,7 +72,7 @@ func (b *Engine) DecideInClient(ctx context.Context, c transport.Caller, id, dec
 	switch {
 	case redeem != nil && (!c.Local || !c.Bridged || rec.IntentScope != intent.Scope(c, "")):
 		return nil, &api.ToolError{Code: api.CodeNotOffered, ExecutionID: id, Message: "only the stdio bridge of the agent run that made the execution relays its user's decision"}
-	case !b.classes.InBandApproval(rec.Class):
+	case !b.current().classes.InBandApproval(rec.Class):
 		return nil, &api.ToolError{Code: api.CodeOperatorApprovalOnly, ExecutionID: id, Message: "approvals of class " + rec.Class + " are decided by an operator only (`postern approve`)"}
 	}
 	offered, err := b.approvalOffered(id)
