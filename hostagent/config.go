@@ -48,6 +48,10 @@ type Config struct {
 	// HostKeyFile is the persistent ed25519 host key, created on first start.
 	// Default "" meaning <DataDir>/host_ed25519_key (see HostKeyPath).
 	HostKeyFile string `toml:"host_key_file"`
+	// HostCertificateFile is an OpenSSH host certificate of the host key (ssh-keygen -s CA
+	// -h), presented to a bastion that trusts the CA instead of pinning the key. Re-read when
+	// it changes. Default "": none.
+	HostCertificateFile string `toml:"host_certificate_file"`
 	// ControlSocket is the local control socket: operators' `postern-hostagent markers …` and
 	// commands' checkpoints. Default "" meaning <DataDir>/control.sock, which only root and
 	// the agent's own account can reach (the data dir is 0700); to let commands running as
@@ -264,6 +268,7 @@ func (c Config) Validate() error {
 	}
 	for field, path := range map[string]string{
 		"host_key_file":             c.HostKeyFile,
+		"host_certificate_file":     c.HostCertificateFile,
 		"authorized_keys_file":      c.AuthorizedKeysFile,
 		"authorized_keys_dir":       c.AuthorizedKeysDir,
 		"trusted_user_ca_keys_file": c.TrustedUserCAKeysFile,

@@ -222,6 +222,9 @@ var configTemplate = template.Must(template.New("config").Funcs(template.FuncMap
 listen = {{quote .Listen}}
 data_dir = {{quote .DataDir}}
 # host_key_file = "<data_dir>/host_ed25519_key"
+# An OpenSSH host certificate of that key (ssh-keygen -s CA -h -n NAME host_ed25519_key.pub),
+# for a bastion that trusts the CA instead of pinning the key; re-read when it changes.
+# host_certificate_file = ""
 
 # The local control socket: operators' "postern-hostagent markers …" and the checkpoints
 # commands report. The unit's RuntimeDirectory makes /run/postern-hostagent reachable by

@@ -69,11 +69,12 @@ type ExecRequest struct {
 type Server struct {
 	// cfg is the config the server started with: what a reload cannot change (listen, the
 	// host key, idle_timeout) is read from it; what it can, from live.
-	cfg     Config
-	handler Handler
-	logger  *slog.Logger
-	glider  *gliderssh.Server
-	hostKey gossh.Signer
+	cfg      Config
+	handler  Handler
+	logger   *slog.Logger
+	glider   *gliderssh.Server
+	hostKey  gossh.Signer
+	hostCert *hostCert // nil without a host certificate
 	// live is what a reload may change (reload.go). A connection, a session and a request
 	// each read it once, when they begin, and keep what they read.
 	live atomic.Pointer[liveSettings]
@@ -130,6 +131,12 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	var cert *hostCert
+	if cfg.HostCertificateFile != "" {
+		if cert, err = newHostCert(cfg.HostCertificateFile, hostKey, logger); err != nil {
+			return nil, err
+		}
+	}
 	live, err := newLiveSettings(cfg, logger)
 	if err != nil {
 		return nil, err
@@ -140,6 +147,7 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 		handler:   h,
 		logger:    logger,
 		hostKey:   hostKey,
+		hostCert:  cert,
 		refusals:  ratelog.New(logger, ratelog.Options{Where: whereSSH}),
 		ctx:       ctx,
 		cancel:    cancel,
@@ -156,7 +164,7 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 		// offers only publickey.
 		PublicKeyHandler: srv.publicKeyHandler,
 		ServerConfigCallback: func(ctx gliderssh.Context) *gossh.ServerConfig {
-			return &gossh.ServerConfig{
+			sc := &gossh.ServerConfig{
 				VerifiedPublicKeyCallback: srv.verifiedKey(ctx),
 				AuthLogCallback: func(conn gossh.ConnMetadata, method string, err error) {
 					if err != nil && method != "none" {
@@ -165,6 +173,12 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 					}
 				},
 			}
+			// Besides the plain key (HostSigners): its type differs, so both are offered and
+			// the bastion asks for the one it trusts.
+			if srv.hostCert != nil {
+				sc.AddHostKey(srv.hostCert.current())
+			}
+			return sc
 		},
 		ConnCallback: func(ctx gliderssh.Context, c net.Conn) net.Conn {
 			ctx.SetValue(serverConnKey{}, c)

@@ -63,6 +63,13 @@ type Config struct {
 	// ClientKeyFile is the bastion's SSH key for hostagents. Default
 	// <state_dir>/bastion_ed25519 (generated on first start).
 	ClientKeyFile string `toml:"client_key_file"`
+	// HostCAs are the host certificate authorities whose certificates vouch for hosts
+	// enrolled with host_key = "@cert-authority" instead of a pinned key.
+	HostCAs []HostCA `toml:"host_cas"`
+	// RevokedHostKeysFile lists revoked host keys, CA keys and certificate serials
+	// (fleet.Revocations), re-read when it changes. Default "": none. A file that cannot be
+	// read refuses every host.
+	RevokedHostKeysFile string `toml:"revoked_host_keys_file"`
 
 	// Actors are the callers: remote ones by bearer token (the config stores its SHA-256),
 	// local ones by process (uid, executable), each with the hosts, tools and endpoints it
@@ -514,6 +521,10 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRequestBodyBytes <= 0 || c.MaxRequestBodyBytes > markers.MaxResultBytes/2 {
 		bad("max_request_body_bytes must be in 1..%d, got %d", markers.MaxResultBytes/2, c.MaxRequestBodyBytes)
+	}
+	errs = append(errs, c.validateHostCAs()...)
+	if c.RevokedHostKeysFile != "" && !filepath.IsAbs(c.RevokedHostKeysFile) {
+		bad("revoked_host_keys_file must be an absolute path, got %q", c.RevokedHostKeysFile)
 	}
 	errs = append(errs, c.validateHTTP(classes)...)
 	errs = append(errs, c.Journal.validate()...)

@@ -172,7 +172,12 @@ func Open(opts Options) (*Engine, error) {
 		jl.Close()
 		return nil, err
 	}
-	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: clientKey, Logger: opts.Logger})
+	cas, revoked, err := hostTrust(cfg)
+	if err != nil {
+		jl.Close()
+		return nil, err
+	}
+	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: clientKey, Logger: opts.Logger, HostCAs: cas, Revoked: revoked})
 	if err != nil {
 		jl.Close()
 		return nil, err
@@ -244,7 +249,12 @@ func openReadOnly(cfg config.Config, opts Options) (*Engine, error) {
 			return nil, err
 		}
 	}
-	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: signer, Logger: opts.Logger})
+	cas, revoked, err := hostTrust(cfg)
+	if err != nil {
+		// Read-only: the list refuses every host until it can be read; the rest still reads.
+		opts.Logger.Info("hosts trusted through a CA cannot be asked", "why", err)
+	}
+	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: signer, Logger: opts.Logger, HostCAs: cas, Revoked: revoked})
 	if err != nil {
 		jl.Close()
 		return nil, err
@@ -380,4 +390,20 @@ func (b *Engine) Recover(ctx context.Context) error {
 		b.wg.Go(func() { b.drivers.watchHandovers(r) })
 	}
 	return nil
+}
+
+// hostTrust is what the pool trusts besides pinned keys: the configured host CAs and the
+// revocation list (docs/inventory.md, "Host certificates"). A revocation list that cannot be
+// read is an error, returned with the list (which refuses every host until it can be read).
+func hostTrust(cfg config.Config) ([]fleet.HostCA, *fleet.Revocations, error) {
+	var cas []fleet.HostCA
+	for i, c := range cfg.HostCAs {
+		key, err := c.Key()
+		if err != nil {
+			return nil, nil, fmt.Errorf("bastion: host_cas[%d]: %w", i, err)
+		}
+		cas = append(cas, fleet.HostCA{Name: c.DisplayName(), Key: key, Hosts: c.Hosts})
+	}
+	revoked, err := fleet.OpenRevocations(cfg.RevokedHostKeysFile)
+	return cas, revoked, err
 }

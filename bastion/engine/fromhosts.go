@@ -253,7 +253,7 @@ func (b *Engine) hostMarkers(ctx context.Context, h fleet.Host, since time.Time)
 func recoveredRecord(host fleet.Host, m *hostproto.Marker) *markers.Record {
 	r := &markers.Record{
 		ID: m.ID, RecoveredFrom: host.Name, Fingerprint: m.Fingerprint, OperationKey: m.OperationKey,
-		Tool: "ssh_exec", Channel: "ssh", Target: intent.SSHTarget(host.Name, host.HostKey.Type(), host.Fingerprint()),
+		Tool: "ssh_exec", Channel: "ssh", Target: intent.SSHTarget(host.Name, host.KeyType(), host.Fingerprint()),
 		Host: host.Name, Account: m.Account, Command: m.Command, Cwd: m.Cwd,
 		PID: m.PID, PIDStart: m.PIDStart, StartError: m.StartError,
 		Evidence: markerEvidence(host.Name, m),

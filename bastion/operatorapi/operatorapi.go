@@ -11,7 +11,7 @@
 //	POST /v1/policy/check  policy.Request                          the daemon's decision for a call (nothing runs)
 //	GET /v1/doctor                                                 the daemon's version; every host asked now
 //	GET /v1/runs?actor=&scope=&limit=                               agent runs, newest first seen first
-//	GET /v1/hosts                                                  enrolled hosts
+//	GET /v1/hosts?labels=&cursor=&limit=                         enrolled hosts, a page (default 100) sorted by name
 //	GET /v1/markers/{host}?state=&limit=&cursor=                   the host's markers (asks it)
 //	GET /v1/markers/{host}/{id}                                    one marker on the host
 //	GET /v1/audit/export                                           the journal's event log, JSONL
@@ -63,7 +63,7 @@ type Engine interface {
 	Doctor(ctx context.Context) (*api.DoctorReport, error)
 	// Overview is what is in flight and what waits for an operator (postern status).
 	Overview() (*api.Overview, error)
-	Hosts() (*api.HostsResult, error)
+	Hosts(a api.HostsArgs) (*api.HostsResult, error)
 	// HostMarkers and HostMarker ask a host for its markers.
 	HostMarkers(ctx context.Context, host string, q api.MarkerQuery) (*api.MarkerPage, error)
 	HostMarker(ctx context.Context, host, id string) (*hostproto.Marker, error)
@@ -139,8 +139,13 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 		rep, err := e.Doctor(r.Context())
 		writeJSON(w, rep, err)
 	})
-	mux.HandleFunc("GET /v1/hosts", func(w http.ResponseWriter, _ *http.Request) {
-		out, err := e.Hosts()
+	mux.HandleFunc("GET /v1/hosts", func(w http.ResponseWriter, r *http.Request) {
+		limit, err := formLimit(r, 1000, 0)
+		if err != nil {
+			writeJSON(w, nil, err)
+			return
+		}
+		out, err := e.Hosts(api.HostsArgs{Labels: r.FormValue("labels"), Cursor: r.FormValue("cursor"), Limit: limit})
 		writeJSON(w, out, err)
 	})
 	mux.HandleFunc("GET /v1/markers/{host}", func(w http.ResponseWriter, r *http.Request) {

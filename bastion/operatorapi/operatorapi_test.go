@@ -117,7 +117,7 @@ func (f *fakeEngine) Overview() (*api.Overview, error) {
 	return &api.Overview{Daemon: api.DaemonRunning}, f.err
 }
 
-func (f *fakeEngine) Hosts() (*api.HostsResult, error) {
+func (f *fakeEngine) Hosts(api.HostsArgs) (*api.HostsResult, error) {
 	if f.err != nil {
 		return nil, f.err
 	}

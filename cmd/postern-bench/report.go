@@ -18,6 +18,7 @@ const (
 	benchAgentStart   = "BenchmarkHostagentStart"      // integration: P6
 	benchHTTPRequest  = "BenchmarkHTTPRequest"         // integration: http_request
 	benchStdioRepeat  = "BenchmarkStdioRepeat"         // integration: an identical repeat
+	benchInventory    = "BenchmarkBastionInventory"    // integration: RSS at fleet size
 	dedupSmallRecords = 1_000
 )
 
@@ -157,6 +158,14 @@ func reportRows(records int) []row {
 			ratio: times(benchHTTPRequest, "p50-postern/direct")},
 		{id: "HTTP", what: "per-call plugin hop (gRPC + broker), p50",
 			measured: ms(benchHTTPRequest, "plugin-hop-p50-ms")},
+		{id: "FLEET", what: "bastion RSS with 1,000 hosts enrolled (one `hosts import`, listed), vs nothing enrolled",
+			measured: figure{bench: benchInventory, unit: "enrolled-RSS-MB", suffix: " MB", digits: 1},
+			baseline: &figure{bench: benchInventory, unit: "empty-RSS-MB", suffix: " MB", digits: 1}},
+		{id: "FLEET", what: "bastion RSS per enrolled host",
+			measured: figure{bench: benchInventory, unit: "KB/enrolled-host", suffix: " KB", digits: 1}},
+		{id: "FLEET", what: "bastion RSS per pooled host (real hostagents, one process each; pooled-hosts of them, 100 by default)",
+			measured: figure{bench: benchInventory, unit: "KB/pooled-host", suffix: " KB"},
+			goal:     atMost(1024), goalText: "< 1 MiB"},
 	}
 }
 
