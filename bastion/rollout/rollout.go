@@ -12,6 +12,8 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+
+	"github.com/postern-dev/postern/markers"
 )
 
 // Limit is a max_concurrency or max_errors: a count, or a percentage of the run's hosts.
@@ -100,6 +102,31 @@ func Select(targets []string, hosts []Host) ([]string, error) {
 	return slices.Sorted(maps.Keys(chosen)), nil
 }
 
+// Canonical is targets as a fleet run's identity holds them: each trimmed, the pairs of a
+// labels target sorted ("env=prod,role=db"), duplicates removed, sorted. Two calls whose
+// targets say the same thing are the same intent; Select gives the same hosts for both.
+func Canonical(targets []string) ([]string, error) {
+	out := make([]string, 0, len(targets))
+	for _, t := range targets {
+		t = strings.TrimSpace(t)
+		if _, err := matcher(t); err != nil {
+			return nil, err
+		}
+		if !strings.HasPrefix(t, groupPrefix) && strings.Contains(t, "=") {
+			pairs := strings.Split(t, ",")
+			for i, kv := range pairs {
+				k, v, _ := strings.Cut(kv, "=")
+				pairs[i] = strings.TrimSpace(k) + "=" + strings.TrimSpace(v)
+			}
+			slices.Sort(pairs)
+			t = strings.Join(slices.Compact(pairs), ",")
+		}
+		out = append(out, t)
+	}
+	slices.Sort(out)
+	return slices.Compact(out), nil
+}
+
 // matcher is what one target selects.
 func matcher(t string) (func(Host) bool, error) {
 	switch {
@@ -141,11 +168,29 @@ func matcher(t string) (func(Host) bool, error) {
 type Progress struct {
 	Total, Started, Running int
 	// Succeeded ended completed with exit status 0; Failed ended any other way (a non-zero
-	// exit, a signal, not run, rejected, cancelled) or are unknown (review required): a
+	// exit, a signal, not run, rejected, cancelled) or are unknown with review required: a
 	// brake counts what it cannot vouch for.
 	Succeeded, Failed int
 	// Cancelled: someone cancelled the run.
 	Cancelled bool
+}
+
+// Add counts one started host by its execution's journal state. An unknown outcome that
+// Postern still asks the host about is running — the command may be, so it keeps its slot
+// and max_concurrency holds on the hosts —; one that only an operator's review settles has
+// ended for the brakes, as a failure.
+func (p *Progress) Add(state markers.State, isError, reviewRequired bool) {
+	p.Started++
+	switch {
+	case state == markers.Unknown && reviewRequired:
+		p.Failed++
+	case !markers.JournalGraph.Terminal(state):
+		p.Running++
+	case state == markers.Completed && !isError:
+		p.Succeeded++
+	default:
+		p.Failed++
+	}
 }
 
 // Outcome is how a fleet run ended.

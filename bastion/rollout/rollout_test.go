@@ -4,6 +4,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/postern-dev/postern/markers"
 )
 
 func TestParseLimit(t *testing.T) {
@@ -88,6 +90,59 @@ func TestSelect(t *testing.T) {
 		}
 		if err != nil || !slices.Equal(got, tc.want) {
 			t.Errorf("Select(%q) = %v, %v; want %v", tc.targets, got, err, tc.want)
+		}
+	}
+}
+
+func TestCanonical(t *testing.T) {
+	for _, tc := range []struct {
+		in      []string
+		want    []string
+		wantErr string
+	}{
+		{[]string{"web-1", " group:db ", "web-1"}, []string{"group:db", "web-1"}, ""},
+		{[]string{"role=db, env=prod"}, []string{"env=prod,role=db"}, ""},
+		{[]string{"env=prod,role=db", "role=db,env=prod,role=db"}, []string{"env=prod,role=db"}, ""},
+		{[]string{"role=db,role=web"}, nil, "given twice"},
+		{[]string{""}, nil, "an empty target"},
+	} {
+		got, err := Canonical(tc.in)
+		if tc.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tc.wantErr) {
+				t.Errorf("Canonical(%q) = %v, %v; want an error saying %q", tc.in, got, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("Canonical(%q) = %q, %v; want %q", tc.in, got, err, tc.want)
+		}
+	}
+}
+
+// TestAdd: how a host's execution counts for the brakes.
+func TestAdd(t *testing.T) {
+	for _, tc := range []struct {
+		state           markers.State
+		isError, review bool
+		want            Progress
+	}{
+		{markers.Accepted, false, false, Progress{Started: 1, Running: 1}},
+		{markers.Authorized, false, false, Progress{Started: 1, Running: 1}},
+		{markers.Dispatched, false, false, Progress{Started: 1, Running: 1}},
+		{markers.Running, false, false, Progress{Started: 1, Running: 1}},
+		{markers.Unknown, false, false, Progress{Started: 1, Running: 1}}, // still asked: it may run
+		{markers.Unknown, false, true, Progress{Started: 1, Failed: 1}},   // review required: cannot vouch
+		{markers.Completed, false, false, Progress{Started: 1, Succeeded: 1}},
+		{markers.Completed, true, false, Progress{Started: 1, Failed: 1}},
+		{markers.Failed, true, false, Progress{Started: 1, Failed: 1}},
+		{markers.Rejected, false, false, Progress{Started: 1, Failed: 1}},
+		{markers.Cancelled, false, false, Progress{Started: 1, Failed: 1}},
+		{markers.TimedOut, true, false, Progress{Started: 1, Failed: 1}},
+	} {
+		var p Progress
+		p.Add(tc.state, tc.isError, tc.review)
+		if p != tc.want {
+			t.Errorf("Add(%s, is_error %v, review %v) = %+v; want %+v", tc.state, tc.isError, tc.review, p, tc.want)
 		}
 	}
 }
