@@ -107,6 +107,12 @@ func (c *core) approvalRequest(rec *markers.Record) *api.ApprovalRequest {
 		What: what, Reason: rec.Reason, Rule: rec.Rule,
 		Decide: fmt.Sprintf("postern approve %s [--note TEXT], or postern deny %s --reason TEXT (state dir %s)", rec.ID, rec.ID, c.cfg.StateDir),
 	}
+	if rec.IsFleetRun() {
+		r.Host = fmt.Sprintf("%d hosts", len(rec.Fleet.Hosts))
+		for _, h := range rec.Fleet.Hosts {
+			r.Hosts = append(r.Hosts, h.Name)
+		}
+	}
 	if since, ok := rec.StateTimes[markers.AwaitingApproval]; ok {
 		r.Requested = since
 		if c.cfg.ApprovalTimeout > 0 {
