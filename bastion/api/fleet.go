@@ -15,8 +15,8 @@ type FleetArgs struct {
 	Targets []string `json:"targets" jsonschema:"the hosts to run on: host names, group:NAME (the hosts of a group), or labels as role=db,env=prod (the hosts that carry all of them); the union of all targets, each of which must select at least one host"`
 	Command string   `json:"command" jsonschema:"command line, run by each host account's shell"`
 	// MaxConcurrency and MaxErrors are a count or a percentage of the run's hosts.
-	MaxConcurrency Limit `json:"max_concurrency" jsonschema:"how many hosts run the command at once: a count (5) or a percentage of the hosts (\"25%\"); at least 1"`
-	MaxErrors      Limit `json:"max_errors" jsonschema:"how many failed hosts the run tolerates: once more fail, no new host is started and the running ones finish; a count (0 stops at the first failure) or a percentage (\"10%\")"`
+	MaxConcurrency Limit             `json:"max_concurrency" jsonschema:"how many hosts run the command at once: a count (5) or a percentage of the hosts (\"25%\"); at least 1"`
+	MaxErrors      Limit             `json:"max_errors" jsonschema:"how many failed hosts the run tolerates: once more fail, no new host is started and the running ones finish; a count (0 stops at the first failure) or a percentage (\"10%\")"`
 	Cwd            string            `json:"cwd,omitempty" jsonschema:"absolute working directory on every host; default: each host's configured directory or the account's home"`
 	Env            map[string]string `json:"env,omitempty" jsonschema:"environment variables to set: LANG, LC_* and what every selected host accepts"`
 	TimeoutS       int               `json:"timeout_s,omitempty" jsonschema:"kill the command on a host after this many seconds (exit 124); 0 means no timeout"`
