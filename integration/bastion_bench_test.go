@@ -101,8 +101,8 @@ func BenchmarkBastionExecTrue(b *testing.B) {
 		return execTrue(ctx, cs, "p1-"+strconv.Itoa(calls))
 	}
 	// A local agent's intent scope is its process, whatever run_id says: each call gets an
-	// idempotency key of its own to be a new intent (an identical call right after a
-	// delivered one would wait out delivery_settle).
+	// idempotency key of its own to be a new intent (BenchmarkStdioRepeat measures the
+	// identical call).
 	bridged := func() error {
 		calls++
 		return execTrueArgs(ctx, stdio, map[string]any{"host": "h1", "command": "true", "idempotency_key": "p1-stdio-" + strconv.Itoa(calls)})
@@ -155,6 +155,58 @@ func BenchmarkBastionExecTrue(b *testing.B) {
 	}
 	rows = append(rows, []string{"bastion's share (postern − hostagent direct)", f2(ms(p50(posternSide) - p50(directSide))), f2(ms(p99(posternSide) - p99(directSide)))})
 	table(b, fmt.Sprintf("ssh_exec `true`, %d samples each, alternating blocks of %d (goals: postern ≤ 1.5× floor, hostagent direct ≤ 1.3× floor; stretch: postern ≤ 0.2× openssh)", execSamples, execBlock), rows...)
+}
+
+// repeatSamples is how many calls each side of BenchmarkStdioRepeat makes, in blocks of
+// repeatBlock.
+const (
+	repeatSamples = 100
+	repeatBlock   = 10
+)
+
+// BenchmarkStdioRepeat is what an identical call costs right after the result of the same
+// call was delivered, through the stdio bridge (`postern mcp`, a go-sdk client as a local
+// agent's): a new execution of the same intent — delivery_settle is not waited for there,
+// since the bridge forwards a cancel before it reads on — against a distinct call (another
+// command line) that is a new intent anyway. Both must run: a replay would be no new
+// execution and is an error here. The goal is an identical repeat at most 2× a distinct call.
+func BenchmarkStdioRepeat(b *testing.B) {
+	bs, _ := benchFleet(b)
+	bridge := exec.Command(harness.Binary(b, "postern"), "mcp", "--socket", bs.Socket)
+	bridge.Stderr = os.Stderr
+	stdio, err := mcp.NewClient(&mcp.Implementation{Name: "postern-bench-repeat", Version: "0"}, nil).
+		Connect(context.Background(), &mcp.CommandTransport{Command: bridge}, nil)
+	if err != nil {
+		b.Fatalf("connect through the stdio bridge: %v", err)
+	}
+	defer stdio.Close()
+	ctx := context.Background()
+	calls := 0
+	repeat := func() error {
+		return execTrueArgs(ctx, stdio, map[string]any{"host": "h1", "command": "true"})
+	}
+	distinct := func() error {
+		calls++
+		return execTrueArgs(ctx, stdio, map[string]any{"host": "h1", "command": "true " + strconv.Itoa(calls)})
+	}
+	sides := []*benchSide{
+		{name: "identical repeat (same call again, after its result was delivered)", call: repeat},
+		{name: "distinct call (another command line)", call: distinct},
+	}
+	sampleInterleaved(b, sides, repeatSamples, repeatBlock, func() string { return "bastion log:\n" + bs.Logs() })
+	p50 := func(i int) time.Duration { return testutil.Percentile(sides[i].took, 0.5) }
+	p99 := func(i int) time.Duration { return testutil.Percentile(sides[i].took, 0.99) }
+	const repeatSide, distinctSide = 0, 1
+	b.ReportMetric(ms(p50(repeatSide)), "repeat-p50-ms")
+	b.ReportMetric(ms(p99(repeatSide)), "repeat-p99-ms")
+	b.ReportMetric(ms(p50(distinctSide)), "distinct-p50-ms")
+	b.ReportMetric(ms(p99(distinctSide)), "distinct-p99-ms")
+	b.ReportMetric(float64(p50(repeatSide))/float64(p50(distinctSide)), "p50-repeat/distinct")
+	rows := [][]string{{"", "p50 ms", "p99 ms", "p50 / distinct"}}
+	for i, side := range sides {
+		rows = append(rows, []string{side.name, f2(ms(p50(i))), f2(ms(p99(i))), f2(float64(p50(i)) / float64(p50(distinctSide)))})
+	}
+	table(b, fmt.Sprintf("ssh_exec `true` through postern mcp, %d samples each, alternating blocks of %d (goal: repeat ≤ 2× distinct)", repeatSamples, repeatBlock), rows...)
 }
 
 // BenchmarkBastionConcurrent64 (P3) is throughput under load: 64 MCP callers (one session

@@ -52,7 +52,7 @@ func TestKeyedRetryAfterUnreachableHost(t *testing.T) {
 		t.Fatalf("call to the stopped host = %+v (isError %v); want failed, an error", first, res.IsError)
 	}
 	text := harness.ResultText(res)
-	if !strings.Contains(text, "Cause: could not connect to h1") || !strings.Contains(text, "Next: Nothing ran") {
+	if !strings.Contains(text, "Cause: host_unreachable: host h1 cannot be reached (connection refused).") || !strings.Contains(text, "Next: Nothing ran") {
 		t.Errorf("failed result text does not give the cause and next step:\n%s", text)
 	}
 

@@ -179,14 +179,31 @@ func waitForState(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id s
 	return x
 }
 
+// stdoutOffsetArg is the name of execution_output's stdout offset argument on the server of
+// cs: stdout_offset, or offset on a bastion of the previous release (skew tests).
+func stdoutOffsetArg(t *testing.T, ctx context.Context, cs *mcp.ClientSession) string {
+	t.Helper()
+	res, err := cs.ListTools(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tl := range res.Tools {
+		if raw, _ := json.Marshal(tl.InputSchema); tl.Name == "execution_output" && !strings.Contains(string(raw), `"stdout_offset"`) {
+			return "offset"
+		}
+	}
+	return "stdout_offset"
+}
+
 // followOutput reads an execution's stdout with execution_output from offset 0 until the
 // execution ends, and returns its final view with the whole stdout.
 func followOutput(t *testing.T, ctx context.Context, cs *mcp.ClientSession, id string) (api.Execution, string) {
 	t.Helper()
 	var out strings.Builder
 	var offset int64
+	offsetArg := stdoutOffsetArg(t, ctx, cs)
 	for {
-		x := mustCall(t, ctx, cs, "execution_output", map[string]any{"execution_id": id, "offset": offset, "wait_s": 10})
+		x := mustCall(t, ctx, cs, "execution_output", map[string]any{"execution_id": id, offsetArg: offset, "wait_s": 10})
 		if x.StdoutOffset > offset {
 			t.Fatalf("execution_output from %d skipped to %d: %+v", offset, x.StdoutOffset, x)
 		}

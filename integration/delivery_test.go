@@ -36,8 +36,12 @@ type tsLine struct {
 	Step      int            `json:"step"`
 	Connected bool           `json:"connected"`
 	Result    *api.Execution `json:"result"`
-	IsError   bool           `json:"is_error"`
-	Error     string         `json:"error"`
+	// Text is the result's text content: what the model reads.
+	Text    string `json:"text"`
+	IsError bool   `json:"is_error"`
+	Error   string `json:"error"`
+	// Progress counts the progress notifications heard (reset_on_progress).
+	Progress int `json:"progress"`
 }
 
 // tsCommand returns the node command that runs the TypeScript client's steps.

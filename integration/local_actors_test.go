@@ -60,8 +60,10 @@ func TestLocalActorByUID(t *testing.T) {
 	if err != nil || res.IsError {
 		t.Fatalf("http_request as uid %d: %v %s", agentUser.UID, err, harness.ResultText(res))
 	}
-	if x.State != "completed" || !slices.Contains(x.Evidence, "actor resolved: bastionhard-local") {
-		t.Fatalf("execution = %+v; want completed, by the actor configured for uid %d", x, agentUser.UID)
+	var full api.Execution
+	if _, err := harness.CallTool(ctx, cs, "execution_status", map[string]any{"execution_id": x.ExecutionID, "evidence": "full"}, &full); err != nil ||
+		x.State != "completed" || !slices.Contains(full.Evidence, "actor resolved: bastionhard-local") {
+		t.Fatalf("execution = %+v (full evidence %q, %v); want completed, by the actor configured for uid %d", x, full.Evidence, err, agentUser.UID)
 	}
 
 	// The stranger's bridge reaches the socket (0666), and the bastion closes the connection

@@ -108,11 +108,12 @@ func TestPoolBacksOffAnUnreachableHost(t *testing.T) {
 	host := hostOf(h)
 	h.Kill(t)
 	ctx := context.Background()
-	if _, err := p.Conn(ctx, host); err == nil || errors.Is(err, fleet.ErrHostUnreachable) {
-		t.Fatalf("first Conn to a stopped agent = %v; want a dial error", err)
+	_, first := p.Conn(ctx, host)
+	if !errors.Is(first, fleet.ErrHostUnreachable) {
+		t.Fatalf("first Conn to a stopped agent = %v; want ErrHostUnreachable", first)
 	}
-	if _, err := p.Conn(ctx, host); !errors.Is(err, fleet.ErrHostUnreachable) {
-		t.Fatalf("Conn right after a failed dial = %v; want ErrHostUnreachable without a dial", err)
+	if _, err := p.Conn(ctx, host); err != first {
+		t.Fatalf("Conn right after a failed dial = %v; want the same error (%v), without a dial", err, first)
 	}
 	h.Start(t)
 	testutil.WaitFor(t, "a connection once the backoff passed", func() bool {

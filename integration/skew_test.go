@@ -133,7 +133,7 @@ func TestSkew(t *testing.T) {
 			h.Start(t)
 			b := harness.NewBastion(t, h.ClientKey)
 			if pair.oldBastion {
-				b.Bin = filepath.Join(previous, "postern")
+				b.RunRelease(t, filepath.Join(previous, "postern"))
 			}
 			f := &testbed{bastion: b, host: h, proxy: testutil.StartFaultProxy(t, h.Addr)}
 			b.EnrollAt(t, "h1", f.proxy.Addr(), h)
@@ -198,8 +198,9 @@ func skewAttach(t *testing.T, ctx context.Context, f *testbed) {
 	g := newGatedCommand(t)
 	cs := f.session(t, "agent", "run-skew-attach")
 	x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo first; " + g.cmd, "wait_s": 0})
+	offsetArg := stdoutOffsetArg(t, ctx, cs)
 	testutil.WaitFor(t, "the first line, through execution_output", func() bool {
-		out := mustCall(t, ctx, cs, "execution_output", map[string]any{"execution_id": x.ExecutionID, "offset": 0, "wait_s": 1})
+		out := mustCall(t, ctx, cs, "execution_output", map[string]any{"execution_id": x.ExecutionID, offsetArg: 0, "wait_s": 1})
 		return out.Stdout == "first\n"
 	})
 	testutil.WaitFor(t, "execution_status to say running", func() bool {

@@ -32,7 +32,7 @@ type JournalStore interface {
 	Get(id string) (*Record, error)
 	Result(id string) ([]byte, error)
 	FindByFingerprint(actor, scope, fingerprint string) (*Record, error)
-	FindByIdempotencyKey(actor, key string) (*Record, error)
+	FindByIdempotencyKey(space, key string) (*Record, error)
 	List(q Query) ([]*Record, string, error)
 	Events(id string) ([]Event, error)
 	Run(actor, scope string) (*Run, error)

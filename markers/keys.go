@@ -109,12 +109,29 @@ func pointerKeys(r *Record) [][]byte {
 		keys = append(keys, fingerprintKey(r.Actor, r.IntentScope, r.Fingerprint))
 	}
 	if r.IdempotencyKey != "" {
-		keys = append(keys, idempotencyKey(r.Actor, r.IdempotencyKey))
+		keys = append(keys, idempotencyKey(KeySpace(r), r.IdempotencyKey))
 	}
 	if r.OperationKey != "" {
 		keys = append(keys, operationKey(r.OperationKey))
 	}
 	return keys
+}
+
+// SharedKeySpace is the idempotency-key space of every execution that names its Principal:
+// one space for all principals, so the lookup of a key finds the execution that holds it
+// whoever holds it, and the bastion refuses a key another principal holds instead of
+// running its request a second time. No actor is called "*" (actors are "token:…" or
+// "local:…").
+const SharedKeySpace = "*"
+
+// KeySpace is the space r's idempotency key is indexed in (FindByIdempotencyKey's first
+// argument finds it there): SharedKeySpace, or for a record made before principals its
+// actor's own.
+func KeySpace(r *Record) string {
+	if r.Principal != "" {
+		return SharedKeySpace
+	}
+	return r.Actor
 }
 
 func fingerprintKey(actor, scope, fp string) []byte { return joinKey(pFinger, actor, scope, fp) }

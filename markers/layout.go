@@ -64,7 +64,7 @@ func TimeKeyID(key []byte) string { return string(key[9:]) }
 // FingerprintKey, IdempotencyKeyKey and OperationKeyKey are the pointer index keys whose
 // value is the newest such execution's id.
 func FingerprintKey(actor, scope, fp string) []byte { return fingerprintKey(actor, scope, fp) }
-func IdempotencyKeyKey(actor, key string) []byte    { return idempotencyKey(actor, key) }
+func IdempotencyKeyKey(space, key string) []byte    { return idempotencyKey(space, key) }
 func OperationKeyKey(key string) []byte             { return operationKey(key) }
 
 // PointerKeys are the pointer index keys a new record r takes over.

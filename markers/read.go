@@ -86,9 +86,11 @@ func (s *Store) FindByFingerprint(actor, scope, fingerprint string) (*Record, er
 	return s.follow(fingerprintKey(actor, scope, fingerprint))
 }
 
-// FindByIdempotencyKey returns the newest execution of actor that carried key, or ErrNotFound.
-func (s *Store) FindByIdempotencyKey(actor, key string) (*Record, error) {
-	return s.follow(idempotencyKey(actor, key))
+// FindByIdempotencyKey returns the newest execution that carried key in key space space
+// (SharedKeySpace, or an actor for the records made before principals: KeySpace), or
+// ErrNotFound.
+func (s *Store) FindByIdempotencyKey(space, key string) (*Record, error) {
+	return s.follow(idempotencyKey(space, key))
 }
 
 // FindByOperationKey returns the newest execution with the host-scoped operation key, or

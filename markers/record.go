@@ -11,7 +11,7 @@ import (
 
 // Record is one execution: the bastion's journal entry or a host's marker. Fields that a graph
 // does not use stay empty. Identity fields (ID, Graph, Actor, IntentScope, Fingerprint,
-// IdempotencyKey, OperationKey, PreviousAttempt, CreatedAt) are fixed at creation: the
+// IdempotencyKey, Principal, OperationKey, PreviousAttempt, CreatedAt) are fixed at creation: the
 // secondary indexes are built from them.
 type Record struct {
 	ID    string `json:"id"`
@@ -25,7 +25,12 @@ type Record struct {
 	IntentScope    string `json:"intent_scope,omitempty"`
 	Fingerprint    string `json:"fingerprint,omitempty"`
 	IdempotencyKey string `json:"idempotency_key,omitempty"`
-	OperationKey   string `json:"operation_key,omitempty"`
+	// Principal (journal) holds the execution's idempotency key: the principal of the actor
+	// that created it, or that actor itself when it belongs to none. A record that names one
+	// has its key in SharedKeySpace; one made before principals existed has none, and its key
+	// is in its actor's own space (KeySpace).
+	Principal    string `json:"principal,omitempty"`
+	OperationKey string `json:"operation_key,omitempty"`
 	// PreviousAttempt is the execution this one is a new attempt of: a keyed request whose
 	// execution ended failed (provably no effect) starts a new execution linked to it, and the
 	// idempotency-key index then names the new one.
@@ -203,7 +208,7 @@ func (r *Record) validateIdentity() error {
 	// An array, not a map: this runs on every decode and every create.
 	for _, f := range [...]struct{ name, v string }{
 		{"id", r.ID}, {"actor", r.Actor}, {"intent_scope", r.IntentScope}, {"fingerprint", r.Fingerprint},
-		{"idempotency_key", r.IdempotencyKey}, {"operation_key", r.OperationKey},
+		{"idempotency_key", r.IdempotencyKey}, {"principal", r.Principal}, {"operation_key", r.OperationKey},
 		{"previous_attempt", r.PreviousAttempt},
 	} {
 		if len(f.v) > maxKeyField {
@@ -218,7 +223,7 @@ func (r *Record) validateIdentity() error {
 
 func (r *Record) sameIdentity(o *Record) bool {
 	return r.ID == o.ID && r.Graph == o.Graph && r.Actor == o.Actor && r.IntentScope == o.IntentScope &&
-		r.Fingerprint == o.Fingerprint && r.IdempotencyKey == o.IdempotencyKey &&
+		r.Fingerprint == o.Fingerprint && r.IdempotencyKey == o.IdempotencyKey && r.Principal == o.Principal &&
 		r.OperationKey == o.OperationKey && r.PreviousAttempt == o.PreviousAttempt &&
 		r.CreatedAt.Equal(o.CreatedAt)
 }

@@ -175,6 +175,15 @@ func TestLookups(t *testing.T) {
 	mk("ex_05", "bob", "run:1", "fpA", "")
 	mk("ex_06", "alice", "run:1", "fpA", "")
 	mk("ex_07", "carol", "run:1", "fpA", "k3")
+	// Records that name a principal: their keys are in the shared space, whoever holds them.
+	for _, r := range []markers.Record{
+		{ID: "ex_08", Actor: "token:dave", Principal: "principal:dave", IntentScope: "run:1", Fingerprint: "fpA", IdempotencyKey: "k1"},
+		{ID: "ex_09", Actor: "local:dave", Principal: "principal:dave", IntentScope: "run:2", Fingerprint: "fpB", IdempotencyKey: "k4"},
+	} {
+		if _, err := s.Create(ctx, &r); err != nil {
+			t.Fatal(err)
+		}
+	}
 
 	tests := []struct {
 		name   string
@@ -188,6 +197,10 @@ func TestLookups(t *testing.T) {
 		{"fingerprint no prefix match", func() (*markers.Record, error) { return s.FindByFingerprint("alice", "run:1", "fp") }, ""},
 		{"idempotency key per actor", func() (*markers.Record, error) { return s.FindByIdempotencyKey("alice", "k1") }, "ex_01"},
 		{"idempotency key bob", func() (*markers.Record, error) { return s.FindByIdempotencyKey("bob", "k1") }, "ex_03"},
+		{"a principal's key is shared", func() (*markers.Record, error) { return s.FindByIdempotencyKey(markers.SharedKeySpace, "k1") }, "ex_08"},
+		{"whichever actor made it", func() (*markers.Record, error) { return s.FindByIdempotencyKey(markers.SharedKeySpace, "k4") }, "ex_09"},
+		{"not in its actor's space", func() (*markers.Record, error) { return s.FindByIdempotencyKey("local:dave", "k4") }, ""},
+		{"older keys stay in theirs", func() (*markers.Record, error) { return s.FindByIdempotencyKey(markers.SharedKeySpace, "k3") }, ""},
 		{"operation key newest", func() (*markers.Record, error) { return s.FindByOperationKey("op:k1") }, "ex_03"},
 		{"operation key absent", func() (*markers.Record, error) { return s.FindByOperationKey("op:zz") }, ""},
 	}

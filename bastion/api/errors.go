@@ -29,8 +29,11 @@ const (
 	CodeInvalidArgument      = "invalid_argument"
 	CodeUnknownHost          = "unknown_host"
 	CodeIdempotencyKeyReused = "idempotency_key_reused"
-	CodeNotFound             = "not_found"
-	CodeJournalUnavailable   = "journal_unavailable"
+	// CodeIdempotencyKeyHeld: the key is held by another principal's execution, which the
+	// error does not name.
+	CodeIdempotencyKeyHeld = "idempotency_key_held"
+	CodeNotFound           = "not_found"
+	CodeJournalUnavailable = "journal_unavailable"
 )
 
 // Codes of calls refused by an actor's limits (nothing is journaled for them).

@@ -2,6 +2,7 @@ package api
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -22,9 +23,9 @@ type ExecArgs struct {
 // CallOptions are the arguments every tool that starts work takes besides what it does: how
 // the call is matched to a prior execution, and how long it waits.
 type CallOptions struct {
-	WaitS          *int   `json:"wait_s,omitempty" jsonschema:"how long to wait for the outcome before returning the execution as running (default 30)"`
-	RunID          string `json:"run_id,omitempty" jsonschema:"remote callers: the agent run this call belongs to; retries with the same run_id join the same execution"`
-	IdempotencyKey string `json:"idempotency_key,omitempty" jsonschema:"client-made key: a retry with the same key and arguments returns the same execution, from any run; if that execution failed without effect (nothing ran), the retry is a new attempt linked to it (previous_attempt); the same key with other arguments is an error (idempotency_key_reused)"`
+	WaitS          *int   `json:"wait_s,omitempty" jsonschema:"seconds to wait for the outcome before returning the execution as running (default 30). Keep it below your client's own request timeout (the TypeScript SDK gives up at 60 s by default); with a progress token, a progress notification goes out every second while it waits"`
+	RunID          string `json:"run_id,omitempty" jsonschema:"HTTP callers: the agent run this call belongs to; a call with the same arguments and run_id joins the same execution. Local callers (the socket, postern mcp) are in the run of their agent process, and this is ignored"`
+	IdempotencyKey string `json:"idempotency_key,omitempty" jsonschema:"client-made key: a call with the same key and arguments returns the same execution from any run, also after your agent restarts, and from any actor of your principal; if that execution failed without effect (nothing ran), it is a new attempt linked to it (previous_attempt); the same key with other arguments is refused (idempotency_key_reused), and a key another principal holds too (idempotency_key_held)"`
 	Reason         string `json:"reason,omitempty" jsonschema:"why you want this, in a sentence: shown to the operator asked to approve it when policy requires an approval (at most 1024 bytes of text; not part of the request's identity)"`
 }
 
@@ -58,8 +59,8 @@ type Execution struct {
 	Signal   string `json:"signal,omitempty"`
 	IsError  bool   `json:"is_error"`
 	// Stdout and Stderr are the returned window of each stream; *Offset is the stream offset
-	// of its first byte and *Bytes the stream's total size so far. Pass stdout_offset +
-	// len(stdout) to execution_output to read on.
+	// (in bytes) of its first byte and *Bytes the stream's total size so far. Pass
+	// stdout_offset + the bytes of stdout as execution_output's stdout_offset to read on.
 	Stdout       string `json:"stdout"`
 	StdoutOffset int64  `json:"stdout_offset"`
 	StdoutBytes  int64  `json:"stdout_bytes"`
@@ -160,12 +161,80 @@ func (x *Execution) CallFailed() bool {
 	return x.IsError
 }
 
-// OutputArgs are the arguments of execution_output.
+// OutputArgs are the arguments of execution_output. The offsets are named as the result's
+// fields are: a result's stdout_offset + the bytes of its stdout is where to read on.
 type OutputArgs struct {
 	ExecutionID  string `json:"execution_id"`
-	Offset       int64  `json:"offset,omitempty" jsonschema:"stdout offset to read from (default 0)"`
-	StderrOffset int64  `json:"stderr_offset,omitempty" jsonschema:"stderr offset to read from (default 0)"`
-	WaitS        *int   `json:"wait_s,omitempty" jsonschema:"wait up to this many seconds for new output or the end (default 30)"`
+	StdoutOffset int64  `json:"stdout_offset,omitempty" jsonschema:"byte offset in stdout to read from (default 0); the text of each answer ends with the offsets to read on from"`
+	StderrOffset int64  `json:"stderr_offset,omitempty" jsonschema:"byte offset in stderr to read from (default 0)"`
+	WaitS        *int   `json:"wait_s,omitempty" jsonschema:"wait up to this many seconds for new output or the end (default 30); keep it below your client's request timeout"`
+}
+
+// ReadOn is the last line of execution_output's text: whether more output is there or still
+// coming, and the offsets (bytes) to ask for next — so the caller needs no call to find out.
+func (x *Execution) ReadOn() string {
+	outNext, errNext := x.StdoutOffset+int64(len(x.Stdout)), x.StderrOffset+int64(len(x.Stderr))
+	next := fmt.Sprintf(`execution_output {"execution_id": %q, "stdout_offset": %d, "stderr_offset": %d}`, x.ExecutionID, outNext, errNext)
+	sizes := fmt.Sprintf("stdout %d bytes, stderr %d bytes", x.StdoutBytes, x.StderrBytes)
+	switch st := markers.State(x.State); {
+	case outNext < x.StdoutBytes || errNext < x.StderrBytes:
+		return fmt.Sprintf("More output is there (%s in all): read on with %s.", sizes, next)
+	case markers.JournalGraph.Terminal(st):
+		return fmt.Sprintf("End of output: the execution is %s, and this is all of it (%s).", x.State, sizes)
+	case st == markers.Dispatched || st == markers.Running:
+		return fmt.Sprintf("Output is still arriving: the execution is %s, and this is all of its output so far (%s). Read on with %s; it waits for new output or the end.", x.State, sizes, next)
+	case st == markers.Unknown:
+		return fmt.Sprintf("Whether more output comes is not known: the outcome is unknown, and this is all of the output Postern has (%s). Read on with %s.", sizes, next)
+	}
+	return fmt.Sprintf("No output yet: the execution is %s and has not started. Read on with %s once it runs.", x.State, next)
+}
+
+// StatusArgs are the arguments of execution_status.
+type StatusArgs struct {
+	ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec or http_request"`
+	Evidence    string `json:"evidence,omitempty" jsonschema:"compact (default): the policy's decision in one line (deciding rule and class), then how the outcome is known; full: every step of the policy's decision as well"`
+}
+
+// Evidence levels (StatusArgs.Evidence).
+const (
+	EvidenceCompact = "compact"
+	EvidenceFull    = "full"
+)
+
+// decisionPrefix starts the evidence line of a policy decision (DecisionEvidence).
+const decisionPrefix = "policy: "
+
+// DecisionEvidence is the evidence line that journals a policy decision: "policy: <outcome>
+// (<rule>)", after the steps of the ladder that led to it. Operators' tools read the rule
+// back from it (RuleOf).
+func DecisionEvidence(outcome, rule string) string {
+	return fmt.Sprintf("%s%s (%s)", decisionPrefix, outcome, rule)
+}
+
+// RuleOf is the deciding rule of a decision's evidence line, and whether line is one.
+func RuleOf(line string) (string, bool) {
+	rest, ok := strings.CutPrefix(line, decisionPrefix)
+	if !ok {
+		return "", false
+	}
+	_, rule, ok := strings.Cut(rest, " (")
+	return strings.TrimSuffix(rule, ")"), ok
+}
+
+// CompactEvidence is an execution's evidence as an agent reads it unless it asks for all of
+// it: the policy's decision in one line, with the class that applies, in place of every step
+// of the ladder before it; then everything journaled after it (how the outcome is known).
+// The whole trace stays in the journal (postern executions show, postern investigate).
+func CompactEvidence(evidence []string, class string) []string {
+	i := slices.IndexFunc(evidence, func(l string) bool { return strings.HasPrefix(l, decisionPrefix) })
+	if i < 0 {
+		return evidence
+	}
+	decision := evidence[i]
+	if class != "" {
+		decision += ", class " + class
+	}
+	return append([]string{decision}, evidence[i+1:]...)
 }
 
 // ListArgs are the arguments of executions_list.
@@ -183,14 +252,18 @@ type ListResult struct {
 
 // HostInfo describes one enrolled host.
 type HostInfo struct {
-	Name        string   `json:"name"`
-	Addr        string   `json:"addr"`
-	Account     string   `json:"account"`
-	HostKey     string   `json:"host_key_fingerprint"`
-	Groups      []string `json:"groups,omitempty"`
-	Connected   bool     `json:"connected"`
-	DefaultCwd  string   `json:"default_cwd,omitempty"`
-	HostKeyType string   `json:"host_key_type"`
+	Name    string `json:"name"`
+	Addr    string `json:"addr"`
+	Account string `json:"account"`
+	// Description, Labels (env=prod, role=db) and OS are what the operator says the host is.
+	Description string            `json:"description,omitempty"`
+	Labels      map[string]string `json:"labels,omitempty"`
+	OS          string            `json:"os,omitempty"`
+	HostKey     string            `json:"host_key_fingerprint"`
+	Groups      []string          `json:"groups,omitempty"`
+	Connected   bool              `json:"connected"`
+	DefaultCwd  string            `json:"default_cwd,omitempty"`
+	HostKeyType string            `json:"host_key_type"`
 	// Guarantee is what the host promises about a lost outcome: hostagent, marker_script or
 	// none (docs/agentless.md).
 	Guarantee string `json:"guarantee"`

@@ -1,6 +1,7 @@
 package api_test
 
 import (
+	"slices"
 	"testing"
 	"time"
 
@@ -125,5 +126,55 @@ func TestApprovalRequestMessage(t *testing.T) {
 		"Policy requires an approval before it runs (execution ex_1). Approve or deny; an operator can also decide with `postern approve`."
 	if got := r.Message(); got != want {
 		t.Errorf("Message() = %q; want %q", got, want)
+	}
+}
+
+// TestCompactEvidence: by default an agent reads the policy's decision as one line with its
+// class, not the ladder's steps; what was journaled after the decision follows unchanged.
+func TestCompactEvidence(t *testing.T) {
+	steps := []string{"actor resolved: agent", "actor agent: tool ssh_exec allowed", "class: read_only (rules[0] \"reads\")", "deny rules: none matched", "authorized"}
+	full := append(append([]string(nil), steps...), api.DecisionEvidence("authorized", `rules[0] "reads"`), "host marker: exited 0")
+	got := api.CompactEvidence(full, "read_only")
+	want := []string{`policy: authorized (rules[0] "reads"), class read_only`, "host marker: exited 0"}
+	if !slices.Equal(got, want) {
+		t.Errorf("CompactEvidence = %q; want %q", got, want)
+	}
+	if rule, ok := api.RuleOf(full[len(steps)]); !ok || rule != `rules[0] "reads"` {
+		t.Errorf("RuleOf = %q, %v; want the deciding rule", rule, ok)
+	}
+	noDecision := []string{"host marker: exited 0"}
+	if got := api.CompactEvidence(noDecision, "x"); !slices.Equal(got, noDecision) {
+		t.Errorf("CompactEvidence without a decision = %q; want it unchanged", got)
+	}
+	if got := api.CompactEvidence(full, ""); got[0] != `policy: authorized (rules[0] "reads")` {
+		t.Errorf("CompactEvidence without a class = %q", got)
+	}
+}
+
+// TestReadOn: execution_output's last line says whether more output is there, still
+// arriving, unknown or over, with the byte offsets to read on from.
+func TestReadOn(t *testing.T) {
+	tests := []struct {
+		name string
+		x    api.Execution
+		want string
+	}{
+		{"more stored", api.Execution{ExecutionID: "ex_1", State: "completed", Stdout: "abc", StdoutOffset: 10, StdoutBytes: 20, StderrBytes: 0},
+			`More output is there (stdout 20 bytes, stderr 0 bytes in all): read on with execution_output {"execution_id": "ex_1", "stdout_offset": 13, "stderr_offset": 0}.`},
+		{"more stderr", api.Execution{ExecutionID: "ex_1", State: "running", Stdout: "abc", StdoutBytes: 3, Stderr: "e", StderrBytes: 5},
+			`More output is there (stdout 3 bytes, stderr 5 bytes in all): read on with execution_output {"execution_id": "ex_1", "stdout_offset": 3, "stderr_offset": 1}.`},
+		{"arriving", api.Execution{ExecutionID: "ex_1", State: "running", Stdout: "abc", StdoutBytes: 3},
+			`Output is still arriving: the execution is running, and this is all of its output so far (stdout 3 bytes, stderr 0 bytes). Read on with execution_output {"execution_id": "ex_1", "stdout_offset": 3, "stderr_offset": 0}; it waits for new output or the end.`},
+		{"unknown", api.Execution{ExecutionID: "ex_1", State: "unknown", StdoutBytes: 0},
+			`Whether more output comes is not known: the outcome is unknown, and this is all of the output Postern has (stdout 0 bytes, stderr 0 bytes). Read on with execution_output {"execution_id": "ex_1", "stdout_offset": 0, "stderr_offset": 0}.`},
+		{"not started", api.Execution{ExecutionID: "ex_1", State: "awaiting_approval"},
+			`No output yet: the execution is awaiting_approval and has not started. Read on with execution_output {"execution_id": "ex_1", "stdout_offset": 0, "stderr_offset": 0} once it runs.`},
+		{"the end", api.Execution{ExecutionID: "ex_1", State: "completed", Stdout: "abc", StdoutBytes: 3, Stderr: "e", StderrBytes: 1},
+			`End of output: the execution is completed, and this is all of it (stdout 3 bytes, stderr 1 bytes).`},
+	}
+	for _, tt := range tests {
+		if got := tt.x.ReadOn(); got != tt.want {
+			t.Errorf("%s: ReadOn = %q;\n want %q", tt.name, got, tt.want)
+		}
 	}
 }

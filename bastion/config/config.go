@@ -69,6 +69,9 @@ type Config struct {
 	Actors []policy.Actor `toml:"actors"`
 	// Classes override the built-in action classes' windows and retention, or add classes.
 	Classes []Class `toml:"classes"`
+	// Principals group actors that are one party (one user's HTTP token and local agents):
+	// an idempotency key is the principal's, whichever of its actors sends it.
+	Principals []Principal `toml:"principals"`
 	// Rules map actors, hosts and command patterns (or endpoints and methods) to action
 	// classes, denials and approval requirements (bastion/policy: deny wins).
 	Rules []policy.Rule `toml:"rules"`
@@ -112,8 +115,9 @@ type Config struct {
 	DeliveryRevokeGrace time.Duration `toml:"delivery_revoke_grace"`
 	// DeliverySettle is how long after a result was delivered an identical call waits before
 	// it counts as a new intent: over Streamable HTTP a client's notifications/cancelled is a
-	// POST of its own, and the re-issue that follows an abort may overtake it. Default 1s;
-	// "0s" decides at once. At most 10s.
+	// POST of its own, and the re-issue that follows an abort may overtake it. Calls through
+	// the stdio bridge (postern mcp) never wait: it forwards a cancel before the next call.
+	// Default 1s; "0s" decides at once. At most 10s.
 	DeliverySettle time.Duration `toml:"delivery_settle"`
 }
 
@@ -203,7 +207,7 @@ func (c Config) Policy() (*policy.Policy, error) {
 		}
 	}
 	if !claimed {
-		actors = append(actors, policy.Actor{Name: selfActor, UID: &uid})
+		actors = append(actors, policy.Actor{Name: SelfActor, UID: &uid})
 	}
 	classes := make([]string, 0, len(builtinClasses)+len(c.Classes))
 	for _, cl := range builtinClasses {
@@ -222,8 +226,9 @@ const maxDeliveryRevokeGrace = 10 * time.Minute
 // maxDeliverySettle bounds delivery_settle: an identical call waits at most this long.
 const maxDeliverySettle = 10 * time.Second
 
-// selfActor is the policy name of local callers running as the bastion's own user.
-const selfActor = "self"
+// SelfActor is the policy name of local callers running as the bastion's own user, when no
+// configured local actor claims its uid.
+const SelfActor = "self"
 
 // DefaultConfig returns the defaults for state dir dir.
 func DefaultConfig(dir string) Config {
@@ -412,8 +417,10 @@ func (c Config) Validate() error {
 		}
 		classes[cl.Name] = true
 	}
-	if _, err := c.Policy(); err != nil {
+	if pol, err := c.Policy(); err != nil {
 		errs = append(errs, fmt.Errorf("config: %w", err))
+	} else {
+		errs = append(errs, c.validatePrincipals(pol)...)
 	}
 	errs = append(errs, c.Approvals.validate()...)
 	if c.DefaultWait < 0 || c.MaxWait <= 0 || c.DefaultWait > c.MaxWait {

@@ -47,6 +47,11 @@ commands = ["df *"]`},
 		{name: "delivery revoke grace as number", toml: "state_dir = \"/x\"\ndelivery_revoke_grace = 30", wantErr: "duration string"},
 		{name: "delivery settle off", toml: "state_dir = \"/x\"\ndelivery_settle = \"0s\""},
 		{name: "delivery settle too long", toml: "state_dir = \"/x\"\ndelivery_settle = \"1m\"", wantErr: "delivery_settle must be in"},
+		{name: "principal of a token and the own user", toml: "state_dir = \"/x\"\n[[actors]]\nname = \"a\"\ntoken_sha256 = \"" + hash + "\"\n[[principals]]\nname = \"alice\"\nactors = [\"a\", \"self\"]"},
+		{name: "principal of an unknown actor", toml: "state_dir = \"/x\"\n[[principals]]\nname = \"alice\"\nactors = [\"nobody\"]", wantErr: `unknown actor "nobody"`},
+		{name: "actor in two principals", toml: "state_dir = \"/x\"\n[[principals]]\nname = \"p\"\nactors = [\"self\"]\n[[principals]]\nname = \"q\"\nactors = [\"self\"]", wantErr: "already in principal p"},
+		{name: "principal without actors", toml: "state_dir = \"/x\"\n[[principals]]\nname = \"p\"", wantErr: "list its actors"},
+		{name: "duplicate principal", toml: "state_dir = \"/x\"\n[[principals]]\nname = \"p\"\nactors = [\"self\"]\n[[principals]]\nname = \"p\"\nactors = []", wantErr: "duplicate name"},
 		{name: "window longer than retention", toml: "state_dir = \"/x\"\n[[classes]]\nname = \"c\"\nattach_window = \"48h\"\nretention = \"1h\"", wantErr: "longer than retention"},
 	}
 	for _, tt := range tests {
@@ -244,5 +249,15 @@ func TestJournalConfigValidation(t *testing.T) {
 				t.Fatalf("got %v, want %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestPrincipalOf: an actor's principal is the one that lists it; an actor in none has none.
+func TestPrincipalOf(t *testing.T) {
+	c := Config{Principals: []Principal{{Name: "alice", Actors: []string{"local-agent", SelfActor}}, {Name: "ci", Actors: []string{"deploy"}}}}
+	for actor, want := range map[string]string{"local-agent": "alice", SelfActor: "alice", "deploy": "ci", "other": ""} {
+		if got, ok := c.PrincipalOf(actor); got != want || ok != (want != "") {
+			t.Errorf("PrincipalOf(%q) = %q, %v; want %q", actor, got, ok, want)
+		}
 	}
 }

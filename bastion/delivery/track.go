@@ -28,6 +28,12 @@ type Journal interface {
 	// of id, does not count as its delivery: what investigate and executions show tell the
 	// operator. It never changes whether the result counts as delivered.
 	NotDelivered(ctx context.Context, id, why string) error
+	// Delivering notes that a response carrying the result of id is on its way, before any
+	// of it is written: until done is called — once the delivery was journaled or found not
+	// to be — whether the result was delivered is not known yet. (A client can read the
+	// response and call again before the kernel's evidence is in; the engine lets such a
+	// call wait for the verdict rather than take the result for undelivered.)
+	Delivering(id string) (done func())
 }
 
 // Replicas carries cancels between bastion replicas (markers.Replicated does): a
@@ -58,14 +64,30 @@ func NewTracker(j Journal, r Replicas, grace time.Duration, now func() time.Time
 // deliveries collects the executions whose results a response carries, so they are marked
 // delivered only once the response was written to the transport.
 type deliveries struct {
-	mu  sync.Mutex // guards ids: the handlers of one POST add to it concurrently
-	ids []string
+	journal Journal
+	mu      sync.Mutex // guards ids and judged: the handlers of one POST add to them concurrently
+	ids     []string
+	// judged end the Delivering notes of ids (finish).
+	judged []func()
 }
 
 func (d *deliveries) add(id string) {
+	done := d.journal.Delivering(id)
 	d.mu.Lock()
 	d.ids = append(d.ids, id)
+	d.judged = append(d.judged, done)
 	d.mu.Unlock()
+}
+
+// finish says that the delivery of every result the response carries has been judged.
+func (d *deliveries) finish() {
+	d.mu.Lock()
+	judged := d.judged
+	d.judged = nil
+	d.mu.Unlock()
+	for _, done := range judged {
+		done()
+	}
 }
 
 type deliveriesKey struct{}
@@ -158,7 +180,8 @@ func (t *Tracker) Handler(next http.Handler) http.Handler {
 			ctx = withRequestID(ctx, calls[0].key.id)
 		}
 
-		dl := &deliveries{}
+		dl := &deliveries{journal: t.journal}
+		defer dl.finish() // after the verdict and any revocation below
 		post := &postState{dl: dl}
 		if len(calls) == 1 {
 			post.requestID = calls[0].key.id

@@ -74,6 +74,8 @@ func (j *fakeJournal) notDeliveries() []string {
 	return slices.Clone(j.notDelivered)
 }
 
+func (j *fakeJournal) Delivering(string) func() { return func() {} }
+
 func (j *fakeJournal) deliveries() []delivered {
 	j.mu.Lock()
 	defer j.mu.Unlock()

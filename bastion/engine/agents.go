@@ -4,9 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
 )
@@ -57,8 +60,14 @@ func (b *Engine) Cancel(ctx context.Context, c transport.Caller, id string) (*ap
 		return nil, errHeld("cancelling " + id + " means asking " + rec.Host + " to stop it")
 	}
 	host, err := b.inv.Host(rec.Host)
+	if errors.Is(err, fleet.ErrUnknownHost) {
+		te := api.Refusal{Code: api.CodeUnknownHost, Reason: fmt.Sprintf("host %s is no longer enrolled, so the cancel cannot reach it", rec.Host),
+			Next: "Its outcome stays as the journal has it; check execution_status"}.Err()
+		te.ExecutionID = id
+		return nil, te
+	}
 	if err != nil {
-		return nil, &api.ToolError{Code: api.CodeUnknownHost, Message: err.Error(), ExecutionID: id}
+		return nil, err
 	}
 	b.drivers.requestStop(id)
 	if err := b.hosts.cancel(ctx, host, id); err != nil {
@@ -118,21 +127,57 @@ func (b *Engine) List(c transport.Caller, a api.ListArgs) (*api.ListResult, erro
 	return out, nil
 }
 
-// Hosts lists the enrolled hosts.
+// Hosts lists the enrolled hosts (for operators).
 func (b *Engine) Hosts() (*api.HostsResult, error) {
 	hosts, err := b.inv.Hosts()
 	if err != nil {
 		return nil, err
 	}
+	return b.hostsResult(hosts), nil
+}
+
+// HostsOf lists the enrolled hosts caller may use (hosts_list): an agent is shown no host its
+// policy would refuse it, so it never picks one.
+func (b *Engine) HostsOf(c transport.Caller) (*api.HostsResult, error) {
+	hosts, err := b.usableHosts(c)
+	if err != nil {
+		return nil, err
+	}
+	return b.hostsResult(hosts), nil
+}
+
+func (b *Engine) hostsResult(hosts []fleet.Host) *api.HostsResult {
 	out := &api.HostsResult{Hosts: []api.HostInfo{}}
 	for _, h := range hosts {
 		out.Hosts = append(out.Hosts, api.HostInfo{
-			Name: h.Name, Addr: h.Addr, Account: h.Account, HostKey: h.Fingerprint(),
-			HostKeyType: h.HostKey.Type(), Groups: h.Groups, Connected: b.pool.Connected(h.Name), DefaultCwd: h.Cwd,
-			Guarantee: string(h.Level()),
+			Name: h.Name, Addr: h.Addr, Account: h.Account, Description: h.Description, Labels: h.Labels, OS: h.OS,
+			HostKey: h.Fingerprint(), HostKeyType: h.HostKey.Type(), Groups: h.Groups, Connected: b.pool.Connected(h.Name),
+			DefaultCwd: h.Cwd, Guarantee: string(h.Level()),
 		})
 	}
-	return out, nil
+	return out
+}
+
+// usableHosts are the enrolled hosts caller's configured actor may use, sorted by name.
+func (co *core) usableHosts(c transport.Caller) ([]fleet.Host, error) {
+	hosts, err := co.inv.Hosts()
+	if err != nil {
+		return nil, err
+	}
+	actor := ""
+	if a, ok := co.policyActor(c); ok {
+		actor = a.Name
+	}
+	return slices.DeleteFunc(hosts, func(h fleet.Host) bool { return !co.mayUseHost(actor, h) }), nil
+}
+
+// mayUseHost reports whether the policy lets actor (a configured actor's name, "" for none)
+// run commands on h at all: the ladder, asked about h, does not stop at the actor's
+// permissions (its tools and hosts, by name or group). Rules about commands do not hide a
+// host: they judge each command, and say why when they refuse one.
+func (co *core) mayUseHost(actor string, h fleet.Host) bool {
+	dec := co.policy.Decide(policy.Request{Actor: actor, Tool: policy.ToolSSHExec, Host: h.Name, Groups: h.Groups, Command: "true"})
+	return dec.Outcome != policy.Rejected || dec.Code != policy.CodeNotAllowed && dec.Code != policy.CodeActorUnknown
 }
 
 // Exec runs ssh_exec: it finds the execution this call belongs to — a prior one of the

@@ -113,7 +113,15 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 	}
 	host, err := in.inv.Host(a.Host)
 	if errors.Is(err, fleet.ErrUnknownHost) {
-		return nil, &api.ToolError{Code: api.CodeUnknownHost, Message: err.Error()}
+		usable, err := in.usableHosts(c)
+		if err != nil {
+			return nil, err
+		}
+		names := make([]string, len(usable))
+		for i, h := range usable {
+			names[i] = h.Name
+		}
+		return nil, unknownHost(a.Host, names).Err()
 	}
 	if err != nil {
 		return nil, err

@@ -3,6 +3,7 @@ package engine
 import (
 	"context"
 	"errors"
+	"sync"
 
 	"github.com/postern-dev/postern/bastion/delivery"
 	"github.com/postern-dev/postern/bastion/intent"
@@ -62,4 +63,56 @@ func (b *Engine) RevokeDelivery(ctx context.Context, id string) (bool, error) {
 		}
 	}
 	return b.records.deliveryRevoked(ctx, id)
+}
+
+// Delivering notes that a response carrying id's result is on its way (delivery.Journal):
+// until done, a call that would replay that result waits for the delivery's verdict
+// (intake.deliveryInDoubt).
+func (b *Engine) Delivering(id string) (done func()) { return b.judging.add(id) }
+
+// judgments are the executions whose delivery the transports are judging now: a response
+// carrying the result was (or is being) written, and the kernel's evidence is not in yet.
+type judgments struct {
+	mu sync.Mutex // guards byID
+	// byID counts the responses being judged per execution and holds a channel closed when
+	// the last of them is.
+	byID map[string]*judgment
+}
+
+type judgment struct {
+	n    int
+	done chan struct{}
+}
+
+func (j *judgments) add(id string) func() {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if j.byID == nil {
+		j.byID = map[string]*judgment{}
+	}
+	jd := j.byID[id]
+	if jd == nil {
+		jd = &judgment{done: make(chan struct{})}
+		j.byID[id] = jd
+	}
+	jd.n++
+	return sync.OnceFunc(func() {
+		j.mu.Lock()
+		defer j.mu.Unlock()
+		if jd.n--; jd.n == 0 {
+			close(jd.done)
+			delete(j.byID, id)
+		}
+	})
+}
+
+// pending returns a channel closed once no response carrying id's result is being judged,
+// or nil when none is.
+func (j *judgments) pending(id string) <-chan struct{} {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	if jd := j.byID[id]; jd != nil {
+		return jd.done
+	}
+	return nil
 }

@@ -114,7 +114,7 @@ func (d *driver) reconcileAgentless(log *slog.Logger, host fleet.Host) verdict.D
 	if host.Level() == fleet.GuaranteeMarkerScript {
 		w, err := d.hosts.scriptStatus(host, rec.ID)
 		if err != nil {
-			d.unreachable(log, "the marker script on "+host.Name, err)
+			d.unreachable(log, host.Name, "its marker script", err)
 			return verdict.Settle
 		}
 		st.Wrapper = w
@@ -147,7 +147,7 @@ func (d *driver) watchAgentless(log *slog.Logger, host fleet.Host) {
 		}
 		w, err := d.hosts.scriptStatus(host, d.id)
 		if err != nil {
-			d.unreachable(log, "the marker script on "+host.Name, err)
+			d.unreachable(log, host.Name, "its marker script", err)
 			return
 		}
 		act := verdict.ReconcileByLevel(host.Level(), d.record(), d.now(), host.Name, verdict.LevelStatus{Wrapper: w}, d.all.stopRequested(d.id))

@@ -45,7 +45,9 @@ func (d *driver) drive(asked func()) {
 		cancel()
 		if err != nil {
 			if d.ctx.Err() == nil {
-				d.conclude(verdict.Verdict{To: markers.Failed, Note: fmt.Sprintf("could not connect to %s, nothing was sent: %v", host.Name, err)})
+				r := hostProblem(host.Name, err)
+				r.Next = "Nothing was sent"
+				d.conclude(verdict.Verdict{To: markers.Failed, Note: r.Text()})
 			}
 			return
 		}
@@ -104,7 +106,7 @@ func (d *driver) reconcile(log *slog.Logger, host fleet.Host) bool {
 	rec := d.record()
 	st, err := d.hosts.status(host, rec.ID)
 	if err != nil {
-		d.unreachable(log, "hostagent on "+host.Name, err)
+		d.unreachable(log, host.Name, "its hostagent", err)
 		return false
 	}
 	act := verdict.ReconcileOn(rec, d.now(), host.Name, st, d.all.stopRequested(rec.ID))
@@ -119,9 +121,11 @@ func (d *driver) reconcile(log *slog.Logger, host fleet.Host) bool {
 
 // unreachable journals that who (the host's hostagent or marker script) could not be asked
 // about the execution: its outcome stays unknown, and the reconcile loop asks again.
-func (d *driver) unreachable(log *slog.Logger, who string, err error) {
+func (d *driver) unreachable(log *slog.Logger, host, who string, err error) {
 	d.metrics.reconciled.WithLabelValues("unreachable").Inc()
-	note := fmt.Sprintf("%s could not be asked (%v); the outcome stays unknown until it can be", who, err)
+	r := hostProblem(host, err)
+	r.Repair, r.Next = "", fmt.Sprintf("So %s could not be asked about this execution; its outcome stays unknown until it can be", who)
+	note := r.Text()
 	log.Warn("execution outcome unknown", "why", note)
 	d.conclude(verdict.Verdict{To: markers.Unknown, Note: note})
 }

@@ -85,6 +85,9 @@ type core struct {
 	policy  *policy.Policy
 	// announcer tells operators of new approval requests; nil without [approvals] webhook.
 	announcer *notify.Notifier
+	// judging are the results whose delivery is being judged now (delivered.go); it guards
+	// itself.
+	judging judgments
 
 	// readOnly: opened to read while the daemon is down (Options.ReadOnly).
 	readOnly bool

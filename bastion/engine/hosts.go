@@ -156,7 +156,7 @@ func (hs *hosts) agentlessHealth(ctx context.Context, h fleet.Host) api.HostHeal
 	switch {
 	case errors.Is(err, fleet.ErrHostKeyMismatch):
 		hh.Fix = fmt.Sprintf("the host presents another key than the one enrolled: check it on the host (ssh-keygen -lf its host key), then `postern hosts enroll %s %s --agentless --replace`", h.Name, h.Addr)
-	case strings.Contains(err.Error(), "unable to authenticate"):
+	case errors.Is(err, fleet.ErrKeyRefused):
 		hh.Fix = fmt.Sprintf("sshd on %s does not accept the bastion's key: append the line `postern hosts key` prints to ~%s/.ssh/authorized_keys there", h.Name, h.Account)
 	case strings.Contains(err.Error(), "marker script"):
 		hh.Fix = fmt.Sprintf("re-enroll the host to install the marker script again: `postern hosts enroll %s %s --agentless --marker-script --account %s`", h.Name, h.Addr, h.Account)
@@ -272,10 +272,10 @@ func (hs *hosts) health(ctx context.Context, h fleet.Host) api.HostHealth {
 		}
 	}
 	hh.Problem = err.Error()
-	switch msg := err.Error(); {
+	switch {
 	case errors.Is(err, fleet.ErrHostKeyMismatch):
 		hh.Fix = fmt.Sprintf("the host presents another key than the one enrolled: check it on the host (ssh-keygen -lf its host key), then `postern hosts enroll %s %s --replace`", h.Name, h.Addr)
-	case strings.Contains(msg, "unable to authenticate"):
+	case errors.Is(err, fleet.ErrKeyRefused):
 		hh.Fix = fmt.Sprintf("the hostagent on %s does not accept the bastion's key: append the line `postern hosts key` prints to its authorized_keys file, and check that %s is in its allowed_accounts", h.Name, h.Account)
 	default:
 		hh.Fix = fmt.Sprintf("is postern-hostagent running on %s (systemctl status postern-hostagent) and listening on %s? Check the address with `postern hosts list`, and that no firewall is in the way", h.Name, h.Addr)

@@ -50,9 +50,10 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	// concurrent calls of one intent cannot both create.
 	lockKey, by := intent.LockKey(c.Actor, cl.scope, cl.fingerprint), "fingerprint"
 	if key != "" {
-		lockKey, by = "k\x00"+c.Actor+"\x00"+key, "idempotency_key"
+		lockKey, by = intent.KeyLockKey(key), "idempotency_key"
 	}
-	facts := intent.Facts{Actor: c.Actor, Scope: cl.scope, Fingerprint: cl.fingerprint, IdempotencyKey: key}
+	cl.record.Principal = in.principalOf(c)
+	facts := intent.Facts{Actor: c.Actor, Principal: cl.record.Principal, Scope: cl.scope, Fingerprint: cl.fingerprint, IdempotencyKey: key}
 	var (
 		unlock  func()
 		prior   *markers.Record
@@ -65,7 +66,26 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		if prior, outcome, err = in.matchCall(cl, &facts); err != nil {
 			return nil, err
 		}
-		wait := in.deliverySettling(prior, outcome)
+		if judged := in.deliveryInDoubt(prior, outcome); judged != nil {
+			// The result this call would replay is on its way to a client, and whether it
+			// got there is not known yet: a client that read it and calls again must not
+			// be handed the same result as if it had lost it. Decide on the verdict, without
+			// the intake lock (the delivery's journal write does not need it, a revocation
+			// does).
+			unlock()
+			verdict := time.NewTimer(maxDeliveryVerdictWait)
+			select {
+			case <-judged:
+			case <-verdict.C:
+			case <-ctx.Done():
+			}
+			verdict.Stop()
+			if ctx.Err() != nil {
+				return nil, ctx.Err()
+			}
+			continue
+		}
+		wait := in.deliverySettling(c, prior, outcome)
 		if wait <= 0 {
 			break
 		}
@@ -79,14 +99,21 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		}
 	}
 	switch {
+	case outcome == intent.KeyHeld:
+		// Another principal's execution: the caller learns that the key is taken, never
+		// which execution holds it, and nothing is journaled on that execution.
+		unlock()
+		in.metrics.rejected.WithLabelValues(api.CodeIdempotencyKeyHeld).Inc()
+		return nil, keyHeld(key).Err()
 	case outcome == intent.KeyReused:
 		unlock()
 		in.metrics.rejected.WithLabelValues(api.CodeIdempotencyKeyReused).Inc()
 		if err := in.records.joined(ctx, c, cl.scope, prior.ID, outcome); err != nil {
 			return nil, journalError(err)
 		}
-		return nil, &api.ToolError{Code: api.CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
-			"idempotency_key %q was used by %s for a different request; nothing was dispatched (use a new key for a new request)", key, prior.ID)}
+		te := keyReused(key, prior.ID).Err()
+		te.ExecutionID = prior.ID
+		return nil, te
 	case outcome.Joins():
 		unlock()
 		in.metrics.dedup.WithLabelValues(by).Inc()
@@ -153,7 +180,12 @@ func (in *intake) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, in
 	var prior *markers.Record
 	var err error
 	if facts.IdempotencyKey != "" {
-		prior, err = in.journal.FindByIdempotencyKey(facts.Actor, facts.IdempotencyKey)
+		// Whoever holds the key; then the caller's own key of before principals, which its
+		// actor's space keeps (markers.KeySpace).
+		prior, err = in.journal.FindByIdempotencyKey(markers.SharedKeySpace, facts.IdempotencyKey)
+		if errors.Is(err, markers.ErrNotFound) {
+			prior, err = in.journal.FindByIdempotencyKey(facts.Actor, facts.IdempotencyKey)
+		}
 	} else {
 		prior, err = in.journal.FindByFingerprint(facts.Actor, facts.Scope, facts.Fingerprint)
 	}
@@ -166,7 +198,7 @@ func (in *intake) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, in
 	class := config.Class{}
 	if prior != nil {
 		class = in.classes.Get(prior.Class)
-		if facts.IdempotencyKey != "" {
+		if facts.IdempotencyKey != "" && intent.HoldsKey(prior, *facts) {
 			if facts.SameRequest, err = in.fp.SameRequest(prior, cl.action, cl.fingerprint); err != nil {
 				return nil, "", err
 			}
@@ -175,10 +207,34 @@ func (in *intake) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, in
 	return prior, intent.Rule(prior, *facts, in.now(), class), nil
 }
 
+// maxDeliveryVerdictWait bounds how long a call waits for the delivery verdict of the result
+// it would replay (deliveryInDoubt): the transports judge within seconds (the kernel's
+// evidence is looked for at most 5 s), and a call that waited this long replays.
+const maxDeliveryVerdictWait = 10 * time.Second
+
+// deliveryInDoubt returns a channel closed once the delivery of prior's result has been
+// judged, when the call would replay that result (an unkeyed call, a completed execution not
+// delivered) while a response carrying it is still being judged; nil otherwise. A keyed call
+// replays whatever happened to the response, and needs no verdict.
+func (in *intake) deliveryInDoubt(prior *markers.Record, outcome intent.Match) <-chan struct{} {
+	if outcome != intent.Replay || prior.IdempotencyKey != "" || prior.State != markers.Completed || prior.ResultDeliveredAt != nil {
+		return nil
+	}
+	return in.judging.pending(prior.ID)
+}
+
 // deliverySettling is how long a call must wait before a new-intent decision that rests on
 // prior's delivery is final (see config.Config.DeliverySettle); 0 when it needs no wait.
-func (in *intake) deliverySettling(prior *markers.Record, outcome intent.Match) time.Duration {
-	if outcome != intent.NewExecution || prior == nil || prior.State != markers.Completed || prior.ResultDeliveredAt == nil {
+//
+// Only a cancel that can overtake the call is waited for: over Streamable HTTP the client's
+// notifications/cancelled is a POST of its own, which may arrive after the re-issue it came
+// before. The stdio bridge forwards a cancel, and the daemon has revoked the delivery it
+// gave up on, before the bridge reads its client's next message (transport.Bridge), so a
+// call through it that finds a delivered result finds it after any cancel of it: it is
+// decided at once. Only a bridge that runs the daemon's own executable is known to be that
+// bridge (Caller.BridgeBinary); any other program may name its parent as a bridge does.
+func (in *intake) deliverySettling(c transport.Caller, prior *markers.Record, outcome intent.Match) time.Duration {
+	if c.BridgeBinary || outcome != intent.NewExecution || prior == nil || prior.State != markers.Completed || prior.ResultDeliveredAt == nil {
 		return 0
 	}
 	return prior.ResultDeliveredAt.Add(in.cfg.DeliverySettle).Sub(in.now())
@@ -206,7 +262,7 @@ func (in *intake) decide(c transport.Caller, cl *claim) (policy.Decision, func()
 	}
 	cl.record.Decision, cl.record.Rule = string(dec.Outcome), dec.Rule
 	steps := append([]string(nil), dec.Steps...)
-	steps = append(steps, fmt.Sprintf("policy: %s (%s)", dec.Outcome, dec.Rule))
+	steps = append(steps, api.DecisionEvidence(string(dec.Outcome), dec.Rule))
 	for _, s := range steps {
 		cl.record.Evidence = appendBounded(cl.record.Evidence, s)
 	}
@@ -223,11 +279,23 @@ func (in *intake) decide(c transport.Caller, cl *claim) (policy.Decision, func()
 
 // policyActor resolves the caller to its configured actor: by token name for remote
 // callers, by process (uid, executable) for local ones.
-func (in *intake) policyActor(c transport.Caller) (policy.Actor, bool) {
+func (co *core) policyActor(c transport.Caller) (policy.Actor, bool) {
 	if c.Local {
-		return in.policy.LocalActor(c.UID, c.Exe)
+		return co.policy.LocalActor(c.UID, c.Exe)
 	}
-	return in.policy.Actor(strings.TrimPrefix(c.Actor, "token:"))
+	return co.policy.Actor(strings.TrimPrefix(c.Actor, "token:"))
+}
+
+// principalOf is who holds the caller's idempotency keys (markers.Record.Principal):
+// "principal:NAME" for a caller whose configured actor is in a [[principals]] entry, else
+// the caller's own actor string.
+func (co *core) principalOf(c transport.Caller) string {
+	if actor, ok := co.policyActor(c); ok {
+		if name, ok := co.cfg.PrincipalOf(actor.Name); ok {
+			return "principal:" + name
+		}
+	}
+	return c.Actor
 }
 
 // checkLimits refuses a new call of actor in scope that would exceed one of its limits. An
@@ -238,7 +306,9 @@ func (in *intake) checkLimits(c transport.Caller, actor policy.Actor, scope stri
 		all, run := in.drivers.inFlight(actor.Name, scope)
 		if why := concurrencyExceeded(actor, all, run); why != "" {
 			in.metrics.rejected.WithLabelValues(api.CodeConcurrencyLimit).Inc()
-			return &api.ToolError{Code: api.CodeConcurrencyLimit, Message: why + "; wait for one to end (nothing was started)"}
+			return api.Refusal{Code: api.CodeConcurrencyLimit, Reason: why,
+				Repair: "wait for one of them to end (execution_status or execution_output), then call again",
+				Next:   "Nothing was started"}.Err()
 		}
 	}
 	if actor.DailyQuota > 0 || actor.RunDailyQuota > 0 {
@@ -255,7 +325,9 @@ func (in *intake) checkLimits(c transport.Caller, actor policy.Actor, scope stri
 		}
 		if why != "" {
 			in.metrics.rejected.WithLabelValues(api.CodeQuotaExceeded).Inc()
-			return &api.ToolError{Code: api.CodeQuotaExceeded, Message: why + " (resets at 00:00 UTC; rejected executions do not count); nothing was started"}
+			return api.Refusal{Code: api.CodeQuotaExceeded, Reason: why,
+				Repair: "the quota resets at 00:00 UTC (rejected executions do not count); until then nothing new can start",
+				Next:   "Nothing was started"}.Err()
 		}
 	}
 	return nil

@@ -221,11 +221,8 @@ func reconcileWhat(rec *markers.Record, level fleet.Guarantee) string {
 func authorizationOf(rec *markers.Record, evs []markers.Event) api.Authorization {
 	a := api.Authorization{Decision: rec.Decision, Class: rec.Class, AcceptedAt: rec.CreatedAt}
 	for _, e := range rec.Evidence {
-		// The decision's evidence line: "policy: <outcome> (<rule>)".
-		if rest, ok := strings.CutPrefix(e, "policy: "); ok {
-			if _, rule, ok := strings.Cut(rest, " ("); ok {
-				a.Rule = strings.TrimSuffix(rule, ")")
-			}
+		if rule, ok := api.RuleOf(e); ok {
+			a.Rule = rule
 		}
 	}
 	if t, ok := rec.StateTimes[markers.Authorized]; ok {

@@ -86,7 +86,7 @@ func TestExecutionDetail(t *testing.T) {
 	if _, err := f.engine().Execution("ex_00000000000000000000000000"); !errors.Is(err, markers.ErrNotFound) {
 		t.Errorf("detail of an unknown execution = %v; want ErrNotFound", err)
 	}
-	out, err := f.engine().ReadOutput(context.Background(), x.ExecutionID, api.OutputArgs{ExecutionID: x.ExecutionID, Offset: 1})
+	out, err := f.engine().ReadOutput(context.Background(), x.ExecutionID, api.OutputArgs{ExecutionID: x.ExecutionID, StdoutOffset: 1})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ func TestOutputFromOffsets(t *testing.T) {
 	if got.Stdout != "a" || got.StdoutOffset != 0 || markers.JournalGraph.Terminal(markers.State(got.State)) {
 		t.Errorf("output from 0 while running = %q at %d (%s); want \"a\" at 0, in progress", got.Stdout, got.StdoutOffset, got.State)
 	}
-	got, err = f.engine().Output(ctx, alice, api.OutputArgs{ExecutionID: id, Offset: 1, WaitS: waitS(0)})
+	got, err = f.engine().Output(ctx, alice, api.OutputArgs{ExecutionID: id, StdoutOffset: 1, WaitS: waitS(0)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,7 +48,7 @@ func TestOutputFromOffsets(t *testing.T) {
 	}
 
 	f.release(t, "g")
-	got, err = f.engine().Output(ctx, alice, api.OutputArgs{ExecutionID: id, Offset: 1, WaitS: waitS(30)})
+	got, err = f.engine().Output(ctx, alice, api.OutputArgs{ExecutionID: id, StdoutOffset: 1, WaitS: waitS(30)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -57,7 +57,7 @@ func TestOutputFromOffsets(t *testing.T) {
 	}
 	f.waitState(t, alice, id, markers.Completed)
 	for _, off := range []int64{0, 1, 2, 5} {
-		got, err = f.engine().Output(ctx, alice, api.OutputArgs{ExecutionID: id, Offset: off})
+		got, err = f.engine().Output(ctx, alice, api.OutputArgs{ExecutionID: id, StdoutOffset: off})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -75,7 +75,7 @@ func TestOutputFromOffsets(t *testing.T) {
 		t.Errorf("status after the end: stdout %q; want \"ab\"", st.Stdout)
 	}
 
-	for _, a := range []api.OutputArgs{{ExecutionID: id, Offset: -1}, {ExecutionID: id, WaitS: waitS(-1)}} {
+	for _, a := range []api.OutputArgs{{ExecutionID: id, StdoutOffset: -1}, {ExecutionID: id, WaitS: waitS(-1)}} {
 		_, err := f.engine().Output(ctx, alice, a)
 		wantCode(t, err, api.CodeInvalidArgument)
 	}
@@ -105,14 +105,14 @@ func TestOutputFromSpool(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			got, err := f.engine().Output(context.Background(), alice, api.OutputArgs{ExecutionID: x.ExecutionID, Offset: tt.offset})
+			got, err := f.engine().Output(context.Background(), alice, api.OutputArgs{ExecutionID: x.ExecutionID, StdoutOffset: tt.offset})
 			if err != nil {
 				t.Fatal(err)
 			}
 			if got.Stdout != tt.want || got.StdoutOffset != tt.offset {
 				t.Errorf("output = %q at %d; want %q at %d", got.Stdout, got.StdoutOffset, tt.want, tt.offset)
 			}
-			op, err := f.engine().ReadOutput(context.Background(), x.ExecutionID, api.OutputArgs{ExecutionID: x.ExecutionID, Offset: tt.offset})
+			op, err := f.engine().ReadOutput(context.Background(), x.ExecutionID, api.OutputArgs{ExecutionID: x.ExecutionID, StdoutOffset: tt.offset})
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -58,11 +58,12 @@ func (rs *records) joined(ctx context.Context, c transport.Caller, scope, id str
 }
 
 // policyDecision journals a policy decision other than authorized: the execution waits for
-// an operator (awaiting_approval) or is rejected. Neither ever dispatches.
+// an operator (awaiting_approval) or is rejected. Neither ever dispatches. Its note, also its
+// latest evidence, is what the agent reads as the cause (policyRefusal).
 func (rs *records) policyDecision(ctx context.Context, rec *markers.Record, dec policy.Decision) (*markers.Record, error) {
-	to, note := markers.Rejected, fmt.Sprintf("rejected by policy: %s", dec.Rule)
+	to, note := markers.Rejected, policyRefusal(dec).Text()
 	if dec.Outcome == policy.AwaitingApproval {
-		to, note = markers.AwaitingApproval, fmt.Sprintf("approval required by policy: %s", dec.Rule)
+		to = markers.AwaitingApproval
 	}
 	next, err := rs.journal.Transition(ctx, rec.ID, rec.State, to, note, addEvidence(note))
 	if err != nil {

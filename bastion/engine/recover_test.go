@@ -112,7 +112,7 @@ func TestHostLostMidCommand(t *testing.T) {
 		t.Errorf("later calls = %q; want the retry reconciled", got)
 	}
 	other := f.exec(t, alice, api.ExecArgs{Host: "h1", Command: f.effect("other")})
-	if other.State != string(markers.Failed) || !strings.Contains(other.Cause, "nothing was sent") {
+	if other.State != string(markers.Failed) || !strings.Contains(other.Cause, "host_unreachable: host h1 cannot be reached") || !strings.Contains(other.Cause, "Nothing was sent") {
 		t.Errorf("a new call while the host is down = %s (cause %q); want failed, nothing sent", other.State, other.Cause)
 	}
 

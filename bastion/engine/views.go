@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -57,8 +58,11 @@ func (v *views) view(rec *markers.Record) *api.Execution {
 		x.FinishedAt = &t
 	}
 	holder := v.ownHolder(rec)
-	if rec.State == markers.Failed || rec.State == markers.Unknown {
+	switch rec.State {
+	case markers.Failed, markers.Unknown, markers.Rejected:
 		x.Cause = cause(rec, holder)
+	case markers.AwaitingApproval:
+		x.Cause = approvalCause(rec)
 	}
 	x.Next = nextStep(rec, holder)
 	if rec.State == markers.Authorized && v.drivers.queued(rec.ID) {
@@ -138,7 +142,9 @@ wait:
 	return x
 }
 
-// own returns execution id if caller may see it: actors see only their own executions.
+// own returns execution id if caller may see it: actors see only their own executions and
+// those of their principal's other actors (one of which a shared idempotency_key may hand
+// them).
 func (v *views) own(c transport.Caller, id string) (*markers.Record, error) {
 	notFound := &api.ToolError{Code: api.CodeNotFound, Message: "no execution " + id + " of yours"}
 	if !markers.ValidJournalID(id) {
@@ -151,7 +157,7 @@ func (v *views) own(c transport.Caller, id string) (*markers.Record, error) {
 	if err != nil {
 		return nil, journalError(err)
 	}
-	if rec.Actor != c.Actor {
+	if rec.Actor != c.Actor && (rec.Principal == "" || rec.Principal != v.principalOf(c)) {
 		return nil, notFound
 	}
 	return rec, nil
@@ -159,7 +165,7 @@ func (v *views) own(c transport.Caller, id string) (*markers.Record, error) {
 
 // output is Output for a record the caller may read.
 func (v *views) output(ctx context.Context, rec *markers.Record, a api.OutputArgs) (*api.Execution, error) {
-	if a.Offset < 0 || a.StderrOffset < 0 {
+	if a.StdoutOffset < 0 || a.StderrOffset < 0 {
 		return nil, api.Invalid("offsets must not be negative")
 	}
 	if a.WaitS != nil && (*a.WaitS < 0 || time.Duration(*a.WaitS)*time.Second > v.cfg.MaxWait) {
@@ -176,7 +182,7 @@ func (v *views) output(ctx context.Context, rec *markers.Record, a api.OutputArg
 	if d != nil {
 		deadline := time.NewTimer(wait)
 		defer deadline.Stop()
-		for d.stdout.size() <= a.Offset && d.stderr.size() <= a.StderrOffset {
+		for d.stdout.size() <= a.StdoutOffset && d.stderr.size() <= a.StderrOffset {
 			select {
 			case <-d.changes():
 				continue
@@ -189,7 +195,7 @@ func (v *views) output(ctx context.Context, rec *markers.Record, a api.OutputArg
 		if !markers.JournalGraph.Terminal(d.record().State) {
 			x := v.view(d.record())
 			limit := v.cfg.OutputTailBytes
-			out, outFrom := d.stdout.read(a.Offset, limit)
+			out, outFrom := d.stdout.read(a.StdoutOffset, limit)
 			errb, errFrom := d.stderr.read(a.StderrOffset, limit)
 			x.Stdout, x.StdoutOffset, x.StdoutBytes = string(out), outFrom, d.stdout.size()
 			x.Stderr, x.StderrOffset, x.StderrBytes = string(errb), errFrom, d.stderr.size()
@@ -197,7 +203,7 @@ func (v *views) output(ctx context.Context, rec *markers.Record, a api.OutputArg
 		}
 		rec = d.record()
 	}
-	return v.storedFrom(ctx, rec, a.Offset, a.StderrOffset), nil
+	return v.storedFrom(ctx, rec, a.StdoutOffset, a.StderrOffset), nil
 }
 
 // storedFrom returns a finished execution's output from the given offsets: from the stored
@@ -277,6 +283,17 @@ func cause(rec *markers.Record, holder *markers.Record) string {
 	return line
 }
 
+// approvalCause is why an execution awaits approval: the refusal journaled when policy held
+// it (policyRefusal), whatever was journaled since (an offer to the user).
+func approvalCause(rec *markers.Record) string {
+	for _, e := range slices.Backward(rec.Evidence) {
+		if strings.HasPrefix(e, codeApprovalRequired+": ") {
+			return e
+		}
+	}
+	return "policy requires a person's approval before this runs"
+}
+
 // nextStep tells the agent what is safe to do, by state. holder is the execution that holds
 // rec's operation key, if the host refused rec for it and it is the caller's own.
 func nextStep(rec *markers.Record, holder *markers.Record) string {
@@ -310,9 +327,9 @@ func nextStep(rec *markers.Record, holder *markers.Record) string {
 	case markers.TimedOut:
 		return "Killed at its timeout; see the output for how far it got."
 	case markers.Rejected:
-		return "Rejected; it was not run. A retry returns this same rejection."
+		return "Rejected; it was not run, and a retry of this same call returns this same rejection. Change the call as the cause says: another command or request is a new call."
 	case markers.AwaitingApproval:
-		return "Waiting for an operator's approval; wait with execution_status."
+		return fmt.Sprintf("Not run yet: it waits for a person's approval (an operator's, or your user's if your client asks them). Wait with execution_status {execution_id: %q}; calling again returns this same pending execution and never asks twice.", rec.ID)
 	}
 	return ""
 }

@@ -3,14 +3,21 @@ package engine
 import (
 	"context"
 	"encoding/json"
+	"errors"
+	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
+	"github.com/postern-dev/postern/bastion/fleet"
+	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -162,9 +169,34 @@ func TestWhatAgentsRead(t *testing.T) {
 		{name: "completed, exit 1", path: append(dispatched, markers.Running, markers.Completed), mutate: exit(1), wantText: []string{"(exit 1)"}, wantFailed: true},
 		{name: "timed out", path: append(dispatched, markers.Running, markers.TimedOut), wantFailed: true},
 		{name: "cancelled", path: append(dispatched, markers.Running, markers.Cancelled), wantFailed: true},
-		{name: "rejected by policy", path: []markers.State{markers.Rejected}, wantFailed: true},
+		{
+			name: "rejected by policy: the rule, why and what to do",
+			path: []markers.State{markers.Rejected},
+			mutate: evidence("actor resolved: agent", `policy: rejected (rules[0] "no-rm")`,
+				policyRefusal(policy.Decision{Outcome: policy.Rejected, Code: policy.CodeDenied, Rule: `rules[0] "no-rm"`}).Text()),
+			wantText: []string{"rejected.\nCause: " + `denied: a deny rule matches this call (rules[0] "no-rm"). Change the command`,
+				"Next: Rejected; it was not run, and a retry of this same call returns this same rejection."},
+			wantFailed: true,
+		},
+		{
+			name: "rejected by an operator: the latest evidence",
+			path: []markers.State{markers.AwaitingApproval, markers.Rejected},
+			mutate: evidence(policyRefusal(policy.Decision{Outcome: policy.AwaitingApproval, Rule: `rules[1] "prod"`}).Text(),
+				"denied by operator alice: not now"),
+			wantText:   []string{"Cause: denied by operator alice: not now"},
+			wantFailed: true,
+		},
 		{name: "running", path: append(dispatched, markers.Running), wantFailed: false},
-		{name: "awaiting approval", path: []markers.State{markers.AwaitingApproval}, wantFailed: false},
+		{
+			name: "awaiting approval: which rule, and what to do meanwhile",
+			path: []markers.State{markers.AwaitingApproval},
+			mutate: evidence(policyRefusal(policy.Decision{Outcome: policy.AwaitingApproval, Rule: `rules[1] "prod"`}).Text(),
+				"approval asked of the agent's user by elicitation; an operator may still decide"),
+			wantText: []string{"awaiting_approval.\nCause: " + `approval_required: policy requires a person's approval before this runs (rules[1] "prod").`,
+				"Next: Not run yet: it waits for a person's approval", "execution_status", "never asks twice"},
+			neverText:  []string{"postern approve"},
+			wantFailed: false,
+		},
 	}
 	for i, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -213,5 +245,81 @@ func TestFinishedAtIgnoresTheDeliveryWrite(t *testing.T) {
 	x := b.views.view(after)
 	if x.FinishedAt == nil || !x.FinishedAt.Equal(observed) {
 		t.Errorf("finished_at = %v; want %v, when completed was journaled", x.FinishedAt, observed)
+	}
+}
+
+// TestHostProblem: what an agent reads when its host was sent nothing says which of three
+// things is wrong — the host refuses the bastion's key, presents another host key, or cannot
+// be reached — and an unreachable host reads the same on the dial that failed and on every
+// call while the pool waits to dial again, with no figures of that wait.
+func TestHostProblem(t *testing.T) {
+	refused := &net.OpError{Op: "dial", Net: "tcp", Err: &os.SyscallError{Syscall: "connect", Err: syscall.ECONNREFUSED}}
+	dial := fmt.Errorf("%w: dial h1 (10.0.0.1:22): %w", fleet.ErrHostUnreachable, refused)
+	tests := []struct {
+		name string
+		err  error
+		want string
+	}{
+		{"refused connection", dial, "host_unreachable: host h1 cannot be reached (connection refused). Call again later"},
+		{"a timeout", fmt.Errorf("%w: dial h1: %w", fleet.ErrHostUnreachable, &net.OpError{Op: "dial", Net: "tcp", Err: os.ErrDeadlineExceeded}),
+			"host_unreachable: host h1 cannot be reached (i/o timeout)."},
+		{"the key is refused", fmt.Errorf("%w: h1: ssh: handshake failed: ssh: unable to authenticate", fleet.ErrKeyRefused),
+			"host_refuses_key: host h1 refuses the bastion's SSH key. The bastion's key must be authorized on the host"},
+		{"another host key", fmt.Errorf("%w: h1 presented SHA256:x, enrolled SHA256:y", fleet.ErrHostKeyMismatch),
+			"host_key_mismatch: host h1 presents another host key than the one enrolled, so Postern sends it nothing."},
+		{"a failed hello", fmt.Errorf("bastion: host h1: %w", errors.New("hostproto: hello: EOF")),
+			"host_unreachable: host h1 cannot be reached (host h1: hostproto: hello: EOF)."},
+	}
+	for _, tt := range tests {
+		got := hostProblem("h1", tt.err).Text()
+		if !strings.HasPrefix(got, tt.want) {
+			t.Errorf("%s: %q; want it to start %q", tt.name, got, tt.want)
+		}
+		for _, never := range []string{"next dial", "10.0.0.1", "postern "} {
+			if strings.Contains(got, never) {
+				t.Errorf("%s: %q shows %q", tt.name, got, never)
+			}
+		}
+	}
+}
+
+// TestPolicyRefusal: every policy outcome that is not authorized reads as its code, the
+// rule and a reason an agent can act on; none names an operator command. The policy's own
+// words, when it gives them, are the reason and the repair.
+func TestPolicyRefusal(t *testing.T) {
+	own := policyRefusal(policy.Decision{Outcome: policy.Rejected, Code: policy.CodeDenied, Rule: `rules[0] "no-rm"`,
+		Reason: `denied by rule rules[0] "no-rm": rm -rf /x matches "rm **"`, Repair: "the policy forbids this here"})
+	if want := `denied: denied by rule rules[0] "no-rm": rm -rf /x matches "rm **". The policy forbids this here.`; own.Text() != want {
+		t.Errorf("with the policy's words: %q; want %q", own.Text(), want)
+	}
+	pending := policyRefusal(policy.Decision{Outcome: policy.AwaitingApproval, Rule: `rules[1] "prod"`,
+		Reason: `rule rules[1] "prod" requires a person's approval: deploy web`, Repair: "wait for a person to approve it"})
+	if want := `approval_required: rule rules[1] "prod" requires a person's approval: deploy web. Wait for a person to approve it.`; pending.Text() != want {
+		t.Errorf("approval with the policy's words: %q; want %q", pending.Text(), want)
+	}
+
+	for _, dec := range []policy.Decision{
+		{Outcome: policy.Rejected, Code: policy.CodeDenied, Rule: `rules[0] "no-rm"`},
+		{Outcome: policy.Rejected, Code: policy.CodeUnparsable, Rule: `rules[0] "no-rm"`},
+		{Outcome: policy.Rejected, Code: policy.CodeNotAllowed, Rule: "actor agent: host h2 not allowed"},
+		{Outcome: policy.Rejected, Code: policy.CodeActorUnknown, Rule: `actor "": not configured`},
+		{Outcome: policy.Rejected, Code: policy.CodeTargetUnknown, Rule: "ssh_exec without a host"},
+		{Outcome: policy.AwaitingApproval, Rule: `rules[1] "prod"`},
+	} {
+		r := policyRefusal(dec)
+		text := r.Text()
+		wantCode := dec.Code
+		if dec.Outcome == policy.AwaitingApproval {
+			wantCode = codeApprovalRequired
+		}
+		if !strings.HasPrefix(text, wantCode+": ") || !strings.Contains(text, "("+dec.Rule+")") || r.Reason == "" {
+			t.Errorf("%s/%s: %q; want the code, a reason and the rule", dec.Outcome, dec.Code, text)
+		}
+		if dec.Outcome == policy.Rejected && r.Repair == "" {
+			t.Errorf("%s: %q says nothing of what to do", dec.Code, text)
+		}
+		if strings.Contains(text, "postern ") {
+			t.Errorf("%s: %q names an operator command", dec.Code, text)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -20,6 +21,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/BurntSushi/toml"
 	gossh "golang.org/x/crypto/ssh"
@@ -47,6 +50,10 @@ type hostEntry struct {
 	Guarantee string `toml:"guarantee,omitempty"`
 	// MarkerScriptSHA256 is the digest of ~/.postern/run installed at enrollment.
 	MarkerScriptSHA256 string `toml:"marker_script_sha256,omitempty"`
+	// Description, Labels and OS are what agents are told about the host (Host).
+	Description string            `toml:"description,omitempty"`
+	Labels      map[string]string `toml:"labels,omitempty"`
+	OS          string            `toml:"os,omitempty"`
 }
 
 // hostName is what a host may be called: 1-64 of [A-Za-z0-9_.-], starting with a letter or
@@ -193,8 +200,63 @@ func (e hostEntry) host() (Host, error) {
 	if err := checkGuarantee(Guarantee(e.Guarantee), e.MarkerScriptSHA256); err != nil {
 		return Host{}, fmt.Errorf("host %s: %w", e.Name, err)
 	}
+	if err := ValidateHostInfo(e.Description, e.Labels, e.OS); err != nil {
+		return Host{}, fmt.Errorf("host %s: %w", e.Name, err)
+	}
 	return Host{Name: e.Name, Addr: e.Addr, Account: e.Account, HostKey: key, Cwd: e.Cwd, Groups: e.Groups, AcceptEnv: e.AcceptEnv,
-		Guarantee: Guarantee(e.Guarantee), ScriptSHA256: e.MarkerScriptSHA256}, nil
+		Guarantee: Guarantee(e.Guarantee), ScriptSHA256: e.MarkerScriptSHA256,
+		Description: e.Description, Labels: e.Labels, OS: e.OS}, nil
+}
+
+// Bounds of what agents are told about a host. Every agent that lists hosts reads it, so it
+// is short, one line, and printable.
+const (
+	maxDescriptionBytes = 256
+	maxLabels           = 32
+	maxLabelValueBytes  = 128
+	maxOSBytes          = 64
+)
+
+// labelName is a label's name: like a host name, and a "/" for a prefix (team/owner).
+var labelName = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_./-]{0,62}$`)
+
+// ValidateHostInfo checks what agents are told about a host: a description of one line of
+// printable text (at most 256 bytes), at most 32 labels named like hosts (a "/" allowed)
+// whose values are at most 128 printable bytes without spaces, and an OS of at most 64
+// printable bytes.
+func ValidateHostInfo(description string, labels map[string]string, os string) error {
+	switch {
+	case len(description) > maxDescriptionBytes || !printableLine(description, true):
+		return fmt.Errorf("description: want one line of printable text, at most %d bytes", maxDescriptionBytes)
+	case len(os) > maxOSBytes || !printableLine(os, true):
+		return fmt.Errorf("os: want printable text, at most %d bytes", maxOSBytes)
+	case len(labels) > maxLabels:
+		return fmt.Errorf("labels: at most %d", maxLabels)
+	}
+	for _, k := range slices.Sorted(maps.Keys(labels)) {
+		v := labels[k]
+		if !labelName.MatchString(k) {
+			return fmt.Errorf("label %q: want a name of 1-63 of [A-Za-z0-9_./-], starting with a letter or digit", k)
+		}
+		if v == "" || len(v) > maxLabelValueBytes || !printableLine(v, false) {
+			return fmt.Errorf("label %s: want a value of 1-%d printable characters without spaces", k, maxLabelValueBytes)
+		}
+	}
+	return nil
+}
+
+// printableLine reports whether s is valid UTF-8 without control characters (and, unless
+// spaces, without white space).
+func printableLine(s string, spaces bool) bool {
+	if !utf8.ValidString(s) {
+		return false
+	}
+	for _, r := range s {
+		if !unicode.IsPrint(r) || !spaces && unicode.IsSpace(r) {
+			return false
+		}
+	}
+	return true
 }
 
 // Enrollment is what `postern hosts enroll` shows before it records a host.
@@ -254,7 +316,8 @@ func PlanEnrollment(path string, h Host) (Enrollment, error) {
 func Enroll(path string, h Host) error {
 	entry := hostEntry{
 		Name: h.Name, Addr: h.Addr, Account: h.Account, Cwd: h.Cwd, Groups: h.Groups, AcceptEnv: h.AcceptEnv,
-		HostKey: string(bytes.TrimSpace(gossh.MarshalAuthorizedKey(h.HostKey))),
+		HostKey:     string(bytes.TrimSpace(gossh.MarshalAuthorizedKey(h.HostKey))),
+		Description: h.Description, Labels: h.Labels, OS: h.OS,
 	}
 	if h.Level() != GuaranteeHostagent {
 		entry.Guarantee, entry.MarkerScriptSHA256 = string(h.Guarantee), h.ScriptSHA256
@@ -269,6 +332,50 @@ func Enroll(path string, h Host) error {
 	f.Hosts = slices.DeleteFunc(f.Hosts, func(e hostEntry) bool { return e.Name == h.Name })
 	f.Hosts = append(f.Hosts, entry)
 	slices.SortFunc(f.Hosts, func(a, b hostEntry) int { return strings.Compare(a.Name, b.Name) })
+	return saveInventory(path, f)
+}
+
+// Info is what agents are told about a host (Host.Description, Labels, OS).
+type Info struct {
+	Description string
+	Labels      map[string]string
+	OS          string
+}
+
+// SetInfo changes what agents are told about the enrolled host named name: edit is given
+// its Info as the inventory at path has it and changes it in place. Nothing else of the
+// entry changes; the write is atomic and durable. An unknown name is ErrUnknownHost, an
+// edit that does not validate (ValidateHostInfo) changes nothing.
+func SetInfo(path, name string, edit func(*Info)) (Info, error) {
+	f, err := readInventoryFile(path)
+	if err != nil {
+		return Info{}, err
+	}
+	i := slices.IndexFunc(f.Hosts, func(e hostEntry) bool { return e.Name == name })
+	if i < 0 {
+		return Info{}, fmt.Errorf("%w %q: enroll it first", ErrUnknownHost, name)
+	}
+	e := &f.Hosts[i]
+	info := Info{Description: e.Description, Labels: maps.Clone(e.Labels), OS: e.OS}
+	if info.Labels == nil {
+		info.Labels = map[string]string{}
+	}
+	edit(&info)
+	if len(info.Labels) == 0 {
+		info.Labels = nil
+	}
+	if err := ValidateHostInfo(info.Description, info.Labels, info.OS); err != nil {
+		return Info{}, fmt.Errorf("bastion: host %s: %w", name, err)
+	}
+	e.Description, e.Labels, e.OS = info.Description, info.Labels, info.OS
+	if _, err := e.host(); err != nil {
+		return Info{}, fmt.Errorf("bastion: inventory %s: %w", path, err)
+	}
+	return info, saveInventory(path, f)
+}
+
+// saveInventory writes f to path, atomically and durably, 0600 (its dir 0700).
+func saveInventory(path string, f inventoryFile) error {
 	var buf bytes.Buffer
 	buf.WriteString("# Enrolled hosts: written by `postern hosts enroll`. Each host_key was shown to the\n# operator and recorded once; a host presenting another key is refused.\n\n")
 	if err := toml.NewEncoder(&buf).Encode(f); err != nil {

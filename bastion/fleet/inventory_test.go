@@ -3,6 +3,7 @@ package fleet
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -298,6 +299,68 @@ func TestEnroll(t *testing.T) {
 	}
 	if err := Enroll(path, enroll[0]); err == nil {
 		t.Fatal("Enroll over a broken inventory succeeded")
+	}
+}
+
+// TestHostInfo: a description, labels and the OS go into the inventory at enrollment and are
+// changed by SetInfo without touching the rest of the entry; what does not validate is
+// refused and changes nothing.
+func TestHostInfo(t *testing.T) {
+	key := testutil.NewSSHKey(t)
+	path := filepath.Join(t.TempDir(), "hosts.toml")
+	h := Host{Name: "db1", Addr: "10.0.0.3:22", Account: "postgres", HostKey: key.Public(), Groups: []string{"db"},
+		Description: "primary PostgreSQL of the shop", Labels: map[string]string{"env": "prod", "role": "db"}, OS: "Debian 12"}
+	if err := Enroll(path, h); err != nil {
+		t.Fatal(err)
+	}
+	host := func() Host {
+		t.Helper()
+		inv, err := OpenInventory(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := inv.Host("db1")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if got := host(); got.Description != h.Description || !maps.Equal(got.Labels, h.Labels) || got.OS != h.OS {
+		t.Fatalf("enrolled %+v; want its description, labels and OS", got)
+	}
+
+	info, err := SetInfo(path, "db1", func(i *Info) {
+		i.Labels["env"] = "staging"
+		delete(i.Labels, "role")
+		i.Labels["team/owner"] = "payments"
+		i.OS = "Debian 13"
+	})
+	want := map[string]string{"env": "staging", "team/owner": "payments"}
+	if err != nil || !maps.Equal(info.Labels, want) || info.Description != h.Description || info.OS != "Debian 13" {
+		t.Fatalf("SetInfo = %+v, %v; want labels %v, the description kept, OS Debian 13", info, err, want)
+	}
+	if got := host(); !maps.Equal(got.Labels, want) || got.OS != "Debian 13" || got.Addr != h.Addr || !slices.Equal(got.Groups, h.Groups) || got.Fingerprint() != h.Fingerprint() {
+		t.Fatalf("after SetInfo: %+v; want the new labels and OS, the rest as enrolled", got)
+	}
+
+	before, _ := os.ReadFile(path)
+	for name, edit := range map[string]func(*Info){
+		"two lines":            func(i *Info) { i.Description = "a\nb" },
+		"a long description":   func(i *Info) { i.Description = strings.Repeat("x", 257) },
+		"a label with a space": func(i *Info) { i.Labels["env"] = "prod east" },
+		"an empty label value": func(i *Info) { i.Labels["env"] = "" },
+		"a bad label name":     func(i *Info) { i.Labels["-x"] = "y" },
+		"a control character":  func(i *Info) { i.OS = "Linux\x07" },
+	} {
+		if _, err := SetInfo(path, "db1", edit); err == nil {
+			t.Errorf("%s: SetInfo succeeded", name)
+		}
+	}
+	if after, _ := os.ReadFile(path); string(after) != string(before) {
+		t.Fatal("a refused SetInfo changed the inventory")
+	}
+	if _, err := SetInfo(path, "db9", func(*Info) {}); !errors.Is(err, ErrUnknownHost) {
+		t.Fatalf("SetInfo of an unknown host = %v; want ErrUnknownHost", err)
 	}
 }
 

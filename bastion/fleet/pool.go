@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"strings"
 	"sync"
 	"time"
 
@@ -27,6 +28,12 @@ type Host struct {
 	Cwd string
 	// Groups name sets of hosts for class rules.
 	Groups []string
+	// Description, Labels and OS tell agents what the host is (hosts_list): a line of text,
+	// name=value labels such as env=prod or role=db, and the operating system. They decide
+	// nothing (policy matches names and groups); see ValidateHostInfo for their bounds.
+	Description string
+	Labels      map[string]string
+	OS          string
 	// AcceptEnv mirrors the accept_env of the host's hostagent: the variables, besides LANG
 	// and LC_*, an ssh_exec may set there (internal/envpolicy). The bastion refuses any other
 	// name, which the host would drop.
@@ -91,9 +98,14 @@ const (
 	maxRedialBackoff = 30 * time.Second
 )
 
-// ErrHostUnreachable: the host could not be reached recently; the pool waits before dialing
-// it again.
+// ErrHostUnreachable: the host could not be reached (the dial or the handshake failed),
+// now or recently: while the pool waits before dialing it again, Conn answers with the last
+// failure, wrapped in this.
 var ErrHostUnreachable = errors.New("bastion: host unreachable")
+
+// ErrKeyRefused: the host answered, and refused the bastion's key (SSH public key
+// authentication failed). Nothing was sent; only authorizing the key on the host helps.
+var ErrKeyRefused = errors.New("bastion: the host refuses the bastion's key")
 
 type pooledConn struct {
 	client *gossh.Client
@@ -153,7 +165,9 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 	failed, backingOff := p.failing[h.Name]
 	p.mu.Unlock()
 	if backingOff && time.Now().Before(failed.until) && !errors.Is(failed.err, ErrHostKeyMismatch) {
-		return nil, fmt.Errorf("%w: %s: %v (next dial in %s)", ErrHostUnreachable, h.Name, failed.err, time.Until(failed.until).Round(time.Millisecond))
+		// The same error as the dial that failed, so callers read one answer for one cause;
+		// when the next dial happens is the pool's business.
+		return nil, failed.err
 	}
 	client, protocol, err := p.dial(ctx, h)
 	if err != nil {
@@ -242,7 +256,7 @@ func (p *Pool) dial(ctx context.Context, h Host) (*gossh.Client, int, error) {
 	var d net.Dialer
 	raw, err := d.DialContext(ctx, "tcp", h.Addr)
 	if err != nil {
-		return nil, 0, fmt.Errorf("bastion: dial %s (%s): %w", h.Name, h.Addr, err)
+		return nil, 0, fmt.Errorf("%w: dial %s (%s): %w", ErrHostUnreachable, h.Name, h.Addr, err)
 	}
 	if deadline, ok := ctx.Deadline(); ok {
 		raw.SetDeadline(deadline)
@@ -268,7 +282,11 @@ func (p *Pool) dial(ctx context.Context, h Host) (*gossh.Client, int, error) {
 			return nil, 0, fmt.Errorf("%w: %s presented %s, enrolled %s", ErrHostKeyMismatch, h.Name,
 				gossh.FingerprintSHA256(presented), gossh.FingerprintSHA256(h.HostKey))
 		}
-		return nil, 0, fmt.Errorf("bastion: ssh handshake with %s: %w", h.Name, err)
+		if strings.Contains(err.Error(), "unable to authenticate") {
+			// x/crypto/ssh has no error type for it; its message is stable.
+			return nil, 0, fmt.Errorf("%w: %s: %w", ErrKeyRefused, h.Name, err)
+		}
+		return nil, 0, fmt.Errorf("%w: ssh handshake with %s: %w", ErrHostUnreachable, h.Name, err)
 	}
 	client := gossh.NewClient(conn, chans, reqs)
 	// Still under the dial's deadline: a host that does not answer the hello is not connected.

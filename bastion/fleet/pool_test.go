@@ -150,8 +150,21 @@ func TestPoolInvalidate(t *testing.T) {
 	}
 }
 
-// TestPoolRedialBackoff: after a failed dial, callers get ErrHostUnreachable without a new
-// dial until the backoff passes; then the pool dials again, and a success ends the backoff.
+// TestPoolKeyRefused: a host that answers and refuses the bastion's key is ErrKeyRefused,
+// not unreachable: the agent is told what would help.
+func TestPoolKeyRefused(t *testing.T) {
+	th := newTestHost(t)
+	stranger := testutil.NewSSHKey(t)
+	p := th.newTestPool(t, func(o *PoolOptions) { o.Signer = stranger.Signer })
+	_, err := p.Conn(t.Context(), th.enrolled())
+	if !errors.Is(err, ErrKeyRefused) || errors.Is(err, ErrHostUnreachable) {
+		t.Fatalf("Conn with a key the host does not admit = %v; want ErrKeyRefused only", err)
+	}
+}
+
+// TestPoolRedialBackoff: a failed dial is ErrHostUnreachable; until the backoff passes,
+// callers get that same error without a new dial (and nothing about when the next dial is);
+// then the pool dials again, and a success ends the backoff.
 func TestPoolRedialBackoff(t *testing.T) {
 	th := newTestHost(t)
 	th.set(func(th *testHost) { th.refuse = true })
@@ -159,16 +172,16 @@ func TestPoolRedialBackoff(t *testing.T) {
 	h := th.enrolled()
 
 	start := time.Now()
-	_, err := p.Conn(t.Context(), h)
-	if err == nil || errors.Is(err, ErrHostUnreachable) {
-		t.Fatalf("first Conn = %v; want the dial's own error", err)
+	_, first := p.Conn(t.Context(), h)
+	if !errors.Is(first, ErrHostUnreachable) {
+		t.Fatalf("first Conn = %v; want ErrHostUnreachable", first)
 	}
-	_, err = p.Conn(t.Context(), h)
+	_, err := p.Conn(t.Context(), h)
 	// The pool's clock is the wall clock: the second call is inside the backoff only if it
 	// came within its 250ms (on a machine that stalled longer, it may rightly dial again).
 	if time.Since(start) < minRedialBackoff {
-		if !errors.Is(err, ErrHostUnreachable) || !strings.Contains(err.Error(), "next dial in") {
-			t.Fatalf("Conn within the backoff = %v; want ErrHostUnreachable", err)
+		if err != first {
+			t.Fatalf("Conn within the backoff = %v; want the first dial's error again (%v)", err, first)
 		}
 		if accepts, _, _ := th.counts(); accepts != 1 {
 			t.Fatalf("host saw %d connections within the backoff; want 1", accepts)

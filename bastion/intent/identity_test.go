@@ -8,6 +8,8 @@ import (
 	"testing"
 
 	"github.com/gowebpki/jcs"
+
+	"github.com/postern-dev/postern/markers"
 )
 
 // TestRFC8785Vectors pins the canonicalizer to the RFC's reference vectors.
@@ -138,4 +140,43 @@ func FuzzCanonical(f *testing.F) {
 			t.Fatalf("canonical form is not stable: %s -> %s (%v)", canon, again, err)
 		}
 	})
+}
+
+// TestSameRequestAcrossRunsAndActors: a keyed call is the same request as the execution that
+// holds its key when only the run or the actor (of one principal) differs; any other field
+// makes it another request.
+func TestSameRequestAcrossRunsAndActors(t *testing.T) {
+	f := testFingerprinter(t)
+	made := migration()
+	fp, err := f.Fingerprint(made)
+	if err != nil {
+		t.Fatal(err)
+	}
+	prior := &markers.Record{Actor: made.Actor, IntentScope: made.IntentScope, Fingerprint: fp}
+	tests := []struct {
+		name   string
+		change func(*ActionRecord)
+		same   bool
+	}{
+		{"the same call", func(*ActionRecord) {}, true},
+		{"another run", func(a *ActionRecord) { a.IntentScope = "run:restarted" }, true},
+		{"another actor of the principal", func(a *ActionRecord) { a.Actor = "local:alice" }, true},
+		{"both", func(a *ActionRecord) { a.Actor, a.IntentScope = "local:alice", "run:77-1" }, true},
+		{"another command", func(a *ActionRecord) { a.Command = []string{"sh", "-c", "migrate down"} }, false},
+		{"another actor and command", func(a *ActionRecord) { a.Actor, a.Command = "local:alice", []string{"sh", "-c", "x"} }, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			a := migration()
+			tt.change(&a)
+			callFP, err := f.Fingerprint(a)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := f.SameRequest(prior, a, callFP)
+			if err != nil || got != tt.same {
+				t.Errorf("SameRequest = %v, %v; want %v", got, err, tt.same)
+			}
+		})
+	}
 }

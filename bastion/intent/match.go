@@ -26,6 +26,9 @@ const (
 	// KeyReused: the idempotency_key names an execution of another request; refuse,
 	// nothing is dispatched.
 	KeyReused Match = "idempotency_key_reused"
+	// KeyHeld: the idempotency_key names an execution of another principal; refuse without
+	// naming it, nothing is dispatched (never a second run of what may be the same request).
+	KeyHeld Match = "idempotency_key_held"
 
 	// recover_or_attach, by the prior execution's state.
 
@@ -55,6 +58,9 @@ func (o Match) Joins() bool {
 // Facts are what the rule knows of an incoming call.
 type Facts struct {
 	Actor, Scope, Fingerprint, IdempotencyKey string
+	// Principal holds the caller's keys (markers.Record.Principal): its configured principal,
+	// or the actor itself.
+	Principal string
 	// SameRequest (keyed calls): the prior execution was made for this same request — its
 	// fingerprint equals this call's action fingerprinted in the prior's intent scope, since
 	// a key is matched across scopes.
@@ -62,21 +68,24 @@ type Facts struct {
 }
 
 // Rule decides what a call does given prior, the execution its lookup found (nil:
-// none) — by (actor, idempotency_key) for a keyed call, by (actor, scope, fingerprint)
-// otherwise — at now, with class the prior execution's action class.
+// none) — by idempotency_key for a keyed call (any principal's), by (actor, scope,
+// fingerprint) otherwise — at now, with class the prior execution's action class.
 //
-// A keyed call is matched by its key alone, across scopes, for the class's retention: same
-// request → the prior execution (a new attempt if it ended failed), another request →
-// idempotency_key_reused. An unkeyed call joins a prior execution of the same intent (same
+// A keyed call is matched by its key alone, across scopes and across the actors of its
+// principal, for the class's retention: same request → the prior execution (a new attempt if
+// it ended failed), another request → idempotency_key_reused, a key another principal holds
+// → idempotency_key_held. An unkeyed call joins a prior execution of the same intent (same
 // actor, scope and fingerprint, no key) that is still live or whose result was not delivered,
 // within the class's attach window.
 func Rule(prior *markers.Record, in Facts, now time.Time, class config.Class) Match {
 	if in.IdempotencyKey != "" {
 		switch {
-		case prior == nil || prior.Actor != in.Actor || prior.IdempotencyKey != in.IdempotencyKey:
+		case prior == nil || prior.IdempotencyKey != in.IdempotencyKey:
 			return NewExecution
 		case markers.JournalGraph.Terminal(prior.State) && now.Sub(FinishedAt(prior)) > class.Retention:
 			return NewExecution // the key's retention has passed: it is free again
+		case !HoldsKey(prior, in):
+			return KeyHeld
 		case !in.SameRequest:
 			return KeyReused
 		case prior.State == markers.Failed:
@@ -100,6 +109,15 @@ func Rule(prior *markers.Record, in Facts, now time.Time, class config.Class) Ma
 		}
 	}
 	return RecoverOrAttach(prior)
+}
+
+// HoldsKey reports whether the caller of in holds prior's idempotency key: prior is of its
+// principal, or — made before principals — of its actor.
+func HoldsKey(prior *markers.Record, in Facts) bool {
+	if prior.Principal == "" {
+		return prior.Actor == in.Actor
+	}
+	return prior.Principal == in.Principal
 }
 
 // RecoverOrAttach is the recover_or_attach table of docs/design.md: what a call that matched prior
@@ -151,13 +169,14 @@ func Scope(c transport.Caller, runID string) string {
 }
 
 // SameRequest reports whether prior was made for the same request as action (fingerprinted
-// fingerprint in its own scope), whatever the scope: an idempotency key is matched across
-// scopes, so the comparison recomputes the fingerprint in prior's scope.
+// fingerprint in its own scope), whatever the scope and whichever actor of the principal
+// made it: an idempotency key is matched across scopes and across a principal's actors, so
+// the comparison recomputes the fingerprint with prior's scope and actor.
 func (f *Fingerprinter) SameRequest(prior *markers.Record, action ActionRecord, fingerprint string) (bool, error) {
-	if prior.IntentScope == action.IntentScope {
+	if prior.IntentScope == action.IntentScope && prior.Actor == action.Actor {
 		return prior.Fingerprint == fingerprint, nil
 	}
-	action.IntentScope = prior.IntentScope
+	action.IntentScope, action.Actor = prior.IntentScope, prior.Actor
 	fp, err := f.Fingerprint(action)
 	return fp == prior.Fingerprint, err
 }
@@ -167,3 +186,8 @@ func (f *Fingerprinter) SameRequest(prior *markers.Record, action ActionRecord, 
 func LockKey(actor, scope, fingerprint string) string {
 	return "f\x00" + actor + "\x00" + scope + "\x00" + fingerprint
 }
+
+// KeyLockKey is the intake lock of one idempotency key. Keys are matched across principals
+// (a key another principal holds is refused), so the lock is the key's alone: two calls
+// with one key, from any actors, are matched and accepted one at a time.
+func KeyLockKey(key string) string { return "k\x00" + key }

@@ -26,6 +26,7 @@ func TestMatchRule(t *testing.T) {
 		ended     time.Duration // since it reached its state (terminal states); default age
 		delivered bool
 		actor     string // default: the caller
+		principal string // default: none (a record made before principals)
 		scope     string // default: the call's scope
 		fp        string // default: the call's fingerprint
 		key       string // default: the call's key
@@ -64,8 +65,8 @@ func TestMatchRule(t *testing.T) {
 		{name: "another fingerprint", prior: &prior{state: markers.Running, age: time.Minute, fp: "hmac-sha256:bb"}, call: unkeyed, want: NewExecution},
 		{name: "the prior carried a key, the call none", prior: &prior{state: markers.Running, age: time.Minute, key: "k"}, call: unkeyed, want: NewExecution},
 
-		// An explicit idempotency_key: matched by (actor, key) across scopes, for the
-		// class's retention.
+		// An explicit idempotency_key: matched by key across scopes and a principal's actors,
+		// for the class's retention; another principal's key is refused.
 		{name: "keyed, no prior execution", call: keyedSame, want: NewExecution},
 		{name: "keyed, same request, completed and delivered: replay", prior: &prior{state: markers.Completed, age: time.Minute, delivered: true}, call: keyedSame, want: Replay},
 		{name: "keyed, same request, completed not delivered: replay", prior: &prior{state: markers.Completed, age: time.Minute}, call: keyedSame, want: Replay},
@@ -88,12 +89,18 @@ func TestMatchRule(t *testing.T) {
 		{name: "keyed, ended within the retention though accepted before it", prior: &prior{state: markers.Completed, age: 31 * day, ended: 29 * day, delivered: true}, call: keyedSame, want: Replay},
 		{name: "keyed, still running past the retention: attach", prior: &prior{state: markers.Running, age: 31 * day}, call: keyedSame, want: Attach},
 		{name: "keyed, unknown past the retention: reconcile", prior: &prior{state: markers.Unknown, age: 31 * day}, call: keyedSame, want: Reconcile},
-		{name: "keyed, the prior is another actor's", prior: &prior{state: markers.Completed, age: time.Minute, actor: "token:other"}, call: keyedSame, want: NewExecution},
+		{name: "keyed, the prior is another actor's (before principals)", prior: &prior{state: markers.Completed, age: time.Minute, actor: "token:other"}, call: keyedSame, want: KeyHeld},
+		{name: "keyed, the prior is the caller's principal's", prior: &prior{state: markers.Completed, age: time.Minute, actor: "local:alice", principal: "principal:alice"}, call: keyedSame, want: Replay},
+		{name: "keyed, the caller's principal's, another request", prior: &prior{state: markers.Running, age: time.Minute, actor: "local:alice", principal: "principal:alice"}, call: keyedOther, want: KeyReused},
+		{name: "keyed, another principal's: held, even for the same request", prior: &prior{state: markers.Completed, age: time.Minute, principal: "principal:bob"}, call: keyedSame, want: KeyHeld},
+		{name: "keyed, another principal's, running: held", prior: &prior{state: markers.Running, age: time.Minute, actor: "token:bob", principal: "token:bob"}, call: keyedOther, want: KeyHeld},
+		{name: "keyed, another principal's, failed: held", prior: &prior{state: markers.Failed, age: time.Minute, principal: "principal:bob"}, call: keyedSame, want: KeyHeld},
+		{name: "keyed, another principal's, past its retention: the key is free", prior: &prior{state: markers.Completed, age: 31 * day, ended: 30*day + time.Second, principal: "principal:bob"}, call: keyedSame, want: NewExecution},
 		{name: "keyed, the prior carried another key", prior: &prior{state: markers.Completed, age: time.Minute, key: "other-key"}, call: keyedSame, want: NewExecution},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			in := Facts{Actor: actor, Scope: scope, Fingerprint: fp, SameRequest: tt.call.sameRequest}
+			in := Facts{Actor: actor, Principal: "principal:alice", Scope: scope, Fingerprint: fp, SameRequest: tt.call.sameRequest}
 			if tt.call.keyed {
 				in.IdempotencyKey = key
 			}
@@ -102,8 +109,8 @@ func TestMatchRule(t *testing.T) {
 				rec = &markers.Record{
 					ID: "ex_01K0000000000000000000PRIOR", State: p.state,
 					Actor: or(p.actor, actor), IntentScope: or(p.scope, scope), Fingerprint: or(p.fp, fp),
-					IdempotencyKey: or(p.key, in.IdempotencyKey),
-					CreatedAt:      now.Add(-p.age),
+					IdempotencyKey: or(p.key, in.IdempotencyKey), Principal: p.principal,
+					CreatedAt: now.Add(-p.age),
 				}
 				ended := p.ended
 				if ended == 0 {

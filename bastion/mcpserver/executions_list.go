@@ -25,6 +25,9 @@ func (s *server) addExecutionsList() {
 		if err != nil {
 			return nil, nil, err
 		}
+		for _, x := range out.Executions {
+			compact(x)
+		}
 		return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: listSummary(out)}}}, out, nil
 	})
 }

@@ -147,8 +147,8 @@ func (f *fakeEngine) List(c transport.Caller, a api.ListArgs) (*api.ListResult, 
 	return f.list(a)
 }
 
-func (f *fakeEngine) Hosts() (*api.HostsResult, error) {
-	f.record(engineCall{Method: "Hosts"})
+func (f *fakeEngine) HostsOf(c transport.Caller) (*api.HostsResult, error) {
+	f.record(engineCall{Method: "HostsOf", Caller: c})
 	if f.hosts == nil {
 		return nil, errUnscripted
 	}
@@ -275,6 +275,8 @@ func (j *fakeJournal) Delivered(_ context.Context, id string) error {
 func (j *fakeJournal) RevokeDelivery(context.Context, string) (bool, error) { return false, nil }
 
 func (j *fakeJournal) NotDelivered(context.Context, string, string) error { return nil }
+
+func (j *fakeJournal) Delivering(string) func() { return func() {} }
 
 func (j *fakeJournal) deliveredIDs() []string {
 	j.mu.Lock()

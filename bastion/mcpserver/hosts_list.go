@@ -3,6 +3,9 @@ package mcpserver
 import (
 	"context"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -14,13 +17,14 @@ func (s *server) addHostsList() {
 	mcp.AddTool(s.srv, &mcp.Tool{
 		Name:        "hosts_list",
 		Title:       "List enrolled hosts",
-		Description: "The hosts you can run commands on, with their pinned host key fingerprints, whether a connection is open, and each host's guarantee: hostagent (a lost outcome is resolved from the host's marker), marker_script (resolved from a marker script's record; no output re-attach), or none (a lost outcome stays unknown and needs an operator's review; it is never sent again). Reading never changes anything.",
+		Description: "The hosts you may run commands on (only those your policy allows), each with what the operator says it is (description, labels such as env=prod or role=db, OS), its account and address, its pinned host key fingerprint, whether a connection is open, and its guarantee: hostagent (a lost outcome is resolved from the host's marker), marker_script (resolved from a marker script's record; no output re-attach), or none (a lost outcome stays unknown and needs an operator's review; it is never sent again). Reading never changes anything.",
 		Annotations: &mcp.ToolAnnotations{ReadOnlyHint: true, IdempotentHint: true, OpenWorldHint: boolPtr(false)},
 	}, func(ctx context.Context, req *mcp.CallToolRequest, _ struct{}) (*mcp.CallToolResult, *api.HostsResult, error) {
-		if _, err := callerOf(req.Extra); err != nil {
+		c, err := callerOf(req.Extra)
+		if err != nil {
 			return nil, nil, err
 		}
-		out, err := s.engine.Hosts()
+		out, err := s.engine.HostsOf(c)
 		if err != nil {
 			return nil, nil, err
 		}
@@ -28,14 +32,26 @@ func (s *server) addHostsList() {
 	})
 }
 
-// hostsSummary is the text form of hosts_list: one host a line.
+// hostsSummary is the text form of hosts_list: one host a line, what it is first.
 func hostsSummary(out *api.HostsResult) string {
-	var text string
+	var sb strings.Builder
 	for _, h := range out.Hosts {
-		text += fmt.Sprintf("%s (%s@%s, %s %s, guarantee %s)\n", h.Name, h.Account, h.Addr, h.HostKeyType, h.HostKey, h.Guarantee)
+		sb.WriteString(h.Name)
+		if h.Description != "" {
+			sb.WriteString(": " + h.Description)
+		}
+		var about []string
+		for _, k := range slices.Sorted(maps.Keys(h.Labels)) {
+			about = append(about, k+"="+h.Labels[k])
+		}
+		if h.OS != "" {
+			about = append(about, "os "+h.OS)
+		}
+		about = append(about, fmt.Sprintf("%s@%s", h.Account, h.Addr), h.HostKeyType+" "+h.HostKey, "guarantee "+h.Guarantee)
+		fmt.Fprintf(&sb, " (%s)\n", strings.Join(about, ", "))
 	}
-	if text == "" {
-		text = "No hosts are enrolled."
+	if sb.Len() == 0 {
+		return "No hosts are enrolled that you may use."
 	}
-	return text
+	return sb.String()
 }

@@ -45,7 +45,8 @@ type Executions interface {
 	Output(ctx context.Context, c transport.Caller, a api.OutputArgs) (*api.Execution, error)
 	Cancel(ctx context.Context, c transport.Caller, id string) (*api.Execution, error)
 	List(c transport.Caller, a api.ListArgs) (*api.ListResult, error)
-	Hosts() (*api.HostsResult, error)
+	// HostsOf lists the enrolled hosts the caller's policy lets it use.
+	HostsOf(c transport.Caller) (*api.HostsResult, error)
 }
 
 // Tasks are the executions as MCP tasks see them.
@@ -93,7 +94,9 @@ type server struct {
 }
 
 // instructions is what the server tells every client at initialize.
-const instructions = "Postern runs commands on enrolled hosts over SSH with exactly-once execution: retries never run a command twice. Use hosts_list to see hosts, ssh_exec to run, execution_output to follow a long command."
+const instructions = "Postern runs commands on enrolled hosts over SSH and journals each one before it is sent, so a retry never runs a command twice. Use hosts_list to see the hosts you may use, ssh_exec to run a command, execution_output to follow a long one.\n\n" +
+	"What joins an earlier execution: a call with the same arguments from the same actor and the same run (over the local socket or postern mcp, the run is your agent process; over HTTP, run_id or the Postern-Run header), or a call with the same idempotency_key and arguments, from any run and any actor of your principal. A restarted agent process is a new run, so its calls never join the old one's: pass idempotency_key for anything that must not run again across restarts.\n\n" +
+	"Keep wait_s below your client's own request timeout (the TypeScript SDK gives up at 60 s); a call still running after wait_s returns state \"running\" with its execution id, never a timeout. With a progress token, progress notifications go out every second while a call waits."
 
 // New builds the MCP server: every tool, MCP tasks for the tools that start work, and the
 // method through which the stdio bridge relays its user's approvals.
@@ -105,7 +108,7 @@ func New(e Engine, opts Options) (*mcp.Server, error) {
 		opts.Now = time.Now
 	}
 	s := &server{engine: e, tracker: opts.Tracker, log: opts.Logger, now: opts.Now}
-	s.srv = mcp.NewServer(&mcp.Implementation{Name: "postern", Title: "Postern SSH bastion", Version: version.String()}, &mcp.ServerOptions{
+	s.srv = mcp.NewServer(&mcp.Implementation{Name: "postern", Title: "Postern SSH bastion", Version: version.Number()}, &mcp.ServerOptions{
 		Instructions: instructions,
 	})
 	// The tools, in the order clients list them.
@@ -140,9 +143,12 @@ type toolRole int
 const (
 	// startsWork: ssh_exec, http_request — isError when the command or request failed.
 	startsWork toolRole = iota
-	// operatesOnOne: execution_status, execution_output, execution_cancel — the call
-	// succeeded when it returns the execution, whatever state that is in.
+	// operatesOnOne: execution_status, execution_cancel — the call succeeded when it returns
+	// the execution, whatever state that is in.
 	operatesOnOne
+	// readsOutput: execution_output — as operatesOnOne, and its text ends with where to
+	// read on (api.Execution.ReadOn).
+	readsOutput
 )
 
 // executionTool is the handler of a tool that returns one execution: the caller comes from
@@ -161,7 +167,8 @@ func executionTool[In any](s *server, role toolRole, do func(context.Context, *m
 			// approved (and followed for wait_s) or rejected.
 			x, err = do(ctx, req, c, in)
 		}
-		res, out, err := result(ctx, role, x, err)
+		sa, ok := any(in).(api.StatusArgs)
+		res, out, err := result(ctx, role, x, err, ok && sa.Evidence == api.EvidenceFull)
 		if role == startsWork && err == nil {
 			if offer := s.offerApproval(ctx, req, c, out); offer != nil {
 				res.Meta = mcp.Meta{transport.MetaApprovalOffer: offer}
@@ -192,8 +199,9 @@ func headerOf(extra *mcp.RequestExtra) map[string][]string {
 // result turns an execution into the tool result, and registers it for delivery tracking.
 // isError says the call failed: for a tool that starts work, that the command or request
 // failed (CallFailed); reading or cancelling an execution that returns it succeeded — its
-// state and is_error say how the execution went.
-func result(ctx context.Context, role toolRole, x *api.Execution, err error) (*mcp.CallToolResult, *api.Execution, error) {
+// state and is_error say how the execution went. Its evidence is compact unless the call
+// asked for all of it (execution_status's evidence argument).
+func result(ctx context.Context, role toolRole, x *api.Execution, err error, fullEvidence bool) (*mcp.CallToolResult, *api.Execution, error) {
 	if err != nil {
 		return nil, nil, err
 	}
@@ -201,9 +209,19 @@ func result(ctx context.Context, role toolRole, x *api.Execution, err error) (*m
 	if markers.JournalGraph.Terminal(markers.State(x.State)) && !x.ResultDelivered && !tasks.Creating(ctx) {
 		delivery.Carries(ctx, x.ExecutionID)
 	}
+	if !fullEvidence {
+		compact(x)
+	}
 	isError := role == startsWork && x.CallFailed()
-	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: x.Summary()}}, IsError: isError}, x, nil
+	text := x.Summary()
+	if role == readsOutput {
+		text += "\n" + x.ReadOn()
+	}
+	return &mcp.CallToolResult{Content: []mcp.Content{&mcp.TextContent{Text: text}}, IsError: isError}, x, nil
 }
+
+// compact shortens x's evidence to what an agent needs by default (api.CompactEvidence).
+func compact(x *api.Execution) { x.Evidence = api.CompactEvidence(x.Evidence, x.Class) }
 
 // progressFor reports progress to the client if it asked for it (a progress token). The
 // progress value counts the notifications, as tasks/result's do: MCP requires it to increase

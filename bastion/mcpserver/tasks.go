@@ -95,6 +95,7 @@ func (t taskBackend) Result(ctx context.Context, extra *mcp.RequestExtra, id str
 		delivery.Carries(ctx, x.ExecutionID)
 	}
 	x.Replayed, x.ResultDelivered = false, false
+	compact(x)
 	return &mcp.CallToolResult{
 		Content:           []mcp.Content{&mcp.TextContent{Text: x.Summary()}},
 		StructuredContent: x,

@@ -2,10 +2,13 @@ package mcpserver
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"reflect"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -17,7 +20,7 @@ import (
 )
 
 // readEngineMethods are the engine's methods that change nothing.
-var readEngineMethods = []string{"Status", "Output", "List", "Hosts"}
+var readEngineMethods = []string{"Status", "Output", "List", "HostsOf"}
 
 // TestToolList: the tools, their titles and annotations a client sees; http_request only
 // when an HTTP plugin is configured. The hints are checked against what each tool does: a
@@ -85,6 +88,70 @@ func TestToolList(t *testing.T) {
 	}
 }
 
+// TestWhatToolsPromise: the server's instructions and the tools' descriptions say exactly
+// what joins an earlier execution (the same actor and run, or the same idempotency_key from
+// any run and any actor of the principal; a restarted agent is a new run), to keep wait_s
+// below the client's request timeout, and execution_output names its offsets one way, in
+// bytes, in its description and its schema alike.
+func TestWhatToolsPromise(t *testing.T) {
+	cs := connect(t, &fakeEngine{httpEnabled: true}, session{caller: &remoteCaller})
+	init := cs.InitializeResult()
+	for _, want := range []string{"same actor and the same run", "same idempotency_key", "any actor of your principal",
+		"A restarted agent process is a new run", "pass idempotency_key", "below your client's own request timeout", "60 s", "progress"} {
+		if !strings.Contains(init.Instructions, want) {
+			t.Errorf("instructions lack %q:\n%s", want, init.Instructions)
+		}
+	}
+	res, err := cs.ListTools(t.Context(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools := map[string]*mcp.Tool{}
+	for _, tl := range res.Tools {
+		tools[tl.Name] = tl
+	}
+	for _, name := range []string{"ssh_exec", "http_request"} {
+		for _, want := range []string{"same actor and run", "A restarted agent process is a new run", "idempotency_key", "any actor of your principal"} {
+			if !strings.Contains(tools[name].Description, want) {
+				t.Errorf("%s: description lacks %q", name, want)
+			}
+		}
+		schema, _ := json.Marshal(tools[name].InputSchema)
+		for _, want := range []string{"request timeout", "60 s", "idempotency_key_held", "any actor of your principal"} {
+			if !strings.Contains(string(schema), want) {
+				t.Errorf("%s: input schema lacks %q", name, want)
+			}
+		}
+	}
+	if d := tools["ssh_exec"].Description; !strings.Contains(d, "below your client's request timeout") {
+		t.Errorf("ssh_exec: description does not say to keep wait_s below the client's timeout:\n%s", d)
+	}
+	out := tools["execution_output"]
+	var schema struct {
+		Properties map[string]struct {
+			Description string `json:"description"`
+		} `json:"properties"`
+	}
+	raw, _ := json.Marshal(out.InputSchema)
+	if err := json.Unmarshal(raw, &schema); err != nil {
+		t.Fatal(err)
+	}
+	if got := slices.Sorted(maps.Keys(schema.Properties)); !slices.Equal(got, []string{"execution_id", "stderr_offset", "stdout_offset", "wait_s"}) {
+		t.Errorf("execution_output arguments = %v; want execution_id, stdout_offset, stderr_offset, wait_s", got)
+	}
+	for _, p := range []string{"stdout_offset", "stderr_offset"} {
+		if !strings.Contains(schema.Properties[p].Description, "byte offset") {
+			t.Errorf("execution_output %s: %q does not say it counts bytes", p, schema.Properties[p].Description)
+		}
+		if !strings.Contains(out.Description, p) {
+			t.Errorf("execution_output: description does not name %s", p)
+		}
+	}
+	if strings.Contains(out.Description, " offset,") || strings.Contains(out.Description, "(stdout offset") {
+		t.Errorf("execution_output: description names an offset argument that does not exist:\n%s", out.Description)
+	}
+}
+
 // TestToolsCallTheEngine: each tool decodes its arguments into the engine's call, with the
 // caller the transport identified — a run_id argument is an argument, never the caller's —
 // and a read-only tool calls only the engine's reads.
@@ -130,9 +197,15 @@ func TestToolsCallTheEngine(t *testing.T) {
 			readOnly: true,
 		},
 		{
+			tool:     "execution_status",
+			args:     map[string]any{"execution_id": "ex_1", "evidence": "full"},
+			want:     engineCall{Method: "Status", Caller: remoteCaller, Arg: "ex_1"},
+			readOnly: true,
+		},
+		{
 			tool:     "execution_output",
-			args:     map[string]any{"execution_id": "ex_1", "offset": 10, "stderr_offset": 3, "wait_s": 1},
-			want:     engineCall{Method: "Output", Caller: remoteCaller, Arg: api.OutputArgs{ExecutionID: "ex_1", Offset: 10, StderrOffset: 3, WaitS: ptr(1)}},
+			args:     map[string]any{"execution_id": "ex_1", "stdout_offset": 10, "stderr_offset": 3, "wait_s": 1},
+			want:     engineCall{Method: "Output", Caller: remoteCaller, Arg: api.OutputArgs{ExecutionID: "ex_1", StdoutOffset: 10, StderrOffset: 3, WaitS: ptr(1)}},
 			readOnly: true,
 		},
 		{
@@ -149,7 +222,7 @@ func TestToolsCallTheEngine(t *testing.T) {
 		{
 			tool:     "hosts_list",
 			args:     map[string]any{},
-			want:     engineCall{Method: "Hosts"},
+			want:     engineCall{Method: "HostsOf", Caller: remoteCaller},
 			readOnly: true,
 		},
 	}
@@ -286,7 +359,11 @@ func TestExecutionResults(t *testing.T) {
 				if want := tool.startsWork && ex.callFailed; res.IsError != want {
 					t.Errorf("isError = %v; want %v", res.IsError, want)
 				}
-				if got, want := textOf(t, res), ex.x.Summary(); got != want {
+				want := ex.x.Summary()
+				if tool.name == "execution_output" {
+					want += "\n" + ex.x.ReadOn() // where to read on, last
+				}
+				if got := textOf(t, res); got != want {
 					t.Errorf("text = %q; want %q", got, want)
 				}
 				if got := decode[*api.Execution](t, res.StructuredContent); !reflect.DeepEqual(got, ex.x) {
@@ -334,7 +411,7 @@ func TestListResults(t *testing.T) {
 			list:     &api.ListResult{Executions: []*api.Execution{}},
 			hosts:    &api.HostsResult{Hosts: []api.HostInfo{}},
 			wantList: "No executions.",
-			wantHost: "No hosts are enrolled.",
+			wantHost: "No hosts are enrolled that you may use.",
 		},
 		{
 			name: "some",
@@ -344,10 +421,12 @@ func TestListResults(t *testing.T) {
 			}},
 			hosts: &api.HostsResult{Hosts: []api.HostInfo{
 				{Name: "h1", Addr: "10.0.0.1:22", Account: "deploy", HostKeyType: "ssh-ed25519", HostKey: "SHA256:abc", Guarantee: "hostagent", Connected: true},
-				{Name: "h2", Addr: "10.0.0.2:22", Account: "root", HostKeyType: "ssh-rsa", HostKey: "SHA256:def", Guarantee: "none"},
+				{Name: "h2", Addr: "10.0.0.2:22", Account: "root", HostKeyType: "ssh-rsa", HostKey: "SHA256:def", Guarantee: "none",
+					Description: "primary database", Labels: map[string]string{"role": "db", "env": "prod"}, OS: "Debian 12"},
 			}},
 			wantList: "ex_2 2026-07-28T10:01:00Z running on h2: sleep 60\nex_1 2026-07-28T10:00:00Z completed on h1: uptime\n",
-			wantHost: "h1 (deploy@10.0.0.1:22, ssh-ed25519 SHA256:abc, guarantee hostagent)\nh2 (root@10.0.0.2:22, ssh-rsa SHA256:def, guarantee none)\n",
+			wantHost: "h1 (deploy@10.0.0.1:22, ssh-ed25519 SHA256:abc, guarantee hostagent)\n" +
+				"h2: primary database (env=prod, role=db, os Debian 12, root@10.0.0.2:22, ssh-rsa SHA256:def, guarantee none)\n",
 		},
 	}
 	for _, tt := range tests {

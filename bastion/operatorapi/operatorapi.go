@@ -218,7 +218,7 @@ func executionQuery(r *http.Request) (api.ExecutionQuery, error) {
 // outputArgs reads the offsets and wait of GET /v1/executions/{id}/output.
 func outputArgs(r *http.Request) (api.OutputArgs, error) {
 	a := api.OutputArgs{ExecutionID: r.PathValue("id")}
-	for name, dst := range map[string]*int64{"stdout_offset": &a.Offset, "stderr_offset": &a.StderrOffset} {
+	for name, dst := range map[string]*int64{"stdout_offset": &a.StdoutOffset, "stderr_offset": &a.StderrOffset} {
 		if v := r.FormValue(name); v != "" {
 			n, err := strconv.ParseInt(v, 10, 64)
 			if err != nil {

@@ -384,7 +384,7 @@ func TestOutputArgs(t *testing.T) {
 	}{
 		{name: "from the start", query: "", want: api.OutputArgs{ExecutionID: "ex_1"}, wantStatus: 200},
 		{name: "offsets and wait", query: "?stdout_offset=10&stderr_offset=20&wait_s=5",
-			want: api.OutputArgs{ExecutionID: "ex_1", Offset: 10, StderrOffset: 20, WaitS: &five}, wantStatus: 200},
+			want: api.OutputArgs{ExecutionID: "ex_1", StdoutOffset: 10, StderrOffset: 20, WaitS: &five}, wantStatus: 200},
 		{name: "bad stdout offset", query: "?stdout_offset=x", wantStatus: 400, wantErr: "stdout_offset must be a byte offset"},
 		{name: "bad stderr offset", query: "?stderr_offset=1.5", wantStatus: 400, wantErr: "stderr_offset must be a byte offset"},
 		{name: "bad wait", query: "?wait_s=soon", wantStatus: 400, wantErr: "wait_s must be a number of seconds"},
@@ -403,7 +403,7 @@ func TestOutputArgs(t *testing.T) {
 				return
 			}
 			got := e.outputArgs
-			if e.id != "ex_1" || got.ExecutionID != tt.want.ExecutionID || got.Offset != tt.want.Offset || got.StderrOffset != tt.want.StderrOffset ||
+			if e.id != "ex_1" || got.ExecutionID != tt.want.ExecutionID || got.StdoutOffset != tt.want.StdoutOffset || got.StderrOffset != tt.want.StderrOffset ||
 				(got.WaitS == nil) != (tt.want.WaitS == nil) || (got.WaitS != nil && *got.WaitS != *tt.want.WaitS) {
 				t.Fatalf("ReadOutput(%q, %+v); want %+v", e.id, got, tt.want)
 			}

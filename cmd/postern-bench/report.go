@@ -17,6 +17,7 @@ const (
 	benchStream       = "BenchmarkStream1GiB"          // integration: P5
 	benchAgentStart   = "BenchmarkHostagentStart"      // integration: P6
 	benchHTTPRequest  = "BenchmarkHTTPRequest"         // integration: http_request
+	benchStdioRepeat  = "BenchmarkStdioRepeat"         // integration: an identical repeat
 	dedupSmallRecords = 1_000
 )
 
@@ -100,6 +101,9 @@ func reportRows(records int) []row {
 		{id: "P1", what: "same, p99, vs the floor's p50",
 			measured: ms(benchExecTrue, "stdio-p99-ms"), baseline: floor,
 			ratio: times(benchExecTrue, "p99-stdio/floor")},
+		{id: "REPEAT", what: "an identical ssh_exec `true` right after its result was delivered, through `postern mcp`, p50, vs a distinct call",
+			measured: ms(benchStdioRepeat, "repeat-p50-ms"), baseline: ptr(ms(benchStdioRepeat, "distinct-p50-ms")),
+			ratio: times(benchStdioRepeat, "p50-repeat/distinct"), goal: atMost(2), goalText: "≤ 2×"},
 		{id: "HOST", what: "hostagent direct: exec `true`, x/crypto client, markers on, p50, vs the floor",
 			measured: ms(benchExecTrue, "hostagent-p50-ms"), baseline: floor,
 			ratio: times(benchExecTrue, "p50-hostagent/floor"), goal: atMost(1.3), goalText: "≤ 1.3× floor"},

@@ -2,15 +2,18 @@ package main
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -33,6 +36,7 @@ const hostsUsage = `usage: postern hosts SUBCOMMAND [flags]
 subcommands:
   list [--json]  the enrolled hosts (from the inventory file when the bastion is down)
   enroll NAME ADDR [--account USER] [--cwd DIR] [--group G]... [--accept-env NAME]...
+         [--description TEXT] [--label KEY=VALUE]... [--os OS]
          [--expect-host-key SHA256:…] [--yes] [--replace] [--agentless [--marker-script]]
                  scan the host's key, show it, and record it once confirmed (or, with
                  --expect-host-key, once it matches the fingerprint postern-hostagent
@@ -40,6 +44,9 @@ subcommands:
                  no hostagent (guarantee none); --marker-script: and install the marker
                  script ~/.postern/run there over SSH (guarantee marker_script; the
                  bastion's key must be in the account's authorized_keys first)
+  label NAME [KEY=VALUE | KEY-]... [--description TEXT] [--os OS]
+                 set or remove labels (env=prod, role=db), the description and the OS
+                 agents read in hosts_list
   key            print the bastion's public key: the line every hostagent's
                  authorized_keys file needs (also in the state dir, bastion_ed25519.pub)
 
@@ -47,7 +54,7 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *hostsCommand) Run(ctx context.Context, args []string) error {
-	return prog.Dispatch(ctx, "hosts", hostsUsage, cli.Subcommands{"list": c.list, "enroll": c.enroll, "key": c.key}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "hosts", hostsUsage, cli.Subcommands{"list": c.list, "enroll": c.enroll, "label": c.label, "key": c.key}, args, c.stdout, c.stderr)
 }
 
 func (c *hostsCommand) list(ctx context.Context, args []string) error {
@@ -83,10 +90,15 @@ func (c *hostsCommand) list(ctx context.Context, args []string) error {
 		case h.Connected:
 			connected = "yes"
 		}
+		var labels []string
+		for _, k := range slices.Sorted(maps.Keys(h.Labels)) {
+			labels = append(labels, k+"="+h.Labels[k])
+		}
 		rows = append(rows, []string{cli.Printable(h.Name), cli.Printable(h.Addr), cli.Printable(h.Account),
-			cli.Printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), guaranteeText(fleet.Guarantee(h.Guarantee)), connected, cli.Printable(strings.Join(h.Groups, ","))})
+			cli.Printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), guaranteeText(fleet.Guarantee(h.Guarantee)), connected, cli.Printable(strings.Join(h.Groups, ",")),
+			cli.Printable(strings.Join(labels, ",")), cli.Printable(h.OS)})
 	}
-	return cli.PrintTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "GUARANTEE", "CONNECTED", "GROUPS"}, rows)
+	return cli.PrintTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "GUARANTEE", "CONNECTED", "GROUPS", "LABELS", "OS"}, rows)
 }
 
 // guaranteeText is a host's guarantee level as the hosts table shows it.
@@ -114,7 +126,8 @@ func readInventoryHosts(path string) (api.HostsResult, error) {
 	res := api.HostsResult{Hosts: []api.HostInfo{}}
 	for _, h := range hosts {
 		res.Hosts = append(res.Hosts, api.HostInfo{
-			Name: h.Name, Addr: h.Addr, Account: h.Account, HostKey: gossh.FingerprintSHA256(h.HostKey),
+			Name: h.Name, Addr: h.Addr, Account: h.Account, Description: h.Description, Labels: h.Labels, OS: h.OS,
+			HostKey:     gossh.FingerprintSHA256(h.HostKey),
 			HostKeyType: h.HostKey.Type(), Groups: h.Groups, DefaultCwd: h.Cwd, Guarantee: string(h.Level()),
 		})
 	}
@@ -143,6 +156,10 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	fs.Var(&groups, "group", "a group the host belongs to (repeatable)")
 	var acceptEnv stringList
 	fs.Var(&acceptEnv, "accept-env", "a variable (or PREFIX*) the host's hostagent accepts in accept_env, so agents may set it (repeatable)")
+	description := fs.String("description", "", "what the host is, in one line agents read in hosts_list (re-enrolling without it keeps the old one)")
+	var labelFlags stringList
+	fs.Var(&labelFlags, "label", "a label agents read, KEY=VALUE, e.g. env=prod (repeatable; re-enrolling without any keeps the old ones)")
+	osName := fs.String("os", "", "the host's operating system, e.g. \"Debian 12\" (re-enrolling without it keeps the old one)")
 	yes := fs.Bool("yes", false, "record the key without asking")
 	expect := fs.String("expect-host-key", "", "the host key fingerprint (SHA256:…) the host must present; a match needs no confirmation")
 	replace := fs.Bool("replace", false, "record the key even though the host was enrolled with another one")
@@ -166,6 +183,13 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	if *markerScript && !*agentlessHost {
 		return prog.UsageErrorf(c.stderr, "--marker-script is for hosts without the hostagent: add --agentless")
 	}
+	labels, err := parseLabels(labelFlags)
+	if err == nil {
+		err = fleet.ValidateHostInfo(*description, labels, *osName)
+	}
+	if err != nil {
+		return prog.UsageErrorf(c.stderr, "%v", err)
+	}
 	if *account == "" {
 		u, err := user.Current()
 		if err != nil {
@@ -185,7 +209,11 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	h := fleet.Host{Name: name, Addr: addr, Account: *account, HostKey: key, Cwd: *cwd, Groups: groups, AcceptEnv: acceptEnv}
+	h := fleet.Host{Name: name, Addr: addr, Account: *account, HostKey: key, Cwd: *cwd, Groups: groups, AcceptEnv: acceptEnv,
+		Description: *description, Labels: labels, OS: *osName}
+	if err := keepHostInfo(cfg.InventoryPath(), &h); err != nil {
+		return err
+	}
 	if *agentlessHost {
 		h.Guarantee = fleet.GuaranteeNone
 	}
@@ -263,6 +291,29 @@ func (c *hostsCommand) installMarkerScript(ctx context.Context, cfg config.Confi
 	}
 	h.Guarantee, h.ScriptSHA256 = fleet.GuaranteeMarkerScript, digest
 	fmt.Fprintf(c.stdout, "installed the marker script ~/.postern/run on %s (sha256 %s)\n", cli.Printable(h.Name), digest)
+	return nil
+}
+
+// keepHostInfo carries the description, labels and OS of a host enrolled again over to h
+// where the enrollment gives none: re-enrolling (a new key, a new address) keeps what agents
+// are told about the host.
+func keepHostInfo(inventory string, h *fleet.Host) error {
+	inv, err := fleet.OpenInventory(inventory)
+	if err != nil {
+		return err
+	}
+	old, err := inv.Host(h.Name)
+	if errors.Is(err, fleet.ErrUnknownHost) {
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	h.Description = cmp.Or(h.Description, old.Description)
+	h.OS = cmp.Or(h.OS, old.OS)
+	if h.Labels == nil {
+		h.Labels = old.Labels
+	}
 	return nil
 }
 

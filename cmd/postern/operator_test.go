@@ -464,7 +464,7 @@ func TestBastionNeverStarted(t *testing.T) {
 		t.Fatalf("err = %v; want %q", res.err, want)
 	}
 	res = runCLI(t, "", "hosts", "list", "--state-dir", dir)
-	if res.err != nil || strings.TrimSpace(res.stdout) != "NAME  ADDR  ACCOUNT  HOST KEY  GUARANTEE  CONNECTED  GROUPS" {
+	if res.err != nil || strings.TrimSpace(res.stdout) != "NAME  ADDR  ACCOUNT  HOST KEY  GUARANTEE  CONNECTED  GROUPS  LABELS  OS" {
 		t.Fatalf("hosts list: %v %q; want an empty table", res.err, res.stdout)
 	}
 }

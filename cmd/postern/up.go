@@ -233,6 +233,7 @@ func upConfig(p upPlan, listen string, listenSet bool, origins []string, logger 
 	cfg.Listen = listen
 	cfg.AllowedOrigins = origins
 	cfg.Actors = upActorsFor(strings.TrimSpace(string(data)))
+	cfg.Principals = upPrincipals
 	var buf bytes.Buffer
 	if err := upConfigTemplate.Execute(&buf, cfg); err != nil {
 		return config.Config{}, nil, fmt.Errorf("render the config: %w", err)
@@ -285,6 +286,14 @@ name = {{quote .Name}}
 token_sha256 = {{quote .TokenSHA256}}
 {{- end}}
 
+# One principal: the token's holder and this user's local agents are one party, so an
+# idempotency_key is one execution whichever of them sends it (docs/bastion.md, "Principals").
+{{- range .Principals}}
+[[principals]]
+name = {{quote .Name}}
+actors = [{{range $i, $a := .Actors}}{{if $i}}, {{end}}{{quote $a}}{{end}}]
+{{- end}}
+
 # Rules over the parsed command (docs/policy.md), e.g.:
 # [[rules]]
 # name = "no-rm"
@@ -294,6 +303,11 @@ token_sha256 = {{quote .TokenSHA256}}
 
 // upActor is the actor `postern up` authorizes: the holder of the token in its state dir.
 const upActor = "local-agent"
+
+// upPrincipals make up's two callers one principal: the holder of its token (over HTTP) and
+// the local user's agents (on the socket, and through postern mcp) are the same person, so
+// one idempotency_key is one execution whichever of them sends it.
+var upPrincipals = []config.Principal{{Name: "local-user", Actors: []string{upActor, config.SelfActor}}}
 
 func upActorsFor(token string) []policy.Actor {
 	return []policy.Actor{{Name: upActor, TokenSHA256: transport.HashToken(token)}}

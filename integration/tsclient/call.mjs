@@ -6,11 +6,14 @@
 //   {"call": {"name": "ssh_exec", "arguments": {...}},
 //    "timeout_ms": 500,        the SDK's request timeout (it then sends notifications/cancelled)
 //    "abort_after_ms": 500,    an AbortSignal fired after this long (same)
-//    "hold_ms": 2000}          hold the response this long before the SDK sees it, as a busy
+//    "hold_ms": 2000,          hold the response this long before the SDK sees it, as a busy
 //                              client would (the bytes are received; the SDK's timer runs)
+//    "reset_on_progress": true} send a progress token, count the notifications, and let each
+//                              one reset the SDK's timeout (resetTimeoutOnProgress)
 //   {"close": true}
 //
-// A call prints {"step": i, "result": <structuredContent>} or {"step": i, "error": "..."}.
+// A call prints {"step": i, "result": <structuredContent>, "text": "<the text content the
+// model reads>", "is_error": bool, "progress": <notifications heard>} or {"step": i, "error": "..."}.
 // Before the next step, every notifications/cancelled POST the SDK sent has been answered.
 import { Client } from '@modelcontextprotocol/sdk/client/index.js';
 import { StreamableHTTPClientTransport } from '@modelcontextprotocol/sdk/client/streamableHttp.js';
@@ -79,12 +82,18 @@ for (const [i, step] of steps.entries()) {
       setTimeout(() => ac.abort('the agent gave up'), step.abort_after_ms);
       options.signal = ac.signal;
     }
+    let progress = 0;
+    if (step.reset_on_progress) {
+      options.onprogress = () => { progress++; };
+      options.resetTimeoutOnProgress = true;
+    }
     holdMs = step.hold_ms ?? 0;
     try {
       const res = await client.callTool(step.call, CallToolResultSchema, options);
-      print({ step: i, result: res.structuredContent ?? null, is_error: res.isError ?? false });
+      const text = (res.content ?? []).filter((c) => c.type === 'text').map((c) => c.text).join('\n');
+      print({ step: i, result: res.structuredContent ?? null, text, is_error: res.isError ?? false, progress });
     } catch (err) {
-      print({ step: i, error: String(err?.message ?? err) });
+      print({ step: i, error: String(err?.message ?? err), progress });
     }
     holdMs = 0;
     // The SDK does not await its cancel; a test's next step must come after it.

@@ -1,15 +1,28 @@
-// Package version names the build a Postern binary came from: the module version and the VCS
-// revision Go stamped into it (debug.ReadBuildInfo), so every binary's --version and every
-// version a daemon reports to another come from one place.
+// Package version names the build a Postern binary came from: one version string (stamped
+// by scripts/package, else the module's), the VCS revision Go stamped into it
+// (debug.ReadBuildInfo) and the toolchain, so every binary's --version, the packages, the
+// MCP server's serverInfo and every version a daemon reports to another come from one place.
 package version
 
 import (
 	"fmt"
 	"runtime/debug"
+	"strings"
 )
+
+// release is the version a release build carries, stamped by scripts/package (go build
+// -ldflags "-X github.com/postern-dev/postern/internal/version.release=VERSION") with the
+// version it gives the .deb packages, so the packages, --version and the MCP server's
+// serverInfo.version say the same.
+var release string
+
+// devel is the version of a build that was neither stamped nor built from a tagged module.
+const devel = "0.0.0-devel"
 
 // Info is what a binary knows about its own build.
 type Info struct {
+	// Version is the one version string of the build, everywhere it is shown (Number).
+	Version string `json:"version"`
 	// Module is the main module's version: a tag, a pseudo-version, or "(devel)" for a build
 	// from a work tree.
 	Module string `json:"module"`
@@ -26,12 +39,13 @@ type Info struct {
 func Get() Info {
 	bi, ok := debug.ReadBuildInfo()
 	if !ok {
-		return Info{Module: "(unknown)"}
+		return Info{Version: versionOf(release, ""), Module: "(unknown)"}
 	}
 	info := Info{Module: bi.Main.Version, Go: bi.GoVersion}
 	if info.Module == "" {
 		info.Module = "(devel)"
 	}
+	info.Version = versionOf(release, info.Module)
 	for _, s := range bi.Settings {
 		switch s.Key {
 		case "vcs.revision":
@@ -43,8 +57,25 @@ func Get() Info {
 	return info
 }
 
-// String is the one-line form a --version prints, e.g.
-// "v0.3.0 (rev 384a9f6c1d2e, go1.26.8)" or "(devel) (rev 384a9f6c1d2e+dirty, go1.26.8)".
+// versionOf is the version of a build stamped with stamped ("" when not) from module (the
+// build info's main module version): the stamp, else a module version without its "v" (as
+// packages write versions), else devel.
+func versionOf(stamped, module string) string {
+	switch {
+	case stamped != "":
+		return stamped
+	case strings.HasPrefix(module, "v") && len(module) > 1 && module[1] >= '0' && module[1] <= '9':
+		return module[1:]
+	}
+	return devel
+}
+
+// Number is the running binary's version: what its package is called, what --version
+// prints after the name, and what the MCP server announces (serverInfo.version).
+func Number() string { return Get().Version }
+
+// String is the one-line form a --version prints after the name, e.g.
+// "1.4.0 (rev 384a9f6c1d2e, go1.26.8)" or "0.0.0-devel (rev 384a9f6c1d2e+dirty, go1.26.8)".
 func (i Info) String() string {
 	rev := "no vcs revision"
 	if i.Revision != "" {
@@ -53,7 +84,7 @@ func (i Info) String() string {
 			rev += "+dirty"
 		}
 	}
-	return fmt.Sprintf("%s (%s, %s)", i.Module, rev, i.Go)
+	return fmt.Sprintf("%s (%s, %s)", i.Version, rev, i.Go)
 }
 
 // String is Get().String().
@@ -67,5 +98,5 @@ func short(rev string) string {
 }
 
 // Line is what NAME --version prints: the binary's name and String(), e.g.
-// "postern v0.3.0 (rev 384a9f6c1d2e, go1.26.8)".
+// "postern 1.4.0 (rev 384a9f6c1d2e, go1.26.8)".
 func Line(name string) string { return name + " " + String() }

@@ -209,7 +209,7 @@ func lookup(t *testing.T, j *etcdjournal.Journal, r *markers.Record) *markers.Re
 	var got *markers.Record
 	var err error
 	if r.IdempotencyKey != "" {
-		got, err = j.FindByIdempotencyKey(r.Actor, r.IdempotencyKey)
+		got, err = j.FindByIdempotencyKey(markers.KeySpace(r), r.IdempotencyKey)
 	} else {
 		got, err = j.FindByFingerprint(r.Actor, r.IntentScope, r.Fingerprint)
 	}

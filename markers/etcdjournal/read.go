@@ -85,9 +85,10 @@ func (j *Journal) FindByFingerprint(actor, scope, fingerprint string) (*markers.
 	return j.follow(markers.FingerprintKey(actor, scope, fingerprint))
 }
 
-// FindByIdempotencyKey returns the newest execution of actor with key, or ErrNotFound.
-func (j *Journal) FindByIdempotencyKey(actor, key string) (*markers.Record, error) {
-	return j.follow(markers.IdempotencyKeyKey(actor, key))
+// FindByIdempotencyKey returns the newest execution with key in key space space
+// (markers.KeySpace), or ErrNotFound.
+func (j *Journal) FindByIdempotencyKey(space, key string) (*markers.Record, error) {
+	return j.follow(markers.IdempotencyKeyKey(space, key))
 }
 
 // follow reads a pointer index entry, notes its mod_revision for the create it may decide,

@@ -365,7 +365,7 @@ func (j *Journal) create(ctx context.Context, r *markers.Record, path []markers.
 func matchKey(r *markers.Record) []byte {
 	switch {
 	case r.IdempotencyKey != "":
-		return markers.IdempotencyKeyKey(r.Actor, r.IdempotencyKey)
+		return markers.IdempotencyKeyKey(markers.KeySpace(r), r.IdempotencyKey)
 	case r.Fingerprint != "":
 		return markers.FingerprintKey(r.Actor, r.IntentScope, r.Fingerprint)
 	}

@@ -31,9 +31,12 @@ type Bastion struct {
 	Tokens map[string]string
 	// ClientKey is the bastion's SSH key (hostagents from NewHostagent authorize it).
 	ClientKey testutil.SSHKey
-	// Bin is the postern binary Start runs; default the one Binary builds (another release's,
-	// for skew tests).
+	// Bin is the postern binary Start runs; default the one Binary builds. RunRelease sets
+	// another release's.
 	Bin string
+	// addedApprovals is the [approvals] table NewBastion added to the config, which
+	// RunRelease takes out again.
+	addedApprovals string
 
 	daemon
 }
@@ -69,7 +72,8 @@ func NewBastion(t testing.TB, key testutil.SSHKey, extraConfig ...string) *Basti
 		// The tests' agents are remote token actors and root, the bastion's own user here, is
 		// their operator: it must be named, since by default the bastion's user may not
 		// approve. Tests of who may approve write their own [approvals].
-		cfg.WriteString("[approvals]\noperators = [\"root\"]\n")
+		b.addedApprovals = "[approvals]\noperators = [\"root\"]\n"
+		cfg.WriteString(b.addedApprovals)
 	}
 	if err := os.WriteFile(b.ConfigPath, []byte(cfg.String()), 0o600); err != nil {
 		t.Fatal(err)
@@ -79,6 +83,25 @@ func NewBastion(t testing.TB, key testutil.SSHKey, extraConfig ...string) *Basti
 	b.Socket, b.OperatorSocket = c.SocketPath(), c.OperatorSocketPath()
 	t.Cleanup(func() { b.Kill(t) })
 	return b
+}
+
+// RunRelease makes Start run another release's postern binary (skew tests). The config
+// loses the [approvals] table NewBastion added: a release before it refuses keys it does not
+// know, and let its token actors' operator approve without one.
+func (b *Bastion) RunRelease(t testing.TB, bin string) {
+	t.Helper()
+	b.Bin = bin
+	if b.addedApprovals == "" {
+		return
+	}
+	cfg, err := os.ReadFile(b.ConfigPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(b.ConfigPath, []byte(strings.Replace(string(cfg), b.addedApprovals, "", 1)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	b.addedApprovals = ""
 }
 
 // StateDir is the bastion's state dir.
