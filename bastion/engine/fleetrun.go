@@ -121,7 +121,7 @@ func (in *intake) resolveFleet(c transport.Caller, a api.FleetArgs, policyActor 
 	candidates := make([]rollout.Host, 0, len(all))
 	byName := make(map[string]fleet.Host, len(all))
 	for _, h := range all {
-		candidates = append(candidates, rollout.Host{Name: h.Name, Groups: h.Groups})
+		candidates = append(candidates, rollout.Host{Name: h.Name, Groups: h.Groups, Labels: h.Labels})
 		byName[h.Name] = h
 	}
 	names, err := rollout.Select(targets, candidates)

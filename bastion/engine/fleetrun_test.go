@@ -21,12 +21,14 @@ import (
 // group "fleet"), so every host of a run is a host of its own to the bastion while the
 // test counts, on one disk, what each host's execution did.
 
-// fleetOf enrolls the fleet's hostagent as f1…fn in group fleet.
+// fleetOf enrolls the fleet's hostagent as f1…fn in group fleet, labelled env=prod and
+// role=db (even) or role=web (odd).
 func (f *testFleet) fleetOf(t testing.TB, n int) {
 	t.Helper()
 	for i := 1; i <= n; i++ {
 		h := f.hostAs("f" + strconv.Itoa(i))
 		h.Groups = []string{"fleet"}
+		h.Labels = map[string]string{"env": "prod", "role": []string{"db", "web"}[i%2]}
 		f.enroll(t, h)
 	}
 }
@@ -208,6 +210,28 @@ func TestFleetRun(t *testing.T) {
 	child, err := f.engine().Status(ctx, alice, x.Fleet.Hosts[0].ExecutionID)
 	if err != nil || child.FleetRun != x.ExecutionID || child.Host != "f1" {
 		t.Fatalf("host execution = %+v, %v; want f1's, of run %s", child, err, x.ExecutionID)
+	}
+}
+
+// TestFleetRunByLabels: a labels target selects the hosts that carry every label; the same
+// labels written in another order are the same call, joining the same run.
+func TestFleetRunByLabels(t *testing.T) {
+	f := newFleet(t)
+	f.fleetOf(t, 5)
+	x := f.fleetExec(t, alice, fleetArgs(f.fleetCommand("true"), "100%", "0", "role=db,env=prod"))
+	var hosts []string
+	for _, h := range x.Fleet.Hosts {
+		hosts = append(hosts, h.Host)
+	}
+	if !slices.Equal(hosts, []string{"f2", "f4"}) || x.Fleet.Counts["completed"] != 2 {
+		t.Fatalf("hosts %v, counts %v; want f2 and f4 completed", hosts, x.Fleet.Counts)
+	}
+	again := f.fleetExec(t, alice, fleetArgs(f.fleetCommand("true"), "100%", "0", " env=prod, role=db"))
+	if again.ExecutionID != x.ExecutionID || !again.Replayed {
+		t.Fatalf("the same labels reordered = %s (replayed %v); want %s replayed", again.ExecutionID, again.Replayed, x.ExecutionID)
+	}
+	if n := f.started(t); n != 2 {
+		t.Fatalf("%d commands ran; want 2", n)
 	}
 }
 
