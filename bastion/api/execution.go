@@ -191,7 +191,7 @@ func (x *Execution) ReadOn() string {
 
 // StatusArgs are the arguments of execution_status.
 type StatusArgs struct {
-	ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec or http_request"`
+	ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec or http_request (or a host's, in a fleet run), or the fr_… id returned by fleet_exec"`
 	Evidence    string `json:"evidence,omitempty" jsonschema:"compact (default): the policy's decision in one line (deciding rule and class), then how the outcome is known; full: every step of the policy's decision as well"`
 }
 
