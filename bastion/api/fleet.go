@@ -61,6 +61,10 @@ type FleetRun struct {
 	// Counts are how many hosts are in each state: their executions' journal states, and
 	// not_started for a host that has none (yet, or ever: the run stopped or was cancelled).
 	Counts map[string]int `json:"counts"`
+	// Failures is how many hosts failed as the brakes count them (a non-zero exit, not run,
+	// rejected, cancelled, an unknown outcome only a review settles): max_errors is checked
+	// against it.
+	Failures int `json:"failures"`
 	// Braked: no new host starts any more (max_errors exceeded, or cancelled).
 	Braked bool `json:"braked,omitempty"`
 	// Outcome is how the rollout ended: completed (every host succeeded), failed (every
@@ -102,7 +106,7 @@ func (x *Execution) fleetSummary(sb *strings.Builder) {
 	if x.Replayed {
 		sb.WriteString(" [replayed: no new dispatch]")
 	}
-	sb.WriteString(".\nHosts: " + CountsText(f.Counts) + ".")
+	fmt.Fprintf(sb, ".\nHosts: %s; %d failed (max_errors tolerates %d).", CountsText(f.Counts), f.Failures, f.Tolerated)
 	for _, h := range f.Failed {
 		fmt.Fprintf(sb, "\nFailed: %s %s %s", h.Host, h.ExecutionID, h.State)
 		if h.ExitCode != nil {
@@ -138,4 +142,13 @@ func CountsText(counts map[string]int) string {
 		return "none"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// FleetRunRequest is the body of the operator API's POST /v1/fleet/runs (`postern fleet
+// run`): a fleet run an operator starts, decided by the policy of a configured actor.
+type FleetRunRequest struct {
+	// Actor names the configured actor whose policy decides every host, and whose limits
+	// the hosts' executions count toward.
+	Actor string `json:"actor"`
+	FleetArgs
 }

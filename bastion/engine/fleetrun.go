@@ -68,6 +68,19 @@ func (b *Engine) FleetExec(ctx context.Context, c transport.Caller, a api.FleetA
 // toward). The journal names the operator as the run's actor, so no agent sees or joins
 // it; a.RunID (the CLI makes one per invocation) is its scope.
 func (b *Engine) OperatorFleetRun(ctx context.Context, op api.Operator, actor string, a api.FleetArgs) (*api.Execution, error) {
+	if b.readOnly {
+		return nil, errReadOnly
+	}
+	// Starting commands is a decision that lets them run: not for a uid an agent may run as,
+	// whose shell could otherwise pick the actor whose policy decides.
+	why, err := b.operatorRefused(op, -1)
+	if err != nil {
+		return nil, err
+	}
+	if why != "" {
+		return nil, &api.ToolError{Code: api.CodeNotAnOperator, Message: fmt.Sprintf(
+			"%s may not start a fleet run: %s. Run postern fleet run as another user or root, or name who may in [approvals] operators", op.Name, why)}
+	}
 	if _, ok := b.policy.Actor(actor); !ok {
 		return nil, api.Invalid("actor %q is not configured: a fleet run is decided by the policy of the actor named with --actor (the configured actors are in [[actors]])", actor)
 	}
@@ -414,7 +427,7 @@ func (v *views) fleetView(run *markers.Record) *api.Execution {
 		return x
 	}
 	p, conc, tolerated := fleetProgress(run, children)
-	f.Total, f.Concurrency, f.Tolerated = p.Total, conc, tolerated
+	f.Total, f.Concurrency, f.Tolerated, f.Failures = p.Total, conc, tolerated, p.Failed
 	for _, ch := range children {
 		h := api.FleetHost{Host: ch.host.Name, State: api.NotStarted}
 		if r := ch.rec; r != nil {

@@ -456,3 +456,68 @@ func TestFleetRunKeyedAcrossRuns(t *testing.T) {
 		t.Fatalf("%d commands ran; want 2", n)
 	}
 }
+
+// TestFleetRunInvestigate: investigate answers the five questions for the run and for each
+// host it started.
+func TestFleetRunInvestigate(t *testing.T) {
+	f := newFleet(t)
+	f.fleetOf(t, 3)
+	x := f.fleetExec(t, alice, fleetArgs(f.fleetCommand("exit 2"), "1", "0"))
+	if x.Fleet.Outcome != "stopped" {
+		t.Fatalf("outcome %q; want stopped after the first failure", x.Fleet.Outcome)
+	}
+	inv, err := f.engine().Investigate(context.Background(), x.ExecutionID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Fleet.Failures != 1 || !strings.Contains(x.Summary(), "1 failed (max_errors tolerates 0)") {
+		t.Errorf("failures %d, summary %q; want 1 failed of 0 tolerated", x.Fleet.Failures, x.Summary())
+	}
+	if len(inv.Answers) != 5 || !strings.Contains(inv.Answers[2], "1 completed, 2 not_started") || !strings.Contains(inv.Answers[2], "2 never started") {
+		t.Fatalf("the run's answers %q; want five, the outcome naming its hosts' counts", inv.Answers)
+	}
+	if len(inv.Hosts) != 1 || inv.Hosts[0].ExecutionID != x.Fleet.Hosts[0].ExecutionID || len(inv.Hosts[0].Answers) != 5 ||
+		!strings.Contains(inv.Hosts[0].Answers[2], "exit 2") {
+		t.Fatalf("hosts = %+v; want f1's five answers, exit 2 observed", inv.Hosts)
+	}
+}
+
+// TestOperatorFleetRun: an operator starts a fleet run for a configured actor, whose policy
+// decides it; the run is the operator's (no agent sees or joins it), and a uid an agent may
+// run as may not start one.
+func TestOperatorFleetRun(t *testing.T) {
+	f := newFleet(t, func(cfg *config.Config) {
+		cfg.Rules = []policy.Rule{{Name: "no-f2-for-alice", Decision: policy.DecisionDeny, Actors: []string{"alice"}, Hosts: []string{"f2"}}}
+	})
+	f.fleetOf(t, 2)
+	ctx := context.Background()
+	a := fleetArgs(f.fleetCommand("true"), "2", "1")
+	_, err := f.engine().OperatorFleetRun(ctx, testOperator, "alice", a)
+	wantCode(t, err, api.CodeInvalidArgument) // no run_id
+	a.RunID = "cli-1"
+	_, err = f.engine().OperatorFleetRun(ctx, testOperator, "nobody", a)
+	wantCode(t, err, api.CodeInvalidArgument)
+	_, err = f.engine().OperatorFleetRun(ctx, api.Operator{Name: "operator:me", UID: os.Getuid()}, "alice", a)
+	wantCode(t, err, api.CodeNotAnOperator)
+
+	x, err := f.engine().OperatorFleetRun(ctx, testOperator, "alice", a)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if x.Fleet.Counts["completed"] != 1 || x.Fleet.Counts["rejected"] != 1 {
+		t.Fatalf("counts %v; want f1 completed, f2 rejected by alice's policy", x.Fleet.Counts)
+	}
+	rec := f.record(t, x.ExecutionID)
+	if rec.Actor != testOperator.Name || rec.PolicyActor != "alice" {
+		t.Fatalf("run actor %q, policy actor %q; want the operator's run, decided as alice", rec.Actor, rec.PolicyActor)
+	}
+	_, err = f.engine().Status(ctx, alice, x.ExecutionID)
+	wantCode(t, err, api.CodeNotFound)
+	again, err := f.engine().OperatorFleetRun(ctx, testOperator, "alice", a)
+	if err != nil || again.ExecutionID != x.ExecutionID || !again.Replayed {
+		t.Fatalf("the same invocation again = %+v, %v; want %s replayed", again, err, x.ExecutionID)
+	}
+	if n := f.started(t); n != 1 {
+		t.Fatalf("%d commands ran; want 1", n)
+	}
+}

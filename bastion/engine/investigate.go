@@ -78,6 +78,11 @@ func (b *Engine) Investigate(ctx context.Context, id string) (*api.Investigation
 	inv.Authorization = authorizationOf(rec, eventsOf[id])
 	inv.Outcome = iv.observedOutcome(ctx, rec)
 	inv.Delivery = deliveryOf(rec, eventsOf[id])
+	if rec.IsFleetRun() {
+		if err := b.investigateHosts(ctx, inv); err != nil {
+			return nil, err
+		}
+	}
 	inv.Answers = []string{
 		answerWho(inv),
 		answerAuthorization(inv),
@@ -86,6 +91,31 @@ func (b *Engine) Investigate(ctx context.Context, id string) (*api.Investigation
 		answerLater(inv),
 	}
 	return inv, nil
+}
+
+// investigateHosts answers the five questions for each host of fleet run inv.Record that
+// has an execution, in the run's order, and says in the run's outcome how its hosts stand.
+func (b *Engine) investigateHosts(ctx context.Context, inv *api.Investigation) error {
+	children, err := b.fleetChildren(inv.Record)
+	if err != nil {
+		return err
+	}
+	counts := countsOf(children)
+	inv.Outcome.MarkerNote += fmt.Sprintf(". Its %d hosts: %s", len(children), api.CountsText(counts))
+	if n := counts[api.NotStarted]; n > 0 {
+		inv.Outcome.MarkerNote += fmt.Sprintf(" (%d never started: nothing was journaled or sent for them)", n)
+	}
+	for _, ch := range children {
+		if ch.rec == nil {
+			continue
+		}
+		h, err := b.Investigate(ctx, ch.rec.ID)
+		if err != nil {
+			return fmt.Errorf("host %s (%s): %w", ch.host.Name, ch.rec.ID, err)
+		}
+		inv.Hosts = append(inv.Hosts, h)
+	}
+	return nil
 }
 
 // siblings are the executions of rec's intent, oldest first: the same actor, scope and
@@ -247,6 +277,9 @@ func (iv investigation) observedOutcome(ctx context.Context, rec *markers.Record
 		o.ObservedAt = &t
 	}
 	switch {
+	case rec.IsFleetRun():
+		o.MarkerNote = "a fleet run is sent nowhere itself and has no marker: each host's execution does, answered for below"
+		return o
 	case rec.Channel == "http":
 		o.MarkerNote = "HTTP executions have no host marker: the endpoint's response stored in the journal is the evidence"
 		return o
