@@ -84,6 +84,9 @@ func (c *fleetCommand) run(ctx context.Context, args []string) error {
 	}
 	start := time.Now()
 	waitS := fleetPollS
+	if *wait > 0 && *wait < fleetPollS*time.Second {
+		waitS = int(wait.Seconds())
+	}
 	req := api.FleetRunRequest{Actor: *actor, FleetArgs: api.FleetArgs{
 		Targets: targets, Command: pos[0], MaxConcurrency: api.Limit(*conc), MaxErrors: api.Limit(*maxErrors),
 		Cwd: *cwd, TimeoutS: *timeout,
