@@ -315,3 +315,47 @@ func TestFleetRunOperator(t *testing.T) {
 		t.Errorf("fleet show:\n%s", show)
 	}
 }
+
+// TestReplicaKilledMidFleetRunIsTakenOver: on etcd, the replica driving a fleet run is
+// SIGKILLed while its first hosts run: another replica takes the run over from the journal
+// and finishes it under the same brakes, no host run twice.
+func TestReplicaKilledMidFleetRunIsTakenOver(t *testing.T) {
+	f := startHAFleet(t, 2)
+	ctx := testContext(t)
+	// The one hostagent under four names: four hosts to the bastion, one disk for the test.
+	for _, b := range f.replicas {
+		inv := config.DefaultConfig(b.StateDir()).InventoryPath()
+		for i := 1; i <= 4; i++ {
+			if err := fleet.Enroll(inv, fleet.Host{Name: "w" + strconv.Itoa(i), Addr: f.host.Addr, Account: f.host.Account, HostKey: f.host.HostKey,
+				Labels: map[string]string{"role": "web"}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	fb := &fleetBed{bastion: f.replicas[1], spans: filepath.Join(t.TempDir(), "spans")}
+	gate := filepath.Join(t.TempDir(), "gate")
+	cmd := fb.command("while [ ! -e " + gate + " ] && [ -d " + filepath.Dir(gate) + " ]; do sleep 0.05; done")
+	args := map[string]any{"targets": []string{"role=web"}, "command": cmd, "max_concurrency": 2, "max_errors": 0, "wait_s": 0, "idempotency_key": "ha-roll"}
+	x := mustCall(t, ctx, f.session(t, 0, "run-1"), "fleet_exec", args)
+	testutil.WaitFor(t, "two hosts to start", func() bool { return fb.started(t) == 2 })
+	f.replicas[0].Kill(t)
+	if err := os.WriteFile(gate, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cs := f.session(t, 1, "run-2")
+	again := mustCall(t, ctx, cs, "fleet_exec", args)
+	if again.ExecutionID != x.ExecutionID || !again.Replayed {
+		t.Fatalf("the keyed call on replica 1 = %s (replayed %v); want %s", again.ExecutionID, again.Replayed, x.ExecutionID)
+	}
+	end := waitForState(t, ctx, cs, x.ExecutionID, "completed", "failed", "cancelled")
+	if end.State != "completed" || end.IsError || end.Fleet.Counts["completed"] != 4 {
+		t.Fatalf("run = %s (is_error %v), counts %v; want 4 completed", end.State, end.IsError, end.Fleet.Counts)
+	}
+	fb.checkOnce(t, end)
+	if n := fb.started(t); n != 4 {
+		t.Fatalf("%d commands ran; want 4, once each", n)
+	}
+	if most := fb.mostAtOnce(t); most > 2 {
+		t.Errorf("%d commands ran at once; want at most 2", most)
+	}
+}
