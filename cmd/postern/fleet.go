@@ -24,13 +24,13 @@ const fleetUsage = `usage: postern fleet SUBCOMMAND [flags]
 subcommands:
   run COMMAND --actor NAME --target T [--target T]... --max-concurrency N|P%
       --max-errors N|P% [--cwd DIR] [--timeout S] [--idempotency-key K]
-      [--reason TEXT] [--wait S] [--json]
+      [--reason TEXT] [--wait DURATION] [--json]
                  run COMMAND on every host the targets select (a host name, group:NAME,
                  or labels role=db,env=prod), at most --max-concurrency hosts at once;
                  once more than --max-errors hosts failed no new host starts. Actor
                  NAME's policy decides each host; an approval, if one is needed, is one
                  for the whole run (postern approve fr_…). Follows the run to its end
-                 (or for --wait seconds: it goes on without you)
+                 (or for --wait, e.g. 5m: it goes on without you)
   show ID [--json]
                  a fleet run: counts per state, each host's execution, failed hosts
                  with their cause
