@@ -99,12 +99,24 @@ func (c *fleetCommand) run(ctx context.Context, args []string) error {
 	fmt.Fprintf(c.stderr, "%s: %s\n", x.ExecutionID, fleetProgress(&x))
 	last := fleetProgress(&x)
 	for !fleetSettled(&x) && (*wait == 0 || time.Since(start) < *wait) {
+		asked := time.Now()
 		if err := c.read(ctx, op, x.ExecutionID, fleetPollS, &x); err != nil {
 			return err
 		}
-		if p := fleetProgress(&x); p != last {
+		p := fleetProgress(&x)
+		if p != last {
 			fmt.Fprintf(c.stderr, "%s: %s\n", x.ExecutionID, p)
 			last = p
+			continue
+		}
+		// Nothing changed and the daemon did not wait (no driver carries the run here: the
+		// daemon is held, or it is about to start): ask again shortly.
+		if time.Since(asked) < time.Second {
+			select {
+			case <-ctx.Done():
+				return ctx.Err()
+			case <-time.After(time.Second):
+			}
 		}
 	}
 	if err := c.print(&x, *asJSON); err != nil {
