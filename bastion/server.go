@@ -58,6 +58,10 @@ func bySession(stateless, sessions http.Handler) http.Handler {
 // shutdownGrace bounds how long in-flight requests may finish when the bastion stops.
 const shutdownGrace = 5 * time.Second
 
+// fdReserve is how many descriptors the HTTP endpoint's connections leave, besides the unix
+// sockets' (max_local_conns each), for the journal, the SSH pool, the plugin and the rest.
+const fdReserve = 1024
+
 // Serve serves the MCP endpoints and the operator API until ctx ends; ready is called once
 // every listener is open. Call Recover first: nothing is served before the journal's
 // executions in flight were reconciled.
@@ -103,7 +107,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		mcpHTTP, err := transport.HTTPHandler(remote, transport.HTTPOptions{
 			Actors: actors, MaxBodyBytes: b.cfg.MaxBodyBytes,
 			AllowedHosts: b.cfg.AllowedHosts, AllowedOrigins: b.cfg.AllowedOrigins,
-			Logger: b.log.With("component", "http"),
+			Logger: b.log.With("component", "http"), CountRefusal: b.engine.CountRefusal,
 		})
 		if err != nil {
 			return err
@@ -128,14 +132,32 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 			l = tls.NewListener(l, &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12})
 			scheme = "https"
 		}
-		listeners = append(listeners, l)
-		servers = append(servers, &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ConnContext: delivery.RememberConn(nil)})
-		ep.HTTP = l.Addr().String()
+		// The descriptors the HTTP connections may not take: the unix sockets' connections
+		// and the rest (journal, SSH pool, plugin).
+		maxLocal := b.cfg.MaxLocalConns
+		if maxLocal <= 0 {
+			maxLocal = transport.DefaultMaxLocalConns
+		}
+		maxConns, nofile := transport.FitHTTPConns(0, 2*maxLocal+fdReserve)
+		if maxConns < transport.DefaultMaxHTTPConns {
+			b.log.Warn("the descriptor limit leaves the HTTP endpoint fewer connections; raise LimitNOFILE",
+				"max_http_conns", maxConns, "nofile", nofile)
+		}
+		srv, hl := transport.NewHTTPServer(l, mux, transport.HTTPServerOptions{
+			Limits:      transport.HTTPLimits{MaxConns: maxConns},
+			ConnContext: delivery.RememberConn(nil),
+			Logger:      b.log.With("component", "http"), CountRefusal: b.engine.CountRefusal,
+		})
+		listeners = append(listeners, hl)
+		servers = append(servers, srv)
+		ep.HTTP = hl.Addr().String()
 		ep.URL = scheme + "://" + l.Addr().String() + MCPPath
 		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
 	}
 
-	local, err := transport.ListenUnix(b.cfg.SocketPath(), b.cfg.SocketAccess(b.cfg.LocalUIDs(), b.log.With("component", "unix")))
+	localAccess := b.cfg.SocketAccess(b.cfg.LocalUIDs(), b.log.With("component", "unix"))
+	localAccess.Where, localAccess.CountRefusal = transport.WhereMCPSocket, b.engine.CountRefusal
+	local, err := transport.ListenUnix(b.cfg.SocketPath(), localAccess)
 	if err != nil {
 		closeAll()
 		return err
@@ -144,13 +166,15 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	localMux := http.NewServeMux()
 	localMux.Handle(MCPPath, tracked)
 	unixServer := transport.UnixServer(localMux, transport.UnixOptions{
-		MaxBodyBytes: b.cfg.MaxBodyBytes, Logger: b.log.With("component", "unix"),
+		MaxBodyBytes: b.cfg.MaxBodyBytes, Logger: b.log.With("component", "unix"), CountRefusal: b.engine.CountRefusal,
 	})
 	unixServer.ConnContext = delivery.RememberConn(unixServer.ConnContext)
 	servers = append(servers, unixServer)
 	ep.Socket = b.cfg.SocketPath()
 
-	op, err := transport.ListenUnix(b.cfg.OperatorSocketPath(), b.cfg.SocketAccess(nil, b.log.With("component", "operator")))
+	opAccess := b.cfg.SocketAccess(nil, b.log.With("component", "operator"))
+	opAccess.Where, opAccess.CountRefusal = transport.WhereOperatorSocket, b.engine.CountRefusal
+	op, err := transport.ListenUnix(b.cfg.OperatorSocketPath(), opAccess)
 	if err != nil {
 		closeAll()
 		return err
@@ -158,7 +182,11 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	listeners = append(listeners, op)
 	ep.OperatorSocket = b.cfg.OperatorSocketPath()
 	operator := servingEngine{b.engine, api.Serving{HTTP: ep.HTTP, URL: ep.URL, MCPSocket: ep.Socket, OperatorSocket: ep.OperatorSocket}}
-	servers = append(servers, &http.Server{Handler: operatorapi.Handler(operator, b.log.With("component", "operator")), ReadHeaderTimeout: 10 * time.Second, ConnContext: operatorapi.ConnContext})
+	servers = append(servers, &http.Server{
+		Handler: operatorapi.Handler(operator, b.log.With("component", "operator")), ReadHeaderTimeout: 10 * time.Second,
+		ConnContext: operatorapi.ConnContext,
+		ErrorLog:    transport.ServerErrorLog(b.log.With("component", "operator"), transport.WhereOperatorSocket, b.engine.CountRefusal),
+	})
 
 	errs := make(chan error, len(servers))
 	var wg sync.WaitGroup

@@ -18,11 +18,27 @@ import (
 
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/internal/ratelog"
 )
 
 // maxKeyFileBytes bounds an authorized_keys or CA keys file; larger files are refused whole
 // rather than read partially.
 const maxKeyFileBytes = 4 << 20
+
+// Where and why the hostagent refuses what anyone who reaches it can send: the labels of
+// its refusal logs (internal/ratelog), whose summaries count every one.
+const (
+	whereSSH           = "ssh"
+	whereControlSocket = "control_socket"
+
+	reasonPublicKey        = "public_key"        // a key that may not log in
+	reasonHandshake        = "handshake"         // the SSH handshake failed
+	reasonHandshakeTimeout = "handshake_timeout" // no login within handshake_timeout
+	reasonPeerCredentials  = "peer_credentials"  // SO_PEERCRED could not be read
+	reasonBusy             = "busy"              // no connection slot (LocalLimits)
+	reasonConnectionError  = "connection_error"  // a local peer's connection ended in error
+)
 
 // ErrNotAuthorized is the reason every refused public key carries.
 var ErrNotAuthorized = errors.New("public key not authorized")
@@ -290,13 +306,13 @@ type authIdentityKey struct{}
 // publicKeyHandler is the gliderlabs callback. It always replaces the connection's
 // Permissions: gliderlabs returns ctx.Permissions() from its callback, so leaving a previous
 // attempt's certificate restrictions (or none) in place would attach them to the wrong key.
-func (a *authenticator) publicKeyHandler(logger *slog.Logger) gliderssh.PublicKeyHandler {
+func (a *authenticator) publicKeyHandler(refusals *ratelog.Logger) gliderssh.PublicKeyHandler {
 	return func(ctx gliderssh.Context, key gliderssh.PublicKey) bool {
 		ctx.Permissions().Permissions = &gossh.Permissions{}
 		perms, err := a.authorize(ctx.User(), ctx.RemoteAddr(), key)
 		if err != nil {
-			logger.Info("public key refused", "user", boundForLog(ctx.User()), "remote", ctx.RemoteAddr(),
-				"key_type", key.Type(), "key", gossh.FingerprintSHA256(signingKey(key)), "err", err)
+			refusals.Log(slog.LevelInfo, reasonPublicKey, "public key refused", "user", boundForLog(ctx.User()), "remote", ctx.RemoteAddr(),
+				"key_type", boundForLog(key.Type()), "key", gossh.FingerprintSHA256(signingKey(key)), "err", err)
 			return false
 		}
 		ctx.Permissions().Permissions = perms

@@ -24,6 +24,7 @@ import (
 
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/peercred"
+	"github.com/postern-dev/postern/internal/ratelog"
 	"github.com/postern-dev/postern/internal/unixpath"
 )
 
@@ -146,6 +147,10 @@ func (cs *controlServer) serveLocal(ctx context.Context, ln net.Listener) error 
 	ctx, cancel := context.WithCancel(ctx)
 	context.AfterFunc(ctx, func() { ln.Close() }) // ends Accept when ctx ends
 	defer ln.Close()
+	// Every account can connect: refusals are logged within bounds; the summary when this
+	// returns (after every connection ended) counts them all.
+	refusals := ratelog.New(cs.logger, ratelog.Options{Where: whereControlSocket})
+	defer refusals.Close()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	defer cancel() // runs first: closes every connection (serveLocalConn), so wg.Wait returns
@@ -172,18 +177,18 @@ func (cs *controlServer) serveLocal(ctx context.Context, ln net.Listener) error 
 		// The peer's credentials come with the connection (no I/O): the slot depends on them.
 		caller, uid, err := localCaller(c)
 		if err != nil {
-			cs.logger.Warn("control socket: refusing peer", "err", err)
+			refusals.Log(slog.LevelWarn, reasonPeerCredentials, "control socket: refusing peer", "err", err)
 			c.Close()
 			continue
 		}
 		if err := slots.acquire(uid, caller.operator); err != nil {
-			cs.logger.Warn("control socket: refusing connection", "uid", uid, "peer_pid", caller.peerPID, "reason", err)
+			refusals.Log(slog.LevelWarn, reasonBusy, "control socket: refusing connection", "uid", uid, "peer_pid", caller.peerPID, "detail", err)
 			cs.refuseBusy(c, err)
 			continue
 		}
 		wg.Go(func() {
 			defer slots.release(uid, caller.operator)
-			cs.serveLocalConn(ctx, c, caller)
+			cs.serveLocalConn(ctx, c, caller, refusals)
 		})
 	}
 }
@@ -195,12 +200,16 @@ func (cs *controlServer) refuseBusy(c net.Conn, why error) {
 	c.Close()
 }
 
-func (cs *controlServer) serveLocalConn(ctx context.Context, c net.Conn, caller controlCaller) {
+func (cs *controlServer) serveLocalConn(ctx context.Context, c net.Conn, caller controlCaller, refusals *ratelog.Logger) {
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
 	defer stop()
 	if err := cs.serve(ctx, c, caller); err != nil && ctx.Err() == nil {
-		cs.logger.Info("control connection ended", "peer_pid", caller.peerPID, "operator", caller.operator, "err", err)
+		if caller.operator {
+			cs.logger.Info("control connection ended", "peer_pid", caller.peerPID, "operator", caller.operator, "err", err)
+			return
+		}
+		refusals.Log(slog.LevelInfo, reasonConnectionError, "control connection ended", "peer_pid", caller.peerPID, "operator", caller.operator, "err", err)
 	}
 }
 

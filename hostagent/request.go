@@ -3,7 +3,6 @@ package hostagent
 import (
 	"errors"
 	"fmt"
-	"path/filepath"
 	"sort"
 	"strconv"
 	"strings"
@@ -101,18 +100,14 @@ func parseOperationKey(key string) (string, error) {
 	return key, nil
 }
 
-// maxCwdBytes bounds POSTERN_CWD (PATH_MAX).
-const maxCwdBytes = 4096
-
-// parseCwd validates POSTERN_CWD: an absolute, clean path; "" means home.
+// parseCwd validates POSTERN_CWD by hostproto.CheckCwd (the bastion's rule too); "" means
+// home.
 func parseCwd(s, home string) (string, error) {
-	switch {
-	case s == "":
+	if s == "" {
 		return home, nil
-	case len(s) > maxCwdBytes:
-		return "", fmt.Errorf("%w: %s is longer than %d bytes", ErrInvalidRequest, hostproto.EnvCwd, maxCwdBytes)
-	case !filepath.IsAbs(s) || filepath.Clean(s) != s:
-		return "", fmt.Errorf("%w: %s must be an absolute, clean path", ErrInvalidRequest, hostproto.EnvCwd)
+	}
+	if err := hostproto.CheckCwd(s); err != nil {
+		return "", fmt.Errorf("%w: %s: %w", ErrInvalidRequest, hostproto.EnvCwd, err)
 	}
 	return s, nil
 }

@@ -25,6 +25,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/postern-dev/postern/hostproto"
+	"github.com/postern-dev/postern/internal/ratelog"
 	"github.com/postern-dev/postern/internal/version"
 	"github.com/postern-dev/postern/markers"
 )
@@ -74,6 +75,9 @@ type Server struct {
 	auth     *authenticator
 	accounts *accountResolver
 	env      envFilter
+	// refusals logs failed handshakes and logins, which anyone who reaches the port can
+	// cause, within bounds (internal/ratelog); the summary at Close counts them all.
+	refusals *ratelog.Logger
 
 	// ctx is the parent of every handler context; cancelled by Close.
 	ctx    context.Context
@@ -129,6 +133,7 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 		auth:      newAuthenticator(cfg, logger),
 		accounts:  accounts,
 		env:       newEnvFilter(cfg),
+		refusals:  ratelog.New(logger, ratelog.Options{Where: whereSSH}),
 		ctx:       ctx,
 		cancel:    cancel,
 		listeners: map[net.Listener]struct{}{},
@@ -141,7 +146,7 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 		// Always set: with no auth handler at all gliderlabs sets NoClientAuth and lets
 		// everyone in. Password and keyboard-interactive handlers stay nil, so x/crypto
 		// offers only publickey.
-		PublicKeyHandler: srv.auth.publicKeyHandler(logger),
+		PublicKeyHandler: srv.auth.publicKeyHandler(srv.refusals),
 		ServerConfigCallback: func(ctx gliderssh.Context) *gossh.ServerConfig {
 			return &gossh.ServerConfig{
 				VerifiedPublicKeyCallback: srv.verifiedKey(ctx),
@@ -158,7 +163,7 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 			return c
 		},
 		ConnectionFailedCallback: func(c net.Conn, err error) {
-			logger.Info("ssh handshake failed", "remote", c.RemoteAddr(), "err", err)
+			srv.refusals.Log(slog.LevelInfo, reasonHandshake, "ssh handshake failed", "remote", c.RemoteAddr(), "err", err)
 		},
 		// Explicit maps so that nothing registered in gliderlabs' global defaults applies:
 		// of global requests only the hello (no tcpip-forward, …), only session channels.
@@ -249,7 +254,7 @@ func (srv *Server) serveConn(c net.Conn) {
 		// deadline set on the conn would be overwritten; close it from a timer instead.
 		timer := time.AfterFunc(srv.cfg.HandshakeTimeout, func() {
 			if !sc.authenticated.Load() {
-				srv.logger.Info("closing connection: handshake timeout", "remote", c.RemoteAddr())
+				srv.refusals.Log(slog.LevelInfo, reasonHandshakeTimeout, "closing connection: handshake timeout", "remote", c.RemoteAddr())
 				sc.Close()
 			}
 		})
@@ -310,6 +315,7 @@ func (srv *Server) Close() error {
 	srv.mu.Unlock()
 	srv.cancel(ErrServerClosed)
 	srv.wg.Wait()
+	srv.refusals.Close()
 	return errors.Join(errs...)
 }
 

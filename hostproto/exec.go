@@ -5,17 +5,24 @@ package hostproto
 // environment, the command, its output and its exit status.
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"sort"
+	"maps"
+	"path"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
+	"unicode/utf8"
 
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/postern-dev/postern/internal/envpolicy"
 )
 
 // MarkerRequest is the channel request that carries a MarkerMessage (want-reply false): once
@@ -87,6 +94,143 @@ var ErrExitMissing = errors.New("hostproto: channel closed without exit status")
 // never started.
 var ErrRefused = errors.New("hostproto: request refused")
 
+// ErrInvalidExec: Run did not send the request — it has a field no hostagent accepts, or one
+// a request cannot carry — so nothing was started. Run's error wraps ErrRefused too.
+var ErrInvalidExec = errors.New("hostproto: invalid exec request")
+
+// Bounds of what Run sends. SSH carries a channel request in one packet, and
+// implementations (x/crypto, OpenSSH) end the whole connection — every channel on it — at a
+// packet over 256 KiB; so Run never sends a larger request, and a caller that checks its
+// request with Exec.Check first never sends one Run would refuse.
+const (
+	// MaxRequestPayload bounds one channel request's payload: 256 KiB less 1 KiB of framing.
+	MaxRequestPayload = 255 << 10
+	// MaxCommandBytes is the longest command an exec request carries.
+	MaxCommandBytes = MaxRequestPayload - 64
+	// MaxCwdBytes bounds EnvCwd (PATH_MAX).
+	MaxCwdBytes = 4096
+	// maxFieldBytes bounds the execution id and the fingerprint.
+	maxFieldBytes = 256
+)
+
+// CheckCwd is the rule for a working directory (EnvCwd), on both sides: an absolute, clean
+// path of at most MaxCwdBytes of UTF-8 text without control characters (a NUL, a newline).
+// Its error says what is wrong.
+func CheckCwd(cwd string) error {
+	switch {
+	case len(cwd) > MaxCwdBytes:
+		return fmt.Errorf("cwd is %d bytes, more than %d", len(cwd), MaxCwdBytes)
+	case !utf8.ValidString(cwd) || strings.ContainsFunc(cwd, isControl):
+		return errors.New("cwd must be UTF-8 text without control characters (NUL, newline)")
+	case !path.IsAbs(cwd) || path.Clean(cwd) != cwd:
+		return errors.New("cwd must be an absolute, clean path (no .., no //, no trailing /)")
+	}
+	return nil
+}
+
+func isControl(r rune) bool { return r < 0x20 || r == 0x7f }
+
+// Check reports why Run would not send x (an error wrapping ErrInvalidExec naming the
+// field), or nil.
+func (x Exec) Check() error {
+	_, err := x.requests()
+	return err
+}
+
+// execRequests are the payloads Run sends for an Exec.
+type execRequests struct {
+	env []EnvVar // sorted by name
+	// batch is the EnvRequest payload; nil when it would be larger than MaxRequestPayload
+	// (then one env request per variable).
+	batch []byte
+	exec  []byte
+}
+
+// requests checks x and encodes what Run sends for it.
+func (x Exec) requests() (execRequests, error) {
+	invalid := func(format string, args ...any) (execRequests, error) {
+		return execRequests{}, fmt.Errorf("%w: %s", ErrInvalidExec, fmt.Sprintf(format, args...))
+	}
+	switch {
+	case x.ExecutionID == "" || len(x.ExecutionID) > maxFieldBytes || !printable(x.ExecutionID):
+		return invalid("execution id must be 1 to %d printable ASCII characters", maxFieldBytes)
+	case len(x.Fingerprint) > maxFieldBytes || !printable(x.Fingerprint):
+		return invalid("fingerprint must be at most %d printable ASCII characters", maxFieldBytes)
+	case len(x.OperationKey) > MaxOperationKeyLen || !printable(x.OperationKey) || strings.Contains(x.OperationKey, " "):
+		return invalid("operation key must be at most %d visible ASCII characters", MaxOperationKeyLen)
+	case x.Command == "":
+		return invalid("command is empty")
+	case len(x.Command) > MaxCommandBytes:
+		return invalid("command is %d bytes, more than the %d an exec request carries", len(x.Command), MaxCommandBytes)
+	case strings.IndexByte(x.Command, 0) >= 0:
+		return invalid("command holds a NUL byte")
+	case x.Timeout < 0:
+		return invalid("timeout is negative")
+	}
+	if x.Cwd != "" {
+		if err := CheckCwd(x.Cwd); err != nil {
+			return execRequests{}, fmt.Errorf("%w: %w", ErrInvalidExec, err)
+		}
+	}
+	env := map[string]string{EnvExecutionID: x.ExecutionID}
+	for k, v := range x.Env {
+		switch {
+		case !envpolicy.ValidName(k):
+			return invalid("env name %q is not a variable name", boundName(k))
+		case strings.IndexByte(v, 0) >= 0:
+			return invalid("env %s holds a NUL byte", k)
+		case len(k)+len(v) > MaxRequestPayload-64:
+			return invalid("env %s is %d bytes, more than an env request carries", k, len(v))
+		}
+		env[k] = v
+	}
+	if x.OperationKey != "" {
+		env[EnvOperationKey] = x.OperationKey
+	}
+	if x.Timeout > 0 {
+		env[EnvTimeout] = strconv.Itoa(int(x.Timeout.Round(time.Second) / time.Second))
+	}
+	if x.Fingerprint != "" {
+		env[EnvFingerprint] = x.Fingerprint
+	}
+	if x.Cwd != "" {
+		env[EnvCwd] = x.Cwd
+	}
+	var r execRequests
+	for _, k := range slices.Sorted(maps.Keys(env)) {
+		r.env = append(r.env, EnvVar{Name: k, Value: env[k]})
+	}
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	if err := enc.Encode(r.env); err != nil {
+		return invalid("encode env: %v", err)
+	}
+	if batch := gossh.Marshal(&struct{ Env string }{strings.TrimSuffix(buf.String(), "\n")}); len(batch) <= MaxRequestPayload {
+		r.batch = batch
+	}
+	r.exec = gossh.Marshal(&struct{ Command string }{x.Command})
+	return r, nil
+}
+
+// printable reports whether s is printable ASCII (space included).
+func printable(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}
+
+// boundName shortens a name for an error message.
+func boundName(s string) string {
+	if len(s) > 64 {
+		return strings.ToValidUTF8(s[:64], "") + "…"
+	}
+	return s
+}
+
 // Exec describes one command to run under a marker.
 type Exec struct {
 	ExecutionID  string
@@ -118,11 +262,16 @@ type Result struct {
 func (r Result) Replayed() bool { return r.First != nil && r.First.Replayed }
 
 // Run opens a session channel on conn, sends the environment and the exec request, copies
-// the output and returns once the exit status arrived. If the channel closes without one it
+// the output and returns once the exit status arrived. It sends nothing for an x that
+// Check refuses (the error wraps ErrRefused and ErrInvalidExec). If the channel closes without one it
 // returns ErrExitMissing (with whatever markers arrived). ctx cancellation closes the
 // channel — the command goes on on the host.
 func Run(ctx context.Context, conn gossh.Conn, x Exec) (Result, error) {
-	ch, reqs, err := conn.OpenChannel("session", nil)
+	reqs, err := x.requests()
+	if err != nil {
+		return Result{}, fmt.Errorf("%w: %w", ErrRefused, err)
+	}
+	ch, in, err := conn.OpenChannel("session", nil)
 	if err != nil {
 		return Result{}, fmt.Errorf("open session: %w", err)
 	}
@@ -135,7 +284,7 @@ func Run(ctx context.Context, conn gossh.Conn, x Exec) (Result, error) {
 	gotExit := false
 	var loop sync.WaitGroup
 	loop.Go(func() {
-		for req := range reqs {
+		for req := range in {
 			switch req.Type {
 			case MarkerRequest:
 				var m MarkerMessage
@@ -168,52 +317,26 @@ func Run(ctx context.Context, conn gossh.Conn, x Exec) (Result, error) {
 		return res, err
 	}
 
-	env := map[string]string{EnvExecutionID: x.ExecutionID}
-	for k, v := range x.Env {
-		env[k] = v
-	}
-	if x.OperationKey != "" {
-		env[EnvOperationKey] = x.OperationKey
-	}
-	if x.Timeout > 0 {
-		env[EnvTimeout] = strconv.Itoa(int(x.Timeout.Round(time.Second) / time.Second))
-	}
-	if x.Fingerprint != "" {
-		env[EnvFingerprint] = x.Fingerprint
-	}
-	if x.Cwd != "" {
-		env[EnvCwd] = x.Cwd
-	}
-	names := make([]string, 0, len(env))
-	for k := range env {
-		names = append(names, k)
-	}
-	sort.Strings(names)
-	batch := make([]EnvVar, len(names))
-	for i, k := range names {
-		batch[i] = EnvVar{Name: k, Value: env[k]}
-	}
-	payload, err := json.Marshal(batch)
-	if err != nil {
-		return fail(fmt.Errorf("encode env: %w", err))
-	}
-	ok, err := ch.SendRequest(EnvRequest, true, gossh.Marshal(&struct{ Env string }{string(payload)}))
-	if err != nil {
-		return fail(fmt.Errorf("send env: %w", err))
-	}
-	for _, k := range names {
+	// Every request fits in one packet (requests): a larger one would end the connection,
+	// and every other execution's channel on it.
+	if reqs.batch != nil {
+		ok, err := ch.SendRequest(EnvRequest, true, reqs.batch)
+		if err != nil {
+			return fail(fmt.Errorf("send env: %w", err))
+		}
 		if ok {
-			break // all accepted at once
-		}
-		msg := struct{ Name, Value string }{k, env[k]}
-		if ok, err := ch.SendRequest("env", true, gossh.Marshal(&msg)); err != nil {
-			return fail(fmt.Errorf("send env %s: %w", k, err))
-		} else if !ok {
-			return fail(fmt.Errorf("%w: env %s (not accepted by the host's accept_env)", ErrRefused, k))
+			reqs.env = nil // all accepted at once
 		}
 	}
-	cmd := struct{ Command string }{x.Command}
-	if ok, err := ch.SendRequest("exec", true, gossh.Marshal(&cmd)); err != nil {
+	for _, kv := range reqs.env {
+		msg := struct{ Name, Value string }{kv.Name, kv.Value}
+		if ok, err := ch.SendRequest("env", true, gossh.Marshal(&msg)); err != nil {
+			return fail(fmt.Errorf("send env %s: %w", kv.Name, err))
+		} else if !ok {
+			return fail(fmt.Errorf("%w: env %s (not accepted by the host's accept_env)", ErrRefused, kv.Name))
+		}
+	}
+	if ok, err := ch.SendRequest("exec", true, reqs.exec); err != nil {
 		return fail(fmt.Errorf("send exec: %w", err))
 	} else if !ok {
 		return fail(fmt.Errorf("%w: exec", ErrRefused))

@@ -4,10 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/postern-dev/postern/internal/etcdtest"
 	"github.com/postern-dev/postern/internal/testutil"
 	"github.com/postern-dev/postern/internal/testutil/harness"
+	"github.com/postern-dev/postern/markers"
 )
 
 // haFleet is N bastion replicas (`postern serve` processes) on one journal in a 3-member
@@ -24,6 +27,8 @@ type haFleet struct {
 	etcd     *etcdtest.Cluster
 	replicas []*harness.Bastion
 	host     *harness.Hostagent
+	// journal is the [journal] table of replica i's config.
+	journal func(i int) string
 }
 
 // startHAFleet starts the cluster, the hostagent and n replicas (extraConfig: settings, then
@@ -32,12 +37,20 @@ type haFleet struct {
 // what an operator copies to each replica); the others get copies of it.
 func startHAFleet(t testing.TB, n int, extraConfig ...string) *haFleet {
 	t.Helper()
+	return startHAFleetTTL(t, n, "2s", extraConfig...)
+}
+
+// startHAFleetTTL is startHAFleet with the replicas' lease_ttl.
+func startHAFleetTTL(t testing.TB, n int, leaseTTL string, extraConfig ...string) *haFleet {
+	t.Helper()
 	f := &haFleet{etcd: etcdtest.Start(t, 3), host: harness.StartHostagent(t)}
 	eps := `"` + strings.Join(f.etcd.Endpoints(), `", "`) + `"`
 	prefix := "/" + t.Name() + "/"
+	f.journal = func(i int) string {
+		return fmt.Sprintf("[journal]\nbackend = \"etcd\"\nendpoints = [%s]\nprefix = %q\nreplica = \"r%d\"\nlease_ttl = %q\ntimeout = \"2s\"", eps, prefix, i, leaseTTL)
+	}
 	for i := range n {
-		b := harness.NewBastion(t, f.host.ClientKey, append(extraConfig, fmt.Sprintf(
-			"[journal]\nbackend = \"etcd\"\nendpoints = [%s]\nprefix = %q\nreplica = \"r%d\"\nlease_ttl = \"2s\"\ntimeout = \"2s\"", eps, prefix, i))...)
+		b := harness.NewBastion(t, f.host.ClientKey, append(extraConfig, f.journal(i))...)
 		if i == 0 {
 			b.Enroll(t, "h1", f.host)
 			b.Start(t)
@@ -142,6 +155,71 @@ func TestReplicaKilledMidCommandIsTakenOver(t *testing.T) {
 	if n := effects(t, file); n != 1 {
 		t.Fatalf("the command ran %d times, want 1", n)
 	}
+}
+
+// A replica stopped cleanly (SIGTERM) hands its executions over: another replica takes the
+// one it drove over at once — with no call arriving for it, and long before the stopped
+// replica's lease (30s here) would have expired — reconciles it with its host (it attaches:
+// the command runs once, and its outcome is journaled) and journals the take-over, naming both
+// replicas, which investigate and executions show report with the replica of each call.
+func TestReplicaStoppedHandsItsExecutionsOver(t *testing.T) {
+	f := startHAFleetTTL(t, 3, "30s")
+	ctx := testContext(t)
+	cmd, file := appendCommand(t, "handed-over")
+	cmd += "; sleep 3; echo finished"
+	first := mustCall(t, ctx, f.session(t, 0, "run-1"), "ssh_exec", map[string]any{"host": "h1", "command": cmd, "wait_s": 0})
+	if first.State != "dispatched" && first.State != "running" {
+		t.Fatalf("first call: %+v", first)
+	}
+	testutil.WaitFor(t, "the command to run on the host", func() bool { return effects(t, file) == 1 })
+	stopped := time.Now()
+	f.replicas[0].Stop(t)
+	var takenOver time.Duration
+	var by string
+	testutil.WaitFor(t, "another replica to take the execution over", func() bool {
+		rec := journaled(t, f.replicas[1], first.ExecutionID)
+		if rec.Replica == "r0" {
+			return false
+		}
+		takenOver, by = time.Since(stopped), rec.Replica
+		return true
+	})
+	t.Logf("taken over by %s %v after the stop", by, takenOver.Round(time.Millisecond))
+	if takenOver >= 30*time.Second {
+		t.Fatalf("taken over %v after the stop: not before the lease expired", takenOver)
+	}
+	rec := waitForJournalState(t, f.replicas[1], first.ExecutionID, markers.Completed)
+	if rec.Replica != by || !hasEvidence(rec, "taken over by replica "+by+" from r0 (r0 handed it over as it stopped)") || !hasEvidence(rec, "attaching") {
+		t.Fatalf("the completed record: replica %s, evidence %q", rec.Replica, rec.Evidence)
+	}
+	if n := effects(t, file); n != 1 {
+		t.Fatalf("the command ran %d times, want 1", n)
+	}
+	inv := string(postern(t, f.replicas[1], "investigate", first.ExecutionID))
+	for _, want := range []string{"accepted by replica r0", "taken over by replica " + by + " from r0", "REPLICA", "  r0  "} {
+		if !strings.Contains(inv, want) {
+			t.Errorf("investigate does not say %q:\n%s", want, inv)
+		}
+	}
+	show := string(postern(t, f.replicas[1], "executions", "show", first.ExecutionID))
+	if !strings.Contains(show, "replica r0") || !strings.Contains(show, "taken over by replica "+by) {
+		t.Errorf("executions show names no replica:\n%s", show)
+	}
+}
+
+// A replica started without copies of the first one's keys makes its own, and is refused:
+// with another fingerprint key no retry on it would match the others' executions, with
+// another audit key the chain would not verify.
+func TestReplicaWithItsOwnKeysIsRefused(t *testing.T) {
+	f := startHAFleet(t, 1)
+	b := harness.NewBastion(t, f.host.ClientKey, f.journal(1))
+	out, err := exec.Command(harness.Binary(t, "postern"), "serve", "--config", b.ConfigPath).CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "keys differ from the ones its journal's replicas share") ||
+		!strings.Contains(string(out), "copy fingerprint.key, audit.key and audit.key.pub") {
+		t.Fatalf("a replica with its own keys: %v\n%s", err, out)
+	}
+	shareState(t, f.replicas[0], b)
+	b.Start(t)
 }
 
 // One etcd member stops while a command runs: quorum holds, nothing is interrupted. Then a

@@ -29,6 +29,9 @@ type Call struct {
 	Match string `json:"match,omitempty"`
 	// Replayed is the replayed flag the call was answered with: true when it started nothing.
 	Replayed bool `json:"replayed"`
+	// Replica is the bastion replica that served the call (replicas on etcd; empty on a
+	// single node).
+	Replica string `json:"replica,omitempty"`
 	// NewRun is the run's identity at its first contact, set on the first write that names
 	// the run; the store then keeps it as the run's record (Store.Run).
 	NewRun *Run `json:"new_run,omitempty"`

@@ -55,6 +55,8 @@ var (
 	ErrRaced = errors.New("markers: another replica accepted an execution of this intent first")
 	// ErrNotOwner: the write would dispatch an execution another live replica drives.
 	ErrNotOwner = errors.New("markers: another replica drives this execution")
+	// ErrSharedKeys: a replica's keys are not the ones the replicas of its journal share.
+	ErrSharedKeys = errors.New("markers: this replica's keys differ from the ones its journal's replicas share")
 )
 
 // Replicated is implemented by a journal that several bastion replicas share (etcd). It
@@ -63,6 +65,13 @@ var (
 // the write that dispatches it or by Claim — and follows it otherwise, until it ends or its
 // owner's lease expires (the owner died), when it may Claim it and reconcile it with its host.
 type Replicated interface {
+	// Name is this replica's name: in owner keys, in the journal's calls and records
+	// (Call.Replica, Record.Replica).
+	Name() string
+	// AgreeKeys records digest — of the keys every replica must share (the fingerprint key,
+	// the audit key) — as the journal's if none is recorded yet (the first replica), and
+	// otherwise checks that it is the one recorded (ErrSharedKeys if not).
+	AgreeKeys(ctx context.Context, digest string) error
 	// Claim makes this replica the owner of execution id if it has no owner (or is already
 	// this replica's), and reports whether this replica owns it.
 	Claim(ctx context.Context, id string) (bool, error)
@@ -83,4 +92,8 @@ type Replicated interface {
 	// WatchCancels calls cancelled with the key of every cancel another replica publishes
 	// from now on, until ctx ends.
 	WatchCancels(ctx context.Context, cancelled func(key []byte))
+	// WatchHandovers calls handedOver with the executions another replica owned when it
+	// stopped cleanly (Close hands them over with its lease), from now on, until ctx ends:
+	// they have no owner any more, to be claimed at once.
+	WatchHandovers(ctx context.Context, handedOver func(from string, ids []string))
 }

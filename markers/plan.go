@@ -132,14 +132,22 @@ func (g Graph) PlanCreate(r *Record, path []State, note string, call *Call, now 
 	}
 	rec.CreatedAt, rec.UpdatedAt = now, now
 	rec.StateTimes = map[State]time.Time{rec.State: now}
+	// Review required holds only while the outcome is unknown: a record created along a path
+	// to unknown (postern recover) carries it from that step on, not before.
+	review := rec.ReviewRequired
+	if review && (len(path) == 0 || path[len(path)-1] != Unknown) {
+		return nil, fmt.Errorf("markers: create %s: review required is for unknown outcomes, and it is not created unknown", rec.ID)
+	}
+	rec.ReviewRequired = false
 	encoded, err := EncodeRecord(rec)
 	if err != nil {
 		return nil, err
 	}
 	steps := []step{{kind: KindCreate, to: rec.State, record: encoded}}
-	for _, to := range path {
+	for i, to := range path {
 		from := rec.State
 		advanceState(rec, to, now)
+		rec.ReviewRequired = review && i == len(path)-1
 		if encoded, err = EncodeRecord(rec); err != nil {
 			return nil, err
 		}

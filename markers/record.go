@@ -11,8 +11,8 @@ import (
 
 // Record is one execution: the bastion's journal entry or a host's marker. Fields that a graph
 // does not use stay empty. Identity fields (ID, Graph, Actor, IntentScope, Fingerprint,
-// IdempotencyKey, Principal, OperationKey, PreviousAttempt, CreatedAt) are fixed at creation: the
-// secondary indexes are built from them.
+// IdempotencyKey, Principal, OperationKey, PreviousAttempt, RecoveredFrom, CreatedAt) are fixed
+// at creation: the secondary indexes are built from them.
 type Record struct {
 	ID    string `json:"id"`
 	Graph Graph  `json:"graph"`
@@ -35,6 +35,12 @@ type Record struct {
 	// execution ended failed (provably no effect) starts a new execution linked to it, and the
 	// idempotency-key index then names the new one.
 	PreviousAttempt string `json:"previous_attempt,omitempty"`
+	// RecoveredFrom (journal) names the host whose marker this record was rebuilt from after
+	// the journal lost it (`postern recover --from-hosts`): its actor, scope and calls were
+	// lost with the journal (Actor and IntentScope are empty), its Fingerprint is the one the
+	// marker kept. The bastion never drives such an execution — it waits for an operator's
+	// review — and a call whose fingerprint names it is answered with it, never run again.
+	RecoveredFrom string `json:"recovered_from,omitempty"`
 
 	// What the execution does, as a summary for operators (the fingerprint covers the full
 	// canonical action record; secrets never appear here).
@@ -53,6 +59,10 @@ type Record struct {
 	// Reason is why the agent says it wants the execution (its call's reason), shown to
 	// whoever is asked to approve it.
 	Reason string `json:"reason,omitempty"`
+	// Replica (journal, replicas on etcd) is the bastion replica that drives the execution
+	// or drove it last: the one that accepted, approved or dispatched it, or took it over
+	// from another (an update event says from whom). Empty on a single node.
+	Replica string `json:"replica,omitempty"`
 	// Host is the inventory name of the target host (SSH) or the endpoint's name (HTTP).
 	Host string `json:"host,omitempty"`
 	// Request is what an HTTP execution sends (method, URL, headers, body — never the
@@ -209,7 +219,7 @@ func (r *Record) validateIdentity() error {
 	for _, f := range [...]struct{ name, v string }{
 		{"id", r.ID}, {"actor", r.Actor}, {"intent_scope", r.IntentScope}, {"fingerprint", r.Fingerprint},
 		{"idempotency_key", r.IdempotencyKey}, {"principal", r.Principal}, {"operation_key", r.OperationKey},
-		{"previous_attempt", r.PreviousAttempt},
+		{"previous_attempt", r.PreviousAttempt}, {"recovered_from", r.RecoveredFrom},
 	} {
 		if len(f.v) > maxKeyField {
 			return fmt.Errorf("%s is %d bytes, more than %d", f.name, len(f.v), maxKeyField)
@@ -225,5 +235,5 @@ func (r *Record) sameIdentity(o *Record) bool {
 	return r.ID == o.ID && r.Graph == o.Graph && r.Actor == o.Actor && r.IntentScope == o.IntentScope &&
 		r.Fingerprint == o.Fingerprint && r.IdempotencyKey == o.IdempotencyKey && r.Principal == o.Principal &&
 		r.OperationKey == o.OperationKey && r.PreviousAttempt == o.PreviousAttempt &&
-		r.CreatedAt.Equal(o.CreatedAt)
+		r.RecoveredFrom == o.RecoveredFrom && r.CreatedAt.Equal(o.CreatedAt)
 }

@@ -621,6 +621,41 @@ func TestReviewRequiredOnlyWhileUnknown(t *testing.T) {
 	}
 }
 
+// A record created along a path to unknown with review required (postern recover) carries the
+// flag on its last step only; one created to end elsewhere cannot carry it. Where it was
+// recovered from is part of its identity.
+func TestCreateUnknownForReview(t *testing.T) {
+	s := testutil.OpenStore(t, markers.JournalGraph)
+	ctx := context.Background()
+	r := &markers.Record{ID: "ex_1", RecoveredFrom: "h1", Fingerprint: "fp", ReviewRequired: true}
+	if _, err := s.CreateAdvanced(ctx, r, []markers.State{markers.Authorized, markers.Dispatched}, "recovered"); err == nil {
+		t.Fatal("created dispatched with review required; want an error")
+	}
+	rec, err := s.CreateAdvanced(ctx, r, []markers.State{markers.Authorized, markers.Dispatched, markers.Unknown}, "recovered")
+	if err != nil || rec.State != markers.Unknown || !rec.ReviewRequired || rec.RecoveredFrom != "h1" {
+		t.Fatalf("create = %+v, %v; want unknown, review required, recovered from h1", rec, err)
+	}
+	evs, _ := s.Events("ex_1")
+	var flags []bool
+	for _, ev := range evs {
+		r, err := ev.DecodedRecord()
+		if err != nil {
+			t.Fatal(err)
+		}
+		flags = append(flags, r.ReviewRequired)
+	}
+	if fmt.Sprint(flags) != "[false false false true]" {
+		t.Errorf("review required by step = %v; want it on the last (unknown) only", flags)
+	}
+	if _, err := s.Update(ctx, "ex_1", "x", func(r *markers.Record) error { r.RecoveredFrom = ""; return nil }); !errors.Is(err, markers.ErrImmutable) {
+		t.Errorf("clearing recovered_from = %v; want ErrImmutable", err)
+	}
+	if found, err := s.FindByFingerprint("", "", "fp"); err != nil || found.ID != "ex_1" {
+		t.Errorf("find the recovered execution by its fingerprint alone = %v, %v", found, err)
+	}
+	closeAndVerify(t, s)
+}
+
 func TestCreateAdvancedWritesEveryStepInOneCommit(t *testing.T) {
 	s := testutil.OpenStore(t, markers.JournalGraph)
 	ctx := context.Background()

@@ -22,6 +22,9 @@ type Investigation struct {
 	Related []Sibling `json:"related,omitempty"`
 	// 2
 	Authorization Authorization `json:"authorization"`
+	// Replicas (replicas on etcd) are the replicas that drove the execution, in order: the one
+	// that accepted it, and each that approved, dispatched or took it over, with when and why.
+	Replicas []ReplicaStep `json:"replicas,omitempty"`
 	// 3
 	Outcome ObservedOutcome `json:"outcome"`
 	// 4
@@ -101,4 +104,12 @@ type Sibling struct {
 	DeliveredAt     *time.Time `json:"result_delivered_at,omitempty"`
 	IdempotencyKey  string     `json:"idempotency_key,omitempty"`
 	PreviousAttempt string     `json:"previous_attempt,omitempty"`
+}
+
+// ReplicaStep is one replica's turn at driving an execution.
+type ReplicaStep struct {
+	At      time.Time `json:"at"`
+	Replica string    `json:"replica"`
+	// What the step was: "accepted it", "dispatched it", "taken over by r1 from r0 (…)".
+	What string `json:"what"`
 }

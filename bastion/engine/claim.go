@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"path"
-	"path/filepath"
 	"slices"
 	"strings"
 	"time"
@@ -23,6 +22,7 @@ import (
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/envpolicy"
 	"github.com/postern-dev/postern/markers"
 )
@@ -35,7 +35,6 @@ import (
 
 // Bounds on arguments, besides the configured command and body sizes.
 const (
-	maxCwdBytes         = 4096
 	maxEnvVars          = 32
 	maxEnvValueBytes    = 4096
 	maxTimeoutS         = 31 * 24 * 3600
@@ -78,16 +77,21 @@ func (in *intake) validate(a *api.ExecArgs) error {
 		return api.Invalid("command is required")
 	case len(a.Command) > in.cfg.MaxCommandBytes:
 		return api.Invalid("command is %d bytes; the limit is %d", len(a.Command), in.cfg.MaxCommandBytes)
+	case len(a.Command) > hostproto.MaxCommandBytes:
+		return api.Invalid("command is %d bytes; a host is sent at most %d in one request", len(a.Command), hostproto.MaxCommandBytes)
 	case !utf8.ValidString(a.Command) || strings.IndexByte(a.Command, 0) >= 0:
 		return api.Invalid("command must be UTF-8 text without NUL bytes")
-	case a.Cwd != "" && (len(a.Cwd) > maxCwdBytes || !filepath.IsAbs(a.Cwd) || filepath.Clean(a.Cwd) != a.Cwd || !utf8.ValidString(a.Cwd)):
-		return api.Invalid("cwd must be an absolute, clean path of at most %d bytes", maxCwdBytes)
 	case len(a.Env) > maxEnvVars:
 		return api.Invalid("at most %d env variables", maxEnvVars)
 	case a.TimeoutS < 0 || a.TimeoutS > maxTimeoutS:
 		return api.Invalid("timeout_s must be in 0..%d", maxTimeoutS)
 	case !validKey(a.OperationKey) || strings.Contains(a.OperationKey, " "):
 		return api.Invalid("operation_key must be at most %d visible ASCII characters", maxKeyBytes)
+	}
+	if a.Cwd != "" {
+		if err := hostproto.CheckCwd(a.Cwd); err != nil {
+			return api.Invalid("%v", err)
+		}
 	}
 	if err := in.checkCallOptions(a.CallOptions); err != nil {
 		return err
@@ -132,6 +136,9 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 	cwd := a.Cwd
 	if cwd == "" {
 		cwd = host.Cwd
+	}
+	if err := checkWire(a, cwd); err != nil {
+		return nil, err
 	}
 	if err := checkAgentlessCall(host, a, cwd); err != nil {
 		return nil, err
@@ -179,6 +186,27 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 	cl.defaultClass = config.ClassRemoteCommand
 	cl.host = &host
 	return cl, nil
+}
+
+// Placeholders as long as the execution id and the fingerprint a dispatch carries.
+var (
+	wireIDPlaceholder          = "ex_" + strings.Repeat("0", 26)
+	wireFingerprintPlaceholder = "hmac-sha256:" + strings.Repeat("0", 64)
+)
+
+// checkWire refuses an ssh_exec its host could not be sent (hostproto.Exec.Check): every
+// field that reaches the wire is checked here, before anything is journaled, by the rule the
+// dispatch applies.
+func checkWire(a api.ExecArgs, cwd string) error {
+	x := hostproto.Exec{
+		ExecutionID: wireIDPlaceholder, Fingerprint: wireFingerprintPlaceholder,
+		Command: a.Command, OperationKey: a.OperationKey, Cwd: cwd, Env: a.Env,
+		Timeout: time.Duration(a.TimeoutS) * time.Second,
+	}
+	if err := x.Check(); err != nil {
+		return api.Invalid("%s", strings.TrimPrefix(err.Error(), hostproto.ErrInvalidExec.Error()+": "))
+	}
+	return nil
 }
 
 // checkCallOptions checks the options every tool that starts work takes.

@@ -14,6 +14,7 @@ import (
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/hostproto"
 )
 
 func TestValidateExecArgs(t *testing.T) {
@@ -33,6 +34,11 @@ func TestValidateExecArgs(t *testing.T) {
 		{name: "invalid UTF-8", args: api.ExecArgs{Host: "h", Command: "a\xffb"}, wantErr: "UTF-8"},
 		{name: "relative cwd", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "srv"}, wantErr: "cwd"},
 		{name: "unclean cwd", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "/srv/../etc"}, wantErr: "cwd"},
+		{name: "NUL in cwd", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "/srv/a\x00b"}, wantErr: "cwd must be UTF-8 text without control characters"},
+		{name: "newline in cwd", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "/srv/a\nb"}, wantErr: "cwd must be UTF-8 text without control characters"},
+		{name: "long cwd", args: api.ExecArgs{Host: "h", Command: "true", Cwd: "/" + strings.Repeat("a", 64<<10)}, wantErr: "cwd is 65537 bytes"},
+		{name: "NUL in env value", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"LANG": "C\x00"}}, wantErr: "without NUL"},
+		{name: "newline in env name", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"LC_A\nB": "x"}}, wantErr: "variable name"},
 		{name: "env name", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"A=B": "x"}}, wantErr: "variable name"},
 		{name: "reserved env", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"POSTERN_EXECUTION_ID": "ex_x"}}, wantErr: "set by the bastion"},
 		{name: "LD_PRELOAD", args: api.ExecArgs{Host: "h", Command: "true", Env: map[string]string{"LD_PRELOAD": "/x.so"}}, wantErr: "no host accepts it"},
@@ -53,6 +59,20 @@ func TestValidateExecArgs(t *testing.T) {
 				t.Fatalf("error = %v; want one containing %q", err, tt.wantErr)
 			}
 		})
+	}
+}
+
+// TestValidateCommandForTheWire: a command the configuration allows but one SSH request
+// cannot carry is refused.
+func TestValidateCommandForTheWire(t *testing.T) {
+	b := &intake{core: &core{cfg: config.DefaultConfig("/x")}}
+	b.cfg.MaxCommandBytes = 1 << 20
+	err := b.validate(&api.ExecArgs{Host: "h", Command: strings.Repeat("x", hostproto.MaxCommandBytes+1)})
+	if err == nil || !strings.Contains(err.Error(), "a host is sent at most") {
+		t.Fatalf("error = %v; want the request's bound", err)
+	}
+	if err := b.validate(&api.ExecArgs{Host: "h", Command: strings.Repeat("x", hostproto.MaxCommandBytes)}); err != nil {
+		t.Fatalf("a command of exactly the bound: %v", err)
 	}
 }
 

@@ -51,6 +51,8 @@ type driver struct {
 	// dispatched: the record was journaled dispatched by accept, connection up, and this
 	// driver is its first: it execs at once, with nothing to reconcile.
 	dispatched bool
+	// handedOver: another replica handed the execution over as it stopped (replicas.go).
+	handedOver atomic.Bool
 }
 
 func (d *driver) record() *markers.Record {

@@ -34,20 +34,28 @@ func newDrivers(c *core) *drivers {
 }
 
 // start returns the driver of rec's execution, starting one if there is none. It returns nil
-// once the engine is closing.
-func (ds *drivers) start(rec *markers.Record) *driver { return ds.startOf(rec, false) }
+// once the engine is closing, and for an execution rebuilt from a host's marker (recovered
+// from the hosts), which no driver ever carries: it waits for an operator's review.
+func (ds *drivers) start(rec *markers.Record) *driver { return ds.startOf(rec, false, false) }
 
 // startDispatched starts the driver of an execution accept just journaled as dispatched: it
 // sends it to its host without asking the host first.
-func (ds *drivers) startDispatched(rec *markers.Record) *driver { return ds.startOf(rec, true) }
+func (ds *drivers) startDispatched(rec *markers.Record) *driver { return ds.startOf(rec, true, false) }
 
-func (ds *drivers) startOf(rec *markers.Record, dispatched bool) *driver {
+// startHandedOver starts the driver of an execution another replica handed over as it stopped
+// (replicas.go).
+func (ds *drivers) startHandedOver(rec *markers.Record) *driver { return ds.startOf(rec, false, true) }
+
+func (ds *drivers) startOf(rec *markers.Record, dispatched, handedOver bool) *driver {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
-	if ds.closed {
+	if ds.closed || rec.RecoveredFrom != "" {
 		return nil
 	}
 	if d := ds.m[rec.ID]; d != nil {
+		if handedOver {
+			d.handedOver.Store(true) // it follows the replica that handed it over
+		}
 		return d
 	}
 	d := &driver{
@@ -57,6 +65,7 @@ func (ds *drivers) startOf(rec *markers.Record, dispatched bool) *driver {
 		asked: make(chan struct{}), done: make(chan struct{}),
 		dispatched: dispatched && rec.State == markers.Dispatched,
 	}
+	d.handedOver.Store(handedOver)
 	ds.m[rec.ID] = d
 	ds.wg.Go(func() {
 		defer func() {

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -63,6 +64,8 @@ type Engine struct {
 
 	drivers *drivers
 	views   *views
+	// backups lets one backup run at a time (backup.go).
+	backups sync.Mutex
 }
 
 // core is what every part of the engine shares. Its fields are set by Open and never
@@ -93,6 +96,10 @@ type core struct {
 	readOnly bool
 	// held: started with nothing sent (Options.Hold).
 	held bool
+	// recovered: the journal holds executions rebuilt from host markers that await review
+	// (seen by Recover): a call whose own lookup finds nothing is looked up by its
+	// fingerprint alone as well (recover.go).
+	recovered atomic.Bool
 
 	ctx    context.Context // ended by Close: drivers stop waiting, the hosts go on
 	cancel context.CancelFunc
@@ -130,7 +137,7 @@ func Open(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	signer, _, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-bastion")
+	signer, verifier, err := markers.LoadOrCreateAuditKey(cfg.AuditKeyPath(), "postern-bastion")
 	if err != nil {
 		return nil, err
 	}
@@ -142,6 +149,10 @@ func Open(opts Options) (*Engine, error) {
 	jl, err := journal.Open(cfg, signer, cls.Retention(), opts.Logger, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("bastion: open journal: %w", err)
+	}
+	if err := agreeKeys(jl, fp, verifier); err != nil {
+		jl.Close()
+		return nil, err
 	}
 	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: clientKey, Logger: opts.Logger})
 	if err != nil {
@@ -174,6 +185,9 @@ func Open(opts Options) (*Engine, error) {
 		})
 	}
 	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}
+	if r := b.replicas(); r != nil {
+		b.records.replica = r.Name()
+	}
 	b.drivers = newDrivers(b.core)
 	if opts.Hold {
 		b.drivers.close() // nothing is reconciled or dispatched
@@ -319,6 +333,10 @@ func (b *Engine) Recover(ctx context.Context) error {
 				return fmt.Errorf("bastion: list %s executions: %w", st, err)
 			}
 			for _, r := range recs {
+				if r.RecoveredFrom != "" {
+					b.recovered.Store(true) // never driven: it waits for review
+					continue
+				}
 				if d := b.drivers.start(r); d != nil {
 					pending = append(pending, d)
 				}
@@ -340,5 +358,8 @@ func (b *Engine) Recover(ctx context.Context) error {
 		}
 	}
 	b.wg.Go(b.drivers.reconcileLoop)
+	if r := b.replicas(); r != nil {
+		b.wg.Go(func() { b.drivers.watchHandovers(r) })
+	}
 	return nil
 }

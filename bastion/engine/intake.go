@@ -195,6 +195,15 @@ func (in *intake) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, in
 	case err != nil:
 		return nil, "", journalError(err)
 	}
+	if prior == nil {
+		rec, err := in.recoveredOf(facts.Fingerprint)
+		if err != nil {
+			return nil, "", journalError(err)
+		}
+		if rec != nil {
+			return rec, intent.RuleRecovered(rec, in.now(), in.classes.Get(rec.Class)), nil
+		}
+	}
 	class := config.Class{}
 	if prior != nil {
 		class = in.classes.Get(prior.Class)

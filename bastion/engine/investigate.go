@@ -76,6 +76,7 @@ func (b *Engine) Investigate(ctx context.Context, id string) (*api.Investigation
 		return nil, err
 	}
 	inv.Authorization = authorizationOf(rec, eventsOf[id])
+	inv.Replicas = replicasOf(eventsOf[id])
 	inv.Outcome = iv.observedOutcome(ctx, rec)
 	inv.Delivery = deliveryOf(rec, eventsOf[id])
 	if rec.IsFleetRun() {
@@ -225,6 +226,8 @@ func joinedWhat(rec *markers.Record, match string, level fleet.Guarantee) string
 		return fmt.Sprintf("joined %s (%s): returned it awaiting approval, no second approval", rec.ID, via)
 	case intent.Rejection:
 		return fmt.Sprintf("joined %s (%s): returned the same rejection", rec.ID, via)
+	case intent.Recovered:
+		return fmt.Sprintf("joined %s (its fingerprint; recovered from %s's marker): returned awaiting review, nothing dispatched", rec.ID, rec.RecoveredFrom)
 	}
 	return fmt.Sprintf("joined %s (%s)", rec.ID, match)
 }
@@ -404,7 +407,11 @@ func answerWho(inv *api.Investigation) string {
 			b.WriteString("\n  " + scopeText(inv, s))
 		}
 	}
-	fmt.Fprintf(&b, ". Actor %s.", inv.Record.Actor)
+	if from := inv.Record.RecoveredFrom; from != "" {
+		fmt.Fprintf(&b, ". The journal lost the call that started it, its actor and its run: it was rebuilt from %s's marker (postern recover --from-hosts); later calls of the same intent found it by its fingerprint.", from)
+	} else {
+		fmt.Fprintf(&b, ". Actor %s.", inv.Record.Actor)
+	}
 	if len(inv.Related) > 0 {
 		fmt.Fprintf(&b, "\nOther agent runs of the same actor sent the same command within the verdict.Attach window, as separate intents (another process is another run):")
 		for _, r := range inv.Related {
@@ -446,7 +453,38 @@ func answerAuthorization(inv *api.Investigation) string {
 	} else {
 		b.WriteString(" Never dispatched.")
 	}
+	for _, r := range inv.Replicas {
+		fmt.Fprintf(&b, " %s: %s.", stamp(r.At), r.What)
+	}
 	return b.String()
+}
+
+// replicasOf are the turns of the replicas that drove an execution, from its events: each
+// event's record names the replica driving it (Record.Replica); a change is a turn, in the
+// words of the event that made it.
+func replicasOf(evs []markers.Event) []api.ReplicaStep {
+	var out []api.ReplicaStep
+	last := ""
+	for _, ev := range evs {
+		r, err := ev.DecodedRecord()
+		if err != nil || r.Replica == "" || r.Replica == last {
+			continue
+		}
+		what := ""
+		switch {
+		case ev.Kind == markers.KindCreate:
+			what = "accepted by replica " + r.Replica
+		case strings.HasPrefix(ev.Note, "taken over by replica "):
+			what = ev.Note
+		case ev.Kind == markers.KindTransition:
+			what = fmt.Sprintf("%s by replica %s", ev.To, r.Replica)
+		default:
+			what = "driven by replica " + r.Replica
+		}
+		out = append(out, api.ReplicaStep{At: ev.At, Replica: r.Replica, What: what})
+		last = r.Replica
+	}
+	return out
 }
 
 func answerOutcome(inv *api.Investigation) string {
@@ -540,6 +578,9 @@ func callText(c *markers.Call) string {
 	s := "call " + dash(c.RequestID) + " (" + c.Transport
 	if c.Run != "" {
 		s += ", " + c.Run
+	}
+	if c.Replica != "" {
+		s += ", replica " + c.Replica
 	}
 	return s + ")"
 }

@@ -25,6 +25,7 @@ type metrics struct {
 	announced       *prometheus.CounterVec // approval requests announced to the webhook, by result
 	queued          prometheus.Counter     // executions that waited for a concurrency slot
 	dispatchLatency prometheus.Histogram   // dispatch to the host's start confirmation
+	refusals        *prometheus.CounterVec // connections and requests refused by the transports, by where and why
 }
 
 func newMetrics() *metrics {
@@ -53,11 +54,19 @@ func newMetrics() *metrics {
 		dispatchLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name: "postern_dispatch_seconds", Help: "Time from dispatch to the host's marker confirming the start.",
 			Buckets: prometheus.ExponentialBuckets(0.001, 2, 14)}),
+		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "postern_refusals_total", Help: "Connections and requests the transports refused, by where (http, mcp_socket, operator_socket) and reason; their log lines are rate-limited, these count every one."}, []string{"where", "reason"}),
 	}
 	m.registry.MustRegister(m.accepted, m.dispatched, m.dedup, m.rejected, m.finished, m.reconciled,
-		m.journalErrors, m.approvals, m.announced, m.queued, m.dispatchLatency,
+		m.journalErrors, m.approvals, m.announced, m.queued, m.dispatchLatency, m.refusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
+}
+
+// CountRefusal counts one connection or request a transport refused
+// (postern_refusals_total). where and reason are the transport's constants, a closed set.
+func (b *Engine) CountRefusal(where, reason string) {
+	b.metrics.refusals.WithLabelValues(where, reason).Inc()
 }
 
 // MetricsHandler serves /metrics.

@@ -10,6 +10,7 @@ import (
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
+	"github.com/postern-dev/postern/bastion/verdict"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/markers"
 )
@@ -28,6 +29,23 @@ type records struct {
 	metrics *metrics
 	// runs are the agent runs the journal already holds (calls.go).
 	runs knownRuns
+	// replica is this bastion's replica name ("" on a single node): the journal names it in
+	// every call it writes and in the executions it drives (replicas.go).
+	replica string
+}
+
+// drives names this replica in r as the one driving it (Record.Replica).
+func (rs *records) drives(r *markers.Record) error {
+	r.Replica = rs.replica
+	return nil
+}
+
+// served names this replica in call as the one that served it (Call.Replica).
+func (rs *records) served(call *markers.Call) *markers.Call {
+	if call != nil && rs.replica != "" {
+		call.Replica = rs.replica
+	}
+	return call
 }
 
 // create journals a new execution with the call that made it: accepted, and along path at
@@ -35,6 +53,8 @@ type records struct {
 func (rs *records) create(ctx context.Context, r *markers.Record, path []markers.State, note string, call *markers.Call) (*markers.Record, error) {
 	var rec *markers.Record
 	var err error
+	rs.drives(r)
+	call = rs.served(call)
 	if path == nil {
 		rec, err = rs.journal.CreateFor(ctx, r, call)
 	} else {
@@ -49,7 +69,7 @@ func (rs *records) create(ctx context.Context, r *markers.Record, path []markers
 // joined journals a call answered by the existing execution id (a join, a replay, a
 // refusal): a joined event, written after the intake lock is released.
 func (rs *records) joined(ctx context.Context, c transport.Caller, scope, id string, match intent.Match) error {
-	call := rs.call(ctx, c, scope, match, match.Joins())
+	call := rs.served(rs.call(ctx, c, scope, match, match.Joins()))
 	if err := rs.journal.Joined(context.WithoutCancel(ctx), id, call); err != nil {
 		return err
 	}
@@ -84,13 +104,13 @@ func (rs *records) authorized(ctx context.Context, rec *markers.Record) (*marker
 // dispatching journals that the execution is being sent to host, along path (through
 // authorized when it was accepted), before anything is sent.
 func (rs *records) dispatching(ctx context.Context, rec *markers.Record, path []markers.State, host string) (*markers.Record, error) {
-	return rs.journal.Advance(ctx, rec.ID, rec.State, path, "dispatching to "+host, nil)
+	return rs.journal.Advance(ctx, rec.ID, rec.State, path, "dispatching to "+host, rs.drives)
 }
 
 // requestSent journals that an HTTP request's bytes were handed to the OS: from here on its
 // outcome may be unknown, never "not sent".
 func (rs *records) requestSent(ctx context.Context, rec *markers.Record) (*markers.Record, error) {
-	return rs.journal.Transition(ctx, rec.ID, rec.State, markers.Dispatched, "request bytes handed to the OS", nil)
+	return rs.journal.Transition(ctx, rec.ID, rec.State, markers.Dispatched, "request bytes handed to the OS", rs.drives)
 }
 
 // running journals that the host started the command: its marker m exists and is live.
@@ -177,7 +197,10 @@ func (rs *records) rolloutEnded(ctx context.Context, run *markers.Record, to mar
 // with msg (who decided, and why) as evidence. api.ErrNotAwaitingApproval when it no longer
 // awaits one.
 func (rs *records) approval(ctx context.Context, id string, to markers.State, msg string) (*markers.Record, error) {
-	rec, err := rs.journal.Transition(ctx, id, markers.AwaitingApproval, to, msg, addEvidence(msg))
+	rec, err := rs.journal.Transition(ctx, id, markers.AwaitingApproval, to, msg, func(r *markers.Record) error {
+		r.Evidence = appendBounded(r.Evidence, msg)
+		return rs.drives(r) // an approved execution is driven here next
+	})
 	switch {
 	case errors.Is(err, markers.ErrConflict):
 		return rec, fmt.Errorf("%w: %s is %s", api.ErrNotAwaitingApproval, id, rec.State)
@@ -203,7 +226,7 @@ func (rs *records) reviewed(ctx context.Context, id string, from, to markers.Sta
 // offered journals that the approval of execution id was asked of its caller's user (call),
 // while it still awaits approval (else errNoOffer).
 func (rs *records) offered(ctx context.Context, id string, call *markers.Call) (*markers.Record, error) {
-	return rs.journal.UpdateFor(context.WithoutCancel(ctx), id, approvalOfferedNote, call, markers.Sync, func(r *markers.Record) error {
+	return rs.journal.UpdateFor(context.WithoutCancel(ctx), id, approvalOfferedNote, rs.served(call), markers.Sync, func(r *markers.Record) error {
 		if r.State != markers.AwaitingApproval {
 			return errNoOffer
 		}
@@ -222,7 +245,7 @@ func (rs *records) offered(ctx context.Context, id string, call *markers.Call) (
 // journal's log is synced in order, so the mark is durable before that write is. Its
 // revocation (deliveryRevoked) stays synced: losing that would turn a retry into a new intent.
 func (rs *records) delivered(ctx context.Context, id string, call *markers.Call) error {
-	_, err := rs.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, call, markers.NoSync, func(r *markers.Record) error {
+	_, err := rs.journal.UpdateFor(context.WithoutCancel(ctx), id, deliveredNote, rs.served(call), markers.NoSync, func(r *markers.Record) error {
 		if r.ResultDeliveredAt == nil && markers.JournalGraph.Terminal(r.State) {
 			t := rs.now().UTC()
 			r.ResultDeliveredAt = &t
@@ -237,7 +260,7 @@ func (rs *records) delivered(ctx context.Context, id string, call *markers.Call)
 // result that ended and counts as not delivered (else nothing is written). Like the delivery
 // mark it is written without an fsync: losing it loses an explanation, never a decision.
 func (rs *records) notDelivered(ctx context.Context, id string, call *markers.Call, why string) error {
-	_, err := rs.journal.UpdateFor(context.WithoutCancel(ctx), id, api.NotDeliveredNote+": "+why, call, markers.NoSync, func(r *markers.Record) error {
+	_, err := rs.journal.UpdateFor(context.WithoutCancel(ctx), id, api.NotDeliveredNote+": "+why, rs.served(call), markers.NoSync, func(r *markers.Record) error {
 		if r.ResultDeliveredAt != nil || !markers.JournalGraph.Terminal(r.State) {
 			return errNothingToExplain
 		}
@@ -258,6 +281,53 @@ var errNothingToExplain = errors.New("bastion: no undelivered result to explain"
 func (rs *records) deliveryRevoked(ctx context.Context, id string) (bool, error) {
 	_, revoked, err := rs.journal.RevokeDelivery(ctx, id, "the client cancelled the request that carried the result (notifications/cancelled)")
 	return revoked, err
+}
+
+// recovered journals an execution the journal did not know, rebuilt from its host's marker by
+// postern recover --from-hosts (r, from recoveredRecord): created unknown, review required,
+// in one write, with note on its steps. Invariants: it is never driven — no driver starts for
+// a record with RecoveredFrom (drivers.startOf), so it is never dispatched, attached to or
+// reconciled — and it is matched only by a call with its fingerprint, which is answered
+// with it (intent.RuleRecovered). Only an operator's review settles it.
+func (rs *records) recovered(ctx context.Context, r *markers.Record, note string) (*markers.Record, error) {
+	r.ReviewRequired = true
+	r.Evidence = appendBounded(r.Evidence, note)
+	return rs.journal.CreateAdvancedFor(ctx, r, []markers.State{markers.Authorized, markers.Dispatched, markers.Unknown}, note, nil)
+}
+
+// reviewRecovered journals what recovery from the hosts found about an execution the journal
+// shows unfinished: its host ran it since (or, keeping no markers, may have), so it moves to
+// unknown along the states that proves (verdict.RecoveryPath), review required, with note
+// and the host's evidence. A start reconciles it with its host like any unknown outcome it
+// may ask about, and never dispatches one whose host has its marker.
+func (rs *records) reviewRecovered(ctx context.Context, rec *markers.Record, note string, evidence []string) (*markers.Record, error) {
+	apply := func(r *markers.Record) error {
+		for _, e := range append(evidence, note) {
+			r.Evidence = appendBounded(r.Evidence, e)
+		}
+		r.ReviewRequired = true
+		return nil
+	}
+	if path := verdict.RecoveryPath(rec.State); path != nil {
+		return rs.journal.Advance(ctx, rec.ID, rec.State, path, note, apply)
+	}
+	return rs.journal.Update(ctx, rec.ID, note, apply)
+}
+
+// takenOver journals that this replica took execution rec over from the replica that drove
+// it (rec.Replica), which stopped (handed is true: it handed its executions over as it
+// stopped) or lost its lease (it died, or lost etcd for longer than its lease TTL); this
+// replica drives it from here, asking its host first.
+func (rs *records) takenOver(ctx context.Context, rec *markers.Record, handed bool) (*markers.Record, error) {
+	why := rec.Replica + "'s lease expired: it died, or lost etcd for longer than its lease"
+	if handed {
+		why = rec.Replica + " handed it over as it stopped"
+	}
+	note := fmt.Sprintf("taken over by replica %s from %s (%s)", rs.replica, rec.Replica, why)
+	return rs.journal.Update(ctx, rec.ID, note, func(r *markers.Record) error {
+		r.Evidence = appendBounded(r.Evidence, note)
+		return rs.drives(r)
+	})
 }
 
 // journalError reports a failed journal read or write: the call fails closed.

@@ -49,7 +49,7 @@ const (
 // Joins reports whether the outcome answers the call with the prior execution.
 func (o Match) Joins() bool {
 	switch o {
-	case Continue, Pending, Rejection, Attach, Reconcile, Replay:
+	case Continue, Pending, Rejection, Attach, Reconcile, Replay, Recovered:
 		return true
 	}
 	return false

@@ -16,6 +16,7 @@
 //	GET /v1/markers/{host}/{id}                                    one marker on the host
 //	GET /v1/audit/export                                           the journal's event log, JSONL
 //	GET /v1/audit/key                                              the audit verifier key
+//	GET /v1/journal/backup                                         a consistent copy of the journal (tar stream)
 //	GET /v1/approvals                                              executions awaiting approval
 //	POST /v1/approvals/{id}/approve  {"note"}                      authorize and dispatch
 //	POST /v1/approvals/{id}/deny     {"reason"}                    reject
@@ -67,6 +68,9 @@ type Engine interface {
 	HostMarkers(ctx context.Context, host string, q api.MarkerQuery) (*api.MarkerPage, error)
 	HostMarker(ctx context.Context, host, id string) (*hostproto.Marker, error)
 	ExportAudit(w io.Writer) error
+	// Backup streams a consistent copy of the journal (bastion/journal's backup stream),
+	// writing nothing before it is taken.
+	Backup(ctx context.Context, w io.Writer) error
 	AuditKey() (string, error)
 	PendingApprovals(limit int) (*api.ApprovalPage, error)
 	Approve(ctx context.Context, op api.Operator, id, note string) (*markers.Record, error)
@@ -164,6 +168,17 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 			log.Error("audit export", "err", err)
 		}
 	})
+	mux.HandleFunc("GET /v1/journal/backup", func(w http.ResponseWriter, r *http.Request) {
+		sw := &streamWriter{w: w, contentType: "application/x-tar"}
+		if err := e.Backup(r.Context(), sw); err != nil {
+			if !sw.started {
+				writeJSON(w, nil, err)
+				return
+			}
+			// The stream lacks its end: the CLI reports it cut short.
+			log.Error("journal backup", "err", err)
+		}
+	})
 	mux.HandleFunc("GET /v1/audit/key", func(w http.ResponseWriter, _ *http.Request) {
 		key, err := e.AuditKey()
 		if err != nil {
@@ -201,6 +216,22 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 		writeJSON(w, x, err)
 	})
 	return mux
+}
+
+// streamWriter sets the content type on the first write of a streamed answer, so that an
+// error before it can still be answered as JSON.
+type streamWriter struct {
+	w           http.ResponseWriter
+	contentType string
+	started     bool
+}
+
+func (s *streamWriter) Write(p []byte) (int, error) {
+	if !s.started {
+		s.started = true
+		s.w.Header().Set("Content-Type", s.contentType)
+	}
+	return s.w.Write(p)
 }
 
 // executionQuery reads the filters of GET /v1/executions.

@@ -156,6 +156,14 @@ func (f *fakeEngine) ExportAudit(w io.Writer) error {
 
 func (f *fakeEngine) AuditKey() (string, error) { return f.key, f.err }
 
+func (f *fakeEngine) Backup(_ context.Context, w io.Writer) error {
+	if f.err != nil {
+		return f.err
+	}
+	_, err := io.WriteString(w, "tar")
+	return err
+}
+
 func (f *fakeEngine) PendingApprovals(limit int) (*api.ApprovalPage, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -642,6 +650,18 @@ func TestAudit(t *testing.T) {
 	// failure is logged.
 	if status, _, body := call(t, srv, "GET", "/v1/audit/export", ""); status != 200 || string(body) != failing.auditJSON {
 		t.Fatalf("failed export = %d %q; want 200 with what was written", status, body)
+	}
+}
+
+// A backup streams a tar; one that fails before streaming is answered as an error.
+func TestBackup(t *testing.T) {
+	status, h, body := call(t, serve(t, &fakeEngine{}), "GET", "/v1/journal/backup", "")
+	if status != 200 || h.Get("Content-Type") != "application/x-tar" || string(body) != "tar" {
+		t.Fatalf("backup = %d %q %q; want 200 application/x-tar", status, h.Get("Content-Type"), body)
+	}
+	failing := &fakeEngine{err: &api.ToolError{Code: api.CodeBastionDown, Message: "down"}}
+	if status, _, body := call(t, serve(t, failing), "GET", "/v1/journal/backup", ""); status != 400 || operatorError(t, body).Code != api.CodeBastionDown {
+		t.Fatalf("failed backup = %d %s; want 400 bastion_down", status, body)
 	}
 }
 

@@ -9,9 +9,9 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
-	"time"
 
 	"github.com/postern-dev/postern/internal/peercred"
+	"github.com/postern-dev/postern/internal/ratelog"
 )
 
 // Who may connect to a local socket is decided at accept, from the kernel's word on the peer
@@ -38,9 +38,13 @@ type UnixAccess struct {
 	// MaxConnsPerUID bounds the open connections of one uid other than the owners. Default
 	// DefaultMaxLocalConnsPerUID.
 	MaxConnsPerUID int
-	// Logger receives refusals (at most one line a second, with a count of the ones not
-	// logged). Default: discard.
+	// Logger receives refusals (a few lines per reason and minute, then a summary with the
+	// count of those not logged; see internal/ratelog). Default: discard.
 	Logger *slog.Logger
+	// Where names the socket in refusal logs and counts. Default WhereMCPSocket.
+	Where string
+	// CountRefusal is told of every refused connection. Default: none.
+	CountRefusal CountRefusal
 }
 
 // ErrSocketDirClosed is returned by ListenUnix when other uids may connect but a directory
@@ -62,20 +66,22 @@ type guardedListener struct {
 	max      int
 	reserved int // of max, for the owners
 	perUID   int
-	logger   *slog.Logger
+	refusals *ratelog.Logger
 
-	mu    sync.Mutex // guards the fields below
+	mu    sync.Mutex // guards open and byUID
 	open  map[net.Conn]int
 	byUID map[int]int
-	// refusals not logged yet, and when the last one was
-	lastLog    time.Time
-	suppressed int
 }
 
 func newGuardedListener(l net.Listener, path string, a UnixAccess) *guardedListener {
+	where := a.Where
+	if where == "" {
+		where = WhereMCPSocket
+	}
 	g := &guardedListener{
 		Listener: l, path: path, allowed: map[int]bool{}, max: a.MaxConns, perUID: a.MaxConnsPerUID,
-		logger: loggerOrDiscard(a.Logger), open: map[net.Conn]int{}, byUID: map[int]int{},
+		refusals: newRefusalLog(loggerOrDiscard(a.Logger), where, a.CountRefusal),
+		open:     map[net.Conn]int{}, byUID: map[int]int{},
 	}
 	if g.max <= 0 {
 		g.max = DefaultMaxLocalConns
@@ -101,47 +107,54 @@ func (g *guardedListener) Accept() (net.Conn, error) {
 		cred, err := peercred.Read(c)
 		if err != nil {
 			c.Close()
-			g.refused(-1, -1, err.Error())
+			g.refused(ReasonPeerCredentials, -1, -1, err.Error())
 			continue
 		}
 		uid := int(cred.Uid)
-		if reason := g.admit(c, uid); reason != "" {
+		if reason, detail := g.admit(c, uid); reason != "" {
 			c.Close()
-			g.refused(uid, int(cred.Pid), reason)
+			g.refused(reason, uid, int(cred.Pid), detail)
 			continue
 		}
 		return c, nil
 	}
 }
 
-// admit takes a slot for c, or says why not.
-func (g *guardedListener) admit(c net.Conn, uid int) (refusal string) {
+// Close closes the listener and logs the summary of the refusals not logged yet.
+func (g *guardedListener) Close() error {
+	err := g.Listener.Close()
+	g.refusals.Close()
+	return err
+}
+
+// admit takes a slot for c, or says why not: a Reason constant and the details.
+func (g *guardedListener) admit(c net.Conn, uid int) (reason, detail string) {
 	owner := isOwner(uid)
 	if !owner && !g.allowed[uid] {
-		return "the uid is neither root, the daemon's user nor a configured local actor"
+		return ReasonUIDNotAllowed, "the uid is neither root, the daemon's user nor a configured local actor"
 	}
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	full := func() string {
+	full := func() (string, string) {
 		switch {
 		case len(g.open) >= g.max:
-			return fmt.Sprintf("the socket has %d connections open", len(g.open))
+			return ReasonSocketFull, fmt.Sprintf("the socket has %d connections open", len(g.open))
 		case !owner && len(g.open) >= g.max-g.reserved:
-			return fmt.Sprintf("the last %d of %d connections are kept for root and the daemon's user", g.reserved, g.max)
+			return ReasonKeptForOwners, fmt.Sprintf("the last %d of %d connections are kept for root and the daemon's user", g.reserved, g.max)
 		case !owner && g.byUID[uid] >= g.perUID:
-			return fmt.Sprintf("the uid has %d connections open (max_local_conns_per_uid)", g.byUID[uid])
+			return ReasonUIDLimit, fmt.Sprintf("the uid has %d connections open (max_local_conns_per_uid)", g.byUID[uid])
 		}
-		return ""
+		return "", ""
 	}
-	if full() != "" {
+	if reason, _ := full(); reason != "" {
 		g.pruneLocked()
 	}
-	if reason := full(); reason != "" {
-		return reason
+	if reason, detail := full(); reason != "" {
+		return reason, detail
 	}
 	g.open[c] = uid
 	g.byUID[uid]++
-	return ""
+	return "", ""
 }
 
 // pruneLocked forgets the connections the server has closed. A closed connection refuses
@@ -170,19 +183,9 @@ func isOpen(c net.Conn) bool {
 	return raw.Control(func(uintptr) {}) == nil
 }
 
-// refused logs a refusal, at most one line a second.
-func (g *guardedListener) refused(uid, pid int, reason string) {
-	g.mu.Lock()
-	now := time.Now()
-	if now.Sub(g.lastLog) < time.Second {
-		g.suppressed++
-		g.mu.Unlock()
-		return
-	}
-	suppressed := g.suppressed
-	g.lastLog, g.suppressed = now, 0
-	g.mu.Unlock()
-	g.logger.Warn("local connection refused", "socket", g.path, "uid", uid, "pid", pid, "reason", reason, "refusals_not_logged", suppressed)
+// refused logs and counts a refusal (internal/ratelog bounds the lines).
+func (g *guardedListener) refused(reason string, uid, pid int, detail string) {
+	g.refusals.Log(slog.LevelWarn, reason, "local connection refused", "socket", g.path, "uid", uid, "pid", pid, "detail", detail)
 }
 
 // checkReachable verifies that other users can search every directory above path (the

@@ -1,14 +1,13 @@
 package transport
 
 import (
-	"bytes"
-	"errors"
+	"context"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http"
 	"strings"
+	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 )
@@ -30,6 +29,12 @@ type HTTPOptions struct {
 	// MaxBodyBytes bounds a request body; a larger one is answered 413 and the MCP handler
 	// never sees it. Default (zero or negative) DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// BodyTimeout bounds the time a request's body may take to arrive (408 after it).
+	// Default DefaultBodyTimeout.
+	BodyTimeout time.Duration
+	// MaxBodiesPerActor bounds the requests of one actor whose bodies are arriving at once
+	// (429 past it). Default DefaultMaxBodiesPerActor.
+	MaxBodiesPerActor int
 	// AllowedHosts are extra Host header values accepted on a listen that is not loopback
 	// (host, any port; or host:port). Loopback names (localhost, 127.0.0.1, ::1) and the
 	// local address the connection arrived on are always accepted: a DNS-rebinding page can
@@ -39,8 +44,11 @@ type HTTPOptions struct {
 	// loopback ones on a loopback listen. A request with another Origin header is refused
 	// 403; no Origin header is fine (non-browser clients send none).
 	AllowedOrigins []string
-	// Logger receives refusals at debug level (never a token). Default: discard.
+	// Logger receives refusals (never a token), a few lines per reason and minute and then
+	// a summary with the count (internal/ratelog). Default: discard.
 	Logger *slog.Logger
+	// CountRefusal is told of every refused request (WhereHTTP). Default: none.
+	CountRefusal CountRefusal
 }
 
 // HTTPHandler wraps mcpHandler for remote agents: a DNS-rebinding guard (Host and Origin,
@@ -58,12 +66,16 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 	if err != nil {
 		return nil, err
 	}
-	logger := loggerOrDiscard(opts.Logger)
+	refusals := newRefusalLog(loggerOrDiscard(opts.Logger), WhereHTTP, opts.CountRefusal)
 
-	bounded := limitBody(mcpHandler, maxBodyOrDefault(opts.MaxBodyBytes), logger)
+	bounded := limitBody(mcpHandler, bodyLimits{max: opts.MaxBodyBytes, timeout: opts.BodyTimeout, perActor: opts.MaxBodiesPerActor}, refusals)
 	authenticated := auth.RequireBearerToken(actors.verifier(), &auth.RequireBearerTokenOptions{
 		AllowMissingExpiration: true,
 	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if authed, ok := r.Context().Value(authenticatedKey{}).(*bool); ok {
+			*authed = true
+		}
+		markAuthenticated(w, r) // its connection may stay open (NewHTTPServer)
 		// Authenticated: the challenge set for the 401 path does not belong on this response.
 		w.Header().Del("WWW-Authenticate")
 		r.Header.Del("Authorization")
@@ -71,15 +83,15 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 	}))
 
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		refuse := func(code int, reason string) {
-			logger.Debug("refused request", "remote", r.RemoteAddr, "status", code, "reason", reason)
-			http.Error(w, reason, code)
+		refuse := func(code int, reason, detail string) {
+			refusals.Log(slog.LevelInfo, reason, "refused request", "remote", r.RemoteAddr, "status", code, "detail", detail)
+			http.Error(w, detail, code)
 		}
 		v := guard.decide(r.Host, r.Header.Values("Origin"), localAddr(r))
 		preflight := isPreflight(r)
 		setCORS(w.Header(), v.allowOrigin, preflight)
 		if v.status != 0 {
-			refuse(v.status, v.reason)
+			refuse(v.status, ReasonHostOrOrigin, v.reason)
 			return
 		}
 		if preflight {
@@ -87,48 +99,21 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 			return
 		}
 		if _, err := runIDFromHeader(r.Header); err != nil {
-			refuse(http.StatusBadRequest, err.Error())
+			refuse(http.StatusBadRequest, ReasonBadRunHeader, err.Error())
 			return
 		}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="postern"`)
-		authenticated.ServeHTTP(w, r)
+		authed := false
+		authenticated.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), authenticatedKey{}, &authed)))
+		if !authed {
+			// go-sdk answered 401: no token, or none of ours.
+			refusals.Log(slog.LevelInfo, ReasonUnauthenticated, "refused request", "remote", r.RemoteAddr, "status", http.StatusUnauthorized)
+		}
 	}), nil
 }
 
-// limitBody reads the whole body, up to max bytes, before next runs: a larger body is
-// answered 413 here, so the MCP handler never sees a partial or oversize body whatever the
-// framing (Content-Length, chunked).
-func limitBody(next http.Handler, max int64, logger *slog.Logger) http.Handler {
-	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		tooLarge := func() {
-			logger.Debug("refused request", "remote", r.RemoteAddr, "status", http.StatusRequestEntityTooLarge, "reason", "body too large")
-			http.Error(w, fmt.Sprintf("request body exceeds %d bytes", max), http.StatusRequestEntityTooLarge)
-		}
-		if r.ContentLength > max {
-			tooLarge()
-			return
-		}
-		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, max))
-		if err != nil {
-			if mbe := (*http.MaxBytesError)(nil); errors.As(err, &mbe) {
-				tooLarge()
-				return
-			}
-			http.Error(w, "reading request body failed", http.StatusBadRequest)
-			return
-		}
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		r.ContentLength = int64(len(body))
-		next.ServeHTTP(w, r)
-	})
-}
-
-func maxBodyOrDefault(n int64) int64 {
-	if n <= 0 {
-		return DefaultMaxBodyBytes
-	}
-	return n
-}
+// authenticatedKey carries, in a request's context, the flag its authenticated handler sets.
+type authenticatedKey struct{}
 
 // errBadRunID is the client-visible reason for a 400 on Postern-Run.
 var errBadRunID = fmt.Errorf("%s header must be one value of 1 to %d printable ASCII characters without spaces", RunHeader, maxRunIDBytes)

@@ -94,8 +94,13 @@ type UnixOptions struct {
 	LocalActor func(uid int) string
 	// MaxBodyBytes bounds a request body (413 above it). Default DefaultMaxBodyBytes.
 	MaxBodyBytes int64
+	// BodyTimeout and MaxBodiesPerActor are HTTPOptions'; the actor is the peer's uid's.
+	BodyTimeout       time.Duration
+	MaxBodiesPerActor int
 	// Logger receives connection and refusal events (never a token). Default: discard.
 	Logger *slog.Logger
+	// CountRefusal is told of every refusal (WhereMCPSocket). Default: none.
+	CountRefusal CountRefusal
 }
 
 // peerKey is the context key of the peer facts recorded for a unix connection.
@@ -120,6 +125,7 @@ const localBearer = "unix-peer-credentials"
 // Authorization header the client sends is discarded. Serve it with srv.Serve(ListenUnix(..)).
 func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
 	logger := loggerOrDiscard(opts.Logger)
+	refusals := newRefusalLog(logger, WhereMCPSocket, opts.CountRefusal)
 	actorFor := opts.LocalActor
 	if actorFor == nil {
 		actorFor = defaultLocalActor
@@ -143,7 +149,7 @@ func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
 	})
 	authenticated := auth.RequireBearerToken(verifier, &auth.RequireBearerTokenOptions{
 		AllowMissingExpiration: true,
-	})(limitBody(inner, maxBodyOrDefault(opts.MaxBodyBytes), logger))
+	})(limitBody(inner, bodyLimits{max: opts.MaxBodyBytes, timeout: opts.BodyTimeout, perActor: opts.MaxBodiesPerActor}, refusals))
 
 	handler := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		r.Header.Set("Authorization", "Bearer "+localBearer)
@@ -153,11 +159,11 @@ func UnixServer(mcpHandler http.Handler, opts UnixOptions) *http.Server {
 		Handler:           handler,
 		ReadHeaderTimeout: 10 * time.Second,
 		MaxHeaderBytes:    64 << 10,
-		ErrorLog:          slog.NewLogLogger(logger.Handler(), slog.LevelWarn),
+		ErrorLog:          ServerErrorLog(logger, WhereMCPSocket, opts.CountRefusal),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			p := identifyPeer(c, procs, actorFor)
 			if p.err != nil {
-				logger.Warn("unix peer not identified; its requests are refused", "error", p.err)
+				refusals.Log(slog.LevelWarn, ReasonPeerUnidentified, "unix peer not identified; its requests are refused", "error", p.err)
 			} else {
 				logger.Debug("unix peer", "actor", p.actor, "pid", p.process.self.PID, "scope", p.process.self.Scope)
 			}

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/datadriven"
 	"github.com/postern-dev/postern/markers"
@@ -33,6 +34,8 @@ import (
 //	                                                    ConfirmAnswer + JournalPath
 //	stock_reconcile level= from= age= [marker=STATE|absent] [cancel]
 //	                                                    ReconcileByLevel + JournalPath
+//	recover   journal=STATE|absent [review] [http] marker=STATE|absent level=
+//	                                                    RecoverOn + RecoveryPath
 //
 // Every journal path a decision produces is also checked against the journal graph.
 func TestDecisions(t *testing.T) {
@@ -142,6 +145,8 @@ func decide(t *testing.T, c datadriven.Case) string {
 		return renderVerdict(t, markers.Unknown, false, string(act.Do), act.Verdict)
 	case "review":
 		return strconv.FormatBool(Reviewable(state("state"), boolean("driven")))
+	case "recover":
+		return decideRecovery(t, c, marker)
 	case "stock_exec", "stock_confirm", "stock_reconcile":
 		return decideStock(t, c, state, duration, fail) // stock_test.go
 	}
@@ -251,4 +256,34 @@ func TestEveryClassHandlesAnUnknownOutcome(t *testing.T) {
 	if got := UnknownHandlingFor("http", "my_custom_class"); got != StopForReview {
 		t.Errorf("http execution of a configured class: %s; want %s", got, StopForReview)
 	}
+}
+
+// decideRecovery renders RecoverOn's decision, with the journal path a review takes (checked
+// against the journal graph).
+func decideRecovery(t *testing.T, c datadriven.Case, marker func(string) *hostproto.Marker) string {
+	var rec *markers.Record
+	if j := c.Args["journal"]; j != "absent" {
+		rec = &markers.Record{ID: "ex_this", State: markers.State(j), Host: testHost, Channel: "ssh", ReviewRequired: c.Flags["review"]}
+		if c.Flags["http"] {
+			rec.Channel, rec.Class = "http", "irreversible"
+		}
+	}
+	var m *hostproto.Marker
+	if c.Args["marker"] != "absent" {
+		m = marker("marker")
+	}
+	r := RecoverOn(rec, m, fleet.Guarantee(c.Args["level"]), testHost)
+	out := string(r.Do)
+	if r.Do == RecoverReview {
+		path := RecoveryPath(rec.State)
+		if path != nil {
+			checkJournalPath(t, rec.State, path, markers.Unknown)
+			parts := make([]string, len(path))
+			for i, s := range path {
+				parts[i] = string(s)
+			}
+			out += fmt.Sprintf(" via %s → %s", rec.State, strings.Join(parts, " → "))
+		}
+	}
+	return out + "\n" + r.Note
 }

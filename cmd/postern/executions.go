@@ -158,6 +158,8 @@ func writeExecution(w io.Writer, d *api.ExecutionDetail) error {
 		row("outcome", cli.OutcomeText(r))
 	}
 	row("actor", r.Actor)
+	row("recovered from", r.RecoveredFrom)
+	row("replica", r.Replica)
 	row("tool", r.Tool)
 	row("host", r.Host)
 	row("target", r.Target)
@@ -283,6 +285,9 @@ func eventNote(ev markers.Event) string {
 	call := "call " + cli.Dash(c.RequestID) + " via " + c.Transport
 	if c.Run != "" {
 		call += ", " + c.Run
+	}
+	if c.Replica != "" {
+		call += ", replica " + c.Replica
 	}
 	if c.Match != "" {
 		call += ": " + c.Match

@@ -67,10 +67,23 @@ func writeInvestigation(w io.Writer, inv *api.Investigation) error {
 		}
 	}
 	fmt.Fprintf(w, "\ncalls (%d)\n", len(inv.Calls))
+	// The replica that served each call, when replicas served them (on a single node none).
+	replicas := false
+	for _, call := range inv.Calls {
+		replicas = replicas || call.Replica != ""
+	}
 	rows := make([][]string, 0, len(inv.Calls))
 	for _, call := range inv.Calls {
-		rows = append(rows, []string{"  " + cli.FormatEventTime(call.At), call.ExecutionID, call.Transport, cli.Printable(cli.Dash(call.RequestID)),
-			cli.Printable(cli.Dash(call.Run)), fmt.Sprint(call.Replayed), cli.Printable(call.What)})
+		row := []string{"  " + cli.FormatEventTime(call.At), call.ExecutionID, call.Transport, cli.Printable(cli.Dash(call.RequestID)),
+			cli.Printable(cli.Dash(call.Run)), fmt.Sprint(call.Replayed)}
+		if replicas {
+			row = append(row, cli.Printable(cli.Dash(call.Replica)))
+		}
+		rows = append(rows, append(row, cli.Printable(call.What)))
 	}
-	return cli.PrintTable(w, cli.TableWidth(w), []string{"  TIME", "EXECUTION", "TRANSPORT", "REQUEST", "RUN", "REPLAYED", "WHAT"}, rows)
+	header := []string{"  TIME", "EXECUTION", "TRANSPORT", "REQUEST", "RUN", "REPLAYED"}
+	if replicas {
+		header = append(header, "REPLICA")
+	}
+	return cli.PrintTable(w, cli.TableWidth(w), append(header, "WHAT"), rows)
 }

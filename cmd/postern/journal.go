@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"iter"
@@ -14,8 +12,8 @@ import (
 	"github.com/postern-dev/postern/markers"
 )
 
-// journalCommand moves a journal between its backends: a single node's Pebble journal to
-// etcd, to grow it into replicas, and back.
+// journalCommand moves a journal between its backends (a single node's Pebble journal to
+// etcd, to grow it into replicas, and back), and backs it up and restores it (backup.go).
 type journalCommand struct{ operatorIO }
 
 const journalUsage = `usage: postern journal SUBCOMMAND [flags]
@@ -26,12 +24,19 @@ subcommands:
                  [journal] etcd cluster and prefix of the config (--to etcd), or back into a
                  new Pebble journal in the state dir (--to pebble). Stop every bastion of the
                  journal first. The copy is checked: both exports must be identical.
+  backup DIR     a consistent copy of the journal and the state files it needs, into the new
+                 directory DIR (0700; files 0600): taken by the running bastion while it
+                 serves, else read from the journal here. The copy is verified.
+  restore DIR [--replace]
+                 bring a backup back as the journal and state files of --state-dir/--config
+                 (the bastion stopped). A journal or files that are there and differ are
+                 replaced only with --replace (set aside; an etcd prefix is cleared).
 
 common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *journalCommand) Run(ctx context.Context, args []string) error {
-	return prog.Dispatch(ctx, "journal", journalUsage, cli.Subcommands{"copy": c.copy}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "journal", journalUsage, cli.Subcommands{"copy": c.copy, "backup": c.backup, "restore": c.restore}, args, c.stdout, c.stderr)
 }
 
 func (c *journalCommand) copy(ctx context.Context, args []string) error {
@@ -87,11 +92,11 @@ func (c *journalCommand) copy(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("copy: %w", err)
 	}
-	a, err := exportDigest(src)
+	a, err := journal.ExportDigest(src)
 	if err != nil {
 		return fmt.Errorf("export the source: %w", err)
 	}
-	b, err := exportDigest(dst)
+	b, err := journal.ExportDigest(dst)
 	if err != nil {
 		return fmt.Errorf("export the copy: %w", err)
 	}
@@ -100,12 +105,4 @@ func (c *journalCommand) copy(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "copied %d keys to %s; the exports are identical (sha256 %s)\n", n, *to, a)
 	return nil
-}
-
-func exportDigest(j markers.JournalStore) (string, error) {
-	h := sha256.New()
-	if err := j.Export(h); err != nil {
-		return "", err
-	}
-	return hex.EncodeToString(h.Sum(nil)), nil
 }

@@ -33,7 +33,9 @@ commands:
   hosts       list and enroll hosts
   fleet       run one command on many hosts under a rollout's brakes; show, cancel
   audit       export and verify the journal's hash-chained event log
-  journal     copy the journal between Pebble and etcd (a single node into replicas, and back)
+  journal     back up and restore the journal; copy it between Pebble and etcd
+  recover     --from-hosts: after a lost or restored journal, what the hosts ran that it
+              does not know (with the bastion down); --confirm journals it for review
   approvals   list executions awaiting approval; approve ID, deny ID --reason
   review      record what an operator verified about an unknown outcome
   policy      check: which rule decides a call, without running it
@@ -95,6 +97,7 @@ var operatorCommands = map[string]func(operatorIO) runner{
 	"fleet":       func(o operatorIO) runner { return &fleetCommand{o} },
 	"audit":       func(o operatorIO) runner { return &auditCommand{o} },
 	"journal":     func(o operatorIO) runner { return &journalCommand{o} },
+	"recover":     func(o operatorIO) runner { return &recoverCommand{o} },
 	"approvals":   func(o operatorIO) runner { return &approvalsCommand{o} },
 	"approve":     func(o operatorIO) runner { return &decideCommand{o, "approve"} },
 	"deny":        func(o operatorIO) runner { return &decideCommand{o, "deny"} },

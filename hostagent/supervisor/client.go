@@ -27,6 +27,9 @@ const SupervisorLogFile = "supervisor.log"
 const (
 	supervisorStartLimit = 30 * time.Second
 	supervisorExitLimit  = 10 * time.Second
+	// launchAttempts bounds the supervisors started for one Start that exit before they
+	// report (one that cannot get a socket, say): the next one is tried at once.
+	launchAttempts = 3
 )
 
 // Client is the hostagent's side of the long-lived supervisor (daemon.go): it starts one
@@ -63,6 +66,7 @@ func NewClient(exe, dir string, logger *slog.Logger) (*Client, error) {
 	if logger == nil {
 		logger = slog.Default()
 	}
+	removeStaleSockets(dir)
 	return &Client{exe: exe, dir: dir, log: logger}, nil
 }
 
@@ -188,12 +192,17 @@ func (s *Client) link(ctx context.Context) (*daemonLease, error) {
 		}
 	}
 	// The supervisor serves every caller: one caller's cancellation must not abort its start.
-	link, err := s.launch(context.WithoutCancel(ctx))
-	if err != nil {
-		return nil, err
+	for attempt := 1; ; attempt++ {
+		link, err := s.launch(context.WithoutCancel(ctx))
+		if err == nil {
+			s.cur = link
+			return link, nil
+		}
+		if !errors.Is(err, errNoReadyMessage) || attempt == launchAttempts {
+			return nil, err
+		}
+		s.log.Warn("the supervisor exited before it reported; starting another", "attempt", attempt, "err", err)
 	}
-	s.cur = link
-	return link, nil
 }
 
 // drop forgets link if it is still the current one.

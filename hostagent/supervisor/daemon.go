@@ -23,6 +23,7 @@ import (
 
 	"github.com/postern-dev/postern/internal/peercred"
 	"github.com/postern-dev/postern/internal/procfs"
+	"github.com/postern-dev/postern/internal/ratelog"
 )
 
 // The long-lived supervisor ("daemon"): one process per hostagent lifetime that forks every
@@ -30,8 +31,9 @@ import (
 // It lives in its own session, apart from the SSH-facing agent: an agent that is killed,
 // restarted or upgraded leaves it and its commands running, and the next agent adopts them
 // through it (Adopt). It exits once no agent holds a lease on it and none of its commands is
-// left. Protocol, per connection (abstract unix socket, peers checked by SO_PEERCRED on both
-// sides): one JSON request line, then JSON reply lines (see request and reply).
+// left. Protocol, per connection (a unix socket only its user can reach, see socket.go;
+// peers checked by SO_PEERCRED on both sides): one JSON request line, then JSON reply lines
+// (see request and reply).
 //
 // # Durability
 //
@@ -104,14 +106,6 @@ type reply struct {
 	OK      bool `json:"ok,omitempty"`
 }
 
-// socketName is the abstract unix socket of the supervisor pid that started at start: unique
-// per process, so a restarted supervisor never meets its predecessor's name, and no file to
-// leave behind. Abstract sockets have no permissions; both ends check each other's
-// credentials instead.
-func socketName(pid int, start uint64) string {
-	return "@postern-supervisor-" + strconv.Itoa(pid) + "-" + strconv.FormatUint(start, 10)
-}
-
 // supervisorRecordName is the file, in the supervisor dir, that names a running supervisor
 // (pid + start time) for operators and test harnesses; removed when it exits.
 func supervisorRecordName(pid int) string { return "supervisor-" + strconv.Itoa(pid) + ".json" }
@@ -121,7 +115,10 @@ type daemon struct {
 	dir  string
 	self supervisorRecord
 	log  *slog.Logger
-	ln   *net.UnixListener
+	// refusals logs connections of other users and failed accepts within bounds
+	// (internal/ratelog): the log lives in the host's data dir.
+	refusals *ratelog.Logger
+	ln       *net.UnixListener
 	// forks carries every command start to the one thread that forks (see forker).
 	forks chan forkRequest
 	wg    sync.WaitGroup // connections and jobs
@@ -170,15 +167,16 @@ func runDaemon(dir string, ready *os.File, logger *slog.Logger) error {
 		return fmt.Errorf("supervisor: own start time: %w", err)
 	}
 	d := &daemon{
-		dir:   dir,
-		self:  supervisorRecord{PID: self, Start: start, Socket: socketName(self, start)},
-		log:   logger,
-		forks: make(chan forkRequest),
-		jobs:  map[string]*daemonJob{},
+		dir:      dir,
+		self:     supervisorRecord{PID: self, Start: start},
+		log:      logger,
+		refusals: ratelog.New(logger, ratelog.Options{Where: "supervisor"}),
+		forks:    make(chan forkRequest),
+		jobs:     map[string]*daemonJob{},
 	}
-	d.ln, err = net.ListenUnix("unix", &net.UnixAddr{Name: d.self.Socket, Net: "unix"})
+	d.ln, d.self.Socket, err = listenSupervisor(dir)
 	if err != nil {
-		return fmt.Errorf("supervisor: listen: %w", err)
+		return err
 	}
 	// Its own signals must not end it: an agent's stop (SIGTERM to the agent's group, a
 	// terminal's SIGHUP or SIGINT) is not meant for the commands it supervises. Caught into a
@@ -218,7 +216,7 @@ func runDaemon(dir string, ready *os.File, logger *slog.Logger) error {
 			if errors.Is(err, net.ErrClosed) {
 				break
 			}
-			d.log.Warn("accept failed", "err", err)
+			d.refusals.Log(slog.LevelWarn, "accept", "accept failed", "err", err)
 			time.Sleep(10 * time.Millisecond)
 			continue
 		}
@@ -231,6 +229,7 @@ func runDaemon(dir string, ready *os.File, logger *slog.Logger) error {
 	d.wg.Wait()
 	close(d.forks)
 	<-forkerDone
+	d.refusals.Close()
 	return nil
 }
 
@@ -266,7 +265,7 @@ func (d *daemon) maybeExit(grace bool) {
 func (d *daemon) serve(conn *net.UnixConn) {
 	defer conn.Close()
 	if err := checkPeer(conn, 0); err != nil {
-		d.log.Warn("refused a connection", "err", err)
+		d.refusals.Log(slog.LevelWarn, "peer", "refused a connection", "err", err)
 		return
 	}
 	br := bufio.NewReader(conn)
@@ -462,7 +461,8 @@ func (d *daemon) wait(conn *net.UnixConn, br *bufio.Reader, dir string) {
 }
 
 // checkPeer refuses a peer of another user, and — with pid > 0 — a peer that is not that
-// process: abstract sockets have no file permissions, so credentials are the access check.
+// process: abstract sockets (the previous release's, and the fallback) have no file
+// permissions, so credentials are the access check.
 func checkPeer(conn *net.UnixConn, pid int) error {
 	cred, err := peercred.Read(conn)
 	if err != nil {

@@ -900,13 +900,14 @@ func connectAs(addr, dir string) int {
 	return 0
 }
 
-// TestSupervisorRefusesOtherUsers: the supervisor's socket is abstract (no file permissions),
-// so its peer check is the access control: another uid is hung up on before anything runs.
+// TestSupervisorRefusesOtherUsers: another uid cannot reach the supervisor's socket (a path
+// in the private supervisor directory); where the supervisor falls back to an abstract name
+// (a directory others may enter), its peer check hangs up on another uid before anything
+// runs.
 func TestSupervisorRefusesOtherUsers(t *testing.T) {
 	if os.Geteuid() != 0 {
 		t.Skip("needs root to run a client as another uid")
 	}
-	h, _ := startTest(t, testSpec("sleep 60"))
 	// The test binary, where nobody may run it; the spool dir it asks for, where nobody
 	// could write (only the supervisor could).
 	bin, err := os.MkdirTemp("", "postern-supervisor-test-") // t.TempDir's parent is private
@@ -925,24 +926,60 @@ func TestSupervisorRefusesOtherUsers(t *testing.T) {
 	if err := os.WriteFile(exe, data, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	target := filepath.Join(t.TempDir(), "target")
-	if err := os.Mkdir(target, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	cmd := exec.Command(exe)
-	cmd.Env = []string{connectRoleEnv + "=" + h.sup.Socket, "POSTERN_SHIM_TEST_DIR=" + target}
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
-	// The verdict is on stdout alone: stderr is the runtime's too (a -cover build warns there
-	// that the client, with no GOCOVERDIR, writes no coverage).
-	var stderr strings.Builder
-	cmd.Stderr = &stderr
-	out, err := cmd.Output()
-	if err != nil || strings.TrimSpace(string(out)) != "closed" {
-		t.Fatalf("another uid's request = %q, %v (stderr %q); want the connection closed unanswered", out, err, stderr.String())
-	}
-	for _, name := range []string{"witness", SupervisorFile} {
-		if _, err := os.Stat(filepath.Join(target, name)); !errors.Is(err, os.ErrNotExist) {
-			t.Errorf("%s exists after another uid's request (%v): it ran", name, err)
-		}
+	for _, tc := range []struct {
+		name     string
+		dirMode  os.FileMode
+		abstract bool
+		want     string
+	}{
+		{name: "path socket in the private directory", dirMode: 0o700, want: "permission denied"},
+		{name: "abstract fallback", dirMode: 0o755, abstract: true, want: "closed"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			// Short, so that a path socket fits in sun_path.
+			dir, err := os.MkdirTemp("", "sup-")
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { os.RemoveAll(dir) })
+			if err := os.Chmod(dir, tc.dirMode); err != nil {
+				t.Fatal(err)
+			}
+			sup, err := NewClient(testExe(t), dir, slog.New(slog.DiscardHandler))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { sup.Close() })
+			ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+			defer cancel()
+			h, err := sup.Start(ctx, filepath.Join(t.TempDir(), "spool"), testSpec("sleep 60"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { h.Cancel(); waitStatus(t, h) })
+			if got := strings.HasPrefix(h.sup.Socket, "@"); got != tc.abstract {
+				t.Fatalf("socket %q; want abstract %v", h.sup.Socket, tc.abstract)
+			}
+			target := filepath.Join(t.TempDir(), "target")
+			if err := os.Mkdir(target, 0o700); err != nil {
+				t.Fatal(err)
+			}
+			cmd := exec.Command(exe)
+			cmd.Env = []string{connectRoleEnv + "=" + h.sup.Socket, "POSTERN_SHIM_TEST_DIR=" + target}
+			cmd.SysProcAttr = &syscall.SysProcAttr{Credential: &syscall.Credential{Uid: 65534, Gid: 65534}}
+			// The verdict is on stdout alone: stderr is the runtime's too (a -cover build warns
+			// there that the client, with no GOCOVERDIR, writes no coverage).
+			var stderr strings.Builder
+			cmd.Stderr = &stderr
+			out, err := cmd.Output()
+			if err != nil || !strings.Contains(string(out), tc.want) {
+				t.Fatalf("another uid's request = %q, %v (stderr %q); want %q", out, err, stderr.String(), tc.want)
+			}
+			for _, name := range []string{"witness", SupervisorFile} {
+				if _, err := os.Stat(filepath.Join(target, name)); !errors.Is(err, os.ErrNotExist) {
+					t.Errorf("%s exists after another uid's request (%v): it ran", name, err)
+				}
+			}
+		})
 	}
 }

@@ -1,13 +1,16 @@
 // Package etcdtest starts a real etcd cluster for tests: members embedded in the test process
 // (go.etcd.io/etcd/server/v3/embed), on 127.0.0.1 ports the kernel chose, with their data in
 // the test's temp dir. Members can be stopped and started again, to take quorum away and give
-// it back. Every member is stopped at the test's cleanup.
+// it back. Every member is stopped at the test's cleanup. With POSTERN_TEST_ETCD naming an
+// etcd server binary (ExternalEnv), the members run as processes of that binary instead, to
+// test against another etcd version.
 package etcdtest
 
 import (
 	"fmt"
 	"net"
 	"net/url"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
@@ -22,9 +25,13 @@ import (
 // Cluster is a running etcd cluster.
 type Cluster struct {
 	t       testing.TB
-	mu      sync.Mutex
+	mu      sync.Mutex // guards members and procs
 	cfgs    []*embed.Config
 	members []*embed.Etcd // nil: stopped
+	// external is the server binary the members run as (ExternalEnv), "" when embedded;
+	// procs are their processes (nil: stopped).
+	external string
+	procs    []*exec.Cmd
 }
 
 // Start starts an n-member cluster and waits until it serves.
@@ -36,7 +43,10 @@ func StartTLS(t testing.TB, n int, f TLSFiles) *Cluster { return start(t, n, &f)
 
 func start(t testing.TB, n int, tlsFiles *TLSFiles) *Cluster {
 	t.Helper()
-	c := &Cluster{t: t, members: make([]*embed.Etcd, n)}
+	c := &Cluster{t: t, members: make([]*embed.Etcd, n), procs: make([]*exec.Cmd, n)}
+	if tlsFiles == nil {
+		c.external = externalBinary()
+	}
 	var initial []string
 	urls := freeURLs(t, 2*n)
 	for i := range n {
@@ -92,6 +102,12 @@ func freeURLs(t testing.TB, n int) []url.URL {
 }
 
 func (c *Cluster) start(i int) error {
+	if c.external != "" {
+		if err := c.startProcess(i, false); err != nil {
+			return err
+		}
+		return c.processReady(i)
+	}
 	e, err := embed.StartEtcd(c.cfgs[i])
 	if err != nil {
 		return fmt.Errorf("etcd member %d: %w", i, err)
@@ -129,6 +145,10 @@ func (c *Cluster) Client() *clientv3.Client {
 
 // Stop stops member i.
 func (c *Cluster) Stop(i int) {
+	if c.external != "" {
+		c.stopProcess(i)
+		return
+	}
 	c.mu.Lock()
 	e := c.members[i]
 	c.members[i] = nil
@@ -142,6 +162,12 @@ func (c *Cluster) Stop(i int) {
 // serve (alone it cannot: without quorum no member is ready); Ready waits.
 func (c *Cluster) Restart(i int) {
 	c.cfgs[i].ClusterState = embed.ClusterStateFlagExisting
+	if c.external != "" {
+		if err := c.startProcess(i, true); err != nil {
+			c.t.Fatalf("restart etcd member %d: %v", i, err)
+		}
+		return
+	}
 	e, err := embed.StartEtcd(c.cfgs[i])
 	if err != nil {
 		c.t.Fatalf("restart etcd member %d: %v", i, err)
@@ -153,6 +179,19 @@ func (c *Cluster) Restart(i int) {
 
 // Ready waits until every running member serves.
 func (c *Cluster) Ready() {
+	if c.external != "" {
+		for i := range c.procs {
+			c.mu.Lock()
+			running := c.procs[i] != nil
+			c.mu.Unlock()
+			if running {
+				if err := c.processReady(i); err != nil {
+					c.t.Fatal(err)
+				}
+			}
+		}
+		return
+	}
 	c.mu.Lock()
 	ms := append([]*embed.Etcd(nil), c.members...)
 	c.mu.Unlock()

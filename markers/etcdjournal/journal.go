@@ -262,9 +262,10 @@ func seqOfKey(k []byte) uint64 {
 	return n
 }
 
-// Close seals the chain, stops the campaign and revokes this replica's lease, so that its
-// executions in flight are taken over at once (call it once nothing drives them here). The
-// client stays open.
+// Close seals the chain, stops the campaign and hands this replica's executions in flight
+// over: it revokes its lease and publishes what it owned (handOver), so that the other
+// replicas take them over at once (call it once nothing drives them here). The client stays
+// open.
 func (j *Journal) Close() error {
 	if j.closed.Load() {
 		return markers.ErrClosed
@@ -280,14 +281,9 @@ func (j *Journal) Close() error {
 	defer j.smu.Unlock()
 	if j.session != nil {
 		j.session.Orphan()
-		// Revoked (its owner keys and election key go with it) so that the other replicas
-		// take this one's executions over at once: its drivers have stopped (the bastion
-		// closes the journal last), and a restart of it would hold a new lease anyway.
-		ctx, cancel := context.WithTimeout(context.Background(), j.opTO)
-		defer cancel()
-		if _, err := j.cli.Revoke(ctx, j.session.Lease()); err != nil {
-			j.log.Warn("revoke replica lease; its executions are taken over once it expires", "err", err)
-		}
+		// Its drivers have stopped (the bastion closes the journal last), and a restart of it
+		// would hold a new lease anyway.
+		j.handOver(j.session.Lease())
 	}
 	return sealErr
 }

@@ -184,11 +184,15 @@ func testCancelsReachOtherReplicas(t *testing.T, c *etcdtest.Cluster) {
 	}
 }
 
-// A replica that closes cleanly revokes its lease: another replica claims its execution at
-// once, not a lease TTL later.
+// A replica that closes cleanly hands its executions over: it revokes its lease and
+// publishes what it owned, so another replica hears of them and claims them at once, not a
+// lease TTL later. LiveReplicas names the replicas serving until then.
 func testCloseHandsOverAtOnce(t *testing.T, c *etcdtest.Cluster) {
 	js, _ := replicas(t, c, 2, time.Hour)
-	ctx := context.Background()
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer cancel()
 	id := "01JCLOSE000000000000000001"
 	if _, err := js[0].CreateAdvancedFor(ctx, newRecord(id, "closing"), []markers.State{markers.Authorized, markers.Dispatched}, "dispatching", nil); err != nil {
 		t.Fatal(err)
@@ -196,11 +200,40 @@ func testCloseHandsOverAtOnce(t *testing.T, c *etcdtest.Cluster) {
 	if ok, err := js[1].Claim(ctx, id); err != nil || ok {
 		t.Fatalf("claim while its owner serves: %v %v, want false", ok, err)
 	}
+	if live, err := js[1].LiveReplicas(ctx); err != nil || fmt.Sprint(live) != "[r0 r1]" {
+		t.Fatalf("live replicas = %v, %v; want [r0 r1]", live, err)
+	}
+	heard := make(chan []string, 1)
+	watching := make(chan struct{})
+	wg.Go(func() {
+		close(watching)
+		js[1].WatchHandovers(ctx, func(from string, ids []string) {
+			if from == "r0" {
+				heard <- ids
+			}
+		})
+	})
+	<-watching
+	time.Sleep(100 * time.Millisecond) // the watch starts asynchronously
 	if err := js[0].Close(); err != nil {
 		t.Fatal(err)
 	}
+	select {
+	case ids := <-heard:
+		if fmt.Sprint(ids) != "["+id+"]" {
+			t.Fatalf("handed over %v; want [%s]", ids, id)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("replica 1 never heard the handover")
+	}
 	if ok, err := js[1].Claim(ctx, id); err != nil || !ok {
 		t.Fatalf("claim after its owner closed: %v %v, want true", ok, err)
+	}
+	if live, err := js[1].LiveReplicas(ctx); err != nil || fmt.Sprint(live) != "[r1]" {
+		t.Fatalf("live replicas after r0 closed = %v, %v; want [r1]", live, err)
+	}
+	if _, err := js[1].Clear(ctx); err == nil {
+		t.Fatal("cleared the prefix a replica serves")
 	}
 }
 

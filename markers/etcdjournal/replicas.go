@@ -207,17 +207,28 @@ type publishedCancel struct {
 }
 
 // WatchCancels watches the cancels other replicas publish, from the current revision on,
-// until ctx ends. A watch that fails (no leader, a member down) is resumed after the last
-// revision it delivered, so no cancel in between is missed — unless etcd compacted it away
-// meanwhile, which is logged.
+// until ctx ends.
 func (j *Journal) WatchCancels(ctx context.Context, cancelled func(key []byte)) {
+	j.watchPuts(ctx, j.cancelKey(), func(v []byte) {
+		var c publishedCancel
+		if json.Unmarshal(v, &c) == nil && c.From != j.name {
+			cancelled(c.Key)
+		}
+	})
+}
+
+// watchPuts calls put with the value of every put of key from the current revision on, until
+// ctx ends: the replicas' published events (cancels, handovers), one key each. A watch that
+// fails (no leader, a member down) is resumed after the last revision it delivered, so no
+// event in between is missed — unless etcd compacted it away meanwhile, which is logged.
+func (j *Journal) watchPuts(ctx context.Context, key string, put func(value []byte)) {
 	var next int64 // 0: from now
 	for ctx.Err() == nil {
-		err := j.watchCancels(ctx, &next, cancelled)
+		err := j.watchFrom(ctx, key, &next, put)
 		if ctx.Err() != nil {
 			break
 		}
-		j.log.Warn("watch of cancels ended; resuming", "err", err)
+		j.log.Warn("watch ended; resuming", "key", key, "err", err)
 		if errors.Is(err, rpctypes.ErrCompacted) {
 			next = 0
 		}
@@ -227,25 +238,23 @@ func (j *Journal) WatchCancels(ctx context.Context, cancelled func(key []byte)) 
 	}
 }
 
-func (j *Journal) watchCancels(ctx context.Context, next *int64, cancelled func(key []byte)) error {
+func (j *Journal) watchFrom(ctx context.Context, key string, next *int64, put func(value []byte)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var opts []clientv3.OpOption
 	if *next > 0 {
 		opts = append(opts, clientv3.WithRev(*next))
 	}
-	wc := j.cli.Watch(clientv3.WithRequireLeader(ctx), j.cancelKey(), opts...)
+	wc := j.cli.Watch(clientv3.WithRequireLeader(ctx), key, opts...)
 	for w := range wc {
 		if err := w.Err(); err != nil {
 			return err
 		}
 		for _, ev := range w.Events {
 			*next = ev.Kv.ModRevision + 1
-			var c publishedCancel
-			if ev.Type != mvccpb.PUT || json.Unmarshal(ev.Kv.Value, &c) != nil || c.From == j.name {
-				continue
+			if ev.Type == mvccpb.PUT {
+				put(ev.Kv.Value)
 			}
-			cancelled(c.Key)
 		}
 	}
 	return errWatchEnded
@@ -283,4 +292,26 @@ func (j *Journal) campaign() {
 		}
 		j.leading.Store(false)
 	}
+}
+
+// sharedKeysKey holds the digest of the keys the replicas share (AgreeKeys).
+func (j *Journal) sharedKeysKey() string { return j.prefix + "Mkeys" }
+
+// AgreeKeys records digest as the replicas' shared keys if none is, else compares it.
+func (j *Journal) AgreeKeys(ctx context.Context, digest string) error {
+	ctx, cancel := context.WithTimeout(ctx, j.opTO)
+	defer cancel()
+	k := j.sharedKeysKey()
+	resp, err := j.kv.Txn(ctx).If(clientv3.Compare(clientv3.CreateRevision(k), "=", 0)).
+		Then(clientv3.OpPut(k, digest)).Else(clientv3.OpGet(k)).Commit()
+	if err != nil {
+		return j.wrap("agree on the shared keys", err)
+	}
+	if resp.Succeeded {
+		return nil
+	}
+	if kvs := resp.Responses[0].GetResponseRange().Kvs; len(kvs) == 1 && string(kvs[0].Value) != digest {
+		return fmt.Errorf("%w (%s holds keys %s, this replica's are %s)", markers.ErrSharedKeys, j.prefix, kvs[0].Value, digest)
+	}
+	return nil
 }
