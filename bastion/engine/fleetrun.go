@@ -167,6 +167,9 @@ func (in *intake) resolveFleet(c transport.Caller, a api.FleetArgs, policyActor 
 		if cwd == "" {
 			cwd = h.Cwd
 		}
+		if err := checkWire(ea, cwd); err != nil {
+			return nil, err
+		}
 		if err := checkAgentlessCall(h, ea, cwd); err != nil {
 			return nil, err
 		}
