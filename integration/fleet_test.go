@@ -359,3 +359,33 @@ func TestReplicaKilledMidFleetRunIsTakenOver(t *testing.T) {
 		t.Errorf("%d commands ran at once; want at most 2", most)
 	}
 }
+
+// TestFleetRunAsTask: a task-augmented fleet_exec returns a task at once, its id the run's;
+// tasks/get carries the run's answer inline once its hosts are done.
+func TestFleetRunAsTask(t *testing.T) {
+	f := startFleet(t)
+	g := newGatedCommand(t)
+	ext := map[string]any{"extensions": map[string]any{"io.modelcontextprotocol/tasks": map[string]any{}}}
+	args := map[string]any{"targets": []string{"h1"}, "command": g.cmd, "max_concurrency": 1, "max_errors": 0, "wait_s": 0}
+	task := extPost(t, f, "tools/call", "fleet_exec", map[string]any{"name": "fleet_exec", "arguments": args}, ext)
+	id, _ := task["taskId"].(string)
+	if task["resultType"] != "task" || !strings.HasPrefix(id, "fr_") || task["status"] != "working" {
+		t.Fatalf("tools/call of fleet_exec as a task = %v; want a working task named by the run", task)
+	}
+	g.open(t)
+	var got map[string]any
+	testutil.WaitFor(t, "the task completed", func() bool {
+		got = extPost(t, f, "tasks/get", id, map[string]any{"taskId": id}, ext)
+		return got["status"] == "completed"
+	})
+	res, _ := got["result"].(map[string]any)
+	sc, _ := res["structuredContent"].(map[string]any)
+	fl, _ := sc["fleet"].(map[string]any)
+	counts, _ := fl["counts"].(map[string]any)
+	if sc["execution_id"] != id || counts["completed"] != float64(1) {
+		t.Fatalf("tasks/get of the completed run = %v; want its answer with 1 completed host", got)
+	}
+	if n := effects(t, g.file); n != 1 {
+		t.Fatalf("the command ran %d times; want 1", n)
+	}
+}
