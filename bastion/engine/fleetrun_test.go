@@ -480,6 +480,9 @@ func TestFleetRunInvestigate(t *testing.T) {
 		!strings.Contains(inv.Hosts[0].Answers[2], "exit 2") {
 		t.Fatalf("hosts = %+v; want f1's five answers, exit 2 observed", inv.Hosts)
 	}
+	if a := inv.Hosts[0].Answers[3]; !strings.Contains(a, "part of fleet run "+x.ExecutionID) {
+		t.Errorf("f1's delivery answer %q; want it to name its run", a)
+	}
 }
 
 // TestOperatorFleetRun: an operator starts a fleet run for a configured actor, whose policy

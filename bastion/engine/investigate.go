@@ -525,6 +525,8 @@ func answerDelivery(inv *api.Investigation) string {
 	switch {
 	case d.DeliveredAt != nil:
 		fmt.Fprintf(&b, "The result counts as delivered (%s): an identical call after it is a new intent.", stamp(*d.DeliveredAt))
+	case rec.FleetRun != "" && markers.JournalGraph.Terminal(rec.State):
+		fmt.Fprintf(&b, "Its result was not read on its own: it is one host's part of fleet run %s, whose answer carries its state and cause (execution_output on %s reads its output).", rec.FleetRun, rec.ID)
 	case rec.State == markers.Completed:
 		b.WriteString("Yes: the target completed but the result is not delivered (completed_result_not_delivered); a retry replays it.")
 	case markers.JournalGraph.Terminal(rec.State):
