@@ -397,6 +397,14 @@ func TestFleetRunCancel(t *testing.T) {
 	a.WaitS = waitS(0)
 	x := f.fleetExec(t, alice, a)
 	testutil.WaitFor(t, "two hosts to start", func() bool { return f.started(t) == 2 })
+	// postern status shows the run in flight.
+	o, err := f.engine().Overview()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.ContainsFunc(o.InFlight, func(it api.OverviewItem) bool { return it.Record.ID == x.ExecutionID }) {
+		t.Errorf("in flight %+v; want the run among them", o.InFlight)
+	}
 	if _, err := f.engine().Cancel(context.Background(), alice, x.ExecutionID); err != nil {
 		t.Fatal(err)
 	}
