@@ -2,14 +2,18 @@ package bastion
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net"
+	"sync"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
 
+	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/engine"
+	"github.com/postern-dev/postern/bastion/transport"
 )
 
 // Options configure Open.
@@ -20,6 +24,12 @@ type Options struct {
 	Now func() time.Time
 	// Hold serves with nothing sent (engine.Options.Hold: serve --hold).
 	Hold bool
+	// Load reads the config again, as the start read it (the same file, the same flags over
+	// it), with the file's digest (config.Digest): what a reload applies (Reload). Without
+	// it, a reload is refused.
+	Load func() (config.Config, string, error)
+	// ConfigDigest is the digest of the config file the start read ("" for none).
+	ConfigDigest string
 	// HTTPListener, when set, is what the Streamable HTTP endpoint serves on, already bound
 	// to Config.Listen: `postern up` binds its port before it writes anything, so a port in
 	// use fails first. Serve closes it.
@@ -33,6 +43,13 @@ type Bastion struct {
 	log    *slog.Logger
 	now    func() time.Time
 	httpLn net.Listener
+	load   func() (config.Config, string, error)
+
+	// surfaces guards remoteActors and mcpSocket, set by Serve and replaced in place by a
+	// reload (nil before Serve or without HTTP).
+	surfaces     sync.Mutex
+	remoteActors *transport.ActorSet
+	mcpSocket    *transport.UnixListener
 }
 
 // Open opens the engine on the config's state dir; it does not serve yet: call Recover,
@@ -48,7 +65,72 @@ func Open(opts Options) (*Bastion, error) {
 	if err != nil {
 		return nil, err
 	}
-	return &Bastion{engine: e, cfg: e.Config(), log: opts.Logger, now: opts.Now, httpLn: opts.HTTPListener}, nil
+	e.StartedWith(opts.ConfigDigest)
+	return &Bastion{engine: e, cfg: e.Config(), log: opts.Logger, now: opts.Now, httpLn: opts.HTTPListener, load: opts.Load}, nil
+}
+
+// Reload reads the config again (Options.Load) and applies what a reload may change
+// (engine.PrepareReload): the engine's settings, the HTTP actors, the uids the MCP socket
+// admits. The whole config is checked first, by all of them; a config any refuses changes
+// nothing, and the error says why. by names who asked (the reload log's "by").
+func (b *Bastion) Reload(by string) (*api.ConfigChange, error) {
+	if b.load == nil {
+		return nil, api.Invalid("this bastion was started without a config file to read again; restart it to change its config")
+	}
+	next, digest, err := b.load()
+	if err != nil {
+		return nil, api.Invalid("the config does not load, and the running bastion keeps its own: %v", err)
+	}
+	prepared, err := b.engine.PrepareReload(next, digest)
+	if err != nil {
+		return nil, reloadRefused(err)
+	}
+	b.surfaces.Lock()
+	defer b.surfaces.Unlock()
+	remote := remoteActors(next)
+	if err := transport.CheckActors(remote); err != nil {
+		return nil, reloadRefused(err)
+	}
+	if b.mcpSocket != nil {
+		if err := b.mcpSocket.CheckUIDs(next.LocalUIDs()); err != nil {
+			return nil, reloadRefused(err)
+		}
+	}
+	change, err := prepared.Apply(by)
+	if err != nil {
+		return nil, err
+	}
+	if b.remoteActors != nil {
+		if err := b.remoteActors.Replace(remote); err != nil { // checked above
+			b.log.Error("reload: the HTTP actors stay as they were", "err", err)
+		}
+	}
+	if b.mcpSocket != nil {
+		if err := b.mcpSocket.AllowUIDs(next.LocalUIDs()); err != nil { // checked above
+			b.log.Error("reload: the MCP socket admits the uids it did", "err", err)
+		}
+	}
+	return change, nil
+}
+
+// reloadRefused is a reload's refusal as the operator reads it.
+func reloadRefused(err error) error {
+	var te *api.ToolError
+	if errors.As(err, &te) {
+		return err
+	}
+	return api.Invalid("reload refused, nothing changed: %v", err)
+}
+
+// remoteActors are cfg's token actors, as the HTTP endpoint authenticates them.
+func remoteActors(cfg config.Config) []transport.Actor {
+	actors := make([]transport.Actor, 0, len(cfg.Actors))
+	for _, a := range cfg.Actors {
+		if !a.Local() {
+			actors = append(actors, transport.Actor{Name: a.Name, TokenSHA256: a.TokenSHA256})
+		}
+	}
+	return actors
 }
 
 // Recover reconciles the executions the journal shows in flight before the bastion serves

@@ -98,14 +98,15 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	}
 	var ep Endpoints
 	if b.cfg.Listen != "" {
-		actors := make([]transport.Actor, 0, len(b.cfg.Actors))
-		for _, a := range b.cfg.Actors {
-			if !a.Local() {
-				actors = append(actors, transport.Actor{Name: a.Name, TokenSHA256: a.TokenSHA256})
-			}
+		actors, err := transport.NewActorSet(remoteActors(b.engine.Settings()))
+		if err != nil {
+			return err
 		}
+		b.surfaces.Lock()
+		b.remoteActors = actors
+		b.surfaces.Unlock()
 		mcpHTTP, err := transport.HTTPHandler(remote, transport.HTTPOptions{
-			Actors: actors, MaxBodyBytes: b.cfg.MaxBodyBytes,
+			ActorSet: actors, MaxBodyBytes: b.cfg.MaxBodyBytes,
 			AllowedHosts: b.cfg.AllowedHosts, AllowedOrigins: b.cfg.AllowedOrigins,
 			Logger: b.log.With("component", "http"), CountRefusal: b.engine.CountRefusal,
 		})
@@ -155,7 +156,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
 	}
 
-	localAccess := b.cfg.SocketAccess(b.cfg.LocalUIDs(), b.log.With("component", "unix"))
+	localAccess := b.cfg.SocketAccess(b.engine.Settings().LocalUIDs(), b.log.With("component", "unix"))
 	localAccess.Where, localAccess.CountRefusal = transport.WhereMCPSocket, b.engine.CountRefusal
 	local, err := transport.ListenUnix(b.cfg.SocketPath(), localAccess)
 	if err != nil {
@@ -163,6 +164,9 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		return err
 	}
 	listeners = append(listeners, local)
+	b.surfaces.Lock()
+	b.mcpSocket = local
+	b.surfaces.Unlock()
 	localMux := http.NewServeMux()
 	localMux.Handle(MCPPath, tracked)
 	unixServer := transport.UnixServer(localMux, transport.UnixOptions{
@@ -181,7 +185,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	}
 	listeners = append(listeners, op)
 	ep.OperatorSocket = b.cfg.OperatorSocketPath()
-	operator := servingEngine{b.engine, api.Serving{HTTP: ep.HTTP, URL: ep.URL, MCPSocket: ep.Socket, OperatorSocket: ep.OperatorSocket}}
+	operator := servingEngine{b, b.engine, api.Serving{HTTP: ep.HTTP, URL: ep.URL, MCPSocket: ep.Socket, OperatorSocket: ep.OperatorSocket}}
 	servers = append(servers, &http.Server{
 		Handler: operatorapi.Handler(operator, b.log.With("component", "operator")), ReadHeaderTimeout: 10 * time.Second,
 		ConnContext: operatorapi.ConnContext,
@@ -222,8 +226,14 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 // report says where the daemon listens, as bound (operatorapi.Handler serves the engine alone
 // when the CLI reads the files with the daemon down).
 type servingEngine struct {
+	bastion *Bastion
 	*engine.Engine
 	serving api.Serving
+}
+
+// Reload is postern reload: the daemon reads its config again (Bastion.Reload).
+func (s servingEngine) Reload(op api.Operator) (*api.ConfigChange, error) {
+	return s.bastion.Reload(op.Name)
 }
 
 func (s servingEngine) Doctor(ctx context.Context) (*api.DoctorReport, error) {

@@ -97,6 +97,9 @@ type Overview struct {
 	AwaitingReview   []OverviewItem `json:"awaiting_review"`
 	// Truncated: a list was cut at its bound (executions list shows them all).
 	Truncated bool `json:"truncated,omitempty"`
+	// Config is the config in force: the start or the last reload that applied it (nil when
+	// the files are read with the daemon down).
+	Config *ConfigChange `json:"config,omitempty"`
 }
 
 // OverviewItem is one execution of an Overview.
@@ -147,4 +150,22 @@ type MarkerQuery struct {
 	State  string
 	Limit  int
 	Cursor string
+}
+
+// ConfigChange is a reload's answer (postern reload, SIGHUP), and a line of the reload log
+// (<state dir>/reloads.jsonl).
+type ConfigChange struct {
+	At time.Time `json:"at"`
+	// By is who asked: "operator:NAME" for postern reload, "signal:SIGHUP" for a signal.
+	By string `json:"by"`
+	// Digest is the hex SHA-256 of the config file now in force ("" for the defaults: no
+	// file); Previous the one before.
+	Digest   string `json:"digest"`
+	Previous string `json:"previous"`
+	// Changes say what changed, in words (config.Config.Changes); none: the file changed
+	// nothing a reload applies.
+	Changes []string `json:"changes"`
+	// Replica is the replica that applied it (etcd journals; each replica reads its own
+	// file).
+	Replica string `json:"replica,omitempty"`
 }

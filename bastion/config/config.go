@@ -5,6 +5,7 @@
 package config
 
 import (
+	"bytes"
 	"encoding/hex"
 	"errors"
 	"fmt"
@@ -286,6 +287,9 @@ func (c Config) ClientPublicKeyPath() string { return c.ClientKeyPath() + ".pub"
 // JournalDir is the journal's Pebble data dir.
 func (c Config) JournalDir() string { return filepath.Join(c.StateDir, "journal") }
 
+// ReloadLogPath is where each reload's change is logged (api.ConfigChange, one JSON line).
+func (c Config) ReloadLogPath() string { return filepath.Join(c.StateDir, "reloads.jsonl") }
+
 // AuditKeyPath is the journal's Ed25519 audit key.
 func (c Config) AuditKeyPath() string { return filepath.Join(c.StateDir, "audit.key") }
 
@@ -319,7 +323,7 @@ func ParseConfig(r io.Reader) (Config, error) {
 // rest, so that LoadConfig reports them together with Validate's.
 func parseConfig(r io.Reader) (cfg Config, problems, err error) {
 	cfg = DefaultConfig("")
-	md, err := toml.NewDecoder(io.LimitReader(r, 1<<20)).Decode(&cfg)
+	md, err := toml.NewDecoder(io.LimitReader(r, maxConfigBytes)).Decode(&cfg)
 	if err != nil {
 		return Config{}, nil, fmt.Errorf("config: %w", err)
 	}
@@ -337,12 +341,45 @@ func parseConfig(r io.Reader) (cfg Config, problems, err error) {
 
 // LoadConfig reads, parses and validates the file at path, reporting every problem at once.
 func LoadConfig(path string) (Config, error) {
+	cfg, _, err := ReadConfig(path)
+	return cfg, err
+}
+
+// ReadConfig is LoadConfig that also returns the file's digest (Digest), which names the
+// config in the reload log and postern status.
+func ReadConfig(path string) (Config, string, error) {
+	data, err := readBounded(path)
+	if err != nil {
+		return Config{}, "", fmt.Errorf("config: %w", err)
+	}
+	cfg, err := loadConfig(path, data)
+	if err != nil {
+		return Config{}, "", err
+	}
+	return cfg, Digest(data), nil
+}
+
+// maxConfigBytes bounds a config file.
+const maxConfigBytes = 1 << 20
+
+func readBounded(path string) ([]byte, error) {
 	f, err := os.Open(path)
 	if err != nil {
-		return Config{}, fmt.Errorf("config: %w", err)
+		return nil, err
 	}
 	defer f.Close()
-	cfg, problems, err := parseConfig(f)
+	data, err := io.ReadAll(io.LimitReader(f, maxConfigBytes+1))
+	if err != nil {
+		return nil, err
+	}
+	if len(data) > maxConfigBytes {
+		return nil, fmt.Errorf("%s is larger than %d bytes", path, maxConfigBytes)
+	}
+	return data, nil
+}
+
+func loadConfig(path string, data []byte) (Config, error) {
+	cfg, problems, err := parseConfig(bytes.NewReader(data))
 	if err != nil {
 		return Config{}, fmt.Errorf("%s: %w", path, err)
 	}

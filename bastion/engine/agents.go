@@ -176,7 +176,7 @@ func (co *core) usableHosts(c transport.Caller) ([]fleet.Host, error) {
 // permissions (its tools and hosts, by name or group). Rules about commands do not hide a
 // host: they judge each command, and say why when they refuse one.
 func (co *core) mayUseHost(actor string, h fleet.Host) bool {
-	dec := co.policy.Decide(policy.Request{Actor: actor, Tool: policy.ToolSSHExec, Host: h.Name, Groups: h.Groups, Command: "true"})
+	dec := co.current().policy.Decide(policy.Request{Actor: actor, Tool: policy.ToolSSHExec, Host: h.Name, Groups: h.Groups, Command: "true"})
 	return dec.Outcome != policy.Rejected || dec.Code != policy.CodeNotAllowed && dec.Code != policy.CodeActorUnknown
 }
 
@@ -212,7 +212,7 @@ const progressEvery = time.Second
 // Status returns an execution's record and last output. For one whose outcome is unknown it
 // asks the host again first, waiting up to a third of the default wait for the answer.
 func (b *Engine) Status(ctx context.Context, c transport.Caller, id string) (*api.Execution, error) {
-	wait := b.cfg.DefaultWait / 3
+	wait := b.current().cfg.DefaultWait / 3
 	rec, err := b.views.own(c, id)
 	if err != nil {
 		return nil, err

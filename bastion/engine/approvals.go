@@ -115,8 +115,8 @@ func (c *core) approvalRequest(rec *markers.Record) *api.ApprovalRequest {
 	}
 	if since, ok := rec.StateTimes[markers.AwaitingApproval]; ok {
 		r.Requested = since
-		if c.cfg.ApprovalTimeout > 0 {
-			r.Expires = since.Add(c.cfg.ApprovalTimeout)
+		if timeout := c.current().cfg.ApprovalTimeout; timeout > 0 {
+			r.Expires = since.Add(timeout)
 		}
 	}
 	return r
@@ -200,12 +200,13 @@ func (b *Engine) checkOperator(op api.Operator, id, verb string) error {
 // is trusted with a decision that lets a command run, else why not. caller is the uid whose
 // agent made the call decided on (-1: none, or a remote caller).
 func (b *Engine) operatorRefused(op api.Operator, caller int) (string, error) {
-	named, err := b.cfg.Approvals.OperatorUIDs()
+	cfg := b.current().cfg
+	named, err := cfg.Approvals.OperatorUIDs()
 	if err != nil {
 		return "", err
 	}
 	agents := map[int]string{os.Getuid(): "the bastion's own user"}
-	for _, a := range b.cfg.Actors {
+	for _, a := range cfg.Actors {
 		if a.UID != nil {
 			agents[*a.UID] = "the uid of local actor " + a.Name
 		}

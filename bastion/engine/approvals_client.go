@@ -51,11 +51,12 @@ func (b *Engine) AskInClient(ctx context.Context, c transport.Caller, id string)
 // inBandApproval reports whether rec's approval may be asked in the client: its class
 // allows it — for a fleet run, the class of every host that needs the approval.
 func (b *Engine) inBandApproval(rec *markers.Record) bool {
+	classes := b.current().classes
 	if !rec.IsFleetRun() {
-		return b.classes.InBandApproval(rec.Class)
+		return classes.InBandApproval(rec.Class)
 	}
 	for _, h := range rec.Fleet.Hosts {
-		if h.Decision == string(policy.AwaitingApproval) && !b.classes.InBandApproval(h.Class) {
+		if h.Decision == string(policy.AwaitingApproval) && !classes.InBandApproval(h.Class) {
 			return false
 		}
 	}

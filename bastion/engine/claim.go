@@ -75,8 +75,8 @@ func (in *intake) validate(a *api.ExecArgs) error {
 		return api.Invalid("host is longer than 64 bytes")
 	case a.Command == "" || strings.TrimSpace(a.Command) == "":
 		return api.Invalid("command is required")
-	case len(a.Command) > in.cfg.MaxCommandBytes:
-		return api.Invalid("command is %d bytes; the limit is %d", len(a.Command), in.cfg.MaxCommandBytes)
+	case len(a.Command) > in.current().cfg.MaxCommandBytes:
+		return api.Invalid("command is %d bytes; the limit is %d", len(a.Command), in.current().cfg.MaxCommandBytes)
 	case len(a.Command) > hostproto.MaxCommandBytes:
 		return api.Invalid("command is %d bytes; a host is sent at most %d in one request", len(a.Command), hostproto.MaxCommandBytes)
 	case !utf8.ValidString(a.Command) || strings.IndexByte(a.Command, 0) >= 0:
@@ -211,9 +211,10 @@ func checkWire(a api.ExecArgs, cwd string) error {
 
 // checkCallOptions checks the options every tool that starts work takes.
 func (in *intake) checkCallOptions(o api.CallOptions) error {
+	maxWait := in.current().cfg.MaxWait
 	switch {
-	case o.WaitS != nil && (*o.WaitS < 0 || time.Duration(*o.WaitS)*time.Second > in.cfg.MaxWait):
-		return api.Invalid("wait_s must be in 0..%d", int(in.cfg.MaxWait/time.Second))
+	case o.WaitS != nil && (*o.WaitS < 0 || time.Duration(*o.WaitS)*time.Second > maxWait):
+		return api.Invalid("wait_s must be in 0..%d", int(maxWait/time.Second))
 	case o.RunID != "" && !transport.ValidRunID(o.RunID):
 		return api.Invalid("run_id must be 1-128 printable ASCII characters")
 	case !validKey(o.IdempotencyKey):
@@ -433,8 +434,8 @@ func (in *intake) requestBody(a api.HTTPArgs) (body []byte, arg any, contentType
 		}
 		body, arg, contentType = []byte(*a.Text), map[string]any{"text": *a.Text}, "text/plain; charset=utf-8"
 	}
-	if len(body) > in.cfg.MaxRequestBodyBytes {
-		return nil, nil, "", api.Invalid("body is %d bytes; the limit is %d", len(body), in.cfg.MaxRequestBodyBytes)
+	if limit := in.current().cfg.MaxRequestBodyBytes; len(body) > limit {
+		return nil, nil, "", api.Invalid("body is %d bytes; the limit is %d", len(body), limit)
 	}
 	return body, arg, contentType, nil
 }

@@ -19,7 +19,7 @@ func FuzzExecArgsReachTheWire(f *testing.F) {
 	f.Add("h1", "true", "/tmp/a\x00b", "LC_A\nB", "x", "RAILS_ENV", "production", "", 0)
 	f.Add("h1", strings.Repeat("x", 300<<10), "/", "LC_X", strings.Repeat("<", 4096), "LANG", "\xed\xa0\x80", "", 0)
 	f.Add("h1", "true", "/srv/../etc", "LC_\x00", "v", "LANG", "\xff", "a b", -1)
-	in := &intake{core: &core{cfg: config.DefaultConfig("/x")}}
+	in := &intake{core: testCore(&core{cfg: config.DefaultConfig("/x")})}
 	in.cfg.MaxCommandBytes = 1 << 20
 	f.Fuzz(func(t *testing.T, host, command, cwd, k1, v1, k2, v2, opKey string, timeoutS int) {
 		a := api.ExecArgs{Host: host, Command: command, Cwd: cwd, Env: map[string]string{k1: v1, k2: v2}, OperationKey: opKey, TimeoutS: timeoutS}

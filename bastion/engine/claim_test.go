@@ -18,8 +18,9 @@ import (
 )
 
 func TestValidateExecArgs(t *testing.T) {
-	b := &intake{core: &core{cfg: config.DefaultConfig("/x")}}
-	b.cfg.MaxCommandBytes = 32
+	cfg := config.DefaultConfig("/x")
+	cfg.MaxCommandBytes = 32
+	b := &intake{core: testCore(&core{cfg: cfg})}
 	wait := func(n int) *int { return &n }
 	tests := []struct {
 		name    string
@@ -65,8 +66,9 @@ func TestValidateExecArgs(t *testing.T) {
 // TestValidateCommandForTheWire: a command the configuration allows but one SSH request
 // cannot carry is refused.
 func TestValidateCommandForTheWire(t *testing.T) {
-	b := &intake{core: &core{cfg: config.DefaultConfig("/x")}}
-	b.cfg.MaxCommandBytes = 1 << 20
+	cfg := config.DefaultConfig("/x")
+	cfg.MaxCommandBytes = 1 << 20
+	b := &intake{core: testCore(&core{cfg: cfg})}
 	err := b.validate(&api.ExecArgs{Host: "h", Command: strings.Repeat("x", hostproto.MaxCommandBytes+1)})
 	if err == nil || !strings.Contains(err.Error(), "a host is sent at most") {
 		t.Fatalf("error = %v; want the request's bound", err)
@@ -135,7 +137,7 @@ func FuzzExecArgs(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Fuzz(func(t *testing.T, host, command, cwd, envName, envValue string, timeout int, runID, idemKey string) {
-		b := &intake{core: &core{cfg: config.DefaultConfig("/x"), fp: fp}}
+		b := &intake{core: testCore(&core{cfg: config.DefaultConfig("/x"), fp: fp})}
 		a := api.ExecArgs{Host: host, Command: command, Cwd: cwd, TimeoutS: timeout, CallOptions: api.CallOptions{RunID: runID, IdempotencyKey: idemKey}}
 		if envName != "" {
 			a.Env = map[string]string{envName: envValue}
@@ -184,7 +186,7 @@ func TestCheckPath(t *testing.T) {
 }
 
 func TestCheckHeaders(t *testing.T) {
-	b := &intake{core: &core{cfg: config.Config{Credentials: []config.Credential{{Name: "api", Kind: "header", Header: "X-Api-Key", Env: "K"}}}}}
+	b := &intake{core: testCore(&core{cfg: config.Config{Credentials: []config.Credential{{Name: "api", Kind: "header", Header: "X-Api-Key", Env: "K"}}}})}
 	ep := config.Endpoint{Name: "e", Credential: "api"}
 	tests := []struct {
 		name    string
@@ -210,7 +212,7 @@ func TestCheckHeaders(t *testing.T) {
 }
 
 func TestRequestBodyIsCanonical(t *testing.T) {
-	b := &intake{core: &core{cfg: config.DefaultConfig("/x")}}
+	b := &intake{core: testCore(&core{cfg: config.DefaultConfig("/x")})}
 	one, _, ct, err := b.requestBody(api.HTTPArgs{JSON: map[string]any{"b": 1.0, "a": []any{"x", true}}})
 	if err != nil || ct != "application/json" {
 		t.Fatal(err, ct)
@@ -223,6 +225,7 @@ func TestRequestBodyIsCanonical(t *testing.T) {
 		t.Fatal("json and text together were accepted")
 	}
 	b.cfg.MaxRequestBodyBytes = 4
+	testCore(b.core)
 	if _, _, _, err := b.requestBody(api.HTTPArgs{Text: &[]string{"12345"}[0]}); err == nil || !strings.Contains(err.Error(), "limit") {
 		t.Fatalf("oversize body: %v", err)
 	}
@@ -232,7 +235,7 @@ func TestRequestBodyIsCanonical(t *testing.T) {
 func FuzzHTTPArgs(f *testing.F) {
 	f.Add("/v1/x", "X-A", "v", "k", "v")
 	f.Add("/v1/../x", "Authorization", "Bearer a\r\nB: c", "a&b", "c=d")
-	b := &intake{core: &core{cfg: config.DefaultConfig("/x")}}
+	b := &intake{core: testCore(&core{cfg: config.DefaultConfig("/x")})}
 	f.Fuzz(func(t *testing.T, p, hName, hValue, qKey, qValue string) {
 		if checkPath(p, []string{"/v1"}) == nil && (!strings.HasPrefix(p, "/v1") || strings.Contains(p, "..") || strings.ContainsAny(p, "?#\r\n")) {
 			t.Fatalf("path %q accepted", p)

@@ -32,7 +32,7 @@ func TestConcludeJournalsEveryHostAnswer(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { journal.Close() })
-	b := &Engine{core: &core{cfg: config.DefaultConfig(t.TempDir()), log: slog.New(slog.DiscardHandler), journal: journal, metrics: newMetrics(), ctx: t.Context()}}
+	b := &Engine{core: testCore(&core{cfg: config.DefaultConfig(t.TempDir()), log: slog.New(slog.DiscardHandler), journal: journal, metrics: newMetrics(), ctx: t.Context()})}
 	b.records = &records{journal: journal, now: time.Now, metrics: b.metrics}
 	b.drivers = newDrivers(b.core)
 	walk := map[markers.State][]markers.State{

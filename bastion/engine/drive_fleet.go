@@ -282,7 +282,7 @@ func (fr *fleetDriver) start(run *markers.Record, n int) bool {
 		}
 	}
 	limited := false
-	if actor, ok := fr.d.policy.Actor(run.PolicyActor); ok {
+	if actor, ok := fr.d.current().policy.Actor(run.PolicyActor); ok {
 		limited = actor.MaxConcurrent > 0 || actor.RunMaxConcurrent > 0
 	}
 	var wg sync.WaitGroup

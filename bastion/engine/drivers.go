@@ -269,7 +269,8 @@ func (ds *drivers) followInFlight(r markers.Replicated) {
 
 // expireApprovals rejects executions that waited longer than the approval timeout.
 func (ds *drivers) expireApprovals() {
-	if ds.cfg.ApprovalTimeout <= 0 {
+	timeout := ds.current().cfg.ApprovalTimeout
+	if timeout <= 0 {
 		return
 	}
 	recs, _, err := ds.journal.List(markers.Query{State: markers.AwaitingApproval, Limit: 500})
@@ -280,10 +281,10 @@ func (ds *drivers) expireApprovals() {
 	now := ds.now()
 	for _, r := range recs {
 		since, ok := r.StateTimes[markers.AwaitingApproval]
-		if !ok || now.Sub(since) < ds.cfg.ApprovalTimeout {
+		if !ok || now.Sub(since) < timeout {
 			continue
 		}
-		msg := fmt.Sprintf("rejected: no decision within the approval timeout (%s)", ds.cfg.ApprovalTimeout.Round(time.Second))
+		msg := fmt.Sprintf("rejected: no decision within the approval timeout (%s)", timeout.Round(time.Second))
 		if _, err := ds.records.approval(ds.ctx, r.ID, markers.Rejected, msg); err != nil && !errors.Is(err, api.ErrNotAwaitingApproval) {
 			ds.log.Error("expire approval", "execution_id", r.ID, "err", err)
 		}

@@ -20,7 +20,6 @@ import (
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/journal"
 	"github.com/postern-dev/postern/bastion/notify"
-	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
@@ -66,14 +65,21 @@ type Engine struct {
 	views   *views
 	// backups lets one backup run at a time (backup.go).
 	backups sync.Mutex
+	// reloads lets one reload apply at a time (reload.go).
+	reloads sync.Mutex
 }
 
 // core is what every part of the engine shares. Its fields are set by Open and never
 // change; what they point to guards itself.
 type core struct {
+	// cfg is the config the engine started with: read it for what a reload cannot change
+	// (paths, the journal, the sockets). What a reload changes — actors, rules, classes,
+	// approvals, the bounds of a call — is read through current().
 	cfg config.Config
-	log *slog.Logger
-	now func() time.Time
+	// live holds the reloadable settings (reload.go); never nil after Open.
+	live atomic.Pointer[settings]
+	log  *slog.Logger
+	now  func() time.Time
 	// journal is read here; an execution's writes go through records.
 	journal markers.JournalStore
 	records *records
@@ -81,11 +87,9 @@ type core struct {
 	inv     *fleet.Inventory
 	pool    *fleet.Pool
 	hosts   *hosts
-	classes *config.Classes
 	metrics *metrics
 	clientK gossh.Signer
 	plugin  *plugins.Manager // nil when no HTTP plugin is configured
-	policy  *policy.Policy
 	// announcer tells operators of new approval requests; nil without [approvals] webhook.
 	announcer *notify.Notifier
 	// judging are the results whose delivery is being judged now (delivered.go); it guards
@@ -141,12 +145,11 @@ func Open(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	cls := cfg.ResolveClasses()
-	pol, err := cfg.Policy()
+	live, err := newSettings(cfg)
 	if err != nil {
 		return nil, err
 	}
-	jl, err := journal.Open(cfg, signer, cls.Retention(), opts.Logger, opts.Now)
+	jl, err := journal.Open(cfg, signer, live.classes.Retention(), opts.Logger, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("bastion: open journal: %w", err)
 	}
@@ -172,7 +175,7 @@ func Open(opts Options) (*Engine, error) {
 	b := &Engine{
 		core: &core{
 			cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
-			classes: cls, metrics: newMetrics(), clientK: clientKey, plugin: plugin, policy: pol,
+			metrics: newMetrics(), clientK: clientKey, plugin: plugin,
 			held: opts.Hold, ctx: ctx, cancel: cancel,
 			hosts: &hosts{pool: pool, inv: inv, ctx: ctx},
 		},
@@ -184,6 +187,7 @@ func Open(opts Options) (*Engine, error) {
 			Result: func(r string) { b.metrics.announced.WithLabelValues(r).Inc() },
 		})
 	}
+	b.live.Store(live)
 	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}
 	if r := b.replicas(); r != nil {
 		b.records.replica = r.Name()
@@ -207,7 +211,7 @@ func openReadOnly(cfg config.Config, opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	pol, err := cfg.Policy()
+	live, err := newSettings(cfg)
 	if err != nil {
 		return nil, err
 	}
@@ -237,9 +241,10 @@ func openReadOnly(cfg config.Config, opts Options) (*Engine, error) {
 	}
 	b := &Engine{core: &core{
 		cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
-		classes: cfg.ResolveClasses(), metrics: newMetrics(), policy: pol, readOnly: true,
+		metrics: newMetrics(), readOnly: true,
 		ctx: ctx, cancel: cancel, hosts: &hosts{pool: pool, inv: inv, ctx: ctx},
 	}}
+	b.live.Store(live)
 	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}
 	b.drivers = newDrivers(b.core)
 	b.drivers.close() // nothing is reconciled or dispatched

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -81,7 +82,7 @@ func (b *Engine) OperatorFleetRun(ctx context.Context, op api.Operator, actor st
 		return nil, &api.ToolError{Code: api.CodeNotAnOperator, Message: fmt.Sprintf(
 			"%s may not start a fleet run: %s. Run postern fleet run as another user or root, or name who may in [approvals] operators", op.Name, why)}
 	}
-	if _, ok := b.policy.Actor(actor); !ok {
+	if _, ok := b.current().policy.Actor(actor); !ok {
 		return nil, api.Invalid("actor %q is not configured: a fleet run is decided by the policy of the actor named with --actor (the configured actors are in [[actors]])", actor)
 	}
 	if a.RunID == "" {
@@ -202,10 +203,12 @@ func (in *intake) resolveFleet(c transport.Caller, a api.FleetArgs, policyActor 
 // run, and shows its hosts); else authorized. A host the policy rejects is a failed host of
 // the run, its refusal the cause. Its daily quota must hold every host the run may start.
 func (in *intake) decideFleet(c transport.Caller, cl *claim) (policy.Decision, func(), error) {
+	// One policy decides every host of the run, even if a reload changes it meanwhile.
+	pol := in.current().policy
 	var actor policy.Actor
 	var ok bool
 	if cl.fleet.policyActor != "" {
-		actor, ok = in.policy.Actor(cl.fleet.policyActor)
+		actor, ok = pol.Actor(cl.fleet.policyActor)
 	} else {
 		actor, ok = in.policyActor(c)
 	}
@@ -230,7 +233,7 @@ func (in *intake) decideFleet(c transport.Caller, cl *claim) (policy.Decision, f
 			if ok {
 				ask.Actor = actor.Name
 			}
-			dec := in.policy.Decide(ask)
+			dec := pol.Decide(ask)
 			rh := &rec.Fleet.Hosts[i]
 			rh.Decision, rh.Rule, rh.Class = string(dec.Outcome), dec.Rule, dec.Class
 			if rh.Class == "" {
@@ -268,7 +271,7 @@ func (in *intake) decideFleet(c transport.Caller, cl *claim) (policy.Decision, f
 		// An operator's run is not an agent's to ration: its quota counts the agent's calls.
 		return dec, func() {}, nil
 	}
-	release := in.locks.Lock("a\x00" + actor.Name)
+	release := sync.OnceFunc(in.locks.Lock("a\x00" + actor.Name)) // submit may call it twice
 	if err := in.checkFleetQuota(c, actor, cl.scope, counts[0]+counts[1]); err != nil {
 		release()
 		return dec, nil, err
@@ -300,13 +303,14 @@ func (in *intake) checkFleetQuota(c transport.Caller, actor policy.Actor, scope 
 // longest (then the one with the longest attach window), so the run is matched and kept
 // at least as long as any of its hosts.
 func (c *core) strictestClass(classes map[string]bool, def string) string {
+	known := c.current().classes
 	best := ""
 	for name := range classes {
 		if best == "" {
 			best = name
 			continue
 		}
-		a, b := c.classes.Get(name), c.classes.Get(best)
+		a, b := known.Get(name), known.Get(best)
 		if a.Retention > b.Retention || a.Retention == b.Retention && (a.AttachWindow > b.AttachWindow || a.AttachWindow == b.AttachWindow && name < best) {
 			best = name
 		}

@@ -532,3 +532,24 @@ func TestOperatorFleetRun(t *testing.T) {
 		t.Fatalf("%d commands ran; want 1", n)
 	}
 }
+
+// TestFleetRunDailyQuota: every host a run may start counts toward its actor's daily quota,
+// checked whole before anything starts; the hosts' executions then count as any other.
+func TestFleetRunDailyQuota(t *testing.T) {
+	f := newFleet(t, func(c *config.Config) { c.Actors[0].DailyQuota = 3 })
+	f.fleetOf(t, 4)
+	_, err := f.engine().FleetExec(context.Background(), alice, fleetArgs(f.fleetCommand("true"), "4", "0"), nil)
+	wantCode(t, err, api.CodeQuotaExceeded)
+	if n := f.journaled(t); n != 0 {
+		t.Fatalf("journal holds %d records after the refusal; want none", n)
+	}
+	x := f.fleetExec(t, alice, fleetArgs(f.fleetCommand("true"), "2", "0", "f1", "f2"))
+	if x.Fleet.Counts["completed"] != 2 {
+		t.Fatalf("counts %v; want 2 completed", x.Fleet.Counts)
+	}
+	_, err = f.engine().FleetExec(context.Background(), alice, fleetArgs(f.fleetCommand("true"), "2", "0", "f3", "f4"), nil)
+	wantCode(t, err, api.CodeQuotaExceeded)
+	if n := f.started(t); n != 2 {
+		t.Fatalf("%d commands ran; want 2", n)
+	}
+}

@@ -201,12 +201,12 @@ func (in *intake) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, in
 			return nil, "", journalError(err)
 		}
 		if rec != nil {
-			return rec, intent.RuleRecovered(rec, in.now(), in.classes.Get(rec.Class)), nil
+			return rec, intent.RuleRecovered(rec, in.now(), in.current().classes.Get(rec.Class)), nil
 		}
 	}
 	class := config.Class{}
 	if prior != nil {
-		class = in.classes.Get(prior.Class)
+		class = in.current().classes.Get(prior.Class)
 		if facts.IdempotencyKey != "" && intent.HoldsKey(prior, *facts) {
 			if facts.SameRequest, err = in.fp.SameRequest(prior, cl.action, cl.fingerprint); err != nil {
 				return nil, "", err
@@ -264,7 +264,7 @@ func (in *intake) decide(c transport.Caller, cl *claim) (policy.Decision, func()
 		ask.Actor = actor.Name
 		cl.record.PolicyActor = actor.Name
 	}
-	dec := in.policy.Decide(ask)
+	dec := in.current().policy.Decide(ask)
 	cl.record.Class = dec.Class
 	if cl.record.Class == "" {
 		cl.record.Class = cl.defaultClass
@@ -290,9 +290,9 @@ func (in *intake) decide(c transport.Caller, cl *claim) (policy.Decision, func()
 // callers, by process (uid, executable) for local ones.
 func (co *core) policyActor(c transport.Caller) (policy.Actor, bool) {
 	if c.Local {
-		return co.policy.LocalActor(c.UID, c.Exe)
+		return co.current().policy.LocalActor(c.UID, c.Exe)
 	}
-	return co.policy.Actor(strings.TrimPrefix(c.Actor, "token:"))
+	return co.current().policy.Actor(strings.TrimPrefix(c.Actor, "token:"))
 }
 
 // principalOf is who holds the caller's idempotency keys (markers.Record.Principal):
@@ -300,7 +300,7 @@ func (co *core) policyActor(c transport.Caller) (policy.Actor, bool) {
 // the caller's own actor string.
 func (co *core) principalOf(c transport.Caller) string {
 	if actor, ok := co.policyActor(c); ok {
-		if name, ok := co.cfg.PrincipalOf(actor.Name); ok {
+		if name, ok := co.current().cfg.PrincipalOf(actor.Name); ok {
 			return "principal:" + name
 		}
 	}

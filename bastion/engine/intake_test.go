@@ -15,7 +15,7 @@ import (
 // where no cancel can overtake the call.
 func TestDeliverySettling(t *testing.T) {
 	now := time.Date(2026, 12, 1, 9, 0, 0, 0, time.UTC)
-	b := &intake{core: &core{cfg: config.Config{DeliverySettle: time.Second}, now: func() time.Time { return now }}}
+	b := &intake{core: testCore(&core{cfg: config.Config{DeliverySettle: time.Second}, now: func() time.Time { return now }})}
 	at := func(d time.Duration) *time.Time { v := now.Add(-d); return &v }
 	http, bridged := transport.Caller{Actor: "token:agent"}, transport.Caller{Actor: "local:alice", Local: true, Bridged: true, BridgeBinary: true}
 	local := transport.Caller{Actor: "local:alice", Local: true}                      // on the socket itself: an HTTP client of its own
@@ -48,7 +48,7 @@ func TestDeliverySettling(t *testing.T) {
 // response carrying that result is being judged — until the last such response is — and no
 // other call ever does.
 func TestDeliveryInDoubt(t *testing.T) {
-	in := &intake{core: &core{}}
+	in := &intake{core: testCore(&core{})}
 	done := func(id string) *markers.Record { return &markers.Record{ID: id, State: markers.Completed} }
 	if in.deliveryInDoubt(done("ex_1"), intent.Replay) != nil {
 		t.Fatal("a result nobody is carrying is in doubt")

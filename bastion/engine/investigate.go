@@ -159,7 +159,7 @@ func (iv investigation) siblings(rec *markers.Record) ([]*markers.Record, error)
 // related are the actor's executions of the same command on the same target from other
 // agent runs, accepted within the class's attach window of rec.
 func (iv investigation) related(rec *markers.Record) ([]api.Sibling, error) {
-	window := iv.classes.Get(rec.Class).AttachWindow
+	window := iv.current().classes.Get(rec.Class).AttachWindow
 	recs, _, err := iv.journal.List(markers.Query{Actor: rec.Actor, Since: rec.CreatedAt.Add(-window), Until: rec.CreatedAt.Add(window), Limit: maxRelatedScanned})
 	if err != nil {
 		return nil, err

@@ -66,7 +66,7 @@ func (d *driver) awaitSlot(asked func()) bool {
 	if !toDispatch || rec.PolicyActor == "" {
 		return true
 	}
-	actor, ok := d.policy.Actor(rec.PolicyActor)
+	actor, ok := d.current().policy.Actor(rec.PolicyActor)
 	if !ok || (actor.MaxConcurrent == 0 && actor.RunMaxConcurrent == 0) {
 		return true
 	}

@@ -110,7 +110,7 @@ func (b *Engine) PolicyCheck(req policy.Request) (policy.Decision, error) {
 			req.EndpointClass = e.Class
 		}
 	}
-	return b.policy.Decide(req), nil
+	return b.current().policy.Decide(req), nil
 }
 
 // ExportAudit writes the journal's event log as JSONL.
@@ -177,6 +177,10 @@ func (b *Engine) Overview() (*api.Overview, error) {
 		o.Daemon = api.DaemonDown
 	case b.held:
 		o.Daemon = api.DaemonHeld
+	}
+	if !b.readOnly {
+		change := b.ConfigInForce()
+		o.Config = &change
 	}
 	for _, st := range []markers.State{markers.AwaitingApproval, markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running, markers.Unknown} {
 		recs, next, err := b.journal.List(markers.Query{State: st, Limit: overviewBound})

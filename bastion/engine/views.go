@@ -168,8 +168,8 @@ func (v *views) output(ctx context.Context, rec *markers.Record, a api.OutputArg
 	if a.StdoutOffset < 0 || a.StderrOffset < 0 {
 		return nil, api.Invalid("offsets must not be negative")
 	}
-	if a.WaitS != nil && (*a.WaitS < 0 || time.Duration(*a.WaitS)*time.Second > v.cfg.MaxWait) {
-		return nil, api.Invalid("wait_s must be in 0..%d", int(v.cfg.MaxWait/time.Second))
+	if maxWait := v.current().cfg.MaxWait; a.WaitS != nil && (*a.WaitS < 0 || time.Duration(*a.WaitS)*time.Second > maxWait) {
+		return nil, api.Invalid("wait_s must be in 0..%d", int(maxWait/time.Second))
 	}
 	wait := v.waitFor(a.WaitS)
 	if rec.IsFleetRun() {
@@ -236,13 +236,13 @@ func (v *views) stateOf(rec *markers.Record) *api.ExecutionState {
 		ExecutionID: rec.ID, State: string(rec.State), IsError: rec.IsError, ReviewRequired: rec.ReviewRequired,
 		Queued:     rec.State == markers.Authorized && v.drivers.queued(rec.ID),
 		AcceptedAt: rec.CreatedAt, UpdatedAt: rec.UpdatedAt,
-		Retention: v.classes.Get(rec.Class).Retention,
+		Retention: v.current().classes.Get(rec.Class).Retention,
 	}
 }
 
 func (v *views) waitFor(waitS *int) time.Duration {
 	if waitS == nil {
-		return v.cfg.DefaultWait
+		return v.current().cfg.DefaultWait
 	}
 	return time.Duration(*waitS) * time.Second
 }

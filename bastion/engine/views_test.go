@@ -44,7 +44,7 @@ func journalOnly(t *testing.T) *Engine {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { j.Close() })
-	b := &Engine{core: &core{journal: j, now: now}}
+	b := &Engine{core: testCore(&core{journal: j, now: now})}
 	b.records = &records{journal: b.journal, now: now, metrics: newMetrics()}
 	b.drivers = newDrivers(b.core)
 	b.views = &views{core: b.core, drivers: b.drivers}

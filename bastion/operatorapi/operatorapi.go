@@ -81,6 +81,8 @@ type Engine interface {
 	OperatorFleetRun(ctx context.Context, op api.Operator, actor string, a api.FleetArgs) (*api.Execution, error)
 	// CancelFleetRun stops a fleet run: no host starts any more, running ones are cancelled.
 	CancelFleetRun(ctx context.Context, op api.Operator, id string) (*api.Execution, error)
+	// Reload reads the daemon's config again and applies what a reload may change.
+	Reload(op api.Operator) (*api.ConfigChange, error)
 }
 
 // markersTimeout bounds a host's answer to a markers request.
@@ -193,6 +195,10 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 			page.Approvals = []*api.ApprovalRequest{} // a list, never null
 		}
 		writeJSON(w, page, err)
+	})
+	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, r *http.Request) {
+		change, err := e.Reload(operatorOf(r))
+		writeJSON(w, change, err)
 	})
 	mux.HandleFunc("POST /v1/approvals/{id}/approve", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
 		return e.Approve(r.Context(), operatorOf(r), r.PathValue("id"), body.Note)

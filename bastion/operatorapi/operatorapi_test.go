@@ -193,6 +193,16 @@ func (f *fakeEngine) Deny(_ context.Context, operator api.Operator, id, reason s
 	return f.decided(operator, id)
 }
 
+func (f *fakeEngine) Reload(op api.Operator) (*api.ConfigChange, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.operator = op.Name
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &api.ConfigChange{By: op.Name, Digest: "d1", Changes: []string{"actors added: ci"}}, nil
+}
+
 func (f *fakeEngine) Review(_ context.Context, operator api.Operator, id, outcome, note string) (*markers.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -515,6 +525,21 @@ func TestReadRoutes(t *testing.T) {
 				t.Fatalf("answer = %d %q %s; want 200 JSON", status, h.Get("Content-Type"), body)
 			}
 		})
+	}
+}
+
+// TestReload: POST /v1/reload answers the change, named after the operator who asked; a
+// refusal is a 400 with its reason.
+func TestReload(t *testing.T) {
+	e := &fakeEngine{}
+	status, _, body := call(t, serve(t, e), "POST", "/v1/reload", "")
+	var change api.ConfigChange
+	if status != 200 || json.Unmarshal(body, &change) != nil || change.Digest != "d1" || change.By != e.operator || e.operator == "" {
+		t.Fatalf("reload = %d %s (operator %q); want 200 with the change, by the operator", status, body, e.operator)
+	}
+	e = &fakeEngine{err: api.Invalid("reload refused, nothing changed: config: rules[0]: bad")}
+	if status, _, body := call(t, serve(t, e), "POST", "/v1/reload", ""); status != 400 || !strings.Contains(string(body), "rules[0]") {
+		t.Fatalf("refused reload = %d %s; want 400 with the reason", status, body)
 	}
 }
 

@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/postern-dev/postern/internal/peercred"
 	"github.com/postern-dev/postern/internal/ratelog"
@@ -58,11 +59,12 @@ func (a UnixAccess) Shared() bool {
 
 func isOwner(uid int) bool { return uid == 0 || uid == os.Geteuid() }
 
-// guardedListener admits connections by peer uid and bounds them per uid.
-type guardedListener struct {
+// UnixListener is a local socket's listener: it admits connections by peer uid and bounds
+// them per uid.
+type UnixListener struct {
 	net.Listener
 	path     string
-	allowed  map[int]bool // besides the owners
+	allowed  atomic.Pointer[map[int]bool] // besides the owners; replaced by AllowUIDs
 	max      int
 	reserved int // of max, for the owners
 	perUID   int
@@ -73,13 +75,13 @@ type guardedListener struct {
 	byUID map[int]int
 }
 
-func newGuardedListener(l net.Listener, path string, a UnixAccess) *guardedListener {
+func newUnixListener(l net.Listener, path string, a UnixAccess) *UnixListener {
 	where := a.Where
 	if where == "" {
 		where = WhereMCPSocket
 	}
-	g := &guardedListener{
-		Listener: l, path: path, allowed: map[int]bool{}, max: a.MaxConns, perUID: a.MaxConnsPerUID,
+	g := &UnixListener{
+		Listener: l, path: path, max: a.MaxConns, perUID: a.MaxConnsPerUID,
 		refusals: newRefusalLog(loggerOrDiscard(a.Logger), where, a.CountRefusal),
 		open:     map[net.Conn]int{}, byUID: map[int]int{},
 	}
@@ -90,15 +92,50 @@ func newGuardedListener(l net.Listener, path string, a UnixAccess) *guardedListe
 		g.perUID = DefaultMaxLocalConnsPerUID
 	}
 	g.reserved = max(1, g.max/16)
-	for _, uid := range a.UIDs {
-		g.allowed[uid] = true
-	}
+	g.allowed.Store(uidSet(a.UIDs))
 	return g
+}
+
+func uidSet(uids []int) *map[int]bool {
+	m := make(map[int]bool, len(uids))
+	for _, uid := range uids {
+		m[uid] = true
+	}
+	return &m
+}
+
+// AllowUIDs replaces the uids that may connect besides the owners (a config reload): new
+// connections are admitted by the new set; open ones stay (they were admitted, and a
+// removed local actor's calls are refused by policy, which knows no such actor). The
+// socket's mode follows: 0666 once other uids may connect — if every directory above it
+// lets them search it, else nothing changes and the error says why —, 0600 once none may.
+func (g *UnixListener) AllowUIDs(uids []int) error {
+	shared := UnixAccess{UIDs: uids}.Shared()
+	mode := os.FileMode(0o600)
+	if shared {
+		if err := checkReachable(g.path); err != nil {
+			return err
+		}
+		mode = 0o666
+	}
+	if err := os.Chmod(g.path, mode); err != nil {
+		return fmt.Errorf("transport: chmod %s: %w", g.path, err)
+	}
+	g.allowed.Store(uidSet(uids))
+	return nil
+}
+
+// CheckUIDs reports what AllowUIDs would refuse, changing nothing.
+func (g *UnixListener) CheckUIDs(uids []int) error {
+	if (UnixAccess{UIDs: uids}).Shared() {
+		return checkReachable(g.path)
+	}
+	return nil
 }
 
 // Accept returns the next admitted connection. A refused one is closed before anything is
 // read from it, logged, and Accept waits for the next.
-func (g *guardedListener) Accept() (net.Conn, error) {
+func (g *UnixListener) Accept() (net.Conn, error) {
 	for {
 		c, err := g.Listener.Accept()
 		if err != nil {
@@ -121,16 +158,16 @@ func (g *guardedListener) Accept() (net.Conn, error) {
 }
 
 // Close closes the listener and logs the summary of the refusals not logged yet.
-func (g *guardedListener) Close() error {
+func (g *UnixListener) Close() error {
 	err := g.Listener.Close()
 	g.refusals.Close()
 	return err
 }
 
 // admit takes a slot for c, or says why not: a Reason constant and the details.
-func (g *guardedListener) admit(c net.Conn, uid int) (reason, detail string) {
+func (g *UnixListener) admit(c net.Conn, uid int) (reason, detail string) {
 	owner := isOwner(uid)
-	if !owner && !g.allowed[uid] {
+	if !owner && !(*g.allowed.Load())[uid] {
 		return ReasonUIDNotAllowed, "the uid is neither root, the daemon's user nor a configured local actor"
 	}
 	g.mu.Lock()
@@ -160,7 +197,7 @@ func (g *guardedListener) admit(c net.Conn, uid int) (reason, detail string) {
 // pruneLocked forgets the connections the server has closed. A closed connection refuses
 // Control, which is how they are told apart: slots are counted without wrapping the
 // connection (the server's handlers need the *net.UnixConn itself).
-func (g *guardedListener) pruneLocked() {
+func (g *UnixListener) pruneLocked() {
 	for c, uid := range g.open {
 		if !isOpen(c) {
 			delete(g.open, c)
@@ -184,7 +221,7 @@ func isOpen(c net.Conn) bool {
 }
 
 // refused logs and counts a refusal (internal/ratelog bounds the lines).
-func (g *guardedListener) refused(reason string, uid, pid int, detail string) {
+func (g *UnixListener) refused(reason string, uid, pid int, detail string) {
 	g.refusals.Log(slog.LevelWarn, reason, "local connection refused", "socket", g.path, "uid", uid, "pid", pid, "detail", detail)
 }
 

@@ -25,7 +25,11 @@ const maxRunIDBytes = 128
 // HTTPOptions configures HTTPHandler.
 type HTTPOptions struct {
 	// Actors are the remote agents and their token hashes. Names and hashes must be unique.
+	// Ignored when ActorSet is given.
 	Actors []Actor
+	// ActorSet, when given, is the actors in force, which its owner may replace while the
+	// handler serves (a reload).
+	ActorSet *ActorSet
 	// MaxBodyBytes bounds a request body; a larger one is answered 413 and the MCP handler
 	// never sees it. Default (zero or negative) DefaultMaxBodyBytes.
 	MaxBodyBytes int64
@@ -58,9 +62,12 @@ type HTTPOptions struct {
 // CallerFromTokenInfo(req.Extra.TokenInfo). The Authorization header is removed before
 // mcpHandler runs, so tool handlers cannot log it from req.Extra.Header.
 func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error) {
-	actors, err := newActorTable(opts.Actors)
-	if err != nil {
-		return nil, err
+	actors := opts.ActorSet
+	if actors == nil {
+		var err error
+		if actors, err = NewActorSet(opts.Actors); err != nil {
+			return nil, err
+		}
 	}
 	guard, err := newGuard(opts.AllowedHosts, opts.AllowedOrigins)
 	if err != nil {

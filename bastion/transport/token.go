@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"sync/atomic"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
 )
@@ -42,6 +43,40 @@ func NewToken() (string, error) {
 		return "", fmt.Errorf("transport: new token: %w", err)
 	}
 	return tokenPrefix + base64.RawURLEncoding.EncodeToString(b[:]), nil
+}
+
+// ActorSet is the remote actors HTTP callers authenticate as, replaceable while serving (a
+// config reload): every request is checked against the set in force when it arrives, so a
+// removed actor's token is refused from its next request on, whatever session it opened.
+type ActorSet struct {
+	table atomic.Pointer[actorTable]
+}
+
+// NewActorSet validates actors (see newActorTable) and returns them as a set.
+func NewActorSet(actors []Actor) (*ActorSet, error) {
+	t, err := newActorTable(actors)
+	if err != nil {
+		return nil, err
+	}
+	s := &ActorSet{}
+	s.table.Store(t)
+	return s, nil
+}
+
+// CheckActors reports what Replace would refuse in actors, changing nothing.
+func CheckActors(actors []Actor) error {
+	_, err := newActorTable(actors)
+	return err
+}
+
+// Replace puts actors in force. Actors that do not validate change nothing.
+func (s *ActorSet) Replace(actors []Actor) error {
+	t, err := newActorTable(actors)
+	if err != nil {
+		return err
+	}
+	s.table.Store(t)
+	return nil
 }
 
 // actorTable holds the decoded hashes of the configured actors.
@@ -108,11 +143,11 @@ func (t *actorTable) match(token string) (string, bool) {
 	return t.names[index], true
 }
 
-// verifier returns the go-sdk TokenVerifier for HTTP callers. The Postern-Run header was
-// validated by the guard in front of it.
-func (t *actorTable) verifier() auth.TokenVerifier {
+// verifier returns the go-sdk TokenVerifier for HTTP callers, matching against the set in
+// force. The Postern-Run header was validated by the guard in front of it.
+func (s *ActorSet) verifier() auth.TokenVerifier {
 	return func(_ context.Context, token string, req *http.Request) (*auth.TokenInfo, error) {
-		name, ok := t.match(token)
+		name, ok := s.table.Load().match(token)
 		if !ok {
 			return nil, auth.ErrInvalidToken
 		}

@@ -29,7 +29,7 @@ var ErrSocketInUse = errors.New("socket in use by a running server")
 // path is left alone and reported. A socket only the owners may use is made 0600 in a
 // directory created 0700 if missing; one that other uids may use is made 0666 in a directory
 // created 0755 if missing, and every directory above it must let other users search it.
-func ListenUnix(path string, access UnixAccess) (net.Listener, error) {
+func ListenUnix(path string, access UnixAccess) (*UnixListener, error) {
 	if err := unixpath.Check(path, "state_dir"); err != nil {
 		return nil, fmt.Errorf("transport: %w", err)
 	}
@@ -59,7 +59,7 @@ func ListenUnix(path string, access UnixAccess) (net.Listener, error) {
 		l.Close()
 		return nil, fmt.Errorf("transport: chmod %s: %w", path, err)
 	}
-	return newGuardedListener(l, path, access), nil
+	return newUnixListener(l, path, access), nil
 }
 
 func removeStaleSocket(path string) error {

@@ -129,7 +129,7 @@ func TestListenUnix(t *testing.T) {
 	}
 
 	// A crashed daemon leaves its socket behind; the next start replaces it.
-	l.(*guardedListener).Listener.(*net.UnixListener).SetUnlinkOnClose(false)
+	l.Listener.(*net.UnixListener).SetUnlinkOnClose(false)
 	l.Close()
 	l2, err := ListenUnix(path, UnixAccess{})
 	if err != nil {

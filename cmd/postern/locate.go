@@ -106,18 +106,26 @@ func (l *locator) where() string {
 // config returns the bastion's configuration: the config file the rule found (with the
 // dir it found overriding its state_dir), else the defaults for the dir.
 func (l *locator) config() (config.Config, error) {
+	cfg, _, err := l.configWithDigest()
+	return cfg, err
+}
+
+// configWithDigest is config with the file's digest (config.Digest; "" for the defaults).
+// Each call reads the file again: a reload's loader.
+func (l *locator) configWithDigest() (config.Config, string, error) {
 	f, err := l.find()
 	if err != nil {
-		return config.Config{}, err
+		return config.Config{}, "", err
 	}
 	var cfg config.Config
+	var digest string
 	if f.Config != "" {
-		cfg, err = config.LoadConfig(f.Config)
+		cfg, digest, err = config.ReadConfig(f.Config)
 		if err != nil {
 			if f.Source != locate.FromFlags {
 				err = fmt.Errorf("%w\n(%s)", err, f.Why())
 			}
-			return config.Config{}, err
+			return config.Config{}, "", err
 		}
 	} else {
 		cfg = config.DefaultConfig(f.Dir)
@@ -125,5 +133,5 @@ func (l *locator) config() (config.Config, error) {
 	if f.Dir != "" {
 		cfg.StateDir = f.Dir
 	}
-	return cfg, nil
+	return cfg, digest, nil
 }

@@ -39,6 +39,7 @@ commands:
   approvals   list executions awaiting approval; approve ID, deny ID --reason
   review      record what an operator verified about an unknown outcome
   policy      check: which rule decides a call, without running it
+  reload      the running bastion applies its config file again (actors, rules, classes, …)
   doctor      check config, permissions, keys, the daemon, its port and every host, with fixes
   token       make a bearer token for an actor and print its config hash
   version     print the build (module version, VCS revision, toolchain); also --version
@@ -104,6 +105,7 @@ var operatorCommands = map[string]func(operatorIO) runner{
 	"review":      func(o operatorIO) runner { return &reviewCommand{o} },
 	"policy":      func(o operatorIO) runner { return &policyCommand{o} },
 	"doctor":      func(o operatorIO) runner { return &doctorCommand{o} },
+	"reload":      func(o operatorIO) runner { return &reloadCommand{o} },
 	"token":       func(o operatorIO) runner { return &tokenCommand{o} },
 }
 

@@ -6,8 +6,13 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
 
 	"github.com/postern-dev/postern/bastion"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/internal/cli"
 )
 
@@ -26,19 +31,28 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
 	}
-	cfg, err := loc.config()
-	if err == nil {
-		err = cfg.Validate()
+	// load reads the config as this start does: a reload (postern reload, SIGHUP) calls it
+	// again, with --listen over the file's as now.
+	load := func() (config.Config, string, error) {
+		cfg, digest, err := loc.configWithDigest()
+		if err == nil {
+			err = cfg.Validate()
+		}
+		if err != nil {
+			return config.Config{}, "", err
+		}
+		switch *listen {
+		case "":
+		case "off":
+			cfg.Listen = ""
+		default:
+			cfg.Listen = *listen
+		}
+		return cfg, digest, nil
 	}
+	cfg, digest, err := load()
 	if err != nil {
 		return err
-	}
-	switch *listen {
-	case "":
-	case "off":
-		cfg.Listen = ""
-	default:
-		cfg.Listen = *listen
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, nil))
 	logger.Info("found the bastion", "where", loc.where())
@@ -47,11 +61,12 @@ func serveCommand(ctx context.Context, args []string, stdout, stderr io.Writer) 
 		return err
 	}
 	defer claim.release()
-	b, err := bastion.Open(bastion.Options{Config: cfg, Logger: logger, Hold: *hold})
+	b, err := bastion.Open(bastion.Options{Config: cfg, Logger: logger, Hold: *hold, Load: load, ConfigDigest: digest})
 	if err != nil {
 		return err
 	}
 	defer b.Close()
+	defer reloadOnHangup(ctx, b, logger)()
 	if err := b.Recover(ctx); err != nil {
 		return err
 	}
@@ -75,4 +90,31 @@ func orNone(s string) string {
 		return "(HTTP disabled)"
 	}
 	return s
+}
+
+// reloadOnHangup reloads b's config on each SIGHUP (as postern reload does) until ctx ends or
+// the returned stop is called, which waits for the handler to finish.
+func reloadOnHangup(ctx context.Context, b *bastion.Bastion, logger *slog.Logger) (stop func()) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-hup:
+				// Bastion.Reload logs what it applied; a refusal is logged here.
+				if _, err := b.Reload("signal:SIGHUP"); err != nil {
+					logger.Error("reload on SIGHUP refused; the config in force is unchanged", "err", err)
+				}
+			}
+		}
+	})
+	return func() {
+		signal.Stop(hup)
+		cancel()
+		wg.Wait()
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/internal/cli"
@@ -58,6 +59,9 @@ func (c *statusCommand) Run(ctx context.Context, args []string) error {
 		default:
 			fmt.Fprintln(w, "It stopped cleanly.")
 		}
+	}
+	if c := o.Config; c != nil {
+		fmt.Fprintf(w, "Config in force: %s, since %s (%s).\n", digestText(c.Digest), c.At.Local().Format(time.DateTime), c.By)
 	}
 	carried := o.Daemon == api.DaemonRunning
 	if len(o.InFlight) == 0 {
@@ -120,4 +124,12 @@ func writeOverviewItems(w io.Writer, items []api.OverviewItem, atStart bool) {
 			fmt.Fprintf(w, "      at start: %s\n", it.AtStart)
 		}
 	}
+}
+
+// digestText shortens a config digest for people ("defaults" without a file).
+func digestText(d string) string {
+	if d == "" {
+		return "the defaults (no config file)"
+	}
+	return "sha256:" + d[:min(12, len(d))]
 }

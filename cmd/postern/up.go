@@ -115,11 +115,30 @@ func upCommand(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		defer httpLn.Close()
 	}
-	b, err := bastion.Open(bastion.Options{Config: cfg, Logger: logger.With("component", "bastion"), Hold: *hold, HTTPListener: httpLn})
+	// A reload reads the config file up keeps (written below on a first run), with this
+	// run's flags over it as now.
+	load := func() (config.Config, string, error) {
+		next, digest, err := config.ReadConfig(plan.configPath)
+		if err != nil {
+			return config.Config{}, "", err
+		}
+		reread := plan
+		reread.existing = &next
+		next, _, err = upConfig(reread, *listen, listenSet, origins, logger)
+		return next, digest, err
+	}
+	digest := ""
+	if newConfig != nil {
+		digest = config.Digest(newConfig)
+	} else if data, err := os.ReadFile(plan.configPath); err == nil {
+		digest = config.Digest(data)
+	}
+	b, err := bastion.Open(bastion.Options{Config: cfg, Logger: logger.With("component", "bastion"), Hold: *hold, HTTPListener: httpLn, Load: load, ConfigDigest: digest})
 	if err != nil {
 		return err
 	}
 	defer b.Close()
+	defer reloadOnHangup(ctx, b, logger.With("component", "bastion"))()
 
 	agent, agentLn, err := startLocalHostagent(ctx, filepath.Join(dir, "hostagent"), *agentListen, b.ClientPublicKey(), logger)
 	if err != nil {
