@@ -35,14 +35,13 @@ type fleetBed struct {
 // all of them enrolled.
 func startFleetOf(t *testing.T, n int) *fleetBed {
 	t.Helper()
-	hosts := []*harness.Hostagent{harness.NewHostagent(t)}
+	// Each starts as soon as it is made: its free port is taken at once.
+	hosts := []*harness.Hostagent{harness.StartHostagent(t)}
 	for range n - 1 {
 		h := harness.NewHostagent(t)
 		testutil.WriteAuthorizedKeys(t, h.AuthorizedKeysPath(), hosts[0].ClientKey.AuthorizedLine())
-		hosts = append(hosts, h)
-	}
-	for _, h := range hosts {
 		h.Start(t)
+		hosts = append(hosts, h)
 	}
 	b := harness.NewBastion(t, hosts[0].ClientKey)
 	inv := config.DefaultConfig(b.StateDir()).InventoryPath()
