@@ -12,7 +12,7 @@ import (
 // FleetArgs are the arguments of fleet_exec (and of `postern fleet run`): one command on
 // every host its targets select, under a rollout's brakes.
 type FleetArgs struct {
-	Targets []string `json:"targets" jsonschema:"the hosts to run on: host names, group:NAME (the hosts of a group), or labels as role=db,env=prod (the hosts that carry all of them); the union of all targets, each of which must select at least one host"`
+	Targets []string `json:"targets" jsonschema:"the hosts to run on, among those hosts_list shows you: host names, group:NAME (the hosts of a group), or labels as role=db,env=prod (the hosts that carry all of them); the union of all targets, each of which must select at least one host"`
 	Command string   `json:"command" jsonschema:"command line, run by each host account's shell"`
 	// MaxConcurrency and MaxErrors are a count or a percentage of the run's hosts.
 	MaxConcurrency Limit             `json:"max_concurrency" jsonschema:"how many hosts run the command at once: a count (5) or a percentage of the hosts (\"25%\"); at least 1"`

@@ -128,10 +128,19 @@ func (in *intake) resolveFleet(c transport.Caller, a api.FleetArgs, policyActor 
 	case err != nil:
 		return nil, api.Invalid("max_errors %v", err)
 	}
+	// Targets select among the hosts the deciding actor may use (hosts_list shows them): a
+	// group or labels never sweep in a host its policy keeps it from, nor name one to it.
 	all, err := in.inv.Hosts()
 	if err != nil {
 		return nil, err
 	}
+	actorName := policyActor
+	if actorName == "" {
+		if actor, ok := in.policyActor(c); ok {
+			actorName = actor.Name
+		}
+	}
+	all = slices.DeleteFunc(all, func(h fleet.Host) bool { return !in.mayUseHost(actorName, h) })
 	candidates := make([]rollout.Host, 0, len(all))
 	byName := make(map[string]fleet.Host, len(all))
 	for _, h := range all {
@@ -140,7 +149,7 @@ func (in *intake) resolveFleet(c transport.Caller, a api.FleetArgs, policyActor 
 	}
 	names, err := rollout.Select(targets, candidates)
 	if err != nil {
-		return nil, &api.ToolError{Code: api.CodeUnknownHost, Message: err.Error() + " (hosts_list shows the enrolled hosts and their groups)"}
+		return nil, &api.ToolError{Code: api.CodeUnknownHost, Message: err.Error() + " (hosts_list shows the hosts you may use, their groups and labels)"}
 	}
 	if len(names) > maxFleetHosts {
 		return nil, api.Invalid("the targets select %d hosts; one run takes at most %d: split it into several runs", len(names), maxFleetHosts)

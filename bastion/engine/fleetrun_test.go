@@ -553,3 +553,18 @@ func TestFleetRunDailyQuota(t *testing.T) {
 		t.Fatalf("%d commands ran; want 2", n)
 	}
 }
+
+// TestFleetRunUsableHosts: targets select among the hosts the actor may use: a group never
+// sweeps in one its policy keeps it from, and naming one finds nothing.
+func TestFleetRunUsableHosts(t *testing.T) {
+	f := newFleet(t, func(c *config.Config) { c.Actors[0].Hosts = []string{"f1", "f2"} })
+	f.fleetOf(t, 4)
+	x := f.fleetExec(t, alice, fleetArgs(f.fleetCommand("true"), "4", "0"))
+	if x.Fleet.Total != 2 || x.Fleet.Counts["completed"] != 2 || x.Fleet.Hosts[1].Host != "f2" {
+		t.Fatalf("run of group:fleet = %+v; want f1 and f2 only", x.Fleet)
+	}
+	_, err := f.engine().FleetExec(context.Background(), alice, fleetArgs("true", "1", "0", "f3"), nil)
+	if te := wantCode(t, err, api.CodeUnknownHost); !strings.Contains(te.Message, `"f3" selects no enrolled host`) {
+		t.Errorf("naming f3: %q", te.Message)
+	}
+}
