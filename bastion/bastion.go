@@ -61,11 +61,10 @@ func Open(opts Options) (*Bastion, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	e, err := engine.Open(engine.Options{Config: opts.Config, Logger: opts.Logger, Now: opts.Now, Hold: opts.Hold})
+	e, err := engine.Open(engine.Options{Config: opts.Config, Logger: opts.Logger, Now: opts.Now, Hold: opts.Hold, ConfigDigest: opts.ConfigDigest})
 	if err != nil {
 		return nil, err
 	}
-	e.StartedWith(opts.ConfigDigest)
 	return &Bastion{engine: e, cfg: e.Config(), log: opts.Logger, now: opts.Now, httpLn: opts.HTTPListener, load: opts.Load}, nil
 }
 

@@ -98,7 +98,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	}
 	var ep Endpoints
 	if b.cfg.Listen != "" {
-		actors, err := transport.NewActorSet(remoteActors(b.engine.Settings()))
+		actors, err := transport.NewActorSet(remoteActors(b.engine.Config()))
 		if err != nil {
 			return err
 		}
@@ -156,7 +156,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
 	}
 
-	localAccess := b.cfg.SocketAccess(b.engine.Settings().LocalUIDs(), b.log.With("component", "unix"))
+	localAccess := b.cfg.SocketAccess(b.engine.Config().LocalUIDs(), b.log.With("component", "unix"))
 	localAccess.Where, localAccess.CountRefusal = transport.WhereMCPSocket, b.engine.CountRefusal
 	local, err := transport.ListenUnix(b.cfg.SocketPath(), localAccess)
 	if err != nil {

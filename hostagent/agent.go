@@ -169,7 +169,7 @@ func (a *Agent) collectGarbage(ctx context.Context) {
 			return
 		case <-ticker.C:
 		}
-		res, err := a.store.GC(ctx)
+		res, err := a.store.GC(ctx, markers.GCOptions{})
 		if err != nil {
 			a.log.Error("marker retention failed", "err", err)
 			continue
@@ -178,7 +178,7 @@ func (a *Agent) collectGarbage(ctx context.Context) {
 		if err != nil {
 			a.log.Error("spool retention failed", "err", err)
 		}
-		a.log.Info("retention", "markers_removed", res.Records, "spools_removed", removed)
+		a.log.Info("retention", "markers_removed", res.Records, "events_pruned", res.Events, "spools_removed", removed)
 	}
 }
 

@@ -158,7 +158,7 @@ func TestGCKeepsNonTerminalAndChain(t *testing.T) {
 	s.Transition(ctx, "ex_old_pending", markers.Dispatched, markers.Unknown, "", nil)
 
 	clock = clock.Add(2 * time.Hour)
-	res, err := s.GC(ctx)
+	res, err := s.GC(ctx, markers.GCOptions{})
 	if err != nil || res.Records != 1 {
 		t.Fatalf("gc after 2h = %+v, %v; want the read_only record removed", res, err)
 	}
@@ -167,7 +167,7 @@ func TestGCKeepsNonTerminalAndChain(t *testing.T) {
 	}
 	clock = clock.Add(100 * time.Hour)
 	s.Create(ctx, &markers.Record{ID: "ex_new", OperationKey: "op:x"})
-	res, err = s.GC(ctx)
+	res, err = s.GC(ctx, markers.GCOptions{})
 	if err != nil || res.Records != 1 || res.Events == 0 {
 		t.Fatalf("gc after 102h = %+v, %v; want remote_command record and old events removed", res, err)
 	}

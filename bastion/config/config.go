@@ -103,6 +103,18 @@ type Config struct {
 	// ReconcileInterval is how often executions with an unknown outcome are reconciled
 	// with their hosts again (and expired approvals rejected). Default 15s.
 	ReconcileInterval time.Duration `toml:"reconcile_interval"`
+	// RetentionInterval is how often the journal's retention pass runs (docs/design.md,
+	// "Retention"; on etcd, on the elected replica). Default 1h; "0s" runs none (then
+	// `postern journal gc` runs it).
+	RetentionInterval time.Duration `toml:"retention_interval"`
+	// EventRetention is how long the journal's hash chain keeps events: a retention pass
+	// prunes the older ones, carrying forward first those of executions still held (each
+	// copied once per event_retention while it is held). Default: the shortest class
+	// retention, plus its removal margin (at most 10 minutes) and two retention intervals
+	// (bastion/journal.Retention).
+	// Longer carries less often but keeps removed executions' events longer; shorter the
+	// reverse.
+	EventRetention time.Duration `toml:"event_retention"`
 	// ApprovalTimeout rejects an execution that waited this long for an operator's
 	// decision. Default 1h; "0s" waits forever.
 	ApprovalTimeout time.Duration `toml:"approval_timeout"`
@@ -242,6 +254,7 @@ func DefaultConfig(dir string) Config {
 		OutputTailBytes:     64 << 10,
 		MaxBodyBytes:        1 << 20,
 		ReconcileInterval:   15 * time.Second,
+		RetentionInterval:   time.Hour,
 		MaxRequestBodyBytes: 256 << 10,
 		ApprovalTimeout:     time.Hour,
 		MaxLocalConns:       transport.DefaultMaxLocalConns,
@@ -477,6 +490,12 @@ func (c Config) Validate() error {
 	}
 	if c.ApprovalTimeout < 0 {
 		bad("approval_timeout must not be negative")
+	}
+	if c.RetentionInterval < 0 {
+		bad("retention_interval must not be negative (\"0s\" runs no scheduled retention pass)")
+	}
+	if c.EventRetention < 0 {
+		bad("event_retention must not be negative")
 	}
 	if c.MaxLocalConns < 16 || c.MaxLocalConns > 1<<16 {
 		bad("max_local_conns must be in 16..65536, got %d", c.MaxLocalConns)

@@ -23,6 +23,7 @@
 //	POST /v1/executions/{id}/review  {"outcome","note"}            an unknown (or stuck) outcome, verified
 //	POST /v1/fleet/runs  api.FleetRunRequest                       start (or join) a fleet run for an actor
 //	POST /v1/fleet/runs/{id}/cancel                                 no host starts any more; running ones cancelled
+//	POST /v1/journal/gc  {"dry_run"}                               a retention pass of the journal, now
 package operatorapi
 
 import (
@@ -81,6 +82,8 @@ type Engine interface {
 	OperatorFleetRun(ctx context.Context, op api.Operator, actor string, a api.FleetArgs) (*api.Execution, error)
 	// CancelFleetRun stops a fleet run: no host starts any more, running ones are cancelled.
 	CancelFleetRun(ctx context.Context, op api.Operator, id string) (*api.Execution, error)
+	// RetentionPass runs the journal's retention pass now (dryRun: counts, changes nothing).
+	RetentionPass(ctx context.Context, dryRun bool) (*api.RetentionPass, error)
 	// Reload reads the daemon's config again and applies what a reload may change.
 	Reload(op api.Operator) (*api.ConfigChange, error)
 }
@@ -169,6 +172,16 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 		if err := e.ExportAudit(w); err != nil {
 			log.Error("audit export", "err", err)
 		}
+	})
+	mux.HandleFunc("POST /v1/journal/gc", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			DryRun bool `json:"dry_run"`
+		}
+		if !readBody(w, r, &req) {
+			return
+		}
+		p, err := e.RetentionPass(r.Context(), req.DryRun)
+		writeJSON(w, p, err)
 	})
 	mux.HandleFunc("GET /v1/journal/backup", func(w http.ResponseWriter, r *http.Request) {
 		sw := &streamWriter{w: w, contentType: "application/x-tar"}

@@ -33,7 +33,8 @@ commands:
   hosts       list and enroll hosts
   fleet       run one command on many hosts under a rollout's brakes; show, cancel
   audit       export and verify the journal's hash-chained event log
-  journal     back up and restore the journal; copy it between Pebble and etcd
+  journal     back up and restore the journal; copy it between Pebble and etcd; run
+              its retention pass (gc)
   recover     --from-hosts: after a lost or restored journal, what the hosts ran that it
               does not know (with the bastion down); --confirm journals it for review
   approvals   list executions awaiting approval; approve ID, deny ID --reason
