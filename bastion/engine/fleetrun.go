@@ -387,7 +387,18 @@ func (c *core) findChild(run *markers.Record, ch *fleetChild) error {
 		ch.fp = fp
 	}
 	rec, err := c.journal.FindByFingerprint(run.Actor, run.IntentScope, ch.fp)
+	var removed *markers.RemovedError
 	switch {
+	case errors.As(err, &removed):
+		// Retention removed the host's execution long after it ended: the host was started
+		// (its fingerprint names this run alone), so it is never started again. Its
+		// tombstone stands for it.
+		t := removed.Tombstone
+		ch.rec = &markers.Record{
+			ID: t.ID, State: t.State, Host: ch.host.Name, FleetRun: run.ID, CreatedAt: t.CreatedAt,
+			Evidence: []string{"removed by the journal's retention at " + t.RemovedAt.UTC().Format(time.RFC3339) + "; its outcome and output are gone"},
+		}
+		return nil
 	case errors.Is(err, markers.ErrNotFound):
 		return nil
 	case err != nil:

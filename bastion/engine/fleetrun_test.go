@@ -568,3 +568,33 @@ func TestFleetRunUsableHosts(t *testing.T) {
 		t.Errorf("naming f3: %q", te.Message)
 	}
 }
+
+// TestFleetRunHostRemovedByRetention: a host's execution that the journal's retention
+// removed while its run still went on is never started again: its tombstone stands for it,
+// for a driver started after a restart as for the one that made it.
+func TestFleetRunHostRemovedByRetention(t *testing.T) {
+	f := newFleet(t)
+	f.fleetOf(t, 2)
+	first := f.path("first")
+	a := fleetArgs(f.fleetCommand("if [ -e "+first+" ]; then "+f.gate("go")+"; else touch "+first+"; fi"), "1", "0")
+	a.WaitS = waitS(0)
+	x := f.fleetExec(t, alice, a)
+	testutil.WaitFor(t, "f1 to end and f2 to start", func() bool { return f.started(t) == 2 })
+	f.clock.advance(31 * 24 * time.Hour) // past remote_command's 30 days
+	p, err := f.engine().RetentionPass(context.Background(), false)
+	if err != nil || p.Records != 1 {
+		t.Fatalf("retention pass = %+v, %v; want f1's execution removed", p, err)
+	}
+	f.reopen(t)
+	f.release(t, "go")
+	x = f.fleetState(t, alice, x.ExecutionID, markers.Completed)
+	if x.IsError || x.Fleet.Counts["completed"] != 2 || x.Fleet.Hosts[0].ExecutionID == "" {
+		t.Fatalf("run = is_error %v, hosts %+v; want both completed, f1 by its tombstone", x.IsError, x.Fleet.Hosts)
+	}
+	if n := f.started(t); n != 2 {
+		t.Fatalf("%d commands ran; want 2, f1 never again", n)
+	}
+	if _, err := f.engine().Investigate(context.Background(), x.ExecutionID); err != nil {
+		t.Fatalf("investigate with a host removed: %v", err)
+	}
+}

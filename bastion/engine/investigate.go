@@ -111,6 +111,9 @@ func (b *Engine) investigateHosts(ctx context.Context, inv *api.Investigation) e
 			continue
 		}
 		h, err := b.Investigate(ctx, ch.rec.ID)
+		if errors.Is(err, markers.ErrNotFound) {
+			continue // removed by retention: nothing left to answer from
+		}
 		if err != nil {
 			return fmt.Errorf("host %s (%s): %w", ch.host.Name, ch.rec.ID, err)
 		}
