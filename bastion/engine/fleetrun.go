@@ -403,9 +403,10 @@ func (c *core) findChild(run *markers.Record, ch *fleetChild) error {
 		return nil
 	case err != nil:
 		return err
-	case rec.FleetRun == run.ID:
-		ch.rec = rec
 	}
+	// The fingerprint names this run (childAction): whatever the record says — one rebuilt
+	// from its host's marker by a recovery from the hosts names no run — it is this host's.
+	ch.rec = rec
 	return nil
 }
 
