@@ -214,3 +214,16 @@ func TestExportLinesAreStable(t *testing.T) {
 		t.Errorf("field order = %v; want %s", keys, want)
 	}
 }
+
+// TestVerifyEmptyLogIsNotSealed: an empty export passes as a chain (there is nothing to
+// contradict) but never as a sealed one: an export cut before its first line is not a log.
+func TestVerifyEmptyLogIsNotSealed(t *testing.T) {
+	s := testutil.OpenStore(t, markers.JournalGraph)
+	if rep, err := markers.VerifyJSONL(strings.NewReader(""), s.VerifierKey, markers.VerifyOptions{}); err != nil || !rep.OK {
+		t.Fatalf("empty, not required sealed = %v, %v; want PASS", rep, err)
+	}
+	rep, err := markers.VerifyJSONL(strings.NewReader(""), s.VerifierKey, markers.VerifyOptions{RequireSealed: true})
+	if err != nil || rep.OK || !strings.Contains(rep.String(), "empty") {
+		t.Fatalf("empty, required sealed = %v, %v; want FAIL saying it is empty", rep, err)
+	}
+}

@@ -380,6 +380,10 @@ func (v *chainVerifier) finish(opts VerifyOptions) {
 		v.fail(v.baseSeq, fmt.Sprintf("base %d is not attested by a checkpoint", v.baseSeq))
 		return
 	}
+	if opts.RequireSealed && v.line == 0 {
+		v.fail(0, "the log is empty: nothing in it is sealed (an export cut before its first line, or the wrong file)")
+		return
+	}
 	v.rep.UnsealedTail = v.prevSeq - v.lastCP
 	if opts.RequireSealed && v.rep.UnsealedTail > 0 {
 		v.fail(v.lastCP+1, fmt.Sprintf("truncated or unsealed: %d events after the last checkpoint", v.rep.UnsealedTail))

@@ -20,6 +20,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -73,9 +74,13 @@ type Inventory struct {
 	stamp fileStamp
 }
 
+// The inode is part of it: every write replaces the file (durable.WriteFile renames a new
+// one in), so two writes within the file system's timestamp granularity that leave the same
+// size are still told apart.
 type fileStamp struct {
 	mod  time.Time
 	size int64
+	ino  uint64
 }
 
 // OpenInventory reads the inventory at path; a missing file is an empty inventory.
@@ -125,6 +130,9 @@ func (inv *Inventory) reload() error {
 		return fmt.Errorf("bastion: inventory: %w", err)
 	default:
 		stamp = fileStamp{mod: info.ModTime(), size: info.Size()}
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			stamp.ino = st.Ino
+		}
 	}
 	inv.mu.Lock()
 	defer inv.mu.Unlock()

@@ -24,6 +24,7 @@
 //	POST /v1/fleet/runs  api.FleetRunRequest                       start (or join) a fleet run for an actor
 //	POST /v1/fleet/runs/{id}/cancel                                 no host starts any more; running ones cancelled
 //	POST /v1/journal/gc  {"dry_run"}                               a retention pass of the journal, now
+//	POST /v1/reload                                                read the config file again and apply it
 package operatorapi
 
 import (
@@ -200,6 +201,7 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 			writeJSON(w, nil, err)
 			return
 		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Write([]byte(key + "\n"))
 	})
 	mux.HandleFunc("GET /v1/approvals", func(w http.ResponseWriter, _ *http.Request) {
