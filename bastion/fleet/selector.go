@@ -8,8 +8,8 @@ import (
 )
 
 // Selector picks hosts by their labels: "role=db,env=prod" selects the hosts that carry
-// every one of them. It is the label form of a fleet run's targets (bastion/rollout on the
-// fleet-run branch parses the same syntax; the two are meant to become one).
+// every one of them — in hosts_list, postern hosts list --label, and a fleet run's label
+// targets (bastion/rollout).
 type Selector map[string]string
 
 // maxSelectorBytes bounds a selector as written.

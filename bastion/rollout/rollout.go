@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -113,13 +114,11 @@ func Canonical(targets []string) ([]string, error) {
 			return nil, err
 		}
 		if !strings.HasPrefix(t, groupPrefix) && strings.Contains(t, "=") {
-			pairs := strings.Split(t, ",")
-			for i, kv := range pairs {
-				k, v, _ := strings.Cut(kv, "=")
-				pairs[i] = strings.TrimSpace(k) + "=" + strings.TrimSpace(v)
+			sel, err := fleet.ParseSelector(t) // checked by matcher above
+			if err != nil {
+				return nil, err
 			}
-			slices.Sort(pairs)
-			t = strings.Join(slices.Compact(pairs), ",")
+			t = sel.String()
 		}
 		out = append(out, t)
 	}
@@ -137,26 +136,11 @@ func matcher(t string) (func(Host) bool, error) {
 		}
 		return func(h Host) bool { return slices.Contains(h.Groups, g) }, nil
 	case strings.Contains(t, "="):
-		want := map[string]string{}
-		for _, kv := range strings.Split(t, ",") {
-			k, v, ok := strings.Cut(kv, "=")
-			k, v = strings.TrimSpace(k), strings.TrimSpace(v)
-			if !ok || k == "" || v == "" {
-				return nil, fmt.Errorf("target %q: want labels as k=v,k=v", t)
-			}
-			if old, dup := want[k]; dup && old != v {
-				return nil, fmt.Errorf("target %q: label %s given twice", t, k)
-			}
-			want[k] = v
+		sel, err := fleet.ParseSelector(t)
+		if err != nil {
+			return nil, fmt.Errorf("target %q: %w", t, err)
 		}
-		return func(h Host) bool {
-			for k, v := range want {
-				if h.Labels[k] != v {
-					return false
-				}
-			}
-			return true
-		}, nil
+		return func(h Host) bool { return sel.Matches(h.Labels) }, nil
 	case t == "":
 		return nil, errors.New("targets: an empty target")
 	}

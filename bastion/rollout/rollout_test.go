@@ -77,7 +77,7 @@ func TestSelect(t *testing.T) {
 		{nil, nil, "name at least one host"},
 		{[]string{"db-9"}, nil, `"db-9" selects no enrolled host`},
 		{[]string{"group:"}, nil, "name the group"},
-		{[]string{"role=db,env"}, nil, "want labels as k=v"},
+		{[]string{"role=db,env"}, nil, "want KEY=VALUE"},
 		{[]string{"role=db,role=web"}, nil, "given twice"},
 		{[]string{"web-1", "role=cache"}, nil, `"role=cache" selects no enrolled host`},
 	} {
