@@ -10,8 +10,11 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	gossh "golang.org/x/crypto/ssh"
+
+	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/internal/testutil"
@@ -31,7 +34,10 @@ const (
 // the inventory); after as many ssh_exec calls of `true` on one host as there are pooled
 // hosts (the journal's share, for comparison); and after one call on each of the pooled
 // hosts — real hostagents, each its own process — so each holds a pooled connection. The
-// goal (issue 28) is under 1 MiB of bastion RSS per pooled host.
+// goal (issue 28) is under 1 MiB of bastion RSS per pooled host. Then, on the same
+// hostagents, a fleet run of `true` over all of them at max_concurrency 20 against five
+// sequential ssh_exec `true` (goal: within 2×), with the bastion's CPU and RSS per host
+// (fleetRunOfTrue).
 func BenchmarkBastionInventory(b *testing.B) {
 	pooled := inventoryPooled
 	if s := os.Getenv("POSTERN_BENCH_POOLED"); s != "" {
@@ -138,6 +144,7 @@ func BenchmarkBastionInventory(b *testing.B) {
 	if connected != pooled {
 		b.Fatalf("%d of %d hosts connected; want every one pooled", connected, pooled)
 	}
+	fr := fleetRunOfTrue(b, ctx, cs, pid, pooled)
 	perPooled := (pooledRSS - oneHost) * 1024 / float64(pooled)
 	b.ReportMetric(empty, "empty-RSS-MB")
 	b.ReportMetric(enrolled, "enrolled-RSS-MB")
@@ -153,4 +160,75 @@ func BenchmarkBastionInventory(b *testing.B) {
 		[]string{fmt.Sprintf("+ one call on each of %d hosts: %d pooled connections", pooled, pooled), f2(pooledRSS)},
 		[]string{"KB per pooled host (last − previous row)", f0(perPooled)},
 	)
+	b.ReportMetric(fr.wall.Seconds()*1000, "fleet-run-ms")
+	b.ReportMetric(fr.sequential.Seconds()*1000, "five-sequential-ms")
+	b.ReportMetric(fr.wall.Seconds()/fr.sequential.Seconds(), "fleet/five-sequential")
+	b.ReportMetric(fr.cpu.Seconds()*1000/float64(pooled), "fleet-bastion-cpu-ms/host")
+	b.ReportMetric(fr.rssAfter, "fleet-RSS-MB")
+	b.ReportMetric((fr.rssAfter-fr.rssBefore)*1024/float64(pooled), "fleet-RSS-KB/host")
+	table(b, fmt.Sprintf("fleet_exec `true` over the %d pooled hosts at max_concurrency %d (goal: ≤ 2× five sequential ssh_exec `true`)", pooled, fleetBenchConcurrency),
+		[]string{"", "wall ms", "bastion CPU ms", "bastion RSS MB after"},
+		[]string{"5 sequential ssh_exec `true`, one host each", f2(fr.sequential.Seconds() * 1000), "", ""},
+		[]string{fmt.Sprintf("fleet run over %d hosts", pooled), f2(fr.wall.Seconds() * 1000), f0(fr.cpu.Seconds() * 1000), f2(fr.rssAfter)},
+		[]string{"ratio / per host", f2(fr.wall.Seconds() / fr.sequential.Seconds()), f2(fr.cpu.Seconds() * 1000 / float64(pooled)), f2((fr.rssAfter-fr.rssBefore)*1024/float64(pooled)) + " KB"},
+	)
+}
+
+// fleetBenchConcurrency is the max_concurrency of the benchmark's fleet run (issue 28).
+const fleetBenchConcurrency = 20
+
+// fleetFigures are what a fleet run of `true` over the pooled hosts cost, and its baseline.
+type fleetFigures struct {
+	// wall is the fleet_exec call, from sent to the run's answer with its outcome;
+	// sequential five ssh_exec `true` calls one after the other, on the first five hosts.
+	wall, sequential time.Duration
+	// cpu is the bastion's CPU time over the run; rssBefore and rssAfter its RSS (MB).
+	cpu                 time.Duration
+	rssBefore, rssAfter float64
+}
+
+// fleetRunOfTrue measures a fleet_exec of `true` over the n pooled hosts (h0000…, labelled
+// role=pooled, every one connected already) at max_concurrency 20, and its same-run
+// baseline: five sequential ssh_exec `true` calls. The goal (issue 28): the run within 2×
+// the five calls.
+func fleetRunOfTrue(b *testing.B, ctx context.Context, cs *mcp.ClientSession, pid, n int) fleetFigures {
+	b.Helper()
+	var f fleetFigures
+	t0 := time.Now()
+	for i := range 5 {
+		if err := execTrueArgs(ctx, cs, map[string]any{"host": fmt.Sprintf("h%04d", i%n), "command": "true", "run_id": "seq-" + strconv.Itoa(i)}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	f.sequential = time.Since(t0)
+	kb, err := testutil.ProcStatusKB(pid, "VmRSS")
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.rssBefore = float64(kb) / 1024
+	cpu0, err := readProcCPU(pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	t0 = time.Now()
+	var x api.Execution
+	res, err := harness.CallTool(ctx, cs, "fleet_exec", map[string]any{"targets": []string{"role=pooled"}, "command": "true",
+		"max_concurrency": fleetBenchConcurrency, "max_errors": 0, "wait_s": 50, "run_id": "fleet-bench"}, &x)
+	f.wall = time.Since(t0)
+	if err != nil {
+		b.Fatalf("fleet run: %v", err)
+	}
+	if res.IsError || x.Fleet == nil || x.Fleet.Outcome != "completed" || x.Fleet.Counts["completed"] != n {
+		b.Fatalf("fleet run: %s; want completed on all %d hosts within wait_s", harness.ResultText(res), n)
+	}
+	cpu1, err := readProcCPU(pid)
+	if err != nil {
+		b.Fatal(err)
+	}
+	f.cpu = cpu1.self + cpu1.children - cpu0.self - cpu0.children
+	if kb, err = testutil.ProcStatusKB(pid, "VmRSS"); err != nil {
+		b.Fatal(err)
+	}
+	f.rssAfter = float64(kb) / 1024
+	return f
 }
