@@ -70,7 +70,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	if r := b.engine.Replicas(); r != nil {
 		replicas = r
 	}
-	tracker := delivery.NewTracker(b.engine, replicas, b.cfg.DeliveryRevokeGrace, b.now, b.log)
+	tracker := delivery.NewTracker(b.engine.DeliveryJournal(), replicas, b.cfg.DeliveryRevokeGrace, b.now, b.log)
 	srv, err := mcpserver.New(b.engine, mcpserver.Options{Tracker: tracker, Logger: b.log.With("component", "mcp"), Now: b.now})
 	if err != nil {
 		return err
