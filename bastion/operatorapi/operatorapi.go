@@ -21,6 +21,10 @@
 //	POST /v1/approvals/{id}/approve  {"note"}                      authorize and dispatch
 //	POST /v1/approvals/{id}/deny     {"reason"}                    reject
 //	POST /v1/executions/{id}/review  {"outcome","note"}            an unknown (or stuck) outcome, verified
+//	POST /v1/reload                                                the config file applied again
+//	GET /v1/tokens                                                 the remote actors' credentials (never a token)
+//	POST /v1/tokens  {"actor","expires"}                           issue a token (in the answer, once)
+//	POST /v1/tokens/{id}/revoke                                    revoke an issued token, at once
 package operatorapi
 
 import (
@@ -76,6 +80,11 @@ type Engine interface {
 	Review(ctx context.Context, op api.Operator, id, outcome, note string) (*markers.Record, error)
 	// Reload reads the daemon's config again and applies what a reload may change.
 	Reload(op api.Operator) (*api.ConfigChange, error)
+	// Tokens lists the remote actors' credentials; IssueToken issues one for an actor (the
+	// token is in the answer, once); RevokeToken revokes one at once.
+	Tokens() (*api.TokenList, error)
+	IssueToken(op api.Operator, req api.TokenRequest) (*api.IssuedToken, error)
+	RevokeToken(op api.Operator, id string) (*api.TokenRevocation, error)
 }
 
 // markersTimeout bounds a host's answer to a markers request.
@@ -192,6 +201,22 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, r *http.Request) {
 		change, err := e.Reload(operatorOf(r))
 		writeJSON(w, change, err)
+	})
+	mux.HandleFunc("GET /v1/tokens", func(w http.ResponseWriter, _ *http.Request) {
+		list, err := e.Tokens()
+		writeJSON(w, list, err)
+	})
+	mux.HandleFunc("POST /v1/tokens", func(w http.ResponseWriter, r *http.Request) {
+		var req api.TokenRequest
+		if !readBody(w, r, &req) {
+			return
+		}
+		issued, err := e.IssueToken(operatorOf(r), req)
+		writeJSON(w, issued, err)
+	})
+	mux.HandleFunc("POST /v1/tokens/{id}/revoke", func(w http.ResponseWriter, r *http.Request) {
+		rev, err := e.RevokeToken(operatorOf(r), r.PathValue("id"))
+		writeJSON(w, rev, err)
 	})
 	mux.HandleFunc("POST /v1/approvals/{id}/approve", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
 		return e.Approve(r.Context(), operatorOf(r), r.PathValue("id"), body.Note)
