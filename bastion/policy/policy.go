@@ -62,16 +62,16 @@ const (
 // Actor is a caller the operator configured: remote by token hash, or local by process
 // (uid and/or exe). Exactly one of the two identities is set.
 type Actor struct {
-	Name        string   `toml:"name"`
-	TokenSHA256 string   `toml:"token_sha256"` // remote actors: hex SHA-256 of a static bearer token
+	Name        string `toml:"name"`
+	TokenSHA256 string `toml:"token_sha256"` // remote actors: hex SHA-256 of a static bearer token
 	// Remote declares a remote actor without a static token: its tokens are those
 	// `postern token NAME` issues (with an id, an expiry, revocable).
-	Remote bool `toml:"remote"`
-	UID         *int     `toml:"uid"`          // local actors: match the peer uid ...
-	Exe         string   `toml:"exe"`          // ... and/or the agent process's executable path (exact)
-	Hosts       []string `toml:"hosts"`        // globs over host names and "group:<glob>"; empty = all hosts
-	Tools       []string `toml:"tools"`        // tool names; empty = all tools
-	Endpoints   []string `toml:"endpoints"`    // http endpoint names (globs); empty = all
+	Remote    bool     `toml:"remote"`
+	UID       *int     `toml:"uid"`       // local actors: match the peer uid ...
+	Exe       string   `toml:"exe"`       // ... and/or the agent process's executable path (exact)
+	Hosts     []string `toml:"hosts"`     // globs over host names and "group:<glob>"; empty = all hosts
+	Tools     []string `toml:"tools"`     // tool names; empty = all tools
+	Endpoints []string `toml:"endpoints"` // http endpoint names (globs); empty = all
 	// Default is what the actor may do that no rule names: "allow" (or "") — anything no
 	// deny rule forbids —, or "deny" — only what an applicable allow rule names: every
 	// program every command would run (each layer, wrappers included; an unknowable program
