@@ -63,10 +63,10 @@ func (e *Engine) Tokens() (*api.TokenList, error) {
 
 // IssueToken answers postern token NAME while the daemon is down: only the daemon issues.
 func (e *Engine) IssueToken(api.Operator, api.TokenRequest) (*api.IssuedToken, error) {
-	return nil, &api.ToolError{Code: api.CodeBastionDown, Message: "the bastion is not running: it issues tokens (and checks them); start it, or print a static config token with postern token --config NAME"}
+	return nil, &api.ToolError{Code: api.CodeBastionDown, Message: "the bastion is not running: it issues tokens (and checks them); start it, or print a static config token with postern token --static NAME"}
 }
 
 // RevokeToken answers postern token revoke while the daemon is down.
 func (e *Engine) RevokeToken(api.Operator, string) (*api.TokenRevocation, error) {
-	return nil, &api.ToolError{Code: api.CodeBastionDown, Message: "the bastion is not running, so nothing accepts the token now; start it and revoke the token before its clients reconnect (or remove the actor from the config before the start)"}
+	return nil, &api.ToolError{Code: api.CodeBastionDown, Message: "the bastion is not running: postern token revoke changes its token store under the state dir's lock instead"}
 }
