@@ -180,6 +180,29 @@ func TestIssuedTokenRefusals(t *testing.T) {
 	checkChallenge(t, b, issued.Token, "token revoked")
 }
 
+// TestIssuedTokenTSClient: the official TypeScript SDK's client, whose token expires
+// between two calls of one session, gets a clean 401 that names the reason.
+func TestIssuedTokenTSClient(t *testing.T) {
+	f := newFleet(t, fleetOptions{settings: []string{"http_sessions = true"}, tables: []string{ciActor}})
+	ctx := testContext(t)
+	var issued api.IssuedToken
+	if err := json.Unmarshal(postern(t, f.bastion, "token", "ci", "--expires", "5s", "--json"), &issued); err != nil {
+		t.Fatal(err)
+	}
+	lines := runTS(t, ctx,
+		map[string]any{"connect": map[string]any{"url": f.bastion.URL, "token": issued.Token, "run": "ts-run"}},
+		sshExecStep(map[string]any{"host": "h1", "command": "echo before"}, nil),
+		map[string]any{"sleep_ms": time.Until(issued.View.Expires).Milliseconds() + 300},
+		sshExecStep(map[string]any{"host": "h1", "command": "echo after"}, nil),
+	)
+	if lines[1].Result == nil || lines[1].Result.State != "completed" {
+		t.Fatalf("call before expiry: %+v", lines[1])
+	}
+	if !strings.Contains(lines[3].Error, "token expired") {
+		t.Fatalf("call after expiry: %+v; want an error naming the expired token", lines[3])
+	}
+}
+
 // checkChallenge posts an MCP initialize with token and checks the 401 and its challenge.
 func checkChallenge(t *testing.T, b *harness.Bastion, token, why string) {
 	t.Helper()
