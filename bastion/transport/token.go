@@ -131,6 +131,16 @@ func (s *ActorSet) rebuild(actors []Actor, issued []IssuedToken) error {
 	}
 	s.actors, s.issued = actors, issued
 	s.table.Store(t)
+	// Forget the last use of credentials the table no longer has (bounded by the store).
+	inUse := make(map[*atomic.Int64]bool, len(t.creds))
+	for _, c := range t.creds {
+		inUse[c.used] = true
+	}
+	for key, u := range s.used {
+		if !inUse[u] {
+			delete(s.used, key)
+		}
+	}
 	return nil
 }
 
