@@ -69,11 +69,10 @@ func Open(opts Options) (*Bastion, error) {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	e, err := engine.Open(engine.Options{Config: opts.Config, Logger: opts.Logger, Now: opts.Now, Hold: opts.Hold})
+	e, err := engine.Open(engine.Options{Config: opts.Config, Logger: opts.Logger, Now: opts.Now, Hold: opts.Hold, ConfigDigest: opts.ConfigDigest})
 	if err != nil {
 		return nil, err
 	}
-	e.StartedWith(opts.ConfigDigest)
 	store, err := tokens.Open(e.Config().StateDir)
 	if err != nil {
 		e.Close()
@@ -158,7 +157,7 @@ func (b *Bastion) IssueToken(by string, req api.TokenRequest) (*api.IssuedToken,
 	if err != nil {
 		return nil, api.Invalid("%v", err)
 	}
-	if !slices.ContainsFunc(b.engine.Settings().Actors, func(a policy.Actor) bool { return a.Name == req.Actor && !a.Local() }) {
+	if !slices.ContainsFunc(b.engine.Config().Actors, func(a policy.Actor) bool { return a.Name == req.Actor && !a.Local() }) {
 		return nil, api.Invalid("the config in force has no remote actor %q: add\n\n[[actors]]\nname = %q\nremote = true\n\nto the config (with what it may do), run postern reload, then issue its token", req.Actor, req.Actor)
 	}
 	token, err := transport.NewToken()
@@ -222,7 +221,7 @@ func (b *Bastion) Tokens() *api.TokenList {
 	if set != nil {
 		lastUsed = set.LastUsed
 	}
-	return engine.TokenViews(b.engine.Settings(), b.tokens.Tokens(), b.now(), lastUsed)
+	return engine.TokenViews(b.engine.Config(), b.tokens.Tokens(), b.now(), lastUsed)
 }
 
 // remoteActors are cfg's token actors, as the HTTP endpoint authenticates them.

@@ -99,7 +99,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	var ep Endpoints
 	if b.cfg.Listen != "" {
 		b.surfaces.Lock()
-		actors, err := transport.NewActorSet(remoteActors(b.engine.Settings()), issuedTokens(b.tokens.Tokens()), b.now)
+		actors, err := transport.NewActorSet(remoteActors(b.engine.Config()), issuedTokens(b.tokens.Tokens()), b.now)
 		if err == nil {
 			b.remoteActors = actors
 		}
@@ -158,7 +158,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		ep.Metrics = scheme + "://" + l.Addr().String() + "/metrics"
 	}
 
-	localAccess := b.cfg.SocketAccess(b.engine.Settings().LocalUIDs(), b.log.With("component", "unix"))
+	localAccess := b.cfg.SocketAccess(b.engine.Config().LocalUIDs(), b.log.With("component", "unix"))
 	localAccess.Where, localAccess.CountRefusal = transport.WhereMCPSocket, b.engine.CountRefusal
 	local, err := transport.ListenUnix(b.cfg.SocketPath(), localAccess)
 	if err != nil {

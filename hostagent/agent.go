@@ -26,11 +26,18 @@ const gcInterval = time.Hour
 // Agent is a whole hostagent: the marker store, the executor, the SSH server and the local
 // control socket, with the data dir laid out under Config.DataDir.
 type Agent struct {
-	cfg      Config
+	cfg      Config // as it started; what a reload changes is in running
 	log      *slog.Logger
 	store    *markers.Store
 	executor *Executor
 	server   *Server
+
+	configFile string                       // AgentOptions.ConfigFile
+	load       func([]byte) (Config, error) // AgentOptions.Load
+
+	reloadMu sync.Mutex // serializes reloads; guards running and digest
+	running  Config     // the config in force: cfg and the reloads since
+	digest   string     // ConfigDigest of the file running was read from
 }
 
 // AgentOptions tune OpenAgent.
@@ -39,6 +46,13 @@ type AgentOptions struct {
 	// ExecutorOptions.SupervisorExe.
 	SupervisorExe string
 	Logger        *slog.Logger
+	// ConfigFile is the file the config was read from, ConfigDigest the ConfigDigest of
+	// what was read, and Load makes the config of the file's content again, validated, with
+	// the same overrides as at start (flags); Reload uses them. Without Load, a reload is
+	// refused.
+	ConfigFile   string
+	ConfigDigest string
+	Load         func(data []byte) (Config, error)
 }
 
 // OpenAgent opens the marker store (creating the data dir and audit key on first start),
@@ -69,7 +83,7 @@ func OpenAgent(ctx context.Context, cfg Config, opts AgentOptions) (*Agent, erro
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{cfg: cfg, log: logger, store: store}
+	a := &Agent{cfg: cfg, log: logger, store: store, configFile: opts.ConfigFile, load: opts.Load, running: cfg, digest: opts.ConfigDigest}
 	a.executor, err = NewExecutor(ExecutorOptions{
 		Config: cfg, Store: store, SupervisorExe: opts.SupervisorExe, Logger: logger,
 		SocketPath: cfg.ControlSocketPath(),
@@ -129,7 +143,7 @@ func (a *Agent) Serve(ctx context.Context, ln net.Listener, grace time.Duration)
 	defer stop()
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := ServeLocal(runCtx, local, a.executor, a.cfg.LocalLimits(), a.log); err != nil && runCtx.Err() == nil {
+		if err := ServeLocal(runCtx, local, reloadingBackend{Executor: a.executor, agent: a}, a.cfg.LocalLimits(), a.log); err != nil && runCtx.Err() == nil {
 			a.log.Error("local control socket stopped", "err", err)
 		}
 	})
@@ -169,7 +183,7 @@ func (a *Agent) collectGarbage(ctx context.Context) {
 			return
 		case <-ticker.C:
 		}
-		res, err := a.store.GC(ctx)
+		res, err := a.store.GC(ctx, markers.GCOptions{})
 		if err != nil {
 			a.log.Error("marker retention failed", "err", err)
 			continue
@@ -178,7 +192,7 @@ func (a *Agent) collectGarbage(ctx context.Context) {
 		if err != nil {
 			a.log.Error("spool retention failed", "err", err)
 		}
-		a.log.Info("retention", "markers_removed", res.Records, "spools_removed", removed)
+		a.log.Info("retention", "markers_removed", res.Records, "events_pruned", res.Events, "spools_removed", removed)
 	}
 }
 

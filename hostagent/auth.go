@@ -18,8 +18,6 @@ import (
 
 	gliderssh "github.com/gliderlabs/ssh"
 	gossh "golang.org/x/crypto/ssh"
-
-	"github.com/postern-dev/postern/internal/ratelog"
 )
 
 // maxKeyFileBytes bounds an authorized_keys or CA keys file; larger files are refused whole
@@ -54,7 +52,8 @@ var benignKeyOptions = map[string]bool{
 
 // authenticator decides whether a public key may log in as a user. It re-reads its key files
 // whenever their identity (inode, size, mtime) changes, so revoking a key takes effect on the
-// next authentication attempt without a restart.
+// next authentication attempt without a restart, and on the connections it let in at the
+// server's next key check (Server.checkKeys).
 //
 // A plain key may log in as an account if it is in the global authorized keys file (every
 // key there may log in as every allowed account) or in that account's own file,
@@ -78,6 +77,9 @@ type keyFile struct {
 	optional bool   // a missing file is normal (an account without keys of its own)
 	stamp    fileStamp
 	keys     map[string]bool // gossh.PublicKey.Marshal() of each accepted key
+	// statErr is the last failure to stat the file, logged once while it lasts (the key
+	// check reads the files every key_check_interval).
+	statErr string
 }
 
 type fileStamp struct {
@@ -155,6 +157,46 @@ func (a *authenticator) authorize(user string, remote net.Addr, key gossh.Public
 	}, nil
 }
 
+// keySets are the keys the files held when they were last read. The maps are never changed
+// once read (a refresh replaces them), so a snapshot is read without the lock.
+type keySets struct {
+	authorized, cas map[string]bool
+	own             map[string]map[string]bool // by account
+}
+
+// current reads every key file that changed and returns what they hold now.
+func (a *authenticator) current() keySets {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	a.refreshLocked(&a.authorizedKeys, false)
+	a.refreshLocked(&a.userCAs, true)
+	ks := keySets{authorized: a.authorizedKeys.keys, cas: a.userCAs.keys, own: make(map[string]map[string]bool, len(a.accountKeys))}
+	for name, kf := range a.accountKeys {
+		a.refreshLocked(kf, false)
+		ks.own[name] = kf.keys
+	}
+	return ks
+}
+
+// admits reports whether a connection that logged in as user with key may stay: a plain key
+// must still be in the global file or the account's own, a certificate's authority still
+// trusted. What a login checked once and cannot change since (a certificate's principals,
+// its signature, the client's address) is not checked again, nor is a certificate's validity
+// period: like OpenSSH, a certificate that expires ends no session it opened.
+func (ks keySets) admits(user string, key gossh.PublicKey) error {
+	cert, isCert := key.(*gossh.Certificate)
+	if !isCert {
+		if ks.authorized[string(key.Marshal())] || ks.own[user][string(key.Marshal())] {
+			return nil
+		}
+		return fmt.Errorf("%w: key no longer in the authorized keys file nor in the account's own file", ErrNotAuthorized)
+	}
+	if !ks.cas[string(cert.SignatureKey.Marshal())] {
+		return fmt.Errorf("%w: the certificate's authority is no longer trusted", ErrNotAuthorized)
+	}
+	return nil
+}
+
 // refreshLocked re-parses kf if the file changed since it was last read. A missing file
 // means no keys; an unreadable or oversized file also means no keys (fail closed) and is
 // logged.
@@ -164,10 +206,13 @@ func (a *authenticator) refreshLocked(kf *keyFile, caFile bool) {
 	}
 	stamp, err := statFile(kf.path)
 	if err != nil {
-		a.logger.Error("cannot stat key file; accepting no keys from it", "path", kf.path, "err", err)
-		kf.keys, kf.stamp = nil, fileStamp{}
+		if err.Error() != kf.statErr {
+			a.logger.Error("cannot stat key file; accepting no keys from it", "path", kf.path, "err", err)
+		}
+		kf.keys, kf.stamp, kf.statErr = nil, fileStamp{}, err.Error()
 		return
 	}
+	kf.statErr = ""
 	if stamp == kf.stamp && kf.keys != nil {
 		return
 	}
@@ -303,21 +348,20 @@ type authIdentity struct {
 
 type authIdentityKey struct{}
 
-// publicKeyHandler is the gliderlabs callback. It always replaces the connection's
-// Permissions: gliderlabs returns ctx.Permissions() from its callback, so leaving a previous
-// attempt's certificate restrictions (or none) in place would attach them to the wrong key.
-func (a *authenticator) publicKeyHandler(refusals *ratelog.Logger) gliderssh.PublicKeyHandler {
-	return func(ctx gliderssh.Context, key gliderssh.PublicKey) bool {
-		ctx.Permissions().Permissions = &gossh.Permissions{}
-		perms, err := a.authorize(ctx.User(), ctx.RemoteAddr(), key)
-		if err != nil {
-			refusals.Log(slog.LevelInfo, reasonPublicKey, "public key refused", "user", boundForLog(ctx.User()), "remote", ctx.RemoteAddr(),
-				"key_type", boundForLog(key.Type()), "key", gossh.FingerprintSHA256(signingKey(key)), "err", err)
-			return false
-		}
-		ctx.Permissions().Permissions = perms
-		return true
+// publicKeyHandler is the gliderlabs callback, asking the authenticator of the config in
+// force. It always replaces the connection's Permissions: gliderlabs returns
+// ctx.Permissions() from its callback, so leaving a previous attempt's certificate
+// restrictions (or none) in place would attach them to the wrong key.
+func (srv *Server) publicKeyHandler(ctx gliderssh.Context, key gliderssh.PublicKey) bool {
+	ctx.Permissions().Permissions = &gossh.Permissions{}
+	perms, err := srv.live.Load().auth.authorize(ctx.User(), ctx.RemoteAddr(), key)
+	if err != nil {
+		srv.refusals.Log(slog.LevelInfo, reasonPublicKey, "public key refused", "user", boundForLog(ctx.User()), "remote", ctx.RemoteAddr(),
+			"key_type", boundForLog(key.Type()), "key", gossh.FingerprintSHA256(signingKey(key)), "err", err)
+		return false
 	}
+	ctx.Permissions().Permissions = perms
+	return true
 }
 
 // verifiedKeyCallback records the key that signed the successful login.

@@ -32,6 +32,8 @@ const (
 	maxMaxEnvValueBytes = 128 << 10
 	maxMaxSessions      = 4096
 	maxMaxLocalConns    = 4096
+	minKeyCheckInterval = 100 * time.Millisecond
+	maxKeyCheckInterval = 10 * time.Minute
 )
 
 // Config is the hostagent's configuration, read from one TOML file. Every field's default is
@@ -46,6 +48,10 @@ type Config struct {
 	// HostKeyFile is the persistent ed25519 host key, created on first start.
 	// Default "" meaning <DataDir>/host_ed25519_key (see HostKeyPath).
 	HostKeyFile string `toml:"host_key_file"`
+	// HostCertificateFile is an OpenSSH host certificate of the host key (ssh-keygen -s CA
+	// -h), presented to a bastion that trusts the CA instead of pinning the key. Re-read when
+	// it changes. Default "": none.
+	HostCertificateFile string `toml:"host_certificate_file"`
 	// ControlSocket is the local control socket: operators' `postern-hostagent markers …` and
 	// commands' checkpoints. Default "" meaning <DataDir>/control.sock, which only root and
 	// the agent's own account can reach (the data dir is 0700); to let commands running as
@@ -76,6 +82,11 @@ type Config struct {
 	// certificates are accepted; the SSH user must be one of the certificate's principals.
 	// Default "".
 	TrustedUserCAKeysFile string `toml:"trusted_user_ca_keys_file"`
+	// KeyCheckInterval is how often the key files are checked for the open connections: a
+	// connection whose key (or certificate authority) is no longer in them is closed, its
+	// running commands left to go on (see reload.go). A login always reads the files anew.
+	// Default 2s; 100ms..10m.
+	KeyCheckInterval time.Duration `toml:"key_check_interval"`
 	// AllowedAccounts are the SSH user names (= local accounts) commands may run as.
 	// Default: the account the hostagent runs as.
 	AllowedAccounts []string `toml:"allowed_accounts"`
@@ -124,7 +135,7 @@ type Config struct {
 
 // durationKeys are the TOML keys that must be strings: BurntSushi/toml would silently read an
 // integer as nanoseconds, so `idle_timeout = 600` would mean 600ns.
-var durationKeys = []string{"handshake_timeout", "idle_timeout", "kill_grace", "marker_retention"}
+var durationKeys = []string{"handshake_timeout", "idle_timeout", "kill_grace", "marker_retention", "key_check_interval"}
 
 // DefaultConfig returns the configuration used for every field the file leaves out.
 func DefaultConfig() Config {
@@ -133,6 +144,7 @@ func DefaultConfig() Config {
 		DataDir:                     "/var/lib/postern-hostagent",
 		MissingExecutionID:          MissingIDRefuse,
 		HandshakeTimeout:            10 * time.Second,
+		KeyCheckInterval:            2 * time.Second,
 		IdleTimeout:                 10 * time.Minute,
 		MaxSessions:                 128,
 		ControlSocketMaxConns:       defaultLocalLimits.MaxConns,
@@ -256,6 +268,7 @@ func (c Config) Validate() error {
 	}
 	for field, path := range map[string]string{
 		"host_key_file":             c.HostKeyFile,
+		"host_certificate_file":     c.HostCertificateFile,
 		"authorized_keys_file":      c.AuthorizedKeysFile,
 		"authorized_keys_dir":       c.AuthorizedKeysDir,
 		"trusted_user_ca_keys_file": c.TrustedUserCAKeysFile,
@@ -292,6 +305,9 @@ func (c Config) Validate() error {
 	positive("idle_timeout", c.IdleTimeout)
 	positive("kill_grace", c.KillGrace)
 	positive("marker_retention", c.MarkerRetention)
+	if c.KeyCheckInterval < minKeyCheckInterval || c.KeyCheckInterval > maxKeyCheckInterval {
+		bad("key_check_interval", "must be in %v..%v, got %v", minKeyCheckInterval, maxKeyCheckInterval, c.KeyCheckInterval)
+	}
 	inRange := func(field string, v, max int64) {
 		if v <= 0 || v > max {
 			bad(field, "must be in 1..%d, got %d", max, v)

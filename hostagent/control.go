@@ -65,6 +65,7 @@ var controlOpFields = map[string][]string{
 	hostproto.OpExport:     {},
 	hostproto.OpCheckpoint: {"id", "note"},
 	hostproto.OpValidated:  {"id"},
+	hostproto.OpReload:     {},
 }
 
 func badRequest(format string, args ...any) error {
@@ -128,6 +129,12 @@ type controlBackend interface {
 	MarkerRetention() time.Duration
 }
 
+// reloader is the backend of an agent that can reload its config (Agent.Reload): only the
+// local socket's backend is one.
+type reloader interface {
+	Reload(ctx context.Context, by string) (hostproto.ReloadResult, error)
+}
+
 // controlCaller is who is on the other end of a control connection.
 type controlCaller struct {
 	// transport is "ssh" or "local", for logs.
@@ -140,6 +147,8 @@ type controlCaller struct {
 	// peerPID is the pid of a local peer (SO_PEERCRED), which checkpoint and validated
 	// need; 0 over SSH, where they are forbidden.
 	peerPID int
+	// peerUID is the uid of a local peer (SO_PEERCRED).
+	peerUID uint32
 }
 
 func (c controlCaller) sees(rec *markers.Record) bool {
@@ -164,6 +173,12 @@ func (c controlCaller) permits(op string) error {
 	case hostproto.OpExport:
 		if !c.operator || c.scope != nil {
 			return fmt.Errorf("%w: export covers every account's markers", hostproto.ErrForbidden)
+		}
+	case hostproto.OpReload:
+		// The config is the host's, not a client's: only those who could edit it and
+		// restart the agent (root, the agent's own account, on the host itself) may.
+		if !c.operator || c.transport != "local" {
+			return fmt.Errorf("%w: reload is served on the local socket, to root and the hostagent's own user", hostproto.ErrForbidden)
 		}
 	default:
 		if !c.operator {
@@ -303,6 +318,8 @@ func (cs *controlServer) errorFor(caller controlCaller, req hostproto.ControlReq
 		return hostproto.NewErrorLine(hostproto.CodeNotRunning, err.Error())
 	case errors.Is(err, ErrNotYourProcess), errors.Is(err, hostproto.ErrForbidden):
 		return hostproto.NewErrorLine(hostproto.CodeForbidden, err.Error())
+	case errors.Is(err, hostproto.ErrReloadRefused):
+		return hostproto.NewErrorLine(hostproto.CodeReloadRefused, err.Error())
 	}
 	cs.logger.Error("control request failed", "op", req.Op, "execution_id", req.ID,
 		"transport", caller.transport, "account", caller.account(), "err", err)
@@ -370,6 +387,16 @@ func (cs *controlServer) run(ctx context.Context, out *controlWriter, caller con
 			return nil, err
 		}
 		return hostproto.ExportEndReply{ExportEnd: hostproto.ExportSummary{Bytes: ew.total, SHA256: hex.EncodeToString(ew.digest.Sum(nil))}}, nil
+	case hostproto.OpReload:
+		r, ok := b.(reloader)
+		if !ok {
+			return nil, fmt.Errorf("%w: this agent cannot reload its config", hostproto.ErrForbidden)
+		}
+		res, err := r.Reload(ctx, fmt.Sprintf("control socket: uid %d, pid %d", caller.peerUID, caller.peerPID))
+		if err != nil {
+			return nil, err
+		}
+		return hostproto.ReloadReply{Reload: res}, nil
 	}
 	return nil, badRequest("unknown op %q", boundForLog(req.Op))
 }

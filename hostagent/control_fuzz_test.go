@@ -19,6 +19,7 @@ func FuzzDecodeControlRequest(f *testing.F) {
 		`{"op":"export"}`,
 		`{"op":"checkpoint","id":"` + id + `","note":"schema applied ✓"}`,
 		`{"op":"validated","id":"` + id + `"}`,
+		`{"op":"reload"}`,
 		`{"op":"list","Limit":1}`,
 		`{"op":"status","ids":null}`,
 		`null`, `[]`, `{}`, `{"op":"export"}{}`,

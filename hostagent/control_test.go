@@ -362,6 +362,8 @@ func TestDecodeControlRequest(t *testing.T) {
 		{name: "export", line: `{"op":"export"}`, want: hostproto.ControlRequest{Op: hostproto.OpExport}},
 		{name: "checkpoint", line: `{"op":"checkpoint","id":"` + id + `","note":"schema applied"}`, want: hostproto.ControlRequest{Op: hostproto.OpCheckpoint, ID: id, Note: "schema applied"}},
 		{name: "validated", line: `{"op":"validated","id":"` + id + `"}`, want: hostproto.ControlRequest{Op: hostproto.OpValidated, ID: id}},
+		{name: "reload", line: `{"op":"reload"}`, want: hostproto.ControlRequest{Op: hostproto.OpReload}},
+		{name: "reload with a field", line: `{"op":"reload","id":"` + id + `"}`, wantErr: true},
 		{name: "unknown op", line: `{"op":"shell"}`, wantErr: true},
 		{name: "missing op", line: `{"id":"` + id + `"}`, wantErr: true},
 		{name: "op not a string", line: `{"op":1}`, wantErr: true},

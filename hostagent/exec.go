@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	gliderssh "github.com/gliderlabs/ssh"
@@ -64,15 +65,18 @@ type ExecutorOptions struct {
 // execution or replays the finished one. Commands run under the per-host supervisor, detached
 // from the SSH session; the executor watches them and records how they ended.
 type Executor struct {
-	cfg    Config
-	store  markerStore
-	spool  string
-	quota  *supervisor.Quota // spool_cap, asked before each launch
-	sup    *supervisor.Client
-	spares *supervisor.SpareDirs // spool directories made ahead
-	boot   string                // this boot's id, recorded in every marker
-	sock   string
-	log    *slog.Logger
+	cfg Config // as it started; the settings a reload may change are in settings
+	// settings is the config whose retry_failed_operations, kill_grace and output_cap a new
+	// command takes (a reload replaces it, reload.go); a command keeps what it started with.
+	settings atomic.Pointer[Config]
+	store    markerStore
+	spool    string
+	quota    *supervisor.Quota // spool_cap, asked before each launch
+	sup      *supervisor.Client
+	spares   *supervisor.SpareDirs // spool directories made ahead
+	boot     string                // this boot's id, recorded in every marker
+	sock     string
+	log      *slog.Logger
 
 	// ctx is the parent of the watchers and of command starts; cancelled by Close.
 	ctx    context.Context
@@ -116,12 +120,14 @@ func NewExecutor(opts ExecutorOptions) (*Executor, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	return &Executor{
+	e := &Executor{
 		cfg: opts.Config, store: opts.Store, spool: spool, sup: sup, boot: boot, sock: opts.SocketPath,
 		spares: supervisor.NewSpareDirs(spool, spareSpoolDirs, logger),
 		log:    logger.With("component", "executor"), ctx: ctx, cancel: cancel,
 		live: make(map[string]*execution), quota: supervisor.NewQuota(spool, opts.Config.SpoolCap),
-	}, nil
+	}
+	e.settings.Store(&opts.Config)
+	return e, nil
 }
 
 // spareSpoolDirs is how many empty spool directories the executor keeps made ahead: enough
@@ -269,7 +275,7 @@ func (e *Executor) createMarker(ctx context.Context, req ExecRequest) (*markers.
 		case errors.Is(err, markers.ErrNotFound):
 		case err != nil:
 			return nil, fmt.Errorf("look up operation key: %w", err)
-		case prior.ID != req.ExecutionID && !operationFree(prior.State, prior.ExitCode, e.cfg.RetryFailedOperations):
+		case prior.ID != req.ExecutionID && !operationFree(prior.State, prior.ExitCode, e.settings.Load().RetryFailedOperations):
 			return nil, &operationTakenError{prior: prior}
 		}
 	}
@@ -309,6 +315,7 @@ func (e *Executor) launch(x *execution, req ExecRequest) {
 	// A spare renamed into place; if that fails, Start makes the directory (and says why if
 	// it cannot).
 	e.spares.Make(x.dir)
+	settings := e.settings.Load()
 	h, err := e.sup.Start(e.ctx, x.dir, supervisor.Spec{
 		ExecutionID: req.ExecutionID,
 		Command:     req.Command,
@@ -317,8 +324,8 @@ func (e *Executor) launch(x *execution, req ExecRequest) {
 		Env:         e.commandEnv(req),
 		Credential:  req.Account.Credential,
 		Timeout:     req.Timeout,
-		KillGrace:   e.cfg.KillGrace,
-		OutputCap:   e.cfg.OutputCap,
+		KillGrace:   settings.KillGrace,
+		OutputCap:   settings.OutputCap,
 	})
 	if err != nil {
 		e.release(x, x.startFailed(e.ctx, err))
@@ -486,7 +493,7 @@ func (e *Executor) replay(s gliderssh.Session, rec *markers.Record) {
 		file.Close()
 	}
 	if rec.Output.Truncated {
-		fmt.Fprintf(s.Stderr(), "postern: output was truncated at %d bytes per stream\n", e.cfg.OutputCap)
+		fmt.Fprintf(s.Stderr(), "postern: output was truncated at %d bytes per stream\n", e.settings.Load().OutputCap)
 	}
 }
 

@@ -222,6 +222,9 @@ var configTemplate = template.Must(template.New("config").Funcs(template.FuncMap
 listen = {{quote .Listen}}
 data_dir = {{quote .DataDir}}
 # host_key_file = "<data_dir>/host_ed25519_key"
+# An OpenSSH host certificate of that key (ssh-keygen -s CA -h -n NAME host_ed25519_key.pub),
+# for a bastion that trusts the CA instead of pinning the key; re-read when it changes.
+# host_certificate_file = ""
 
 # The local control socket: operators' "postern-hostagent markers …" and the checkpoints
 # commands report. The unit's RuntimeDirectory makes /run/postern-hostagent reachable by
@@ -283,6 +286,9 @@ Wants=network-online.target
 [Service]
 Type=simple
 ExecStart={{.Binary}} serve --config {{.Config}}
+# systemctl reload: the agent re-reads its config (keys, accounts, env; not listen or the data
+# dir); a bad config changes nothing and fails the reload with the reason.
+ExecReload={{.Binary}} reload --config {{.Config}}
 Restart=always
 RestartSec=1s
 # Only the agent is stopped on restart; running commands (their supervisor) survive and are re-adopted.

@@ -223,5 +223,6 @@ func localCaller(c net.Conn) (controlCaller, uint32, error) {
 		transport: "local",
 		operator:  cred.Uid == 0 || int(cred.Uid) == os.Geteuid(),
 		peerPID:   int(cred.Pid),
+		peerUID:   cred.Uid,
 	}, cred.Uid, nil
 }

@@ -67,14 +67,17 @@ type ExecRequest struct {
 // Server is the hostagent SSH server. Create it with NewServer, run it with Serve, stop it
 // with Shutdown or Close.
 type Server struct {
+	// cfg is the config the server started with: what a reload cannot change (listen, the
+	// host key, idle_timeout) is read from it; what it can, from live.
 	cfg      Config
 	handler  Handler
 	logger   *slog.Logger
 	glider   *gliderssh.Server
 	hostKey  gossh.Signer
-	auth     *authenticator
-	accounts *accountResolver
-	env      envFilter
+	hostCert *hostCert // nil without a host certificate
+	// live is what a reload may change (reload.go). A connection, a session and a request
+	// each read it once, when they begin, and keep what they read.
+	live atomic.Pointer[liveSettings]
 	// refusals logs failed handshakes and logins, which anyone who reaches the port can
 	// cause, within bounds (internal/ratelog); the summary at Close counts them all.
 	refusals *ratelog.Logger
@@ -87,6 +90,8 @@ type Server struct {
 	// active counts handler goroutines only, which Shutdown lets finish.
 	wg     sync.WaitGroup
 	active sync.WaitGroup
+	// keyChecks starts the key check loop (reload.go) with the first Serve.
+	keyChecks sync.Once
 
 	mu        sync.Mutex // guards closing, listeners, conns; wg.Add happens under mu
 	closing   bool
@@ -101,6 +106,12 @@ type serverConn struct {
 	net.Conn
 	authenticated atomic.Bool
 	sessions      atomic.Int64
+	// login is who signed in, with which key: checked again whenever the key files are
+	// (reload.go). Set once, before authenticated.
+	login atomic.Pointer[connLogin]
+	// revoked is set, before the connection is closed, when its key is no longer
+	// authorized: no new channel opens on it from then on.
+	revoked atomic.Bool
 }
 
 type serverConnKey struct{}
@@ -120,7 +131,13 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	accounts, err := newAccountResolver(cfg)
+	var cert *hostCert
+	if cfg.HostCertificateFile != "" {
+		if cert, err = newHostCert(cfg.HostCertificateFile, hostKey, logger); err != nil {
+			return nil, err
+		}
+	}
+	live, err := newLiveSettings(cfg, logger)
 	if err != nil {
 		return nil, err
 	}
@@ -130,15 +147,14 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 		handler:   h,
 		logger:    logger,
 		hostKey:   hostKey,
-		auth:      newAuthenticator(cfg, logger),
-		accounts:  accounts,
-		env:       newEnvFilter(cfg),
+		hostCert:  cert,
 		refusals:  ratelog.New(logger, ratelog.Options{Where: whereSSH}),
 		ctx:       ctx,
 		cancel:    cancel,
 		listeners: map[net.Listener]struct{}{},
 		conns:     map[*serverConn]struct{}{},
 	}
+	srv.live.Store(live)
 	srv.glider = &gliderssh.Server{
 		Version:     "Postern",
 		HostSigners: []gliderssh.Signer{hostKey},
@@ -146,9 +162,9 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 		// Always set: with no auth handler at all gliderlabs sets NoClientAuth and lets
 		// everyone in. Password and keyboard-interactive handlers stay nil, so x/crypto
 		// offers only publickey.
-		PublicKeyHandler: srv.auth.publicKeyHandler(srv.refusals),
+		PublicKeyHandler: srv.publicKeyHandler,
 		ServerConfigCallback: func(ctx gliderssh.Context) *gossh.ServerConfig {
-			return &gossh.ServerConfig{
+			sc := &gossh.ServerConfig{
 				VerifiedPublicKeyCallback: srv.verifiedKey(ctx),
 				AuthLogCallback: func(conn gossh.ConnMetadata, method string, err error) {
 					if err != nil && method != "none" {
@@ -157,6 +173,12 @@ func NewServer(cfg Config, h Handler, logger *slog.Logger) (*Server, error) {
 					}
 				},
 			}
+			// Besides the plain key (HostSigners): its type differs, so both are offered and
+			// the bastion asks for the one it trusts.
+			if srv.hostCert != nil {
+				sc.AddHostKey(srv.hostCert.current())
+			}
+			return sc
 		},
 		ConnCallback: func(ctx gliderssh.Context, c net.Conn) net.Conn {
 			ctx.SetValue(serverConnKey{}, c)
@@ -199,6 +221,7 @@ func (srv *Server) Serve(ctx context.Context, ln net.Listener) error {
 	stop := context.AfterFunc(ctx, func() { ln.Close() })
 	defer stop()
 	srv.logger.Info("serving ssh", "addr", ln.Addr().String(), "host_key", srv.HostKeyFingerprint())
+	srv.startKeyChecks()
 
 	var backoff time.Duration
 	for {
@@ -252,7 +275,7 @@ func (srv *Server) serveConn(c net.Conn) {
 		defer srv.wg.Done()
 		// gliderlabs resets the connection deadline on every read and write, so a handshake
 		// deadline set on the conn would be overwritten; close it from a timer instead.
-		timer := time.AfterFunc(srv.cfg.HandshakeTimeout, func() {
+		timer := time.AfterFunc(srv.live.Load().cfg.HandshakeTimeout, func() {
 			if !sc.authenticated.Load() {
 				srv.refusals.Log(slog.LevelInfo, reasonHandshakeTimeout, "closing connection: handshake timeout", "remote", c.RemoteAddr())
 				sc.Close()
@@ -275,6 +298,7 @@ func (srv *Server) verifiedKey(ctx gliderssh.Context) func(gossh.ConnMetadata, g
 		perms, err := record(meta, key, perms, algo)
 		if err == nil {
 			if sc, ok := ctx.Value(serverConnKey{}).(*serverConn); ok {
+				sc.login.Store(&connLogin{user: meta.User(), key: key})
 				sc.authenticated.Store(true)
 			}
 		}
@@ -387,7 +411,7 @@ func (srv *Server) runExec(ctx context.Context, s *session) {
 func (srv *Server) runControl(ctx context.Context, s *session) {
 	caller, err := sessionIdentity(s)
 	if err == nil {
-		_, err = srv.accounts.resolve(s.User())
+		_, err = srv.live.Load().accounts.resolve(s.User())
 	}
 	if err != nil {
 		s.refuse(err)
@@ -411,13 +435,14 @@ func (srv *Server) execRequest(s *session) (ExecRequest, error) {
 	if err != nil {
 		return ExecRequest{}, err
 	}
-	account, err := srv.accounts.resolve(s.User())
+	live := srv.live.Load()
+	account, err := live.accounts.resolve(s.User())
 	if err != nil {
 		return ExecRequest{}, err
 	}
 	switch cmd := s.rawCommand; {
-	case len(cmd) > srv.cfg.MaxCommandBytes:
-		return ExecRequest{}, fmt.Errorf("%w: command is %d bytes, the limit is %d", ErrInvalidRequest, len(cmd), srv.cfg.MaxCommandBytes)
+	case len(cmd) > live.cfg.MaxCommandBytes:
+		return ExecRequest{}, fmt.Errorf("%w: command is %d bytes, the limit is %d", ErrInvalidRequest, len(cmd), live.cfg.MaxCommandBytes)
 	case strings.TrimSpace(cmd) == "":
 		return ExecRequest{}, fmt.Errorf("%w: empty command (this host runs commands, it has no interactive shell)", ErrInvalidRequest)
 	case strings.IndexByte(cmd, 0) >= 0:
@@ -435,7 +460,7 @@ func (srv *Server) execRequest(s *session) (ExecRequest, error) {
 	vars := s.env.vars
 	req.ExecutionID = vars[hostproto.EnvExecutionID]
 	switch {
-	case req.ExecutionID == "" && srv.cfg.MissingExecutionID == MissingIDAssign:
+	case req.ExecutionID == "" && live.cfg.MissingExecutionID == MissingIDAssign:
 		if req.ExecutionID, err = markers.NewExecutionID(time.Now()); err != nil {
 			return ExecRequest{}, err
 		}

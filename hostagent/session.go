@@ -165,10 +165,15 @@ func (srv *Server) handleSessionChannel(_ *gliderssh.Server, conn *gossh.ServerC
 		newChan.Reject(gossh.ConnectionFailed, "connection not tracked")
 		return
 	}
-	if n := sc.sessions.Add(1); n > int64(srv.cfg.MaxSessions) {
+	if sc.revoked.Load() {
+		newChan.Reject(gossh.Prohibited, errKeyRevoked.Error())
+		return
+	}
+	live := srv.live.Load()
+	if n := sc.sessions.Add(1); n > int64(live.cfg.MaxSessions) {
 		sc.sessions.Add(-1)
-		connLogger(srv.logger, ctx).Warn("refusing session: too many on this connection", "max_sessions", srv.cfg.MaxSessions)
-		newChan.Reject(gossh.ResourceShortage, fmt.Sprintf("too many sessions on this connection (max_sessions %d); close one or open another connection", srv.cfg.MaxSessions))
+		connLogger(srv.logger, ctx).Warn("refusing session: too many on this connection", "max_sessions", live.cfg.MaxSessions)
+		newChan.Reject(gossh.ResourceShortage, fmt.Sprintf("too many sessions on this connection (max_sessions %d); close one or open another connection", live.cfg.MaxSessions))
 		return
 	}
 	defer sc.sessions.Add(-1)
@@ -187,7 +192,7 @@ func (srv *Server) handleSessionChannel(_ *gliderssh.Server, conn *gossh.ServerC
 		conn:    conn,
 		ctx:     ctx,
 		logger:  connLogger(srv.logger, ctx),
-		env:     sessionEnv{filter: srv.env},
+		env:     sessionEnv{filter: live.env},
 	}
 	sessCtx, cancel := context.WithCancelCause(srv.ctx)
 	defer cancel(errSessionClosed)

@@ -32,6 +32,7 @@ package hostproto
 //	checkpoint  {"marker":<marker>}
 //	validated   {"marker":<marker>}
 //	export      {"export_end":{"bytes":N,"sha256":"<hex>"}} size and digest of the whole log
+//	reload      {"reload":{"config":"<file>","digest":"<hex>","changed":["<key>",…]}}  local operators only
 //	any op      {"error":{"code":"…","message":"…"}}
 //
 // The export is carried as base64 chunks rather than as embedded JSON lines because the hash
@@ -89,6 +90,9 @@ const (
 	OpExport     = "export"
 	OpCheckpoint = "checkpoint"
 	OpValidated  = "validated"
+	// OpReload re-reads the hostagent's config file and applies what may change live; only
+	// operators on the local socket may ask (never over SSH).
+	OpReload = "reload"
 )
 
 // Error codes of {"error":{"code":…}}.
@@ -100,6 +104,9 @@ const (
 	// CodeBusy: the local socket has too many connections; retry later.
 	CodeBusy     = "busy"
 	CodeInternal = "internal"
+	// CodeReloadRefused: the config file has problems, or changes settings that need a
+	// restart; nothing was changed. The message says which.
+	CodeReloadRefused = "reload_refused"
 )
 
 // Errors a ControlError unwraps to, so callers can use errors.Is on a client's error; the
@@ -115,6 +122,8 @@ var (
 	ErrControlBusy = errors.New("hostagent: control socket busy")
 	// ErrNotRunning: the execution is not running (it has ended, or never ran here).
 	ErrNotRunning = errors.New("hostagent: execution is not running")
+	// ErrReloadRefused: a reload changed nothing, for the reason in the message.
+	ErrReloadRefused = errors.New("hostagent: reload refused")
 )
 
 // ErrControlProtocol: the server sent something the protocol does not allow; the client is
@@ -147,6 +156,8 @@ func (e *ControlError) Unwrap() error {
 		return ErrBadControlRequest
 	case CodeBusy:
 		return ErrControlBusy
+	case CodeReloadRefused:
+		return ErrReloadRefused
 	}
 	return nil
 }
@@ -226,7 +237,7 @@ func (req ControlRequest) Validate() error {
 			return err
 		}
 		return validID()
-	case OpExport:
+	case OpExport, OpReload:
 	default:
 		return badRequest("unknown op %q", boundForLog(req.Op))
 	}
@@ -299,7 +310,19 @@ type (
 	ExportEndReply struct {
 		ExportEnd ExportSummary `json:"export_end"`
 	}
+	ReloadReply struct {
+		Reload ReloadResult `json:"reload"`
+	}
 )
+
+// ReloadResult is what a reload did: the config file it re-read (and the hex SHA-256 of what
+// it read) and the keys (TOML names) whose values changed, sorted; none when the file says
+// what the agent already runs with.
+type ReloadResult struct {
+	Config  string   `json:"config"`
+	Digest  string   `json:"digest,omitempty"`
+	Changed []string `json:"changed"`
+}
 
 // KeepaliveLine is the progress line a server sends while a request runs quietly.
 const KeepaliveLine = `{"keepalive":true}` + "\n"
@@ -400,6 +423,7 @@ type controlReply struct {
 	Final     *Marker        `json:"final"`
 	Export    []byte         `json:"export"`
 	ExportEnd *ExportSummary `json:"export_end"`
+	Reload    *ReloadResult  `json:"reload"`
 }
 
 // roundTrip sends req and hands every non-keepalive line to onLine until onLine reports the
@@ -618,4 +642,19 @@ func (c *ControlClient) Export(ctx context.Context, w io.Writer) (ExportSummary,
 		return false, nil
 	})
 	return sum, err
+}
+
+// Reload asks the hostagent to re-read its config file and apply what may change without a
+// restart. A config with problems, or one that changes a setting only a restart applies, is
+// ErrReloadRefused (a *ControlError whose message says why) and changes nothing.
+func (c *ControlClient) Reload(ctx context.Context) (ReloadResult, error) {
+	var res ReloadResult
+	err := c.roundTrip(ctx, ControlRequest{Op: OpReload}, func(r *controlReply) (bool, error) {
+		if r.Reload == nil {
+			return false, protocolError(OpReload, "reply without a reload result")
+		}
+		res = *r.Reload
+		return true, nil
+	})
+	return res, err
 }

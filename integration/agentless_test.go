@@ -378,7 +378,7 @@ func TestStockHostChangedKeyIsRefused(t *testing.T) {
 		t.Fatal(err)
 	}
 	x := mustCall(t, ctx, f.session(t, "run-rekey"), "ssh_exec", map[string]any{"host": "s1", "command": "echo x >> " + f.path("effects")})
-	if x.State != "failed" || !strings.Contains(x.Cause, "host key does not match") {
+	if x.State != "failed" || !strings.Contains(x.Cause, "another host key than the one enrolled") {
 		t.Fatalf("call = %+v; want failed for the host key", x)
 	}
 	if n := countLines(t, f.path("effects")); n != 0 {

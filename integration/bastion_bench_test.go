@@ -92,6 +92,7 @@ func BenchmarkBastionExecTrue(b *testing.B) {
 		b.Fatalf("connect through the stdio bridge: %v", err)
 	}
 	defer stdio.Close()
+	ts := startTSStdio(b, harness.Binary(b, "postern"), "mcp", "--socket", bs.Socket)
 	conn := h.Dial(b)
 	ctx := context.Background()
 
@@ -106,6 +107,10 @@ func BenchmarkBastionExecTrue(b *testing.B) {
 	bridged := func() error {
 		calls++
 		return execTrueArgs(ctx, stdio, map[string]any{"host": "h1", "command": "true", "idempotency_key": "p1-stdio-" + strconv.Itoa(calls)})
+	}
+	tsBridged := func() error {
+		calls++
+		return ts.call(map[string]any{"host": "h1", "command": "true", "idempotency_key": "p1-ts-" + strconv.Itoa(calls)})
 	}
 	direct := func() error {
 		if got := execOn(b, conn, hostproto.Exec{ExecutionID: newID(b), Command: "true"}); got.err != nil || got.res.ExitStatus != 0 {
@@ -125,6 +130,7 @@ func BenchmarkBastionExecTrue(b *testing.B) {
 	sides := []*benchSide{
 		{name: "postern (go-sdk, Streamable HTTP → bastion → hostagent)", call: postern},
 		{name: "postern via the stdio bridge (postern mcp → unix socket)", call: bridged},
+		{name: "postern via the stdio bridge, official TypeScript SDK client", call: tsBridged},
 		{name: "hostagent direct (hostproto.Run, one SSH conn, markers on)", call: direct},
 		{name: "openssh (multiplexed ssh → sshd)", call: openssh},
 		{name: fmt.Sprintf("floor (fork/exec sh -c true + %d × 512 B fsync)", floorWrites), call: newFloor(b)},
@@ -133,11 +139,15 @@ func BenchmarkBastionExecTrue(b *testing.B) {
 
 	p50 := func(i int) time.Duration { return testutil.Percentile(sides[i].took, 0.5) }
 	p99 := func(i int) time.Duration { return testutil.Percentile(sides[i].took, 0.99) }
-	const posternSide, stdioSide, directSide, opensshSide, floorSide = 0, 1, 2, 3, 4
+	const posternSide, stdioSide, tsSide, directSide, opensshSide, floorSide = 0, 1, 2, 3, 4, 5
 	b.ReportMetric(ms(p50(posternSide)), "postern-p50-ms")
 	b.ReportMetric(ms(p99(posternSide)), "postern-p99-ms")
 	b.ReportMetric(ms(p50(stdioSide)), "stdio-p50-ms")
 	b.ReportMetric(ms(p99(stdioSide)), "stdio-p99-ms")
+	b.ReportMetric(ms(p50(tsSide)), "ts-stdio-p50-ms")
+	b.ReportMetric(ms(p99(tsSide)), "ts-stdio-p99-ms")
+	b.ReportMetric(float64(p50(tsSide))/float64(p50(opensshSide)), "p50-ts-stdio/openssh")
+	b.ReportMetric(float64(p50(tsSide))/float64(p50(floorSide)), "p50-ts-stdio/floor")
 	b.ReportMetric(ms(p50(directSide)), "hostagent-p50-ms")
 	b.ReportMetric(ms(p50(opensshSide)), "openssh-p50-ms")
 	b.ReportMetric(ms(p99(opensshSide)), "openssh-p99-ms")

@@ -43,11 +43,21 @@ func startHAFleet(t testing.TB, n int, extraConfig ...string) *haFleet {
 // startHAFleetTTL is startHAFleet with the replicas' lease_ttl.
 func startHAFleetTTL(t testing.TB, n int, leaseTTL string, extraConfig ...string) *haFleet {
 	t.Helper()
+	return startHAFleetJournal(t, n, fmt.Sprintf("lease_ttl = %q", leaseTTL), extraConfig...)
+}
+
+// startHAFleetJournal is startHAFleet with journalSettings (key = value lines) added to each
+// replica's [journal] table; lease_ttl is 2s unless they set it.
+func startHAFleetJournal(t testing.TB, n int, journalSettings string, extraConfig ...string) *haFleet {
+	t.Helper()
+	if !strings.Contains(journalSettings, "lease_ttl") {
+		journalSettings += "\nlease_ttl = \"2s\""
+	}
 	f := &haFleet{etcd: etcdtest.Start(t, 3), host: harness.StartHostagent(t)}
 	eps := `"` + strings.Join(f.etcd.Endpoints(), `", "`) + `"`
 	prefix := "/" + t.Name() + "/"
 	f.journal = func(i int) string {
-		return fmt.Sprintf("[journal]\nbackend = \"etcd\"\nendpoints = [%s]\nprefix = %q\nreplica = \"r%d\"\nlease_ttl = %q\ntimeout = \"2s\"", eps, prefix, i, leaseTTL)
+		return fmt.Sprintf("[journal]\nbackend = \"etcd\"\nendpoints = [%s]\nprefix = %q\nreplica = \"r%d\"\ntimeout = \"2s\"\n%s", eps, prefix, i, journalSettings)
 	}
 	for i := range n {
 		b := harness.NewBastion(t, f.host.ClientKey, append(extraConfig, f.journal(i))...)

@@ -158,7 +158,7 @@ func TestGCKeepsNonTerminalAndChain(t *testing.T) {
 	s.Transition(ctx, "ex_old_pending", markers.Dispatched, markers.Unknown, "", nil)
 
 	clock = clock.Add(2 * time.Hour)
-	res, err := s.GC(ctx)
+	res, err := s.GC(ctx, markers.GCOptions{})
 	if err != nil || res.Records != 1 {
 		t.Fatalf("gc after 2h = %+v, %v; want the read_only record removed", res, err)
 	}
@@ -167,7 +167,7 @@ func TestGCKeepsNonTerminalAndChain(t *testing.T) {
 	}
 	clock = clock.Add(100 * time.Hour)
 	s.Create(ctx, &markers.Record{ID: "ex_new", OperationKey: "op:x"})
-	res, err = s.GC(ctx)
+	res, err = s.GC(ctx, markers.GCOptions{})
 	if err != nil || res.Records != 1 || res.Events == 0 {
 		t.Fatalf("gc after 102h = %+v, %v; want remote_command record and old events removed", res, err)
 	}
@@ -212,5 +212,18 @@ func TestExportLinesAreStable(t *testing.T) {
 	want := "[type seq at execution_id kind to record prev_hash this_hash]"
 	if fmt.Sprint(keys) != want {
 		t.Errorf("field order = %v; want %s", keys, want)
+	}
+}
+
+// TestVerifyEmptyLogIsNotSealed: an empty export passes as a chain (there is nothing to
+// contradict) but never as a sealed one: an export cut before its first line is not a log.
+func TestVerifyEmptyLogIsNotSealed(t *testing.T) {
+	s := testutil.OpenStore(t, markers.JournalGraph)
+	if rep, err := markers.VerifyJSONL(strings.NewReader(""), s.VerifierKey, markers.VerifyOptions{}); err != nil || !rep.OK {
+		t.Fatalf("empty, not required sealed = %v, %v; want PASS", rep, err)
+	}
+	rep, err := markers.VerifyJSONL(strings.NewReader(""), s.VerifierKey, markers.VerifyOptions{RequireSealed: true})
+	if err != nil || rep.OK || !strings.Contains(rep.String(), "empty") {
+		t.Fatalf("empty, required sealed = %v, %v; want FAIL saying it is empty", rep, err)
 	}
 }

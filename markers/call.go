@@ -35,6 +35,11 @@ type Call struct {
 	// NewRun is the run's identity at its first contact, set on the first write that names
 	// the run; the store then keeps it as the run's record (Store.Run).
 	NewRun *Run `json:"new_run,omitempty"`
+	// RunIdentity is the run's identity when the caller believes the journal holds its record
+	// already (NewRun is nil). It is not journaled in the event: the store records it only if
+	// the run's record is missing — retention removed the run since the caller learned of it
+	// (a run with no execution left, docs/design.md "Retention").
+	RunIdentity *Run `json:"-"`
 }
 
 // Run is one agent run: the intent scope of its calls, with the identity of the agent

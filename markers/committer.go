@@ -20,6 +20,10 @@ func (s *Store) submit(req *commitReq) error {
 	if s.opts.ReadOnly {
 		return ErrReadOnly
 	}
+	if req.Write != nil {
+		s.indexMu.RLock()
+		defer s.indexMu.RUnlock()
+	}
 	return s.writes.Commit(req)
 }
 
@@ -153,9 +157,8 @@ func (s *Store) stage(b *pebble.Batch, head ChainPos, r *commitReq) (ChainPos, e
 			err = b.Set(k, v, nil)
 		}
 	}
-	for _, ev := range events {
-		set(seqKey(pEvent, ev.Seq), ev.Line)
-		set(execEventKey(r.rec.ID, ev.Seq), nil)
+	for _, kv := range r.ChainKeys(events) {
+		set(kv.Key, kv.Value)
 	}
 	if run := r.NewRun(); run != nil && err == nil {
 		err = s.stageRun(b, run)
@@ -164,6 +167,11 @@ func (s *Store) stage(b *pebble.Batch, head ChainPos, r *commitReq) (ChainPos, e
 	for _, k := range dels {
 		if err == nil {
 			err = b.Delete(k, nil)
+		}
+	}
+	for _, f := range r.DeleteRanges() {
+		if err == nil {
+			err = b.DeleteRange(f.Start, f.End, nil)
 		}
 	}
 	for _, kv := range puts {

@@ -1,10 +1,12 @@
 package markers
 
 import (
+	"cmp"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -23,10 +25,13 @@ type Event struct {
 	Note        string    `json:"note,omitempty"`
 	// Call is the tool call behind a create, joined or delivery event, when the bastion
 	// knows it.
-	Call     *Call           `json:"call,omitempty"`
-	Record   json.RawMessage `json:"record"`
-	PrevHash string          `json:"prev_hash"`
-	ThisHash string          `json:"this_hash,omitempty"`
+	Call *Call `json:"call,omitempty"`
+	// Carried (a carried event): the event lines of its execution that a retention pass
+	// pruned from the chain's prefix while the execution was still held, as they were.
+	Carried  []json.RawMessage `json:"carried,omitempty"`
+	Record   json.RawMessage   `json:"record"`
+	PrevHash string            `json:"prev_hash"`
+	ThisHash string            `json:"this_hash,omitempty"`
 }
 
 // DecodedRecord is the record the event carries, as it stood after the event.
@@ -45,6 +50,10 @@ const (
 	// the result abandoned its request (notifications/cancelled), so the result counts as
 	// never delivered and a retry replays it.
 	KindDeliveryRevoked EventKind = "delivery_revoked"
+	// KindCarried changes nothing in its record: a retention pass pruning the chain's prefix
+	// copied the record's events in it forward (Event.Carried), so that an execution still
+	// held keeps its story in the journal.
+	KindCarried EventKind = "carried"
 )
 
 // genesisHash is the prev_hash of the first event of a store.
@@ -140,6 +149,16 @@ func (ev *Event) appendBody(b []byte) ([]byte, error) {
 		b = append(b, `,"call":`...)
 		b = append(b, call...)
 	}
+	if len(ev.Carried) > 0 { // rare (retention): each line is a compact event line already
+		b = append(b, `,"carried":[`...)
+		for i, line := range ev.Carried {
+			if i > 0 {
+				b = append(b, ',')
+			}
+			b = append(b, line...)
+		}
+		b = append(b, ']')
+	}
 	b = append(b, `,"record":`...)
 	if len(ev.Record) == 0 {
 		b = append(b, "null"...)
@@ -173,4 +192,33 @@ func splitLine(line []byte) (body []byte, thisHash string, ok bool) {
 	}
 	body = append(append(make([]byte, 0, n+1), line[:n]...), '}')
 	return body, string(line[n+len(hashField) : len(line)-2]), true
+}
+
+// StoryOf is the events of one record as Events returns them: each carried event replaced
+// by the events it carries (a pass interrupted between carrying and pruning may have
+// carried some twice: each appears once), in sequence order.
+func StoryOf(evs []Event) ([]Event, error) {
+	out := make([]Event, 0, len(evs))
+	seen := make(map[uint64]bool, len(evs))
+	add := func(ev Event) {
+		if !seen[ev.Seq] {
+			seen[ev.Seq] = true
+			out = append(out, ev)
+		}
+	}
+	for _, ev := range evs {
+		if ev.Kind != KindCarried {
+			add(ev)
+			continue
+		}
+		for _, line := range ev.Carried {
+			var c Event
+			if err := json.Unmarshal(line, &c); err != nil {
+				return nil, fmt.Errorf("%w: event %d carries a line that is no event: %v", ErrCorrupt, ev.Seq, err)
+			}
+			add(c)
+		}
+	}
+	slices.SortFunc(out, func(a, b Event) int { return cmp.Compare(a.Seq, b.Seq) })
+	return out, nil
 }

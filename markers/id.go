@@ -46,3 +46,13 @@ func ValidExecutionID(id string) bool {
 	u, err := ulid.ParseStrict(text)
 	return err == nil && u.String() == text
 }
+
+// ExecutionIDTime is when id was made (its ULID's millisecond time, on the clock of the
+// bastion that made it), or ok false for a string that is not an execution id.
+func ExecutionIDTime(id string) (t time.Time, ok bool) {
+	if !ValidExecutionID(id) {
+		return time.Time{}, false
+	}
+	u := ulid.MustParseStrict(id[len(ExecutionIDPrefix):])
+	return ulid.Time(u.Time()), true
+}

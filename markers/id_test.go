@@ -60,3 +60,20 @@ func TestNewExecutionIDIsValidAndSorted(t *testing.T) {
 		prev = id
 	}
 }
+
+// An execution id tells when it was made, to the millisecond; anything else tells nothing.
+func TestExecutionIDTime(t *testing.T) {
+	at := time.Date(2026, 12, 2, 11, 0, 0, 123_000_000, time.UTC)
+	id, err := markers.NewExecutionID(at)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, ok := markers.ExecutionIDTime(id); !ok || !got.Equal(at) {
+		t.Errorf("ExecutionIDTime(%s) = %v, %v; want %v", id, got, ok, at)
+	}
+	for _, bad := range []string{"", "ex_", "ex_not-a-ulid", "01JTLS00000000000000000001"} {
+		if _, ok := markers.ExecutionIDTime(bad); ok {
+			t.Errorf("ExecutionIDTime(%q) ok", bad)
+		}
+	}
+}

@@ -41,6 +41,10 @@ type JournalStore interface {
 
 	// Export writes the chain as JSONL (see Store.Export).
 	Export(w io.Writer) error
+	// GC is a retention pass (see Store.GC).
+	GC(ctx context.Context, o GCOptions) (GCResult, error)
+	// Backend is the backend's size and health.
+	Backend(ctx context.Context) (BackendStatus, error)
 	Stats() Stats
 	Close() error
 }

@@ -21,7 +21,13 @@ import (
 //	g<actor>\0<scope>\0<fingerprint>\0<id>  journal: every execution of one intent (siblings)
 //	u<actor>\0<scope>                      agent run (JSON Run), first contact
 //	w<first seen unix nanos:8><actor>\0<scope> → run key
-//	m<name>                              store metadata (head, base, graph)
+//	a<actor>\0<created unix nanos:8><id>              journal: executions by actor
+//	v<actor>\0<scope>\0<created unix nanos:8><id>     journal: executions by agent run
+//	z<expires unix nanos:8><pointer key>  → id: tombstones of removed executions, by expiry
+//	m<name>                              store metadata (head, base, graph, index version)
+//
+// A pointer index entry (f, k) names an execution by its id, or — once retention removed
+// that execution — holds its tombstone (JSON, starting with '{'; ids never do).
 const (
 	pRecord     = 'r'
 	pEvent      = 'e'
@@ -37,12 +43,18 @@ const (
 	pSiblings   = 'g'
 	pRun        = 'u'
 	pRunTime    = 'w'
+	pActor      = 'a'
+	pRunExec    = 'v'
+	pTombstone  = 'z'
 )
 
 var (
 	metaHead  = []byte("mhead")
 	metaBase  = []byte("mbase")
 	metaGraph = []byte("mgraph")
+	// metaIndex holds the version of the indexes an older store may lack (the actor and
+	// run indexes): built once on open (index.go).
+	metaIndex = []byte("mindex")
 )
 
 func joinKey(prefix byte, parts ...string) []byte {
@@ -82,11 +94,23 @@ func timePrefix(t time.Time) []byte {
 	return binary.BigEndian.AppendUint64([]byte{pTime}, uint64(t.UnixNano()))
 }
 
+// actorPrefix and runPrefix start the actor's and the run's index keys; the creation time
+// and the id follow.
+func actorPrefix(actor string) []byte { return append(joinKey(pActor, actor), 0) }
+func runPrefix(actor, scope string) []byte {
+	return append(joinKey(pRunExec, actor, scope), 0)
+}
+
+func timedKey(prefix []byte, t time.Time, id string) []byte {
+	k := binary.BigEndian.AppendUint64(append([]byte(nil), prefix...), uint64(t.UnixNano()))
+	return append(k, id...)
+}
+
 // indexEntry is one secondary index key and its value.
 type indexEntry struct{ key, value []byte }
 
-// indexEntries are the secondary index entries of r. The state and time indexes are sets
-// (empty values, the id is in the key); the fingerprint, idempotency-key and operation-key
+// indexEntries are the secondary index entries of r. The state, time, actor and run indexes
+// are sets (empty values, the id is in the key); the fingerprint, idempotency-key and operation-key
 // indexes are point keys whose value is the newest execution's id, so their lookups are one
 // Get that bloom filters answer without scanning.
 func indexEntries(r *Record) []indexEntry {
@@ -96,6 +120,10 @@ func indexEntries(r *Record) []indexEntry {
 	}
 	if r.Graph == JournalGraph && r.Fingerprint != "" {
 		e = append(e, indexEntry{key: joinKey(pSiblings, r.Actor, r.IntentScope, r.Fingerprint, r.ID)})
+	}
+	if r.Graph == JournalGraph && r.Actor != "" {
+		e = append(e, indexEntry{key: timedKey(actorPrefix(r.Actor), r.CreatedAt, r.ID)},
+			indexEntry{key: timedKey(runPrefix(r.Actor, r.IntentScope), r.CreatedAt, r.ID)})
 	}
 	return e
 }

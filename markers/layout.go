@@ -87,6 +87,8 @@ type LogEntry struct {
 
 // WriteExport writes the JSONL export of a log (see Store.Export) from base (the pruned
 // prefix, Seq 0 if none), its checkpoints and its event lines, both in sequence order.
+// Events up to the base, and checkpoints before it, are left out: a retention pass on etcd
+// moves the base before it deletes them, in several transactions.
 func WriteExport(w io.Writer, base ChainPos, checkpoints, events iter.Seq2[LogEntry, error]) error {
 	bw := bufio.NewWriterSize(w, 64<<10)
 	line := func(b []byte) error {
@@ -107,6 +109,9 @@ func WriteExport(w io.Writer, base ChainPos, checkpoints, events iter.Seq2[LogEn
 			if cp.Seq > seq {
 				return nil
 			}
+			if cp.Seq < base.Seq {
+				continue // left over by a pass interrupted before it deleted them
+			}
 			b, _ := json.Marshal(checkpointLine{Type: "checkpoint", Note: string(cp.Value)})
 			if err := line(b); err != nil {
 				return err
@@ -126,6 +131,9 @@ func WriteExport(w io.Writer, base ChainPos, checkpoints, events iter.Seq2[LogEn
 	for ev, err := range events {
 		if err != nil {
 			return fmt.Errorf("markers: export: %w", err)
+		}
+		if ev.Seq <= base.Seq {
+			continue // pruned: a pass sets the base before it deletes the events
 		}
 		if err := line(ev.Value); err != nil {
 			return fmt.Errorf("markers: export: %w", err)

@@ -39,13 +39,30 @@ type Options struct {
 	// which spares a write the decoding of the record it changes. Default 1024 (about 1-2 MB
 	// at most); negative disables it.
 	RecordCacheEntries int
-	// Retention is how long a terminal record of each action class is kept, keyed by
-	// Record.Class. Default DefaultRetention.
+	// Retention is how long a terminal record of each action class is kept since it last
+	// changed, keyed by Record.Class (the default Removable). Default DefaultRetention.
 	Retention map[string]time.Duration
 	// DefaultRetention applies to classes missing from Retention. Default 30 days.
 	DefaultRetention time.Duration
-	// EventRetention is how long events are kept before GC prunes them at a checkpoint.
-	// Default 0: events are kept forever.
+	// Removable, if set, decides instead of Retention whether a retention pass (GC) may
+	// remove a terminal record at now; it is never asked about a record that is not
+	// terminal. The bastion's journal decides by its action classes (bastion/intent).
+	Removable func(r *Record, now time.Time) bool
+	// MinRetention: no record created less than this long ago is removable, so a pass only
+	// looks at older ones. Default 0.
+	MinRetention time.Duration
+	// TombstoneRetention, if set, is how long the pointer index entries of a removed
+	// execution of a class (its intent's fingerprint or its idempotency key) keep its
+	// tombstone, which a lookup answers with a *RemovedError; 0 for a class, or unset,
+	// deletes them.
+	TombstoneRetention func(class string) time.Duration
+	// RunRetention: an agent run first seen longer ago than this, with no execution of its
+	// own left, is removed by a pass. Default 0: runs are kept.
+	RunRetention time.Duration
+	// EventRetention: a pass prunes the chain's prefix of events older than this even where
+	// a retained record still has events in it (its record stays; those events live on in
+	// the exports made before). Default 0: only the prefix whose records are all removed is
+	// pruned.
 	EventRetention time.Duration
 	// Logger receives the store's and Pebble's messages. Default slog.Default().
 	Logger *slog.Logger
@@ -124,6 +141,9 @@ func (o *Options) Validate() error {
 			errs = append(errs, fmt.Errorf("retention of class %q must be positive", class))
 		}
 	}
+	if o.MinRetention < 0 || o.RunRetention < 0 || o.EventRetention < 0 {
+		errs = append(errs, errors.New("min, run and event retention must not be negative"))
+	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("markers: options: %w", err)
 	}
@@ -136,3 +156,28 @@ func (o *Options) retention(class string) time.Duration {
 	}
 	return o.DefaultRetention
 }
+
+// removable is the retention rule of the pass: Removable, else the class's Retention since
+// the record last changed. A record that is not terminal never is.
+func (o *Options) removable(r *Record, now time.Time) bool {
+	if !r.Graph.Terminal(r.State) {
+		return false
+	}
+	if o.Removable != nil {
+		return o.Removable(r, now)
+	}
+	return now.Sub(r.UpdatedAt) >= o.retention(r.Class)
+}
+
+// IsRemovable reports whether a pass with these options removes r at now (see Options.Removable).
+func (o *Options) IsRemovable(r *Record, now time.Time) bool { return o.removable(r, now) }
+
+func (o *Options) tombstoneRetention(class string) time.Duration {
+	if o.TombstoneRetention == nil {
+		return 0
+	}
+	return o.TombstoneRetention(class)
+}
+
+// KeepTombstone is how long a removed execution of class keeps its tombstones.
+func (o *Options) KeepTombstone(class string) time.Duration { return o.tombstoneRetention(class) }

@@ -1,6 +1,8 @@
 package markers
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"time"
@@ -24,6 +26,10 @@ type Write struct {
 	call *Call
 	// at, if set, is the event time (a joined event does not change the record's times).
 	at time.Time
+	// carried (a carried event): the event lines it carries; the write also drops the
+	// record's event index up to the last of them (dropTo).
+	carried [][]byte
+	dropTo  uint64
 }
 
 // Record is the record as the write leaves it (the caller's to clone, not to change).
@@ -32,14 +38,20 @@ func (w *Write) Record() *Record { return w.rec }
 // Prev is the record the write changes, nil for a create.
 func (w *Write) Prev() *Record { return w.prev }
 
-// NewRun is the agent run the write's call names for the first time, if any: a backend
-// records it unless the run is already recorded (the first contact stays).
+// NewRun is the agent run the write's call names, if the call carries its identity: a
+// backend records it unless the run is already recorded (the first contact stays).
 func (w *Write) NewRun() *Run {
-	if w.call == nil || w.call.NewRun == nil {
+	if w.call == nil {
 		return nil
 	}
-	w.call.NewRun.bound()
-	return w.call.NewRun
+	run := w.call.NewRun
+	if run == nil {
+		run = w.call.RunIdentity
+	}
+	if run != nil {
+		run.bound()
+	}
+	return run
 }
 
 // Events is the number of events the write appends.
@@ -75,6 +87,9 @@ func (w *Write) Chain(head ChainPos) ([]ChainedEvent, ChainPos, error) {
 		}
 		if i == 0 {
 			ev.Call = w.call // the write's first event: the create, joined or update
+			for _, line := range w.carried {
+				ev.Carried = append(ev.Carried, line)
+			}
 		}
 		line, err := ev.seal()
 		if err != nil {
@@ -86,10 +101,39 @@ func (w *Write) Chain(head ChainPos) ([]ChainedEvent, ChainPos, error) {
 	return out, head, nil
 }
 
+// ChainKeys are the keys the write's chained events take: each event line and its entry in
+// the record's event index.
+func (w *Write) ChainKeys(events []ChainedEvent) []KV {
+	kvs := make([]KV, 0, 2*len(events))
+	for _, ev := range events {
+		kvs = append(kvs, KV{seqKey(pEvent, ev.Seq), ev.Line}, KV{execEventKey(w.rec.ID, ev.Seq), nil})
+	}
+	return kvs
+}
+
+// DeleteRanges are the key ranges the write deletes: a carried event's part of its record's
+// event index (the events it carries, which the pass then prunes).
+func (w *Write) DeleteRanges() []Family {
+	if w.steps[0].kind != KindCarried {
+		return nil
+	}
+	f := ExecEventFamily(w.rec.ID)
+	return []Family{{f.Start, execEventKey(w.rec.ID, w.dropTo+1)}}
+}
+
+// CarriedBytes is the size of the event lines a carried event carries (0 for any other).
+func (w *Write) CarriedBytes() int {
+	n := 0
+	for _, l := range w.carried {
+		n += len(l)
+	}
+	return n
+}
+
 // Mutations are the keys the write sets and deletes besides its events and run: the
 // record, its result, and its secondary index entries.
 func (w *Write) Mutations() (puts []KV, dels [][]byte) {
-	if w.steps[0].kind != KindJoined { // a joined event leaves the record as it is
+	if k := w.steps[0].kind; k != KindJoined && k != KindCarried { // those leave the record as it is
 		puts = append(puts, KV{recordKey(w.rec.ID), w.encoded})
 	}
 	if w.result != nil {
@@ -167,6 +211,89 @@ func PlanJoined(rec *Record, encoded []byte, call *Call, at time.Time) (*Write, 
 	}
 	return &Write{rec: rec, prev: rec, encoded: encoded, at: at, call: call,
 		steps: []step{{kind: KindJoined, from: rec.State, to: rec.State, record: encoded}}}, nil
+}
+
+// maxCarriedBytes bounds the event lines one carried event carries; a record with more in a
+// pruned prefix gets several.
+const maxCarriedBytes = 256 << 10
+
+// PlanCarries plans the carried events of rec as it stands, at at: entries are the record's
+// events in a prefix of the chain a pass prunes (its event index's sequence numbers and the
+// lines), in order. Each carried event carries the lines of a run of entries — an entry
+// that is itself a carried event (an earlier pass's) gives the lines it carries, so lines
+// are carried once, never nested — and drops those entries from the record's event index.
+// The record itself is not written: each carried event holds it as it is.
+func PlanCarries(rec *Record, entries []LogEntry, at time.Time) ([]*Write, error) {
+	encoded, err := EncodeRecord(rec)
+	if err != nil {
+		return nil, err
+	}
+	var writes []*Write
+	var lines [][]byte
+	size := 0
+	flush := func(dropTo uint64) {
+		if len(lines) == 0 {
+			return
+		}
+		first, last := lineSeq(lines[0]), lineSeq(lines[len(lines)-1])
+		writes = append(writes, &Write{rec: rec, prev: rec, encoded: encoded, at: at, dropTo: dropTo, carried: lines,
+			steps: []step{{kind: KindCarried, from: rec.State, to: rec.State, record: encoded,
+				note: fmt.Sprintf("events %d..%d carried forward: the chain's prefix holding them was pruned by retention", first, last)}}})
+		lines, size = nil, 0
+	}
+	for i, e := range entries {
+		own, err := carriedLines(e.Value)
+		if err != nil {
+			return nil, fmt.Errorf("markers: carry %s: event %d: %w", rec.ID, e.Seq, err)
+		}
+		n := 0
+		for _, l := range own {
+			n += len(l)
+		}
+		if size > 0 && size+n > maxCarriedBytes {
+			flush(entries[i-1].Seq)
+		}
+		lines, size = append(lines, own...), size+n
+	}
+	if len(entries) > 0 {
+		flush(entries[len(entries)-1].Seq)
+	}
+	return writes, nil
+}
+
+// carriedLines are the original event lines an event line stands for: itself, or the lines
+// a carried event carries.
+func carriedLines(line []byte) ([][]byte, error) {
+	if !bytes.Contains(line, []byte(`"kind":"carried"`)) {
+		return [][]byte{line}, nil
+	}
+	var ev Event
+	if err := json.Unmarshal(line, &ev); err != nil {
+		return nil, fmt.Errorf("%w: %v", ErrCorrupt, err)
+	}
+	if ev.Kind != KindCarried {
+		return [][]byte{line}, nil
+	}
+	out := make([][]byte, len(ev.Carried))
+	for i, l := range ev.Carried {
+		out[i] = l
+	}
+	return out, nil
+}
+
+// lineSeq is the sequence number of an event line (0 if it has none).
+func lineSeq(line []byte) uint64 {
+	var ev struct {
+		Seq uint64 `json:"seq"`
+	}
+	head := line
+	if i := bytes.Index(line, []byte(`,"at":`)); i > 0 {
+		head = append(line[:i:i], '}')
+	}
+	if json.Unmarshal(head, &ev) != nil {
+		return 0
+	}
+	return ev.Seq
 }
 
 // PlanChange plans a change of cur (the record as last committed; not modified): a

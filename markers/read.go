@@ -29,6 +29,11 @@ func (s *Store) getLocked(id string) (*Record, error) {
 	if err := s.readable(); err != nil {
 		return nil, err
 	}
+	return s.getRecord(id)
+}
+
+// getRecord is getLocked for a caller that keeps the store open (a retention pass).
+func (s *Store) getRecord(id string) (*Record, error) {
 	if rec := s.records.get(id); rec != nil {
 		return rec, nil
 	}
@@ -81,14 +86,15 @@ func (s *Store) readable() error {
 
 // FindByFingerprint returns the newest execution of actor with fingerprint in intent scope
 // and no idempotency key (keyed executions are found by FindByIdempotencyKey), or
-// ErrNotFound. The caller applies the matching rule (state, attach window) to it.
+// ErrNotFound — a *RemovedError when retention removed it. The caller applies the matching
+// rule (state, attach window) to it.
 func (s *Store) FindByFingerprint(actor, scope, fingerprint string) (*Record, error) {
 	return s.follow(fingerprintKey(actor, scope, fingerprint))
 }
 
 // FindByIdempotencyKey returns the newest execution that carried key in key space space
 // (SharedKeySpace, or an actor for the records made before principals: KeySpace), or
-// ErrNotFound.
+// ErrNotFound (a *RemovedError when retention removed it).
 func (s *Store) FindByIdempotencyKey(space, key string) (*Record, error) {
 	return s.follow(idempotencyKey(space, key))
 }
@@ -114,8 +120,11 @@ func (s *Store) follow(key []byte) (*Record, error) {
 	if err != nil {
 		return nil, fmt.Errorf("markers: index lookup: %w", err)
 	}
-	id := string(v)
+	id, err := lookupAnswer(v)
 	closer.Close()
+	if err != nil {
+		return nil, err
+	}
 	return s.Get(id)
 }
 
@@ -123,8 +132,10 @@ func (s *Store) follow(key []byte) (*Record, error) {
 type Query struct {
 	// State, if set, selects records in that state (using the state index).
 	State State
-	// Actor, if set, selects that actor's records.
+	// Actor, if set, selects that actor's records (the actor index, without State).
 	Actor string
+	// Scope, with Actor, selects that agent run's records (the run index, without State).
+	Scope string
 	// Since and Until, if set, bound CreatedAt to [Since, Until).
 	Since, Until time.Time
 	// Newest lists newest first; otherwise oldest first.
@@ -151,10 +162,10 @@ func pageSize(limit int) int {
 	return min(limit, MaxPage)
 }
 
-// Selects reports whether rec passes q's actor and time filters: List applies them, on any
-// backend, to each record its index scan (ListBounds) finds.
+// Selects reports whether rec passes q's actor, scope and time filters: List applies them,
+// on any backend, to each record its index scan (ListBounds) finds.
 func (q Query) Selects(rec *Record) bool {
-	return (q.Actor == "" || rec.Actor == q.Actor) &&
+	return (q.Actor == "" || rec.Actor == q.Actor) && (q.Actor == "" || q.Scope == "" || rec.IntentScope == q.Scope) &&
 		(q.Since.IsZero() || !rec.CreatedAt.Before(q.Since)) &&
 		(q.Until.IsZero() || rec.CreatedAt.Before(q.Until))
 }
@@ -162,45 +173,64 @@ func (q Query) Selects(rec *Record) bool {
 // ErrInvalidCursor: a List cursor that no List of this journal handed out.
 var ErrInvalidCursor = errors.New("markers: list: invalid cursor")
 
-// ListBounds is the key range [lower, upper) that a List of q scans, on any backend: the
-// state index under prefix when q names a state (the id follows prefix), else the time index
-// (the id follows its 9-byte prefix); a cursor narrows it past its key. A cursor that is not
-// a key of the scanned index is ErrInvalidCursor. ListedID names the execution of a key in
-// the range.
-func ListBounds(q Query) (lower, upper, prefix []byte, err error) {
-	lower, upper = []byte{pTime}, []byte{pTime + 1}
-	if q.State != "" {
+// ListRange is the key range [Lower, Upper) a List scans, on any backend, and where the
+// execution id sits in its keys.
+type ListRange struct {
+	Lower, Upper []byte
+	// idAt is the offset of the id in a key of the range.
+	idAt int
+}
+
+// ID is the execution id of key, a key of the range.
+func (r ListRange) ID(key []byte) string { return string(key[r.idAt:]) }
+
+// ListBounds is the key range a List of q scans: the state index when q names a state; else
+// the run index for an actor and a scope, the actor index for an actor — when indexed, the
+// journal holds them (index.go) — and otherwise the time index, bounded by Since and Until;
+// a cursor narrows it past its key. A cursor that is not a key of the scanned index is
+// ErrInvalidCursor.
+func ListBounds(q Query, indexed bool) (ListRange, error) {
+	var r ListRange
+	var prefix []byte // the keys' common prefix: a cursor must start with it
+	switch {
+	case q.State != "":
 		prefix = append(joinKey(pState, string(q.State)), 0)
-		lower, upper = prefix, prefixEnd(prefix)
-	} else {
+		r = ListRange{Lower: prefix, Upper: prefixEnd(prefix), idAt: len(prefix)}
+	case q.Actor != "" && indexed:
+		prefix = actorPrefix(q.Actor)
+		if q.Scope != "" {
+			prefix = runPrefix(q.Actor, q.Scope)
+		}
+		r = ListRange{Lower: prefix, Upper: prefixEnd(prefix), idAt: len(prefix) + 8}
 		if !q.Since.IsZero() {
-			lower = timePrefix(q.Since)
+			r.Lower = timedKey(prefix, q.Since, "")
 		}
 		if !q.Until.IsZero() {
-			upper = timePrefix(q.Until)
+			r.Upper = timedKey(prefix, q.Until, "")
+		}
+	default:
+		prefix = []byte{pTime}
+		r = ListRange{Lower: []byte{pTime}, Upper: []byte{pTime + 1}, idAt: 9}
+		if !q.Since.IsZero() {
+			r.Lower = timePrefix(q.Since)
+		}
+		if !q.Until.IsZero() {
+			r.Upper = timePrefix(q.Until)
 		}
 	}
 	if q.Cursor == "" {
-		return lower, upper, prefix, nil
+		return r, nil
 	}
 	c, err := hex.DecodeString(q.Cursor)
-	if err != nil || !bytes.HasPrefix(c, lower[:1]) || prefix != nil && !bytes.HasPrefix(c, prefix) {
-		return nil, nil, nil, ErrInvalidCursor
+	if err != nil || !bytes.HasPrefix(c, prefix) || len(c) <= r.idAt {
+		return ListRange{}, ErrInvalidCursor
 	}
 	if q.Newest {
-		upper = c
+		r.Upper = c
 	} else {
-		lower = append(c, 0)
+		r.Lower = append(c, 0)
 	}
-	return lower, upper, prefix, nil
-}
-
-// ListedID is the execution id of key, a key in the range ListBounds returned with prefix.
-func ListedID(key, prefix []byte) string {
-	if prefix != nil {
-		return string(key[len(prefix):])
-	}
-	return TimeKeyID(key)
+	return r, nil
 }
 
 // List returns one page of records matching q, and the cursor of the next page ("" when
@@ -210,11 +240,11 @@ func (s *Store) List(q Query) ([]*Record, string, error) {
 		return nil, "", err
 	}
 	limit := q.PageSize()
-	lower, upper, prefix, err := ListBounds(q)
+	r, err := ListBounds(q, s.indexed)
 	if err != nil {
 		return nil, "", err
 	}
-	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: lower, UpperBound: upper})
+	it, err := s.db.NewIter(&pebble.IterOptions{LowerBound: r.Lower, UpperBound: r.Upper})
 	if err != nil {
 		return nil, "", fmt.Errorf("markers: list: %w", err)
 	}
@@ -230,7 +260,7 @@ func (s *Store) List(q Query) ([]*Record, string, error) {
 			return out, hex.EncodeToString(lastKey), nil
 		}
 		lastKey = append(lastKey[:0], it.Key()...)
-		rec, err := s.Get(ListedID(it.Key(), prefix))
+		rec, err := s.Get(r.ID(it.Key()))
 		if errors.Is(err, ErrNotFound) {
 			continue // removed by retention after the scan began
 		}
@@ -244,7 +274,8 @@ func (s *Store) List(q Query) ([]*Record, string, error) {
 	return out, "", it.Error()
 }
 
-// Events returns the events of execution id in order: the story of the execution.
+// Events returns the events of execution id in order: the story of the execution, with the
+// events carried forward past a pruned prefix of the chain in their place (StoryOf).
 func (s *Store) Events(id string) ([]Event, error) {
 	unlock := s.locks.Lock(id) // events of a write in flight are not durable yet
 	defer unlock()
@@ -278,5 +309,8 @@ func (s *Store) Events(id string) ([]Event, error) {
 		}
 		out = append(out, ev)
 	}
-	return out, it.Error()
+	if err := it.Error(); err != nil {
+		return nil, err
+	}
+	return StoryOf(out)
 }

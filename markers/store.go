@@ -50,6 +50,8 @@ type Store struct {
 	present *presence
 	// records holds decoded records as last committed (see recordCache).
 	records *recordCache
+	// indexed: the store holds the indexes of IndexVersion (index.go). Set by Open.
+	indexed bool
 
 	// mu guards closed; writers hold it shared for the whole write, so Close (exclusive)
 	// waits for writes in flight.
@@ -59,12 +61,21 @@ type Store struct {
 	// writes is the group-commit queue; its leader runs commitGroup.
 	writes *groupcommit.Queue[*commitReq]
 
-	stop chan struct{} // closed by Close to end sealPeriodically
+	stop chan struct{} // closed by Close to end sealPeriodically and stop a retention pass
 	wg   sync.WaitGroup
+	// passes counts retention passes in progress (Add under mu, shared, while not closed):
+	// Close waits for them before it closes Pebble.
+	passes sync.WaitGroup
 
 	// commitMu is held around each commit, so a reader that takes it sees only durable
 	// writes (Export's snapshot).
 	commitMu sync.Mutex
+	// indexMu is held shared by every write from before it is staged until it is committed,
+	// and exclusively by a retention pass between reading the index entries it changes (a
+	// pointer entry naming a removed record, an agent run with no execution left) and
+	// committing the change, so that no write creates such an entry in between. Lock order:
+	// a record's lock, then indexMu.
+	indexMu sync.RWMutex
 
 	// Owned by the current commit leader.
 	head       ChainPos
@@ -183,6 +194,9 @@ func (s *Store) load() error {
 		return err
 	}
 	s.lastSealAt = s.opts.Now()
+	if err := s.buildIndexes(); err != nil {
+		return err
+	}
 	s.present, err = loadPresence(s.db, s.opts.PresenceKeys)
 	return err
 }
@@ -242,6 +256,7 @@ func (s *Store) Close() error {
 	s.mu.Unlock()
 	close(s.stop)
 	s.wg.Wait()
+	s.passes.Wait()
 	var sealErr error
 	if !s.opts.ReadOnly {
 		sealErr = s.writes.Commit(&commitReq{seal: true})

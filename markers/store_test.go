@@ -552,7 +552,7 @@ func TestNewAttemptTakesOverTheIdempotencyKey(t *testing.T) {
 		t.Errorf("changing previous_attempt: err = %v; want ErrImmutable", err)
 	}
 	clock = clock.Add(time.Hour)
-	if res, err := s.GC(ctx); err != nil || res.Records != 1 {
+	if res, err := s.GC(ctx, markers.GCOptions{}); err != nil || res.Records != 1 {
 		t.Fatalf("gc = %+v, %v; want the failed attempt removed", res, err)
 	}
 	if rec, err := s.FindByIdempotencyKey("alice", "deploy-1"); err != nil || rec.ID != "ex_02" {

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"golang.org/x/mod/sumdb/note"
@@ -27,6 +28,15 @@ type Report struct {
 	Checkpoints  int    `json:"checkpoints"`
 	UnsealedTail uint64 `json:"unsealed_tail"`
 	Records      int    `json:"records,omitempty"`
+	// PrunedThrough: events 1..PrunedThrough were pruned by retention; the log starts with
+	// a base line there, attested by the checkpoint signed at PrunedAt. Exports made before
+	// the pass hold them (see VerifyOptions.Joins).
+	PrunedThrough uint64    `json:"pruned_through,omitempty"`
+	PrunedHash    string    `json:"pruned_hash,omitempty"`
+	PrunedAt      time.Time `json:"pruned_at,omitzero"`
+	// Joins: the log holds event VerifyOptions.Joins with that hash (an archive reaching
+	// the start of a pruned journal).
+	Joins bool `json:"joins,omitempty"`
 	// BadLine (1-based line of the JSONL) and BadSeq name the first bad record; Reason says why.
 	BadLine int    `json:"bad_line,omitempty"`
 	BadSeq  uint64 `json:"bad_seq,omitempty"`
@@ -44,6 +54,10 @@ func (r Report) String() string {
 		}
 		fmt.Fprintf(&b, ": %s\n", r.Reason)
 	}
+	if r.PrunedThrough > 0 {
+		fmt.Fprintf(&b, "  events 1..%d pruned by retention (attested by the checkpoint of %s; exports made before hold them)\n",
+			r.PrunedThrough, r.PrunedAt.UTC().Format(time.RFC3339))
+	}
 	if r.Events > 0 {
 		fmt.Fprintf(&b, "  validated events %d..%d (%d)", r.FirstSeq, r.LastSeq, r.Events)
 	} else {
@@ -53,6 +67,9 @@ func (r Report) String() string {
 	if r.Records > 0 {
 		fmt.Fprintf(&b, ", %d records match their last event", r.Records)
 	}
+	if r.Joins {
+		b.WriteString(", and reaches the start of the pruned log")
+	}
 	return b.String()
 }
 
@@ -61,6 +78,10 @@ type VerifyOptions struct {
 	// RequireSealed fails a log whose last events are not covered by a checkpoint. Exports
 	// always end sealed, so for an archived export a missing seal means it was truncated.
 	RequireSealed bool
+	// Joins, if set, fails a log that does not hold an event at Joins.Seq with hash
+	// Joins.Hash: an archive (an export made before a retention pass) must reach the base of
+	// the pruned log it archives, so that the two verify as one chain.
+	Joins *ChainPos
 }
 
 // maxLineBytes bounds one JSONL line; records are far smaller.
@@ -74,6 +95,7 @@ func VerifyJSONL(r io.Reader, verifierKey string, opts VerifyOptions) (Report, e
 	if err != nil {
 		return Report{}, err
 	}
+	v.joins = opts.Joins
 	br := bufio.NewReaderSize(r, 64<<10)
 	for {
 		line, err := readLine(br)
@@ -209,6 +231,7 @@ type chainVerifier struct {
 	baseSeq   uint64 // a base line awaiting its attesting checkpoint
 	baseOpen  bool
 	lastCP    uint64
+	joins     *ChainPos
 }
 
 func newChainVerifier(verifierKey string) (*chainVerifier, error) {
@@ -253,6 +276,7 @@ func (v *chainVerifier) addBase(line []byte) bool {
 	}
 	v.started, v.baseOpen, v.baseSeq = true, true, b.Seq
 	v.prevSeq, v.prevHash = b.Seq, b.Hash
+	v.rep.PrunedThrough, v.rep.PrunedHash = b.Seq, b.Hash
 	return true
 }
 
@@ -302,6 +326,13 @@ func (v *chainVerifier) addEvent(line []byte) bool {
 	v.prevSeq, v.prevHash = ev.Seq, ev.ThisHash
 	v.rep.LastSeq = ev.Seq
 	v.rep.Events++
+	if v.joins != nil && ev.Seq == v.joins.Seq {
+		if ev.ThisHash != v.joins.Hash {
+			v.fail(ev.Seq, fmt.Sprintf("event %d differs from the one the pruned log starts after (hash %s, not %s): not the same chain", ev.Seq, ev.ThisHash, v.joins.Hash))
+			return false
+		}
+		v.rep.Joins = true
+	}
 	return true
 }
 
@@ -331,6 +362,9 @@ func (v *chainVerifier) addCheckpoint(line []byte) bool {
 		return false
 	}
 	v.rep.Origin = cp.Origin
+	if v.baseOpen {
+		v.rep.PrunedAt = cp.At
+	}
 	v.baseOpen = false
 	v.lastCP = cp.Seq
 	v.rep.SealedSeq = cp.Seq
@@ -346,8 +380,20 @@ func (v *chainVerifier) finish(opts VerifyOptions) {
 		v.fail(v.baseSeq, fmt.Sprintf("base %d is not attested by a checkpoint", v.baseSeq))
 		return
 	}
+	if opts.RequireSealed && v.line == 0 {
+		v.fail(0, "the log is empty: nothing in it is sealed (an export cut before its first line, or the wrong file)")
+		return
+	}
 	v.rep.UnsealedTail = v.prevSeq - v.lastCP
 	if opts.RequireSealed && v.rep.UnsealedTail > 0 {
 		v.fail(v.lastCP+1, fmt.Sprintf("truncated or unsealed: %d events after the last checkpoint", v.rep.UnsealedTail))
+		return
+	}
+	if j := opts.Joins; j != nil && !v.rep.Joins {
+		first := v.rep.PrunedThrough + 1
+		if v.rep.Events > 0 {
+			first = v.rep.FirstSeq
+		}
+		v.fail(0, fmt.Sprintf("it holds events %d..%d, not event %d where the pruned log starts: events in between are in neither (export before every retention pass)", first, v.prevSeq, j.Seq))
 	}
 }

@@ -34,6 +34,9 @@ const (
 	CodeIdempotencyKeyHeld = "idempotency_key_held"
 	CodeNotFound           = "not_found"
 	CodeJournalUnavailable = "journal_unavailable"
+	// CodeExecutionRemoved: the call would replay an execution the journal's retention
+	// removed, whose class is not run again blindly; nothing was dispatched.
+	CodeExecutionRemoved = "execution_removed"
 )
 
 // Codes of calls refused by an actor's limits (nothing is journaled for them).

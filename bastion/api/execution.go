@@ -261,9 +261,21 @@ type HostInfo struct {
 	Guarantee string `json:"guarantee"`
 }
 
-// HostsResult is the output of hosts_list.
+// HostsArgs are the arguments of hosts_list (and the operator's GET /v1/hosts).
+type HostsArgs struct {
+	Labels string `json:"labels,omitempty" jsonschema:"only hosts carrying every one of these labels, KEY=VALUE[,KEY=VALUE…], e.g. role=db,env=prod"`
+	Cursor string `json:"cursor,omitempty" jsonschema:"the next_cursor of the previous page, to read the next one"`
+	Limit  int    `json:"limit,omitempty" jsonschema:"at most this many hosts (default 100, max 1000)"`
+}
+
+// HostsResult is the output of hosts_list: one page of hosts, sorted by name.
 type HostsResult struct {
 	Hosts []HostInfo `json:"hosts"`
+	// Total is how many hosts match (the caller may use, with the labels asked for), in
+	// every page.
+	Total int `json:"total"`
+	// NextCursor reads the next page (pass it as cursor); absent on the last page.
+	NextCursor string `json:"next_cursor,omitempty"`
 }
 
 // ExecutionState is an execution's state without its output: what an MCP task reports.

@@ -13,6 +13,8 @@ import (
 type DoctorReport struct {
 	Version string       `json:"version"`
 	Hosts   []HostHealth `json:"hosts"`
+	// Journal is the journal backend's size and health, and its last retention pass.
+	Journal *JournalHealth `json:"journal,omitempty"`
 	// Serving is where the daemon listens, as bound: after `postern up --listen` or a port
 	// 0 that is not what a config file says. Absent when read from the files.
 	Serving *Serving `json:"serving,omitempty"`
@@ -27,6 +29,27 @@ type Serving struct {
 	// MCPSocket and OperatorSocket are the unix sockets.
 	MCPSocket      string `json:"mcp_socket"`
 	OperatorSocket string `json:"operator_socket"`
+}
+
+// JournalHealth is the journal's backend as the running bastion sees it.
+type JournalHealth struct {
+	markers.BackendStatus
+	// Error: the backend could not be asked.
+	Error string `json:"error,omitempty"`
+	// RetentionInterval is how often the scheduled retention pass runs (0: never).
+	RetentionInterval time.Duration `json:"retention_interval"`
+	// LastPass is this bastion's last retention pass, if it ran one since it started (with
+	// replicas the elected one runs them).
+	LastPass *RetentionPass `json:"last_pass,omitempty"`
+}
+
+// RetentionPass is what one retention pass did (`postern journal gc`, the scheduled pass).
+type RetentionPass struct {
+	markers.GCResult
+	StartedAt time.Time `json:"started_at"`
+	Seconds   float64   `json:"seconds"`
+	// Error: the pass stopped on it (what it removed before stays removed).
+	Error string `json:"error,omitempty"`
 }
 
 // HostHealth is one enrolled host, asked now.

@@ -63,6 +63,13 @@ type Config struct {
 	// ClientKeyFile is the bastion's SSH key for hostagents. Default
 	// <state_dir>/bastion_ed25519 (generated on first start).
 	ClientKeyFile string `toml:"client_key_file"`
+	// HostCAs are the host certificate authorities whose certificates vouch for hosts
+	// enrolled with host_key = "@cert-authority" instead of a pinned key.
+	HostCAs []HostCA `toml:"host_cas"`
+	// RevokedHostKeysFile lists revoked host keys, CA keys and certificate serials
+	// (fleet.Revocations), re-read when it changes. Default "": none. A file that cannot be
+	// read refuses every host.
+	RevokedHostKeysFile string `toml:"revoked_host_keys_file"`
 
 	// Actors are the callers: remote ones by bearer token (the config stores its SHA-256),
 	// local ones by process (uid, executable), each with the hosts, tools and endpoints it
@@ -103,6 +110,18 @@ type Config struct {
 	// ReconcileInterval is how often executions with an unknown outcome are reconciled
 	// with their hosts again (and expired approvals rejected). Default 15s.
 	ReconcileInterval time.Duration `toml:"reconcile_interval"`
+	// RetentionInterval is how often the journal's retention pass runs (docs/design.md,
+	// "Retention"; on etcd, on the elected replica). Default 1h; "0s" runs none (then
+	// `postern journal gc` runs it).
+	RetentionInterval time.Duration `toml:"retention_interval"`
+	// EventRetention is how long the journal's hash chain keeps events: a retention pass
+	// prunes the older ones, carrying forward first those of executions still held (each
+	// copied once per event_retention while it is held). Default: the shortest class
+	// retention, plus its removal margin (at most 10 minutes) and two retention intervals
+	// (bastion/journal.Retention).
+	// Longer carries less often but keeps removed executions' events longer; shorter the
+	// reverse.
+	EventRetention time.Duration `toml:"event_retention"`
 	// ApprovalTimeout rejects an execution that waited this long for an operator's
 	// decision. Default 1h; "0s" waits forever.
 	ApprovalTimeout time.Duration `toml:"approval_timeout"`
@@ -242,6 +261,7 @@ func DefaultConfig(dir string) Config {
 		OutputTailBytes:     64 << 10,
 		MaxBodyBytes:        1 << 20,
 		ReconcileInterval:   15 * time.Second,
+		RetentionInterval:   time.Hour,
 		MaxRequestBodyBytes: 256 << 10,
 		ApprovalTimeout:     time.Hour,
 		MaxLocalConns:       transport.DefaultMaxLocalConns,
@@ -478,6 +498,12 @@ func (c Config) Validate() error {
 	if c.ApprovalTimeout < 0 {
 		bad("approval_timeout must not be negative")
 	}
+	if c.RetentionInterval < 0 {
+		bad("retention_interval must not be negative (\"0s\" runs no scheduled retention pass)")
+	}
+	if c.EventRetention < 0 {
+		bad("event_retention must not be negative")
+	}
 	if c.MaxLocalConns < 16 || c.MaxLocalConns > 1<<16 {
 		bad("max_local_conns must be in 16..65536, got %d", c.MaxLocalConns)
 	}
@@ -495,6 +521,10 @@ func (c Config) Validate() error {
 	}
 	if c.MaxRequestBodyBytes <= 0 || c.MaxRequestBodyBytes > markers.MaxResultBytes/2 {
 		bad("max_request_body_bytes must be in 1..%d, got %d", markers.MaxResultBytes/2, c.MaxRequestBodyBytes)
+	}
+	errs = append(errs, c.validateHostCAs()...)
+	if c.RevokedHostKeysFile != "" && !filepath.IsAbs(c.RevokedHostKeysFile) {
+		bad("revoked_host_keys_file must be an absolute path, got %q", c.RevokedHostKeysFile)
 	}
 	errs = append(errs, c.validateHTTP(classes)...)
 	errs = append(errs, c.Journal.validate()...)

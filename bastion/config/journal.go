@@ -28,6 +28,13 @@ type Journal struct {
 	LeaseTTL time.Duration `toml:"lease_ttl"`
 	// Timeout bounds each etcd request: past it the call fails closed. Default 5s.
 	Timeout time.Duration `toml:"timeout"`
+	// QuotaBytes is the members' backend quota (their --quota-backend-bytes), which doctor
+	// and /metrics report use against. Default 2 GiB, etcd's default.
+	QuotaBytes int64 `toml:"quota_bytes"`
+	// CompactionLag is how much recent revision history the retention pass keeps when it
+	// compacts etcd's: an export or a copy that takes longer fails (and is run again).
+	// Default 5m.
+	CompactionLag time.Duration `toml:"compaction_lag"`
 }
 
 // Etcd reports whether the journal is on etcd.
@@ -38,8 +45,8 @@ func (j Journal) validate() []error {
 	bad := func(format string, args ...any) { errs = append(errs, fmt.Errorf("config: journal: "+format, args...)) }
 	switch j.Backend {
 	case "", "pebble":
-		if len(j.Endpoints) > 0 || j.CAFile != "" || j.CertFile != "" || j.KeyFile != "" || j.Prefix != "" {
-			bad("endpoints, ca_file, cert_file, key_file and prefix are for backend = \"etcd\"")
+		if len(j.Endpoints) > 0 || j.CAFile != "" || j.CertFile != "" || j.KeyFile != "" || j.Prefix != "" || j.QuotaBytes != 0 || j.CompactionLag != 0 {
+			bad("endpoints, ca_file, cert_file, key_file, prefix, quota_bytes and compaction_lag are for backend = \"etcd\"")
 		}
 		return errs
 	case "etcd":
@@ -78,6 +85,9 @@ func (j Journal) validate() []error {
 	}
 	if j.Timeout < 0 {
 		bad("timeout must not be negative")
+	}
+	if j.QuotaBytes < 0 || j.CompactionLag < 0 {
+		bad("quota_bytes and compaction_lag must not be negative")
 	}
 	return errs
 }

@@ -124,35 +124,44 @@ func (b *Engine) List(c transport.Caller, a api.ListArgs) (*api.ListResult, erro
 	return out, nil
 }
 
-// Hosts lists the enrolled hosts (for operators).
-func (b *Engine) Hosts() (*api.HostsResult, error) {
+// Hosts lists a page of the enrolled hosts (for operators).
+func (b *Engine) Hosts(a api.HostsArgs) (*api.HostsResult, error) {
 	hosts, err := b.inv.Hosts()
 	if err != nil {
 		return nil, err
 	}
-	return b.hostsResult(hosts), nil
+	return b.hostsResult(hosts, a)
 }
 
-// HostsOf lists the enrolled hosts caller may use (hosts_list): an agent is shown no host its
-// policy would refuse it, so it never picks one.
-func (b *Engine) HostsOf(c transport.Caller) (*api.HostsResult, error) {
+// HostsOf lists a page of the enrolled hosts caller may use (hosts_list): an agent is shown
+// no host its policy would refuse it, so it never picks one.
+func (b *Engine) HostsOf(c transport.Caller, a api.HostsArgs) (*api.HostsResult, error) {
 	hosts, err := b.usableHosts(c)
 	if err != nil {
 		return nil, err
 	}
-	return b.hostsResult(hosts), nil
+	return b.hostsResult(hosts, a)
 }
 
-func (b *Engine) hostsResult(hosts []fleet.Host) *api.HostsResult {
-	out := &api.HostsResult{Hosts: []api.HostInfo{}}
-	for _, h := range hosts {
+// hostsResult is the page of hosts a asks for.
+func (b *Engine) hostsResult(hosts []fleet.Host, a api.HostsArgs) (*api.HostsResult, error) {
+	sel, err := fleet.ParseSelector(a.Labels)
+	if err != nil {
+		return nil, api.Invalid("%v", err)
+	}
+	page, next, total, err := fleet.PageHosts(hosts, sel, a.Cursor, a.Limit)
+	if err != nil {
+		return nil, api.Invalid("%v", err)
+	}
+	out := &api.HostsResult{Hosts: []api.HostInfo{}, Total: total, NextCursor: next}
+	for _, h := range page {
 		out.Hosts = append(out.Hosts, api.HostInfo{
 			Name: h.Name, Addr: h.Addr, Account: h.Account, Description: h.Description, Labels: h.Labels, OS: h.OS,
-			HostKey: h.Fingerprint(), HostKeyType: h.HostKey.Type(), Groups: h.Groups, Connected: b.pool.Connected(h.Name),
+			HostKey: h.Fingerprint(), HostKeyType: h.KeyType(), Groups: h.Groups, Connected: b.pool.Connected(h.Name),
 			DefaultCwd: h.Cwd, Guarantee: string(h.Level()),
 		})
 	}
-	return out
+	return out, nil
 }
 
 // usableHosts are the enrolled hosts caller's configured actor may use, sorted by name.

@@ -17,7 +17,9 @@ import (
 // because of an existing execution, as a joined event of that execution (never on a new
 // execution's path, never under the intake lock). The first write that names an agent run
 // also records the run (markers.Run): who the agent is, read once, at first contact. A cache
-// of the runs already recorded keeps that to one record per run, without a read per call.
+// of the runs already recorded keeps that to one record per run, without a read per call;
+// every later call carries the run's identity unjournaled (markers.Call.RunIdentity), so
+// that the journal records the run again should retention have removed it.
 
 // Transports as calls and runs name them.
 const (
@@ -75,11 +77,17 @@ func (rs *records) call(ctx context.Context, c transport.Caller, scope string, m
 		Replayed:  replayed,
 	}
 	key := runCacheKey(c.Actor, scope)
-	if rs.runs.has(key) {
-		return call
+	known := rs.runs.has(key)
+	if !known {
+		if _, err := rs.journal.Run(c.Actor, scope); err == nil {
+			rs.runs.add(key)
+			known = true
+		}
 	}
-	if _, err := rs.journal.Run(c.Actor, scope); err == nil {
-		rs.runs.add(key)
+	if known {
+		// The journal had the run's record; retention may remove it since (a run with no
+		// execution left): the write records it again if so, without a read here.
+		call.RunIdentity = rs.runOf(c, scope)
 		return call
 	}
 	call.NewRun = rs.runOf(c, scope)

@@ -149,7 +149,7 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 	if env == nil {
 		env = map[string]string{}
 	}
-	target := intent.SSHTarget(host.Name, host.HostKey.Type(), host.Fingerprint())
+	target := intent.SSHTarget(host.Name, host.KeyType(), host.Fingerprint())
 	cl := &claim{caller: c, scope: intent.Scope(c, a.RunID)}
 	cl.action = intent.ActionRecord{
 		Actor:   c.Actor,

@@ -17,7 +17,7 @@ const hostAskTimeout = 10 * time.Second
 const placeholderID = "ex_00000000000000000000000000"
 
 // Doctor asks every enrolled host, in parallel, over the pooled connection (strict host key
-// checking against the pinned key).
+// checking against the pinned key), and the journal's backend for its size and alarms.
 func (b *Engine) Doctor(ctx context.Context) (*api.DoctorReport, error) {
 	hosts, err := b.inv.Hosts()
 	if err != nil {
@@ -32,6 +32,7 @@ func (b *Engine) Doctor(ctx context.Context) (*api.DoctorReport, error) {
 			rep.Hosts[i] = b.hosts.health(ctx, h)
 		})
 	}
+	wg.Go(func() { rep.Journal = b.journalHealth(ctx) })
 	wg.Wait()
 	return rep, nil
 }

@@ -36,6 +36,9 @@ type Options struct {
 	// reconciled or dispatched), decisions refused. Hosts are still asked, with the
 	// bastion's key when it can be read.
 	ReadOnly bool
+	// ConfigDigest names the config file the engine starts with (config.Digest; "" for none),
+	// in postern status and the first reload's log line.
+	ConfigDigest string
 	// Hold starts the engine with nothing sent (serve --hold): Recover reconciles nothing,
 	// no driver starts, new calls and approvals are refused with CodeHeld; reads, denials,
 	// reviews and cancels of what never left the bastion work. An operator looks with the
@@ -63,6 +66,8 @@ type Engine struct {
 
 	drivers *drivers
 	views   *views
+	// retention runs the journal's retention passes (retention.go).
+	retention retention
 	// backups lets one backup run at a time (backup.go).
 	backups sync.Mutex
 	// reloads lets one reload apply at a time (reload.go).
@@ -149,7 +154,17 @@ func Open(opts Options) (*Engine, error) {
 	if err != nil {
 		return nil, err
 	}
-	jl, err := journal.Open(cfg, signer, live.classes.Retention(), opts.Logger, opts.Now)
+	// The retention pass reads the classes in force: a reload that changes a class's windows
+	// or retention applies to what the pass removes as it does to matching (b is set before
+	// the first pass runs).
+	var b *Engine
+	classes := func() *config.Classes {
+		if b == nil {
+			return live.classes
+		}
+		return b.current().classes
+	}
+	jl, err := journal.Open(cfg, signer, classes, opts.Logger, opts.Now)
 	if err != nil {
 		return nil, fmt.Errorf("bastion: open journal: %w", err)
 	}
@@ -157,7 +172,12 @@ func Open(opts Options) (*Engine, error) {
 		jl.Close()
 		return nil, err
 	}
-	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: clientKey, Logger: opts.Logger})
+	cas, revoked, err := hostTrust(cfg)
+	if err != nil {
+		jl.Close()
+		return nil, err
+	}
+	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: clientKey, Logger: opts.Logger, HostCAs: cas, Revoked: revoked})
 	if err != nil {
 		jl.Close()
 		return nil, err
@@ -172,7 +192,7 @@ func Open(opts Options) (*Engine, error) {
 		}
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	b := &Engine{
+	b = &Engine{
 		core: &core{
 			cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
 			metrics: newMetrics(), clientK: clientKey, plugin: plugin,
@@ -187,18 +207,19 @@ func Open(opts Options) (*Engine, error) {
 			Result: func(r string) { b.metrics.announced.WithLabelValues(r).Inc() },
 		})
 	}
-	b.live.Store(live)
 	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}
 	if r := b.replicas(); r != nil {
 		b.records.replica = r.Name()
 	}
+	live.change = api.ConfigChange{At: opts.Now().UTC(), By: "start", Digest: opts.ConfigDigest, Replica: b.records.replica}
+	b.live.Store(live)
 	b.drivers = newDrivers(b.core)
 	if opts.Hold {
 		b.drivers.close() // nothing is reconciled or dispatched
 	}
 	b.views = &views{core: b.core, drivers: b.drivers}
 	b.intake = &intake{core: b.core, drivers: b.drivers, views: b.views}
-	b.metrics.registry.MustRegister(inFlight{b})
+	b.metrics.registry.MustRegister(inFlight{b}, journalBackend{b})
 	return b, nil
 }
 
@@ -228,7 +249,12 @@ func openReadOnly(cfg config.Config, opts Options) (*Engine, error) {
 			return nil, err
 		}
 	}
-	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: signer, Logger: opts.Logger})
+	cas, revoked, err := hostTrust(cfg)
+	if err != nil {
+		// Read-only: the list refuses every host until it can be read; the rest still reads.
+		opts.Logger.Info("hosts trusted through a CA cannot be asked", "why", err)
+	}
+	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: signer, Logger: opts.Logger, HostCAs: cas, Revoked: revoked})
 	if err != nil {
 		jl.Close()
 		return nil, err
@@ -280,8 +306,9 @@ func (k unreadableKey) Sign(io.Reader, []byte) (*gossh.Signature, error) { retur
 // Replicas is the journal's coordination of bastion replicas, nil on a single node.
 func (b *Engine) Replicas() markers.Replicated { return b.replicas() }
 
-// Config is the configuration the engine was opened with.
-func (b *Engine) Config() config.Config { return b.cfg }
+// Config is the configuration in force: the one the engine was opened with, with what a
+// reload changed since (reload.go).
+func (b *Engine) Config() config.Config { return b.current().cfg }
 
 // ClientPublicKey is the key hostagents must authorize (authorized_keys line).
 func (b *Engine) ClientPublicKey() gossh.PublicKey { return b.clientK.PublicKey() }
@@ -358,8 +385,25 @@ func (b *Engine) Recover(ctx context.Context) error {
 		}
 	}
 	b.wg.Go(b.drivers.reconcileLoop)
+	b.wg.Go(b.retentionLoop)
 	if r := b.replicas(); r != nil {
 		b.wg.Go(func() { b.drivers.watchHandovers(r) })
 	}
 	return nil
+}
+
+// hostTrust is what the pool trusts besides pinned keys: the configured host CAs and the
+// revocation list (docs/inventory.md, "Host certificates"). A revocation list that cannot be
+// read is an error, returned with the list (which refuses every host until it can be read).
+func hostTrust(cfg config.Config) ([]fleet.HostCA, *fleet.Revocations, error) {
+	var cas []fleet.HostCA
+	for i, c := range cfg.HostCAs {
+		key, err := c.Key()
+		if err != nil {
+			return nil, nil, fmt.Errorf("bastion: host_cas[%d]: %w", i, err)
+		}
+		cas = append(cas, fleet.HostCA{Name: c.DisplayName(), Key: key, Hosts: c.Hosts})
+	}
+	revoked, err := fleet.OpenRevocations(cfg.RevokedHostKeysFile)
+	return cas, revoked, err
 }

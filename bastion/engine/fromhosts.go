@@ -58,6 +58,10 @@ func (b *Engine) RecoverFromHosts(ctx context.Context, q api.RecoveryQuery) (*ap
 	if err != nil {
 		return nil, err
 	}
+	oldest, newest, err := b.journalSpan()
+	if err != nil {
+		return nil, journalError(err)
+	}
 	out := &api.Recovery{Confirmed: q.Confirm, Hosts: []api.RecoveryHost{}, Items: []api.RecoveryItem{}, Counts: map[string]int{}}
 	listed := map[string]bool{}
 	unasked := map[string]string{}
@@ -83,7 +87,11 @@ func (b *Engine) RecoverFromHosts(ctx context.Context, q api.RecoveryQuery) (*ap
 			} else if err != nil {
 				return nil, journalError(err)
 			}
-			b.recoverOne(ctx, out, q.Confirm, h, rec, m)
+			removed := false
+			if at, ok := markers.ExecutionIDTime(m.ID); ok && rec == nil {
+				removed = verdict.RemovedSpan(at, oldest, newest)
+			}
+			b.recoverOne(ctx, out, q.Confirm, h, rec, m, removed)
 		}
 	}
 	// What the journal shows unfinished and no host listed.
@@ -112,7 +120,7 @@ func (b *Engine) RecoverFromHosts(ctx context.Context, q api.RecoveryQuery) (*ap
 						continue
 					}
 				}
-				b.recoverOne(ctx, out, q.Confirm, host, rec, nil)
+				b.recoverOne(ctx, out, q.Confirm, host, rec, nil, false)
 			}
 			if next == "" {
 				break
@@ -123,15 +131,41 @@ func (b *Engine) RecoverFromHosts(ctx context.Context, q api.RecoveryQuery) (*ap
 	return out, nil
 }
 
+// journalSpan is when the journal's oldest and newest executions were accepted (zero when
+// it holds none): what verdict.RemovedSpan needs to tell an execution retention removed.
+func (b *Engine) journalSpan() (oldest, newest time.Time, err error) {
+	for _, newestFirst := range []bool{false, true} {
+		recs, _, err := b.journal.List(markers.Query{Newest: newestFirst, Limit: 1})
+		if err != nil || len(recs) == 0 {
+			return time.Time{}, time.Time{}, err
+		}
+		at, ok := markers.ExecutionIDTime(recs[0].ID)
+		if !ok {
+			at = recs[0].CreatedAt
+		}
+		if newestFirst {
+			newest = at
+		} else {
+			oldest = at
+		}
+	}
+	return oldest, newest, nil
+}
+
 // recoverOne decides (and, confirmed, journals) one execution: rec as the journal has it
-// (nil: unknown to it), m its host's marker (nil: none). Executions whose journal record
-// agrees with the host are only counted.
-func (b *Engine) recoverOne(ctx context.Context, out *api.Recovery, confirm bool, host fleet.Host, rec *markers.Record, m *hostproto.Marker) {
+// (nil: unknown to it), m its host's marker (nil: none), removed whether the journal's
+// retention removed it (verdict.RemovedSpan). Executions whose journal record agrees with
+// the host, and those retention removed, are only counted.
+func (b *Engine) recoverOne(ctx context.Context, out *api.Recovery, confirm bool, host fleet.Host, rec *markers.Record, m *hostproto.Marker, removed bool) {
 	level, name := host.Level(), host.Name
 	if rec != nil && rec.Channel == "http" {
 		level, name = "", rec.Host
 	}
-	d := verdict.RecoverOn(rec, m, level, name)
+	d := verdict.RecoverOn(rec, m, level, name, removed)
+	if removed && d.Do == verdict.RecoverLeave && rec == nil {
+		out.Counts["removed"]++ // ended, and past its class's retention: the journal knew it
+		return
+	}
 	if d.Do == verdict.RecoverLeave && (rec == nil || markers.JournalGraph.Terminal(rec.State)) {
 		out.Counts["known"]++ // it never ran, or the journal knows how it ended
 		return
@@ -219,7 +253,7 @@ func (b *Engine) hostMarkers(ctx context.Context, h fleet.Host, since time.Time)
 func recoveredRecord(host fleet.Host, m *hostproto.Marker) *markers.Record {
 	r := &markers.Record{
 		ID: m.ID, RecoveredFrom: host.Name, Fingerprint: m.Fingerprint, OperationKey: m.OperationKey,
-		Tool: "ssh_exec", Channel: "ssh", Target: intent.SSHTarget(host.Name, host.HostKey.Type(), host.Fingerprint()),
+		Tool: "ssh_exec", Channel: "ssh", Target: intent.SSHTarget(host.Name, host.KeyType(), host.Fingerprint()),
 		Host: host.Name, Account: m.Account, Command: m.Command, Cwd: m.Cwd,
 		PID: m.PID, PIDStart: m.PIDStart, StartError: m.StartError,
 		Evidence: markerEvidence(host.Name, m),

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"os"
 	"strings"
@@ -9,6 +10,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/engine"
 	"github.com/postern-dev/postern/markers"
 )
@@ -81,5 +83,47 @@ func TestRecoverFromHostsAfterTheJournalIsLost(t *testing.T) {
 	}
 	if who := f.investigated(t, x.ExecutionID, answerWho); !strings.Contains(who, "rebuilt from h1's marker") {
 		t.Fatalf("investigate: %s", who)
+	}
+}
+
+// An execution the journal's retention removed is not brought back by a recovery from the
+// hosts, whose markers outlive it (720 h against read_only's 7 days): the journal holds
+// executions accepted before it (one awaiting approval, never removed) and after it, so it
+// knew it. It is counted as removed, neither listed nor journaled.
+func TestRecoverFromHostsLeavesWhatRetentionRemoved(t *testing.T) {
+	f := newGatedFleet(t, func(c *config.Config) { c.ApprovalTimeout = 0 })
+	ctx := context.Background()
+	if x := f.exec(t, alice, api.ExecArgs{Host: "gated", Command: f.effect("gated")}); x.State != string(markers.AwaitingApproval) {
+		t.Fatalf("gated exec = %s; want awaiting_approval", x.State)
+	}
+	args := func(name string) api.ExecArgs {
+		return api.ExecArgs{Host: "h1", Command: f.effect(name), CallOptions: api.CallOptions{WaitS: waitS(30)}}
+	}
+	old := f.exec(t, inRun(alice, "r1"), args("old"))
+	finished(t, old)
+	f.clock.advance(31 * 24 * time.Hour) // past remote_command's 30 days
+	finished(t, f.exec(t, inRun(alice, "r2"), args("newer")))
+	p, err := f.engine().RetentionPass(ctx, false)
+	if err != nil || p.Records != 1 {
+		t.Fatalf("retention pass = %+v, %v; want the old execution removed", p, err)
+	}
+	f.closeEngine(t, f.engine())
+
+	held, err := engine.Open(engine.Options{Config: f.cfg, Hold: true, Logger: slog.New(slog.NewTextHandler(&f.logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer held.Close()
+	got, err := held.RecoverFromHosts(ctx, api.RecoveryQuery{Confirm: true})
+	if err != nil || got.Counts["removed"] == 0 || got.Counts["journal"] != 0 { // gated and vault are h1 by other names: it is counted once per name
+		t.Fatalf("recovery = %+v, %v; want the old execution counted as removed, nothing journaled", got, err)
+	}
+	for _, it := range got.Items {
+		if it.ExecutionID == old.ExecutionID {
+			t.Fatalf("the removed execution is listed: %+v", it)
+		}
+	}
+	if _, err := held.Journal().Get(old.ExecutionID); !errors.Is(err, markers.ErrNotFound) {
+		t.Fatalf("the removed execution is in the journal again: %v", err)
 	}
 }

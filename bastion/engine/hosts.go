@@ -154,6 +154,8 @@ func (hs *hosts) agentlessHealth(ctx context.Context, h fleet.Host) api.HostHeal
 	}
 	hh.Problem = err.Error()
 	switch {
+	case errors.Is(err, fleet.ErrHostCertRefused):
+		hh.Fix = "the host's certificate is not accepted; the problem says what to fix (docs/inventory.md, \"Host certificates\")"
 	case errors.Is(err, fleet.ErrHostKeyMismatch):
 		hh.Fix = fmt.Sprintf("the host presents another key than the one enrolled: check it on the host (ssh-keygen -lf its host key), then `postern hosts enroll %s %s --agentless --replace`", h.Name, h.Addr)
 	case errors.Is(err, fleet.ErrKeyRefused):
@@ -273,6 +275,8 @@ func (hs *hosts) health(ctx context.Context, h fleet.Host) api.HostHealth {
 	}
 	hh.Problem = err.Error()
 	switch {
+	case errors.Is(err, fleet.ErrHostCertRefused):
+		hh.Fix = "the host's certificate is not accepted; the problem says what to fix (docs/inventory.md, \"Host certificates\")"
 	case errors.Is(err, fleet.ErrHostKeyMismatch):
 		hh.Fix = fmt.Sprintf("the host presents another key than the one enrolled: check it on the host (ssh-keygen -lf its host key), then `postern hosts enroll %s %s --replace`", h.Name, h.Addr)
 	case errors.Is(err, fleet.ErrKeyRefused):

@@ -57,13 +57,14 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	var (
 		unlock  func()
 		prior   *markers.Record
+		gone    *markers.Tombstone // prior was removed by retention: its tombstone
 		outcome intent.Match
 	)
 	defer func() { unlock() }()
 	claimed := cl.record // as it was before matching and deciding, for a match again (ErrRaced)
 	for {
 		unlock = sync.OnceFunc(in.locks.Lock(lockKey))
-		if prior, outcome, err = in.matchCall(cl, &facts); err != nil {
+		if prior, gone, outcome, err = in.matchCall(cl, &facts); err != nil {
 			return nil, err
 		}
 		if judged := in.deliveryInDoubt(prior, outcome); judged != nil {
@@ -99,6 +100,12 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		}
 	}
 	switch {
+	case outcome == intent.Removed:
+		unlock()
+		in.metrics.rejected.WithLabelValues(api.CodeExecutionRemoved).Inc()
+		return nil, &api.ToolError{Code: api.CodeExecutionRemoved, ExecutionID: prior.ID, Message: fmt.Sprintf(
+			"this call would replay %s (%s, class %s, ended %s), but the journal's retention removed it on %s, before its class's window had passed (a clock or configuration change): its result is gone, and a %s action is not run again blindly. Nothing was dispatched. Find out what it did (postern audit verify --archive with the export made before the removal), then call with a new idempotency_key or a changed request",
+			prior.ID, prior.State, prior.Class, gone.FinishedAt.Format(time.RFC3339), gone.RemovedAt.Format(time.RFC3339), prior.Class)}
 	case outcome == intent.KeyHeld:
 		// Another principal's execution: the caller learns that the key is taken, never
 		// which execution holds it, and nothing is journaled on that execution.
@@ -108,6 +115,10 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 	case outcome == intent.KeyReused:
 		unlock()
 		in.metrics.rejected.WithLabelValues(api.CodeIdempotencyKeyReused).Inc()
+		if gone != nil {
+			return nil, &api.ToolError{Code: api.CodeIdempotencyKeyReused, ExecutionID: prior.ID, Message: fmt.Sprintf(
+				"idempotency_key %q was used by %s (since removed by the journal's retention) for a different request; nothing was dispatched (use a new key for a new request)", key, prior.ID)}
+		}
 		if err := in.records.joined(ctx, c, cl.scope, prior.ID, outcome); err != nil {
 			return nil, journalError(err)
 		}
@@ -125,6 +136,10 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		cl.record.PreviousAttempt = prior.ID
 		cl.record.Evidence = appendBounded(cl.record.Evidence, fmt.Sprintf(
 			"new attempt of %s, which failed without effect (same idempotency_key, same request)", prior.ID))
+	case gone != nil && (key == "" || facts.SameRequest):
+		cl.record.Evidence = appendBounded(cl.record.Evidence, fmt.Sprintf(
+			"a new execution: this call's %s last named %s (%s, ended %s), which the journal's retention removed on %s once no call could match it",
+			matchedBy(key), gone.ID, gone.State, gone.FinishedAt.Format(time.RFC3339), gone.RemovedAt.Format(time.RFC3339)))
 	}
 	if in.held {
 		unlock()
@@ -175,33 +190,39 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 }
 
 // matchCall looks up the prior execution of cl's intent (by key, else by fingerprint) and
-// applies the matching rule. Call it under the intake lock.
-func (in *intake) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, intent.Match, error) {
-	var prior *markers.Record
+// applies the matching rule — intent.RuleRemoved when the lookup found the tombstone of an
+// execution retention removed (gone; prior is then that execution as the tombstone keeps
+// it). Call it under the intake lock.
+func (in *intake) matchCall(cl *claim, facts *intent.Facts) (prior *markers.Record, gone *markers.Tombstone, _ intent.Match, _ error) {
 	var err error
+	var removed *markers.RemovedError
 	if facts.IdempotencyKey != "" {
 		// Whoever holds the key; then the caller's own key of before principals, which its
-		// actor's space keeps (markers.KeySpace).
+		// actor's space keeps (markers.KeySpace). A tombstone in the shared space is the
+		// newest holder's: it answers (RuleRemoved), not the older space.
 		prior, err = in.journal.FindByIdempotencyKey(markers.SharedKeySpace, facts.IdempotencyKey)
-		if errors.Is(err, markers.ErrNotFound) {
+		if errors.Is(err, markers.ErrNotFound) && !errors.As(err, &removed) {
 			prior, err = in.journal.FindByIdempotencyKey(facts.Actor, facts.IdempotencyKey)
 		}
 	} else {
 		prior, err = in.journal.FindByFingerprint(facts.Actor, facts.Scope, facts.Fingerprint)
 	}
 	switch {
+	case errors.As(err, &removed):
+		gone = removed.Tombstone
+		prior = gone.Record()
 	case errors.Is(err, markers.ErrNotFound):
 		prior = nil
 	case err != nil:
-		return nil, "", journalError(err)
+		return nil, nil, "", journalError(err)
 	}
 	if prior == nil {
 		rec, err := in.recoveredOf(facts.Fingerprint)
 		if err != nil {
-			return nil, "", journalError(err)
+			return nil, nil, "", journalError(err)
 		}
 		if rec != nil {
-			return rec, intent.RuleRecovered(rec, in.now(), in.current().classes.Get(rec.Class)), nil
+			return rec, nil, intent.RuleRecovered(rec, in.now(), in.current().classes.Get(rec.Class)), nil
 		}
 	}
 	class := config.Class{}
@@ -209,11 +230,21 @@ func (in *intake) matchCall(cl *claim, facts *intent.Facts) (*markers.Record, in
 		class = in.current().classes.Get(prior.Class)
 		if facts.IdempotencyKey != "" && intent.HoldsKey(prior, *facts) {
 			if facts.SameRequest, err = in.fp.SameRequest(prior, cl.action, cl.fingerprint); err != nil {
-				return nil, "", err
+				return nil, nil, "", err
 			}
 		}
 	}
-	return prior, intent.Rule(prior, *facts, in.now(), class), nil
+	if gone != nil {
+		return prior, gone, intent.RuleRemoved(prior, *facts, in.now(), class), nil
+	}
+	return prior, nil, intent.Rule(prior, *facts, in.now(), class), nil
+}
+
+func matchedBy(key string) string {
+	if key != "" {
+		return fmt.Sprintf("idempotency_key %q", key)
+	}
+	return "intent (same command, same agent run)"
 }
 
 // maxDeliveryVerdictWait bounds how long a call waits for the delivery verdict of the result
@@ -340,17 +371,24 @@ func (in *intake) checkLimits(c transport.Caller, actor policy.Actor, scope stri
 }
 
 // quotaUsed counts the executions of actor (journaled under the caller string journalActor)
-// accepted today that count toward its quotas, and of those the ones in scope. It stops
-// once every quota the actor has is reached.
+// accepted today that count toward its quotas, and of those the ones in scope. It reads the
+// journal's index of the actor's executions (of the run's, when only the run has a quota),
+// so other actors' history costs it nothing; it stops once every quota the actor has is
+// reached.
 func (in *intake) quotaUsed(journalActor string, actor policy.Actor, scope string) (all, run int, err error) {
 	now := in.now().UTC()
 	midnight := time.Date(now.Year(), now.Month(), now.Day(), 0, 0, 0, 0, time.UTC)
 	reached := func() bool {
 		return (actor.DailyQuota == 0 || all >= actor.DailyQuota) && (actor.RunDailyQuota == 0 || run >= actor.RunDailyQuota)
 	}
+	q := markers.Query{Actor: journalActor, Since: midnight, Limit: 1000}
+	if actor.DailyQuota == 0 {
+		q.Scope = scope
+	}
 	cursor := ""
 	for {
-		recs, next, err := in.journal.List(markers.Query{Actor: journalActor, Since: midnight, Limit: 1000, Cursor: cursor})
+		q.Cursor = cursor
+		recs, next, err := in.journal.List(q)
 		if err != nil {
 			return 0, 0, err
 		}

@@ -25,6 +25,7 @@ type metrics struct {
 	announced       *prometheus.CounterVec // approval requests announced to the webhook, by result
 	queued          prometheus.Counter     // executions that waited for a concurrency slot
 	dispatchLatency prometheus.Histogram   // dispatch to the host's start confirmation
+	retention       *retentionMetrics      // retention.go
 	refusals        *prometheus.CounterVec // connections and requests refused by the transports, by where and why
 }
 
@@ -57,9 +58,11 @@ func newMetrics() *metrics {
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "postern_refusals_total", Help: "Connections and requests the transports refused, by where (http, mcp_socket, operator_socket) and reason; their log lines are rate-limited, these count every one."}, []string{"where", "reason"}),
 	}
+	m.retention = newRetentionMetrics()
 	m.registry.MustRegister(m.accepted, m.dispatched, m.dedup, m.rejected, m.finished, m.reconciled,
 		m.journalErrors, m.approvals, m.announced, m.queued, m.dispatchLatency, m.refusals,
 		collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.registry.MustRegister(m.retention.collectors()...)
 	return m
 }
 

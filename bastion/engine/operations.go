@@ -179,7 +179,7 @@ func (b *Engine) Overview() (*api.Overview, error) {
 		o.Daemon = api.DaemonHeld
 	}
 	if !b.readOnly {
-		change := b.ConfigInForce()
+		change := b.current().change
 		o.Config = &change
 	}
 	for _, st := range []markers.State{markers.AwaitingApproval, markers.Accepted, markers.Authorized, markers.Dispatched, markers.Running, markers.Unknown} {

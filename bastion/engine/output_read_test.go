@@ -3,7 +3,9 @@ package engine_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -263,7 +265,7 @@ func TestListAndOwnership(t *testing.T) {
 func TestHosts(t *testing.T) {
 	f := newFleet(t)
 	finished(t, f.exec(t, alice, api.ExecArgs{Host: "h1", Command: "true"}))
-	res, err := f.engine().Hosts()
+	res, err := f.engine().Hosts(api.HostsArgs{})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -273,5 +275,44 @@ func TestHosts(t *testing.T) {
 	h := res.Hosts[0]
 	if h.Name != "h1" || h.Addr != f.host.Addr || h.Guarantee != "hostagent" || !h.Connected || h.HostKeyType != f.host.HostKey.Type() {
 		t.Errorf("h1 = %+v; want it at %s, level hostagent, connected", h, f.host.Addr)
+	}
+}
+
+// TestHostsPages: hosts_list filters by labels and pages by cursor over the hosts the caller
+// may use; a bad selector or cursor is the caller's error.
+func TestHostsPages(t *testing.T) {
+	f := newFleet(t)
+	for i, env := range []string{"prod", "staging", "prod", "prod"} {
+		h := f.hostAs(fmt.Sprintf("db%d", i))
+		h.Labels = map[string]string{"role": "db", "env": env}
+		f.enroll(t, h)
+	}
+	var got []string
+	a := api.HostsArgs{Labels: "env=prod,role=db", Limit: 2}
+	for range 10 {
+		res, err := f.engine().HostsOf(alice, a)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if res.Total != 3 || len(res.Hosts) > 2 {
+			t.Fatalf("page %+v; want at most 2 of 3", res)
+		}
+		for _, h := range res.Hosts {
+			got = append(got, h.Name)
+		}
+		if res.NextCursor == "" {
+			break
+		}
+		a.Cursor = res.NextCursor
+	}
+	if want := []string{"db0", "db2", "db3"}; !slices.Equal(got, want) {
+		t.Fatalf("pages gave %v; want %v", got, want)
+	}
+	if res, err := f.engine().Hosts(api.HostsArgs{}); err != nil || res.Total != 5 || res.NextCursor != "" {
+		t.Fatalf("every host = %+v, %v; want 5 in one page", res, err)
+	}
+	for _, bad := range []api.HostsArgs{{Labels: "env"}, {Cursor: "not a name"}, {Limit: 5000}} {
+		_, err := f.engine().HostsOf(alice, bad)
+		wantCode(t, err, api.CodeInvalidArgument)
 	}
 }

@@ -23,6 +23,7 @@ const (
 	codeHostUnreachable  = "host_unreachable"
 	codeHostKeyRefused   = "host_refuses_key"
 	codeHostKeyMismatch  = "host_key_mismatch"
+	codeHostCertRefused  = "host_cert_refused"
 )
 
 // policyRefusal is what an agent reads about a policy decision that did not authorize its
@@ -97,6 +98,9 @@ func hostProblem(host string, err error) api.Refusal {
 	case errors.Is(err, fleet.ErrKeyRefused):
 		return api.Refusal{Code: codeHostKeyRefused, Reason: fmt.Sprintf("host %s refuses the bastion's SSH key", host),
 			Repair: "the bastion's key must be authorized on the host; calling again will not help until it is"}
+	case errors.Is(err, fleet.ErrHostCertRefused):
+		return api.Refusal{Code: codeHostCertRefused, Reason: fmt.Sprintf("host %s presents a host certificate or key the bastion does not accept (another name, expired, an untrusted CA, or revoked), so Postern sends it nothing", host),
+			Repair: "an operator must fix the host's certificate or the bastion's trust in its CA; calling again will not help until then"}
 	case errors.Is(err, fleet.ErrHostKeyMismatch):
 		return api.Refusal{Code: codeHostKeyMismatch, Reason: fmt.Sprintf("host %s presents another host key than the one enrolled, so Postern sends it nothing", host),
 			Repair: "it is another machine, a reinstalled one, or someone in the middle; an operator must check it before anything runs there"}

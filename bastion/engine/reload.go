@@ -41,17 +41,6 @@ func newSettings(cfg config.Config) (*settings, error) {
 // current is the settings in force.
 func (co *core) current() *settings { return co.live.Load() }
 
-// StartedWith records the config file the engine was opened with (its digest), for status
-// and the first reload's "previous".
-func (e *Engine) StartedWith(digest string) {
-	s := *e.current()
-	s.change = api.ConfigChange{At: e.now().UTC(), By: "start", Digest: digest, Replica: e.records.replica}
-	e.live.Store(&s)
-}
-
-// ConfigInForce is how the config in force came to be (the start or the last reload).
-func (e *Engine) ConfigInForce() api.ConfigChange { return e.current().change }
-
 // ErrRestartOnly is a reload refused because the new config changes what only a restart
 // applies.
 var ErrRestartOnly = errors.New("these settings change only with a restart")
@@ -133,9 +122,6 @@ func appendReloadLog(path string, change api.ConfigChange) error {
 	}
 	return f.Close()
 }
-
-// Settings is the config in force: the start's, with a reload's reloadable settings.
-func (e *Engine) Settings() config.Config { return e.current().cfg }
 
 // Reload answers postern reload when the files are read with the daemon down: there is
 // nothing to reload (servingEngine answers it for a serving daemon).

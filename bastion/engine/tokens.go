@@ -58,7 +58,7 @@ func (e *Engine) Tokens() (*api.TokenList, error) {
 	if err != nil {
 		return nil, err
 	}
-	return TokenViews(e.Settings(), issued, e.now(), nil), nil
+	return TokenViews(e.Config(), issued, e.now(), nil), nil
 }
 
 // IssueToken answers postern token NAME while the daemon is down: only the daemon issues.

@@ -267,6 +267,8 @@ func TestHostProblem(t *testing.T) {
 			"host_refuses_key: host h1 refuses the bastion's SSH key. The bastion's key must be authorized on the host"},
 		{"another host key", fmt.Errorf("%w: h1 presented SHA256:x, enrolled SHA256:y", fleet.ErrHostKeyMismatch),
 			"host_key_mismatch: host h1 presents another host key than the one enrolled, so Postern sends it nothing."},
+		{"a certificate refused", fmt.Errorf("%w: h1's certificate expired at 2026-12-01T11:00:00Z: re-sign the host's key (ssh-keygen -s CA -h -n h1 -V +52w) and install it", fleet.ErrHostCertRefused),
+			"host_cert_refused: host h1 presents a host certificate or key the bastion does not accept (another name, expired, an untrusted CA, or revoked), so Postern sends it nothing. An operator must fix"},
 		{"a failed hello", fmt.Errorf("bastion: host h1: %w", errors.New("hostproto: hello: EOF")),
 			"host_unreachable: host h1 cannot be reached (host h1: hostproto: hello: EOF)."},
 	}

@@ -34,7 +34,9 @@ type testHost struct {
 	key testutil.SSHKey
 	// bastion is the key the host admits.
 	bastion testutil.SSHKey
-	home    string // "" refuses sessions
+	// cert, when set, is a host certificate of key the host presents besides it.
+	cert gossh.Signer
+	home string // "" refuses sessions
 
 	mu sync.Mutex // guards the fields below
 	// hello is how the hello is answered; mute stops answering keepalives; refuse closes
@@ -145,6 +147,11 @@ func (th *testHost) serve(c net.Conn) {
 		},
 	}
 	cfg.AddHostKey(th.key.Signer)
+	th.mu.Lock()
+	if th.cert != nil {
+		cfg.AddHostKey(th.cert)
+	}
+	th.mu.Unlock()
 	sconn, chans, reqs, err := gossh.NewServerConn(c, cfg)
 	if err != nil {
 		c.Close()

@@ -9,6 +9,7 @@ package fleet
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,6 +21,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -38,10 +40,12 @@ type inventoryFile struct {
 }
 
 type hostEntry struct {
-	Name    string   `toml:"name"`
-	Addr    string   `toml:"addr"`
-	Account string   `toml:"account"`
-	HostKey string   `toml:"host_key"` // authorized_keys form: "ssh-ed25519 AAAA…"
+	Name    string `toml:"name"`
+	Addr    string `toml:"addr"`
+	Account string `toml:"account"`
+	// HostKey is the pinned key in authorized_keys form ("ssh-ed25519 AAAA…"), or
+	// "@cert-authority": the host presents a certificate of a trusted host CA (hostca.go).
+	HostKey string   `toml:"host_key"`
 	Cwd     string   `toml:"cwd,omitempty"`
 	Groups  []string `toml:"groups,omitempty"`
 	// AcceptEnv is the host's accept_env, as its hostagent is configured.
@@ -73,9 +77,13 @@ type Inventory struct {
 	stamp fileStamp
 }
 
+// The inode is part of it: every write replaces the file (durable.WriteFile renames a new
+// one in), so two writes within the file system's timestamp granularity that leave the same
+// size are still told apart.
 type fileStamp struct {
 	mod  time.Time
 	size int64
+	ino  uint64
 }
 
 // OpenInventory reads the inventory at path; a missing file is an empty inventory.
@@ -125,6 +133,9 @@ func (inv *Inventory) reload() error {
 		return fmt.Errorf("bastion: inventory: %w", err)
 	default:
 		stamp = fileStamp{mod: info.ModTime(), size: info.Size()}
+		if st, ok := info.Sys().(*syscall.Stat_t); ok {
+			stamp.ino = st.Ino
+		}
 	}
 	inv.mu.Lock()
 	defer inv.mu.Unlock()
@@ -193,7 +204,7 @@ func (e hostEntry) host() (Host, error) {
 	if _, err := envpolicy.New(e.AcceptEnv); err != nil {
 		return Host{}, fmt.Errorf("host %s: %w", e.Name, err)
 	}
-	key, _, _, _, err := gossh.ParseAuthorizedKey([]byte(e.HostKey))
+	key, err := parseHostKey(e.HostKey)
 	if err != nil {
 		return Host{}, fmt.Errorf("host %s: host_key: %w", e.Name, err)
 	}
@@ -203,9 +214,25 @@ func (e hostEntry) host() (Host, error) {
 	if err := ValidateHostInfo(e.Description, e.Labels, e.OS); err != nil {
 		return Host{}, fmt.Errorf("host %s: %w", e.Name, err)
 	}
-	return Host{Name: e.Name, Addr: e.Addr, Account: e.Account, HostKey: key, Cwd: e.Cwd, Groups: e.Groups, AcceptEnv: e.AcceptEnv,
+	return Host{Name: e.Name, Addr: e.Addr, Account: e.Account, HostKey: key, HostCA: key == nil, Cwd: e.Cwd, Groups: e.Groups, AcceptEnv: e.AcceptEnv,
 		Guarantee: Guarantee(e.Guarantee), ScriptSHA256: e.MarkerScriptSHA256,
 		Description: e.Description, Labels: e.Labels, OS: e.OS}, nil
+}
+
+// parseHostKey reads a host_key: a public key in authorized_keys form, or (nil)
+// CertAuthorityMarker. A certificate is not a key to pin: its CA is what to trust.
+func parseHostKey(s string) (gossh.PublicKey, error) {
+	if s == CertAuthorityMarker {
+		return nil, nil
+	}
+	key, _, _, _, err := gossh.ParseAuthorizedKey([]byte(s))
+	if err != nil {
+		return nil, fmt.Errorf("want a public key (ssh-ed25519 AAAA…, from the host's ssh_host_*_key.pub) or %s: %w", CertAuthorityMarker, err)
+	}
+	if _, ok := key.(*gossh.Certificate); ok {
+		return nil, fmt.Errorf("a certificate is not pinned: trust its CA in [[host_cas]] and write %s", CertAuthorityMarker)
+	}
+	return key, nil
 }
 
 // Bounds of what agents are told about a host. Every agent that lists hosts reads it, so it
@@ -289,6 +316,9 @@ func ScanHostKey(ctx context.Context, addr string) (gossh.PublicKey, error) {
 			presented = key
 			return errScanned
 		},
+		// The plain key, the one to pin, even from a host that also presents a certificate
+		// (which x/crypto would prefer).
+		HostKeyAlgorithms: plainHostKeyAlgorithms,
 	})
 	if presented == nil {
 		return nil, fmt.Errorf("bastion: %s presented no host key: %w", addr, err)
@@ -305,8 +335,8 @@ func PlanEnrollment(path string, h Host) (Enrollment, error) {
 	if err != nil {
 		return e, err
 	}
-	if old, ok := hosts[h.Name]; ok && !bytes.Equal(old.HostKey.Marshal(), h.HostKey.Marshal()) {
-		e.Replaces = gossh.FingerprintSHA256(old.HostKey)
+	if old, ok := hosts[h.Name]; ok && old.trust() != h.trust() {
+		e.Replaces = cmp.Or(old.Fingerprint(), CertAuthorityMarker)
 	}
 	return e, nil
 }
@@ -314,15 +344,8 @@ func PlanEnrollment(path string, h Host) (Enrollment, error) {
 // Enroll records h in the inventory at path (created 0600 if missing), replacing an entry of
 // the same name. The write is atomic and durable.
 func Enroll(path string, h Host) error {
-	entry := hostEntry{
-		Name: h.Name, Addr: h.Addr, Account: h.Account, Cwd: h.Cwd, Groups: h.Groups, AcceptEnv: h.AcceptEnv,
-		HostKey:     string(bytes.TrimSpace(gossh.MarshalAuthorizedKey(h.HostKey))),
-		Description: h.Description, Labels: h.Labels, OS: h.OS,
-	}
-	if h.Level() != GuaranteeHostagent {
-		entry.Guarantee, entry.MarkerScriptSHA256 = string(h.Guarantee), h.ScriptSHA256
-	}
-	if _, err := entry.host(); err != nil {
+	entry, err := entryOf(h)
+	if err != nil {
 		return fmt.Errorf("bastion: enroll: %w", err)
 	}
 	f, err := readInventoryFile(path)
@@ -333,6 +356,20 @@ func Enroll(path string, h Host) error {
 	f.Hosts = append(f.Hosts, entry)
 	slices.SortFunc(f.Hosts, func(a, b hostEntry) int { return strings.Compare(a.Name, b.Name) })
 	return saveInventory(path, f)
+}
+
+// entryOf is h as the inventory file records it, validated.
+func entryOf(h Host) (hostEntry, error) {
+	entry := hostEntry{
+		Name: h.Name, Addr: h.Addr, Account: h.Account, Cwd: h.Cwd, Groups: h.Groups, AcceptEnv: h.AcceptEnv,
+		HostKey:     h.KeyText(),
+		Description: h.Description, Labels: h.Labels, OS: h.OS,
+	}
+	if h.Level() != GuaranteeHostagent {
+		entry.Guarantee, entry.MarkerScriptSHA256 = string(h.Guarantee), h.ScriptSHA256
+	}
+	_, err := entry.host()
+	return entry, err
 }
 
 // Info is what agents are told about a host (Host.Description, Labels, OS).
@@ -390,5 +427,31 @@ func saveInventory(path string, f inventoryFile) error {
 	return nil
 }
 
-// Fingerprint is the SHA256:… fingerprint of the host's enrolled key.
-func (h Host) Fingerprint() string { return gossh.FingerprintSHA256(h.HostKey) }
+// Fingerprint is the SHA256:… fingerprint of the host's enrolled key; "" for a host trusted
+// through a host CA.
+func (h Host) Fingerprint() string {
+	if h.HostKey == nil {
+		return ""
+	}
+	return gossh.FingerprintSHA256(h.HostKey)
+}
+
+// KeyType is the enrolled key's type (ssh-ed25519), or CertAuthorityMarker.
+func (h Host) KeyType() string {
+	if h.HostKey == nil {
+		return CertAuthorityMarker
+	}
+	return h.HostKey.Type()
+}
+
+// KeyText is the host_key as the inventory records it: the pinned key in authorized_keys
+// form, or CertAuthorityMarker.
+func (h Host) KeyText() string {
+	switch {
+	case h.HostCA:
+		return CertAuthorityMarker
+	case h.HostKey == nil:
+		return ""
+	}
+	return string(bytes.TrimSpace(gossh.MarshalAuthorizedKey(h.HostKey)))
+}

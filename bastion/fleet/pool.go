@@ -1,7 +1,6 @@
 package fleet
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -23,7 +22,11 @@ type Host struct {
 	Name    string
 	Addr    string // host:port of the hostagent
 	Account string
+	// HostKey is the key pinned at enrollment; nil when HostCA.
 	HostKey gossh.PublicKey
+	// HostCA: no key is pinned; the host proves itself with a host certificate of a
+	// trusted host CA (hostca.go).
+	HostCA bool
 	// Cwd is where commands run when a call names none ("" = the account's home).
 	Cwd string
 	// Groups name sets of hosts for class rules.
@@ -61,6 +64,13 @@ type PoolOptions struct {
 	// redialed on next use). Default 10s.
 	KeepaliveTimeout time.Duration
 	Logger           *slog.Logger
+	// HostCAs are the host CAs whose certificates vouch for hosts enrolled with
+	// host_key = "@cert-authority" (hostca.go).
+	HostCAs []HostCA
+	// Revoked is the revocation list of host keys and certificates; nil revokes nothing.
+	Revoked *Revocations
+	// Now is the clock certificates are checked against. Default time.Now.
+	Now func() time.Time
 }
 
 // Pool keeps one SSH connection per host, multiplexing sessions over it. A connection that
@@ -109,7 +119,10 @@ var ErrKeyRefused = errors.New("bastion: the host refuses the bastion's key")
 
 type pooledConn struct {
 	client *gossh.Client
-	key    gossh.PublicKey
+	// trust is what h trusted when it was dialed (its pinned key, or a CA); presented is the
+	// key (or certificate) the host presented, checked again before each reuse.
+	trust     string
+	presented gossh.PublicKey
 	// protocol is the host protocol version agreed when it connected (hostproto.SayHello).
 	protocol int
 }
@@ -131,6 +144,9 @@ func NewPool(opts PoolOptions) (*Pool, error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Pool{
 		opts: opts, log: opts.Logger.With("component", "ssh-pool"), ctx: ctx, cancel: cancel,
@@ -141,7 +157,7 @@ func NewPool(opts PoolOptions) (*Pool, error) {
 // Conn returns the pooled connection to h, dialing it if there is none. A connection made
 // with another host key than h's (h was re-enrolled) is not reused.
 func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
-	if h.HostKey == nil {
+	if h.HostKey == nil && !h.HostCA {
 		return nil, fmt.Errorf("bastion: host %s has no enrolled host key", h.Name)
 	}
 	p.mu.Lock()
@@ -164,12 +180,12 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 	p.mu.Lock()
 	failed, backingOff := p.failing[h.Name]
 	p.mu.Unlock()
-	if backingOff && time.Now().Before(failed.until) && !errors.Is(failed.err, ErrHostKeyMismatch) {
+	if backingOff && time.Now().Before(failed.until) && !errors.Is(failed.err, ErrHostKeyMismatch) && !errors.Is(failed.err, ErrHostCertRefused) {
 		// The same error as the dial that failed, so callers read one answer for one cause;
 		// when the next dial happens is the pool's business.
 		return nil, failed.err
 	}
-	client, protocol, err := p.dial(ctx, h)
+	client, presented, protocol, err := p.dial(ctx, h)
 	if err != nil {
 		if ctx.Err() == nil {
 			p.mu.Lock()
@@ -185,7 +201,7 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 	p.mu.Lock()
 	delete(p.failing, h.Name)
 	p.mu.Unlock()
-	pc := &pooledConn{client: client, key: h.HostKey, protocol: protocol}
+	pc := &pooledConn{client: client, trust: h.trust(), presented: presented, protocol: protocol}
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
@@ -233,70 +249,101 @@ func (p *Pool) Protocol(name string) int {
 	return 0
 }
 
-// current returns the live pooled connection to h, if any.
+// current returns the live pooled connection to h, if any: one dialed under what h trusts
+// now, whose key (or certificate) is still trusted — not revoked or expired since.
+// Called with h's dial mutex held; the check (which may read the revocation list) runs
+// outside mu.
 func (p *Pool) current(h Host) *gossh.Client {
 	p.mu.Lock()
-	defer p.mu.Unlock()
 	pc := p.conns[h.Name]
+	p.mu.Unlock()
 	if pc == nil {
 		return nil
 	}
-	if !bytes.Equal(pc.key.Marshal(), h.HostKey.Marshal()) {
-		delete(p.conns, h.Name)
-		pc.client.Close()
-		return nil
+	if pc.trust == h.trust() && CheckHostKey(h, pc.presented, p.opts.HostCAs, p.opts.Revoked, p.opts.Now()) == nil {
+		return pc.client
 	}
-	return pc.client
+	p.mu.Lock()
+	if p.conns[h.Name] == pc {
+		delete(p.conns, h.Name)
+	}
+	p.mu.Unlock()
+	pc.client.Close()
+	return nil
 }
 
-// dial connects to h, checks its host key, and agrees on the host protocol version.
-func (p *Pool) dial(ctx context.Context, h Host) (*gossh.Client, int, error) {
+// trust is what h's host key is checked against, as a string: its pinned key, or its CA.
+func (h Host) trust() string {
+	switch {
+	case h.HostCA:
+		return CertAuthorityMarker
+	case h.HostKey == nil:
+		return ""
+	}
+	return string(h.HostKey.Marshal())
+}
+
+// dial connects to h, checks its host key (CheckHostKey), and agrees on the host protocol
+// version. It returns the key or certificate the host presented.
+func (p *Pool) dial(ctx context.Context, h Host) (*gossh.Client, gossh.PublicKey, int, error) {
 	ctx, cancel := context.WithTimeout(ctx, p.opts.DialTimeout)
 	defer cancel()
 	var d net.Dialer
 	raw, err := d.DialContext(ctx, "tcp", h.Addr)
 	if err != nil {
-		return nil, 0, fmt.Errorf("%w: dial %s (%s): %w", ErrHostUnreachable, h.Name, h.Addr, err)
+		return nil, nil, 0, fmt.Errorf("%w: dial %s (%s): %w", ErrHostUnreachable, h.Name, h.Addr, err)
 	}
 	if deadline, ok := ctx.Deadline(); ok {
 		raw.SetDeadline(deadline)
 	}
 	var presented gossh.PublicKey
+	var refused error // the host key callback's own error: it says what to fix
 	conn, chans, reqs, err := gossh.NewClientConn(raw, h.Addr, &gossh.ClientConfig{
 		User: h.Account,
 		Auth: []gossh.AuthMethod{gossh.PublicKeys(p.opts.Signer)},
 		HostKeyCallback: func(_ string, _ net.Addr, key gossh.PublicKey) error {
 			presented = key
-			if !bytes.Equal(key.Marshal(), h.HostKey.Marshal()) {
-				return ErrHostKeyMismatch
-			}
-			return nil
+			refused = CheckHostKey(h, key, p.opts.HostCAs, p.opts.Revoked, p.opts.Now())
+			return refused
 		},
-		HostKeyAlgorithms: []string{h.HostKey.Type()},
+		HostKeyAlgorithms: h.hostKeyAlgorithms(),
 	})
 	if err != nil {
 		raw.Close()
 		if errors.Is(err, ErrHostKeyMismatch) {
 			p.log.Error("host key mismatch: refusing the host", "host", h.Name,
 				"enrolled", gossh.FingerprintSHA256(h.HostKey), "presented", gossh.FingerprintSHA256(presented))
-			return nil, 0, fmt.Errorf("%w: %s presented %s, enrolled %s", ErrHostKeyMismatch, h.Name,
+			return nil, nil, 0, fmt.Errorf("%w: %s presented %s, enrolled %s", ErrHostKeyMismatch, h.Name,
 				gossh.FingerprintSHA256(presented), gossh.FingerprintSHA256(h.HostKey))
+		}
+		if errors.Is(refused, ErrHostCertRefused) {
+			p.log.Error("host certificate refused: refusing the host", "host", h.Name, "error", refused)
+			return nil, nil, 0, refused
 		}
 		if strings.Contains(err.Error(), "unable to authenticate") {
 			// x/crypto/ssh has no error type for it; its message is stable.
-			return nil, 0, fmt.Errorf("%w: %s: %w", ErrKeyRefused, h.Name, err)
+			return nil, nil, 0, fmt.Errorf("%w: %s: %w", ErrKeyRefused, h.Name, err)
 		}
-		return nil, 0, fmt.Errorf("%w: ssh handshake with %s: %w", ErrHostUnreachable, h.Name, err)
+		return nil, nil, 0, fmt.Errorf("%w: ssh handshake with %s: %w", ErrHostUnreachable, h.Name, err)
 	}
 	client := gossh.NewClient(conn, chans, reqs)
 	// Still under the dial's deadline: a host that does not answer the hello is not connected.
 	protocol, _, err := hostproto.SayHello(client, version.String())
 	if err != nil {
 		client.Close()
-		return nil, 0, fmt.Errorf("bastion: host %s: %w", h.Name, err)
+		return nil, nil, 0, fmt.Errorf("bastion: host %s: %w", h.Name, err)
 	}
 	raw.SetDeadline(time.Time{})
-	return client, protocol, nil
+	return client, presented, protocol, nil
+}
+
+// hostKeyAlgorithms are the host key algorithms h is asked for: its pinned key's type, or
+// host certificates.
+func (h Host) hostKeyAlgorithms() []string {
+	if h.HostCA {
+		return certAlgorithms
+	}
+	return []string{h.HostKey.Type()}
 }
 
 // keepalive probes the connection until it fails or the pool closes, then drops it.

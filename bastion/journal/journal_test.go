@@ -48,3 +48,55 @@ func TestEtcdJournalOverTLS(t *testing.T) {
 		t.Fatal("a client without a certificate opened the journal")
 	}
 }
+
+// The journal's retention rules come from the classes: the event horizon is the shortest
+// class retention with a margin (its removal margin and two retention intervals) unless
+// event_retention sets it, runs go after the longest retention.
+func TestRetentionRules(t *testing.T) {
+	const day = 24 * time.Hour
+	tests := []struct {
+		name             string
+		eventRetention   time.Duration
+		interval         time.Duration
+		wantEvents, runs time.Duration
+	}{
+		{name: "built-in classes", interval: time.Hour, wantEvents: 7*day + 10*time.Minute + 2*time.Hour, runs: 90 * day},
+		{name: "no scheduled pass", wantEvents: 7*day + 10*time.Minute, runs: 90 * day},
+		{name: "event_retention set", eventRetention: 2 * day, interval: time.Hour, wantEvents: 2 * day, runs: 90 * day},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := config.DefaultConfig(t.TempDir())
+			cfg.EventRetention, cfg.RetentionInterval = tt.eventRetention, tt.interval
+			var mo markers.Options
+			Retention(cfg, nil, &mo)
+			if mo.EventRetention != tt.wantEvents || mo.RunRetention != tt.runs || mo.MinRetention != 7*day {
+				t.Errorf("events %v, runs %v, min %v; want %v, %v, %v", mo.EventRetention, mo.RunRetention, mo.MinRetention, tt.wantEvents, tt.runs, 7*day)
+			}
+		})
+	}
+}
+
+// What a pass may remove, and how long tombstones stay, follow the classes in force: a
+// reload that lengthens a class's retention applies to the next pass.
+func TestRetentionFollowsTheClassesInForce(t *testing.T) {
+	cfg := config.DefaultConfig(t.TempDir())
+	inForce := cfg.ResolveClasses()
+	var mo markers.Options
+	Retention(cfg, func() *config.Classes { return inForce }, &mo)
+	if got := mo.TombstoneRetention(config.ClassReadOnly); got != 7*24*time.Hour {
+		t.Fatalf("read_only tombstones stay %v; want 7 days", got)
+	}
+	reloaded := cfg
+	reloaded.Classes = []config.Class{{Name: config.ClassReadOnly, Retention: 14 * 24 * time.Hour}}
+	inForce = reloaded.ResolveClasses()
+	if got := mo.TombstoneRetention(config.ClassReadOnly); got != 14*24*time.Hour {
+		t.Fatalf("after a reload read_only tombstones stay %v; want 14 days", got)
+	}
+	ended := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	rec := &markers.Record{State: markers.Completed, Class: config.ClassReadOnly, CreatedAt: ended,
+		UpdatedAt: ended, StateTimes: map[markers.State]time.Time{markers.Completed: ended}}
+	if mo.Removable(rec, ended.Add(10*24*time.Hour)) {
+		t.Error("a read_only execution ended 10 days ago is removable under a 14-day retention")
+	}
+}

@@ -147,8 +147,8 @@ func (f *fakeEngine) List(c transport.Caller, a api.ListArgs) (*api.ListResult, 
 	return f.list(a)
 }
 
-func (f *fakeEngine) HostsOf(c transport.Caller) (*api.HostsResult, error) {
-	f.record(engineCall{Method: "HostsOf", Caller: c})
+func (f *fakeEngine) HostsOf(c transport.Caller, a api.HostsArgs) (*api.HostsResult, error) {
+	f.record(engineCall{Method: "HostsOf", Caller: c, Arg: a})
 	if f.hosts == nil {
 		return nil, errUnscripted
 	}

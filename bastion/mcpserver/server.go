@@ -46,7 +46,7 @@ type Executions interface {
 	Cancel(ctx context.Context, c transport.Caller, id string) (*api.Execution, error)
 	List(c transport.Caller, a api.ListArgs) (*api.ListResult, error)
 	// HostsOf lists the enrolled hosts the caller's policy lets it use.
-	HostsOf(c transport.Caller) (*api.HostsResult, error)
+	HostsOf(c transport.Caller, a api.HostsArgs) (*api.HostsResult, error)
 }
 
 // Tasks are the executions as MCP tasks see them.

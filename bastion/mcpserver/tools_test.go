@@ -221,8 +221,8 @@ func TestToolsCallTheEngine(t *testing.T) {
 		},
 		{
 			tool:     "hosts_list",
-			args:     map[string]any{},
-			want:     engineCall{Method: "HostsOf", Caller: remoteCaller},
+			args:     map[string]any{"labels": "role=db,env=prod", "cursor": "h1", "limit": 5},
+			want:     engineCall{Method: "HostsOf", Caller: remoteCaller, Arg: api.HostsArgs{Labels: "role=db,env=prod", Cursor: "h1", Limit: 5}},
 			readOnly: true,
 		},
 	}
@@ -419,7 +419,7 @@ func TestListResults(t *testing.T) {
 				{ExecutionID: "ex_2", State: "running", Host: "h2", Command: "sleep 60", AcceptedAt: at.Add(time.Minute)},
 				{ExecutionID: "ex_1", State: "completed", Host: "h1", Command: "uptime", AcceptedAt: at.In(paris)},
 			}},
-			hosts: &api.HostsResult{Hosts: []api.HostInfo{
+			hosts: &api.HostsResult{Total: 2, Hosts: []api.HostInfo{
 				{Name: "h1", Addr: "10.0.0.1:22", Account: "deploy", HostKeyType: "ssh-ed25519", HostKey: "SHA256:abc", Guarantee: "hostagent", Connected: true},
 				{Name: "h2", Addr: "10.0.0.2:22", Account: "root", HostKeyType: "ssh-rsa", HostKey: "SHA256:def", Guarantee: "none",
 					Description: "primary database", Labels: map[string]string{"role": "db", "env": "prod"}, OS: "Debian 12"},
@@ -427,6 +427,15 @@ func TestListResults(t *testing.T) {
 			wantList: "ex_2 2026-07-28T10:01:00Z running on h2: sleep 60\nex_1 2026-07-28T10:00:00Z completed on h1: uptime\n",
 			wantHost: "h1 (deploy@10.0.0.1:22, ssh-ed25519 SHA256:abc, guarantee hostagent)\n" +
 				"h2: primary database (env=prod, role=db, os Debian 12, root@10.0.0.2:22, ssh-rsa SHA256:def, guarantee none)\n",
+		},
+		{
+			name: "a page",
+			list: &api.ListResult{Executions: []*api.Execution{}},
+			hosts: &api.HostsResult{Total: 250, NextCursor: "h1", Hosts: []api.HostInfo{
+				{Name: "h1", Addr: "10.0.0.1:22", Account: "deploy", HostKeyType: "@cert-authority", Guarantee: "hostagent"},
+			}},
+			wantList: "No executions.",
+			wantHost: "h1 (deploy@10.0.0.1:22, @cert-authority, guarantee hostagent)\n1 of 250 hosts; for more, call hosts_list again with cursor \"h1\".\n",
 		},
 	}
 	for _, tt := range tests {

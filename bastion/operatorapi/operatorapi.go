@@ -11,7 +11,7 @@
 //	POST /v1/policy/check  policy.Request                          the daemon's decision for a call (nothing runs)
 //	GET /v1/doctor                                                 the daemon's version; every host asked now
 //	GET /v1/runs?actor=&scope=&limit=                               agent runs, newest first seen first
-//	GET /v1/hosts                                                  enrolled hosts
+//	GET /v1/hosts?labels=&cursor=&limit=                         enrolled hosts, a page (default 100) sorted by name
 //	GET /v1/markers/{host}?state=&limit=&cursor=                   the host's markers (asks it)
 //	GET /v1/markers/{host}/{id}                                    one marker on the host
 //	GET /v1/audit/export                                           the journal's event log, JSONL
@@ -21,7 +21,8 @@
 //	POST /v1/approvals/{id}/approve  {"note"}                      authorize and dispatch
 //	POST /v1/approvals/{id}/deny     {"reason"}                    reject
 //	POST /v1/executions/{id}/review  {"outcome","note"}            an unknown (or stuck) outcome, verified
-//	POST /v1/reload                                                the config file applied again
+//	POST /v1/journal/gc  {"dry_run"}                               a retention pass of the journal, now
+//	POST /v1/reload                                                read the config file again and apply it
 //	GET /v1/tokens                                                 the remote actors' credentials (never a token)
 //	POST /v1/tokens  {"actor","expires"}                           issue a token (in the answer, once)
 //	POST /v1/tokens/{id}/revoke                                    revoke an issued token, at once
@@ -65,7 +66,7 @@ type Engine interface {
 	Doctor(ctx context.Context) (*api.DoctorReport, error)
 	// Overview is what is in flight and what waits for an operator (postern status).
 	Overview() (*api.Overview, error)
-	Hosts() (*api.HostsResult, error)
+	Hosts(a api.HostsArgs) (*api.HostsResult, error)
 	// HostMarkers and HostMarker ask a host for its markers.
 	HostMarkers(ctx context.Context, host string, q api.MarkerQuery) (*api.MarkerPage, error)
 	HostMarker(ctx context.Context, host, id string) (*hostproto.Marker, error)
@@ -78,6 +79,8 @@ type Engine interface {
 	Approve(ctx context.Context, op api.Operator, id, note string) (*markers.Record, error)
 	Deny(ctx context.Context, op api.Operator, id, reason string) (*markers.Record, error)
 	Review(ctx context.Context, op api.Operator, id, outcome, note string) (*markers.Record, error)
+	// RetentionPass runs the journal's retention pass now (dryRun: counts, changes nothing).
+	RetentionPass(ctx context.Context, dryRun bool) (*api.RetentionPass, error)
 	// Reload reads the daemon's config again and applies what a reload may change.
 	Reload(op api.Operator) (*api.ConfigChange, error)
 	// Tokens lists the remote actors' credentials; IssueToken issues one for an actor (the
@@ -144,8 +147,13 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 		rep, err := e.Doctor(r.Context())
 		writeJSON(w, rep, err)
 	})
-	mux.HandleFunc("GET /v1/hosts", func(w http.ResponseWriter, _ *http.Request) {
-		out, err := e.Hosts()
+	mux.HandleFunc("GET /v1/hosts", func(w http.ResponseWriter, r *http.Request) {
+		limit, err := formLimit(r, 1000, 0)
+		if err != nil {
+			writeJSON(w, nil, err)
+			return
+		}
+		out, err := e.Hosts(api.HostsArgs{Labels: r.FormValue("labels"), Cursor: r.FormValue("cursor"), Limit: limit})
 		writeJSON(w, out, err)
 	})
 	mux.HandleFunc("GET /v1/markers/{host}", func(w http.ResponseWriter, r *http.Request) {
@@ -172,6 +180,16 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 			log.Error("audit export", "err", err)
 		}
 	})
+	mux.HandleFunc("POST /v1/journal/gc", func(w http.ResponseWriter, r *http.Request) {
+		var req struct {
+			DryRun bool `json:"dry_run"`
+		}
+		if !readBody(w, r, &req) {
+			return
+		}
+		p, err := e.RetentionPass(r.Context(), req.DryRun)
+		writeJSON(w, p, err)
+	})
 	mux.HandleFunc("GET /v1/journal/backup", func(w http.ResponseWriter, r *http.Request) {
 		sw := &streamWriter{w: w, contentType: "application/x-tar"}
 		if err := e.Backup(r.Context(), sw); err != nil {
@@ -189,6 +207,7 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 			writeJSON(w, nil, err)
 			return
 		}
+		w.Header().Set("Content-Type", "text/plain; charset=utf-8")
 		w.Write([]byte(key + "\n"))
 	})
 	mux.HandleFunc("GET /v1/approvals", func(w http.ResponseWriter, _ *http.Request) {

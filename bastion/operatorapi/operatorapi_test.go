@@ -48,6 +48,7 @@ type fakeEngine struct {
 	note        string
 	reason      string
 	outcome     string
+	dryRun      bool
 
 	err       error
 	pending   []*api.ApprovalRequest
@@ -116,7 +117,7 @@ func (f *fakeEngine) Overview() (*api.Overview, error) {
 	return &api.Overview{Daemon: api.DaemonRunning}, f.err
 }
 
-func (f *fakeEngine) Hosts() (*api.HostsResult, error) {
+func (f *fakeEngine) Hosts(api.HostsArgs) (*api.HostsResult, error) {
 	if f.err != nil {
 		return nil, f.err
 	}
@@ -229,6 +230,13 @@ func (f *fakeEngine) Review(_ context.Context, operator api.Operator, id, outcom
 	defer f.mu.Unlock()
 	f.outcome, f.note = outcome, note
 	return f.decided(operator, id)
+}
+
+func (f *fakeEngine) RetentionPass(_ context.Context, dryRun bool) (*api.RetentionPass, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.dryRun = dryRun
+	return &api.RetentionPass{GCResult: markers.GCResult{DryRun: dryRun, Records: 3}}, f.err
 }
 
 // serve starts the operator API of e on a TCP test server.
@@ -581,6 +589,21 @@ func TestPolicyCheck(t *testing.T) {
 	}
 }
 
+func TestRetentionPass(t *testing.T) {
+	e := &fakeEngine{}
+	srv := serve(t, e)
+	status, _, body := call(t, srv, "POST", "/v1/journal/gc", `{"dry_run":true}`)
+	if status != 200 || !e.dryRun || !strings.Contains(string(body), `"records":3`) {
+		t.Fatalf("dry run: %d %s (dry run passed: %v)", status, body, e.dryRun)
+	}
+	if status, _, body := call(t, srv, "POST", "/v1/journal/gc", `{}`); status != 200 || e.dryRun {
+		t.Fatalf("pass: %d %s (dry run passed: %v)", status, body, e.dryRun)
+	}
+	if status, _, _ := call(t, srv, "GET", "/v1/journal/gc", ""); status != http.StatusMethodNotAllowed {
+		t.Fatalf("GET of the pass: %d; want 405", status)
+	}
+}
+
 func TestBodies(t *testing.T) {
 	tests := []struct {
 		name    string
@@ -593,6 +616,7 @@ func TestBodies(t *testing.T) {
 		{"empty", "/v1/executions/ex_1/review", ``, "request body: EOF"},
 		{"too large", "/v1/approvals/ex_1/approve", `{"note":"` + strings.Repeat("x", maxBody) + `"}`, "request body too large"},
 		{"policy unknown field", "/v1/policy/check", `{"Tool":"ssh_exec","Sudo":true}`, `unknown field "Sudo"`},
+		{"gc unknown field", "/v1/journal/gc", `{"dryrun":true}`, `unknown field "dryrun"`},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -34,7 +34,7 @@ import (
 //	                                                    ConfirmAnswer + JournalPath
 //	stock_reconcile level= from= age= [marker=STATE|absent] [cancel]
 //	                                                    ReconcileByLevel + JournalPath
-//	recover   journal=STATE|absent [review] [http] marker=STATE|absent level=
+//	recover   journal=STATE|absent [review] [http] [removed] marker=STATE|absent level=
 //	                                                    RecoverOn + RecoveryPath
 //
 // Every journal path a decision produces is also checked against the journal graph.
@@ -272,7 +272,7 @@ func decideRecovery(t *testing.T, c datadriven.Case, marker func(string) *hostpr
 	if c.Args["marker"] != "absent" {
 		m = marker("marker")
 	}
-	r := RecoverOn(rec, m, fleet.Guarantee(c.Args["level"]), testHost)
+	r := RecoverOn(rec, m, fleet.Guarantee(c.Args["level"]), testHost, c.Flags["removed"])
 	out := string(r.Do)
 	if r.Do == RecoverReview {
 		path := RecoveryPath(rec.State)
@@ -286,4 +286,30 @@ func decideRecovery(t *testing.T, c datadriven.Case, marker func(string) *hostpr
 		}
 	}
 	return out + "\n" + r.Note
+}
+
+// RemovedSpan counts an execution as known to the journal only between its oldest and its
+// newest less RemovedSkew: older may predate a journal started again empty, newer ran after
+// its last record.
+func TestRemovedSpan(t *testing.T) {
+	t0 := time.Date(2026, 12, 1, 0, 0, 0, 0, time.UTC)
+	oldest, newest := t0, t0.Add(24*time.Hour)
+	for _, tt := range []struct {
+		name string
+		at   time.Time
+		want bool
+	}{
+		{"between", t0.Add(time.Hour), true},
+		{"the oldest itself", t0, true},
+		{"before the oldest", t0.Add(-time.Minute), false},
+		{"within the skew of the newest", newest.Add(-RemovedSkew + time.Second), false},
+		{"after the newest", newest.Add(time.Hour), false},
+	} {
+		if got := RemovedSpan(tt.at, oldest, newest); got != tt.want {
+			t.Errorf("%s: RemovedSpan = %v; want %v", tt.name, got, tt.want)
+		}
+	}
+	if RemovedSpan(t0, time.Time{}, time.Time{}) {
+		t.Error("an empty journal counted an execution as removed")
+	}
 }

@@ -2,6 +2,7 @@ package verdict
 
 import (
 	"fmt"
+	"time"
 
 	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/hostproto"
@@ -38,8 +39,10 @@ type Recovery struct {
 // RecoverOn decides what the journal must learn of one execution: rec is the journal's
 // record of it (nil: the journal does not know it), m its host's marker (nil: the host has
 // none, or keeps none), level its host's guarantee ("" for an HTTP execution), host the
-// host's (or endpoint's) name.
-func RecoverOn(rec *markers.Record, m *hostproto.Marker, level fleet.Guarantee, host string) Recovery {
+// host's (or endpoint's) name. removed: the journal does not know it but holds executions
+// accepted before and after it (RemovedSpan), so it knew it and its retention pass removed
+// it — an ended execution past its class's retention, not something that ran unseen.
+func RecoverOn(rec *markers.Record, m *hostproto.Marker, level fleet.Guarantee, host string, removed bool) Recovery {
 	ran := m != nil && m.State != hostproto.MarkerNotStarted && m.State != hostproto.MarkerStartFailed
 	seen := ""
 	if m != nil {
@@ -48,6 +51,8 @@ func RecoverOn(rec *markers.Record, m *hostproto.Marker, level fleet.Guarantee, 
 	switch {
 	case rec == nil && !ran:
 		return Recovery{RecoverLeave, seen + ": it never ran, and the journal does not know it; nothing to journal"}
+	case rec == nil && removed:
+		return Recovery{RecoverLeave, seen + ", and the journal does not know it, but it holds executions accepted before and after it: it knew this one, and its retention removed it once it had ended and its class's retention had passed; nothing to journal"}
 	case rec == nil:
 		return Recovery{RecoverJournal, seen + ", and the journal does not know it: it ran after the journal's last record (the journal was lost or restored). Journaled unknown, review required, with the host's evidence; it is never sent again"}
 	case markers.JournalGraph.Terminal(rec.State):
@@ -113,4 +118,19 @@ func markerText(m *hostproto.Marker) string {
 		return fmt.Sprintf("%s (%s)", m.State, m.StartError)
 	}
 	return string(m.State)
+}
+
+// RemovedSkew is how much later than an execution the journal's newest must have been
+// accepted for RemovedSpan to count it as known: ids are made before the synced write that
+// accepts them, so under concurrency a slightly older id may be written after a newer one
+// (and be missing from a backup that has the newer).
+const RemovedSkew = 10 * time.Minute
+
+// RemovedSpan reports whether the journal, whose oldest and newest executions were accepted
+// at oldest and newest, knew an execution accepted at at: every execution is journaled
+// before it is sent, so one accepted between them that it does not hold was removed by
+// retention. One older than its oldest may predate the journal (a lost journal started
+// again empty), one newer than its newest ran after its last record: neither counts.
+func RemovedSpan(at, oldest, newest time.Time) bool {
+	return !oldest.IsZero() && !at.Before(oldest) && at.Before(newest.Add(-RemovedSkew))
 }

@@ -69,9 +69,9 @@ func steps(quick bool) []step {
 		{pkg: "./hostagent/", bench: "^" + benchMarkers + "$", benchtime: "300x"},
 		// P6: five starts of the real agent binary.
 		{pkg: "./integration/", bench: "^" + benchAgentStart + "$", benchtime: "5x"},
-		// P1, P3, P5, http_request, the identical repeat: each takes a fixed number of
-		// samples, whatever b.N.
-		{pkg: "./integration/", bench: "^(" + strings.Join([]string{benchExecTrue, benchStdioRepeat, benchConcurrent, benchStream, benchHTTPRequest}, "|") + ")$", benchtime: "1x"},
+		// P1, P3, P5, http_request, the identical repeat, the fleet's RSS: each takes a fixed
+		// number of samples, whatever b.N.
+		{pkg: "./integration/", bench: "^(" + strings.Join([]string{benchExecTrue, benchStdioRepeat, benchConcurrent, benchStream, benchHTTPRequest, benchInventory}, "|") + ")$", benchtime: "1x"},
 		// P4: the fill to 10⁶ records takes about a minute.
 		dedup,
 	}

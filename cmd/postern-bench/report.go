@@ -18,6 +18,7 @@ const (
 	benchAgentStart   = "BenchmarkHostagentStart"      // integration: P6
 	benchHTTPRequest  = "BenchmarkHTTPRequest"         // integration: http_request
 	benchStdioRepeat  = "BenchmarkStdioRepeat"         // integration: an identical repeat
+	benchInventory    = "BenchmarkBastionInventory"    // integration: RSS at fleet size
 	dedupSmallRecords = 1_000
 )
 
@@ -101,6 +102,12 @@ func reportRows(records int) []row {
 		{id: "P1", what: "same, p99, vs the floor's p50",
 			measured: ms(benchExecTrue, "stdio-p99-ms"), baseline: floor,
 			ratio: times(benchExecTrue, "p99-stdio/floor")},
+		{id: "P1", what: "ssh_exec `true`, official TypeScript SDK over stdio (`postern mcp`, as Claude Code connects), p50, vs OpenSSH multiplexed",
+			measured: ms(benchExecTrue, "ts-stdio-p50-ms"), baseline: ptr(ms(benchExecTrue, "openssh-p50-ms")),
+			ratio: times(benchExecTrue, "p50-ts-stdio/openssh"), goal: atMost(0.5), goalText: "≤ 0.5×"},
+		{id: "P1", what: "same, p50, vs the floor",
+			measured: ms(benchExecTrue, "ts-stdio-p50-ms"), baseline: floor,
+			ratio: times(benchExecTrue, "p50-ts-stdio/floor"), goal: atMost(2.5), goalText: "≤ 2.5× floor"},
 		{id: "REPEAT", what: "an identical ssh_exec `true` right after its result was delivered, through `postern mcp`, p50, vs a distinct call",
 			measured: ms(benchStdioRepeat, "repeat-p50-ms"), baseline: ptr(ms(benchStdioRepeat, "distinct-p50-ms")),
 			ratio: times(benchStdioRepeat, "p50-repeat/distinct"), goal: atMost(2), goalText: "≤ 2×"},
@@ -151,6 +158,14 @@ func reportRows(records int) []row {
 			ratio: times(benchHTTPRequest, "p50-postern/direct")},
 		{id: "HTTP", what: "per-call plugin hop (gRPC + broker), p50",
 			measured: ms(benchHTTPRequest, "plugin-hop-p50-ms")},
+		{id: "FLEET", what: "bastion RSS with 1,000 hosts enrolled (one `hosts import`, listed), vs nothing enrolled",
+			measured: figure{bench: benchInventory, unit: "enrolled-RSS-MB", suffix: " MB", digits: 1},
+			baseline: &figure{bench: benchInventory, unit: "empty-RSS-MB", suffix: " MB", digits: 1}},
+		{id: "FLEET", what: "bastion RSS per enrolled host",
+			measured: figure{bench: benchInventory, unit: "KB/enrolled-host", suffix: " KB", digits: 1}},
+		{id: "FLEET", what: "bastion RSS per pooled host (real hostagents, one process each; pooled-hosts of them, 100 by default)",
+			measured: figure{bench: benchInventory, unit: "KB/pooled-host", suffix: " KB"},
+			goal:     atMost(1024), goalText: "< 1 MiB"},
 	}
 }
 

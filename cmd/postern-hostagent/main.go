@@ -1,5 +1,5 @@
 // Command postern-hostagent is the Postern agent on a fleet machine: `serve` runs the SSH
-// server, `install` sets it up under systemd.
+// server (`reload` makes it re-read its config), `install` sets it up under systemd.
 package main
 
 import (
@@ -19,6 +19,7 @@ const mainUsage = `usage: postern-hostagent COMMAND [flags]
 
 commands:
   serve     run the SSH server
+  reload    make the running agent re-read its config (as SIGHUP does)
   install   write the config, host key and systemd unit
   markers   list, show, tail and verify the markers on this host
   marker    (from a running command) record a checkpoint on its own marker
@@ -51,6 +52,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 		return (&cli.VersionCommand{Name: string(prog), Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "serve":
 		return (&ServeCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
+	case "reload":
+		return (&ReloadCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "install":
 		return (&InstallCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "markers":

@@ -32,6 +32,9 @@ func TestUsageErrors(t *testing.T) {
 		{name: "stray argument", args: []string{"install", "extra"}, wantCode: 2},
 		{name: "help", args: []string{"serve", "-h"}, wantCode: 0},
 		{name: "missing config", args: []string{"serve", "--config", "/nonexistent/config.toml"}, wantCode: 1},
+		{name: "reload stray argument", args: []string{"reload", "now"}, wantCode: 2},
+		{name: "reload help", args: []string{"reload", "-h"}, wantCode: 0},
+		{name: "reload with no agent", args: []string{"reload", "--config", "/nonexistent/config.toml"}, wantCode: 1},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

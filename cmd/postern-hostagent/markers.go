@@ -17,6 +17,7 @@ import (
 	"github.com/postern-dev/postern/hostagent/supervisor"
 	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/cli"
+	"github.com/postern-dev/postern/internal/locate"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -71,13 +72,18 @@ func (f *agentFlags) resolve() error {
 	if err != nil {
 		return err
 	}
+	f.found(cfg, found)
+	return nil
+}
+
+// found fills socket and dataDir from what the rule found.
+func (f *agentFlags) found(cfg hostagent.Config, found locate.Found) {
 	f.where = found.Why()
 	f.dataDir = cfg.DataDir
 	if f.socket == "" {
 		f.socket = cfg.ControlSocketPath()
 	}
 	f.paths = cfg
-	return nil
 }
 
 // markerSource is where markers are read from: the agent (*hostproto.ControlClient) or the

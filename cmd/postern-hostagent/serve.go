@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"flag"
@@ -8,6 +9,10 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
+	"os/signal"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/postern-dev/postern/hostagent"
@@ -42,18 +47,44 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 		return err
 	}
 
-	cfg, found, err := findAgent(*configPath, *dataDir)
+	// SIGHUP reloads the config (below); caught from the start, so that one sent while the
+	// agent starts does not end it.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+
+	_, found, err := findAgent(*configPath, *dataDir)
 	if err != nil && !hostagent.IsConfigProblem(err) {
 		return err
 	}
 	if found.Config == "" {
 		return fmt.Errorf("no hostagent config to serve (%s): postern-hostagent install writes one, or pass --config FILE", found.Why())
 	}
-	if *listen != "" {
-		cfg.Listen = *listen
+	// A reload reads the same file again with the same overrides: the rule is not applied
+	// anew, so a file that appeared since cannot take the running agent elsewhere.
+	load := func(data []byte) (hostagent.Config, error) {
+		cfg, err := hostagent.ParseConfig(bytes.NewReader(data))
+		if err != nil {
+			err = fmt.Errorf("%s: %w", found.Config, err)
+			if !hostagent.IsConfigProblem(err) {
+				return cfg, err
+			}
+		}
+		if found.Dir != "" {
+			cfg.DataDir = found.Dir
+		}
+		if *listen != "" {
+			cfg.Listen = *listen
+		}
+		// Every problem at once: the keys that did not decode and what Validate finds in the rest.
+		return cfg, errors.Join(err, cfg.Validate())
 	}
-	// Every problem at once: the keys that did not decode and what Validate finds in the rest.
-	if err := errors.Join(err, cfg.Validate()); err != nil {
+	data, err := os.ReadFile(found.Config)
+	if err != nil {
+		return fmt.Errorf("config: %w", err)
+	}
+	cfg, err := load(data)
+	if err != nil {
 		return err
 	}
 	logger := slog.New(slog.NewTextHandler(c.Stderr, nil)).With("component", "hostagent")
@@ -67,7 +98,9 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 			"append the line `postern hosts key` prints on the bastion to "+keysPlace(cfg),
 			"authorized_keys_file", cfg.AuthorizedKeysFile, "authorized_keys_dir", cfg.AuthorizedKeysDir, "trusted_user_ca_keys_file", cfg.TrustedUserCAKeysFile)
 	}
-	agent, err := hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{Logger: logger})
+	agent, err := hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{
+		Logger: logger, ConfigFile: found.Config, ConfigDigest: hostagent.ConfigDigest(data), Load: load,
+	})
 	if err != nil {
 		return err
 	}
@@ -76,6 +109,20 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	if err != nil {
 		return fmt.Errorf("listen: %w", err)
 	}
+	reloadCtx, stopReloads := context.WithCancel(ctx)
+	var reloads sync.WaitGroup
+	defer reloads.Wait()
+	defer stopReloads()
+	reloads.Go(func() {
+		for {
+			select {
+			case <-reloadCtx.Done():
+				return
+			case <-hup:
+				agent.Reload(reloadCtx, "signal:SIGHUP") // logs what it did, or why it did nothing
+			}
+		}
+	})
 	fmt.Fprintf(c.Stdout, "listening on %s, host key %s\n", ln.Addr(), agent.HostKeyFingerprint())
 	return agent.Serve(ctx, ln, shutdownGrace)
 }

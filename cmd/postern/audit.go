@@ -26,10 +26,12 @@ const auditUsage = `usage: postern audit SUBCOMMAND [flags]
 subcommands:
   export [--out FILE]
                  the journal's event log as JSONL (to stdout, or atomically to FILE)
-  verify [--file EXPORT.jsonl | --dir JOURNAL_DIR] [--key VERIFIER_KEY_FILE] [--require-sealed] [--json]
+  verify [--file EXPORT.jsonl | --dir JOURNAL_DIR] [--archive OLD.jsonl] [--key VERIFIER_KEY_FILE] [--require-sealed] [--json]
                  check the hash chain and the signed checkpoints; exit status 1 on FAIL.
                  Without --file or --dir: the running bastion's export, else its journal
-                 (its dir, or the etcd cluster of [journal]).
+                 (its dir, or the etcd cluster of [journal]). A log retention pruned says
+                 what range was pruned; --archive also checks an export made before the
+                 pass, and that it reaches where the pruned log starts.
 
 common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
@@ -54,9 +56,14 @@ func (c *auditCommand) export(ctx context.Context, args []string) error {
 	if *out == "" {
 		return c.exportTo(ctx, cfg, c.stdout)
 	}
+	return c.exportFile(ctx, cfg, *out)
+}
+
+// exportFile writes the journal's export to the file out, atomically (mode 0600).
+func (c *auditCommand) exportFile(ctx context.Context, cfg config.Config, out string) error {
 	// A partial export must never look like a complete one: write beside FILE, rename once
 	// complete.
-	tmp, err := os.CreateTemp(filepath.Dir(*out), "."+filepath.Base(*out)+".tmp-*")
+	tmp, err := os.CreateTemp(filepath.Dir(out), "."+filepath.Base(out)+".tmp-*")
 	if err != nil {
 		return fmt.Errorf("export: %w", err)
 	}
@@ -69,12 +76,12 @@ func (c *auditCommand) export(ctx context.Context, args []string) error {
 		err = cerr
 	}
 	if err == nil {
-		err = os.Rename(tmp.Name(), *out)
+		err = os.Rename(tmp.Name(), out)
 	}
 	if err != nil {
-		return fmt.Errorf("export to %s: %w", *out, err)
+		return fmt.Errorf("export to %s: %w", out, err)
 	}
-	fmt.Fprintf(c.stderr, "exported the journal to %s\n", *out)
+	fmt.Fprintf(c.stderr, "exported the journal to %s\n", out)
 	return nil
 }
 
@@ -175,6 +182,7 @@ func (c *auditCommand) verify(ctx context.Context, args []string) error {
 	keyPath := fs.String("key", "", "the audit verifier key file (default <state-dir>/audit.key.pub)")
 	var opts markers.VerifyOptions
 	fs.BoolVar(&opts.RequireSealed, "require-sealed", false, "fail if the last events are not covered by a signed checkpoint")
+	archive := fs.String("archive", "", "also verify this export made before a retention pass, and that it reaches where the pruned log starts")
 	asJSON := fs.Bool("json", false, "print the report as JSON")
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
@@ -213,12 +221,35 @@ func (c *auditCommand) verify(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
-	if *asJSON {
-		err = cli.WriteJSON(c.stdout, rep)
-	} else {
-		_, err = fmt.Fprintf(c.stdout, "%s: %s\n", source, rep)
+	if *archive == "" {
+		if *asJSON {
+			err = cli.WriteJSON(c.stdout, rep)
+		} else {
+			_, err = fmt.Fprintf(c.stdout, "%s: %s\n", source, rep)
+		}
+		if err == nil && !rep.OK {
+			err = errVerifyFailed
+		}
+		return err
 	}
-	if err == nil && !rep.OK {
+	// The archive: on its own, and joining the pruned log where it starts.
+	aopts := markers.VerifyOptions{RequireSealed: true}
+	if rep.PrunedThrough > 0 {
+		aopts.Joins = &markers.ChainPos{Seq: rep.PrunedThrough, Hash: rep.PrunedHash}
+	}
+	arep, err := verifyFile(*archive, verifier, aopts)
+	if err != nil {
+		return err
+	}
+	if *asJSON {
+		err = cli.WriteJSON(c.stdout, map[string]markers.Report{"log": rep, "archive": arep})
+	} else {
+		_, err = fmt.Fprintf(c.stdout, "%s: %s\n%s (archive): %s\n", source, rep, *archive, arep)
+		if err == nil && rep.PrunedThrough == 0 {
+			_, err = fmt.Fprintln(c.stdout, "note: the log is not pruned; the archive was verified on its own")
+		}
+	}
+	if err == nil && (!rep.OK || !arep.OK) {
 		err = errVerifyFailed
 	}
 	return err

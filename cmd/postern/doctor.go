@@ -105,6 +105,7 @@ func (c *doctorCommand) checks(ctx context.Context, loc *locator) []doctorCheck 
 	if errors.Is(err, errBastionDown) {
 		add("daemon", "problem", err.Error(), startFix(*loc.found))
 		out = append(out, portChecks(cfg.Listen, false)...)
+		out = append(out, journalChecks(offlineJournalHealth(ctx, cfg))...)
 		add("hosts", "note", "not checked: only the running bastion can reach the hosts with its key", "")
 		return out
 	}
@@ -128,6 +129,9 @@ func (c *doctorCommand) checks(ctx context.Context, loc *locator) []doctorCheck 
 		}
 	}
 	out = append(out, portChecks(listen, true)...)
+	if rep.Journal != nil {
+		out = append(out, journalChecks(rep.Journal)...)
+	}
 	if len(rep.Hosts) == 0 {
 		add("hosts", "note", "no host is enrolled", "on each host run `postern-hostagent install` and the enroll command it prints")
 	}

@@ -10,10 +10,12 @@ import (
 	"io"
 	"maps"
 	"net"
+	"net/url"
 	"os"
 	"os/user"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -34,7 +36,9 @@ type hostsCommand struct{ operatorIO }
 const hostsUsage = `usage: postern hosts SUBCOMMAND [flags]
 
 subcommands:
-  list [--json]  the enrolled hosts (from the inventory file when the bastion is down)
+  list [--label KEY=VALUE,...] [--limit N [--cursor NAME]] [--json]
+                 the enrolled hosts (from the inventory file when the bastion is down),
+                 those with every label given; --limit: one page, and the next one's cursor
   enroll NAME ADDR [--account USER] [--cwd DIR] [--group G]... [--accept-env NAME]...
          [--description TEXT] [--label KEY=VALUE]... [--os OS]
          [--expect-host-key SHA256:…] [--yes] [--replace] [--agentless [--marker-script]]
@@ -44,6 +48,13 @@ subcommands:
                  no hostagent (guarantee none); --marker-script: and install the marker
                  script ~/.postern/run there over SSH (guarantee marker_script; the
                  bastion's key must be in the account's authorized_keys first)
+  import FILE [--format toml|csv] [--account USER] [--replace] [--dry-run] [--json]
+                 enroll every host of a TOML or CSV file (name, addr, account,
+                 host_key, labels, description…) in one change: every host is checked
+                 first, and with any problem (reported by line) nothing is imported;
+                 host_key is the host's public key, its fingerprint SHA256:… (the
+                 host is asked for its key, which must match), or @cert-authority
+                 (a [[host_cas]] CA vouches for it)
   label NAME [KEY=VALUE | KEY-]... [--description TEXT] [--os OS]
                  set or remove labels (env=prod, role=db), the description and the OS
                  agents read in hosts_list
@@ -54,27 +65,29 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *hostsCommand) Run(ctx context.Context, args []string) error {
-	return prog.Dispatch(ctx, "hosts", hostsUsage, cli.Subcommands{"list": c.list, "enroll": c.enroll, "label": c.label, "key": c.key}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "hosts", hostsUsage, cli.Subcommands{"list": c.list, "enroll": c.enroll, "import": c.importFile, "label": c.label, "key": c.key}, args, c.stdout, c.stderr)
 }
 
 func (c *hostsCommand) list(ctx context.Context, args []string) error {
 	fs, loc := c.flagSet("hosts list [flags]")
 	asJSON := fs.Bool("json", false, "print JSON")
+	labels := fs.String("label", "", "only hosts with these labels, KEY=VALUE[,KEY=VALUE…] (e.g. role=db,env=prod)")
+	limit := fs.Int("limit", 0, fmt.Sprintf("print one page of at most this many hosts (1-%d) and the cursor of the next; default every host", fleet.MaxHostsPage))
+	cursor := fs.String("cursor", "", "start after this host (the cursor a --limit page printed)")
 	if _, err := cli.ParseArgs(fs, args, 0); err != nil {
 		return err
+	}
+	if *limit < 0 || *limit > fleet.MaxHostsPage {
+		return prog.UsageErrorf(c.stderr, "--limit must be in 1..%d", fleet.MaxHostsPage)
+	}
+	if _, err := fleet.ParseSelector(*labels); err != nil {
+		return prog.UsageErrorf(c.stderr, "--label: %v", err)
 	}
 	cfg, err := loc.config()
 	if err != nil {
 		return err
 	}
-	var res api.HostsResult
-	live := true
-	err = newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/hosts", nil, &res)
-	if errors.Is(err, errBastionDown) {
-		fmt.Fprintf(c.stderr, "note: %v; reading the inventory %s directly (connections unknown)\n", err, cfg.InventoryPath())
-		res, err = readInventoryHosts(cfg.InventoryPath())
-		live = false
-	}
+	res, live, err := c.hostsPages(ctx, cfg, api.HostsArgs{Labels: *labels, Cursor: *cursor, Limit: *limit})
 	if err != nil {
 		return err
 	}
@@ -98,7 +111,46 @@ func (c *hostsCommand) list(ctx context.Context, args []string) error {
 			cli.Printable(strings.TrimSpace(h.HostKeyType + " " + h.HostKey)), guaranteeText(fleet.Guarantee(h.Guarantee)), connected, cli.Printable(strings.Join(h.Groups, ",")),
 			cli.Printable(strings.Join(labels, ",")), cli.Printable(h.OS)})
 	}
-	return cli.PrintTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "GUARANTEE", "CONNECTED", "GROUPS", "LABELS", "OS"}, rows)
+	if err := cli.PrintTable(c.stdout, 0, []string{"NAME", "ADDR", "ACCOUNT", "HOST KEY", "GUARANTEE", "CONNECTED", "GROUPS", "LABELS", "OS"}, rows); err != nil {
+		return err
+	}
+	if res.NextCursor != "" {
+		fmt.Fprintf(c.stdout, "%d of %d hosts; next page: --cursor %s\n", len(res.Hosts), res.Total, res.NextCursor)
+	}
+	return nil
+}
+
+// hostsPages asks the daemon for the hosts a selects (or reads the inventory when it is
+// down: live is false): the page of a.Limit hosts, or with no limit every page, in order.
+func (c *hostsCommand) hostsPages(ctx context.Context, cfg config.Config, a api.HostsArgs) (res api.HostsResult, live bool, err error) {
+	res.Hosts = []api.HostInfo{}
+	live = true
+	for {
+		var page api.HostsResult
+		if live {
+			q := url.Values{"labels": {a.Labels}, "cursor": {a.Cursor}}
+			if a.Limit > 0 {
+				q.Set("limit", strconv.Itoa(a.Limit))
+			}
+			err = newOperatorClient(cfg.OperatorSocketPath()).getJSON(ctx, "/v1/hosts", q, &page)
+			if errors.Is(err, errBastionDown) && len(res.Hosts) == 0 {
+				fmt.Fprintf(c.stderr, "note: %v; reading the inventory %s directly (connections unknown)\n", err, cfg.InventoryPath())
+				live = false
+			}
+		}
+		if !live {
+			page, err = readInventoryHosts(cfg.InventoryPath(), a)
+		}
+		if err != nil {
+			return res, live, err
+		}
+		res.Hosts = append(res.Hosts, page.Hosts...)
+		res.Total, res.NextCursor = page.Total, page.NextCursor
+		if a.Limit > 0 || page.NextCursor == "" {
+			return res, live, nil
+		}
+		a.Cursor = page.NextCursor
+	}
 }
 
 // guaranteeText is a host's guarantee level as the hosts table shows it.
@@ -113,8 +165,8 @@ func guaranteeText(g fleet.Guarantee) string {
 }
 
 // readInventoryHosts reads the inventory file as the daemon would list it, without
-// connection states.
-func readInventoryHosts(path string) (api.HostsResult, error) {
+// connection states: the page a asks for.
+func readInventoryHosts(path string, a api.HostsArgs) (api.HostsResult, error) {
 	inv, err := fleet.OpenInventory(path)
 	if err != nil {
 		return api.HostsResult{}, err
@@ -123,12 +175,20 @@ func readInventoryHosts(path string) (api.HostsResult, error) {
 	if err != nil {
 		return api.HostsResult{}, err
 	}
-	res := api.HostsResult{Hosts: []api.HostInfo{}}
-	for _, h := range hosts {
+	sel, err := fleet.ParseSelector(a.Labels)
+	if err != nil {
+		return api.HostsResult{}, err
+	}
+	page, next, total, err := fleet.PageHosts(hosts, sel, a.Cursor, a.Limit)
+	if err != nil {
+		return api.HostsResult{}, err
+	}
+	res := api.HostsResult{Hosts: []api.HostInfo{}, Total: total, NextCursor: next}
+	for _, h := range page {
 		res.Hosts = append(res.Hosts, api.HostInfo{
 			Name: h.Name, Addr: h.Addr, Account: h.Account, Description: h.Description, Labels: h.Labels, OS: h.OS,
-			HostKey:     gossh.FingerprintSHA256(h.HostKey),
-			HostKeyType: h.HostKey.Type(), Groups: h.Groups, DefaultCwd: h.Cwd, Guarantee: string(h.Level()),
+			HostKey:     h.Fingerprint(),
+			HostKeyType: h.KeyType(), Groups: h.Groups, DefaultCwd: h.Cwd, Guarantee: string(h.Level()),
 		})
 	}
 	return res, nil

@@ -13,7 +13,8 @@ import (
 )
 
 // journalCommand moves a journal between its backends (a single node's Pebble journal to
-// etcd, to grow it into replicas, and back), and backs it up and restores it (backup.go).
+// etcd, to grow it into replicas, and back), backs it up and restores it (backup.go), and
+// runs its retention pass (journal_gc.go).
 type journalCommand struct{ operatorIO }
 
 const journalUsage = `usage: postern journal SUBCOMMAND [flags]
@@ -24,6 +25,10 @@ subcommands:
                  [journal] etcd cluster and prefix of the config (--to etcd), or back into a
                  new Pebble journal in the state dir (--to pebble). Stop every bastion of the
                  journal first. The copy is checked: both exports must be identical.
+  gc [--dry-run] [--archive FILE] [--json]
+                 run the journal's retention pass now: through the running bastion, else
+                 on the journal itself (etcd: only while no replica serves it). --dry-run
+                 counts what it would remove; --archive first exports the journal to FILE.
   backup DIR     a consistent copy of the journal and the state files it needs, into the new
                  directory DIR (0700; files 0600): taken by the running bastion while it
                  serves, else read from the journal here. The copy is verified.
@@ -36,7 +41,7 @@ common flags: --state-dir DIR, --config FILE (where the bastion is)
 `
 
 func (c *journalCommand) Run(ctx context.Context, args []string) error {
-	return prog.Dispatch(ctx, "journal", journalUsage, cli.Subcommands{"copy": c.copy, "backup": c.backup, "restore": c.restore}, args, c.stdout, c.stderr)
+	return prog.Dispatch(ctx, "journal", journalUsage, cli.Subcommands{"copy": c.copy, "backup": c.backup, "restore": c.restore, "gc": c.gc}, args, c.stdout, c.stderr)
 }
 
 func (c *journalCommand) copy(ctx context.Context, args []string) error {

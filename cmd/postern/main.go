@@ -32,7 +32,8 @@ commands:
   markers     list and show the markers on a host (asks its hostagent)
   hosts       list and enroll hosts
   audit       export and verify the journal's hash-chained event log
-  journal     back up and restore the journal; copy it between Pebble and etcd
+  journal     back up and restore the journal; copy it between Pebble and etcd; run
+              its retention pass (gc)
   recover     --from-hosts: after a lost or restored journal, what the hosts ran that it
               does not know (with the bastion down); --confirm journals it for review
   approvals   list executions awaiting approval; approve ID, deny ID --reason

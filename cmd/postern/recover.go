@@ -147,7 +147,7 @@ func (c *recoverCommand) print(r *api.Recovery) error {
 		}
 	}
 	if len(r.Items) == 0 {
-		fmt.Fprintf(w, "\nThe journal knows everything the hosts report (%d markers agree with it); nothing to recover.\n", r.Counts["known"])
+		fmt.Fprintf(w, "\nThe journal knows everything the hosts report (%d markers agree with it%s); nothing to recover.\n", r.Counts["known"], removedNote(r))
 		return nil
 	}
 	rows := make([][]string, 0, len(r.Items))
@@ -173,8 +173,8 @@ func (c *recoverCommand) print(r *api.Recovery) error {
 		}
 	}
 	n := r.Counts["journal"] + r.Counts["review"]
-	fmt.Fprintf(w, "\n%d to journal for review (%d the journal does not know, %d it knows as unfinished), %d left to a start, %d known and agreeing.\n",
-		n, r.Counts["journal"], r.Counts["review"], r.Counts["leave"], r.Counts["known"])
+	fmt.Fprintf(w, "\n%d to journal for review (%d the journal does not know, %d it knows as unfinished), %d left to a start, %d known and agreeing%s.\n",
+		n, r.Counts["journal"], r.Counts["review"], r.Counts["leave"], r.Counts["known"], removedNote(r))
 	switch {
 	case n == 0:
 	case r.Confirmed:
@@ -183,4 +183,12 @@ func (c *recoverCommand) print(r *api.Recovery) error {
 		fmt.Fprintln(w, "Nothing was journaled: run again with --confirm to journal them for review.")
 	}
 	return nil
+}
+
+// removedNote counts the markers of executions the journal's retention removed.
+func removedNote(r *api.Recovery) string {
+	if r.Counts["removed"] == 0 {
+		return ""
+	}
+	return fmt.Sprintf(", %d of executions the journal's retention removed (ended, accepted between its oldest and newest)", r.Counts["removed"])
 }

@@ -35,13 +35,18 @@ type Cluster struct {
 }
 
 // Start starts an n-member cluster and waits until it serves.
-func Start(t testing.TB, n int) *Cluster { return start(t, n, nil) }
+func Start(t testing.TB, n int) *Cluster { return start(t, n, nil, 0) }
+
+// StartQuota starts an n-member cluster whose members have a backend quota of quotaBytes
+// (their --quota-backend-bytes): a write that would grow a member's database past it raises
+// the NOSPACE alarm, and every write fails until it is disarmed.
+func StartQuota(t testing.TB, n int, quotaBytes int64) *Cluster { return start(t, n, nil, quotaBytes) }
 
 // StartTLS starts an n-member cluster serving its clients over TLS with the server
 // certificate of f, and requiring client certificates issued by f's CA.
-func StartTLS(t testing.TB, n int, f TLSFiles) *Cluster { return start(t, n, &f) }
+func StartTLS(t testing.TB, n int, f TLSFiles) *Cluster { return start(t, n, &f, 0) }
 
-func start(t testing.TB, n int, tlsFiles *TLSFiles) *Cluster {
+func start(t testing.TB, n int, tlsFiles *TLSFiles, quotaBytes int64) *Cluster {
 	t.Helper()
 	c := &Cluster{t: t, members: make([]*embed.Etcd, n), procs: make([]*exec.Cmd, n)}
 	if tlsFiles == nil {
@@ -63,6 +68,7 @@ func start(t testing.TB, n int, tlsFiles *TLSFiles) *Cluster {
 		cfg.ListenClientUrls, cfg.AdvertiseClientUrls = []url.URL{client}, []url.URL{client}
 		cfg.InitialClusterToken = "postern-test"
 		cfg.LogLevel = "fatal"
+		cfg.QuotaBackendBytes = quotaBytes // 0: etcd's default, 2 GiB
 		// Short heartbeats: a stopped member's leadership moves on quickly.
 		cfg.TickMs, cfg.ElectionMs = 50, 500
 		initial = append(initial, cfg.Name+"="+peer.String())

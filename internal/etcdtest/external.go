@@ -35,7 +35,7 @@ func (c *Cluster) startProcess(i int, existing bool) error {
 		"--listen-client-urls", cfg.ListenClientUrls[0].String(), "--advertise-client-urls", cfg.AdvertiseClientUrls[0].String(),
 		"--initial-cluster", cfg.InitialCluster, "--initial-cluster-state", state, "--initial-cluster-token", cfg.InitialClusterToken,
 		"--heartbeat-interval", strconv.Itoa(int(cfg.TickMs)), "--election-timeout", strconv.Itoa(int(cfg.ElectionMs)),
-		"--log-level", "error")
+		"--log-level", "error", "--quota-backend-bytes", strconv.FormatInt(cfg.QuotaBackendBytes, 10))
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	if err := cmd.Start(); err != nil {
 		return fmt.Errorf("etcd member %d: %w", i, err)

@@ -77,7 +77,18 @@ type Options struct {
 	LeaseTTL time.Duration
 	// OpTimeout bounds each etcd request. Default 5s.
 	OpTimeout time.Duration
+	// QuotaBytes is the members' backend quota (their --quota-backend-bytes), which Backend
+	// reports use against. Default 2 GiB, etcd's default.
+	QuotaBytes int64
+	// CompactionLag is how much recent revision history a retention pass keeps when it
+	// compacts: a reader at one revision (an export, a copy, a replica's watch that fell
+	// behind) fails once that revision is compacted, so one that takes less than this never
+	// does. Default 5 minutes.
+	CompactionLag time.Duration
 }
+
+// DefaultQuotaBytes is etcd's default backend quota.
+const DefaultQuotaBytes = 2 << 30
 
 // Journal is the etcd journal. All methods are safe for concurrent use.
 type Journal struct {
@@ -116,6 +127,18 @@ type Journal struct {
 	// change of one starts from it instead of reading it back (see change).
 	wmu     sync.Mutex // guards written; never held with seenMu or smu
 	written map[string]writtenRecord
+
+	// indexed: the journal holds the indexes of markers.IndexVersion (index.go).
+	indexed atomic.Bool
+	// gcMu: one retention pass at a time on this replica (others are fenced by compares).
+	gcMu sync.Mutex
+	// quota is the members' backend quota as configured, for Backend.
+	quota int64
+	// compactLag is Options.CompactionLag; revisions are the store's revision at the start
+	// of each recent pass (guarded by gcMu), which a pass compacts up to once they are
+	// older than compactLag.
+	compactLag time.Duration
+	revisions  []revisionAt
 
 	smu     sync.Mutex // guards session
 	session *concurrency.Session
@@ -159,11 +182,18 @@ func Open(opts Options) (*Journal, error) {
 	if opts.OpTimeout == 0 {
 		opts.OpTimeout = 5 * time.Second
 	}
+	if opts.QuotaBytes == 0 {
+		opts.QuotaBytes = DefaultQuotaBytes
+	}
+	if opts.CompactionLag == 0 {
+		opts.CompactionLag = 5 * time.Minute
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	j := &Journal{
 		cli: opts.Client, kv: opts.Client.KV, prefix: opts.Prefix, opts: mo, name: opts.Replica,
 		log: mo.Logger.With("component", "etcdjournal"), ttl: opts.LeaseTTL, opTO: opts.OpTimeout,
 		ctx: ctx, cancel: cancel, headRev: -1, seen: map[string]seenEntry{}, written: map[string]writtenRecord{},
+		quota: opts.QuotaBytes, compactLag: opts.CompactionLag,
 	}
 	j.writes = groupcommit.New(j.commitGroup, fitOneTxn)
 	if err := j.load(); err != nil {
@@ -228,7 +258,7 @@ func (j *Journal) load() error {
 	if len(cps.Kvs) == 1 {
 		j.sealedSeq = seqOfKey(cps.Kvs[0].Key)
 	}
-	return nil
+	return j.buildIndexes()
 }
 
 func (j *Journal) readHead(ctx context.Context) error {

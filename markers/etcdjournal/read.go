@@ -107,7 +107,11 @@ func (j *Journal) follow(k []byte) (*markers.Record, error) {
 	if len(resp.Kvs) == 0 {
 		return nil, markers.ErrNotFound
 	}
-	return j.Get(string(resp.Kvs[0].Value))
+	id, err := markers.LookupAnswer(resp.Kvs[0].Value)
+	if err != nil {
+		return nil, err
+	}
+	return j.Get(id)
 }
 
 // getMany reads the values of keys in transactions of at most MaxTxnOps reads; a missing key
@@ -145,10 +149,11 @@ func (j *Journal) List(q markers.Query) ([]*markers.Record, string, error) {
 		return nil, "", err
 	}
 	limit := q.PageSize()
-	lower, upper, prefix, err := markers.ListBounds(q)
+	r, err := markers.ListBounds(q, j.indexed.Load())
 	if err != nil {
 		return nil, "", err
 	}
+	lower, upper := r.Lower, r.Upper
 	var out []*markers.Record
 	var lastKey []byte
 	for {
@@ -165,7 +170,7 @@ func (j *Journal) List(q markers.Query) ([]*markers.Record, string, error) {
 		}
 		keys := make([]string, 0, len(resp.Kvs))
 		for _, kv := range resp.Kvs {
-			id := markers.ListedID(kv.Key[len(j.prefix):], prefix)
+			id := r.ID(kv.Key[len(j.prefix):])
 			keys = append(keys, j.key(markers.RecordKey(id)))
 		}
 		vals, err := j.getMany(keys)
@@ -236,7 +241,7 @@ func (j *Journal) Events(id string) ([]markers.Event, error) {
 		}
 		out = append(out, ev)
 	}
-	return out, nil
+	return markers.StoryOf(out)
 }
 
 // Run returns the record of actor's run scope, or ErrNotFound.

@@ -294,6 +294,22 @@ func (j *Journal) campaign() {
 	}
 }
 
+// Elected names the replica that holds the election (the one running the reconcile loop
+// and the retention pass), "" when none does: no replica serves the journal. It works on a
+// journal opened read-only.
+func (j *Journal) Elected(ctx context.Context) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, j.opTO)
+	defer cancel()
+	resp, err := j.kv.Get(ctx, j.prefix+"Eleader/", clientv3.WithPrefix(), clientv3.WithSort(clientv3.SortByCreateRevision, clientv3.SortAscend), clientv3.WithLimit(1))
+	if err != nil {
+		return "", j.wrap("election", err)
+	}
+	if len(resp.Kvs) == 0 {
+		return "", nil
+	}
+	return string(resp.Kvs[0].Value), nil
+}
+
 // sharedKeysKey holds the digest of the keys the replicas share (AgreeKeys).
 func (j *Journal) sharedKeysKey() string { return j.prefix + "Mkeys" }
 

@@ -57,11 +57,11 @@ func (r *request) cost() (ops, size int) {
 		return 0, 0
 	}
 	puts, dels := r.w.Mutations()
-	ops = 2*r.w.Events() + len(puts) + len(dels) + len(r.conds) + 3 // run, owner
+	ops = 2*r.w.Events() + 1 + len(puts) + len(dels) + len(r.w.DeleteRanges()) + len(r.conds) + 3 // first event, run, owner
 	for _, kv := range puts {
 		size += len(kv.Key) + len(kv.Value)
 	}
-	return ops, size + r.w.Events()*(2*len(r.w.Record().ID)+4096)
+	return ops, size + r.w.Events()*(2*len(r.w.Record().ID)+4096) + r.w.CarriedBytes()
 }
 
 // commitGroup commits group in one transaction guarded by the head, retrying with a fresh
@@ -161,13 +161,15 @@ func (j *Journal) tryCommit(group []*request) ([]*request, error) {
 			elseOps = append(elseOps, clientv3.OpGet(c.key, clientv3.WithKeysOnly()))
 		}
 		id := r.w.Record().ID
-		for _, ev := range events {
-			ops = append(ops, clientv3.OpPut(j.key(markers.EventKey(ev.Seq)), string(ev.Line)))
-			ops = append(ops, clientv3.OpPut(j.key(append(markers.ExecEventFamily(id).Start, markers.EventKey(ev.Seq)[1:]...)), ""))
+		for _, kv := range r.w.ChainKeys(events) {
+			ops = append(ops, clientv3.OpPut(j.key(kv.Key), string(kv.Value)))
 		}
 		puts, dels := r.w.Mutations()
 		for _, k := range dels {
 			ops = append(ops, clientv3.OpDelete(j.key(k)))
+		}
+		for _, f := range r.w.DeleteRanges() {
+			ops = append(ops, clientv3.OpDelete(j.key(f.Start), clientv3.WithRange(j.key(f.End))))
 		}
 		for _, kv := range puts {
 			k := j.key(kv.Key)
