@@ -98,6 +98,10 @@ type Record struct {
 	// operation key when it refused to start this one. It may belong to another actor: it is
 	// for operators, and shown to an agent only when the agent owns that execution.
 	OperationTakenBy string `json:"operation_taken_by,omitempty"`
+	// FleetRun (an execution) is the fleet run it is one host's part of (fr_…); Fleet (a
+	// fleet run) is what that run carries out: the hosts it selected and its brakes.
+	FleetRun string   `json:"fleet_run,omitempty"`
+	Fleet    *Rollout `json:"fleet,omitempty"`
 
 	// Host process (hostagent markers).
 	PID      int    `json:"pid,omitempty"`
@@ -192,6 +196,9 @@ func (r *Record) Clone() *Record {
 	if r.ResultDeliveredAt != nil {
 		v := *r.ResultDeliveredAt
 		c.ResultDeliveredAt = &v
+	}
+	if r.Fleet != nil {
+		c.Fleet = r.Fleet.clone()
 	}
 	return &c
 }

@@ -92,6 +92,10 @@ type Execution struct {
 	ReviewRequired bool `json:"review_required,omitempty"`
 	// Queued: authorized, and waiting for its actor's max_concurrent slot before dispatch.
 	Queued bool `json:"queued,omitempty"`
+	// Fleet is a fleet run's rollout (fleet_exec; the execution id is then its fr_… id).
+	Fleet *FleetRun `json:"fleet,omitempty"`
+	// FleetRun is the fleet run (fr_…) an execution is one host's part of.
+	FleetRun string `json:"fleet_run,omitempty"`
 	// Next says what is safe to do now.
 	Next string `json:"next"`
 }
@@ -100,6 +104,10 @@ type Execution struct {
 // failed or unknown execution), what to do next, then the output.
 func (x *Execution) Summary() string {
 	var sb strings.Builder
+	if x.Fleet != nil {
+		x.fleetSummary(&sb)
+		return sb.String()
+	}
 	fmt.Fprintf(&sb, "%s on %s: %s", x.ExecutionID, x.Host, x.State)
 	if x.ExitCode != nil {
 		fmt.Fprintf(&sb, " (exit %d)", *x.ExitCode)
@@ -183,7 +191,7 @@ func (x *Execution) ReadOn() string {
 
 // StatusArgs are the arguments of execution_status.
 type StatusArgs struct {
-	ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec or http_request"`
+	ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec or http_request (or a host's, in a fleet run), or the fr_… id returned by fleet_exec"`
 	Evidence    string `json:"evidence,omitempty" jsonschema:"compact (default): the policy's decision in one line (deciding rule and class), then how the outcome is known; full: every step of the policy's decision as well"`
 }
 
@@ -314,6 +322,9 @@ type ApprovalRequest struct {
 	Expires   time.Time `json:"expires,omitzero"`
 	// Decide says how an operator decides it.
 	Decide string `json:"decide,omitempty"`
+	// Hosts are the hosts of a fleet run, as its targets selected them: one approval stands
+	// for all of them.
+	Hosts []string `json:"hosts,omitempty"`
 }
 
 // Message is what the client's user is asked.
@@ -322,6 +333,10 @@ func (r *ApprovalRequest) Message() string {
 	if r.Reason != "" {
 		why = "\n\nWhy, in the agent's words: " + r.Reason
 	}
+	where := r.Host
+	if len(r.Hosts) > 0 {
+		where = fmt.Sprintf("%d hosts (%s), one approval for all of them", len(r.Hosts), strings.Join(r.Hosts, ", "))
+	}
 	return fmt.Sprintf("Postern: %s asks to run on %s (class %s):\n\n%s%s\n\nPolicy requires an approval before it runs (execution %s). Approve or deny; an operator can also decide with `postern approve`.",
-		r.Actor, r.Host, r.Class, r.What, why, r.ExecutionID)
+		r.Actor, where, r.Class, r.What, why, r.ExecutionID)
 }

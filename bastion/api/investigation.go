@@ -32,6 +32,9 @@ type Investigation struct {
 	// 5: the later calls are Calls after the first; Siblings are the executions of the
 	// intent, oldest first (this one included).
 	Siblings []Sibling `json:"siblings"`
+	// Hosts are, for a fleet run, the five answers for each host's execution, in the run's
+	// order (a host never started has none).
+	Hosts []*Investigation `json:"hosts,omitempty"`
 }
 
 // InvestigatedCall is one call, the execution it touched and what it amounted to.

@@ -26,6 +26,9 @@ func (b *Engine) Cancel(ctx context.Context, c transport.Caller, id string) (*ap
 	if err != nil {
 		return nil, err
 	}
+	if rec.IsFleetRun() {
+		return b.cancelFleet(ctx, c.Actor, rec) // drive_fleet.go
+	}
 	switch rec.State {
 	case markers.Accepted, markers.Authorized:
 		next, err := b.records.cancelledBeforeDispatch(ctx, rec, c.Actor)

@@ -107,6 +107,12 @@ func (c *core) approvalRequest(rec *markers.Record) *api.ApprovalRequest {
 		What: what, Reason: rec.Reason, Rule: rec.Rule,
 		Decide: fmt.Sprintf("postern approve %s [--note TEXT], or postern deny %s --reason TEXT (state dir %s)", rec.ID, rec.ID, c.cfg.StateDir),
 	}
+	if rec.IsFleetRun() {
+		r.Host = fmt.Sprintf("%d hosts", len(rec.Fleet.Hosts))
+		for _, h := range rec.Fleet.Hosts {
+			r.Hosts = append(r.Hosts, h.Name)
+		}
+	}
 	if since, ok := rec.StateTimes[markers.AwaitingApproval]; ok {
 		r.Requested = since
 		if timeout := c.current().cfg.ApprovalTimeout; timeout > 0 {
@@ -171,25 +177,15 @@ func (b *Engine) Review(ctx context.Context, op api.Operator, id, outcome, note 
 // checkOperator refuses a decision that lets execution id run (approve) or settles it
 // (review) when op is not trusted to make it (operatorRefusal), saying why and what to do.
 func (b *Engine) checkOperator(op api.Operator, id, verb string) error {
-	named, err := b.current().cfg.Approvals.OperatorUIDs()
-	if err != nil {
-		return err
-	}
-	agents := map[int]string{os.Getuid(): "the bastion's own user"}
-	for _, a := range b.current().cfg.Actors {
-		if a.UID != nil {
-			agents[*a.UID] = "the uid of local actor " + a.Name
-		}
-	}
 	caller := -1
 	if rec, err := b.journal.Get(id); err == nil {
 		if run, err := b.journal.Run(rec.Actor, rec.IntentScope); err == nil && run.UID != nil {
 			caller = *run.UID
 		}
 	}
-	why := operatorRefusal(op, named, caller, agents)
-	if why == "" {
-		return nil
+	why, err := b.operatorRefused(op, caller)
+	if err != nil || why == "" {
+		return err
 	}
 	who := "an operator whose uid could not be read"
 	if op.UID >= 0 {
@@ -198,6 +194,24 @@ func (b *Engine) checkOperator(op api.Operator, id, verb string) error {
 	return &api.ToolError{Code: api.CodeNotAnOperator, ExecutionID: id, Message: fmt.Sprintf(
 		"%s may not %s %s: %s. %s as another user or root (sudo postern %s %s --state-dir %s), or name who may in [approvals] operators",
 		who, verb, id, why, strings.ToUpper(verb[:1])+verb[1:], verb, id, b.cfg.StateDir)}
+}
+
+// operatorRefused is operatorRefusal with this bastion's operators and agents: "" when op
+// is trusted with a decision that lets a command run, else why not. caller is the uid whose
+// agent made the call decided on (-1: none, or a remote caller).
+func (b *Engine) operatorRefused(op api.Operator, caller int) (string, error) {
+	cfg := b.current().cfg
+	named, err := cfg.Approvals.OperatorUIDs()
+	if err != nil {
+		return "", err
+	}
+	agents := map[int]string{os.Getuid(): "the bastion's own user"}
+	for _, a := range cfg.Actors {
+		if a.UID != nil {
+			agents[*a.UID] = "the uid of local actor " + a.Name
+		}
+	}
+	return operatorRefusal(op, named, caller, agents), nil
 }
 
 // operatorRefusal decides whether an operator's approve or review is taken: "" when it is,

@@ -8,6 +8,7 @@ import (
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/intent"
+	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
 )
@@ -29,7 +30,7 @@ var errNoOffer = errors.New("bastion: no longer awaiting approval")
 // its class keeps approvals with operators, or it was asked before.
 func (b *Engine) AskInClient(ctx context.Context, c transport.Caller, id string) (*api.ApprovalRequest, error) {
 	cur, err := b.views.own(c, id)
-	if err != nil || cur.State != markers.AwaitingApproval || !b.current().classes.InBandApproval(cur.Class) {
+	if err != nil || cur.State != markers.AwaitingApproval || !b.inBandApproval(cur) {
 		return nil, nil
 	}
 	defer b.intake.locks.Lock("e\x00" + id)()
@@ -45,6 +46,21 @@ func (b *Engine) AskInClient(ctx context.Context, c transport.Caller, id string)
 		return nil, err
 	}
 	return b.approvalRequest(rec), nil
+}
+
+// inBandApproval reports whether rec's approval may be asked in the client: its class
+// allows it — for a fleet run, the class of every host that needs the approval.
+func (b *Engine) inBandApproval(rec *markers.Record) bool {
+	classes := b.current().classes
+	if !rec.IsFleetRun() {
+		return classes.InBandApproval(rec.Class)
+	}
+	for _, h := range rec.Fleet.Hosts {
+		if h.Decision == string(policy.AwaitingApproval) && !classes.InBandApproval(h.Class) {
+			return false
+		}
+	}
+	return true
 }
 
 func (b *Engine) approvalOffered(id string) (bool, error) {
@@ -72,7 +88,7 @@ func (b *Engine) DecideInClient(ctx context.Context, c transport.Caller, id, dec
 	switch {
 	case redeem != nil && (!c.Local || !c.Bridged || rec.IntentScope != intent.Scope(c, "")):
 		return nil, &api.ToolError{Code: api.CodeNotOffered, ExecutionID: id, Message: "only the stdio bridge of the agent run that made the execution relays its user's decision"}
-	case !b.current().classes.InBandApproval(rec.Class):
+	case !b.inBandApproval(rec):
 		return nil, &api.ToolError{Code: api.CodeOperatorApprovalOnly, ExecutionID: id, Message: "approvals of class " + rec.Class + " are decided by an operator only (`postern approve`)"}
 	}
 	offered, err := b.approvalOffered(id)

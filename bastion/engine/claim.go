@@ -62,6 +62,8 @@ type claim struct {
 	// host is the SSH target as the inventory had it when the call was resolved (nil for
 	// HTTP).
 	host *fleet.Host
+	// fleet is set for a fleet run (fleetrun.go): its hosts, decided one by one.
+	fleet *fleetClaim
 }
 
 // validate checks every argument before anything is journaled.

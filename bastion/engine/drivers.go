@@ -82,6 +82,10 @@ func (ds *drivers) startOf(rec *markers.Record, dispatched, handedOver bool) *dr
 			return
 		}
 		defer d.release()
+		if rec.IsFleetRun() {
+			d.driveFleet(asked) // drive_fleet.go: it takes no slot, its hosts do
+			return
+		}
 		if !d.awaitSlot(asked) {
 			return
 		}
@@ -139,7 +143,7 @@ func (ds *drivers) inFlightLocked(actor, scope string, except *driver, activeOnl
 		if d == except || (activeOnly && d.queued) {
 			continue
 		}
-		if r := d.record(); r.PolicyActor == actor {
+		if r := d.record(); r.PolicyActor == actor && !r.IsFleetRun() {
 			all++
 			if r.IntentScope == scope {
 				run++
@@ -168,6 +172,14 @@ func (ds *drivers) slotsChanged() {
 func (ds *drivers) slotsChangedLocked() {
 	close(ds.slotFreed)
 	ds.slotFreed = make(chan struct{})
+}
+
+// ended is closed once one of the drivers here ends (or a queued execution lets go of its
+// place): the driver of a fleet run waits on it for its hosts' executions.
+func (ds *drivers) ended() <-chan struct{} {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	return ds.slotFreed
 }
 
 // queued reports whether execution id waits for a concurrency slot.

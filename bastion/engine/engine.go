@@ -260,8 +260,13 @@ func openReadOnly(cfg config.Config, opts Options) (*Engine, error) {
 		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
+	// The fingerprint key finds a fleet run's executions; without it the rest still reads.
+	fp, err := intent.ReadFingerprintKey(cfg.FingerprintKeyPath())
+	if err != nil {
+		opts.Logger.Info("a fleet run's hosts cannot be read", "why", err)
+	}
 	b := &Engine{core: &core{
-		cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, inv: inv, pool: pool,
+		cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
 		metrics: newMetrics(), readOnly: true,
 		ctx: ctx, cancel: cancel, hosts: &hosts{pool: pool, inv: inv, ctx: ctx},
 	}}

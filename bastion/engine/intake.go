@@ -286,6 +286,9 @@ func (in *intake) deliverySettling(c transport.Caller, prior *markers.Record, ou
 // called once the execution is accepted and its driver started: an actor with limits is
 // admitted one call at a time, so concurrent calls cannot all pass the same count.
 func (in *intake) decide(c transport.Caller, cl *claim) (policy.Decision, func(), error) {
+	if cl.fleet != nil {
+		return in.decideFleet(c, cl)
+	}
 	actor, ok := in.policyActor(c)
 	ask := cl.ask
 	if ok {
@@ -429,7 +432,11 @@ func (in *intake) quotaUsed(journalActor string, actor policy.Actor, scope strin
 //
 // Its create event carries the call (matched as match: new or new_attempt), in that write.
 func (in *intake) accept(ctx context.Context, cl *claim, dec policy.Decision, match intent.Match) (_ *markers.Record, dispatched bool, _ error) {
-	id, err := markers.NewExecutionID(in.now())
+	newID := markers.NewExecutionID
+	if cl.fleet != nil {
+		newID = markers.NewFleetRunID
+	}
+	id, err := newID(in.now())
 	if err != nil {
 		return nil, false, err
 	}

@@ -79,6 +79,11 @@ func (b *Engine) Investigate(ctx context.Context, id string) (*api.Investigation
 	inv.Replicas = replicasOf(eventsOf[id])
 	inv.Outcome = iv.observedOutcome(ctx, rec)
 	inv.Delivery = deliveryOf(rec, eventsOf[id])
+	if rec.IsFleetRun() {
+		if err := b.investigateHosts(ctx, inv); err != nil {
+			return nil, err
+		}
+	}
 	inv.Answers = []string{
 		answerWho(inv),
 		answerAuthorization(inv),
@@ -87,6 +92,34 @@ func (b *Engine) Investigate(ctx context.Context, id string) (*api.Investigation
 		answerLater(inv),
 	}
 	return inv, nil
+}
+
+// investigateHosts answers the five questions for each host of fleet run inv.Record that
+// has an execution, in the run's order, and says in the run's outcome how its hosts stand.
+func (b *Engine) investigateHosts(ctx context.Context, inv *api.Investigation) error {
+	children, err := b.fleetChildren(inv.Record)
+	if err != nil {
+		return err
+	}
+	counts := countsOf(children)
+	inv.Outcome.MarkerNote += fmt.Sprintf(". Its %d hosts: %s", len(children), api.CountsText(counts))
+	if n := counts[api.NotStarted]; n > 0 {
+		inv.Outcome.MarkerNote += fmt.Sprintf(" (%d never started: nothing was journaled or sent for them)", n)
+	}
+	for _, ch := range children {
+		if ch.rec == nil {
+			continue
+		}
+		h, err := b.Investigate(ctx, ch.rec.ID)
+		if errors.Is(err, markers.ErrNotFound) {
+			continue // removed by retention: nothing left to answer from
+		}
+		if err != nil {
+			return fmt.Errorf("host %s (%s): %w", ch.host.Name, ch.rec.ID, err)
+		}
+		inv.Hosts = append(inv.Hosts, h)
+	}
+	return nil
 }
 
 // siblings are the executions of rec's intent, oldest first: the same actor, scope and
@@ -250,6 +283,9 @@ func (iv investigation) observedOutcome(ctx context.Context, rec *markers.Record
 		o.ObservedAt = &t
 	}
 	switch {
+	case rec.IsFleetRun():
+		o.MarkerNote = "a fleet run is sent nowhere itself and has no marker: each host's execution does, answered for below"
+		return o
 	case rec.Channel == "http":
 		o.MarkerNote = "HTTP executions have no host marker: the endpoint's response stored in the journal is the evidence"
 		return o
@@ -492,6 +528,8 @@ func answerDelivery(inv *api.Investigation) string {
 	switch {
 	case d.DeliveredAt != nil:
 		fmt.Fprintf(&b, "The result counts as delivered (%s): an identical call after it is a new intent.", stamp(*d.DeliveredAt))
+	case rec.FleetRun != "" && markers.JournalGraph.Terminal(rec.State):
+		fmt.Fprintf(&b, "Its result was not read on its own: it is one host's part of fleet run %s, whose answer carries its state and cause (execution_output on %s reads its output).", rec.FleetRun, rec.ID)
 	case rec.State == markers.Completed:
 		b.WriteString("Yes: the target completed but the result is not delivered (completed_result_not_delivered); a retry replays it.")
 	case markers.JournalGraph.Terminal(rec.State):

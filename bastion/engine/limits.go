@@ -39,6 +39,9 @@ func concurrencyExceeded(actor policy.Actor, all, run int) string {
 // or it still may be (accepted to run, authorized, awaiting approval). Rejected executions
 // and ones cancelled or failed before dispatch never ran, so they do not count.
 func countsTowardQuota(r *markers.Record) bool {
+	if r.IsFleetRun() {
+		return false // its hosts' executions count, each for itself
+	}
 	if _, dispatched := r.StateTimes[markers.Dispatched]; dispatched {
 		return true
 	}

@@ -57,8 +57,8 @@ func (b *Engine) Execution(id string) (*api.ExecutionDetail, error) {
 	if run, err := b.journal.Run(rec.Actor, rec.IntentScope); err == nil {
 		detail.Run = run
 	}
-	if rec.ResultRef != "" {
-		detail.Output = b.views.stored(rec)
+	if rec.ResultRef != "" || rec.IsFleetRun() {
+		detail.Output = b.views.stored(rec) // a fleet run's: its rollout
 	}
 	return detail, nil
 }

@@ -161,6 +161,38 @@ func (rs *records) cancelledBeforeDispatch(ctx context.Context, rec *markers.Rec
 	return rs.journal.Advance(ctx, rec.ID, rec.State, path, "cancelled by "+actor+" before dispatch", nil)
 }
 
+// rolloutStarted journals that a fleet run starts its hosts (along path, to running).
+func (rs *records) rolloutStarted(ctx context.Context, run *markers.Record, path []markers.State, note string) (*markers.Record, error) {
+	return rs.journal.Advance(ctx, run.ID, run.State, path, note, addEvidence(note))
+}
+
+// rolloutCancelled journals that who asked a running fleet run to stop: from this write on,
+// no driver starts another of its hosts. Asking again changes nothing.
+func (rs *records) rolloutCancelled(ctx context.Context, id, who string) (*markers.Record, error) {
+	rec, err := rs.journal.Update(ctx, id, "cancel requested by "+who, func(r *markers.Record) error {
+		if r.Fleet == nil || r.Fleet.CancelledBy != "" {
+			return markers.ErrUnchanged
+		}
+		r.Fleet.CancelledBy = who
+		r.Evidence = appendBounded(r.Evidence, "cancel requested by "+who+": no host starts any more; the running ones are asked to stop")
+		return nil
+	})
+	if errors.Is(err, markers.ErrUnchanged) {
+		return rec, nil
+	}
+	return rec, err
+}
+
+// rolloutEnded journals how a fleet run ended (completed, failed or cancelled), once none of
+// its hosts runs and none will start.
+func (rs *records) rolloutEnded(ctx context.Context, run *markers.Record, to markers.State, note string, isError bool) (*markers.Record, error) {
+	return rs.journal.Transition(ctx, run.ID, run.State, to, note, func(r *markers.Record) error {
+		r.IsError = isError
+		r.Evidence = appendBounded(r.Evidence, note)
+		return nil
+	})
+}
+
 // approval journals a decision on an execution awaiting approval: authorized or rejected,
 // with msg (who decided, and why) as evidence. api.ErrNotAwaitingApproval when it no longer
 // awaits one.

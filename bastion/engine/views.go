@@ -25,6 +25,9 @@ type views struct {
 
 // view builds the result from a record, without output.
 func (v *views) view(rec *markers.Record) *api.Execution {
+	if rec.IsFleetRun() {
+		return v.fleetView(rec)
+	}
 	x := &api.Execution{
 		ExecutionID:     rec.ID,
 		State:           string(rec.State),
@@ -42,6 +45,7 @@ func (v *views) view(rec *markers.Record) *api.Execution {
 		Evidence:        rec.Evidence,
 		PreviousAttempt: rec.PreviousAttempt,
 		ReviewRequired:  rec.ReviewRequired,
+		FleetRun:        rec.FleetRun,
 	}
 	if rec.ExitCode != nil {
 		code := *rec.ExitCode
@@ -85,6 +89,9 @@ func (v *views) ownHolder(rec *markers.Record) *markers.Record {
 // stored returns a finished (or not live) execution's view with its stored output.
 func (v *views) stored(rec *markers.Record) *api.Execution {
 	x := v.view(rec)
+	if rec.IsFleetRun() {
+		return x // a run keeps no output: its hosts do
+	}
 	raw, err := v.journal.Result(rec.ID)
 	if err != nil {
 		return x
@@ -140,7 +147,7 @@ wait:
 // them).
 func (v *views) own(c transport.Caller, id string) (*markers.Record, error) {
 	notFound := &api.ToolError{Code: api.CodeNotFound, Message: "no execution " + id + " of yours"}
-	if !markers.ValidExecutionID(id) {
+	if !markers.ValidJournalID(id) {
 		return nil, notFound
 	}
 	rec, err := v.journal.Get(id)
@@ -165,6 +172,9 @@ func (v *views) output(ctx context.Context, rec *markers.Record, a api.OutputArg
 		return nil, api.Invalid("wait_s must be in 0..%d", int(maxWait/time.Second))
 	}
 	wait := v.waitFor(a.WaitS)
+	if rec.IsFleetRun() {
+		return v.fleetOutput(ctx, rec, wait), nil
+	}
 	d := v.drivers.live(a.ExecutionID)
 	if d == nil && !markers.JournalGraph.Terminal(rec.State) && rec.State != markers.AwaitingApproval && rec.State != markers.Rejected {
 		d = v.drivers.start(rec) // attach: reconcile with the host and follow it
@@ -240,7 +250,7 @@ func (v *views) waitFor(waitS *int) time.Duration {
 // live returns a driven execution's view with the last output it holds.
 func (v *views) live(d *driver) *api.Execution {
 	rec := d.record()
-	if markers.JournalGraph.Terminal(rec.State) {
+	if markers.JournalGraph.Terminal(rec.State) || rec.IsFleetRun() {
 		return v.stored(rec)
 	}
 	x := v.view(rec)

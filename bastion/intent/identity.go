@@ -111,6 +111,21 @@ func LoadOrCreateFingerprintKey(path string) (*Fingerprinter, error) {
 	} else if err != nil {
 		return nil, fmt.Errorf("bastion: read fingerprint key: %w", err)
 	}
+	return parseFingerprintKey(path, data)
+}
+
+// ReadFingerprintKey reads the installation's fingerprint key, never creating it: for
+// reading the journal while the bastion is down (a fleet run finds its hosts' executions by
+// their fingerprints).
+func ReadFingerprintKey(path string) (*Fingerprinter, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("bastion: read fingerprint key: %w", err)
+	}
+	return parseFingerprintKey(path, data)
+}
+
+func parseFingerprintKey(path string, data []byte) (*Fingerprinter, error) {
 	key, err := hex.DecodeString(strings.TrimSpace(string(data)))
 	if err != nil || len(key) != fingerprintKeyBytes {
 		return nil, fmt.Errorf("bastion: fingerprint key %s is not %d hex-encoded bytes", path, fingerprintKeyBytes)

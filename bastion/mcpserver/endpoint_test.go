@@ -249,7 +249,7 @@ func TestTaskAugmentedCall(t *testing.T) {
 		if tl.Execution != nil {
 			support = tl.Execution.TaskSupport
 		}
-		if want := map[string]string{"ssh_exec": "optional", "http_request": "optional"}[tl.Name]; support != want {
+		if want := map[string]string{"ssh_exec": "optional", "fleet_exec": "optional", "http_request": "optional"}[tl.Name]; support != want {
 			t.Errorf("tools/list: %s taskSupport = %q; want %q", tl.Name, support, want)
 		}
 	}

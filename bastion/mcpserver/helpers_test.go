@@ -40,6 +40,7 @@ type fakeEngine struct {
 
 	exec           func(ctx context.Context, a api.ExecArgs, progress func(*api.Execution)) (*api.Execution, error)
 	httpRequest    func(ctx context.Context, a api.HTTPArgs, progress func(*api.Execution)) (*api.Execution, error)
+	fleetExec      func(ctx context.Context, a api.FleetArgs, progress func(*api.Execution)) (*api.Execution, error)
 	status         func(id string) (*api.Execution, error)
 	output         func(a api.OutputArgs) (*api.Execution, error)
 	cancel         func(id string) (*api.Execution, error)
@@ -111,6 +112,14 @@ func (f *fakeEngine) HTTPRequest(ctx context.Context, c transport.Caller, a api.
 		return nil, errUnscripted
 	}
 	return f.httpRequest(ctx, a, progress)
+}
+
+func (f *fakeEngine) FleetExec(ctx context.Context, c transport.Caller, a api.FleetArgs, progress func(*api.Execution)) (*api.Execution, error) {
+	f.record(engineCall{Method: "FleetExec", Caller: c, Arg: a, NilCallback: progress == nil})
+	if f.fleetExec == nil {
+		return nil, errUnscripted
+	}
+	return f.fleetExec(ctx, a, progress)
 }
 
 func (f *fakeEngine) HTTPEnabled() bool { return f.httpEnabled }
@@ -229,6 +238,7 @@ func answering(answer func() (*api.Execution, error)) *fakeEngine {
 		httpEnabled: true,
 		exec:        func(context.Context, api.ExecArgs, func(*api.Execution)) (*api.Execution, error) { return answer() },
 		httpRequest: func(context.Context, api.HTTPArgs, func(*api.Execution)) (*api.Execution, error) { return answer() },
+		fleetExec:   func(context.Context, api.FleetArgs, func(*api.Execution)) (*api.Execution, error) { return answer() },
 		status:      func(string) (*api.Execution, error) { return answer() },
 		output:      func(api.OutputArgs) (*api.Execution, error) { return answer() },
 		cancel:      func(string) (*api.Execution, error) { return answer() },
@@ -250,6 +260,7 @@ func answering(answer func() (*api.Execution, error)) *fakeEngine {
 // toolArgs are arguments each tool accepts.
 var toolArgs = map[string]map[string]any{
 	"ssh_exec":         {"host": "h1", "command": "make deploy"},
+	"fleet_exec":       {"targets": []string{"group:db"}, "command": "make deploy", "max_concurrency": 2, "max_errors": "10%"},
 	"http_request":     {"endpoint": "billing", "method": "POST", "path": "/v1/charges"},
 	"execution_status": {"execution_id": "ex_1"},
 	"execution_output": {"execution_id": "ex_1"},

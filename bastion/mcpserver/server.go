@@ -39,6 +39,9 @@ type Executions interface {
 	// up to the call's wait_s for it; progress, if set, hears about it while it waits.
 	Exec(ctx context.Context, c transport.Caller, a api.ExecArgs, progress func(*api.Execution)) (*api.Execution, error)
 	HTTPRequest(ctx context.Context, c transport.Caller, a api.HTTPArgs, progress func(*api.Execution)) (*api.Execution, error)
+	// FleetExec starts a fleet run (fr_…) or joins the one the call belongs to, and waits
+	// up to wait_s for it, as Exec does.
+	FleetExec(ctx context.Context, c transport.Caller, a api.FleetArgs, progress func(*api.Execution)) (*api.Execution, error)
 	// HTTPEnabled reports whether an HTTP plugin is configured (http_request exists).
 	HTTPEnabled() bool
 	Status(ctx context.Context, c transport.Caller, id string) (*api.Execution, error)
@@ -94,7 +97,7 @@ type server struct {
 }
 
 // instructions is what the server tells every client at initialize.
-const instructions = "Postern runs commands on enrolled hosts over SSH and journals each one before it is sent, so a retry never runs a command twice. Use hosts_list to see the hosts you may use, ssh_exec to run a command, execution_output to follow a long one.\n\n" +
+const instructions = "Postern runs commands on enrolled hosts over SSH and journals each one before it is sent, so a retry never runs a command twice. Use hosts_list to see the hosts you may use, ssh_exec to run a command, execution_output to follow a long one, fleet_exec to run one command on many hosts as a rollout (max_concurrency, max_errors).\n\n" +
 	"What joins an earlier execution: a call with the same arguments from the same actor and the same run (over the local socket or postern mcp, the run is your agent process; over HTTP, run_id or the Postern-Run header), or a call with the same idempotency_key and arguments, from any run and any actor of your principal. A restarted agent process is a new run, so its calls never join the old one's: pass idempotency_key for anything that must not run again across restarts.\n\n" +
 	"Keep wait_s below your client's own request timeout (the TypeScript SDK gives up at 60 s); a call still running after wait_s returns state \"running\" with its execution id, never a timeout. With a progress token, progress notifications go out every second while a call waits."
 
@@ -113,6 +116,9 @@ func New(e Engine, opts Options) (*mcp.Server, error) {
 	})
 	// The tools, in the order clients list them.
 	s.addSSHExec()
+	if err := s.addFleetExec(); err != nil {
+		return nil, err
+	}
 	if e.HTTPEnabled() {
 		s.addHTTPRequest()
 	}
@@ -122,7 +128,7 @@ func New(e Engine, opts Options) (*mcp.Server, error) {
 	s.addExecutionsList()
 	s.addHostsList()
 	if err := tasks.Install(s.srv, taskBackend{s}, tasks.Options{
-		Tools: []string{"ssh_exec", "http_request"}, WaitArgument: "wait_s", Now: s.now,
+		Tools: []string{"ssh_exec", "fleet_exec", "http_request"}, WaitArgument: "wait_s", Now: s.now,
 	}); err != nil {
 		return nil, err
 	}
@@ -134,7 +140,7 @@ func New(e Engine, opts Options) (*mcp.Server, error) {
 
 // executionRef is the argument of the tools that name one execution.
 type executionRef struct {
-	ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec"`
+	ExecutionID string `json:"execution_id" jsonschema:"the ex_… id returned by ssh_exec (or a host's, in a fleet run), or the fr_… id returned by fleet_exec"`
 }
 
 // toolRole is what an execution tool does, which decides what its isError means.
@@ -226,7 +232,7 @@ func compact(x *api.Execution) { x.Evidence = api.CompactEvidence(x.Evidence, x.
 // progressFor reports progress to the client if it asked for it (a progress token). The
 // progress value counts the notifications, as tasks/result's do: MCP requires it to increase
 // with each one, and the output of a command that prints nothing does not; the message says
-// how much output there is.
+// how much output there is (for a fleet run, how many hosts are in which state).
 func progressFor(ctx context.Context, req *mcp.CallToolRequest) func(*api.Execution) {
 	token := req.Params.GetProgressToken()
 	if token == nil {
@@ -238,10 +244,14 @@ func progressFor(ctx context.Context, req *mcp.CallToolRequest) func(*api.Execut
 		mu.Lock()
 		defer mu.Unlock()
 		n++
+		msg := fmt.Sprintf("%s %s: %d bytes of output", x.ExecutionID, x.State, x.StdoutBytes+x.StderrBytes)
+		if x.Fleet != nil {
+			msg = fmt.Sprintf("%s %s: %d hosts: %s", x.ExecutionID, x.State, x.Fleet.Total, api.CountsText(x.Fleet.Counts))
+		}
 		req.Session.NotifyProgress(ctx, &mcp.ProgressNotificationParams{
 			ProgressToken: token,
 			Progress:      float64(n),
-			Message:       fmt.Sprintf("%s %s: %d bytes of output", x.ExecutionID, x.State, x.StdoutBytes+x.StderrBytes),
+			Message:       msg,
 		})
 	}
 }

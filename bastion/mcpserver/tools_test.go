@@ -34,6 +34,7 @@ func TestToolList(t *testing.T) {
 	}
 	always := map[string]tool{
 		"ssh_exec":         {"Run a command on a host", startsWork},
+		"fleet_exec":       {"Run a command on many hosts", startsWork},
 		"execution_status": {"Status of an execution", reads},
 		"execution_output": {"Read or follow an execution's output", reads},
 		"execution_cancel": {"Cancel an execution", &mcp.ToolAnnotations{ReadOnlyHint: false, DestructiveHint: ptr(true), IdempotentHint: true, OpenWorldHint: ptr(true)}},
@@ -189,6 +190,19 @@ func TestToolsCallTheEngine(t *testing.T) {
 			tool: "http_request",
 			args: map[string]any{"endpoint": "billing", "method": "PUT", "path": "/v1/notes/1", "text": "hello"},
 			want: engineCall{Method: "HTTPRequest", Caller: remoteCaller, Arg: api.HTTPArgs{Endpoint: "billing", Method: "PUT", Path: "/v1/notes/1", Text: ptr("hello")}},
+		},
+		{
+			tool: "fleet_exec",
+			args: map[string]any{"targets": []string{"web-1", "group:db", "role=db,env=prod"}, "command": "make deploy", "max_concurrency": 5,
+				"max_errors": "10%", "cwd": "/srv", "env": map[string]string{"LANG": "C"}, "timeout_s": 60, "wait_s": 0, "idempotency_key": "k3", "reason": "roll out 1.2"},
+			want: engineCall{Method: "FleetExec", Caller: remoteCaller, Arg: api.FleetArgs{Targets: []string{"web-1", "group:db", "role=db,env=prod"},
+				Command: "make deploy", MaxConcurrency: "5", MaxErrors: "10%", Cwd: "/srv", Env: map[string]string{"LANG": "C"}, TimeoutS: 60,
+				CallOptions: api.CallOptions{WaitS: ptr(0), IdempotencyKey: "k3", Reason: "roll out 1.2"}}},
+		},
+		{
+			tool: "fleet_exec",
+			args: map[string]any{"targets": []string{"group:db"}, "command": "uptime", "max_concurrency": "25%", "max_errors": 0},
+			want: engineCall{Method: "FleetExec", Caller: remoteCaller, Arg: api.FleetArgs{Targets: []string{"group:db"}, Command: "uptime", MaxConcurrency: "25%", MaxErrors: "0"}},
 		},
 		{
 			tool:     "execution_status",
@@ -540,5 +554,40 @@ func TestProgress(t *testing.T) {
 				t.Errorf("engine calls = %+v; want a progress func with the token only", calls)
 			}
 		})
+	}
+}
+
+// TestFleetProgress: a fleet run's progress notifications say how many of its hosts are in
+// which state.
+func TestFleetProgress(t *testing.T) {
+	e := &fakeEngine{fleetExec: func(ctx context.Context, _ api.FleetArgs, progress func(*api.Execution)) (*api.Execution, error) {
+		x := execution("fr_1", "running")
+		x.Fleet = &api.FleetRun{Total: 3, Counts: map[string]int{"completed": 1, "running": 2}}
+		if progress != nil {
+			progress(x)
+		}
+		x.State, x.Fleet.Counts = "completed", map[string]int{"completed": 3}
+		return x, nil
+	}}
+	notes := make(chan *mcp.ProgressNotificationParams, 4)
+	cs := connect(t, e, session{caller: &remoteCaller, client: &mcp.ClientOptions{
+		ProgressNotificationHandler: func(_ context.Context, req *mcp.ProgressNotificationClientRequest) { notes <- req.Params },
+	}})
+	params := &mcp.CallToolParams{Name: "fleet_exec", Arguments: toolArgs["fleet_exec"]}
+	params.SetProgressToken("p-1")
+	res, err := cs.CallTool(t.Context(), params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if text := textOf(t, res); !strings.Contains(text, "fleet run on 3 hosts") || !strings.Contains(text, "3 completed") {
+		t.Errorf("result text %q; want the run's counts", text)
+	}
+	select {
+	case n := <-notes:
+		if want := "fr_1 running: 3 hosts: 1 completed, 2 running"; n.Message != want {
+			t.Errorf("progress message %q; want %q", n.Message, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no progress notification")
 	}
 }

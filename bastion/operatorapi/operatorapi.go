@@ -21,6 +21,8 @@
 //	POST /v1/approvals/{id}/approve  {"note"}                      authorize and dispatch
 //	POST /v1/approvals/{id}/deny     {"reason"}                    reject
 //	POST /v1/executions/{id}/review  {"outcome","note"}            an unknown (or stuck) outcome, verified
+//	POST /v1/fleet/runs  api.FleetRunRequest                       start (or join) a fleet run for an actor
+//	POST /v1/fleet/runs/{id}/cancel                                 no host starts any more; running ones cancelled
 //	POST /v1/journal/gc  {"dry_run"}                               a retention pass of the journal, now
 //	POST /v1/reload                                                read the config file again and apply it
 //	GET /v1/tokens                                                 the remote actors' credentials (never a token)
@@ -79,6 +81,11 @@ type Engine interface {
 	Approve(ctx context.Context, op api.Operator, id, note string) (*markers.Record, error)
 	Deny(ctx context.Context, op api.Operator, id, reason string) (*markers.Record, error)
 	Review(ctx context.Context, op api.Operator, id, outcome, note string) (*markers.Record, error)
+	// OperatorFleetRun starts a fleet run for actor, or joins the one a.RunID or
+	// a.IdempotencyKey names, and waits up to a.WaitS for it.
+	OperatorFleetRun(ctx context.Context, op api.Operator, actor string, a api.FleetArgs) (*api.Execution, error)
+	// CancelFleetRun stops a fleet run: no host starts any more, running ones are cancelled.
+	CancelFleetRun(ctx context.Context, op api.Operator, id string) (*api.Execution, error)
 	// RetentionPass runs the journal's retention pass now (dryRun: counts, changes nothing).
 	RetentionPass(ctx context.Context, dryRun bool) (*api.RetentionPass, error)
 	// Reload reads the daemon's config again and applies what a reload may change.
@@ -246,6 +253,18 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/executions/{id}/review", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
 		return e.Review(r.Context(), operatorOf(r), r.PathValue("id"), body.Outcome, body.Note)
 	}))
+	mux.HandleFunc("POST /v1/fleet/runs", func(w http.ResponseWriter, r *http.Request) {
+		var req api.FleetRunRequest
+		if !readBody(w, r, &req) {
+			return
+		}
+		x, err := e.OperatorFleetRun(r.Context(), operatorOf(r), req.Actor, req.FleetArgs)
+		writeJSON(w, x, err)
+	})
+	mux.HandleFunc("POST /v1/fleet/runs/{id}/cancel", func(w http.ResponseWriter, r *http.Request) {
+		x, err := e.CancelFleetRun(r.Context(), operatorOf(r), r.PathValue("id"))
+		writeJSON(w, x, err)
+	})
 	return mux
 }
 

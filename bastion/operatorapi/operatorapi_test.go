@@ -50,6 +50,9 @@ type fakeEngine struct {
 	outcome     string
 	dryRun      bool
 
+	fleetActor string
+	fleetArgs  api.FleetArgs
+
 	err       error
 	pending   []*api.ApprovalRequest
 	auditJSON string
@@ -230,6 +233,26 @@ func (f *fakeEngine) Review(_ context.Context, operator api.Operator, id, outcom
 	defer f.mu.Unlock()
 	f.outcome, f.note = outcome, note
 	return f.decided(operator, id)
+}
+
+func (f *fakeEngine) OperatorFleetRun(_ context.Context, op api.Operator, actor string, a api.FleetArgs) (*api.Execution, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.operator, f.fleetActor, f.fleetArgs = op.Name, actor, a
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &api.Execution{ExecutionID: "fr_1", State: "running"}, nil
+}
+
+func (f *fakeEngine) CancelFleetRun(_ context.Context, op api.Operator, id string) (*api.Execution, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.operator, f.id = op.Name, id
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &api.Execution{ExecutionID: id, State: "cancelled"}, nil
 }
 
 func (f *fakeEngine) RetentionPass(_ context.Context, dryRun bool) (*api.RetentionPass, error) {
@@ -795,5 +818,37 @@ func TestConnContextWithoutCredentials(t *testing.T) {
 	req := httptest.NewRequest("GET", "/", nil).WithContext(ctx)
 	if got := operatorOf(req); got.Name != "operator:unknown" || got.UID != -1 {
 		t.Fatalf("operator = %+v; want operator:unknown, uid -1", got)
+	}
+}
+
+// TestFleetRuns: a fleet run's body reaches the engine whole (the actor, the targets, the
+// brakes as a number or a percentage, the run id); a field it does not know is refused; a
+// cancel names the run.
+func TestFleetRuns(t *testing.T) {
+	e := &fakeEngine{}
+	srv := serve(t, e)
+	status, _, body := call(t, srv, "POST", "/v1/fleet/runs",
+		`{"actor":"deployer","targets":["group:db","role=db"],"command":"make migrate","max_concurrency":2,"max_errors":"10%","run_id":"cli-1","wait_s":5}`)
+	var x api.Execution
+	if status != 200 || json.Unmarshal(body, &x) != nil || x.ExecutionID != "fr_1" {
+		t.Fatalf("answer = %d %s; want 200 with the run", status, body)
+	}
+	want := api.FleetArgs{Targets: []string{"group:db", "role=db"}, Command: "make migrate", MaxConcurrency: "2", MaxErrors: "10%",
+		CallOptions: api.CallOptions{RunID: "cli-1", WaitS: new(int)}}
+	got := e.fleetArgs
+	if got.WaitS == nil || *got.WaitS != 5 {
+		t.Fatalf("wait_s = %v; want 5", got.WaitS)
+	}
+	got.WaitS, want.WaitS = nil, nil
+	if e.fleetActor != "deployer" || fmt.Sprint(got) != fmt.Sprint(want) || e.operator != "operator:unknown" {
+		t.Fatalf("engine got actor %q, %+v from %q; want deployer, %+v", e.fleetActor, got, e.operator, want)
+	}
+	status, _, body = call(t, srv, "POST", "/v1/fleet/runs", `{"actor":"deployer","hosts":["db-1"]}`)
+	if oe := operatorError(t, body); status != 400 || !strings.Contains(oe.Error, `unknown field "hosts"`) {
+		t.Fatalf("unknown field: %d %+v; want 400 naming it", status, oe)
+	}
+	status, _, body = call(t, srv, "POST", "/v1/fleet/runs/fr_9/cancel", "")
+	if status != 200 || json.Unmarshal(body, &x) != nil || x.State != "cancelled" || e.id != "fr_9" {
+		t.Fatalf("cancel = %d %s (engine id %q); want fr_9 cancelled", status, body, e.id)
 	}
 }

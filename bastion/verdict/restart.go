@@ -13,6 +13,16 @@ import (
 // (ignored for HTTP; "" when not known, read as the hostagent). It follows the rules the drivers apply (ReconcileByLevel,
 // UnknownHandlingFor), in words; "" for an execution a start leaves alone.
 func AtStart(rec *markers.Record, level fleet.Guarantee) string {
+	if rec.IsFleetRun() {
+		switch rec.State {
+		case markers.Accepted, markers.Authorized:
+			return fmt.Sprintf("starts its rollout on %d hosts: it was accepted but started none", len(rec.Fleet.Hosts))
+		case markers.Dispatched, markers.Running:
+			return fmt.Sprintf("goes on with its rollout on %d hosts: a host with an execution gets that execution reconciled (never a second one), a host without one is started under the same brakes (max_concurrency %s, max_errors %s)",
+				len(rec.Fleet.Hosts), rec.Fleet.MaxConcurrency, rec.Fleet.MaxErrors)
+		}
+		return ""
+	}
 	switch rec.State {
 	case markers.Accepted, markers.Authorized:
 		return fmt.Sprintf("sends it to %s: it was accepted but never left the bastion", rec.Host)

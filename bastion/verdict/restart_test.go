@@ -43,3 +43,23 @@ func TestAtStart(t *testing.T) {
 		}
 	}
 }
+
+// TestAtStartFleetRun: a fleet run goes on from the journal; its hosts' executions are
+// answered for each by itself.
+func TestAtStartFleetRun(t *testing.T) {
+	for _, tc := range []struct {
+		state markers.State
+		want  string
+	}{
+		{markers.Authorized, "started none"},
+		{markers.Running, "never a second one"},
+		{markers.AwaitingApproval, ""},
+		{markers.Completed, ""},
+	} {
+		rec := &markers.Record{ID: "fr_1", State: tc.state, Channel: "fleet", Fleet: &markers.Rollout{Hosts: make([]markers.RolloutHost, 3), MaxConcurrency: "1", MaxErrors: "0"}}
+		got := AtStart(rec, "")
+		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
+			t.Errorf("fleet run %s: %q; want one saying %q", tc.state, got, tc.want)
+		}
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/url"
+	"strings"
 
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/internal/cli"
@@ -80,6 +81,9 @@ func (c *approvalsCommand) list(ctx context.Context, args []string) error {
 func writeApprovalRequest(w io.Writer, a *api.ApprovalRequest) {
 	fmt.Fprintf(w, "%s  %s on %s (class %s)\n", a.ExecutionID, cli.Printable(cli.Truncate(a.What, 200)), cli.Dash(a.Host), cli.Dash(a.Class))
 	fmt.Fprintf(w, "  asked by   %s (%s)\n", a.Actor, cli.Dash(a.Run))
+	if len(a.Hosts) > 0 {
+		fmt.Fprintf(w, "  hosts      %s (one approval for all %d)\n", cli.Printable(cli.Truncate(strings.Join(a.Hosts, ", "), 400)), len(a.Hosts))
+	}
 	if a.Reason != "" {
 		fmt.Fprintf(w, "  because    %s\n", cli.Printable(a.Reason))
 	}
@@ -111,7 +115,7 @@ func (c *decideCommand) Run(ctx context.Context, args []string) error {
 		fs, loc = c.flagSet(c.verb + " ID [--note TEXT] [flags]")
 		text = fs.String("note", "", "why (journaled with your name)")
 	}
-	id, err := parseExecutionID(fs, args, c.stderr)
+	id, err := parseJournalID(fs, args, c.stderr)
 	if err != nil {
 		return err
 	}
@@ -138,7 +142,7 @@ func (c *reviewCommand) Run(ctx context.Context, args []string) error {
 	fs, loc := c.flagSet("review ID --outcome completed|not-run --note TEXT")
 	outcome := fs.String("outcome", "", "what you verified: completed (it took effect) or not-run")
 	note := fs.String("note", "", "how you know (required; journaled with your name)")
-	id, err := parseExecutionID(fs, args, c.stderr)
+	id, err := parseJournalID(fs, args, c.stderr)
 	if err != nil {
 		return err
 	}

@@ -120,7 +120,7 @@ func (c *executionsCommand) list(ctx context.Context, args []string) error {
 func (c *executionsCommand) show(ctx context.Context, args []string) error {
 	fs, loc := c.flagSet("executions show ID [flags]")
 	asJSON := fs.Bool("json", false, "print JSON")
-	id, err := parseExecutionID(fs, args, c.stderr)
+	id, err := parseJournalID(fs, args, c.stderr)
 	if err != nil {
 		return err
 	}

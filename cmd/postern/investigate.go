@@ -27,7 +27,7 @@ var investigateQuestions = [...]string{
 func (c *investigateCommand) Run(ctx context.Context, args []string) error {
 	fs, loc := c.flagSet("investigate ID [flags]\n\nAnswers, in order: " + strings.Join(investigateQuestions[:], " "))
 	asJSON := fs.Bool("json", false, "print JSON")
-	id, err := parseExecutionID(fs, args, c.stderr)
+	id, err := parseJournalID(fs, args, c.stderr)
 	if err != nil {
 		return err
 	}
@@ -55,6 +55,15 @@ func writeInvestigation(w io.Writer, inv *api.Investigation) error {
 		fmt.Fprintf(w, "\n%d. %s\n", i+1, q)
 		for _, line := range strings.Split(inv.Answers[i], "\n") {
 			fmt.Fprintf(w, "   %s\n", cli.Printable(line))
+		}
+	}
+	for _, h := range inv.Hosts {
+		if h.Record == nil || len(h.Answers) != len(investigateQuestions) {
+			continue
+		}
+		fmt.Fprintf(w, "\nhost %s: %s (%s)\n", cli.Printable(h.Record.Host), h.ExecutionID, h.Record.State)
+		for i, a := range h.Answers {
+			fmt.Fprintf(w, "   %d. %s\n", i+1, cli.Printable(strings.ReplaceAll(a, "\n", " ")))
 		}
 	}
 	fmt.Fprintf(w, "\ncalls (%d)\n", len(inv.Calls))

@@ -31,6 +31,7 @@ commands:
   runs        list and show agent runs (the process or token behind each intent scope)
   markers     list and show the markers on a host (asks its hostagent)
   hosts       list and enroll hosts
+  fleet       run one command on many hosts under a rollout's brakes; show, cancel
   audit       export and verify the journal's hash-chained event log
   journal     back up and restore the journal; copy it between Pebble and etcd; run
               its retention pass (gc)
@@ -96,6 +97,7 @@ var operatorCommands = map[string]func(operatorIO) runner{
 	"runs":        func(o operatorIO) runner { return &runsCommand{o} },
 	"markers":     func(o operatorIO) runner { return &markersCommand{operatorIO: o} },
 	"hosts":       func(o operatorIO) runner { return &hostsCommand{o} },
+	"fleet":       func(o operatorIO) runner { return &fleetCommand{o} },
 	"audit":       func(o operatorIO) runner { return &auditCommand{o} },
 	"journal":     func(o operatorIO) runner { return &journalCommand{o} },
 	"recover":     func(o operatorIO) runner { return &recoverCommand{o} },

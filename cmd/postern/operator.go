@@ -274,3 +274,28 @@ func parseExecutionID(fs *flag.FlagSet, args []string, stderr io.Writer) (string
 	}
 	return pos[0], nil
 }
+
+// parseJournalID is parseExecutionID for the commands that take a fleet run (fr_…) as well:
+// both are records of the bastion's journal.
+func parseJournalID(fs *flag.FlagSet, args []string, stderr io.Writer) (string, error) {
+	pos, err := cli.ParseArgs(fs, args, 1)
+	if err != nil {
+		return "", err
+	}
+	if !markers.ValidJournalID(pos[0]) {
+		return "", prog.UsageErrorf(stderr, "%q is not an execution id or a fleet run id (ex_ or fr_, and a 26-character ULID)", cli.Printable(pos[0]))
+	}
+	return pos[0], nil
+}
+
+// parseFleetRunID parses flags and the one positional argument, a fleet run id.
+func parseFleetRunID(fs *flag.FlagSet, args []string, stderr io.Writer) (string, error) {
+	pos, err := cli.ParseArgs(fs, args, 1)
+	if err != nil {
+		return "", err
+	}
+	if !markers.ValidFleetRunID(pos[0]) {
+		return "", prog.UsageErrorf(stderr, "%q is not a fleet run id (fr_ and a 26-character ULID)", cli.Printable(pos[0]))
+	}
+	return pos[0], nil
+}
