@@ -51,7 +51,7 @@ func TestExecSyncsTwice(t *testing.T) {
 		t.Errorf("events %v; want the outcome after dispatched (via running or not)", steps)
 	}
 
-	if err := bs.Engine().Delivered(ctx, x.ExecutionID); err != nil {
+	if err := bs.Engine().DeliveryJournal().Delivered(ctx, x.ExecutionID); err != nil {
 		t.Fatal(err)
 	}
 	delivered := j.Stats()

@@ -70,7 +70,7 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	if r := b.engine.Replicas(); r != nil {
 		replicas = r
 	}
-	tracker := delivery.NewTracker(b.engine, replicas, b.cfg.DeliveryRevokeGrace, b.now, b.log)
+	tracker := delivery.NewTracker(b.engine.DeliveryJournal(), replicas, b.cfg.DeliveryRevokeGrace, b.now, b.log)
 	srv, err := mcpserver.New(b.engine, mcpserver.Options{Tracker: tracker, Logger: b.log.With("component", "mcp"), Now: b.now})
 	if err != nil {
 		return err
@@ -98,13 +98,15 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	}
 	var ep Endpoints
 	if b.cfg.Listen != "" {
-		actors, err := transport.NewActorSet(remoteActors(b.engine.Config()))
+		b.surfaces.Lock()
+		actors, err := transport.NewActorSet(remoteActors(b.engine.Config()), issuedTokens(b.tokens.Tokens()), b.now)
+		if err == nil {
+			b.remoteActors = actors
+		}
+		b.surfaces.Unlock()
 		if err != nil {
 			return err
 		}
-		b.surfaces.Lock()
-		b.remoteActors = actors
-		b.surfaces.Unlock()
 		mcpHTTP, err := transport.HTTPHandler(remote, transport.HTTPOptions{
 			ActorSet: actors, MaxBodyBytes: b.cfg.MaxBodyBytes,
 			AllowedHosts: b.cfg.AllowedHosts, AllowedOrigins: b.cfg.AllowedOrigins,
@@ -234,6 +236,18 @@ type servingEngine struct {
 // Reload is postern reload: the daemon reads its config again (Bastion.Reload).
 func (s servingEngine) Reload(op api.Operator) (*api.ConfigChange, error) {
 	return s.bastion.Reload(op.Name)
+}
+
+// Tokens, IssueToken and RevokeToken are postern token: the daemon's store and its HTTP
+// endpoint's tokens (Bastion.IssueToken).
+func (s servingEngine) Tokens() (*api.TokenList, error) { return s.bastion.Tokens(), nil }
+
+func (s servingEngine) IssueToken(op api.Operator, req api.TokenRequest) (*api.IssuedToken, error) {
+	return s.bastion.IssueToken(op.Name, req)
+}
+
+func (s servingEngine) RevokeToken(op api.Operator, id string) (*api.TokenRevocation, error) {
+	return s.bastion.RevokeToken(op.Name, id)
 }
 
 func (s servingEngine) Doctor(ctx context.Context) (*api.DoctorReport, error) {

@@ -134,7 +134,15 @@ func TestReloadUnderLoad(t *testing.T) {
 	if err := syscall.Kill(b.PID(), syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	testutil.WaitFor(t, "the SIGHUP reload in the log", func() bool { return len(reloadLog(t, reloads)) == 2 })
+	// The log line is written before the settings apply: wait for status to show them.
+	testutil.WaitFor(t, "the SIGHUP reload in force", func() bool {
+		log := reloadLog(t, reloads)
+		if len(log) != 2 {
+			return false
+		}
+		var st api.Overview
+		return json.Unmarshal(postern(t, b, "status", "--json"), &st) == nil && st.Config != nil && st.Config.Digest == log[1].Digest
+	})
 	if x := mustCall(t, ctx, ci, "ssh_exec", map[string]any{"host": "h1", "command": "date +%s"}); x.State != "rejected" || !strings.Contains(x.Cause, "no-date") {
 		t.Errorf("after SIGHUP: date = %+v; want rejected by no-date again", x)
 	}

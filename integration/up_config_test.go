@@ -83,8 +83,8 @@ func TestUpConfigKeepsLocalAndTheToken(t *testing.T) {
 		}
 	}
 
-	// An operator adds an actor (postern token prints the lines) and a rule.
-	out, err := exec.Command(bin, "token", "ci-bot").Output()
+	// An operator adds an actor (postern token --static prints the lines) and a rule.
+	out, err := exec.Command(bin, "token", "--static", "ci-bot").Output()
 	if err != nil {
 		t.Fatal(err)
 	}

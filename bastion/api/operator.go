@@ -192,3 +192,54 @@ type ConfigChange struct {
 	// file).
 	Replica string `json:"replica,omitempty"`
 }
+
+// TokenView is one credential of a remote actor as `postern token list` shows it: an issued
+// token (bastion/tokens) or an actor's static config token. Never the token or its hash.
+type TokenView struct {
+	// ID is an issued token's id ("tok_…"); "config:NAME" for actor NAME's token_sha256.
+	ID    string `json:"id"`
+	Actor string `json:"actor"`
+	// Source is "issued" or "config".
+	Source string `json:"source"`
+	// State is "active", "expired" or "revoked" at the time of the answer.
+	State string `json:"state"`
+	// Created is when an issued token was issued, and by whom (zero for config tokens).
+	Created   time.Time `json:"created,omitzero"`
+	CreatedBy string    `json:"created_by,omitempty"`
+	// Expires is zero for never.
+	Expires   time.Time `json:"expires,omitzero"`
+	Revoked   time.Time `json:"revoked,omitzero"`
+	RevokedBy string    `json:"revoked_by,omitempty"`
+	// LastUsed is the token's last accepted request since the daemon started (zero: none,
+	// or the daemon is down).
+	LastUsed time.Time `json:"last_used,omitzero"`
+	// Note says what the bastion makes of it beyond its state ("actor not in the config").
+	Note string `json:"note,omitempty"`
+}
+
+// TokenList is `postern token list`'s answer: the issued tokens, oldest first, then the
+// config tokens by actor.
+type TokenList struct {
+	Tokens []TokenView `json:"tokens"`
+}
+
+// TokenRequest asks the daemon to issue a token (POST /v1/tokens).
+type TokenRequest struct {
+	Actor string `json:"actor"`
+	// Expires is what `postern token --expires` took ("" or "never": no expiry).
+	Expires string `json:"expires"`
+}
+
+// IssuedToken is the daemon's answer to a TokenRequest: the token, shown this once, and its
+// entry in the store.
+type IssuedToken struct {
+	Token string    `json:"token"`
+	View  TokenView `json:"view"`
+}
+
+// TokenRevocation is the answer to POST /v1/tokens/{id}/revoke. Changed is false when the
+// token was revoked already.
+type TokenRevocation struct {
+	View    TokenView `json:"view"`
+	Changed bool      `json:"changed"`
+}

@@ -448,10 +448,10 @@ func (c Config) Validate() error {
 		}
 		seen[a.Name] = true
 		switch {
-		case a.TokenSHA256 == "" && a.UID == nil && a.Exe == "":
-			bad("actors[%d] (%s): give token_sha256 (a remote actor) or uid/exe (a local one)", i, a.Name)
-		case a.TokenSHA256 != "" && (a.UID != nil || a.Exe != ""):
-			bad("actors[%d] (%s): an actor is remote (token_sha256) or local (uid/exe), not both", i, a.Name)
+		case a.TokenSHA256 == "" && !a.Remote && a.UID == nil && a.Exe == "":
+			bad("actors[%d] (%s): give token_sha256 or remote = true (a remote actor) or uid/exe (a local one)", i, a.Name)
+		case (a.TokenSHA256 != "" || a.Remote) && (a.UID != nil || a.Exe != ""):
+			bad("actors[%d] (%s): an actor is remote (token_sha256, remote) or local (uid/exe), not both", i, a.Name)
 		case a.TokenSHA256 != "":
 			if b, err := hex.DecodeString(a.TokenSHA256); err != nil || len(b) != 32 {
 				bad("actors[%d] (%s): token_sha256 must be 64 hex characters (the token itself never goes in the config)", i, a.Name)

@@ -14,13 +14,20 @@ import (
 // deliveredNote is the note of the update event that records a delivery.
 const deliveredNote = "result delivered"
 
+// deliveryJournal is the engine as the delivery tracker journals through it
+// (delivery.Journal): what was handed to whom, what was not, and what a cancel revoked.
+type deliveryJournal struct{ *Engine }
+
+// DeliveryJournal is what the transports' delivery tracker writes through.
+func (b *Engine) DeliveryJournal() delivery.Journal { return deliveryJournal{b} }
+
 // Delivered records that the result of execution id reached the caller's transport, so a
 // later identical call is a new intent. Only completed executions are marked.
 //
 // The update event names the call that was handed the result, when ctx carries it (the
 // transport's caller and the request's JSON-RPC id). It is written without an fsync
 // (records.delivered says why that is safe).
-func (b *Engine) Delivered(ctx context.Context, id string) error {
+func (b deliveryJournal) Delivered(ctx context.Context, id string) error {
 	return b.records.delivered(ctx, id, deliveryCall(ctx, "delivered"))
 }
 
@@ -28,7 +35,7 @@ func (b *Engine) Delivered(ctx context.Context, id string) error {
 // execution id, is not its delivery (delivery.Journal): an update event naming the call,
 // written only while the result counts as not delivered, so an operator reading the
 // execution sees why (records.notDelivered).
-func (b *Engine) NotDelivered(ctx context.Context, id, why string) error {
+func (b deliveryJournal) NotDelivered(ctx context.Context, id, why string) error {
 	return b.records.notDelivered(ctx, id, deliveryCall(ctx, "not delivered"), why)
 }
 
@@ -46,7 +53,7 @@ func deliveryCall(ctx context.Context, match string) *markers.Call {
 // intent was accepted since: the delivery then already ended the matching window and a
 // retry joins the newer one, so revoking would only rewrite what made it new. It holds the
 // intake lock of the intent, so no new execution is accepted meanwhile.
-func (b *Engine) RevokeDelivery(ctx context.Context, id string) (bool, error) {
+func (b deliveryJournal) RevokeDelivery(ctx context.Context, id string) (bool, error) {
 	rec, err := b.journal.Get(id)
 	if err != nil {
 		return false, err
@@ -68,7 +75,7 @@ func (b *Engine) RevokeDelivery(ctx context.Context, id string) (bool, error) {
 // Delivering notes that a response carrying id's result is on its way (delivery.Journal):
 // until done, a call that would replay that result waits for the delivery's verdict
 // (intake.deliveryInDoubt).
-func (b *Engine) Delivering(id string) (done func()) { return b.judging.add(id) }
+func (b deliveryJournal) Delivering(id string) (done func()) { return b.judging.add(id) }
 
 // judgments are the executions whose delivery the transports are judging now: a response
 // carrying the result was (or is being) written, and the kernel's evidence is not in yet.

@@ -28,7 +28,7 @@ func TestNotDeliveredIsExplained(t *testing.T) {
 	running := journalAs(t, b, markers.Record{ID: "ex_01K00000000000000000000RUN", Actor: "token:agent"},
 		[]markers.State{markers.Authorized, markers.Dispatched, markers.Running}, nil)
 	before := len(events(running.ID))
-	if err := b.NotDelivered(ctx, running.ID, why); err != nil {
+	if err := b.DeliveryJournal().NotDelivered(ctx, running.ID, why); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(events(running.ID)); n != before {
@@ -37,7 +37,7 @@ func TestNotDeliveredIsExplained(t *testing.T) {
 
 	rec := journalAs(t, b, markers.Record{ID: "ex_01K00000000000000000000FIN", Actor: "token:agent"},
 		[]markers.State{markers.Authorized, markers.Dispatched, markers.Completed}, nil)
-	if err := b.NotDelivered(ctx, rec.ID, why); err != nil {
+	if err := b.DeliveryJournal().NotDelivered(ctx, rec.ID, why); err != nil {
 		t.Fatal(err)
 	}
 	after, err := b.journal.Get(rec.ID)
@@ -59,11 +59,11 @@ func TestNotDeliveredIsExplained(t *testing.T) {
 	}
 
 	// Once delivered, a later response that fails to deliver it again explains nothing.
-	if err := b.Delivered(ctx, rec.ID); err != nil {
+	if err := b.DeliveryJournal().Delivered(ctx, rec.ID); err != nil {
 		t.Fatal(err)
 	}
 	before = len(events(rec.ID))
-	if err := b.NotDelivered(ctx, rec.ID, why); err != nil {
+	if err := b.DeliveryJournal().NotDelivered(ctx, rec.ID, why); err != nil {
 		t.Fatal(err)
 	}
 	if n := len(events(rec.ID)); n != before {

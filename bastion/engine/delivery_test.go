@@ -18,7 +18,7 @@ func TestDelivered(t *testing.T) {
 	args := api.ExecArgs{Host: "h1", Command: f.effect("ran")}
 	first := f.exec(t, c, args)
 	finished(t, first)
-	if err := f.engine().Delivered(ctx, first.ExecutionID); err != nil {
+	if err := f.engine().DeliveryJournal().Delivered(ctx, first.ExecutionID); err != nil {
 		t.Fatal(err)
 	}
 	if rec := f.record(t, first.ExecutionID); rec.ResultDeliveredAt == nil {
@@ -30,14 +30,14 @@ func TestDelivered(t *testing.T) {
 	if second.ExecutionID == first.ExecutionID || second.Replayed {
 		t.Errorf("the call after delivery = %s (replayed %v); want a new execution", second.ExecutionID, second.Replayed)
 	}
-	if revoked, err := f.engine().RevokeDelivery(ctx, first.ExecutionID); err != nil || revoked {
+	if revoked, err := f.engine().DeliveryJournal().RevokeDelivery(ctx, first.ExecutionID); err != nil || revoked {
 		t.Errorf("revoke the first delivery = %v, %v; want it kept (a newer execution was accepted)", revoked, err)
 	}
 
-	if err := f.engine().Delivered(ctx, second.ExecutionID); err != nil {
+	if err := f.engine().DeliveryJournal().Delivered(ctx, second.ExecutionID); err != nil {
 		t.Fatal(err)
 	}
-	if revoked, err := f.engine().RevokeDelivery(ctx, second.ExecutionID); err != nil || !revoked {
+	if revoked, err := f.engine().DeliveryJournal().RevokeDelivery(ctx, second.ExecutionID); err != nil || !revoked {
 		t.Fatalf("revoke the latest delivery = %v, %v; want it revoked", revoked, err)
 	}
 	third := f.exec(t, c, args)
@@ -49,7 +49,7 @@ func TestDelivered(t *testing.T) {
 	}
 
 	running := f.exec(t, c, api.ExecArgs{Host: "h1", Command: f.gate("g"), CallOptions: api.CallOptions{WaitS: waitS(0)}})
-	if err := f.engine().Delivered(ctx, running.ExecutionID); err != nil {
+	if err := f.engine().DeliveryJournal().Delivered(ctx, running.ExecutionID); err != nil {
 		t.Fatal(err)
 	}
 	if rec := f.record(t, running.ExecutionID); rec.ResultDeliveredAt != nil {
@@ -67,17 +67,17 @@ func TestDeliveredKeyed(t *testing.T) {
 	args := api.ExecArgs{Host: "h1", Command: f.effect("ran"), CallOptions: api.CallOptions{IdempotencyKey: "k"}}
 	first := f.exec(t, alice, args)
 	finished(t, first)
-	if err := f.engine().Delivered(ctx, first.ExecutionID); err != nil {
+	if err := f.engine().DeliveryJournal().Delivered(ctx, first.ExecutionID); err != nil {
 		t.Fatal(err)
 	}
 	again := f.exec(t, alice, args)
 	if again.ExecutionID != first.ExecutionID || !again.Replayed || !again.ResultDelivered {
 		t.Errorf("keyed retry after delivery = %s (replayed %v, delivered %v); want %s replayed, delivered", again.ExecutionID, again.Replayed, again.ResultDelivered, first.ExecutionID)
 	}
-	if revoked, err := f.engine().RevokeDelivery(ctx, first.ExecutionID); err != nil || !revoked {
+	if revoked, err := f.engine().DeliveryJournal().RevokeDelivery(ctx, first.ExecutionID); err != nil || !revoked {
 		t.Errorf("revoke = %v, %v; want revoked", revoked, err)
 	}
-	if _, err := f.engine().RevokeDelivery(ctx, "ex_00000000000000000000000000"); err == nil {
+	if _, err := f.engine().DeliveryJournal().RevokeDelivery(ctx, "ex_00000000000000000000000000"); err == nil {
 		t.Errorf("revoking an unknown execution succeeded")
 	}
 	if n := f.count(t, "ran"); n != 1 {

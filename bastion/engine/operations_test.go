@@ -277,7 +277,7 @@ func TestInvestigate(t *testing.T) {
 		t.Errorf("calls %d, related %d, marker %v; want 2 calls, 1 related, the host's marker", len(inv.Calls), len(inv.Related), inv.Outcome.Marker)
 	}
 
-	if err := f.engine().Delivered(ctx, x.ExecutionID); err != nil {
+	if err := f.engine().DeliveryJournal().Delivered(ctx, x.ExecutionID); err != nil {
 		t.Fatal(err)
 	}
 	if inv, err = f.engine().Investigate(ctx, x.ExecutionID); err != nil {

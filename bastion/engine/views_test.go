@@ -232,7 +232,7 @@ func TestFinishedAtIgnoresTheDeliveryWrite(t *testing.T) {
 	rec := journalAs(t, b, markers.Record{ID: "ex_01K00000000000000000000FIN", Actor: "token:agent"},
 		[]markers.State{markers.Authorized, markers.Dispatched, markers.Completed}, nil)
 	observed := rec.StateTimes[markers.Completed]
-	if err := b.Delivered(context.Background(), rec.ID); err != nil {
+	if err := b.DeliveryJournal().Delivered(context.Background(), rec.ID); err != nil {
 		t.Fatal(err)
 	}
 	after, err := b.journal.Get(rec.ID)

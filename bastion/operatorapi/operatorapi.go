@@ -25,6 +25,9 @@
 //	POST /v1/fleet/runs/{id}/cancel                                 no host starts any more; running ones cancelled
 //	POST /v1/journal/gc  {"dry_run"}                               a retention pass of the journal, now
 //	POST /v1/reload                                                read the config file again and apply it
+//	GET /v1/tokens                                                 the remote actors' credentials (never a token)
+//	POST /v1/tokens  {"actor","expires"}                           issue a token (in the answer, once)
+//	POST /v1/tokens/{id}/revoke                                    revoke an issued token, at once
 package operatorapi
 
 import (
@@ -87,6 +90,11 @@ type Engine interface {
 	RetentionPass(ctx context.Context, dryRun bool) (*api.RetentionPass, error)
 	// Reload reads the daemon's config again and applies what a reload may change.
 	Reload(op api.Operator) (*api.ConfigChange, error)
+	// Tokens lists the remote actors' credentials; IssueToken issues one for an actor (the
+	// token is in the answer, once); RevokeToken revokes one at once.
+	Tokens() (*api.TokenList, error)
+	IssueToken(op api.Operator, req api.TokenRequest) (*api.IssuedToken, error)
+	RevokeToken(op api.Operator, id string) (*api.TokenRevocation, error)
 }
 
 // markersTimeout bounds a host's answer to a markers request.
@@ -219,6 +227,22 @@ func Handler(e Engine, log *slog.Logger) http.Handler {
 	mux.HandleFunc("POST /v1/reload", func(w http.ResponseWriter, r *http.Request) {
 		change, err := e.Reload(operatorOf(r))
 		writeJSON(w, change, err)
+	})
+	mux.HandleFunc("GET /v1/tokens", func(w http.ResponseWriter, _ *http.Request) {
+		list, err := e.Tokens()
+		writeJSON(w, list, err)
+	})
+	mux.HandleFunc("POST /v1/tokens", func(w http.ResponseWriter, r *http.Request) {
+		var req api.TokenRequest
+		if !readBody(w, r, &req) {
+			return
+		}
+		issued, err := e.IssueToken(operatorOf(r), req)
+		writeJSON(w, issued, err)
+	})
+	mux.HandleFunc("POST /v1/tokens/{id}/revoke", func(w http.ResponseWriter, r *http.Request) {
+		rev, err := e.RevokeToken(operatorOf(r), r.PathValue("id"))
+		writeJSON(w, rev, err)
 	})
 	mux.HandleFunc("POST /v1/approvals/{id}/approve", decision(func(r *http.Request, body operatorDecision) (*markers.Record, error) {
 		return e.Approve(r.Context(), operatorOf(r), r.PathValue("id"), body.Note)

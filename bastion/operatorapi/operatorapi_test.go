@@ -204,6 +204,30 @@ func (f *fakeEngine) Reload(op api.Operator) (*api.ConfigChange, error) {
 	return &api.ConfigChange{By: op.Name, Digest: "d1", Changes: []string{"actors added: ci"}}, nil
 }
 
+func (f *fakeEngine) Tokens() (*api.TokenList, error) {
+	return &api.TokenList{Tokens: []api.TokenView{{ID: "tok_aaaaaaaaaaaaaaaa", Actor: "ci", Source: "issued", State: "active"}}}, nil
+}
+
+func (f *fakeEngine) IssueToken(op api.Operator, req api.TokenRequest) (*api.IssuedToken, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.operator = op.Name
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &api.IssuedToken{Token: "pst_x", View: api.TokenView{ID: "tok_aaaaaaaaaaaaaaaa", Actor: req.Actor, CreatedBy: op.Name}}, nil
+}
+
+func (f *fakeEngine) RevokeToken(op api.Operator, id string) (*api.TokenRevocation, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.operator = op.Name
+	if f.err != nil {
+		return nil, f.err
+	}
+	return &api.TokenRevocation{View: api.TokenView{ID: id, State: "revoked", RevokedBy: op.Name}, Changed: true}, nil
+}
+
 func (f *fakeEngine) Review(_ context.Context, operator api.Operator, id, outcome, note string) (*markers.Record, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -548,6 +572,30 @@ func TestReload(t *testing.T) {
 	e = &fakeEngine{err: api.Invalid("reload refused, nothing changed: config: rules[0]: bad")}
 	if status, _, body := call(t, serve(t, e), "POST", "/v1/reload", ""); status != 400 || !strings.Contains(string(body), "rules[0]") {
 		t.Fatalf("refused reload = %d %s; want 400 with the reason", status, body)
+	}
+}
+
+// TestTokens: the token routes pass the operator who asked and the body's fields; an
+// unknown field is refused before the engine sees it.
+func TestTokens(t *testing.T) {
+	e := &fakeEngine{}
+	srv := serve(t, e)
+	status, _, body := call(t, srv, "POST", "/v1/tokens", `{"actor":"ci","expires":"30d"}`)
+	var issued api.IssuedToken
+	if status != 200 || json.Unmarshal(body, &issued) != nil || issued.View.Actor != "ci" || issued.View.CreatedBy != e.operator || e.operator == "" {
+		t.Fatalf("issue = %d %s; want 200 with the token, by the operator", status, body)
+	}
+	if status, _, body := call(t, srv, "POST", "/v1/tokens", `{"actor":"ci","token":"pst_mine"}`); status != 400 {
+		t.Fatalf("issue with an unknown field = %d %s; want 400", status, body)
+	}
+	status, _, body = call(t, srv, "POST", "/v1/tokens/tok_bbbbbbbbbbbbbbbb/revoke", "")
+	var rev api.TokenRevocation
+	if status != 200 || json.Unmarshal(body, &rev) != nil || rev.View.ID != "tok_bbbbbbbbbbbbbbbb" || rev.View.RevokedBy != e.operator {
+		t.Fatalf("revoke = %d %s; want 200, by the operator", status, body)
+	}
+	status, _, body = call(t, srv, "GET", "/v1/tokens", "")
+	if status != 200 || !strings.Contains(string(body), `"tok_aaaaaaaaaaaaaaaa"`) {
+		t.Fatalf("list = %d %s", status, body)
 	}
 }
 

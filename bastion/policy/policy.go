@@ -62,13 +62,16 @@ const (
 // Actor is a caller the operator configured: remote by token hash, or local by process
 // (uid and/or exe). Exactly one of the two identities is set.
 type Actor struct {
-	Name        string   `toml:"name"`
-	TokenSHA256 string   `toml:"token_sha256"` // remote actors: hex SHA-256 of the bearer token
-	UID         *int     `toml:"uid"`          // local actors: match the peer uid ...
-	Exe         string   `toml:"exe"`          // ... and/or the agent process's executable path (exact)
-	Hosts       []string `toml:"hosts"`        // globs over host names and "group:<glob>"; empty = all hosts
-	Tools       []string `toml:"tools"`        // tool names; empty = all tools
-	Endpoints   []string `toml:"endpoints"`    // http endpoint names (globs); empty = all
+	Name        string `toml:"name"`
+	TokenSHA256 string `toml:"token_sha256"` // remote actors: hex SHA-256 of a static bearer token
+	// Remote declares a remote actor without a static token: its tokens are those
+	// `postern token NAME` issues (with an id, an expiry, revocable).
+	Remote    bool     `toml:"remote"`
+	UID       *int     `toml:"uid"`       // local actors: match the peer uid ...
+	Exe       string   `toml:"exe"`       // ... and/or the agent process's executable path (exact)
+	Hosts     []string `toml:"hosts"`     // globs over host names and "group:<glob>"; empty = all hosts
+	Tools     []string `toml:"tools"`     // tool names; empty = all tools
+	Endpoints []string `toml:"endpoints"` // http endpoint names (globs); empty = all
 	// Default is what the actor may do that no rule names: "allow" (or "") — anything no
 	// deny rule forbids —, or "deny" — only what an applicable allow rule names: every
 	// program every command would run (each layer, wrappers included; an unknowable program
@@ -88,7 +91,7 @@ func (a Actor) Limited() bool {
 }
 
 // Local reports whether the actor is matched by process rather than by token.
-func (a Actor) Local() bool { return a.TokenSHA256 == "" }
+func (a Actor) Local() bool { return a.TokenSHA256 == "" && !a.Remote }
 
 // Rule maps (actors?, hosts/groups, command patterns | written files | endpoint + methods)
 // to a class, a deny, an approval requirement, or an allowance (for actors with Default
@@ -232,10 +235,10 @@ func New(actors []Actor, rules []Rule, knownClasses []string) (*Policy, error) {
 		}
 		local := a.UID != nil || a.Exe != ""
 		switch {
-		case a.TokenSHA256 != "" && local:
-			bad("%s: token_sha256 (remote) and uid/exe (local) are exclusive", at)
-		case a.TokenSHA256 == "" && !local:
-			bad("%s: set token_sha256 (remote actor) or uid and/or exe (local actor)", at)
+		case (a.TokenSHA256 != "" || a.Remote) && local:
+			bad("%s: token_sha256 or remote (remote) and uid/exe (local) are exclusive", at)
+		case a.TokenSHA256 == "" && !a.Remote && !local:
+			bad("%s: set token_sha256 or remote = true (remote actor) or uid and/or exe (local actor)", at)
 		case a.TokenSHA256 != "":
 			if b, err := hex.DecodeString(a.TokenSHA256); err != nil || len(b) != 32 {
 				bad("%s: token_sha256 must be 64 hex characters (the token itself never goes in the config)", at)

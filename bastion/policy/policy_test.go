@@ -134,6 +134,7 @@ func TestLocalActor(t *testing.T) {
 		{Name: "claude", UID: uid(1000), Exe: "/usr/bin/claude"},
 		{Name: "any-1000", UID: uid(1000)},
 		{Name: "remote", TokenSHA256: strings.Repeat("ab", 32)},
+		{Name: "issued", Remote: true}, // no uid or exe: it must not match every process
 		{Name: "any-agent", Exe: "/opt/agent"},
 	}, nil, nil)
 	if err != nil {
@@ -159,8 +160,10 @@ func TestLocalActor(t *testing.T) {
 			}
 		})
 	}
-	if a, ok := p.Actor("remote"); !ok || a.Local() {
-		t.Errorf("Actor(remote) = %+v, %v", a, ok)
+	for _, name := range []string{"remote", "issued"} {
+		if a, ok := p.Actor(name); !ok || a.Local() {
+			t.Errorf("Actor(%s) = %+v, %v", name, a, ok)
+		}
 	}
 }
 
@@ -179,6 +182,7 @@ func TestNewValidation(t *testing.T) {
 		{"duplicate actor", []Actor{{Name: "a", TokenSHA256: token}, {Name: "a", UID: &uid}}, nil, nil, []string{"duplicate name"}},
 		{"no identity", []Actor{{Name: "a"}}, nil, nil, []string{"set token_sha256"}},
 		{"both identities", []Actor{{Name: "a", TokenSHA256: token, UID: &uid}}, nil, nil, []string{"exclusive"}},
+		{"remote and local", []Actor{{Name: "a", Remote: true, Exe: "/bin/agent"}}, nil, nil, []string{"exclusive"}},
 		{"short token", []Actor{{Name: "a", TokenSHA256: "abc"}}, nil, nil, []string{"64 hex"}},
 		{"negative uid", []Actor{{Name: "a", UID: &negative}}, nil, nil, []string{"negative"}},
 		{"relative exe", []Actor{{Name: "a", Exe: "bin/agent"}}, nil, nil, []string{"clean absolute path"}},

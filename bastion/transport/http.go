@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -65,7 +66,7 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 	actors := opts.ActorSet
 	if actors == nil {
 		var err error
-		if actors, err = NewActorSet(opts.Actors); err != nil {
+		if actors, err = NewActorSet(opts.Actors, nil, nil); err != nil {
 			return nil, err
 		}
 	}
@@ -79,8 +80,8 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 	authenticated := auth.RequireBearerToken(actors.verifier(), &auth.RequireBearerTokenOptions{
 		AllowMissingExpiration: true,
 	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if authed, ok := r.Context().Value(authenticatedKey{}).(*bool); ok {
-			*authed = true
+		if st, ok := r.Context().Value(authStateKey{}).(*authState); ok {
+			st.authenticated = true
 		}
 		markAuthenticated(w, r) // its connection may stay open (NewHTTPServer)
 		// Authenticated: the challenge set for the 401 path does not belong on this response.
@@ -109,18 +110,46 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 			refuse(http.StatusBadRequest, ReasonBadRunHeader, err.Error())
 			return
 		}
+		// The challenge of a 401 (RFC 6750 section 3): without a token, just the scheme; with
+		// one that is not (or no longer) good, error="invalid_token", which tells an MCP
+		// client to get a new token rather than retry this one.
+		st := &authState{header: w.Header()}
 		w.Header().Set("WWW-Authenticate", `Bearer realm="postern"`)
-		authed := false
-		authenticated.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), authenticatedKey{}, &authed)))
-		if !authed {
-			// go-sdk answered 401: no token, or none of ours.
+		authenticated.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), authStateKey{}, st)))
+		if st.authenticated {
+			return
+		}
+		// go-sdk answered 401: no token, or none that is good now.
+		switch {
+		case errors.Is(st.refused, errTokenExpired):
+			refusals.Log(slog.LevelWarn, ReasonTokenExpired, "refused an expired token", "remote", r.RemoteAddr, "status", http.StatusUnauthorized)
+		case errors.Is(st.refused, errTokenRevoked):
+			refusals.Log(slog.LevelWarn, ReasonTokenRevoked, "refused a revoked token", "remote", r.RemoteAddr, "status", http.StatusUnauthorized)
+		default:
 			refusals.Log(slog.LevelInfo, ReasonUnauthenticated, "refused request", "remote", r.RemoteAddr, "status", http.StatusUnauthorized)
 		}
 	}), nil
 }
 
-// authenticatedKey carries, in a request's context, the flag its authenticated handler sets.
-type authenticatedKey struct{}
+// authState is what authenticating one request found: set by the verifier and the
+// authenticated handler, read by HTTPHandler after them. One request's, never shared.
+type authState struct {
+	authenticated bool
+	// refused is why a presented token was refused (errUnknownToken, errTokenExpired,
+	// errTokenRevoked); nil if none was presented.
+	refused error
+	header  http.Header
+}
+
+// authStateKey carries a request's *authState in its context.
+type authStateKey struct{}
+
+// refuse notes why a presented token was refused and puts error="invalid_token" in the
+// challenge of the 401 that go-sdk writes next.
+func (st *authState) refuse(why error) {
+	st.refused = why
+	st.header.Set("WWW-Authenticate", fmt.Sprintf(`Bearer realm="postern", error="invalid_token", error_description=%q`, why.Error()))
+}
 
 // errBadRunID is the client-visible reason for a 400 on Postern-Run.
 var errBadRunID = fmt.Errorf("%s header must be one value of 1 to %d printable ASCII characters without spaces", RunHeader, maxRunIDBytes)

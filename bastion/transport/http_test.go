@@ -217,34 +217,6 @@ func TestHTTPHandlerRejectsBadActorConfig(t *testing.T) {
 	}
 }
 
-func TestActorTableMatch(t *testing.T) {
-	table, err := newActorTable([]Actor{
-		{Name: "alice", TokenSHA256: HashToken("tok-a")},
-		{Name: "bob", TokenSHA256: HashToken("tok-b")},
-		{Name: "carol", TokenSHA256: HashToken("tok-c")},
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	tests := []struct {
-		token, want string
-		wantOK      bool
-	}{
-		{"tok-a", "alice", true},
-		{"tok-b", "bob", true},
-		{"tok-c", "carol", true},
-		{"tok-d", "", false},
-		{"", "", false},
-		{strings.Repeat("x", maxTokenBytes+1), "", false},
-	}
-	for _, tt := range tests {
-		got, ok := table.match(tt.token)
-		if got != tt.want || ok != tt.wantOK {
-			t.Errorf("match(%.10q) = %q, %v; want %q, %v", tt.token, got, ok, tt.want, tt.wantOK)
-		}
-	}
-}
-
 func TestNewToken(t *testing.T) {
 	a, err := NewToken()
 	if err != nil {

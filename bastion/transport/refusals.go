@@ -33,6 +33,8 @@ const (
 
 	// HTTP.
 	ReasonUnauthenticated = "unauthenticated" // 401: no or no known bearer token
+	ReasonTokenExpired    = "token_expired"   // 401: an issued token past its expiry
+	ReasonTokenRevoked    = "token_revoked"   // 401: an issued token an operator revoked
 	ReasonHostOrOrigin    = "host_or_origin"  // 403: Host or Origin refused
 	ReasonBadRunHeader    = "bad_run_header"  // 400: Postern-Run
 	ReasonBodyTooLarge    = "body_too_large"  // 413

@@ -42,7 +42,8 @@ commands:
   policy      check: which rule decides a call, without running it
   reload      the running bastion applies its config file again (actors, rules, classes, …)
   doctor      check config, permissions, keys, the daemon, its port and every host, with fixes
-  token       make a bearer token for an actor and print its config hash
+  token       issue a bearer token for an actor (with an id and an expiry); list, revoke;
+              --static prints a token for the config
   version     print the build (module version, VCS revision, toolchain); also --version
 
 Run 'postern COMMAND -h' for a command's flags.

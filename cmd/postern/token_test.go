@@ -25,10 +25,11 @@ func TestToken(t *testing.T) {
 		{name: "space", args: []string{"a bot"}, wantErr: cli.ErrUsage},
 		{name: "quote", args: []string{`a"b`}, wantErr: cli.ErrUsage},
 		{name: "too long", args: []string{strings.Repeat("a", 65)}, wantErr: cli.ErrUsage},
+		{name: "static with an expiry", args: []string{"a", "--expires", "30d"}, wantErr: cli.ErrUsage},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			res := runCLI(t, "", append([]string{"token"}, tt.args...)...)
+			res := runCLI(t, "", append([]string{"token", "--static"}, tt.args...)...)
 			if tt.wantErr != nil {
 				if !errors.Is(res.err, tt.wantErr) || res.stdout != "" {
 					t.Fatalf("err = %v, stdout %q; want %v and no token", res.err, res.stdout, tt.wantErr)
@@ -52,8 +53,26 @@ func TestToken(t *testing.T) {
 		})
 	}
 	// Tokens are fresh every time.
-	a, b := runCLI(t, "", "token", "x"), runCLI(t, "", "token", "x")
+	a, b := runCLI(t, "", "token", "--static", "x"), runCLI(t, "", "token", "--static", "x")
 	if printedToken.FindString(a.stdout) == printedToken.FindString(b.stdout) {
 		t.Fatal("two runs printed the same token")
+	}
+}
+
+// What the daemon would refuse is refused before it is asked, without a daemon.
+func TestTokenUsage(t *testing.T) {
+	for _, args := range [][]string{
+		{"token", "ci", "--expires", "0d"},
+		{"token", "ci", "--expires", "yesterday"},
+		{"token", "ci", "--expires", "2020-01-01T00:00:00Z"},
+		{"token", "ci", "--expires", "9999d"},
+		{"token", "revoke", "ci"},
+		{"token", "revoke"},
+		{"token", "list", "extra"},
+	} {
+		res := runCLI(t, "", args...)
+		if !errors.Is(res.err, cli.ErrUsage) || res.stdout != "" {
+			t.Errorf("%q: err = %v, stdout %q; want a usage error", args, res.err, res.stdout)
+		}
 	}
 }

@@ -297,8 +297,9 @@ allowed_origins = [{{range $i, $o := .AllowedOrigins}}{{if $i}}, {{end}}{{quote 
 {{- end}}
 
 # The quick start's agent: whoever holds the bearer token in <state_dir>/token. Local agents
-# of this user (through ` + "`postern mcp`" + `) are the implicit actor "self". More actors:
-# ` + "`postern token NAME`" + ` prints the lines to add.
+# of this user (through ` + "`postern mcp`" + `) are the implicit actor "self". More actors: add
+# [[actors]] name = "NAME", remote = true, run ` + "`postern reload`" + `, then ` + "`postern token NAME`" + `
+# issues its tokens (with an expiry; ` + "`postern token list`, `postern token revoke ID`" + `).
 {{- range .Actors}}
 [[actors]]
 name = {{quote .Name}}

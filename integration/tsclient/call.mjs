@@ -10,6 +10,7 @@
 //                              client would (the bytes are received; the SDK's timer runs)
 //    "reset_on_progress": true} send a progress token, count the notifications, and let each
 //                              one reset the SDK's timeout (resetTimeoutOnProgress)
+//   {"sleep_ms": 3000}   wait (a token's expiry)
 //   {"close": true}
 //
 // A call prints {"step": i, "result": <structuredContent>, "text": "<the text content the
@@ -98,6 +99,9 @@ for (const [i, step] of steps.entries()) {
     holdMs = 0;
     // The SDK does not await its cancel; a test's next step must come after it.
     await Promise.all([...pendingCancels]);
+  } else if (step.sleep_ms) {
+    await new Promise((resolve) => setTimeout(resolve, step.sleep_ms));
+    print({ step: i, slept: true });
   } else if (step.close) {
     await client.close();
     print({ step: i, closed: true });
