@@ -170,9 +170,9 @@ func waitRunEnd(t *testing.T, ctx context.Context, bs *harness.Bastion, id strin
 
 // TestFleetRunAtScale: a fleet_exec over N real hostagents (100 by default, in CI too;
 // POSTERN_FLEET_SCALE sets N), every one enrolled by one `postern hosts import`, at
-// max_concurrency N/5 (20 at 100), with faults: three hosts down from the start, two hostagents killed
-// while their command runs and started again, the bastion SIGKILLed mid-run and started
-// again. Then the history, from what each command wrote in its host's working directory
+// max_concurrency N/5 (20 at 100), with faults: three hosts down from the start, two
+// hostagents killed while their command runs and started again, the bastion SIGKILLed
+// mid-run and started again. Then the history, from what each command wrote in its host's working directory
 // and from the journal: each host ran the command at most once, every host is accounted
 // for (completed, failed with a cause, or unknown with one), never more than
 // max_concurrency commands ran at once. A second run whose command fails everywhere, with

@@ -4,16 +4,12 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
-
-	gossh "golang.org/x/crypto/ssh"
 
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
@@ -50,14 +46,7 @@ func BenchmarkBastionInventory(b *testing.B) {
 	}
 	harness.Binary(b, "postern")
 	key := testutil.NewSSHKey(b)
-	// One at a time: each takes its port the moment before it listens there.
-	agents := make([]*harness.Hostagent, pooled)
-	for i := range agents {
-		h := harness.NewHostagent(b)
-		testutil.WriteAuthorizedKeys(b, h.AuthorizedKeysPath(), key.AuthorizedLine())
-		h.Start(b)
-		agents[i] = h
-	}
+	agents := startAgents(b, pooled, key)
 
 	bs := harness.NewBastion(b, key)
 	bs.Start(b)
@@ -91,22 +80,15 @@ func BenchmarkBastionInventory(b *testing.B) {
 
 	// One import file: the pooled hosts first (h0000…), then hosts that are never dialed.
 	var csv strings.Builder
-	csv.WriteString("name,addr,account,labels,host_key\n")
+	csv.WriteString("name,addr,account,labels,host_key,cwd\n")
 	for i := range inventoryEnrolled {
 		if i < pooled {
-			h := agents[i]
-			fmt.Fprintf(&csv, "h%04d,%s,%s,role=pooled,%s\n", i, h.Addr, h.Account, strings.TrimSpace(string(gossh.MarshalAuthorizedKey(h.HostKey))))
+			csv.WriteString(agentCSVLine(fmt.Sprintf("h%04d", i), agents[i], "role=pooled", ""))
 			continue
 		}
-		fmt.Fprintf(&csv, "h%04d,127.0.0.1:9,deploy,role=idle env=bench,%s\n", i, testutil.NewSSHKey(b).AuthorizedLine())
+		fmt.Fprintf(&csv, "h%04d,127.0.0.1:9,deploy,role=idle env=bench,%s,\n", i, testutil.NewSSHKey(b).AuthorizedLine())
 	}
-	file := filepath.Join(b.TempDir(), "fleet.csv")
-	if err := os.WriteFile(file, []byte(csv.String()), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	if out, err := exec.Command(harness.Binary(b, "postern"), "hosts", "import", file, "--config", bs.ConfigPath).CombinedOutput(); err != nil {
-		b.Fatalf("hosts import: %v\n%s", err, out)
-	}
+	importHosts(b, bs, csv.String())
 	if n := listAll(); n != inventoryEnrolled {
 		b.Fatalf("hosts_list listed %d hosts; want %d", n, inventoryEnrolled)
 	}
