@@ -166,6 +166,22 @@ func reportRows(records int) []row {
 		{id: "FLEET", what: "bastion RSS per pooled host (real hostagents, one process each; pooled-hosts of them, 100 by default)",
 			measured: figure{bench: benchInventory, unit: "KB/pooled-host", suffix: " KB"},
 			goal:     atMost(1024), goalText: "< 1 MiB"},
+		{id: "FLEET", what: "fleet_exec `true` over the pooled hosts at max_concurrency 20, wall time, vs 5 sequential ssh_exec `true` (same run)",
+			measured: figure{bench: benchInventory, unit: "fleet-run-ms", suffix: " ms", digits: 1},
+			baseline: &figure{bench: benchInventory, unit: "five-sequential-ms", suffix: " ms", digits: 1},
+			ratio:    times(benchInventory, "fleet/five-sequential"), goal: atMost(2), goalText: "≤ 2×"},
+		{id: "FLEET", what: "same run, wall time vs the CPU bound: the bastion's and the hostagents' CPU time over the machine's cores (they share them here)",
+			measured: figure{bench: benchInventory, unit: "fleet-run-ms", suffix: " ms", digits: 1},
+			baseline: &figure{bench: benchInventory, unit: "fleet-cpu-bound-ms", suffix: " ms", digits: 1},
+			ratio:    times(benchInventory, "fleet/cpu-bound")},
+		{id: "FLEET", what: "same run: bastion CPU per host",
+			measured: figure{bench: benchInventory, unit: "fleet-bastion-cpu-ms/host", suffix: " ms", digits: 2}},
+		{id: "FLEET", what: "same run: hostagents' CPU per host (hostagent, supervisor, the command)",
+			measured: figure{bench: benchInventory, unit: "fleet-hosts-cpu-ms/host", suffix: " ms", digits: 2}},
+		{id: "FLEET", what: "same run: bastion RSS after it",
+			measured: figure{bench: benchInventory, unit: "fleet-RSS-MB", suffix: " MB", digits: 1}},
+		{id: "FLEET", what: "same run: bastion RSS growth over it, per host",
+			measured: figure{bench: benchInventory, unit: "fleet-RSS-KB/host", suffix: " KB", digits: 1}},
 	}
 }
 

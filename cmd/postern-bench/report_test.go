@@ -104,7 +104,7 @@ func TestPower10(t *testing.T) {
 // P1 and P3 run with per-command shims (no supervisor figures).
 func TestFloorRows(t *testing.T) {
 	const out = `BenchmarkBastionExecTrue-2   	       1	9000000000 ns/op	         4.000 floor-p50-ms	         5.600 postern-p50-ms	         9.1 postern-p99-ms	         6.200 stdio-p50-ms	         12.40 stdio-p99-ms	         5.000 hostagent-p50-ms	        18.00 openssh-p50-ms	        25.00 openssh-p99-ms	         1.400 p50-postern/floor	         1.550 p50-stdio/floor	         3.100 p99-stdio/floor	         1.250 p50-hostagent/floor	         0.3111 p50-postern/openssh	         0.3640 p99-postern/openssh
-BenchmarkBastionInventory-2   	       1	4421052294 ns/op	        11.93 KB/enrolled-host	       110.8 KB/pooled-host	        37.55 empty-RSS-MB	        49.21 enrolled-RSS-MB	        64.27 pooled-RSS-MB	       100.0 pooled-hosts
+BenchmarkBastionInventory-2   	       1	4421052294 ns/op	        11.93 KB/enrolled-host	       110.8 KB/pooled-host	        37.55 empty-RSS-MB	        49.21 enrolled-RSS-MB	        64.27 pooled-RSS-MB	       100.0 pooled-hosts	       180.0 fleet-run-ms	        60.00 five-sequential-ms	         3.000 fleet/five-sequential	         1.250 fleet-bastion-cpu-ms/host	         6.000 fleet-hosts-cpu-ms/host	       362.5 fleet-cpu-bound-ms	         0.4966 fleet/cpu-bound	        70.10 fleet-RSS-MB	        12.50 fleet-RSS-KB/host
 BenchmarkBastionConcurrent64-2   	       1	9000000000 ns/op	       520.0 postern-execs/s	       700.0 hostagent-execs/s	         0.7429 postern/hostagent	        40.0 postern-peak-RSS-MB	         0.8000 bastion-cpu-ms/exec	         0.9000 hostagent-cpu-ms/exec	         2.500 shims-cpu-ms/exec	         0.3000 callers-cpu-ms/exec
 `
 	res, err := parseResults(strings.NewReader(out))
@@ -127,6 +127,12 @@ BenchmarkBastionConcurrent64-2   	       1	9000000000 ns/op	       520.0 postern
 		{key: "P3 CPU per exec: bastion", measured: "0.80 ms"},
 		{key: "FLEET bastion RSS with 1,000 hosts enrolled (one `hosts import`, listed), vs nothing enrolled", measured: "49.2 MB", baseline: "37.5 MB"},
 		{key: "FLEET bastion RSS per pooled host (real hostagents, one process each; pooled-hosts of them, 100 by default)", measured: "111 KB", verdict: pass},
+		{key: "FLEET fleet_exec `true` over the pooled hosts at max_concurrency 20, wall time, vs 5 sequential ssh_exec `true` (same run)", measured: "180.0 ms", baseline: "60.0 ms", ratio: "3.00×", verdict: miss},
+		{key: "FLEET same run, wall time vs the CPU bound: the bastion's and the hostagents' CPU time over the machine's cores (they share them here)", measured: "180.0 ms", baseline: "362.5 ms", ratio: "0.50×"},
+		{key: "FLEET same run: bastion CPU per host", measured: "1.25 ms"},
+		{key: "FLEET same run: hostagents' CPU per host (hostagent, supervisor, the command)", measured: "6.00 ms"},
+		{key: "FLEET same run: bastion RSS after it", measured: "70.1 MB"},
+		{key: "FLEET same run: bastion RSS growth over it, per host", measured: "12.5 KB"},
 		{key: "P3 CPU per exec: per-command shims with their commands (the hostagent's children)", measured: "2.50 ms"},
 		{key: "P3 CPU per exec: long-lived supervisor", measured: "—", note: "no long-lived supervisor found (per-command shims): the commands' CPU is in the shims' row"},
 		{key: "P3 CPU per exec: the command (the supervisor's children)", measured: "—", note: "no long-lived supervisor found (per-command shims): the commands' CPU is in the shims' row"},
