@@ -48,6 +48,9 @@ const (
 	// MaxLifetime bounds an expiry: far enough for any service account that rotates, near
 	// enough that a typo (`--expires 3000d`) is caught.
 	MaxLifetime = 5 * 365 * 24 * time.Hour
+	// DefaultLifetime is a token's lifetime when the operator names none: a credential that
+	// is forgotten still ends. `--expires never` is there for who means it.
+	DefaultLifetime = 90 * 24 * time.Hour
 	// Retain is how long an ended token stays listed before the store drops it (the log
 	// keeps its history).
 	Retain = 30 * 24 * time.Hour
@@ -117,12 +120,15 @@ func newID() (string, error) {
 	return "tok_" + strings.ToLower(base32.StdEncoding.EncodeToString(b[:])), nil
 }
 
-// ParseExpiry reads an expiry as `postern token --expires` takes it, relative to now: "" or
-// "never" (no expiry), a lifetime ("30d", "12h", "90m", "1h30m"; d is 24h) or an instant
+// ParseExpiry reads an expiry as `postern token --expires` takes it, relative to now: ""
+// (DefaultLifetime from now), "never" (no expiry), a lifetime ("30d", "12h", "90m", "1h30m"; d is 24h) or an instant
 // (RFC 3339, "2026-12-31T00:00:00Z"). It must lie in the future, at most MaxLifetime away.
 func ParseExpiry(s string, now time.Time) (time.Time, error) {
 	s = strings.TrimSpace(s)
-	if s == "" || s == "never" {
+	switch s {
+	case "":
+		return now.Add(DefaultLifetime), nil
+	case "never":
 		return time.Time{}, nil
 	}
 	var at time.Time

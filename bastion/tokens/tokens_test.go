@@ -21,7 +21,7 @@ func TestParseExpiry(t *testing.T) {
 		want    time.Time
 		wantErr string
 	}{
-		{in: "", want: time.Time{}},
+		{in: "", want: now.Add(DefaultLifetime)},
 		{in: "never", want: time.Time{}},
 		{in: "30d", want: now.Add(30 * 24 * time.Hour)},
 		{in: "12h", want: now.Add(12 * time.Hour)},

@@ -35,8 +35,9 @@ const tokenUsage = `usage: postern token NAME [--expires 30d|12h|2026-12-31T00:0
 
   NAME         the running bastion issues a token for remote actor NAME (declared in the
                config with remote = true, or with a static token_sha256), with an id
-               (tok_…) and an expiry (default never), and prints it once. It is accepted
-               at once; each request is checked against its expiry and revocation.
+               (tok_…) and an expiry (default 90d; --expires never for none), and
+               prints it once. It is accepted at once; each request is checked against
+               its expiry and revocation.
   list         the remote actors' credentials: id, actor, state, issued, expires, revoked,
                last use (since the daemon started); never a token or its hash
   revoke ID    the token is refused from its next request on, on every connection and
@@ -68,7 +69,7 @@ func (c *tokenCommand) Run(ctx context.Context, args []string) error {
 func (c *tokenCommand) issue(ctx context.Context, args []string) error {
 	fs, loc := c.tokenFlags("token NAME [flags]")
 	static := fs.Bool("static", false, "print a static token and its config lines instead (no id, no expiry)")
-	expires := fs.String("expires", "", "when the token stops working: a lifetime (30d, 12h, 90m), an instant (RFC 3339) or never")
+	expires := fs.String("expires", "", "when the token stops working: a lifetime (30d, 12h, 90m), an instant (RFC 3339) or never (default 90d)")
 	asJSON := fs.Bool("json", false, "print JSON")
 	pos, err := cli.ParseArgs(fs, args, 1)
 	if err != nil {
