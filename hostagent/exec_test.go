@@ -13,6 +13,7 @@ import (
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
+	"golang.org/x/sys/unix"
 
 	"github.com/postern-dev/postern/hostagent"
 	"github.com/postern-dev/postern/hostagent/supervisor"
@@ -107,12 +108,29 @@ func execOn(b testing.TB, c *gossh.Client, command string) {
 
 // BenchmarkExecTrue runs `true` through the hostagent with markers and with markers off
 // (an in-memory stand-in), interleaved so both see the same machine, and reports the p50 of
-// each and the marker's cost.
+// each and the marker's cost — next to the floor of that cost, two 512-byte writes each
+// followed by fdatasync on the same file system, timed in the same loop.
 func BenchmarkExecTrue(b *testing.B) {
 	store := testutil.OpenStore(b, markers.HostGraph)
 	on := startExecAgent(b, func(o *hostagent.ExecutorOptions) { o.Store = store.Store })
 	off := startExecAgent(b, func(o *hostagent.ExecutorOptions) { o.Store = newMemStore() })
-	var withM, without []time.Duration
+	floor, err := os.OpenFile(filepath.Join(b.TempDir(), "floor"), os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer floor.Close()
+	block := make([]byte, 512)
+	twoSyncs := func() {
+		for range 2 {
+			if _, err := floor.WriteAt(block, 0); err != nil {
+				b.Fatal(err)
+			}
+			if err := unix.Fdatasync(int(floor.Fd())); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	var withM, without, syncs []time.Duration
 	// Counted over the loop only: starting the agent writes to the store too.
 	before := store.Stats()
 	b.ResetTimer()
@@ -121,10 +139,15 @@ func BenchmarkExecTrue(b *testing.B) {
 		execOn(b, on.client, "true")
 		t1 := time.Now()
 		execOn(b, off.client, "true")
-		withM, without = append(withM, t1.Sub(t0)), append(without, time.Since(t1))
+		t2 := time.Now()
+		twoSyncs()
+		withM, without, syncs = append(withM, t1.Sub(t0)), append(without, t2.Sub(t1)), append(syncs, time.Since(t2))
 	}
 	b.StopTimer()
 	p50on, p50off := testutil.Percentile(withM, 0.5), testutil.Percentile(without, 0.5)
+	p50syncs := testutil.Percentile(syncs, 0.5)
+	b.ReportMetric(float64(p50syncs.Microseconds()), "two-fdatasyncs-p50-µs")
+	b.ReportMetric(float64((p50on - p50off - p50syncs).Microseconds()), "marker-cost-over-fdatasyncs-µs")
 	b.ReportMetric(float64(p50on.Microseconds()), "markers-on-p50-µs")
 	b.ReportMetric(float64(p50off.Microseconds()), "markers-off-p50-µs")
 	b.ReportMetric(float64((p50on - p50off).Microseconds()), "marker-cost-µs")
