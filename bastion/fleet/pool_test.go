@@ -131,7 +131,7 @@ func TestPoolInvalidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.Invalidate(h.Name, first)
+	p.Invalidate(h, first)
 	if p.Connected(h.Name) || !closed(first) {
 		t.Fatal("an invalidated connection is still pooled or open")
 	}
@@ -143,8 +143,8 @@ func TestPoolInvalidate(t *testing.T) {
 		t.Fatalf("host saw %d connections; want 2", accepts)
 	}
 	// A caller that still holds the old connection does not drop the new one.
-	p.Invalidate(h.Name, first)
-	p.Invalidate("web2", second)
+	p.Invalidate(h, first)
+	p.Invalidate(Host{Name: "web2"}, second)
 	if !p.Connected(h.Name) {
 		t.Fatal("invalidating a stale connection dropped the current one")
 	}
