@@ -22,8 +22,8 @@
 //     without Host, http_request without Endpoint: target_unknown), or the actor may not
 //     use the host (Actor.Hosts, globs over the name and "group:<glob>" over its groups)
 //     or endpoint (Actor.Endpoints) → rejected (not_allowed); an ssh_exec to run as another
-     account than the host's enrolled one (Request.Account) that no account grant gives the
-     actor on the host → rejected (not_allowed)
+//     account than the host's enrolled one (Request.Account) that no account grant gives the
+//     actor on the host → rejected (not_allowed)
 //  3. the class is computed (below), so every outcome carries one
 //  4. any applicable deny rule matches → rejected (denied; unparsable when a program of
 //     the command is unknowable and the rule has command or writes patterns). Deny wins
