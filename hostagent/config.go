@@ -12,6 +12,7 @@ import (
 
 	"github.com/BurntSushi/toml"
 
+	"github.com/postern-dev/postern/hostproto"
 	"github.com/postern-dev/postern/internal/envpolicy"
 )
 
@@ -284,7 +285,7 @@ func (c Config) Validate() error {
 		bad("allowed_accounts", "at least one account is required")
 	}
 	for _, name := range c.AllowedAccounts {
-		if !validAccountName(name) {
+		if !hostproto.ValidAccountName(name) {
 			bad("allowed_accounts", "invalid account name %q", name)
 		}
 	}
@@ -335,21 +336,4 @@ func (c Config) Validate() error {
 		bad("shell", "must be an absolute path, got %q", c.Shell)
 	}
 	return errors.Join(errs...)
-}
-
-// validAccountName accepts the portable POSIX user name characters (plus the '$' some
-// systems allow at the end), so a name can never smuggle a path or an option.
-func validAccountName(name string) bool {
-	if name == "" || len(name) > 64 || name[0] == '-' {
-		return false
-	}
-	for i, r := range name {
-		switch {
-		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '_', r == '.', r == '-':
-		case r == '$' && i == len(name)-1:
-		default:
-			return false
-		}
-	}
-	return true
 }

@@ -17,6 +17,7 @@ type ExecArgs struct {
 	Env          map[string]string `json:"env,omitempty" jsonschema:"environment variables to set: LANG, LC_* and the host's accept_env list (others are refused)"`
 	TimeoutS     int               `json:"timeout_s,omitempty" jsonschema:"kill the command after this many seconds (exit 124); 0 means no timeout"`
 	OperationKey string            `json:"operation_key,omitempty" jsonschema:"host-scoped key such as migration:2026_07_22: the host refuses a second execution of the operation"`
+	Account      string            `json:"account,omitempty" jsonschema:"local account to run as, when policy lets you use it on this host (e.g. postgres); default: the account the host was enrolled with (hosts_list shows it)"`
 	CallOptions
 }
 

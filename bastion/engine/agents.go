@@ -59,7 +59,7 @@ func (b *Engine) Cancel(ctx context.Context, c transport.Caller, id string) (*ap
 	if b.held {
 		return nil, errHeld("cancelling " + id + " means asking " + rec.Host + " to stop it")
 	}
-	host, err := b.inv.Host(rec.Host)
+	host, err := hostOf(b.inv, rec)
 	if errors.Is(err, fleet.ErrUnknownHost) {
 		te := api.Refusal{Code: api.CodeUnknownHost, Reason: fmt.Sprintf("host %s is no longer enrolled, so the cancel cannot reach it", rec.Host),
 			Next: "Its outcome stays as the journal has it; check execution_status"}.Err()

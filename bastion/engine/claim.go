@@ -87,6 +87,8 @@ func (in *intake) validate(a *api.ExecArgs) error {
 		return api.Invalid("timeout_s must be in 0..%d", maxTimeoutS)
 	case !validKey(a.OperationKey) || strings.Contains(a.OperationKey, " "):
 		return api.Invalid("operation_key must be at most %d visible ASCII characters", maxKeyBytes)
+	case a.Account != "" && !hostproto.ValidAccountName(a.Account):
+		return api.Invalid("account must be a user name of at most 64 of [A-Za-z0-9_.-] (not starting with '-'), as in a hostagent's allowed_accounts; leave it out to run as the host's enrolled account")
 	}
 	if a.Cwd != "" {
 		if err := hostproto.CheckCwd(a.Cwd); err != nil {
@@ -132,6 +134,16 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 	}
 	if err := checkHostEnv(a.Env, host); err != nil {
 		return nil, err
+	}
+	// Run-as: the host reached as the account the call names; the enrolled one when it names
+	// none (or that one), so such a call is the same intent as before run-as existed. Policy
+	// decides whether the actor may use it (policy.Request.Account).
+	enrolled := host.Account
+	host = host.As(a.Account)
+	if host.Account != enrolled && host.Level() == fleet.GuaranteeMarkerScript {
+		// Its marker script lives in the enrolled account's home: another account's commands
+		// would run without the markers the host's guarantee rests on.
+		return nil, api.Invalid("host %s runs commands through a marker script installed for %s only, so it cannot run them as %s; leave account out", host.Name, enrolled, host.Account)
 	}
 	cwd := a.Cwd
 	if cwd == "" {
@@ -183,6 +195,9 @@ func (in *intake) resolveSSH(c transport.Caller, a api.ExecArgs) (*claim, error)
 		TimeoutSeconds: a.TimeoutS,
 	}
 	cl.ask = policy.Request{Tool: policy.ToolSSHExec, Host: host.Name, Groups: host.Groups, Command: a.Command}
+	if host.Account != enrolled {
+		cl.ask.Account = host.Account
+	}
 	cl.defaultClass = config.ClassRemoteCommand
 	cl.host = &host
 	return cl, nil

@@ -48,6 +48,9 @@ func TestValidateExecArgs(t *testing.T) {
 		{name: "wait too long", args: api.ExecArgs{Host: "h", Command: "true", CallOptions: api.CallOptions{WaitS: wait(3600)}}, wantErr: "wait_s"},
 		{name: "run id with newline", args: api.ExecArgs{Host: "h", Command: "true", CallOptions: api.CallOptions{RunID: "a\nb"}}, wantErr: "run_id"},
 		{name: "idempotency key control char", args: api.ExecArgs{Host: "h", Command: "true", CallOptions: api.CallOptions{IdempotencyKey: "k\x01"}}, wantErr: "idempotency_key"},
+		{name: "account", args: api.ExecArgs{Host: "h", Command: "true", Account: "postgres"}},
+		{name: "account like an option", args: api.ExecArgs{Host: "h", Command: "true", Account: "-oProxyCommand=x"}, wantErr: "account must be a user name"},
+		{name: "account with a slash", args: api.ExecArgs{Host: "h", Command: "true", Account: "../root"}, wantErr: "account must be a user name"},
 		{name: "operation key with space", args: api.ExecArgs{Host: "h", Command: "true", OperationKey: "a b"}, wantErr: "operation_key"},
 	}
 	for _, tt := range tests {

@@ -192,7 +192,7 @@ func (d *driver) execAgentless(host fleet.Host) verdict.AgentlessAnswer {
 	stderr.Close()
 	running.stop()
 	if res.Err != nil {
-		d.pool.Invalidate(host.Name, conn)
+		d.pool.Invalidate(host, conn)
 	}
 	// The stderr copy ended before runAgentless returned: answer is written.
 	return verdict.AgentlessAnswer{Sent: res.Sent, Refused: res.Refused, Answer: answer, Exit: res.Exit, Signal: res.Signal, Err: res.Err, Stderr: lastLine(d.stderr), Unreadable: stderr.Unreadable()}

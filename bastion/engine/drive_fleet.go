@@ -254,7 +254,7 @@ func (fr *fleetDriver) stop(rec *markers.Record, who string) {
 		}
 		rec = next // dispatched meanwhile: cancel it on its host
 	}
-	host, err := d.inv.Host(rec.Host)
+	host, err := hostOf(d.inv, rec)
 	if err != nil {
 		fr.log.Warn("cancel a host's execution", "execution_id", rec.ID, "err", err)
 		return

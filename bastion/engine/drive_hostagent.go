@@ -23,7 +23,7 @@ func (d *driver) drive(asked func()) {
 	}
 	rec := d.record()
 	log := d.log.With("execution_id", rec.ID, "host", rec.Host)
-	host, err := d.inv.Host(rec.Host)
+	host, err := hostOf(d.inv, rec)
 	if err != nil {
 		note := "host " + rec.Host + " is no longer in the inventory: " + err.Error()
 		if rec.State == markers.Accepted || rec.State == markers.Authorized {
@@ -182,7 +182,7 @@ func (d *driver) execOnce(host fleet.Host) (hostproto.Result, error) {
 	})
 	running.stop()
 	if err != nil && !errors.Is(err, hostproto.ErrRefused) && !errors.Is(err, hostproto.ErrExitMissing) {
-		d.pool.Invalidate(host.Name, conn)
+		d.pool.Invalidate(host, conn)
 	}
 	return res, err
 }

@@ -115,7 +115,7 @@ func (b *Engine) RecoverFromHosts(ctx context.Context, q api.RecoveryQuery) (*ap
 				}
 				var host fleet.Host
 				if rec.Channel != "http" {
-					if host, err = b.inv.Host(rec.Host); err != nil {
+					if host, err = hostOf(b.inv, rec); err != nil {
 						out.Items = append(out.Items, itemOf(rec, nil, verdict.Recovery{Do: verdict.RecoverLeave, Note: err.Error()}))
 						continue
 					}

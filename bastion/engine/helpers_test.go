@@ -68,8 +68,14 @@ var testOperator = api.Operator{Name: "op", UID: 4242}
 // adjust may change first.
 func newFleet(t testing.TB, adjust ...func(*config.Config)) *testFleet {
 	t.Helper()
+	return newFleetOn(t, harness.StartHostagent(t), adjust...)
+}
+
+// newFleetOn is newFleet with host, started, as the fleet's hostagent.
+func newFleetOn(t testing.TB, host *harness.Hostagent, adjust ...func(*config.Config)) *testFleet {
+	t.Helper()
 	f := &testFleet{dir: t.TempDir(), clock: &clock{}}
-	f.host = harness.StartHostagent(t)
+	f.host = host
 	f.cfg = config.DefaultConfig(t.TempDir())
 	f.cfg.Listen = ""
 	f.cfg.ReconcileInterval = time.Hour

@@ -32,7 +32,7 @@ type hosts struct {
 // spool reads output older than the stored tail from the host (its spool keeps the
 // whole capped output until the marker's retention).
 func (hs *hosts) spool(ctx context.Context, rec *markers.Record, outOff, errOff int64, limit int) (string, string, bool) {
-	host, err := hs.inv.Host(rec.Host)
+	host, err := hostOf(hs.inv, rec)
 	if err != nil || host.Level() != fleet.GuaranteeHostagent {
 		return "", "", false // only the hostagent spools output
 	}
@@ -82,7 +82,7 @@ func (hs *hosts) queryMarkerScript(ctx context.Context, host fleet.Host, line st
 	// One byte more than max tells a cut stdout from one of exactly max bytes.
 	res := runAgentless(ctx, conn, nil, fixedLine(line), &capbuf.Buffer{B: &out, Max: max + 1}, &capbuf.Buffer{B: &errb})
 	if res.Err != nil {
-		hs.pool.Invalidate(host.Name, conn)
+		hs.pool.Invalidate(host, conn)
 		return scriptReply{}, res.Err
 	}
 	// A refusal is the wrapper program's, before the script runs: stdout has no answer then.
@@ -307,13 +307,13 @@ func (hs *hosts) status(host fleet.Host, id string) (verdict.HostStatus, error) 
 	}
 	cc, err := hostproto.DialControl(conn)
 	if err != nil {
-		hs.pool.Invalidate(host.Name, conn)
+		hs.pool.Invalidate(host, conn)
 		return verdict.HostStatus{}, err
 	}
 	defer cc.Close()
 	report, err := cc.StatusReport(ctx, []string{id})
 	if err != nil {
-		hs.pool.Invalidate(host.Name, conn)
+		hs.pool.Invalidate(host, conn)
 		return verdict.HostStatus{}, err
 	}
 	st := verdict.HostStatus{Retention: report.MarkerRetention}
@@ -336,4 +336,15 @@ func guaranteeOf(inv *fleet.Inventory, rec *markers.Record) fleet.Guarantee {
 		return ""
 	}
 	return host.Level()
+}
+
+// hostOf is the host rec ran on, reached as the account rec ran as: the hostagent keeps an
+// execution's marker for its account (and actor), so asking about it, cancelling it or
+// reading its output goes over that account's connection (fleet.Host.As).
+func hostOf(inv *fleet.Inventory, rec *markers.Record) (fleet.Host, error) {
+	host, err := inv.Host(rec.Host)
+	if err != nil {
+		return host, err
+	}
+	return host.As(rec.Account), nil
 }

@@ -295,7 +295,7 @@ func (iv investigation) observedOutcome(ctx context.Context, rec *markers.Record
 	}
 	ctx, cancel := context.WithTimeout(ctx, markerAskTimeout)
 	defer cancel()
-	host, err := iv.inv.Host(rec.Host)
+	host, err := hostOf(iv.inv, rec)
 	if err == nil && host.Level() != fleet.GuaranteeHostagent {
 		o.MarkerNote = iv.hosts.agentlessMarkerNote(ctx, rec, host) // agentless.go
 		return o

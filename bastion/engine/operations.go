@@ -101,6 +101,9 @@ func (b *Engine) PolicyCheck(req policy.Request) (policy.Decision, error) {
 		switch {
 		case err == nil:
 			req.Groups = h.Groups
+			if req.Account == h.Account {
+				req.Account = "" // the enrolled account needs no grant, as in ssh_exec
+			}
 		case !errors.Is(err, fleet.ErrUnknownHost):
 			return policy.Decision{}, err
 		}

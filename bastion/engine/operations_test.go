@@ -137,6 +137,8 @@ func TestPolicyCheck(t *testing.T) {
 		wantRule string
 	}{
 		{name: "authorized", req: policy.Request{Actor: "alice", Tool: policy.ToolSSHExec, Host: "h1", Command: "true"}, want: policy.Authorized},
+		{name: "the enrolled account needs no grant", req: policy.Request{Actor: "alice", Tool: policy.ToolSSHExec, Host: "h1", Command: "true", Account: f.hostAs("h1").Account}, want: policy.Authorized},
+		{name: "another account needs a grant", req: policy.Request{Actor: "alice", Tool: policy.ToolSSHExec, Host: "h1", Command: "true", Account: "postgres"}, want: policy.Rejected, wantRule: "account postgres on host h1 not allowed"},
 		{name: "approval by host", req: policy.Request{Actor: "alice", Tool: policy.ToolSSHExec, Host: "gated", Command: "true"}, want: policy.AwaitingApproval, wantRule: "ask-on-gated"},
 		{name: "unknown actor", req: policy.Request{Actor: "mallory", Tool: policy.ToolSSHExec, Host: "h1", Command: "true"}, want: policy.Rejected},
 		{name: "host not enrolled", req: policy.Request{Actor: "alice", Tool: policy.ToolSSHExec, Host: "nope", Command: "true"}, want: policy.Authorized},

@@ -19,9 +19,13 @@ import (
 // Host is an enrolled fleet machine: where its hostagent (or, without one, its sshd) listens,
 // the account commands run as, and the host key recorded once at enrollment.
 type Host struct {
-	Name    string
-	Addr    string // host:port of the hostagent
+	Name string
+	Addr string // host:port of the hostagent
+	// Account is the account commands run as: the one enrolled, or another one policy let a
+	// call use (As).
 	Account string
+	// runAs: Account is not the enrolled one (As); the pool keeps its connection apart.
+	runAs bool
 	// HostKey is the key pinned at enrollment; nil when HostCA.
 	HostKey gossh.PublicKey
 	// HostCA: no key is pinned; the host proves itself with a host certificate of a
@@ -46,6 +50,27 @@ type Host struct {
 	// GuaranteeMarkerScript (agentless.go).
 	Guarantee    Guarantee
 	ScriptSHA256 string
+}
+
+// As is h reached as account (the SSH user name, which the hostagent maps to the local
+// account, within its allowed_accounts): h itself for "" or the enrolled account. The
+// pool keeps one connection per host and account; the enrolled account's is the host's own
+// (Connected, Protocol).
+func (h Host) As(account string) Host {
+	if account == "" || account == h.Account {
+		return h
+	}
+	h.Account, h.runAs = account, true
+	return h
+}
+
+// poolKey is where the pool keeps h's connection: the host's name for its enrolled
+// account, name and account for another one (host names never contain a space).
+func (h Host) poolKey() string {
+	if h.runAs {
+		return h.Name + " as " + h.Account
+	}
+	return h.Name
 }
 
 // ErrHostKeyMismatch: the host presented another key than the one enrolled. Nothing is sent
@@ -73,7 +98,7 @@ type PoolOptions struct {
 	Now func() time.Time
 }
 
-// Pool keeps one SSH connection per host, multiplexing sessions over it. A connection that
+// Pool keeps one SSH connection per host and account (Host.As), multiplexing sessions over it. A connection that
 // fails a keepalive or breaks is dropped and redialed on the next use; host keys are checked
 // strictly against the enrolled key on every dial.
 type Pool struct {
@@ -84,7 +109,7 @@ type Pool struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // keepalive loops
 
-	// mu guards conns, dialing, failing and closed. Lock order: a host's dialing mutex
+	// mu guards conns, dialing, failing and closed, each keyed by Host.poolKey. Lock order: a host's dialing mutex
 	// before mu (Conn holds the first while it dials, taking mu briefly).
 	mu    sync.Mutex
 	conns map[string]*pooledConn
@@ -160,15 +185,16 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 	if h.HostKey == nil && !h.HostCA {
 		return nil, fmt.Errorf("bastion: host %s has no enrolled host key", h.Name)
 	}
+	key := h.poolKey()
 	p.mu.Lock()
 	if p.closed {
 		p.mu.Unlock()
 		return nil, errors.New("bastion: pool closed")
 	}
-	dial := p.dialing[h.Name]
+	dial := p.dialing[key]
 	if dial == nil {
 		dial = &sync.Mutex{}
-		p.dialing[h.Name] = dial
+		p.dialing[key] = dial
 	}
 	p.mu.Unlock()
 
@@ -178,7 +204,7 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 		return c, nil
 	}
 	p.mu.Lock()
-	failed, backingOff := p.failing[h.Name]
+	failed, backingOff := p.failing[key]
 	p.mu.Unlock()
 	if backingOff && time.Now().Before(failed.until) && !errors.Is(failed.err, ErrHostKeyMismatch) && !errors.Is(failed.err, ErrHostCertRefused) {
 		// The same error as the dial that failed, so callers read one answer for one cause;
@@ -189,17 +215,17 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 	if err != nil {
 		if ctx.Err() == nil {
 			p.mu.Lock()
-			f := p.failing[h.Name]
+			f := p.failing[key]
 			f.fails++
 			f.err = err
 			f.until = time.Now().Add(min(minRedialBackoff<<min(f.fails-1, 10), maxRedialBackoff))
-			p.failing[h.Name] = f
+			p.failing[key] = f
 			p.mu.Unlock()
 		}
 		return nil, err
 	}
 	p.mu.Lock()
-	delete(p.failing, h.Name)
+	delete(p.failing, key)
 	p.mu.Unlock()
 	pc := &pooledConn{client: client, trust: h.trust(), presented: presented, protocol: protocol}
 	p.mu.Lock()
@@ -208,25 +234,26 @@ func (p *Pool) Conn(ctx context.Context, h Host) (*gossh.Client, error) {
 		client.Close()
 		return nil, errors.New("bastion: pool closed")
 	}
-	p.conns[h.Name] = pc
+	p.conns[key] = pc
 	// Added under mu, with closed checked: Close (which sets closed under mu, then waits)
 	// either sees this loop or stops it from starting.
 	p.wg.Add(1)
 	p.mu.Unlock()
-	go p.keepalive(h.Name, pc)
+	go p.keepalive(key, pc)
 	return client, nil
 }
 
-// Invalidate drops c if it is still the pooled connection to the host named name: a call on
+// Invalidate drops c if it is still the pooled connection to h (as its account): a call on
 // it failed in a way that suggests the connection is gone, so the next use redials.
-func (p *Pool) Invalidate(name string, c *gossh.Client) {
+func (p *Pool) Invalidate(h Host, c *gossh.Client) {
+	key := h.poolKey()
 	p.mu.Lock()
-	pc := p.conns[name]
+	pc := p.conns[key]
 	if pc == nil || pc.client != c {
 		p.mu.Unlock()
 		return
 	}
-	delete(p.conns, name)
+	delete(p.conns, key)
 	p.mu.Unlock()
 	c.Close()
 }
@@ -255,7 +282,7 @@ func (p *Pool) Protocol(name string) int {
 // outside mu.
 func (p *Pool) current(h Host) *gossh.Client {
 	p.mu.Lock()
-	pc := p.conns[h.Name]
+	pc := p.conns[h.poolKey()]
 	p.mu.Unlock()
 	if pc == nil {
 		return nil
@@ -264,8 +291,8 @@ func (p *Pool) current(h Host) *gossh.Client {
 		return pc.client
 	}
 	p.mu.Lock()
-	if p.conns[h.Name] == pc {
-		delete(p.conns, h.Name)
+	if p.conns[h.poolKey()] == pc {
+		delete(p.conns, h.poolKey())
 	}
 	p.mu.Unlock()
 	pc.client.Close()
@@ -322,7 +349,7 @@ func (p *Pool) dial(ctx context.Context, h Host) (*gossh.Client, gossh.PublicKey
 		}
 		if strings.Contains(err.Error(), "unable to authenticate") {
 			// x/crypto/ssh has no error type for it; its message is stable.
-			return nil, nil, 0, fmt.Errorf("%w: %s: %w", ErrKeyRefused, h.Name, err)
+			return nil, nil, 0, fmt.Errorf("%w: %s (as %s): %w", ErrKeyRefused, h.Name, h.Account, err)
 		}
 		return nil, nil, 0, fmt.Errorf("%w: ssh handshake with %s: %w", ErrHostUnreachable, h.Name, err)
 	}
@@ -346,8 +373,9 @@ func (h Host) hostKeyAlgorithms() []string {
 	return []string{h.HostKey.Type()}
 }
 
-// keepalive probes the connection until it fails or the pool closes, then drops it.
-func (p *Pool) keepalive(name string, pc *pooledConn) {
+// keepalive probes the connection kept under key until it fails or the pool closes, then
+// drops it.
+func (p *Pool) keepalive(key string, pc *pooledConn) {
 	defer p.wg.Done()
 	ticker := time.NewTicker(p.opts.KeepaliveInterval)
 	defer ticker.Stop()
@@ -360,11 +388,11 @@ func (p *Pool) keepalive(name string, pc *pooledConn) {
 			<-broken
 			return
 		case err := <-broken:
-			p.drop(name, pc, fmt.Errorf("connection ended: %v", err))
+			p.drop(key, pc, fmt.Errorf("connection ended: %v", err))
 			return
 		case <-ticker.C:
 			if err := p.probe(pc.client); err != nil {
-				p.drop(name, pc, err)
+				p.drop(key, pc, err)
 				<-broken
 				return
 			}
@@ -391,14 +419,14 @@ func (p *Pool) probe(c *gossh.Client) error {
 	}
 }
 
-func (p *Pool) drop(name string, pc *pooledConn, why error) {
+func (p *Pool) drop(key string, pc *pooledConn, why error) {
 	p.mu.Lock()
-	if p.conns[name] == pc {
-		delete(p.conns, name)
+	if p.conns[key] == pc {
+		delete(p.conns, key)
 	}
 	p.mu.Unlock()
 	pc.client.Close()
-	p.log.Warn("dropped connection", "host", name, "reason", why)
+	p.log.Warn("dropped connection", "host", key, "reason", why)
 }
 
 // Close closes every connection and waits for the keepalive loops.

@@ -131,7 +131,7 @@ func TestPoolInvalidate(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.Invalidate(h.Name, first)
+	p.Invalidate(h, first)
 	if p.Connected(h.Name) || !closed(first) {
 		t.Fatal("an invalidated connection is still pooled or open")
 	}
@@ -143,8 +143,8 @@ func TestPoolInvalidate(t *testing.T) {
 		t.Fatalf("host saw %d connections; want 2", accepts)
 	}
 	// A caller that still holds the old connection does not drop the new one.
-	p.Invalidate(h.Name, first)
-	p.Invalidate("web2", second)
+	p.Invalidate(h, first)
+	p.Invalidate(Host{Name: "web2"}, second)
 	if !p.Connected(h.Name) {
 		t.Fatal("invalidating a stale connection dropped the current one")
 	}
@@ -354,5 +354,42 @@ func TestScanHostKey(t *testing.T) {
 	addr, _ := testutil.ClosedAddr(t)
 	if _, err := ScanHostKey(t.Context(), addr); err == nil || !strings.Contains(err.Error(), "dial") {
 		t.Fatalf("scan of a closed port = %v; want a dial error", err)
+	}
+}
+
+// TestPoolConnPerAccount: a host reached as another account (run-as) gets a connection of
+// its own; the enrolled account's stays the host's (Connected), and invalidating one leaves
+// the other.
+func TestPoolConnPerAccount(t *testing.T) {
+	th := newTestHost(t)
+	p := th.newTestPool(t)
+	h := th.enrolled()
+	if h.As("").poolKey() != h.Name || h.As(h.Account).poolKey() != h.Name {
+		t.Fatal("As of no account or the enrolled one is not the host itself")
+	}
+	pg := h.As("postgres")
+	asPG, err := p.Conn(t.Context(), pg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if p.Connected(h.Name) {
+		t.Fatal("a run-as connection counts as the host's own")
+	}
+	own, err := p.Conn(t.Context(), h)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if own == asPG {
+		t.Fatal("the enrolled account shares the run-as account's connection")
+	}
+	if again, err := p.Conn(t.Context(), pg); err != nil || again != asPG {
+		t.Fatalf("Conn as postgres again = %p, %v; want the pooled %p", again, err, asPG)
+	}
+	p.Invalidate(pg, asPG)
+	if !closed(asPG) || closed(own) || !p.Connected(h.Name) {
+		t.Fatal("invalidating the run-as connection touched the host's own")
+	}
+	if accepts, _, _ := th.counts(); accepts != 2 {
+		t.Fatalf("host saw %d connections; want 2", accepts)
 	}
 }

@@ -44,6 +44,15 @@ func (p *Policy) Decide(r Request) Decision {
 		}
 		step("actor %s: host %s allowed", a.Name, r.Host)
 	}
+	if r.Account != "" {
+		grant, ok := p.accountGrant(a.Name, r)
+		if !ok {
+			return reject(CodeNotAllowed, fmt.Sprintf("actor %s: account %s on host %s not allowed", a.Name, r.Account, r.Host),
+				fmt.Sprintf("actor %s may not run commands as %s on host %s: no rule with accounts grants it there%s", a.Name, r.Account, r.Host, p.grantsElsewhere(a.Name, r)),
+				fmt.Sprintf("leave account out to run as the host's enrolled account, or ask an operator for a rule such as { decision = \"allow\", actors = [%q], accounts = [%q], hosts = [%q] }", a.Name, r.Account, r.Host))
+		}
+		step("account %s: granted by %s", r.Account, grant.label)
+	}
 	if r.Endpoint != "" {
 		if !matchName(a.Endpoints, r.Endpoint) {
 			return reject(CodeNotAllowed, fmt.Sprintf("actor %s: endpoint %s not allowed", a.Name, r.Endpoint),
@@ -315,6 +324,9 @@ func clip(s string, n int) string {
 func (p *Policy) applicable(actor string, r Request) []compiledRule {
 	var out []compiledRule
 	for _, rule := range p.rules {
+		if rule.forAccounts() {
+			continue // an account grant decides only the account (accountGrant)
+		}
 		if len(rule.Actors) > 0 && !slices.Contains(rule.Actors, actor) {
 			continue
 		}
@@ -450,4 +462,33 @@ func (p *Policy) class(r Request, rules []compiledRule, s Script) (class, decide
 		}
 		return "", "no rule sets a class for " + r.Tool, -1
 	}
+}
+
+// accountGrant is the first rule that lets actor run r's command as r.Account on r's host:
+// an account grant (Rule.Accounts) naming the account, for the actor (or all) and the host
+// or one of its groups (or all hosts).
+func (p *Policy) accountGrant(actor string, r Request) (compiledRule, bool) {
+	for _, rule := range p.rules {
+		if rule.forAccounts() && slices.Contains(rule.Accounts, r.Account) &&
+			(len(rule.Actors) == 0 || slices.Contains(rule.Actors, actor)) &&
+			(len(rule.Hosts) == 0 || matchHost(rule.Hosts, r.Host, r.Groups)) {
+			return rule, true
+		}
+	}
+	return compiledRule{}, false
+}
+
+// grantsElsewhere names the grants of r.Account to actor on other hosts, so a refusal says
+// where the account may be used: "" when there are none.
+func (p *Policy) grantsElsewhere(actor string, r Request) string {
+	var where []string
+	for _, rule := range p.rules {
+		if rule.forAccounts() && slices.Contains(rule.Accounts, r.Account) && (len(rule.Actors) == 0 || slices.Contains(rule.Actors, actor)) {
+			where = append(where, fmt.Sprintf("%s grants it on %s", rule.label, strings.Join(rule.Hosts, ", ")))
+		}
+	}
+	if len(where) == 0 {
+		return ""
+	}
+	return " (" + strings.Join(where, "; ") + ")"
 }

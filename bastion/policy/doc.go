@@ -21,7 +21,9 @@
 //  2. the actor may not use the tool (Actor.Tools), the request has no target (ssh_exec
 //     without Host, http_request without Endpoint: target_unknown), or the actor may not
 //     use the host (Actor.Hosts, globs over the name and "group:<glob>" over its groups)
-//     or endpoint (Actor.Endpoints) → rejected (not_allowed)
+//     or endpoint (Actor.Endpoints) → rejected (not_allowed); an ssh_exec to run as another
+//     account than the host's enrolled one (Request.Account) that no account grant gives the
+//     actor on the host → rejected (not_allowed)
 //  3. the class is computed (below), so every outcome carries one
 //  4. any applicable deny rule matches → rejected (denied; unparsable when a program of
 //     the command is unknowable and the rule has command or writes patterns). Deny wins
@@ -36,6 +38,11 @@
 // pattern that matched, or the word that made a program unknowable) and every refusal
 // Decision.Repair (what the caller can do); Decision.Layer and Decision.Word point at what
 // decided.
+//
+// An account grant is a rule with Accounts (decision "allow", actors and hosts only): its
+// actors may run commands as those accounts on its hosts. It is no allow rule for programs
+// and takes part in no other step; the host's hostagent still enforces its own
+// allowed_accounts.
 //
 // A rule applies when its Actors list names the actor (or is empty), its Hosts match
 // the host or one of its groups (or are empty; a rule with Hosts never applies to a

@@ -8,6 +8,8 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+
+	"github.com/postern-dev/postern/hostproto"
 )
 
 // Tools the ladder knows the targets of.
@@ -106,6 +108,10 @@ type Rule struct {
 	Writes    []string `toml:"writes"`    // globs over the files redirections write (> f, >> f); see Script.Writes
 	Endpoints []string `toml:"endpoints"` // http endpoint names (globs); empty = all
 	Methods   []string `toml:"methods"`   // http methods (case-insensitive); empty = all
+	// Accounts make the rule an account grant: its actors may run ssh_exec commands as
+	// these accounts (exact names) on its hosts, besides the host's enrolled account. Only
+	// with decision "allow", actors and hosts; it decides nothing else.
+	Accounts []string `toml:"accounts"`
 }
 
 // Request is one tool call the bastion asks the policy about.
@@ -119,6 +125,9 @@ type Request struct {
 	Host    string
 	Groups  []string
 	Command string
+	// Account is the account the command is to run as when it is not the host's enrolled
+	// one ("" = the enrolled account, which needs no grant).
+	Account string
 	// http_request: the endpoint name, the method, the path and the endpoint's configured
 	// class ("" = idempotent_write, the bastion's default).
 	Endpoint      string
@@ -197,6 +206,7 @@ type compiledRule struct {
 func (r compiledRule) forCommands() bool  { return len(r.Commands) > 0 }
 func (r compiledRule) forWrites() bool    { return len(r.Writes) > 0 }
 func (r compiledRule) forEndpoints() bool { return len(r.Endpoints) > 0 || len(r.Methods) > 0 }
+func (r compiledRule) forAccounts() bool  { return len(r.Accounts) > 0 }
 
 var (
 	namePattern   = regexp.MustCompile(`^[a-zA-Z0-9][a-zA-Z0-9_.-]{0,63}$`)
@@ -346,8 +356,15 @@ func New(actors []Actor, rules []Rule, knownClasses []string) (*Policy, error) {
 		}
 		cr := compiledRule{Rule: r, label: label}
 		cr.Actors, cr.Hosts, cr.Commands, cr.Endpoints = slices.Clone(r.Actors), slices.Clone(r.Hosts), slices.Clone(r.Commands), slices.Clone(r.Endpoints)
-		cr.Writes, cr.Methods = slices.Clone(r.Writes), methods
+		cr.Writes, cr.Methods, cr.Accounts = slices.Clone(r.Writes), methods, slices.Clone(r.Accounts)
+		for _, acc := range r.Accounts {
+			if !hostproto.ValidAccountName(acc) {
+				bad("%s: account %q: want a user name of 1-64 of [A-Za-z0-9_.-] (not starting with '-'), as in a hostagent's allowed_accounts", label, acc)
+			}
+		}
 		switch {
+		case cr.forAccounts() && (r.Decision != DecisionAllow || r.Class != "" || cr.forCommands() || cr.forWrites() || cr.forEndpoints()):
+			bad("%s: a rule with accounts grants them and does nothing else: set decision = \"allow\", actors and hosts only (put class, commands, writes, endpoints and methods in another rule)", label)
 		case (cr.forCommands() || cr.forWrites()) && cr.forEndpoints():
 			bad("%s: commands or writes (ssh_exec) and endpoints/methods (http_request) are exclusive", label)
 		case cr.forCommands() && cr.forWrites():

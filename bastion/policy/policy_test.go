@@ -44,6 +44,7 @@ type ladderCase struct {
 	Endpoint      string   `json:"endpoint"`
 	Method        string   `json:"method"`
 	EndpointClass string   `json:"endpoint_class"`
+	Account       string   `json:"account"`
 	Want          struct {
 		Outcome Outcome `json:"outcome"`
 		Class   string  `json:"class"`
@@ -77,7 +78,7 @@ func TestLadder(t *testing.T) {
 		t.Run(tc.Name, func(t *testing.T) {
 			d := p.Decide(Request{
 				Actor: tc.Actor, Tool: tc.Tool, Host: tc.Host, Groups: tc.Groups, Command: tc.Command,
-				Endpoint: tc.Endpoint, Method: tc.Method, EndpointClass: tc.EndpointClass,
+				Endpoint: tc.Endpoint, Method: tc.Method, EndpointClass: tc.EndpointClass, Account: tc.Account,
 			})
 			w := tc.Want
 			if d.Outcome != w.Outcome || d.Class != w.Class || d.Rule != w.Rule || d.Code != w.Code {
@@ -205,6 +206,10 @@ func TestNewValidation(t *testing.T) {
 		{"commands and endpoints", nil, []Rule{{Decision: "deny", Commands: []string{"rm"}, Methods: []string{"GET"}}}, nil, []string{"exclusive"}},
 		{"bad method", nil, []Rule{{Decision: "deny", Methods: []string{"GET /"}}}, nil, []string{"not an HTTP method"}},
 		{"duplicate rule name", nil, []Rule{{Name: "r", Decision: "deny"}, {Name: "r", Decision: "deny"}}, nil, []string{`rules[1] "r": duplicate name`}},
+		{"bad account", nil, []Rule{{Decision: "allow", Accounts: []string{"post gres"}}}, nil, []string{`account "post gres"`}},
+		{"account grant without allow", nil, []Rule{{Decision: "approve", Accounts: []string{"postgres"}}}, nil, []string{"grants them and does nothing else"}},
+		{"account grant with commands", nil, []Rule{{Decision: "allow", Accounts: []string{"postgres"}, Commands: []string{"psql **"}}}, nil, []string{"grants them and does nothing else"}},
+		{"account grant with class", nil, []Rule{{Decision: "allow", Class: "read_only", Accounts: []string{"postgres"}}}, nil, []string{"grants them and does nothing else"}},
 		{"bad class name", nil, nil, []string{"has space"}, []string{`class "has space"`}},
 		{"every problem reported", []Actor{{Name: "a"}}, []Rule{{Class: "nope"}, {Decision: "maybe"}}, nil,
 			[]string{"set token_sha256", `unknown class "nope"`, `decision "maybe"`}},

@@ -68,6 +68,7 @@ func (c *policyCommand) check(ctx context.Context, args []string) error {
 	fs, loc := c.flagSet("policy check [flags] -- WORDS...")
 	actor := fs.String("actor", "self", `the actor, as named in the config ("self": local callers of the bastion's own user)`)
 	host := fs.String("host", "", "the host (ssh_exec)")
+	account := fs.String("account", "", "the account to run as (ssh_exec; default: the host's enrolled account)")
 	endpoint := fs.String("endpoint", "", "the endpoint (http_request)")
 	method := fs.String("method", "GET", "the HTTP method (http_request)")
 	path := fs.String("path", "/", "the HTTP path (http_request)")
@@ -95,7 +96,7 @@ func (c *policyCommand) check(ctx context.Context, args []string) error {
 	req := policy.Request{Actor: *actor}
 	if *host != "" {
 		// Joined like ssh joins its words: what the host's shell gets is this one line.
-		req.Tool, req.Host, req.Command = policy.ToolSSHExec, *host, strings.Join(command, " ")
+		req.Tool, req.Host, req.Command, req.Account = policy.ToolSSHExec, *host, strings.Join(command, " "), *account
 	} else {
 		req.Tool, req.Endpoint, req.Method, req.Path = policy.ToolHTTPRequest, *endpoint, *method, *path
 	}
@@ -214,6 +215,9 @@ func (c *policyCommand) decideFromConfig(cfg config.Config, req policy.Request) 
 		switch {
 		case err == nil:
 			req.Groups = h.Groups
+			if req.Account == h.Account {
+				req.Account = "" // the enrolled account needs no grant, as in ssh_exec
+			}
 		case errors.Is(err, fleet.ErrUnknownHost):
 			fmt.Fprintf(c.stderr, "note: host %s is not enrolled; group rules are not applied\n", cli.Printable(req.Host))
 		default:
