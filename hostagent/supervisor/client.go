@@ -152,7 +152,7 @@ func (s *Client) start(ctx context.Context, link *daemonLease, dir string, spec 
 		return nil, fmt.Errorf("supervisor: start %s: %w", dir, context.Cause(ctx))
 	case err != nil:
 		conn.Close()
-		if !procfs.Running(link.rec.PID, link.rec.Start) {
+		if !runningAfterTeardown(link.rec) {
 			if _, rerr := readSupervisorRecord(dir); errors.Is(rerr, ErrNeverStarted) {
 				// It died before it recorded itself in dir, and a dead process writes
 				// nothing more: the command never ran, and dir is as good as new.
@@ -177,6 +177,24 @@ func (s *Client) start(ctx context.Context, link *daemonLease, dir string, spec 
 		return nil, fmt.Errorf("supervisor: supervisor of %s answered without a process record", dir)
 	}
 	return newSupervisedHandle(dir, link.rec, *first.Started, conn, br), nil
+}
+
+// teardownGrace is how long a supervisor whose connection broke is given to finish dying:
+// an exiting process closes its files (resetting our connection) before the kernel makes it
+// a zombie, and until then /proc still shows it running.
+const teardownGrace = 200 * time.Millisecond
+
+// runningAfterTeardown reports whether the supervisor of rec is still running once an exit
+// in progress would have completed.
+func runningAfterTeardown(rec supervisorRecord) bool {
+	deadline := time.Now().Add(teardownGrace)
+	for procfs.Running(rec.PID, rec.Start) {
+		if time.Now().After(deadline) {
+			return true
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	return false
 }
 
 // link returns a lease on a running supervisor, starting one if there is none.
