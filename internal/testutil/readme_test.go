@@ -49,14 +49,14 @@ func docsRepo(t *testing.T) string {
 // files it has passes.
 func TestMissingPaths(t *testing.T) {
 	good := Page{Path: "docs/good.md", Text: "The rule is `bastion/match.go`; see design.md and `docs/design.md`.\n"}
-	bad := Page{Path: "docs/bad.md", Text: "The rule is `bastion/nomatch.go`, designed in DESIGN.md.\n"}
+	bad := Page{Path: "docs/bad.md", Text: "The rule is `bastion/nomatch.go`, designed in PLANS.md.\n"}
 	root := docsRepo(t)
 	if p := MissingPaths(root, []Page{good}); len(p) != 0 {
 		t.Errorf("MissingPaths(good) = %q; want none", p)
 	}
 	p := MissingPaths(root, []Page{bad})
-	if len(p) != 2 || !strings.Contains(p[0], "bastion/nomatch.go") || !strings.Contains(p[1], "DESIGN.md") {
-		t.Errorf("MissingPaths(bad) = %q; want bastion/nomatch.go and DESIGN.md", p)
+	if len(p) != 2 || !strings.Contains(p[0], "bastion/nomatch.go") || !strings.Contains(p[1], "PLANS.md") {
+		t.Errorf("MissingPaths(bad) = %q; want bastion/nomatch.go and PLANS.md", p)
 	}
 }
 
