@@ -8,6 +8,7 @@ import (
 	"slices"
 	"time"
 
+	"go.etcd.io/etcd/api/v3/etcdserverpb"
 	"go.etcd.io/etcd/api/v3/mvccpb"
 	"go.etcd.io/etcd/api/v3/v3rpc/rpctypes"
 	clientv3 "go.etcd.io/etcd/client/v3"
@@ -162,10 +163,10 @@ func (j *Journal) rangeOf(ctx context.Context, from, end string, limit int, keys
 	return resp, nil
 }
 
-// readOps runs read ops in transactions of at most MaxTxnOps and returns each op's key
-// values, in order.
-func (j *Journal) readOps(ctx context.Context, ops []clientv3.Op) ([][]*mvccpb.KeyValue, error) {
-	out := make([][]*mvccpb.KeyValue, 0, len(ops))
+// readRanges runs read ops in transactions of at most MaxTxnOps and returns each op's
+// answer, in order.
+func (j *Journal) readRanges(ctx context.Context, ops []clientv3.Op) ([]*etcdserverpb.RangeResponse, error) {
+	out := make([]*etcdserverpb.RangeResponse, 0, len(ops))
 	for len(ops) > 0 {
 		n := min(len(ops), MaxTxnOps)
 		tctx, cancel := context.WithTimeout(ctx, j.opTO)
@@ -175,9 +176,22 @@ func (j *Journal) readOps(ctx context.Context, ops []clientv3.Op) ([][]*mvccpb.K
 			return nil, j.wrap("gc", err)
 		}
 		for _, r := range resp.Responses {
-			out = append(out, r.GetResponseRange().Kvs)
+			out = append(out, r.GetResponseRange())
 		}
 		ops = ops[n:]
+	}
+	return out, nil
+}
+
+// readOps is readRanges' key values of each op.
+func (j *Journal) readOps(ctx context.Context, ops []clientv3.Op) ([][]*mvccpb.KeyValue, error) {
+	ranges, err := j.readRanges(ctx, ops)
+	if err != nil {
+		return nil, err
+	}
+	out := make([][]*mvccpb.KeyValue, len(ranges))
+	for i, r := range ranges {
+		out[i] = r.Kvs
 	}
 	return out, nil
 }
@@ -448,21 +462,15 @@ func (j *Journal) removeRuns(ctx context.Context, now time.Time, dryRun bool, re
 	}
 }
 
-// readCounts runs count-only reads in transactions of at most MaxTxnOps.
+// readCounts is readRanges' count of each (count-only) op.
 func (j *Journal) readCounts(ctx context.Context, ops []clientv3.Op) ([]int64, error) {
-	var out []int64
-	for len(ops) > 0 {
-		n := min(len(ops), MaxTxnOps)
-		tctx, cancel := context.WithTimeout(ctx, j.opTO)
-		resp, err := j.kv.Txn(tctx).Then(ops[:n]...).Commit()
-		cancel()
-		if err != nil {
-			return nil, j.wrap("gc", err)
-		}
-		for _, r := range resp.Responses {
-			out = append(out, r.GetResponseRange().Count)
-		}
-		ops = ops[n:]
+	ranges, err := j.readRanges(ctx, ops)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]int64, len(ranges))
+	for i, r := range ranges {
+		out[i] = r.Count
 	}
 	return out, nil
 }
