@@ -114,14 +114,18 @@ func (b *Bastion) Reload(by string) (*api.ConfigChange, error) {
 	if err != nil {
 		return nil, err
 	}
+	warn := func(what string, err error) {
+		b.log.Error("reload: "+what, "err", err)
+		change.Warnings = append(change.Warnings, fmt.Sprintf("%s: %v; restart the bastion to apply the config whole", what, err))
+	}
 	if b.remoteActors != nil {
 		if err := b.remoteActors.Replace(remote); err != nil { // checked above
-			b.log.Error("reload: the HTTP actors stay as they were", "err", err)
+			warn("the HTTP actors stay as they were", err)
 		}
 	}
 	if b.mcpSocket != nil {
 		if err := b.mcpSocket.AllowUIDs(next.LocalUIDs()); err != nil { // checked above
-			b.log.Error("reload: the MCP socket admits the uids it did", "err", err)
+			warn("the MCP socket admits the uids it did", err)
 		}
 	}
 	return change, nil

@@ -191,6 +191,9 @@ type ConfigChange struct {
 	// Replica is the replica that applied it (etcd journals; each replica reads its own
 	// file).
 	Replica string `json:"replica,omitempty"`
+	// Warnings: parts checked beforehand that still failed to apply after the change was
+	// logged (the HTTP actors, the MCP socket's uids), each with what stays as it was.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // TokenView is one credential of a remote actor as `postern token list` shows it: an issued

@@ -43,6 +43,9 @@ func (c *reloadCommand) Run(ctx context.Context, args []string) error {
 	if *asJSON {
 		return cli.WriteJSON(c.stdout, change)
 	}
+	for _, w := range change.Warnings {
+		fmt.Fprintf(c.stderr, "postern: warning: %s\n", w)
+	}
 	if len(change.Changes) == 0 {
 		fmt.Fprintf(c.stdout, "Reloaded %s: nothing a reload applies has changed.\n", digestText(change.Digest))
 		return nil
