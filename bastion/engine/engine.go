@@ -20,6 +20,7 @@ import (
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/journal"
 	"github.com/postern-dev/postern/bastion/notify"
+	"github.com/postern-dev/postern/bastion/sshca"
 	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
@@ -94,6 +95,8 @@ type core struct {
 	hosts   *hosts
 	metrics *metrics
 	clientK gossh.Signer
+	// sshCerts issues the bastion's SSH certificates ([ssh_ca]); nil when the CA is off.
+	sshCerts *sshca.Issuer
 	plugin  *plugins.Manager // nil when no HTTP plugin is configured
 	// announcer tells operators of new approval requests; nil without [approvals] webhook.
 	announcer *notify.Notifier
@@ -177,7 +180,16 @@ func Open(opts Options) (*Engine, error) {
 		jl.Close()
 		return nil, err
 	}
-	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: clientKey, Logger: opts.Logger, HostCAs: cas, Revoked: revoked})
+	var replica string
+	if r, ok := jl.(markers.Replicated); ok {
+		replica = r.Name()
+	}
+	certs, err := openSSHCA(cfg, inv, func() config.Config { return b.current().cfg }, replica, false, opts.Logger, opts.Now)
+	if err != nil {
+		jl.Close()
+		return nil, err
+	}
+	pool, err := fleet.NewPool(poolOptions(clientKey, certs, opts.Logger, cas, revoked))
 	if err != nil {
 		jl.Close()
 		return nil, err
@@ -220,7 +232,22 @@ func Open(opts Options) (*Engine, error) {
 	b.views = &views{core: b.core, drivers: b.drivers}
 	b.intake = &intake{core: b.core, drivers: b.drivers, views: b.views}
 	b.metrics.registry.MustRegister(inFlight{b}, journalBackend{b})
+	if certs != nil {
+		// Renewed in the background until Close (b.wg), so a dial rarely waits for a signing.
+		b.sshCerts = certs
+		b.wg.Go(func() { certs.Run(ctx) })
+	}
 	return b, nil
+}
+
+// poolOptions: the pool logs in with the CA's certificates when [ssh_ca] is enabled, and
+// then with nothing else; with the static key otherwise.
+func poolOptions(key gossh.Signer, certs *sshca.Issuer, log *slog.Logger, cas []fleet.HostCA, revoked *fleet.Revocations) fleet.PoolOptions {
+	o := fleet.PoolOptions{Signer: key, Logger: log, HostCAs: cas, Revoked: revoked}
+	if certs != nil {
+		o.Signer, o.Certs = nil, certs.Signer
+	}
+	return o
 }
 
 // openReadOnly is Open for Options.ReadOnly.
@@ -254,7 +281,13 @@ func openReadOnly(cfg config.Config, opts Options) (*Engine, error) {
 		// Read-only: the list refuses every host until it can be read; the rest still reads.
 		opts.Logger.Info("hosts trusted through a CA cannot be asked", "why", err)
 	}
-	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: signer, Logger: opts.Logger, HostCAs: cas, Revoked: revoked})
+	// Read-only the certificate is signed when a host is asked, not renewed ahead.
+	certs, err := openSSHCA(cfg, inv, func() config.Config { return live.cfg }, "", true, opts.Logger, opts.Now)
+	if err != nil {
+		jl.Close()
+		return nil, err
+	}
+	pool, err := fleet.NewPool(poolOptions(signer, certs, opts.Logger, cas, revoked))
 	if err != nil {
 		jl.Close()
 		return nil, err
