@@ -7,7 +7,7 @@
 // generation signs only from its signs_from time on and never once retired (its private key
 // is deleted); every generation that is not retired is published (Trusted), so hosts
 // trust the next key before it signs and the previous one until it is retired; every CA
-// event (created, rotated, retired) is appended to events.jsonl before the command that made
+// event (created, rotated, activated, retired) is appended to events.jsonl before the command that made
 // it reports success.
 package sshca
 
@@ -118,7 +118,7 @@ func (st State) TrustedLines() string {
 // Event is one line of events.jsonl.
 type Event struct {
 	At          time.Time `json:"at"`
-	Event       string    `json:"event"` // created, rotated, retired
+	Event       string    `json:"event"` // created, rotated, activated, retired
 	Generation  int       `json:"generation"`
 	Fingerprint string    `json:"fingerprint"`
 	SignsFrom   time.Time `json:"signs_from,omitzero"`
@@ -212,6 +212,26 @@ func (s *Store) Rotate(now time.Time, overlap time.Duration, by string) (Generat
 	}
 	st.Generations = append(st.Generations, g)
 	return g, s.commit(st, Event{At: now, Event: "rotated", Generation: g.ID, Fingerprint: g.Fingerprint, SignsFrom: g.SignsFrom, By: by}, false)
+}
+
+// Activate makes the pending generation sign now, before its overlap ends: for when every
+// host already trusts it (postern ca keys shows it).
+func (s *Store) Activate(now time.Time, by string) (Generation, error) {
+	st, err := s.State()
+	if err != nil {
+		return Generation{}, err
+	}
+	p, ok := st.Pending(now)
+	if !ok {
+		return Generation{}, errors.New("sshca: no generation is pending (postern ca rotate makes one)")
+	}
+	for i := range st.Generations {
+		if st.Generations[i].ID == p.ID {
+			st.Generations[i].SignsFrom = now.UTC()
+			p = st.Generations[i]
+		}
+	}
+	return p, s.commit(st, Event{At: now, Event: "activated", Generation: p.ID, Fingerprint: p.Fingerprint, SignsFrom: p.SignsFrom, By: by}, false)
 }
 
 // Retire retires every generation older than the one signing now, deleting their private
