@@ -209,7 +209,7 @@ func Open(opts Options) (*Engine, error) {
 			cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
 			metrics: newMetrics(), clientK: clientKey, plugin: plugin,
 			held: opts.Hold, ctx: ctx, cancel: cancel,
-			hosts: &hosts{pool: pool, inv: inv, ctx: ctx},
+			hosts: &hosts{pool: pool, inv: inv, ctx: ctx, sshCA: certs != nil},
 		},
 	}
 	if cfg.Approvals.Webhook != "" {
@@ -301,7 +301,7 @@ func openReadOnly(cfg config.Config, opts Options) (*Engine, error) {
 	b := &Engine{core: &core{
 		cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
 		metrics: newMetrics(), readOnly: true,
-		ctx: ctx, cancel: cancel, hosts: &hosts{pool: pool, inv: inv, ctx: ctx},
+		ctx: ctx, cancel: cancel, hosts: &hosts{pool: pool, inv: inv, ctx: ctx, sshCA: certs != nil},
 	}}
 	b.live.Store(live)
 	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}

@@ -4,10 +4,15 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"log/slog"
+	"os"
 	"strconv"
 	"time"
 
+	gossh "golang.org/x/crypto/ssh"
+
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/fleet"
 	"github.com/postern-dev/postern/bastion/sshca"
 	"github.com/postern-dev/postern/internal/cli"
 )
@@ -214,4 +219,46 @@ func (c *caCommand) retire(ctx context.Context, args []string) error {
 	}
 	fmt.Fprintf(c.stdout, "hosts may now trust these lines only:\n%s", st.TrustedLines())
 	return nil
+}
+
+// cliCertLifetime bounds the certificate the CLI signs itself to check or set up a host.
+const cliCertLifetime = 5 * time.Minute
+
+// bastionLogin is the signer the CLI logs in to a host with, as the daemon would: with
+// [ssh_ca] enabled, a certificate of the CA for account (valid cliCertLifetime, key id naming
+// the CLI), and nothing else; otherwise the bastion's static key. A single node's CA is made
+// here if the daemon has not made it yet.
+func bastionLogin(cfg config.Config, account string) (gossh.Signer, error) {
+	if !cfg.SSHCA.Enabled {
+		return fleet.LoadOrCreateClientKey(cfg.ClientKeyPath())
+	}
+	store := sshca.Open(cfg.SSHCADir())
+	if !cfg.Journal.Etcd() {
+		if _, _, err := store.Init(time.Now(), "postern hosts"); err != nil {
+			return nil, err
+		}
+	}
+	host, _ := os.Hostname()
+	iss, err := sshca.NewIssuer(sshca.IssuerOptions{
+		Store: store, KeyID: "postern-cli host=" + host, Lifetime: cliCertLifetime,
+		Principals: func() []string { return []string{account} }, SourceAddresses: cfg.SSHCA.SourceAddresses,
+		Logger: slog.New(slog.DiscardHandler),
+	})
+	if err != nil {
+		return nil, err
+	}
+	return iss.Signer(account)
+}
+
+// trustLines is what a host must be given so the bastion can log in: the CA's lines with
+// [ssh_ca] enabled, else the static key's authorized_keys line.
+func trustLines(cfg config.Config, signer gossh.Signer) ([]byte, error) {
+	if !cfg.SSHCA.Enabled {
+		return gossh.MarshalAuthorizedKey(signer.PublicKey()), nil
+	}
+	st, err := sshca.Open(cfg.SSHCADir()).State()
+	if err != nil {
+		return nil, err
+	}
+	return []byte(st.TrustedLines()), nil
 }
