@@ -95,8 +95,6 @@ type core struct {
 	hosts   *hosts
 	metrics *metrics
 	clientK gossh.Signer
-	// sshCerts issues the bastion's SSH certificates ([ssh_ca]); nil when the CA is off.
-	sshCerts *sshca.Issuer
 	plugin  *plugins.Manager // nil when no HTTP plugin is configured
 	// announcer tells operators of new approval requests; nil without [approvals] webhook.
 	announcer *notify.Notifier
@@ -234,7 +232,6 @@ func Open(opts Options) (*Engine, error) {
 	b.metrics.registry.MustRegister(inFlight{b}, journalBackend{b})
 	if certs != nil {
 		// Renewed in the background until Close (b.wg), so a dial rarely waits for a signing.
-		b.sshCerts = certs
 		b.wg.Go(func() { certs.Run(ctx) })
 	}
 	return b, nil

@@ -41,7 +41,7 @@ type testHost struct {
 	// principal logging in); certSerials are the serials of those that logged in.
 	userCA      gossh.PublicKey
 	certSerials []uint64
-	home string // "" refuses sessions
+	home        string // "" refuses sessions
 
 	mu sync.Mutex // guards the fields below
 	// hello is how the hello is answered; mute stops answering keepalives; refuse closes
