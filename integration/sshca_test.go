@@ -3,6 +3,7 @@ package integration
 import (
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -73,6 +74,10 @@ func TestSSHCAHostagent(t *testing.T) {
 	h1, caFile := caHostagent(t)
 	h2 := harness.StartHostagent(t) // authorizes the bastion's static key, trusts no CA
 	b := harness.NewBastion(t, h2.ClientKey, "[ssh_ca]\nenabled = true")
+	// h1 as a host migrating from the static key: it still authorizes it, besides an
+	// operator's key.
+	ops := testutil.NewSSHKey(t)
+	testutil.WriteAuthorizedKeys(t, h1.AuthorizedKeysPath(), b.ClientKey.AuthorizedLine(), ops.AuthorizedLine())
 	if out := string(postern(t, b, "ca", "init")); !strings.Contains(out, "made the SSH CA") {
 		t.Fatalf("ca init printed:\n%s", out)
 	}
@@ -95,6 +100,15 @@ func TestSSHCAHostagent(t *testing.T) {
 	host, _ := os.Hostname()
 	if n := certLogins(h1, "postern-bastion host="+host, caFingerprints(t, b.StateDir()+"/ssh_ca")[1]); n != 1 {
 		t.Fatalf("h1 logged %d certificate logins of this bastion by CA generation 1; want 1", n)
+	}
+
+	// The documented removal of the static key (docs/ssh-ca.md), run as written.
+	removeStaticKey(t, b, h1.AuthorizedKeysPath())
+	if got := string(mustReadFile(t, h1.AuthorizedKeysPath())); got != ops.AuthorizedLine()+"\n" {
+		t.Fatalf("authorized_keys after removing the static key:\n%s\nwant the operator's key only", got)
+	}
+	if x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo still"}); x.State != "completed" {
+		t.Fatalf("ssh_exec after the static key was removed: %+v", x)
 	}
 
 	cmd, file := appendCommand(t, "static")
@@ -271,4 +285,44 @@ func TestSSHCARotation(t *testing.T) {
 	if got := strings.Join(kinds, " "); got != "created rotated activated retired" {
 		t.Fatalf("CA events %q", got)
 	}
+}
+
+// removeStaticKey runs the lines of docs/ssh-ca.md, "Removing the static key from hosts", on
+// file: the page's shell block that removes the key, with its FILE set to file, in a
+// directory holding the bastion_ed25519.pub that `postern hosts key` printed.
+func removeStaticKey(t *testing.T, b *harness.Bastion, file string) {
+	t.Helper()
+	page := string(mustReadFile(t, filepath.Join("..", "docs", "ssh-ca.md")))
+	var block string
+	for _, part := range strings.Split(page, "```sh\n")[1:] {
+		body, _, _ := strings.Cut(part, "```")
+		if strings.Contains(body, `grep -vF "$KEY"`) {
+			block = body
+		}
+	}
+	const docFile = "FILE=/etc/postern-hostagent/authorized_keys"
+	if block == "" || !strings.Contains(block, docFile) {
+		t.Fatalf("docs/ssh-ca.md shows no block removing the static key from %s", docFile)
+	}
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "bastion_ed25519.pub"), postern(t, b, "hosts", "key"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("/bin/sh", "-e", "-c", strings.Replace(block, docFile, "FILE="+file, 1))
+	cmd.Dir = dir
+	if out, err := cmd.CombinedOutput(); err != nil {
+		t.Fatalf("the documented removal failed: %v\n%s\n%s", err, block, out)
+	}
+	if info, err := os.Stat(file); err != nil || info.Mode().Perm() != 0o600 {
+		t.Fatalf("%s after the removal: %v %v; want mode 0600", file, info, err)
+	}
+}
+
+func mustReadFile(t *testing.T, path string) []byte {
+	t.Helper()
+	data, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return data
 }
