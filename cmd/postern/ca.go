@@ -262,3 +262,37 @@ func trustLines(cfg config.Config, signer gossh.Signer) ([]byte, error) {
 	}
 	return []byte(st.TrustedLines()), nil
 }
+
+// sshCAChecks are doctor's checks of [ssh_ca]: the CA exists and a generation signs, with its
+// key private; a pending generation says by when hosts must trust it, and generations kept
+// past their certificates' lifetime say they can be retired. None when the CA is off.
+func sshCAChecks(cfg config.Config, now time.Time) []doctorCheck {
+	if !cfg.SSHCA.Enabled {
+		return nil
+	}
+	const check = "ssh ca"
+	store := sshca.Open(cfg.SSHCADir())
+	st, err := store.State()
+	if err != nil {
+		return []doctorCheck{{Check: check, Status: "problem", Detail: err.Error(), Fix: "postern ca init (replicas: on one, then share key_dir)"}}
+	}
+	g, ok := st.Signing(now)
+	if !ok {
+		return []doctorCheck{{Check: check, Status: "problem", Detail: "no CA generation signs now", Fix: "postern ca status; postern ca activate"}}
+	}
+	if _, err := store.Signer(g); err != nil {
+		return []doctorCheck{{Check: check, Status: "problem", Detail: err.Error(), Fix: "restore the CA's key from where key_dir is kept, or rotate (postern ca rotate)"}}
+	}
+	out := []doctorCheck{{Check: check, Status: "ok", Detail: fmt.Sprintf("generation %d (%s) signs certificates valid %v", g.ID, g.Fingerprint, cfg.SSHCA.CertLifetime)}}
+	if p, ok := st.Pending(now); ok {
+		out = append(out, doctorCheck{Check: check, Status: "note", Detail: fmt.Sprintf("generation %d signs from %s", p.ID, p.SignsFrom.UTC().Format(time.RFC3339)),
+			Fix: "before then, every host must trust what postern ca keys prints"})
+	}
+	for _, old := range st.Trusted() {
+		if old.ID < g.ID && !now.Before(g.SignsFrom.Add(cfg.SSHCA.CertLifetime)) {
+			out = append(out, doctorCheck{Check: check, Status: "note", Detail: fmt.Sprintf("generation %d no longer signs and none of its certificates is valid", old.ID),
+				Fix: "postern ca retire, then give hosts what postern ca keys prints"})
+		}
+	}
+	return out
+}
