@@ -234,3 +234,46 @@ func TestIssuerRunRenews(t *testing.T) {
 	first := iss.Current()
 	testutil.WaitFor(t, "a renewed certificate", func() bool { return iss.Current().Serial > first.Serial })
 }
+
+// TestStoreChangesAreSerialized: first starts racing on a shared key_dir make one CA, and
+// racing rotations make one next generation (the others find it pending).
+func TestStoreChangesAreSerialized(t *testing.T) {
+	dir := filepath.Join(t.TempDir(), "ssh_ca")
+	now := time.Now()
+	var wg sync.WaitGroup
+	created := make([]bool, 8)
+	errs := make([]error, 8)
+	for i := range created {
+		wg.Go(func() { _, created[i], errs[i] = Open(dir).Init(now, "test") })
+	}
+	wg.Wait()
+	n := 0
+	for i := range created {
+		if errs[i] != nil {
+			t.Fatalf("Init %d: %v", i, errs[i])
+		}
+		if created[i] {
+			n++
+		}
+	}
+	if n != 1 {
+		t.Fatalf("%d racing Inits made a CA; want 1", n)
+	}
+	for i := range errs {
+		wg.Go(func() { _, errs[i] = Open(dir).Rotate(now, time.Hour, "test") })
+	}
+	wg.Wait()
+	rotated := 0
+	for _, err := range errs {
+		switch {
+		case err == nil:
+			rotated++
+		case !errors.Is(err, ErrRotationPending):
+			t.Fatalf("racing rotation: %v", err)
+		}
+	}
+	st, err := Open(dir).State()
+	if err != nil || rotated != 1 || len(st.Generations) != 2 {
+		t.Fatalf("%d racing rotations succeeded, %d generations (%v); want 1, 2", rotated, len(st.Generations), err)
+	}
+}

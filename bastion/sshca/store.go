@@ -23,6 +23,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -146,6 +147,24 @@ func (s *Store) EventsPath() string { return filepath.Join(s.dir, eventsFile) }
 
 func (s *Store) keyPath(id int) string { return filepath.Join(s.dir, "ca-"+strconv.Itoa(id)) }
 
+// lock serializes the changes to the CA (an exclusive flock on key_dir/.lock): two commands
+// at once, or two replicas' first starts on a shared key_dir, each read the state the other
+// wrote. Readers take no lock; ca.json is replaced whole.
+func (s *Store) lock() (unlock func(), err error) {
+	if err := privdir.Ensure(s.dir, "ssh_ca dir", nil); err != nil {
+		return nil, fmt.Errorf("sshca: %w", err)
+	}
+	f, err := os.OpenFile(filepath.Join(s.dir, ".lock"), os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("sshca: %w", err)
+	}
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("sshca: lock %s: %w", f.Name(), err)
+	}
+	return func() { f.Close() }, nil
+}
+
 // State reads ca.json; ErrNoCA when there is none.
 func (s *Store) State() (State, error) {
 	f, err := os.Open(s.StatePath())
@@ -180,8 +199,14 @@ func (s *Store) Init(now time.Time, by string) (st State, created bool, err erro
 	if err == nil || !errors.Is(err, ErrNoCA) {
 		return st, false, err
 	}
-	if err := privdir.Ensure(s.dir, "ssh_ca dir", nil); err != nil {
-		return State{}, false, fmt.Errorf("sshca: %w", err)
+	unlock, err := s.lock()
+	if err != nil {
+		return State{}, false, err
+	}
+	defer unlock()
+	st, err = s.State() // made meanwhile?
+	if err == nil || !errors.Is(err, ErrNoCA) {
+		return st, false, err
 	}
 	g, err := s.newGeneration(1, now, now)
 	if err != nil {
@@ -198,6 +223,11 @@ func (s *Store) Init(now time.Time, by string) (st State, created bool, err erro
 // (postern ca keys) before then. An overlap of 0 signs with it at once — for hosts that
 // already trust it.
 func (s *Store) Rotate(now time.Time, overlap time.Duration, by string) (Generation, error) {
+	unlock, err := s.lock()
+	if err != nil {
+		return Generation{}, err
+	}
+	defer unlock()
 	st, err := s.State()
 	if err != nil {
 		return Generation{}, err
@@ -217,6 +247,11 @@ func (s *Store) Rotate(now time.Time, overlap time.Duration, by string) (Generat
 // Activate makes the pending generation sign now, before its overlap ends: for when every
 // host already trusts it (postern ca keys shows it).
 func (s *Store) Activate(now time.Time, by string) (Generation, error) {
+	unlock, err := s.lock()
+	if err != nil {
+		return Generation{}, err
+	}
+	defer unlock()
 	st, err := s.State()
 	if err != nil {
 		return Generation{}, err
@@ -239,6 +274,11 @@ func (s *Store) Activate(now time.Time, by string) (Generation, error) {
 // certificate they signed may still be valid: before the signing generation has signed
 // for certLifetime (each replica renews onto it within that time).
 func (s *Store) Retire(now time.Time, certLifetime time.Duration, force bool, by string) ([]Generation, error) {
+	unlock, err := s.lock()
+	if err != nil {
+		return nil, err
+	}
+	defer unlock()
 	st, err := s.State()
 	if err != nil {
 		return nil, err
