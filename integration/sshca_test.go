@@ -5,6 +5,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -325,4 +326,67 @@ func mustReadFile(t *testing.T, path string) []byte {
 		t.Fatal(err)
 	}
 	return data
+}
+
+// certSerials are the serials of the certificate logins a hostagent logged.
+func certSerials(t *testing.T, logs string) []uint64 {
+	t.Helper()
+	var out []uint64
+	for _, line := range strings.Split(logs, "\n") {
+		if !strings.Contains(line, "login with a user certificate") {
+			continue
+		}
+		_, rest, _ := strings.Cut(line, " serial=")
+		field, _, _ := strings.Cut(rest, " ")
+		n, err := strconv.ParseUint(field, 10, 64)
+		if err != nil {
+			t.Fatalf("no serial in %q", line)
+		}
+		out = append(out, n)
+	}
+	return out
+}
+
+// TestSSHCARenewal: with the shortest lifetime (1m), the bastion signs itself a new
+// certificate before the first expires (at two thirds of it: its log says so, no timing is
+// asserted); a new connection logs in with the new one (a higher serial), while the
+// connection made with the first goes on.
+func TestSSHCARenewal(t *testing.T) {
+	h1, ca1 := caHostagent(t)
+	h2, ca2 := caHostagent(t)
+	b := harness.NewBastion(t, testutil.NewSSHKey(t), "[ssh_ca]\nenabled = true\ncert_lifetime = \"1m\"")
+	postern(t, b, "ca", "init")
+	trustCA(t, b, ca1, ca2)
+	b.Enroll(t, "h1", h1)
+	b.Enroll(t, "h2", h2)
+	b.Start(t)
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("bastion log:\n%s\nh1 log:\n%s\nh2 log:\n%s", b.Logs(), h1.Logs(), h2.Logs())
+		}
+	})
+	ctx := testContext(t)
+	cs := b.Connect(t, "agent", nil)
+	if x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo first"}); x.State != "completed" {
+		t.Fatalf("first call: %+v", x)
+	}
+	first := certSerials(t, h1.Logs())
+	if len(first) != 1 {
+		t.Fatalf("h1 logged certificate logins with serials %v; want one", first)
+	}
+	testutil.WaitFor(t, "the bastion to renew its certificate", func() bool {
+		return strings.Count(b.Logs(), "signed the bastion's ssh certificate") >= 2
+	})
+	if x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h2", "command": "echo renewed"}); x.State != "completed" {
+		t.Fatalf("call on a new connection: %+v", x)
+	}
+	if second := certSerials(t, h2.Logs()); len(second) != 1 || second[0] <= first[0] {
+		t.Fatalf("h2's login used serial %v; want one above the first certificate's %d", second, first[0])
+	}
+	if x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo pooled"}); x.State != "completed" {
+		t.Fatalf("call on the connection made with the first certificate: %+v", x)
+	}
+	if again := certSerials(t, h1.Logs()); len(again) != 1 {
+		t.Fatalf("h1 logged logins %v; want the first connection kept", again)
+	}
 }
