@@ -10,6 +10,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -65,9 +66,10 @@ type issued struct {
 }
 
 type fileStamp struct {
-	mod  time.Time
-	size int64
-	ok   bool
+	mod        time.Time
+	size       int64
+	dev, inode uint64
+	ok         bool
 }
 
 // NewIssuer returns an issuer; nothing is signed until Signer or Run.
@@ -94,10 +96,18 @@ func (i *Issuer) Signer(account string) (gossh.Signer, error) {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	now := i.opts.Now()
-	if i.cur != nil && now.Before(i.cur.renewAt) && slices.Contains(i.cur.cert.ValidPrincipals, account) && i.stateUnchangedLocked() {
+	covers := i.cur != nil && slices.Contains(i.cur.cert.ValidPrincipals, account)
+	if covers && now.Before(i.cur.renewAt) && i.stateUnchangedLocked() {
 		return i.cur.signer, nil
 	}
 	if err := i.renewLocked(now, account); err != nil {
+		// A certificate that still covers the account serves until it expires: a CA file
+		// unreadable for a moment must not cut the fleet off.
+		if covers && now.Before(time.Unix(int64(i.cur.cert.ValidBefore), 0)) {
+			i.opts.Logger.Error("ssh certificate not renewed; using the current one until it expires", "err", err,
+				"valid_before", time.Unix(int64(i.cur.cert.ValidBefore), 0).UTC())
+			return i.cur.signer, nil
+		}
 		return nil, err
 	}
 	return i.cur.signer, nil
@@ -227,5 +237,10 @@ func statStamp(path string) fileStamp {
 	if err != nil {
 		return fileStamp{}
 	}
-	return fileStamp{mod: info.ModTime(), size: info.Size(), ok: true}
+	stamp := fileStamp{mod: info.ModTime(), size: info.Size(), ok: true}
+	if st, ok := info.Sys().(*syscall.Stat_t); ok {
+		// Every change replaces ca.json (a rename): a new inode even within one mtime tick.
+		stamp.dev, stamp.inode = uint64(st.Dev), st.Ino
+	}
+	return stamp
 }

@@ -277,3 +277,37 @@ func TestStoreChangesAreSerialized(t *testing.T) {
 		t.Fatalf("%d racing rotations succeeded, %d generations (%v); want 1, 2", rotated, len(st.Generations), err)
 	}
 }
+
+// TestIssuerKeepsAValidCertificateWhenSigningFails: when the CA cannot sign (its key gone),
+// a certificate that still covers the account serves until it expires; past that, or for an
+// account it does not cover, the dial gets the error — never another key.
+func TestIssuerKeepsAValidCertificateWhenSigningFails(t *testing.T) {
+	s := Open(filepath.Join(t.TempDir(), "ssh_ca"))
+	clk := &clock{now: time.Date(2026, 12, 1, 10, 0, 0, 0, time.UTC)}
+	if _, _, err := s.Init(clk.Now(), "test"); err != nil {
+		t.Fatal(err)
+	}
+	iss, err := NewIssuer(IssuerOptions{Store: s, KeyID: "r", Lifetime: 30 * time.Minute,
+		Principals: func() []string { return []string{"deploy"} }, Logger: quiet(), Now: clk.Now})
+	if err != nil {
+		t.Fatal(err)
+	}
+	first, err := iss.Signer("deploy")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Remove(filepath.Join(s.Dir(), "ca-1")); err != nil {
+		t.Fatal(err)
+	}
+	clk.Add(25 * time.Minute) // due for renewal, still valid
+	if again, err := iss.Signer("deploy"); err != nil || again != first {
+		t.Fatalf("Signer while the CA cannot sign = %v, %v; want the current certificate", again, err)
+	}
+	if _, err := iss.Signer("other"); err == nil {
+		t.Fatal("signed for an account the current certificate does not cover without a CA key")
+	}
+	clk.Add(10 * time.Minute) // expired
+	if _, err := iss.Signer("deploy"); err == nil {
+		t.Fatal("handed out an expired certificate")
+	}
+}
