@@ -311,3 +311,18 @@ func TestIssuerKeepsAValidCertificateWhenSigningFails(t *testing.T) {
 		t.Fatal("handed out an expired certificate")
 	}
 }
+
+// TestSignSourceAddresses: source_addresses become the source-address critical option,
+// which hosts enforce (the hostagent and sshd alike).
+func TestSignSourceAddresses(t *testing.T) {
+	ca, key := testutil.NewSSHKey(t), testutil.NewSSHKey(t)
+	now := time.Now()
+	cert, err := Sign(ca.Signer, key.Public(), CertSpec{KeyID: "x", Principals: []string{"deploy"},
+		SourceAddresses: []string{"10.0.0.5", "10.1.0.0/16"}, ValidAfter: now, ValidBefore: now.Add(time.Hour)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := cert.CriticalOptions["source-address"]; got != "10.0.0.5,10.1.0.0/16" || len(cert.CriticalOptions) != 1 {
+		t.Fatalf("critical options %v", cert.CriticalOptions)
+	}
+}
