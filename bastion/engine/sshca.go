@@ -33,8 +33,17 @@ func openSSHCA(cfg config.Config, inv *fleet.Inventory, rules func() config.Conf
 			log.Info("created the SSH CA: hosts must trust it (postern ca keys)", "dir", store.Dir())
 		}
 	}
-	if _, err := store.State(); err != nil && !readOnly {
+	if st, err := store.State(); err != nil && !readOnly {
 		return nil, fmt.Errorf("bastion: ssh_ca: %w; replicas share one CA: run postern ca init on one of them and share or copy %s to the others", err, store.Dir())
+	} else if err == nil && !readOnly {
+		// A CA that cannot sign is found at start, not at the first dial.
+		g, ok := st.Signing(now())
+		if !ok {
+			return nil, fmt.Errorf("bastion: ssh_ca: no CA generation signs now (postern ca status)")
+		}
+		if _, err := store.Signer(g); err != nil {
+			return nil, fmt.Errorf("bastion: ssh_ca: %w", err)
+		}
 	}
 	principals := func() []string {
 		var out []string

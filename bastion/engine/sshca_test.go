@@ -2,7 +2,10 @@ package engine
 
 import (
 	"log/slog"
+	"os"
+	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -46,5 +49,29 @@ func TestSSHCAPrincipals(t *testing.T) {
 	}
 	if cert.KeyId != "postern-bastion replica=r1" {
 		t.Fatalf("key id %q", cert.KeyId)
+	}
+}
+
+// TestSSHCAThatCannotSignFailsAtStart: a CA key others can read (or none) stops the start,
+// rather than every dial after it.
+func TestSSHCAThatCannotSignFailsAtStart(t *testing.T) {
+	cfg := config.DefaultConfig(t.TempDir())
+	cfg.SSHCA.Enabled = true
+	quiet := slog.New(slog.DiscardHandler)
+	none := func() config.Config { return cfg }
+	if _, err := openSSHCA(cfg, nil, none, "", false, quiet, time.Now); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Chmod(filepath.Join(cfg.SSHCADir(), "ca-1"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := openSSHCA(cfg, nil, none, "", false, quiet, time.Now); err == nil || !strings.Contains(err.Error(), "readable by others") {
+		t.Fatalf("open with a CA key others can read: %v", err)
+	}
+	// Replicas never make the CA themselves.
+	etcdCfg := config.DefaultConfig(t.TempDir())
+	etcdCfg.SSHCA.Enabled, etcdCfg.Journal.Backend = true, "etcd"
+	if _, err := openSSHCA(etcdCfg, nil, none, "r1", false, quiet, time.Now); err == nil || !strings.Contains(err.Error(), "postern ca init") {
+		t.Fatalf("a replica without a CA: %v; want told to init one", err)
 	}
 }
