@@ -21,6 +21,9 @@ import (
 // picked up without a restart.
 const pollInterval = 10 * time.Second
 
+// errNoPrincipals: no account to certify yet.
+var errNoPrincipals = errors.New("sshca: no account to sign a certificate for (enroll a host first)")
+
 // IssuerOptions configure an Issuer.
 type IssuerOptions struct {
 	Store *Store
@@ -155,7 +158,11 @@ func (i *Issuer) tick() time.Duration {
 	}
 	if due {
 		if err := i.renewLocked(now, ""); err != nil {
-			i.opts.Logger.Error("ssh certificate not renewed; retrying", "err", err, "retry_in", pollInterval)
+			level := slog.LevelError
+			if errors.Is(err, errNoPrincipals) {
+				level = slog.LevelDebug // no host enrolled yet: nothing to sign for
+			}
+			i.opts.Logger.Log(context.Background(), level, "ssh certificate not renewed; retrying", "err", err, "retry_in", pollInterval)
 			return pollInterval
 		}
 	}
@@ -192,7 +199,7 @@ func (i *Issuer) renewLocked(now time.Time, extra string) error {
 	slices.Sort(principals)
 	principals = slices.Compact(principals)
 	if len(principals) == 0 {
-		return errors.New("sshca: no account to sign a certificate for (enroll a host first)")
+		return errNoPrincipals
 	}
 	pub, priv, err := ed25519.GenerateKey(rand.Reader)
 	if err != nil {
