@@ -21,9 +21,11 @@ import (
 const (
 	DefaultConfigPath         = "/etc/postern-hostagent/config.toml"
 	DefaultAuthorizedKeysPath = "/etc/postern-hostagent/authorized_keys"
-	DefaultUnitPath           = "/etc/systemd/system/postern-hostagent.service"
-	DefaultBinaryPath         = "/usr/local/bin/postern-hostagent"
-	DefaultControlSocketPath  = "/run/postern-hostagent/control.sock"
+	// DefaultTrustedUserCAKeysPath is where install puts a bastion CA's lines (--trusted-user-ca).
+	DefaultTrustedUserCAKeysPath = "/etc/postern-hostagent/user_ca.pub"
+	DefaultUnitPath              = "/etc/systemd/system/postern-hostagent.service"
+	DefaultBinaryPath            = "/usr/local/bin/postern-hostagent"
+	DefaultControlSocketPath     = "/run/postern-hostagent/control.sock"
 )
 
 // InstallOptions says where Install puts things. Paths are as seen on the running system;
@@ -42,6 +44,11 @@ type InstallOptions struct {
 	// ReadWritePaths are extra paths commands may write besides the data dir: the unit uses
 	// ProtectSystem=strict and commands inherit that sandbox. Default none.
 	ReadWritePaths []string
+	// TrustedUserCAKeys are the lines of the CAs whose user certificates log in (a bastion
+	// with [ssh_ca]: `postern ca keys`). Given, a new config trusts them
+	// (DefaultTrustedUserCAKeysPath) and authorizes no key at all; an existing config must
+	// name a trusted_user_ca_keys_file, which is replaced with them. Default none.
+	TrustedUserCAKeys []byte
 }
 
 func (o *InstallOptions) setDefaults() {
@@ -74,6 +81,11 @@ func Install(opts InstallOptions, w io.Writer) error {
 		}
 	}
 	under := func(p string) string { return filepath.Join(opts.Root, p) }
+	if opts.TrustedUserCAKeys != nil {
+		if err := checkCAKeys(opts.TrustedUserCAKeys); err != nil {
+			return err
+		}
+	}
 
 	cfg, created, err := installConfig(opts, under(opts.ConfigPath))
 	if err != nil {
@@ -86,6 +98,14 @@ func Install(opts InstallOptions, w io.Writer) error {
 	// is reported by install.
 	if err := privdir.Ensure(under(cfg.DataDir), "data dir", nil); err != nil {
 		return fmt.Errorf("install: %w", err)
+	}
+	if opts.TrustedUserCAKeys != nil {
+		if cfg.TrustedUserCAKeysFile == "" {
+			return fmt.Errorf("install: %s names no trusted_user_ca_keys_file: add trusted_user_ca_keys_file = %q to it, then run install again", opts.ConfigPath, DefaultTrustedUserCAKeysPath)
+		}
+		if err := writeFileAtomic(under(cfg.TrustedUserCAKeysFile), opts.TrustedUserCAKeys, 0o644); err != nil {
+			return fmt.Errorf("install: trusted user CA keys: %w", err)
+		}
 	}
 	keysCreated := false
 	if cfg.AuthorizedKeysFile != "" {
@@ -123,14 +143,20 @@ func Install(opts InstallOptions, w io.Writer) error {
 			fmt.Fprintf(w, "kept authorized keys  %s\n", under(cfg.AuthorizedKeysFile))
 		}
 	}
+	if opts.TrustedUserCAKeys != nil {
+		fmt.Fprintf(w, "wrote trusted CA keys %s (the bastion's certificates log in)\n", under(cfg.TrustedUserCAKeysFile))
+	}
 	fmt.Fprintf(w, "data dir              %s (0700)\n", under(cfg.DataDir))
 	fmt.Fprintf(w, "host key              %s\n", under(cfg.HostKeyPath()))
 	fmt.Fprintf(w, "wrote unit            %s\n", under(opts.UnitPath))
 	fmt.Fprintf(w, "host key fingerprint: %s\n", HostKeyFingerprint(hostKey))
 	fmt.Fprintf(w, "\nNext steps:\n")
-	if cfg.AuthorizedKeysFile != "" {
+	switch {
+	case opts.TrustedUserCAKeys != nil:
+		fmt.Fprintf(w, "  1. nothing to authorize: %s trusts the bastion's CA (after a `postern ca rotate`, replace it with what `postern ca keys` prints)\n", cfg.TrustedUserCAKeysFile)
+	case cfg.AuthorizedKeysFile != "":
 		fmt.Fprintf(w, "  1. on the bastion, print its public key with `postern hosts key`, and append that line here to %s\n", cfg.AuthorizedKeysFile)
-	} else {
+	default:
 		fmt.Fprintf(w, "  1. let the bastion's key in through your SSH CA (trusted_user_ca_keys)\n")
 	}
 	fmt.Fprintf(w, "  2. systemctl daemon-reload && systemctl enable --now postern-hostagent\n")
@@ -198,6 +224,10 @@ func installConfig(opts InstallOptions, path string) (cfg Config, created bool, 
 	cfg = DefaultConfig()
 	cfg.Listen = opts.Listen
 	cfg.AuthorizedKeysFile = DefaultAuthorizedKeysPath
+	if opts.TrustedUserCAKeys != nil {
+		// The bastion logs in with certificates: no key is authorized, none can be left behind.
+		cfg.AuthorizedKeysFile, cfg.TrustedUserCAKeysFile = "", DefaultTrustedUserCAKeysPath
+	}
 	cfg.ControlSocket = DefaultControlSocketPath
 	var buf bytes.Buffer
 	if err := configTemplate.Execute(&buf, cfg); err != nil {
@@ -240,9 +270,9 @@ control_socket = {{quote .ControlSocket}}
 # CA keys whose OpenSSH user certificates are accepted (the SSH user must be a principal).
 # Every key in authorized_keys_file may log in as every allowed account. To tie keys to
 # accounts, put them in authorized_keys_dir/<account> instead (one file per account).
-authorized_keys_file = {{quote .AuthorizedKeysFile}}
+{{if .AuthorizedKeysFile}}authorized_keys_file = {{quote .AuthorizedKeysFile}}{{else}}# authorized_keys_file = "/etc/postern-hostagent/authorized_keys"{{end}}
 # authorized_keys_dir = "/etc/postern-hostagent/authorized_keys.d"
-# trusted_user_ca_keys_file = "/etc/postern-hostagent/user_ca.pub"
+{{if .TrustedUserCAKeysFile}}trusted_user_ca_keys_file = {{quote .TrustedUserCAKeysFile}}{{else}}# trusted_user_ca_keys_file = "/etc/postern-hostagent/user_ca.pub"{{end}}
 
 # SSH user names commands may run as (switching accounts needs the agent to run as root).
 allowed_accounts = [{{range $i, $a := .AllowedAccounts}}{{if $i}}, {{end}}{{quote $a}}{{end}}]
@@ -367,4 +397,20 @@ func writeFileAtomic(path string, data []byte, perm os.FileMode) error {
 		return err
 	}
 	return durable.WriteFile(path, data, perm)
+}
+
+// checkCAKeys refuses CA lines the hostagent would skip (a file that trusts less than it
+// shows), or none at all.
+func checkCAKeys(data []byte) error {
+	var problems []string
+	keys := parseKeyFile(data, true, func(line int, reason string) {
+		problems = append(problems, fmt.Sprintf("line %d: %s", line, reason))
+	})
+	if len(problems) > 0 {
+		return fmt.Errorf("install: trusted user CA keys: %s (want the lines `postern ca keys` prints)", strings.Join(problems, "; "))
+	}
+	if len(keys) == 0 {
+		return errors.New("install: trusted user CA keys: no key (want the lines `postern ca keys` prints)")
+	}
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/postern-dev/postern/hostagent"
+	"github.com/postern-dev/postern/internal/testutil"
 )
 
 func TestLoadOrCreateHostKey(t *testing.T) {
@@ -144,5 +145,52 @@ func TestEnrollCommand(t *testing.T) {
 				t.Errorf("EnrollCommand = %q; want %q", got, want)
 			}
 		})
+	}
+}
+
+// TestInstallTrustingACA: with the bastion CA's lines (postern ca keys), a new config trusts
+// them and authorizes no key at all, so no static bastion key can be left on the host;
+// lines the hostagent would skip are refused before anything is written.
+func TestInstallTrustingACA(t *testing.T) {
+	root := t.TempDir()
+	ca := testutil.NewSSHKey(t)
+	var out bytes.Buffer
+	opts := hostagent.InstallOptions{Root: root, TrustedUserCAKeys: []byte(ca.AuthorizedLine() + "\n")}
+	if err := hostagent.Install(opts, &out); err != nil {
+		t.Fatalf("Install: %v\n%s", err, out.String())
+	}
+	under := func(p string) string { return filepath.Join(root, p) }
+	cfg, err := hostagent.LoadConfig(under(hostagent.DefaultConfigPath))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cfg.Validate(); err != nil {
+		t.Fatalf("installed config does not validate: %v", err)
+	}
+	if cfg.AuthorizedKeysFile != "" || cfg.AuthorizedKeysDir != "" || cfg.TrustedUserCAKeysFile != hostagent.DefaultTrustedUserCAKeysPath {
+		t.Fatalf("installed config authorizes keys or trusts no CA: %+v", cfg)
+	}
+	if _, err := os.Stat(under(hostagent.DefaultAuthorizedKeysPath)); !os.IsNotExist(err) {
+		t.Fatalf("an authorized_keys file was written: %v", err)
+	}
+	if got := mustRead(t, under(hostagent.DefaultTrustedUserCAKeysPath)); got != ca.AuthorizedLine()+"\n" {
+		t.Fatalf("trusted CA file = %q", got)
+	}
+	if !strings.Contains(out.String(), "nothing to authorize") {
+		t.Errorf("output does not say nothing needs authorizing:\n%s", out.String())
+	}
+
+	for _, bad := range []string{"", "not a key\n", "cert-authority " + ca.AuthorizedLine() + "\n"} {
+		if err := hostagent.Install(hostagent.InstallOptions{Root: t.TempDir(), TrustedUserCAKeys: []byte(bad)}, &out); err == nil {
+			t.Errorf("Install took CA lines %q", bad)
+		}
+	}
+	// An existing config without a trusted CA file is not edited behind the operator's back.
+	plain := t.TempDir()
+	if err := hostagent.Install(hostagent.InstallOptions{Root: plain}, &out); err != nil {
+		t.Fatal(err)
+	}
+	if err := hostagent.Install(hostagent.InstallOptions{Root: plain, TrustedUserCAKeys: []byte(ca.AuthorizedLine())}, &out); err == nil || !strings.Contains(err.Error(), "trusted_user_ca_keys_file") {
+		t.Fatalf("Install over a config without trusted_user_ca_keys_file: %v", err)
 	}
 }

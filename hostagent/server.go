@@ -296,6 +296,13 @@ func (srv *Server) verifiedKey(ctx gliderssh.Context) func(gossh.ConnMetadata, g
 	record := verifiedKeyCallback(ctx)
 	return func(meta gossh.ConnMetadata, key gossh.PublicKey, perms *gossh.Permissions, algo string) (*gossh.Permissions, error) {
 		perms, err := record(meta, key, perms, algo)
+		if cert, ok := key.(*gossh.Certificate); ok && err == nil {
+			// As sshd's "Accepted publickey … ID … (serial N) CA …": which certificate, of
+			// which CA, each login used.
+			srv.logger.Info("login with a user certificate", "user", boundForLog(meta.User()), "remote", meta.RemoteAddr(),
+				"key_id", boundForLog(cert.KeyId), "serial", cert.Serial, "ca", gossh.FingerprintSHA256(cert.SignatureKey),
+				"key", gossh.FingerprintSHA256(cert.Key))
+		}
 		if err == nil {
 			if sc, ok := ctx.Value(serverConnKey{}).(*serverConn); ok {
 				sc.login.Store(&connLogin{user: meta.User(), key: key})

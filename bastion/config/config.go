@@ -66,6 +66,8 @@ type Config struct {
 	// HostCAs are the host certificate authorities whose certificates vouch for hosts
 	// enrolled with host_key = "@cert-authority" instead of a pinned key.
 	HostCAs []HostCA `toml:"host_cas"`
+	// SSHCA makes the bastion its hosts' SSH user certificate authority (sshca.go).
+	SSHCA SSHCA `toml:"ssh_ca"`
 	// RevokedHostKeysFile lists revoked host keys, CA keys and certificate serials
 	// (fleet.Revocations), re-read when it changes. Default "": none. A file that cannot be
 	// read refuses every host.
@@ -268,6 +270,7 @@ func DefaultConfig(dir string) Config {
 		MaxLocalConnsPerUID: transport.DefaultMaxLocalConnsPerUID,
 		DeliveryRevokeGrace: 30 * time.Second,
 		DeliverySettle:      time.Second,
+		SSHCA:               SSHCA{CertLifetime: defaultCertLifetime, RotationOverlap: defaultRotationOverlap},
 	}
 }
 
@@ -356,6 +359,7 @@ func parseConfig(r io.Reader) (cfg Config, problems, err error) {
 			errs = append(errs, fmt.Errorf(`config: %s: must be a duration string such as "30s"`, key))
 		}
 	}
+	errs = append(errs, sshCADurationProblems(md)...)
 	return cfg, errors.Join(errs...), nil
 }
 
@@ -523,6 +527,7 @@ func (c Config) Validate() error {
 		bad("max_request_body_bytes must be in 1..%d, got %d", markers.MaxResultBytes/2, c.MaxRequestBodyBytes)
 	}
 	errs = append(errs, c.validateHostCAs()...)
+	errs = append(errs, c.SSHCA.validate()...)
 	if c.RevokedHostKeysFile != "" && !filepath.IsAbs(c.RevokedHostKeysFile) {
 		bad("revoked_host_keys_file must be an absolute path, got %q", c.RevokedHostKeysFile)
 	}

@@ -20,6 +20,7 @@ import (
 	"github.com/postern-dev/postern/bastion/intent"
 	"github.com/postern-dev/postern/bastion/journal"
 	"github.com/postern-dev/postern/bastion/notify"
+	"github.com/postern-dev/postern/bastion/sshca"
 	"github.com/postern-dev/postern/internal/privdir"
 	"github.com/postern-dev/postern/markers"
 	"github.com/postern-dev/postern/plugins"
@@ -177,7 +178,16 @@ func Open(opts Options) (*Engine, error) {
 		jl.Close()
 		return nil, err
 	}
-	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: clientKey, Logger: opts.Logger, HostCAs: cas, Revoked: revoked})
+	var replica string
+	if r, ok := jl.(markers.Replicated); ok {
+		replica = r.Name()
+	}
+	certs, err := openSSHCA(cfg, inv, func() config.Config { return b.current().cfg }, replica, false, opts.Logger, opts.Now)
+	if err != nil {
+		jl.Close()
+		return nil, err
+	}
+	pool, err := fleet.NewPool(poolOptions(clientKey, certs, opts.Logger, cas, revoked))
 	if err != nil {
 		jl.Close()
 		return nil, err
@@ -197,7 +207,7 @@ func Open(opts Options) (*Engine, error) {
 			cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
 			metrics: newMetrics(), clientK: clientKey, plugin: plugin,
 			held: opts.Hold, ctx: ctx, cancel: cancel,
-			hosts: &hosts{pool: pool, inv: inv, ctx: ctx},
+			hosts: &hosts{pool: pool, inv: inv, ctx: ctx, sshCA: certs != nil},
 		},
 	}
 	if cfg.Approvals.Webhook != "" {
@@ -220,7 +230,21 @@ func Open(opts Options) (*Engine, error) {
 	b.views = &views{core: b.core, drivers: b.drivers}
 	b.intake = &intake{core: b.core, drivers: b.drivers, views: b.views}
 	b.metrics.registry.MustRegister(inFlight{b}, journalBackend{b})
+	if certs != nil {
+		// Renewed in the background until Close (b.wg), so a dial rarely waits for a signing.
+		b.wg.Go(func() { certs.Run(ctx) })
+	}
 	return b, nil
+}
+
+// poolOptions: the pool logs in with the CA's certificates when [ssh_ca] is enabled, and
+// then with nothing else; with the static key otherwise.
+func poolOptions(key gossh.Signer, certs *sshca.Issuer, log *slog.Logger, cas []fleet.HostCA, revoked *fleet.Revocations) fleet.PoolOptions {
+	o := fleet.PoolOptions{Signer: key, Logger: log, HostCAs: cas, Revoked: revoked}
+	if certs != nil {
+		o.Signer, o.Certs = nil, certs.Signer
+	}
+	return o
 }
 
 // openReadOnly is Open for Options.ReadOnly.
@@ -254,7 +278,13 @@ func openReadOnly(cfg config.Config, opts Options) (*Engine, error) {
 		// Read-only: the list refuses every host until it can be read; the rest still reads.
 		opts.Logger.Info("hosts trusted through a CA cannot be asked", "why", err)
 	}
-	pool, err := fleet.NewPool(fleet.PoolOptions{Signer: signer, Logger: opts.Logger, HostCAs: cas, Revoked: revoked})
+	// Read-only the certificate is signed when a host is asked, not renewed ahead.
+	certs, err := openSSHCA(cfg, inv, func() config.Config { return live.cfg }, "", true, opts.Logger, opts.Now)
+	if err != nil {
+		jl.Close()
+		return nil, err
+	}
+	pool, err := fleet.NewPool(poolOptions(signer, certs, opts.Logger, cas, revoked))
 	if err != nil {
 		jl.Close()
 		return nil, err
@@ -268,7 +298,7 @@ func openReadOnly(cfg config.Config, opts Options) (*Engine, error) {
 	b := &Engine{core: &core{
 		cfg: cfg, log: opts.Logger, now: opts.Now, journal: jl, fp: fp, inv: inv, pool: pool,
 		metrics: newMetrics(), readOnly: true,
-		ctx: ctx, cancel: cancel, hosts: &hosts{pool: pool, inv: inv, ctx: ctx},
+		ctx: ctx, cancel: cancel, hosts: &hosts{pool: pool, inv: inv, ctx: ctx, sshCA: certs != nil},
 	}}
 	b.live.Store(live)
 	b.records = &records{journal: jl, now: opts.Now, metrics: b.metrics}

@@ -27,6 +27,8 @@ type hosts struct {
 	inv  *fleet.Inventory
 	// ctx is the engine's lifetime: asking on behalf of a driver ends with it.
 	ctx context.Context
+	// sshCA: the bastion logs in with certificates ([ssh_ca]); a fix says to trust the CA.
+	sshCA bool
 }
 
 // spool reads output older than the stored tail from the host (its spool keeps the
@@ -160,6 +162,9 @@ func (hs *hosts) agentlessHealth(ctx context.Context, h fleet.Host) api.HostHeal
 		hh.Fix = fmt.Sprintf("the host presents another key than the one enrolled: check it on the host (ssh-keygen -lf its host key), then `postern hosts enroll %s %s --agentless --replace`", h.Name, h.Addr)
 	case errors.Is(err, fleet.ErrKeyRefused):
 		hh.Fix = fmt.Sprintf("sshd on %s does not accept the bastion's key: append the line `postern hosts key` prints to ~%s/.ssh/authorized_keys there", h.Name, h.Account)
+		if hs.sshCA {
+			hh.Fix = fmt.Sprintf("sshd on %s does not accept the bastion's ssh certificate: put the lines `postern ca keys` prints in its TrustedUserCAKeys file (docs/ssh-ca.md)", h.Name)
+		}
 	case strings.Contains(err.Error(), "marker script"):
 		hh.Fix = fmt.Sprintf("re-enroll the host to install the marker script again: `postern hosts enroll %s %s --agentless --marker-script --account %s`", h.Name, h.Addr, h.Account)
 	default:
@@ -281,6 +286,9 @@ func (hs *hosts) health(ctx context.Context, h fleet.Host) api.HostHealth {
 		hh.Fix = fmt.Sprintf("the host presents another key than the one enrolled: check it on the host (ssh-keygen -lf its host key), then `postern hosts enroll %s %s --replace`", h.Name, h.Addr)
 	case errors.Is(err, fleet.ErrKeyRefused):
 		hh.Fix = fmt.Sprintf("the hostagent on %s does not accept the bastion's key: append the line `postern hosts key` prints to its authorized_keys file, and check that %s is in its allowed_accounts", h.Name, h.Account)
+		if hs.sshCA {
+			hh.Fix = fmt.Sprintf("the hostagent on %s does not accept the bastion's ssh certificate: put the lines `postern ca keys` prints in its trusted_user_ca_keys_file, and check that %s is in its allowed_accounts", h.Name, h.Account)
+		}
 	default:
 		hh.Fix = fmt.Sprintf("is postern-hostagent running on %s (systemctl status postern-hostagent) and listening on %s? Check the address with `postern hosts list`, and that no firewall is in the way", h.Name, h.Addr)
 	}

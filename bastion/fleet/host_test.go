@@ -3,6 +3,7 @@ package fleet
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"os"
@@ -36,7 +37,11 @@ type testHost struct {
 	bastion testutil.SSHKey
 	// cert, when set, is a host certificate of key the host presents besides it.
 	cert gossh.Signer
-	home string // "" refuses sessions
+	// userCA, when set, is a user CA whose certificates the host admits too (for the
+	// principal logging in); certSerials are the serials of those that logged in.
+	userCA      gossh.PublicKey
+	certSerials []uint64
+	home        string // "" refuses sessions
 
 	mu sync.Mutex // guards the fields below
 	// hello is how the hello is answered; mute stops answering keepalives; refuse closes
@@ -136,7 +141,21 @@ func (th *testHost) acceptLoop() {
 
 func (th *testHost) serve(c net.Conn) {
 	cfg := &gossh.ServerConfig{
-		PublicKeyCallback: func(_ gossh.ConnMetadata, key gossh.PublicKey) (*gossh.Permissions, error) {
+		PublicKeyCallback: func(meta gossh.ConnMetadata, key gossh.PublicKey) (*gossh.Permissions, error) {
+			th.mu.Lock()
+			ca := th.userCA
+			th.mu.Unlock()
+			if cert, ok := key.(*gossh.Certificate); ok && ca != nil {
+				checker := gossh.CertChecker{IsUserAuthority: func(k gossh.PublicKey) bool { return bytes.Equal(k.Marshal(), ca.Marshal()) }}
+				if err := checker.CheckCert(meta.User(), cert); err != nil || !checker.IsUserAuthority(cert.SignatureKey) {
+					return nil, fmt.Errorf("certificate refused: %v", err)
+				}
+				th.mu.Lock()
+				th.logins++
+				th.certSerials = append(th.certSerials, cert.Serial)
+				th.mu.Unlock()
+				return nil, nil
+			}
 			if !bytes.Equal(key.Marshal(), th.bastion.Public().Marshal()) {
 				return nil, errors.New("unknown key")
 			}

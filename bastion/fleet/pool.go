@@ -79,8 +79,13 @@ var ErrHostKeyMismatch = errors.New("bastion: host key does not match the enroll
 
 // PoolOptions configure a Pool. Zero values take the documented defaults.
 type PoolOptions struct {
-	// Signer authenticates the bastion to hostagents. Required.
+	// Signer authenticates the bastion to hostagents with its static key. Required unless
+	// Certs is set.
 	Signer gossh.Signer
+	// Certs, when set, is the only way the bastion authenticates ([ssh_ca]): the signer of
+	// a user certificate valid now for the account dialed (bastion/sshca). A connection
+	// keeps the certificate it logged in with; the next dial asks again.
+	Certs func(account string) (gossh.Signer, error)
 	// DialTimeout bounds connecting and the SSH handshake. Default 10s.
 	DialTimeout time.Duration
 	// KeepaliveInterval is how often an idle connection is probed. Default 15s.
@@ -154,7 +159,7 @@ type pooledConn struct {
 
 // NewPool returns an empty pool.
 func NewPool(opts PoolOptions) (*Pool, error) {
-	if opts.Signer == nil {
+	if opts.Signer == nil && opts.Certs == nil {
 		return nil, errors.New("bastion: pool needs a signer")
 	}
 	if opts.DialTimeout == 0 {
@@ -323,11 +328,18 @@ func (p *Pool) dial(ctx context.Context, h Host) (*gossh.Client, gossh.PublicKey
 	if deadline, ok := ctx.Deadline(); ok {
 		raw.SetDeadline(deadline)
 	}
+	signer := p.opts.Signer
+	if p.opts.Certs != nil {
+		if signer, err = p.opts.Certs(h.Account); err != nil {
+			raw.Close()
+			return nil, nil, 0, fmt.Errorf("bastion: no ssh certificate to log in to %s as %s: %w", h.Name, h.Account, err)
+		}
+	}
 	var presented gossh.PublicKey
 	var refused error // the host key callback's own error: it says what to fix
 	conn, chans, reqs, err := gossh.NewClientConn(raw, h.Addr, &gossh.ClientConfig{
 		User: h.Account,
-		Auth: []gossh.AuthMethod{gossh.PublicKeys(p.opts.Signer)},
+		Auth: []gossh.AuthMethod{gossh.PublicKeys(signer)},
 		HostKeyCallback: func(_ string, _ net.Addr, key gossh.PublicKey) error {
 			presented = key
 			refused = CheckHostKey(h, key, p.opts.HostCAs, p.opts.Revoked, p.opts.Now())
@@ -349,6 +361,9 @@ func (p *Pool) dial(ctx context.Context, h Host) (*gossh.Client, gossh.PublicKey
 		}
 		if strings.Contains(err.Error(), "unable to authenticate") {
 			// x/crypto/ssh has no error type for it; its message is stable.
+			if p.opts.Certs != nil {
+				return nil, nil, 0, fmt.Errorf("%w: %s (as %s) refuses the bastion's ssh certificate (does it trust the CA? postern ca keys): %w", ErrKeyRefused, h.Name, h.Account, err)
+			}
 			return nil, nil, 0, fmt.Errorf("%w: %s (as %s): %w", ErrKeyRefused, h.Name, h.Account, err)
 		}
 		return nil, nil, 0, fmt.Errorf("%w: ssh handshake with %s: %w", ErrHostUnreachable, h.Name, err)

@@ -55,7 +55,7 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	case "reload":
 		return (&ReloadCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "install":
-		return (&InstallCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
+		return (&InstallCommand{Stdin: os.Stdin, Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "markers":
 		return (&MarkersCommand{Stdout: stdout, Stderr: stderr}).Run(ctx, args[1:])
 	case "marker":

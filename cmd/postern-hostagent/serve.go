@@ -94,8 +94,12 @@ func (c *ServeCommand) Run(ctx context.Context, args []string) error {
 	}
 	defer lock.Release()
 	if hostagent.AuthorizedKeyCount(cfg) == 0 {
-		logger.Warn("no authorized keys: nobody can log in, not even the bastion, until a key is added (the files are re-read at every login): "+
-			"append the line `postern hosts key` prints on the bastion to "+keysPlace(cfg),
+		fix := "append the line `postern hosts key` prints on the bastion to " + keysPlace(cfg)
+		if cfg.TrustedUserCAKeysFile != "" {
+			// A bastion with [ssh_ca] needs its CA trusted, and no key authorized.
+			fix += ", or for a bastion with [ssh_ca] put the lines `postern ca keys` prints in " + cfg.TrustedUserCAKeysFile
+		}
+		logger.Warn("no authorized keys: nobody can log in, not even the bastion, until a key is added (the files are re-read at every login): "+fix,
 			"authorized_keys_file", cfg.AuthorizedKeysFile, "authorized_keys_dir", cfg.AuthorizedKeysDir, "trusted_user_ca_keys_file", cfg.TrustedUserCAKeysFile)
 	}
 	agent, err := hostagent.OpenAgent(ctx, cfg, hostagent.AgentOptions{

@@ -96,6 +96,7 @@ func (c *doctorCommand) checks(ctx context.Context, loc *locator) []doctorCheck 
 	add("config", "ok", "valid: "+loc.where(), "")
 	out = append(out, stateDirChecks(cfg)...)
 	out = append(out, keyChecks(cfg)...)
+	out = append(out, sshCAChecks(cfg, time.Now())...)
 
 	add("version", "note", "this CLI and its stdio bridge (postern mcp): "+version.String(), "")
 	var rep api.DoctorReport

@@ -335,15 +335,24 @@ func (c *hostsCommand) enroll(ctx context.Context, args []string) error {
 // operator just confirmed, and records its digest in h. Without the bastion's key in the
 // account's authorized_keys nothing is enrolled: the operator is shown the line to add.
 func (c *hostsCommand) installMarkerScript(ctx context.Context, cfg config.Config, h *fleet.Host) error {
-	signer, err := fleet.LoadOrCreateClientKey(cfg.ClientKeyPath())
+	signer, err := bastionLogin(cfg, h.Account)
 	if err != nil {
 		return err
 	}
 	digest, err := fleet.InstallMarkerScript(ctx, *h, signer)
 	if err != nil && strings.Contains(err.Error(), "unable to authenticate") {
-		fmt.Fprintf(c.stdout, "\nsshd on %s does not accept the bastion's key yet. Add this line to ~%s/.ssh/authorized_keys there, then run this command again:\n\n",
-			cli.Printable(h.Name), cli.Printable(h.Account))
-		c.stdout.Write(gossh.MarshalAuthorizedKey(signer.PublicKey()))
+		lines, lerr := trustLines(cfg, signer)
+		if lerr != nil {
+			return lerr
+		}
+		if cfg.SSHCA.Enabled {
+			fmt.Fprintf(c.stdout, "\nsshd on %s does not accept the bastion's ssh certificate yet. Put these lines in the file its TrustedUserCAKeys names, then run this command again:\n\n",
+				cli.Printable(h.Name))
+		} else {
+			fmt.Fprintf(c.stdout, "\nsshd on %s does not accept the bastion's key yet. Add this line to ~%s/.ssh/authorized_keys there, then run this command again:\n\n",
+				cli.Printable(h.Name), cli.Printable(h.Account))
+		}
+		c.stdout.Write(lines)
 		return fmt.Errorf("not enrolled: the marker script could not be installed on %s: %w", cli.Printable(h.Name), err)
 	}
 	if err != nil {
@@ -423,6 +432,9 @@ func (c *hostsCommand) key(ctx context.Context, args []string) error {
 	if err != nil {
 		return err
 	}
+	if cfg.SSHCA.Enabled {
+		fmt.Fprintln(c.stderr, "note: [ssh_ca] is enabled: the bastion logs in with certificates of its CA, never with this key; hosts trust the CA instead (postern ca keys), and this key can be removed from them (docs/ssh-ca.md)")
+	}
 	_, err = c.stdout.Write(gossh.MarshalAuthorizedKey(signer.PublicKey()))
 	return err
 }
@@ -436,17 +448,33 @@ const keyCheckTimeout = 10 * time.Second
 // hostagent or, without one, for sshd. A state dir without a key gets one now, as the daemon
 // would on its first start.
 func (c *hostsCommand) printBastionKey(ctx context.Context, cfg config.Config, h fleet.Host) error {
-	signer, err := fleet.LoadOrCreateClientKey(cfg.ClientKeyPath())
+	signer, err := bastionLogin(cfg, h.Account)
 	if err != nil {
 		return fmt.Errorf("the host is enrolled, but the bastion's client key cannot be read: %w", err)
 	}
 	accepted, err := acceptsKey(ctx, h, signer)
 	switch {
+	case accepted && cfg.SSHCA.Enabled:
+		fmt.Fprintf(c.stdout, "%s accepts the bastion's ssh certificate as %s: ready\n", cli.Printable(h.Name), cli.Printable(h.Account))
+		return nil
 	case accepted:
 		fmt.Fprintf(c.stdout, "%s accepts the bastion's key as %s: ready\n", cli.Printable(h.Name), cli.Printable(h.Account))
 		return nil
 	case err != nil:
 		fmt.Fprintf(c.stdout, "(whether %s accepts the bastion's key could not be checked: %s)\n", cli.Printable(h.Name), cli.Printable(err.Error()))
+	}
+	if cfg.SSHCA.Enabled {
+		lines, err := trustLines(cfg, signer)
+		if err != nil {
+			return err
+		}
+		if h.Level() == fleet.GuaranteeHostagent {
+			fmt.Fprintf(c.stdout, "\nOn %s, put these lines in the hostagent's trusted_user_ca_keys_file (no authorized key is needed; %s must be in its allowed_accounts):\n\n", cli.Printable(h.Name), cli.Printable(h.Account))
+		} else {
+			fmt.Fprintf(c.stdout, "\nOn %s, put these lines in the file sshd's TrustedUserCAKeys names (no authorized key is needed):\n\n", cli.Printable(h.Name))
+		}
+		_, err = c.stdout.Write(lines)
+		return err
 	}
 	if h.Level() == fleet.GuaranteeHostagent {
 		fmt.Fprintf(c.stdout, "\nOn %s, add the bastion's key to the hostagent's authorized_keys file (its authorized_keys_file setting):\n\n", cli.Printable(h.Name))

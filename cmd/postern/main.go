@@ -44,6 +44,8 @@ commands:
   doctor      check config, permissions, keys, the daemon, its port and every host, with fixes
   token       issue a bearer token for an actor (with an id and an expiry); list, revoke;
               --static prints a token for the config
+  ca          the bastion's SSH certificate authority ([ssh_ca]): init, keys hosts
+              trust, status, rotate, activate, retire
   version     print the build (module version, VCS revision, toolchain); also --version
 
 Run 'postern COMMAND -h' for a command's flags.
@@ -109,6 +111,7 @@ var operatorCommands = map[string]func(operatorIO) runner{
 	"doctor":      func(o operatorIO) runner { return &doctorCommand{o} },
 	"reload":      func(o operatorIO) runner { return &reloadCommand{o} },
 	"token":       func(o operatorIO) runner { return &tokenCommand{o} },
+	"ca":          func(o operatorIO) runner { return &caCommand{o} },
 }
 
 // runner is a command made for one invocation.

@@ -11,6 +11,7 @@ import (
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/engine"
 	"github.com/postern-dev/postern/bastion/journal"
+	"github.com/postern-dev/postern/bastion/sshca"
 	"github.com/postern-dev/postern/internal/cli"
 	"github.com/postern-dev/postern/internal/dirlock"
 	"github.com/postern-dev/postern/internal/privdir"
@@ -55,6 +56,12 @@ func (c *recoverCommand) Run(ctx context.Context, args []string) error {
 	cfg, err := loc.config()
 	if err != nil {
 		return err
+	}
+	if cfg.SSHCA.Enabled {
+		// A CA made anew here would be one no host trusts; backups do not carry it.
+		if _, err := sshca.Open(cfg.SSHCADir()).State(); err != nil {
+			return fmt.Errorf("the SSH CA the hosts trust ([ssh_ca]) cannot be read: %w; restore its key_dir %s from where you keep it first", err, cfg.SSHCADir())
+		}
 	}
 	for _, f := range []struct{ path, why string }{
 		{cfg.ClientKeyPath(), "the bastion's SSH key, which the hosts authorize"},

@@ -56,6 +56,9 @@ type SSHDOptions struct {
 	UID, GID      int
 	// AuthorizedKeys are more authorized_keys lines besides ClientKey's (a bastion's key).
 	AuthorizedKeys []string
+	// TrustedUserCAKeys, if set, is the file sshd's TrustedUserCAKeys names (a bastion CA's
+	// lines): sshd reads it at each login, so a test may write it later.
+	TrustedUserCAKeys string
 }
 
 // StartSSHDWith is StartSSHD with opts.
@@ -107,6 +110,10 @@ func StartSSHDWith(t testing.TB, opts SSHDOptions) *SSHD {
 			}
 		}
 	}
+	var trustedCAs string
+	if opts.TrustedUserCAKeys != "" {
+		trustedCAs = "TrustedUserCAKeys " + opts.TrustedUserCAKeys
+	}
 	config := filepath.Join(dir, "sshd_config")
 	lines := []string{
 		"ListenAddress 127.0.0.1",
@@ -122,6 +129,7 @@ func StartSSHDWith(t testing.TB, opts SSHDOptions) *SSHD {
 		"UseDNS no",
 		"LogLevel ERROR",
 		setHome,
+		trustedCAs,
 		// Enough for many multiplexed sessions at once (default 10).
 		"MaxSessions 100",
 		"MaxStartups 100",
