@@ -252,10 +252,10 @@ func TestOAuthKeyRotationKeepsClientsWorking(t *testing.T) {
 func TestToolCalls(t *testing.T) {
 	for body, want := range map[string]string{
 		`{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"ssh_exec"}}`:                   "ssh_exec",
-		`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`:                                                 "",
+		`{"jsonrpc":"2.0","id":1,"method":"tools/list"}`:                                                "",
 		`[{"method":"tools/call","params":{"name":"a"}},{"method":"tools/call","params":{"name":"b"}}]`: "a b",
-		`{"method":"tools\/call","params":{"n\u0061me":"x"}}`:                                            "x",
-		`{"method":"notifications/initialized"}`:                                                         "",
+		`{"method":"tools\/call","params":{"n\u0061me":"x"}}`:                                           "x",
+		`{"method":"notifications/initialized"}`:                                                        "",
 	} {
 		got, err := ToolCalls([]byte(body))
 		if err != nil || strings.Join(got, " ") != want {
