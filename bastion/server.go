@@ -16,6 +16,7 @@ import (
 	"github.com/postern-dev/postern/bastion/delivery"
 	"github.com/postern-dev/postern/bastion/engine"
 	"github.com/postern-dev/postern/bastion/mcpserver"
+	"github.com/postern-dev/postern/bastion/oauth"
 	"github.com/postern-dev/postern/bastion/operatorapi"
 	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
@@ -107,8 +108,16 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		if err != nil {
 			return err
 		}
+		var verifier *oauth.Verifier
+		if b.cfg.OAuth != nil {
+			opts := b.cfg.OAuth.Options()
+			opts.Now = b.now
+			if verifier, err = oauth.New(opts); err != nil {
+				return err
+			}
+		}
 		mcpHTTP, err := transport.HTTPHandler(remote, transport.HTTPOptions{
-			ActorSet: actors, MaxBodyBytes: b.cfg.MaxBodyBytes,
+			ActorSet: actors, OAuth: verifier, MaxBodyBytes: b.cfg.MaxBodyBytes,
 			AllowedHosts: b.cfg.AllowedHosts, AllowedOrigins: b.cfg.AllowedOrigins,
 			Logger: b.log.With("component", "http"), CountRefusal: b.engine.CountRefusal,
 		})
@@ -117,6 +126,11 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle(MCPPath, mcpHTTP)
+		if verifier != nil {
+			for _, p := range verifier.MetadataPaths() {
+				mux.Handle(p, transport.OAuthMetadataHandler(verifier))
+			}
+		}
 		mux.Handle("/metrics", b.engine.MetricsHandler())
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 		l := b.httpLn

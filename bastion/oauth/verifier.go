@@ -20,6 +20,9 @@ import (
 // leaves room for large group lists and refuses a header-sized one before any parsing.
 const MaxTokenBytes = 8 << 10
 
+// maxSubjectBytes bounds the sub claim, which every call's journal record carries.
+const maxSubjectBytes = 255
+
 // DefaultLeeway is the clock skew tolerated on exp, nbf and iat.
 const DefaultLeeway = 60 * time.Second
 
@@ -218,8 +221,8 @@ func (v *Verifier) validate(ctx context.Context, raw string) (Identity, error) {
 	case err != nil:
 		return Identity{}, invalid("%v", err)
 	}
-	if std.Subject == "" {
-		return Identity{}, invalid("the token has no subject (sub)")
+	if std.Subject == "" || len(std.Subject) > maxSubjectBytes {
+		return Identity{}, invalid("the token's subject (sub) must be 1 to %d bytes", maxSubjectBytes)
 	}
 	id := Identity{Issuer: std.Issuer, Subject: std.Subject, Expires: std.Expiry.Time()}
 	id.ClientID = stringClaim(claims["client_id"])

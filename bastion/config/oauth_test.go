@@ -1,0 +1,70 @@
+package config
+
+import (
+	"strings"
+	"testing"
+)
+
+func TestOAuthConfig(t *testing.T) {
+	const base = `state_dir = "/x"
+[[actors]]
+name = "ops"
+remote = true
+[[actors]]
+name = "ci"
+uid = 0
+`
+	const good = `[oauth]
+issuer = "https://idp.example.com/realms/ops"
+resource = "https://postern.example.com/mcp"
+groups_claim = "realm_access.roles"
+[[oauth.actors]]
+actor = "ops"
+groups = ["sre"]
+[oauth.scope_tools]
+"postern:read" = ["hosts_list", "execution_status"]
+"postern:exec" = ["ssh_exec"]
+`
+	for _, tt := range []struct {
+		name, toml, wantErr string
+	}{
+		{name: "good", toml: base + good},
+		{name: "http issuer off loopback", toml: base + strings.Replace(good, "https://idp", "http://idp", 1), wantErr: "must use https"},
+		{name: "loopback http issuer", toml: base + strings.Replace(strings.Replace(good, "https://idp.example.com", "http://127.0.0.1:8080", 1), "https://postern.example.com", "http://127.0.0.1:7410", 1)},
+		{name: "http resource off loopback", toml: base + strings.Replace(good, "https://postern", "http://postern", 1), wantErr: "resource"},
+		{name: "no issuer", toml: base + "[oauth]\nresource = \"https://p.example/mcp\"\n[[oauth.actors]]\nactor = \"ops\"\nsubjects = [\"a\"]\n", wantErr: "issuer and resource are required"},
+		{name: "unknown actor", toml: base + strings.Replace(good, `actor = "ops"`, `actor = "nobody"`, 1), wantErr: `"nobody" is not a remote actor`},
+		{name: "local actor", toml: base + strings.Replace(good, `actor = "ops"`, `actor = "ci"`, 1), wantErr: `"ci" is not a remote actor`},
+		{name: "rule that matches everything", toml: base + strings.Replace(good, `groups = ["sre"]`, ``, 1), wantErr: "a rule that matches every token"},
+		{name: "no rules", toml: base + "[oauth]\nissuer = \"https://idp.example.com\"\nresource = \"https://p.example/mcp\"\n", wantErr: "no [[oauth.actors]]"},
+		{name: "symmetric algorithm", toml: base + strings.Replace(good, "[[oauth.actors]]", "algorithms = [\"HS256\"]\n[[oauth.actors]]", 1), wantErr: "only asymmetric"},
+		{name: "leeway too long", toml: base + strings.Replace(good, "[[oauth.actors]]", "leeway = \"1h\"\n[[oauth.actors]]", 1), wantErr: "leeway must be in"},
+		{name: "scope without tools", toml: base + good + "\"postern:none\" = []\n", wantErr: "list the tools"},
+		{name: "unknown key", toml: base + strings.Replace(good, "[[oauth.actors]]", "audience = \"x\"\n[[oauth.actors]]", 1), wantErr: "unknown key"},
+		{name: "no HTTP", toml: "listen = \"\"\n" + base + good, wantErr: "serves no HTTP endpoint"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg, err := ParseConfig(strings.NewReader(tt.toml))
+			if err == nil {
+				err = cfg.Validate()
+			}
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Fatalf("unexpected error: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Fatalf("error = %v; want one containing %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// A changed [oauth] table is restart-only: the verifier and the metadata are wired into the
+// HTTP endpoint at start.
+func TestOAuthIsRestartOnly(t *testing.T) {
+	a := DefaultConfig("/x")
+	b := a
+	b.OAuth = &OAuth{Issuer: "https://idp.example.com", Resource: "https://p.example/mcp"}
+	if got := strings.Join(a.RestartOnly(b), ","); got != "oauth" {
+		t.Fatalf("RestartOnly = %q, want oauth", got)
+	}
+}
