@@ -115,6 +115,9 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 			if verifier, err = oauth.New(opts); err != nil {
 				return err
 			}
+			b.surfaces.Lock()
+			b.oauth = verifier
+			b.surfaces.Unlock()
 		}
 		mcpHTTP, err := transport.HTTPHandler(remote, transport.HTTPOptions{
 			ActorSet: actors, OAuth: verifier, MaxBodyBytes: b.cfg.MaxBodyBytes,

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -23,6 +24,8 @@ import (
 
 var (
 	deployAccount = testop.ServiceAccount{ID: "svc-deploy", Secret: "deploy-secret"}
+	// laterAccount is a service account no rule maps until a reload adds one.
+	laterAccount = testop.ServiceAccount{ID: "svc-later", Secret: "later-secret"}
 	// oauthPublicClient is the provider's public client for authorization code + PKCE.
 	oauthPublicClient = "postern-cli"
 )
@@ -42,7 +45,7 @@ func startOAuthFleet(t *testing.T) *oauthBed {
 	b := harness.NewBastion(t, h.ClientKey, "[[actors]]\nname = \"deploy\"\nremote = true\n[[actors]]\nname = \"people\"\nremote = true")
 	op := testop.Start(t, testop.Options{
 		Audience:        []string{b.URL},
-		ServiceAccounts: []testop.ServiceAccount{deployAccount},
+		ServiceAccounts: []testop.ServiceAccount{deployAccount, laterAccount},
 		PublicClient:    oauthPublicClient,
 		UserGroups:      []string{"sre"},
 	})
@@ -59,19 +62,25 @@ groups = ["sre"]
 "postern:read" = ["hosts_list", "execution_status", "execution_output", "executions_list"]
 "postern:exec" = ["ssh_exec", "execution_status", "execution_output"]
 `, op.Issuer, b.URL, deployAccount.ID)
-	f, err := os.OpenFile(b.ConfigPath, os.O_APPEND|os.O_WRONLY, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := f.WriteString(oauthTable); err != nil {
-		t.Fatal(err)
-	}
-	f.Close()
+	appendConfig(t, b, oauthTable)
 	b.EnrollAt(t, "h1", h.Addr, h)
 	b.Start(t)
 	bed := &oauthBed{testbed: &testbed{bastion: b, host: h}, op: op}
 	bed.logOnFailure(t)
 	return bed
+}
+
+// appendConfig adds text to the end of the bastion's config file.
+func appendConfig(t *testing.T, b *harness.Bastion, text string) {
+	t.Helper()
+	f, err := os.OpenFile(b.ConfigPath, os.O_APPEND|os.O_WRONLY, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	if _, err := f.WriteString(text); err != nil {
+		t.Fatal(err)
+	}
 }
 
 // tsOAuthLine is a line oauth.mjs prints.
@@ -245,5 +254,45 @@ func TestOAuthAuthorizationCodePKCE(t *testing.T) {
 	inv := investigate(t, f.bastion, id)
 	if len(inv.Calls) != 1 || inv.Calls[0].Subject != testop.UserSubject || inv.Record.Actor != "token:people" {
 		t.Fatalf("calls %+v of actor %s; want token:people with subject %s", inv.Calls, inv.Record.Actor, testop.UserSubject)
+	}
+}
+
+// TestOAuthReloadMapsAnActor: a valid token no rule maps is refused 403 and reaches nothing;
+// a rule added to the config and `postern reload` map it from its next request on, without a
+// restart, and the call runs as the actor the new rule names.
+func TestOAuthReloadMapsAnActor(t *testing.T) {
+	f := startOAuthFleet(t)
+	ctx := testContext(t)
+	token, err := f.op.ClientCredentialsToken(ctx, laterAccount, "postern:exec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hc := harness.TokenHTTPClient(token, nil, nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, f.bastion.URL, strings.NewReader(`{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Accept", "application/json, text/event-stream")
+	resp, err := hc.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusForbidden || !strings.Contains(resp.Header.Get("WWW-Authenticate"), "insufficient_scope") {
+		t.Fatalf("an unmapped token: %s %q; want 403 insufficient_scope", resp.Status, resp.Header.Get("WWW-Authenticate"))
+	}
+	appendConfig(t, f.bastion, fmt.Sprintf("[[oauth.actors]]\nactor = \"deploy\"\nsubjects = [%q]\n", laterAccount.ID))
+	if out := string(postern(t, f.bastion, "reload")); !strings.Contains(out, "oauth.actors: 2 rules before, 3 now") {
+		t.Fatalf("postern reload said:\n%s", out)
+	}
+	cs := harness.ConnectMCP(t, f.bastion.URL, hc, nil)
+	x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo mapped"})
+	if x.State != "completed" {
+		t.Fatalf("after the reload: %+v", x)
+	}
+	waitForDelivery(t, f.bastion, x.ExecutionID)
+	if inv := investigate(t, f.bastion, x.ExecutionID); inv.Record.Actor != "token:deploy" || len(inv.Calls) != 1 || inv.Calls[0].Subject != laterAccount.ID {
+		t.Fatalf("actor %s, calls %+v; want token:deploy with subject %s", inv.Record.Actor, inv.Calls, laterAccount.ID)
 	}
 }

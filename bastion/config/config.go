@@ -73,8 +73,8 @@ type Config struct {
 	// read refuses every host.
 	RevokedHostKeysFile string `toml:"revoked_host_keys_file"`
 
-	// OAuth also admits remote callers by OAuth access tokens ([oauth], oauth.go). Default
-	// none.
+	// OAuth also admits remote callers by OAuth access tokens ([oauth], oauth.go); a reload
+	// applies its mapping only. Default none.
 	OAuth *OAuth `toml:"oauth"`
 
 	// Actors are the callers: remote ones by bearer token (the config stores its SHA-256),

@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"maps"
+	"reflect"
 	"slices"
 	"time"
 
@@ -12,7 +13,7 @@ import (
 // OAuth makes the HTTP endpoint an OAuth 2.1 protected resource ([oauth], docs/oauth.md):
 // besides the actors' own tokens, it accepts the JWT access tokens the authorization server
 // issues for it, and maps each to a remote actor by its subject, client, groups or scopes.
-// A reload does not change it (restart the bastion).
+// A reload changes the mapping (actors, scope_tools); the rest needs a restart.
 type OAuth struct {
 	// Issuer is the authorization server's issuer identifier (its discovery document is read
 	// from it). https, or http on a loopback address.
@@ -94,4 +95,34 @@ func (c Config) validateOAuth() []error {
 		}
 	}
 	return errs
+}
+
+// restartOnly names what differs between o and next that a reload cannot apply: adding or
+// removing [oauth], or any key but the mapping (actors, scope_tools), which the verifier
+// takes while serving.
+func (o *OAuth) restartOnly(next *OAuth) []string {
+	if (o == nil) != (next == nil) {
+		return []string{"oauth"}
+	}
+	if o == nil {
+		return nil
+	}
+	a, b := *o, *next
+	a.Actors, b.Actors, a.ScopeTools, b.ScopeTools = nil, nil, nil, nil
+	return changedKeys("oauth.", reflect.ValueOf(a), reflect.ValueOf(b))
+}
+
+// changes says what a reload changes in the mapping.
+func (o *OAuth) changes(next *OAuth) []string {
+	if o == nil || next == nil {
+		return nil
+	}
+	var out []string
+	if !reflect.DeepEqual(o.Actors, next.Actors) {
+		out = append(out, fmt.Sprintf("oauth.actors: %d rules before, %d now", len(o.Actors), len(next.Actors)))
+	}
+	if !reflect.DeepEqual(o.ScopeTools, next.ScopeTools) {
+		out = append(out, fmt.Sprintf("oauth.scope_tools: %d scopes before, %d now", len(o.ScopeTools), len(next.ScopeTools)))
+	}
+	return out
 }

@@ -1,8 +1,12 @@
 package config
 
 import (
+	"slices"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/postern-dev/postern/bastion/oauth"
 )
 
 func TestOAuthConfig(t *testing.T) {
@@ -58,13 +62,45 @@ groups = ["sre"]
 	}
 }
 
-// A changed [oauth] table is restart-only: the verifier and the metadata are wired into the
-// HTTP endpoint at start.
-func TestOAuthIsRestartOnly(t *testing.T) {
-	a := DefaultConfig("/x")
-	b := a
-	b.OAuth = &OAuth{Issuer: "https://idp.example.com", Resource: "https://p.example/mcp"}
-	if got := strings.Join(a.RestartOnly(b), ","); got != "oauth" {
-		t.Fatalf("RestartOnly = %q, want oauth", got)
+// A reload changes the [oauth] mapping; adding or removing [oauth], or its other keys, need a
+// restart (the verifier and the metadata paths are wired into the endpoint at start).
+func TestOAuthReloadScope(t *testing.T) {
+	none := DefaultConfig("/x")
+	with := none
+	with.OAuth = &OAuth{Issuer: "https://idp.example.com", Resource: "https://p.example/mcp",
+		Actors: []oauth.Rule{{Actor: "ops", Groups: []string{"sre"}}}}
+	for _, tt := range []struct {
+		name             string
+		from, to         Config
+		restart, changes string
+	}{
+		{name: "added", from: none, to: with, restart: "oauth"},
+		{name: "removed", from: with, to: none, restart: "oauth"},
+		{name: "issuer", from: with, to: func() Config {
+			c := with
+			o := *with.OAuth
+			o.Issuer, o.Leeway = "https://other.example.com", time.Minute
+			c.OAuth = &o
+			return c
+		}(), restart: "oauth.issuer,oauth.leeway"},
+		{name: "mapping", from: with, to: func() Config {
+			c := with
+			o := *with.OAuth
+			o.Actors = append(slices.Clone(o.Actors), oauth.Rule{Actor: "ci", Clients: []string{"ci"}})
+			o.ScopeTools = map[string][]string{"postern:read": {"hosts_list"}}
+			c.OAuth = &o
+			return c
+		}(), changes: "oauth.actors: 1 rules before, 2 now,oauth.scope_tools: 0 scopes before, 1 now"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := strings.Join(tt.from.RestartOnly(tt.to), ","); got != tt.restart {
+				t.Fatalf("RestartOnly = %q, want %q", got, tt.restart)
+			}
+			if tt.restart == "" {
+				if got := strings.Join(tt.from.Changes(tt.to), ","); got != tt.changes {
+					t.Fatalf("Changes = %q, want %q", got, tt.changes)
+				}
+			}
+		})
 	}
 }

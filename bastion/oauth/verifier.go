@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-jose/go-jose/v4"
@@ -89,10 +90,12 @@ type Identity struct {
 
 // Verifier validates access tokens for one resource and maps them to actors.
 type Verifier struct {
-	opts   Options
+	opts   Options // Rules unused after New: rules holds them
 	algs   []jose.SignatureAlgorithm
 	keys   *keySet
 	groups []string // GroupsClaim split at dots
+	// rules are the rules in force, replaced by SetRules (a reload).
+	rules atomic.Pointer[Rules]
 }
 
 // New checks opts and returns their verifier. Nothing is fetched yet: the keys are fetched
@@ -138,7 +141,18 @@ func New(opts Options) (*Verifier, error) {
 	v.opts = opts
 	v.groups = strings.Split(opts.GroupsClaim, ".")
 	v.keys = newKeySet(opts.Issuer, opts.JWKSURL, opts.HTTPClient, opts.Now)
+	v.rules.Store(&opts.Rules)
 	return v, nil
+}
+
+// SetRules puts rules in force for the tokens that arrive from now on (a reload); rules
+// that do not check change nothing.
+func (v *Verifier) SetRules(rules Rules) error {
+	if err := rules.check(); err != nil {
+		return fmt.Errorf("oauth: %w", err)
+	}
+	v.rules.Store(&rules)
+	return nil
 }
 
 // checkResource accepts an absolute http(s) URL without fragment: RFC 9728 section 1.2.
@@ -161,7 +175,7 @@ func (v *Verifier) Verify(ctx context.Context, raw string) (Identity, Mapping, e
 	if err != nil {
 		return Identity{}, Mapping{}, err
 	}
-	m, err := v.opts.Rules.Map(id)
+	m, err := v.rules.Load().Map(id)
 	return id, m, err
 }
 
@@ -306,7 +320,7 @@ func (v *Verifier) Metadata() *oauthex.ProtectedResourceMetadata {
 	return &oauthex.ProtectedResourceMetadata{
 		Resource:               v.opts.Resource,
 		AuthorizationServers:   []string{v.opts.Issuer},
-		ScopesSupported:        v.opts.Rules.Scopes(),
+		ScopesSupported:        v.rules.Load().Scopes(),
 		BearerMethodsSupported: []string{"header"},
 		ResourceName:           "Postern",
 		ResourceDocumentation:  "https://github.com/postern-dev/postern/blob/main/docs/oauth.md",
@@ -341,4 +355,4 @@ func (v *Verifier) MetadataPaths() []string {
 }
 
 // ScopesFor are the scopes that would allow tool (Rules.ScopesFor).
-func (v *Verifier) ScopesFor(tool string) []string { return v.opts.Rules.ScopesFor(tool) }
+func (v *Verifier) ScopesFor(tool string) []string { return v.rules.Load().ScopesFor(tool) }

@@ -166,9 +166,12 @@ func (o *oauthFront) gateTools(next http.Handler) http.Handler {
 
 // OAuthMetadataHandler serves v's protected resource metadata (RFC 9728), to be mounted at
 // v.MetadataPaths(): go-sdk's handler (GET, CORS for any origin — the document is public,
-// and browser-based clients read it before they hold a token).
+// and browser-based clients read it before they hold a token), on the metadata of the rules
+// in force (its scopes follow a reload).
 func OAuthMetadataHandler(v *oauth.Verifier) http.Handler {
-	return auth.ProtectedResourceMetadataHandler(v.Metadata())
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		auth.ProtectedResourceMetadataHandler(v.Metadata()).ServeHTTP(w, r)
+	})
 }
 
 // errAmbiguousJSONRPC refuses a body the tool gate cannot read exactly as the MCP handler
