@@ -217,10 +217,10 @@ func (v *Verifier) validate(ctx context.Context, raw string) (Identity, error) {
 	}
 	now := v.opts.Now()
 	if std.Issuer != v.opts.Issuer {
-		return Identity{}, invalid("issued by %q, not %q", std.Issuer, v.opts.Issuer)
+		return Identity{}, invalid("issued by %q, not %q", short(std.Issuer), v.opts.Issuer)
 	}
 	if !v.audienceOK(std.Audience) {
-		return Identity{}, invalid("the audience %q does not name this resource (%s)", []string(std.Audience), v.audiences())
+		return Identity{}, invalid("the audience (aud) does not name this resource (%s)", v.audiences())
 	}
 	if std.Expiry == nil {
 		return Identity{}, invalid("the token has no expiry (exp)")
@@ -251,6 +251,14 @@ func (v *Verifier) validate(ctx context.Context, raw string) (Identity, error) {
 	}
 	id.Groups = listClaim(nested(claims, v.groups), false)
 	return id, nil
+}
+
+// short cuts a claim an error quotes to 64 bytes: errors go into a response header and logs.
+func short(s string) string {
+	if len(s) <= 64 {
+		return s
+	}
+	return s[:64] + "…"
 }
 
 // audienceOK reports whether aud names this resource: one of Audiences exactly, or, without
