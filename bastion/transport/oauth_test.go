@@ -2,6 +2,9 @@ package transport
 
 import (
 	"bytes"
+	"crypto/rand"
+	"crypto/rsa"
+	"encoding/base64"
 	"encoding/json"
 	"io"
 	"net"
@@ -13,6 +16,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
 	"github.com/modelcontextprotocol/go-sdk/mcp"
 
 	"github.com/postern-dev/postern/bastion/oauth"
@@ -320,4 +325,88 @@ func FuzzToolCalls(f *testing.F) {
 			t.Fatalf("ToolCalls(%q) = %q, encoding/json reads %q", body, tools, want)
 		}
 	})
+}
+
+// TestOAuthForgedTokensRefused: tokens a resource must refuse — signed by the provider's
+// own key but for another audience or issuer, expired, without exp; alg=none; HS256 with a
+// secret and with the provider's public key as the secret; a key the provider never
+// published — are each answered 401 invalid_token with the metadata URL, and none reaches
+// the MCP handler.
+func TestOAuthForgedTokensRefused(t *testing.T) {
+	f := newOAuthFixture(t)
+	now := time.Now()
+	claims := func(over map[string]any) map[string]any {
+		c := map[string]any{"iss": f.op.Issuer, "sub": "svc-deploy", "aud": []string{f.url}, "client_id": "svc-deploy",
+			"groups": []string{"deployers"}, "scope": "postern:read", "exp": now.Add(5 * time.Minute).Unix(), "iat": now.Unix()}
+		for k, v := range over {
+			if v == nil {
+				delete(c, k)
+			} else {
+				c[k] = v
+			}
+		}
+		return c
+	}
+	good := f.op.Sign(t, claims(nil))
+	if status, _, body := f.post(t, good, listToolsBody); status != 200 {
+		t.Fatalf("a good token signed by the provider's key: %d %s", status, body)
+	}
+	// The provider's public key, as JSON, for the HS256 key-confusion forgery.
+	resp, err := http.Get(f.op.Issuer + "/keys")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jwks, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	hs := func(secret []byte, c map[string]any) string {
+		signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.HS256, Key: secret}, (&jose.SignerOptions{}).WithHeader(jose.HeaderKey("kid"), f.op.KeyID()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, err := jwt.Signed(signer).Claims(c).Serialize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}
+	none := func(c map[string]any) string {
+		payload, _ := json.Marshal(c)
+		return base64.RawURLEncoding.EncodeToString([]byte(`{"alg":"none","typ":"JWT"}`)) + "." + base64.RawURLEncoding.EncodeToString(payload) + "."
+	}
+	stranger, err := rsa.GenerateKey(rand.Reader, 2048)
+	if err != nil {
+		t.Fatal(err)
+	}
+	strangerSigned := func() string {
+		signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: stranger}, (&jose.SignerOptions{}).WithHeader(jose.HeaderKey("kid"), "never-published"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		tok, err := jwt.Signed(signer).Claims(claims(nil)).Serialize()
+		if err != nil {
+			t.Fatal(err)
+		}
+		return tok
+	}()
+	for _, tc := range []struct{ name, token, says string }{
+		{"another audience", f.op.Sign(t, claims(map[string]any{"aud": []string{"https://other.example/mcp"}})), "audience"},
+		{"another issuer", f.op.Sign(t, claims(map[string]any{"iss": "https://evil.example"})), "issued by"},
+		{"expired", f.op.Sign(t, claims(map[string]any{"exp": now.Add(-10 * time.Minute).Unix(), "iat": now.Add(-time.Hour).Unix()})), "expired"},
+		{"no exp", f.op.Sign(t, claims(map[string]any{"exp": nil})), "no expiry"},
+		{"alg none", none(claims(nil)), "accepted algorithm"},
+		{"HS256 with a secret", hs([]byte("0123456789abcdef0123456789abcdef"), claims(nil)), "accepted algorithm"},
+		{"HS256 with the public key as the secret", hs(jwks, claims(nil)), "accepted algorithm"},
+		{"a key never published", strangerSigned, "key set"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			status, challenge, _ := f.post(t, tc.token, listToolsBody)
+			if status != 401 || !strings.Contains(challenge, `error="invalid_token"`) || !strings.Contains(challenge, tc.says) ||
+				!strings.Contains(challenge, `resource_metadata="`+f.base+`/.well-known/oauth-protected-resource/mcp"`) {
+				t.Fatalf("%d %q; want 401 invalid_token saying %q with the metadata URL", status, challenge, tc.says)
+			}
+		})
+	}
+	if n := f.innerCalls.Load(); n != 1 {
+		t.Fatalf("the MCP handler saw %d requests; want only the good token's", n)
+	}
 }

@@ -131,6 +131,34 @@ func (p *Provider) KeyID() string {
 	return p.st.current.id
 }
 
+// Sign returns a JWT of claims signed with the provider's current key and kid, as its
+// tokens are: for tests of what a resource must refuse although the signature is good
+// (another audience, another issuer, an expired token).
+func (p *Provider) Sign(t testing.TB, claims map[string]any) string {
+	t.Helper()
+	p.st.mu.Lock()
+	k := p.st.current
+	p.st.mu.Unlock()
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.RS256, Key: k.key},
+		(&jose.SignerOptions{}).WithType("JWT").WithHeader(jose.HeaderKey("kid"), k.id))
+	if err != nil {
+		t.Fatal(err)
+	}
+	payload, err := json.Marshal(claims)
+	if err != nil {
+		t.Fatal(err)
+	}
+	jws, err := signer.Sign(payload)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := jws.CompactSerialize()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
 // ClientCredentialsToken asks the token endpoint for an access token of account with scope
 // (space-separated; "" for none).
 func (p *Provider) ClientCredentialsToken(ctx context.Context, account ServiceAccount, scope string) (string, error) {
