@@ -215,6 +215,12 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	var wg sync.WaitGroup
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	wg.Go(func() { tracker.WatchCancels(watchCtx) })
+	b.surfaces.Lock()
+	verifier := b.oauth
+	b.surfaces.Unlock()
+	if verifier != nil {
+		wg.Go(func() { b.prefetchOAuthKeys(watchCtx, verifier) })
+	}
 	for i, s := range servers {
 		wg.Go(func() {
 			if err := s.Serve(listeners[i]); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -239,6 +245,21 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	stopWatch()
 	wg.Wait()
 	return serveErr
+}
+
+// prefetchOAuthKeys fetches the OAuth issuer's keys as the bastion starts serving, and says
+// in the log whether it could: a provider that cannot be reached is an operator's problem to
+// see at start, not at the first token (which is answered 503 until the keys come).
+func (b *Bastion) prefetchOAuthKeys(ctx context.Context, v *oauth.Verifier) {
+	n, err := v.Prefetch(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			b.log.Warn("oauth: the issuer's keys could not be fetched; OAuth tokens are refused (503) until they can, Postern's own tokens work",
+				"issuer", b.cfg.OAuth.Issuer, "err", err)
+		}
+		return
+	}
+	b.log.Info("oauth: the issuer's keys fetched", "issuer", b.cfg.OAuth.Issuer, "keys", n, "metadata", v.MetadataURL())
 }
 
 // servingEngine is the engine as the operator API of a serving daemon sees it: its doctor

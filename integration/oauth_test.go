@@ -175,6 +175,9 @@ func TestOAuthClientCredentialsTSClient(t *testing.T) {
 		"calls": []map[string]any{{"name": "ssh_exec", "arguments": map[string]any{"host": "h1", "command": "echo oauth-ok"}}},
 	})
 	mustDiscoverInOrder(t, requests, f.bastion, f.op, "POST "+f.op.Issuer+"/oauth/token")
+	if !strings.Contains(f.bastion.Logs(), "oauth: the issuer's keys fetched") {
+		t.Error("the bastion did not log the keys it fetched at start")
+	}
 	if len(lines) != 1 || lines[0].Result == nil || lines[0].Result.State != "completed" || strings.TrimSpace(lines[0].Result.Stdout) != "oauth-ok" {
 		t.Fatalf("ssh_exec: %+v", lines)
 	}

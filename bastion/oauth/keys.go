@@ -99,7 +99,9 @@ func (s *keySet) keysFor(ctx context.Context, kid, alg string) ([]jose.JSONWebKe
 		}
 		return nil, errUnknownKey
 	}
-	if err := s.refresh(ctx); err != nil {
+	// The fetch is the bastion's, not the request's: a client that hangs up must not leave
+	// the key set without keys for the next interval.
+	if err := s.refresh(context.WithoutCancel(ctx)); err != nil {
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if keys := s.lookup(kid, alg); len(keys) > 0 {
@@ -108,12 +110,22 @@ func (s *keySet) keysFor(ctx context.Context, kid, alg string) ([]jose.JSONWebKe
 	return nil, errUnknownKey
 }
 
+// prefetch fetches the keys now, and says how many the issuer publishes.
+func (s *keySet) prefetch(ctx context.Context) (int, error) {
+	s.fetchMu.Lock()
+	defer s.fetchMu.Unlock()
+	if err := s.refresh(ctx); err != nil {
+		return 0, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.keys), nil
+}
+
 // refresh fetches the JWKS (discovering its URL first if needed) and replaces the keys.
 // Called with fetchMu held.
 func (s *keySet) refresh(ctx context.Context) error {
-	// The fetch is the bastion's, not the request's: a client that hangs up must not leave
-	// the key set without keys for the next interval.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), fetchTimeout)
+	ctx, cancel := context.WithTimeout(ctx, fetchTimeout)
 	defer cancel()
 	keys, discovered, err := s.fetch(ctx)
 	s.mu.Lock()

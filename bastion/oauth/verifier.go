@@ -145,6 +145,13 @@ func New(opts Options) (*Verifier, error) {
 	return v, nil
 }
 
+// Prefetch fetches the issuer's keys now (discovery first, unless JWKSURL is set), so the
+// first token does not wait for them and a provider that cannot be reached shows at start.
+// It returns how many keys the issuer publishes.
+func (v *Verifier) Prefetch(ctx context.Context) (int, error) {
+	return v.keys.prefetch(ctx)
+}
+
 // SetRules puts rules in force for the tokens that arrive from now on (a reload); rules
 // that do not check change nothing.
 func (v *Verifier) SetRules(rules Rules) error {
