@@ -16,6 +16,9 @@
 //     minRefetchInterval whatever the tokens presented, so a flood of made-up key ids costs
 //     the identity provider one request per interval; every fetch is bounded in time and
 //     size, and the issuer, discovery and JWKS URLs must be HTTPS unless on loopback.
+//   - A token that passed every check is remembered by its SHA-256 (cache.go); on every later
+//     request its expiry and its key still being published are checked again, and the rules
+//     map it again.
 //   - Deny by default: a valid token that no [Rule] maps to an actor authenticates nobody
 //     ([ErrNoActor]). Rules are a pure function of the token's claims ([Rules.Map]).
 package oauth

@@ -78,6 +78,12 @@ func (s *keySet) lookup(kid, alg string) []jose.JSONWebKey {
 	return out
 }
 
+// has reports whether the key set has the key of kid (for a token without kid: a key of
+// alg) now.
+func (s *keySet) has(kid, alg string) bool {
+	return len(s.lookup(kid, alg)) > 0
+}
+
 // keysFor returns the candidate keys of a token header, fetching the JWKS when it has none
 // and the last fetch is older than minRefetchInterval.
 func (s *keySet) keysFor(ctx context.Context, kid, alg string) ([]jose.JSONWebKey, error) {

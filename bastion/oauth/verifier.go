@@ -96,6 +96,8 @@ type Verifier struct {
 	groups []string // GroupsClaim split at dots
 	// rules are the rules in force, replaced by SetRules (a reload).
 	rules atomic.Pointer[Rules]
+	// verified remembers the tokens that passed every check (validate.go).
+	verified verifiedTokens
 }
 
 // New checks opts and returns their verifier. Nothing is fetched yet: the keys are fetched
@@ -178,7 +180,7 @@ func checkResource(raw string) error {
 // error wraps ErrInvalidToken, ErrNoActor or ErrUnavailable, and says which check failed;
 // it never contains the token.
 func (v *Verifier) Verify(ctx context.Context, raw string) (Identity, Mapping, error) {
-	id, err := v.validate(ctx, raw)
+	id, err := v.validateCached(ctx, raw)
 	if err != nil {
 		return Identity{}, Mapping{}, err
 	}
@@ -190,60 +192,62 @@ func invalid(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalidToken, fmt.Sprintf(format, args...))
 }
 
-// validate runs the checks of a token in the order docs/oauth.md lists them.
-func (v *Verifier) validate(ctx context.Context, raw string) (Identity, error) {
+// validate runs the checks of a token in the order docs/oauth.md lists them, and returns
+// the key id and algorithm that verified it.
+func (v *Verifier) validate(ctx context.Context, raw string) (Identity, string, string, error) {
 	if len(raw) > MaxTokenBytes {
-		return Identity{}, invalid("the token exceeds %d bytes", MaxTokenBytes)
+		return Identity{}, "", "", invalid("the token exceeds %d bytes", MaxTokenBytes)
 	}
 	tok, err := jwt.ParseSigned(raw, v.algs)
 	if err != nil {
-		return Identity{}, invalid("not a JWS signed with an accepted algorithm (%s)", strings.Join(v.opts.Algorithms, ", "))
+		return Identity{}, "", "", invalid("not a JWS signed with an accepted algorithm (%s)", strings.Join(v.opts.Algorithms, ", "))
 	}
 	if len(tok.Headers) != 1 {
-		return Identity{}, invalid("the token must carry one signature")
+		return Identity{}, "", "", invalid("the token must carry one signature")
 	}
 	h := tok.Headers[0]
 	keys, err := v.keys.keysFor(ctx, h.KeyID, h.Algorithm)
 	if errors.Is(err, errUnknownKey) {
-		return Identity{}, invalid("%v", err)
+		return Identity{}, "", "", invalid("%v", err)
 	}
 	if err != nil {
-		return Identity{}, err
+		return Identity{}, "", "", err
 	}
 	var std jwt.Claims
 	var claims map[string]json.RawMessage
+	kid := ""
 	verified := false
 	for _, k := range keys {
 		if tok.Claims(k.Key, &std, &claims) == nil {
-			verified = true
+			kid, verified = k.KeyID, true
 			break
 		}
 	}
 	if !verified {
-		return Identity{}, invalid("the signature does not verify")
+		return Identity{}, "", "", invalid("the signature does not verify")
 	}
 	now := v.opts.Now()
 	if std.Issuer != v.opts.Issuer {
-		return Identity{}, invalid("issued by %q, not %q", short(std.Issuer), v.opts.Issuer)
+		return Identity{}, "", "", invalid("issued by %q, not %q", short(std.Issuer), v.opts.Issuer)
 	}
 	if !v.audienceOK(std.Audience) {
-		return Identity{}, invalid("the audience (aud) does not name this resource (%s)", v.audiences())
+		return Identity{}, "", "", invalid("the audience (aud) does not name this resource (%s)", v.audiences())
 	}
 	if std.Expiry == nil {
-		return Identity{}, invalid("the token has no expiry (exp)")
+		return Identity{}, "", "", invalid("the token has no expiry (exp)")
 	}
 	switch err := std.ValidateWithLeeway(jwt.Expected{Time: now}, v.opts.Leeway); {
 	case errors.Is(err, jwt.ErrExpired):
-		return Identity{}, invalid("the token expired at %s", std.Expiry.Time().UTC().Format(time.RFC3339))
+		return Identity{}, "", "", invalid("the token expired at %s", std.Expiry.Time().UTC().Format(time.RFC3339))
 	case errors.Is(err, jwt.ErrNotValidYet):
-		return Identity{}, invalid("the token is not valid before %s", std.NotBefore.Time().UTC().Format(time.RFC3339))
+		return Identity{}, "", "", invalid("the token is not valid before %s", std.NotBefore.Time().UTC().Format(time.RFC3339))
 	case errors.Is(err, jwt.ErrIssuedInTheFuture):
-		return Identity{}, invalid("the token was issued in the future")
+		return Identity{}, "", "", invalid("the token was issued in the future")
 	case err != nil:
-		return Identity{}, invalid("%v", err)
+		return Identity{}, "", "", invalid("%v", err)
 	}
 	if std.Subject == "" || len(std.Subject) > maxSubjectBytes {
-		return Identity{}, invalid("the token's subject (sub) must be 1 to %d bytes", maxSubjectBytes)
+		return Identity{}, "", "", invalid("the token's subject (sub) must be 1 to %d bytes", maxSubjectBytes)
 	}
 	id := Identity{Issuer: std.Issuer, Subject: std.Subject, Expires: std.Expiry.Time()}
 	id.ClientID = stringClaim(claims["client_id"])
@@ -257,7 +261,7 @@ func (v *Verifier) validate(ctx context.Context, raw string) (Identity, error) {
 		id.Scopes = listClaim(claims["scp"], true)
 	}
 	id.Groups = listClaim(nested(claims, v.groups), false)
-	return id, nil
+	return id, kid, h.Algorithm, nil
 }
 
 // short cuts a claim an error quotes to 64 bytes: errors go into a response header and logs.

@@ -329,3 +329,41 @@ func TestMetadata(t *testing.T) {
 		t.Fatalf("metadata %+v", md)
 	}
 }
+
+// A remembered token is still refused once it expires, or once its key is withdrawn.
+func TestRememberedTokensStillChecked(t *testing.T) {
+	f := newFakeIssuer(t, "")
+	k1, k2 := rsaKey(t), rsaKey(t)
+	f.addKey(t, "k1", k1)
+	clk := &clock{now: time.Now()}
+	v := newTestVerifier(t, f, clk, nil)
+	tok := sign(t, jose.RS256, "k1", k1, claimsAt(f, clk.Now(), nil))
+	for range 3 {
+		if _, _, err := v.Verify(t.Context(), tok); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := f.jwksFetch.Load(); n != 1 {
+		t.Fatalf("%d fetches", n)
+	}
+	// Past exp (5 min) and the leeway (60 s).
+	clk.Add(6*time.Minute + time.Second)
+	if _, _, err := v.Verify(t.Context(), tok); !errors.Is(err, ErrInvalidToken) || !strings.Contains(err.Error(), "expired") {
+		t.Fatalf("a remembered token past its expiry: %v", err)
+	}
+	// A fresh token of k1, remembered; then k1 is withdrawn and a k2 token makes the bastion
+	// refetch: the remembered k1 token is refused from then on.
+	tok = sign(t, jose.RS256, "k1", k1, claimsAt(f, clk.Now(), nil))
+	if _, _, err := v.Verify(t.Context(), tok); err != nil {
+		t.Fatal(err)
+	}
+	f.addKey(t, "k2", k2)
+	f.removeKey("k1")
+	clk.Add(minRefetchInterval)
+	if _, _, err := v.Verify(t.Context(), sign(t, jose.RS256, "k2", k2, claimsAt(f, clk.Now(), nil))); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := v.Verify(t.Context(), tok); !errors.Is(err, ErrInvalidToken) {
+		t.Fatalf("a remembered token of a withdrawn key: %v", err)
+	}
+}

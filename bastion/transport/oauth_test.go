@@ -410,3 +410,28 @@ func TestOAuthForgedTokensRefused(t *testing.T) {
 		t.Fatalf("the MCP handler saw %d requests; want only the good token's", n)
 	}
 }
+
+// BenchmarkStaticToken is what a Postern token costs a request (hash and constant-time
+// match against 16 credentials): the baseline of oauth's BenchmarkVerify.
+func BenchmarkStaticToken(b *testing.B) {
+	var actors []Actor
+	var tok string
+	for i := range 16 {
+		t, err := NewToken()
+		if err != nil {
+			b.Fatal(err)
+		}
+		tok = t
+		actors = append(actors, Actor{Name: "a" + string(rune('a'+i)), TokenSHA256: HashToken(t)})
+	}
+	table, err := newActorTable(actors, nil, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	now := time.Now()
+	for b.Loop() {
+		if _, err := table.authenticate(tok, now); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
