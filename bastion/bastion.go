@@ -84,9 +84,10 @@ func Open(opts Options) (*Bastion, error) {
 }
 
 // Reload reads the config again (Options.Load) and applies what a reload may change
-// (engine.PrepareReload): the engine's settings, the HTTP actors, the OAuth mapping, the uids the MCP socket
-// admits. The whole config is checked first, by all of them; a config any refuses changes
-// nothing, and the error says why. by names who asked (the reload log's "by").
+// (engine.PrepareReload): the engine's settings, the HTTP actors, the OAuth mapping, the
+// uids the MCP socket admits. The whole config is checked first, by all of them; a config any
+// refuses changes nothing, and the error says why. by names who asked (the reload log's
+// "by").
 func (b *Bastion) Reload(by string) (*api.ConfigChange, error) {
 	if b.load == nil {
 		return nil, api.Invalid("this bastion was started without a config file to read again; restart it to change its config")

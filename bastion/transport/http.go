@@ -120,9 +120,10 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 			refuse(http.StatusBadRequest, ReasonBadRunHeader, err.Error())
 			return
 		}
-		// The challenge of a 401 (RFC 6750 section 3): without a token, just the scheme; with
-		// one that is not (or no longer) good, error="invalid_token", which tells an MCP
-		// client to get a new token rather than retry this one.
+		// The challenge of a 401 (RFC 6750 section 3): without a token, just the scheme (and,
+		// with OAuth, the resource metadata URL a client discovers its authorization server
+		// from, RFC 9728); with one that is not (or no longer) good, error="invalid_token",
+		// which tells an MCP client to get a new token rather than retry this one.
 		st := &authState{header: w.Header(), challenge: front.challenge()}
 		w.Header().Set("WWW-Authenticate", st.challenge)
 		if front.authenticate(w, r, st) {
