@@ -16,9 +16,10 @@ import (
 // (actors, principals, the [oauth] mapping: oauth.actors and oauth.scope_tools), what they
 // may do (rules, classes), who decides (approval operators, the approval timeout) and the
 // bounds of a call (waits, command and body sizes). They are read per call, so a new call
-// sees the new values and an execution in flight keeps the decision journaled with it. Everything else — where the bastion listens and keeps its
-// state, the journal, the plugin, the endpoints and their credentials, the sockets' limits,
-// the webhook — is wired into what serves at start, and changing it needs a restart.
+// sees the new values and an execution in flight keeps the decision journaled with it.
+// Everything else — where the bastion listens and keeps its state, the journal, the plugin,
+// the endpoints and their credentials, the sockets' limits, the webhook, the rest of [oauth]
+// — is wired into what serves at start, and changing it needs a restart.
 var reloadable = map[string]bool{
 	"actors": true, "principals": true, "rules": true, "classes": true,
 	"approval_timeout": true, "default_wait": true, "max_wait": true,
