@@ -127,7 +127,7 @@ func (b *Bastion) Reload(by string) (*api.ConfigChange, error) {
 		}
 	}
 	if b.oauth != nil && next.OAuth != nil { // adding or removing [oauth] is restart-only
-		if err := b.oauth.SetRules(next.OAuth.Options().Rules); err != nil { // validated with next
+		if err := b.oauth.SetRules(next.OAuth.Rules()); err != nil { // validated with next
 			warn("the OAuth mapping stays as it was", err)
 		}
 	}

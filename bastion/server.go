@@ -110,7 +110,10 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		}
 		var verifier *oauth.Verifier
 		if b.cfg.OAuth != nil {
-			opts := b.cfg.OAuth.Options()
+			opts, err := b.cfg.OAuth.Options()
+			if err != nil {
+				return err
+			}
 			opts.Now = b.now
 			if verifier, err = oauth.New(opts); err != nil {
 				return err

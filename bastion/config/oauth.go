@@ -2,9 +2,13 @@ package config
 
 import (
 	"fmt"
+	"io"
 	"maps"
+	"os"
+	"path/filepath"
 	"reflect"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/postern-dev/postern/bastion/oauth"
@@ -33,6 +37,12 @@ type OAuth struct {
 	// GroupsClaim names the claim groups or roles are read from ("realm_access.roles" reads
 	// a nested one). Default "groups".
 	GroupsClaim string `toml:"groups_claim"`
+	// IntrospectionURL, when set, checks opaque access tokens (not JWTs) at the authorization
+	// server's RFC 7662 endpoint, as the client IntrospectionClientID whose secret is in
+	// IntrospectionSecretFile (a reference; read at start). Default: opaque tokens refused.
+	IntrospectionURL        string `toml:"introspection_url"`
+	IntrospectionClientID   string `toml:"introspection_client_id"`
+	IntrospectionSecretFile string `toml:"introspection_secret_file"`
 	// Actors map tokens to remote actors, first match wins ([[oauth.actors]]); a token no
 	// rule maps is refused (403).
 	Actors []oauth.Rule `toml:"actors"`
@@ -44,13 +54,58 @@ type OAuth struct {
 // maxLeeway bounds oauth.leeway: a longer one would accept tokens long expired.
 const maxLeeway = 5 * time.Minute
 
-// Options are the verifier options of o (oauth.New).
-func (o *OAuth) Options() oauth.Options {
-	return oauth.Options{
+// Options are the verifier options of o (oauth.New), with the introspection secret, if
+// any, read from its file.
+func (o *OAuth) Options() (oauth.Options, error) {
+	opts := o.options()
+	if opts.Introspection != nil {
+		secret, err := readSecret(o.IntrospectionSecretFile)
+		if err != nil {
+			return oauth.Options{}, fmt.Errorf("oauth: introspection_secret_file: %w", err)
+		}
+		opts.Introspection.ClientSecret = secret
+	}
+	return opts, nil
+}
+
+// options are the verifier options without reading the secret (its field is a placeholder).
+func (o *OAuth) options() oauth.Options {
+	opts := oauth.Options{
 		Issuer: o.Issuer, Resource: o.Resource, Audiences: slices.Clone(o.Audiences), JWKSURL: o.JWKSURL,
 		Algorithms: slices.Clone(o.Algorithms), Leeway: o.Leeway, GroupsClaim: o.GroupsClaim,
 		Rules: oauth.Rules{Actors: slices.Clone(o.Actors), ScopeTools: maps.Clone(o.ScopeTools)},
 	}
+	if o.IntrospectionURL != "" {
+		opts.Introspection = &oauth.Introspection{URL: o.IntrospectionURL, ClientID: o.IntrospectionClientID, ClientSecret: "(read at start)"}
+	}
+	return opts
+}
+
+// Rules are the mapping of o, what a reload applies.
+func (o *OAuth) Rules() oauth.Rules { return o.options().Rules }
+
+// maxSecretBytes bounds the introspection secret file.
+const maxSecretBytes = 4 << 10
+
+// readSecret reads a secret file: at most maxSecretBytes, surrounding space trimmed.
+func readSecret(path string) (string, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return "", err
+	}
+	defer f.Close()
+	data, err := io.ReadAll(io.LimitReader(f, maxSecretBytes+1))
+	if err != nil {
+		return "", err
+	}
+	if len(data) > maxSecretBytes {
+		return "", fmt.Errorf("%s exceeds %d bytes", path, maxSecretBytes)
+	}
+	secret := strings.TrimSpace(string(data))
+	if secret == "" {
+		return "", fmt.Errorf("%s is empty", path)
+	}
+	return secret, nil
 }
 
 func (c Config) validateOAuth() []error {
@@ -67,8 +122,13 @@ func (c Config) validateOAuth() []error {
 		bad("issuer and resource are required (the authorization server's issuer, and the MCP endpoint's URL as clients reach it)")
 	} else if err := oauth.CheckURL(o.Resource); err != nil {
 		bad("resource: %v", err)
-	} else if _, err := oauth.New(o.Options()); err != nil {
+	} else if _, err := oauth.New(o.options()); err != nil {
 		errs = append(errs, fmt.Errorf("config: %w", err))
+	}
+	if (o.IntrospectionURL == "") != (o.IntrospectionClientID == "") || (o.IntrospectionURL == "") != (o.IntrospectionSecretFile == "") {
+		bad("introspection_url, introspection_client_id and introspection_secret_file go together")
+	} else if o.IntrospectionSecretFile != "" && !filepath.IsAbs(o.IntrospectionSecretFile) {
+		bad("introspection_secret_file must be an absolute path, got %q", o.IntrospectionSecretFile)
 	}
 	if o.Leeway < 0 || o.Leeway > maxLeeway {
 		bad("leeway must be in 0s..%v, got %v", maxLeeway, o.Leeway)

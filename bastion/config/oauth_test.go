@@ -45,6 +45,10 @@ groups = ["sre"]
 		{name: "leeway too long", toml: base + strings.Replace(good, "[[oauth.actors]]", "leeway = \"1h\"\n[[oauth.actors]]", 1), wantErr: "leeway must be in"},
 		{name: "scope without tools", toml: base + good + "\"postern:none\" = []\n", wantErr: "list the tools"},
 		{name: "unknown key", toml: base + strings.Replace(good, "[[oauth.actors]]", "audience = \"x\"\n[[oauth.actors]]", 1), wantErr: "unknown key"},
+		{name: "introspection", toml: base + strings.Replace(good, "[[oauth.actors]]", "introspection_url = \"https://idp.example.com/introspect\"\nintrospection_client_id = \"postern\"\nintrospection_secret_file = \"/etc/postern/introspection.secret\"\n[[oauth.actors]]", 1)},
+		{name: "introspection without its client", toml: base + strings.Replace(good, "[[oauth.actors]]", "introspection_url = \"https://idp.example.com/introspect\"\n[[oauth.actors]]", 1), wantErr: "go together"},
+		{name: "introspection over http", toml: base + strings.Replace(good, "[[oauth.actors]]", "introspection_url = \"http://idp.example.com/introspect\"\nintrospection_client_id = \"postern\"\nintrospection_secret_file = \"/s\"\n[[oauth.actors]]", 1), wantErr: "must use https"},
+		{name: "relative secret file", toml: base + strings.Replace(good, "[[oauth.actors]]", "introspection_url = \"https://idp.example.com/introspect\"\nintrospection_client_id = \"postern\"\nintrospection_secret_file = \"secret\"\n[[oauth.actors]]", 1), wantErr: "absolute path"},
 		{name: "no HTTP", toml: "listen = \"\"\n" + base + good, wantErr: "serves no HTTP endpoint"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {

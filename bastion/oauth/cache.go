@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"sync"
+	"time"
 )
 
 // maxVerified bounds the tokens remembered; when full the memory starts over (a miss costs
@@ -25,10 +26,17 @@ type verifiedTokens struct {
 type verifiedToken struct {
 	id       Identity
 	kid, alg string
+	// introspected: an opaque token the authorization server vouched for, remembered until
+	// until (introspect.go); kid and alg are empty.
+	introspected bool
+	until        time.Time
 }
 
 // validateCached is validate, answered from the remembered tokens when it can be.
 func (v *Verifier) validateCached(ctx context.Context, raw string) (Identity, error) {
+	if v.opts.Introspection != nil && isOpaque(raw) {
+		return v.introspectCached(ctx, raw)
+	}
 	if len(raw) > MaxTokenBytes {
 		_, _, _, err := v.validate(ctx, raw)
 		return Identity{}, err
@@ -37,7 +45,7 @@ func (v *Verifier) validateCached(ctx context.Context, raw string) (Identity, er
 	v.verified.mu.Lock()
 	vt, ok := v.verified.tokens[sum]
 	v.verified.mu.Unlock()
-	if ok && v.opts.Now().Before(vt.id.Expires.Add(v.opts.Leeway)) && v.keys.has(vt.kid, vt.alg) {
+	if ok && !vt.introspected && v.opts.Now().Before(vt.id.Expires.Add(v.opts.Leeway)) && v.keys.has(vt.kid, vt.alg) {
 		return vt.id, nil
 	}
 	id, kid, alg, err := v.validate(ctx, raw)

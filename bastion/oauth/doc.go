@@ -19,6 +19,9 @@
 //   - A token that passed every check is remembered by its SHA-256 (cache.go); on every later
 //     request its expiry and its key still being published are checked again, and the rules
 //     map it again.
+//   - An opaque token is checked only by introspection at the configured endpoint (RFC 7662,
+//     introspect.go), whose answer passes the same claim checks; answers are remembered 30 s
+//     and at most 8 introspections are in flight.
 //   - Deny by default: a valid token that no [Rule] maps to an actor authenticates nobody
 //     ([ErrNoActor]). Rules are a pure function of the token's claims ([Rules.Map]).
 package oauth

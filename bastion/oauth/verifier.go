@@ -71,6 +71,9 @@ type Options struct {
 	GroupsClaim string
 	// Rules map tokens to actors.
 	Rules Rules
+	// Introspection, when set, checks opaque tokens (not JWTs) at the authorization server
+	// (RFC 7662, introspect.go). Default: opaque tokens are refused.
+	Introspection *Introspection
 	// HTTPClient fetches discovery and keys. Default NewHTTPClient().
 	HTTPClient *http.Client
 	// Now is the clock. Default time.Now.
@@ -96,8 +99,10 @@ type Verifier struct {
 	groups []string // GroupsClaim split at dots
 	// rules are the rules in force, replaced by SetRules (a reload).
 	rules atomic.Pointer[Rules]
-	// verified remembers the tokens that passed every check (validate.go).
+	// verified remembers the tokens that passed every check (cache.go).
 	verified verifiedTokens
+	// introspecting holds a slot per introspection request in flight (introspect.go).
+	introspecting chan struct{}
 }
 
 // New checks opts and returns their verifier. Nothing is fetched yet: the keys are fetched
@@ -134,6 +139,11 @@ func New(opts Options) (*Verifier, error) {
 	if err := opts.Rules.check(); err != nil {
 		return nil, fmt.Errorf("oauth: %w", err)
 	}
+	if opts.Introspection != nil {
+		if err := opts.Introspection.check(); err != nil {
+			return nil, fmt.Errorf("oauth: %w", err)
+		}
+	}
 	if opts.HTTPClient == nil {
 		opts.HTTPClient = NewHTTPClient()
 	}
@@ -144,6 +154,7 @@ func New(opts Options) (*Verifier, error) {
 	v.groups = strings.Split(opts.GroupsClaim, ".")
 	v.keys = newKeySet(opts.Issuer, opts.JWKSURL, opts.HTTPClient, opts.Now)
 	v.rules.Store(&opts.Rules)
+	v.introspecting = make(chan struct{}, maxIntrospections)
 	return v, nil
 }
 
@@ -249,19 +260,24 @@ func (v *Verifier) validate(ctx context.Context, raw string) (Identity, string, 
 	if std.Subject == "" || len(std.Subject) > maxSubjectBytes {
 		return Identity{}, "", "", invalid("the token's subject (sub) must be 1 to %d bytes", maxSubjectBytes)
 	}
-	id := Identity{Issuer: std.Issuer, Subject: std.Subject, Expires: std.Expiry.Time()}
+	return v.identity(std.Issuer, std.Subject, std.Expiry.Time(), claims), kid, h.Algorithm, nil
+}
+
+// identity is what a checked token's claims say of its bearer.
+func (v *Verifier) identity(issuer, subject string, expires time.Time, claims map[string]json.RawMessage) Identity {
+	id := Identity{Issuer: issuer, Subject: subject, Expires: expires}
 	id.ClientID = stringClaim(claims["client_id"])
 	if id.ClientID == "" {
 		id.ClientID = stringClaim(claims["azp"])
 	}
-	// scope is RFC 9068's (a space-separated string); scp is what Entra ID and Okta send
-	// (a string or a list).
+	// scope is RFC 9068's and RFC 7662's (a space-separated string); scp is what Entra ID
+	// and Okta send (a string or a list).
 	id.Scopes = listClaim(claims["scope"], true)
 	if len(id.Scopes) == 0 {
 		id.Scopes = listClaim(claims["scp"], true)
 	}
 	id.Groups = listClaim(nested(claims, v.groups), false)
-	return id, kid, h.Algorithm, nil
+	return id
 }
 
 // short cuts a claim an error quotes to 64 bytes: errors go into a response header and logs.

@@ -20,8 +20,8 @@ import (
 // OAuth access tokens on the HTTP endpoint (docs/oauth.md): besides its static and issued
 // bearer tokens, the endpoint is an OAuth 2.1 protected resource as the MCP authorization
 // specification describes. A bearer token shaped as a JWT (three dot-separated parts, not
-// the pst_ prefix of Postern's own) is checked by the oauth.Verifier and mapped to a
-// configured actor; a 401 names the protected resource metadata (RFC 9728) clients discover
+// the pst_ prefix of Postern's own) — or, with introspection configured, any token without
+// that prefix — is checked by the oauth.Verifier and mapped to a configured actor; a 401 names the protected resource metadata (RFC 9728) clients discover
 // the authorization server from; a tools/call of a tool the token's scopes do not allow is
 // answered 403 insufficient_scope before the MCP handler sees it.
 
@@ -76,7 +76,7 @@ func (o *oauthFront) authenticate(w http.ResponseWriter, r *http.Request, st *au
 		return false
 	}
 	token, ok := bearer(r)
-	if !ok || !isJWT(token) {
+	if !ok || !(isJWT(token) || (o.verifier.Introspects() && !strings.HasPrefix(token, tokenPrefix))) {
 		return false
 	}
 	id, m, err := o.verifier.Verify(r.Context(), token)

@@ -38,6 +38,9 @@ type oauthFixture struct {
 var (
 	deployBot = testop.ServiceAccount{ID: "svc-deploy", Secret: "s3cret-deploy", Groups: []string{"deployers"}}
 	stranger  = testop.ServiceAccount{ID: "svc-stranger", Secret: "s3cret-stranger"}
+	// opaqueBot gets opaque tokens; introspector is the bastion's client for introspecting.
+	opaqueBot    = testop.ServiceAccount{ID: "svc-opaque", Secret: "s3cret-opaque", Groups: []string{"deployers"}, Opaque: true}
+	introspector = testop.ServiceAccount{ID: "postern-rs", Secret: "s3cret-rs"}
 )
 
 func (f *oauthFixture) now() time.Time {
@@ -54,20 +57,31 @@ func (f *oauthFixture) advance(d time.Duration) {
 
 func newOAuthFixture(t *testing.T) *oauthFixture {
 	t.Helper()
+	return newOAuthFixtureWith(t, nil)
+}
+
+// newOAuthFixtureWith is newOAuthFixture with the verifier's options changed by mutate
+// (given the provider's issuer).
+func newOAuthFixtureWith(t *testing.T, mutate func(o *oauth.Options, issuer string)) *oauthFixture {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	f := &oauthFixture{base: "http://" + ln.Addr().String()}
 	f.url = f.base + "/mcp"
-	f.op = testop.Start(t, testop.Options{Audience: []string{f.url}, ServiceAccounts: []testop.ServiceAccount{deployBot, stranger}})
-	v, err := oauth.New(oauth.Options{
+	f.op = testop.Start(t, testop.Options{Audience: []string{f.url}, ServiceAccounts: []testop.ServiceAccount{deployBot, stranger, opaqueBot, introspector}})
+	opts := oauth.Options{
 		Issuer: f.op.Issuer, Resource: f.url, Now: f.now,
 		Rules: oauth.Rules{
 			Actors:     []oauth.Rule{{Actor: "deploy", Groups: []string{"deployers"}}},
 			ScopeTools: map[string][]string{"postern:read": {"whoami"}, "postern:wait": {"wait"}},
 		},
-	})
+	}
+	if mutate != nil {
+		mutate(&opts, f.op.Issuer)
+	}
+	v, err := oauth.New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -433,5 +447,45 @@ func BenchmarkStaticToken(b *testing.B) {
 		if _, err := table.authenticate(tok, now); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// TestOAuthOpaqueTokensIntrospected: with introspection configured, an opaque token of the
+// provider is checked at its introspection endpoint and maps like a JWT; one it does not know
+// is 401 invalid_token; Postern's own tokens are never sent there; without introspection an
+// opaque token is just an unknown token.
+func TestOAuthOpaqueTokensIntrospected(t *testing.T) {
+	f := newOAuthFixtureWith(t, func(o *oauth.Options, issuer string) {
+		o.Introspection = &oauth.Introspection{URL: issuer + "/oauth/introspect", ClientID: introspector.ID, ClientSecret: introspector.Secret}
+	})
+	opaque := f.token(t, opaqueBot, "postern:read")
+	if isJWT(opaque) {
+		t.Fatalf("the provider issued a JWT to an opaque account: %.20s…", opaque)
+	}
+	cs, err := f.connect(t, opaque)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs.Close()
+	if got := callWhoami(t, cs); got.Caller != (Caller{Actor: "token:deploy", Subject: opaqueBot.ID}) {
+		t.Fatalf("whoami = %+v", got)
+	}
+	status, challenge, _ := f.post(t, "not-a-token-the-provider-issued", listToolsBody)
+	if status != 401 || !strings.Contains(challenge, `error="invalid_token"`) || !strings.Contains(challenge, "not active") {
+		t.Fatalf("an unknown opaque token: %d %q", status, challenge)
+	}
+	cs2, err := f.connect(t, f.static)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cs2.Close()
+	if got := callWhoami(t, cs2); got.Caller != (Caller{Actor: "token:alice"}) {
+		t.Fatalf("static token with introspection on: %+v", got)
+	}
+
+	plain := newOAuthFixture(t)
+	status, challenge, _ = plain.post(t, plain.token(t, opaqueBot, "postern:read"), listToolsBody)
+	if status != 401 || !strings.Contains(challenge, "unknown token") {
+		t.Fatalf("an opaque token without introspection: %d %q", status, challenge)
 	}
 }

@@ -3,7 +3,8 @@
 // of zitadel's example, with what Postern's tests need on top: service accounts
 // (client_credentials) and a public client (authorization code + PKCE, a login that
 // approves itself) whose access tokens are JWTs for a given audience, carrying a groups
-// claim; and signing keys the test rotates while it runs.
+// claim; signing keys the test rotates while it runs; and opaque tokens for accounts that
+// ask for them, which any service account may introspect (RFC 7662, /oauth/introspect).
 package testop
 
 import (
@@ -35,6 +36,8 @@ type ServiceAccount struct {
 	ID, Secret string
 	// Groups go into the token's groups claim.
 	Groups []string
+	// Opaque: its access tokens are opaque (for introspection, RFC 7662) instead of JWTs.
+	Opaque bool
 }
 
 // Options configure Start.
@@ -76,8 +79,10 @@ func Start(t testing.TB, opts Options) *Provider {
 	}
 	st := &provStorage{
 		Storage:  storage.NewStorage(storage.NewUserStore(issuer)),
+		issuer:   issuer,
 		opts:     opts,
 		accounts: map[string]ServiceAccount{},
+		issued:   map[string]issuedToken{},
 	}
 	for _, a := range opts.ServiceAccounts {
 		st.accounts[a.ID] = a
@@ -212,13 +217,23 @@ func (k publicKey) Key() any                           { return &k.key.PublicKey
 // audience, a groups claim and rotating keys.
 type provStorage struct {
 	*storage.Storage
+	issuer   string
 	opts     Options
 	accounts map[string]ServiceAccount
 	callback func(context.Context, string) string
 
-	mu        sync.Mutex // guards current and published
+	mu        sync.Mutex // guards current, published and issued
 	current   *signingKey
 	published []*signingKey
+	// issued are the access tokens by id, for introspection.
+	issued map[string]issuedToken
+}
+
+// issuedToken is what introspection says of a token.
+type issuedToken struct {
+	subject, clientID string
+	audience, scopes  []string
+	expires           time.Time
 }
 
 func (s *provStorage) rotateLocked(t testing.TB) {
@@ -256,7 +271,7 @@ func (s *provStorage) ClientCredentials(_ context.Context, clientID, clientSecre
 	if !ok || a.Secret != clientSecret {
 		return nil, errors.New("wrong client id or secret")
 	}
-	return &client{id: a.ID, confidential: true, lifetime: s.opts.TokenLifetime}, nil
+	return &client{id: a.ID, confidential: true, opaque: a.Opaque, lifetime: s.opts.TokenLifetime}, nil
 }
 
 func (s *provStorage) ClientCredentialsTokenRequest(_ context.Context, clientID string, scopes []string) (op.TokenRequest, error) {
@@ -268,7 +283,7 @@ func (s *provStorage) ClientCredentialsTokenRequest(_ context.Context, clientID 
 
 func (s *provStorage) GetClientByClientID(ctx context.Context, clientID string) (op.Client, error) {
 	if a, ok := s.accounts[clientID]; ok {
-		return &client{id: a.ID, confidential: true, lifetime: s.opts.TokenLifetime}, nil
+		return &client{id: a.ID, confidential: true, opaque: a.Opaque, lifetime: s.opts.TokenLifetime}, nil
 	}
 	if clientID != "" && clientID == s.opts.PublicClient {
 		return &client{id: clientID, lifetime: s.opts.TokenLifetime}, nil
@@ -312,10 +327,40 @@ func (s *provStorage) AuthRequestByCode(ctx context.Context, code string) (op.Au
 	return &authRequest{AuthRequest: ar, audience: s.opts.Audience}, nil
 }
 
-// CreateAccessToken is the example's, with the configured lifetime.
+// CreateAccessToken is the example's, with the configured lifetime, remembered for
+// introspection.
 func (s *provStorage) CreateAccessToken(ctx context.Context, req op.TokenRequest) (string, time.Time, error) {
 	id, _, err := s.Storage.CreateAccessToken(ctx, req)
-	return id, time.Now().Add(s.opts.TokenLifetime), err
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	exp := time.Now().Add(s.opts.TokenLifetime)
+	clientID := req.GetSubject() // client_credentials: the account is the subject
+	if ar, ok := req.(op.AuthRequest); ok {
+		clientID = ar.GetClientID()
+	}
+	s.mu.Lock()
+	s.issued[id] = issuedToken{subject: req.GetSubject(), clientID: clientID, audience: req.GetAudience(), scopes: req.GetScopes(), expires: exp}
+	s.mu.Unlock()
+	return id, exp, nil
+}
+
+// SetIntrospectionFromToken answers an introspection of an access token it issued: active
+// until it expires, with its subject, audience, scopes, client and groups.
+func (s *provStorage) SetIntrospectionFromToken(_ context.Context, resp *oidc.IntrospectionResponse, tokenID, _, _ string) error {
+	s.mu.Lock()
+	tok, ok := s.issued[tokenID]
+	s.mu.Unlock()
+	if !ok || !time.Now().Before(tok.expires) {
+		return errors.New("token inactive")
+	}
+	resp.Issuer, resp.Subject, resp.ClientID = s.issuer, tok.subject, tok.clientID
+	resp.Audience, resp.Scope = tok.audience, tok.scopes
+	resp.Expiration = oidc.FromTime(tok.expires)
+	if a, ok := s.accounts[tok.clientID]; ok && len(a.Groups) > 0 {
+		resp.Claims = map[string]any{"groups": a.Groups}
+	}
+	return nil
 }
 
 // GetPrivateClaimsFromScopes puts the scope (RFC 9068; zitadel's op leaves it out) and the
@@ -358,6 +403,7 @@ func (a *authRequest) GetAudience() []string { return a.audience }
 type client struct {
 	id           string
 	confidential bool
+	opaque       bool
 	lifetime     time.Duration
 }
 
@@ -387,10 +433,15 @@ func (c *client) GrantTypes() []oidc.GrantType {
 	}
 	return []oidc.GrantType{oidc.GrantTypeCode}
 }
-func (c *client) LoginURL(id string) string           { return "/login?authRequestID=" + url.QueryEscape(id) }
-func (c *client) AccessTokenType() op.AccessTokenType { return op.AccessTokenTypeJWT }
-func (c *client) IDTokenLifetime() time.Duration      { return c.lifetime }
-func (c *client) DevMode() bool                       { return true }
+func (c *client) LoginURL(id string) string { return "/login?authRequestID=" + url.QueryEscape(id) }
+func (c *client) AccessTokenType() op.AccessTokenType {
+	if c.opaque {
+		return op.AccessTokenTypeBearer
+	}
+	return op.AccessTokenTypeJWT
+}
+func (c *client) IDTokenLifetime() time.Duration { return c.lifetime }
+func (c *client) DevMode() bool                  { return true }
 func (c *client) RestrictAdditionalIdTokenScopes() func([]string) []string {
 	return func(s []string) []string { return s }
 }
