@@ -26,6 +26,9 @@ var (
 	deployAccount = testop.ServiceAccount{ID: "svc-deploy", Secret: "deploy-secret"}
 	// laterAccount is a service account no rule maps until a reload adds one.
 	laterAccount = testop.ServiceAccount{ID: "svc-later", Secret: "later-secret"}
+	// opaqueAccount gets opaque tokens, which the bastion introspects as bastionClient.
+	opaqueAccount = testop.ServiceAccount{ID: "svc-opaque", Secret: "opaque-secret", Opaque: true}
+	bastionClient = testop.ServiceAccount{ID: "postern-rs", Secret: "rs-secret"}
 	// oauthPublicClient is the provider's public client for authorization code + PKCE.
 	oauthPublicClient = "postern-cli"
 )
@@ -45,23 +48,30 @@ func startOAuthFleet(t *testing.T) *oauthBed {
 	b := harness.NewBastion(t, h.ClientKey, "[[actors]]\nname = \"deploy\"\nremote = true\n[[actors]]\nname = \"people\"\nremote = true")
 	op := testop.Start(t, testop.Options{
 		Audience:        []string{b.URL},
-		ServiceAccounts: []testop.ServiceAccount{deployAccount, laterAccount},
+		ServiceAccounts: []testop.ServiceAccount{deployAccount, laterAccount, opaqueAccount, bastionClient},
 		PublicClient:    oauthPublicClient,
 		UserGroups:      []string{"sre"},
 	})
+	secret := filepath.Join(t.TempDir(), "introspection.secret")
+	if err := os.WriteFile(secret, []byte(bastionClient.Secret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
 	oauthTable := fmt.Sprintf(`[oauth]
 issuer = %q
 resource = %q
+introspection_url = %q
+introspection_client_id = %q
+introspection_secret_file = %q
 [[oauth.actors]]
 actor = "deploy"
-clients = [%q]
+clients = [%q, %q]
 [[oauth.actors]]
 actor = "people"
 groups = ["sre"]
 [oauth.scope_tools]
 "postern:read" = ["hosts_list", "execution_status", "execution_output", "executions_list"]
 "postern:exec" = ["ssh_exec", "execution_status", "execution_output"]
-`, op.Issuer, b.URL, deployAccount.ID)
+`, op.Issuer, b.URL, op.Issuer+"/oauth/introspect", bastionClient.ID, secret, deployAccount.ID, opaqueAccount.ID)
 	appendConfig(t, b, oauthTable)
 	b.EnrollAt(t, "h1", h.Addr, h)
 	b.Start(t)
@@ -297,5 +307,29 @@ func TestOAuthReloadMapsAnActor(t *testing.T) {
 	waitForDelivery(t, f.bastion, x.ExecutionID)
 	if inv := investigate(t, f.bastion, x.ExecutionID); inv.Record.Actor != "token:deploy" || len(inv.Calls) != 1 || inv.Calls[0].Subject != laterAccount.ID {
 		t.Fatalf("actor %s, calls %+v; want token:deploy with subject %s", inv.Record.Actor, inv.Calls, laterAccount.ID)
+	}
+}
+
+// TestOAuthOpaqueTokenIntrospected: an opaque token (not a JWT) is introspected at the
+// provider by the bastion, with the client and the secret file its config names, and runs
+// ssh_exec as the actor its client maps to, its subject journaled.
+func TestOAuthOpaqueTokenIntrospected(t *testing.T) {
+	f := startOAuthFleet(t)
+	ctx := testContext(t)
+	token, err := f.op.ClientCredentialsToken(ctx, opaqueAccount, "postern:exec")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if strings.Count(token, ".") == 2 {
+		t.Fatal("the provider issued a JWT, not an opaque token")
+	}
+	cs := harness.ConnectMCP(t, f.bastion.URL, harness.TokenHTTPClient(token, nil, nil), nil)
+	x := mustCall(t, ctx, cs, "ssh_exec", map[string]any{"host": "h1", "command": "echo opaque"})
+	if x.State != "completed" {
+		t.Fatalf("ssh_exec: %+v", x)
+	}
+	waitForDelivery(t, f.bastion, x.ExecutionID)
+	if inv := investigate(t, f.bastion, x.ExecutionID); inv.Record.Actor != "token:deploy" || len(inv.Calls) != 1 || inv.Calls[0].Subject != opaqueAccount.ID {
+		t.Fatalf("actor %s, calls %+v; want token:deploy with subject %s", inv.Record.Actor, inv.Calls, opaqueAccount.ID)
 	}
 }
