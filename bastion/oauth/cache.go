@@ -17,7 +17,7 @@ const maxVerified = 4096
 // remembered token is still checked on every request for what can change after it was
 // first seen: its expiry against the clock (with the leeway), and its key still being in
 // the issuer's key set — a withdrawn key's tokens are refused from the refetch that drops
-// it on, as if they had never been seen.
+// it on (a token of an unknown kid, or the hourly refetch), as if they had never been seen.
 type verifiedTokens struct {
 	mu     sync.Mutex // guards tokens
 	tokens map[[sha256.Size]byte]verifiedToken
@@ -45,7 +45,7 @@ func (v *Verifier) validateCached(ctx context.Context, raw string) (Identity, er
 	v.verified.mu.Lock()
 	vt, ok := v.verified.tokens[sum]
 	v.verified.mu.Unlock()
-	if ok && !vt.introspected && v.opts.Now().Before(vt.id.Expires.Add(v.opts.Leeway)) && v.keys.has(vt.kid, vt.alg) {
+	if ok && !vt.introspected && v.opts.Now().Before(vt.id.Expires.Add(v.opts.Leeway)) && v.keys.has(vt.kid, vt.alg) && !v.keys.stale() {
 		return vt.id, nil
 	}
 	id, kid, alg, err := v.validate(ctx, raw)

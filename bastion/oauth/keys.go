@@ -26,6 +26,9 @@ const (
 	// tokens name a key id the cache does not have: a rotation is picked up within it, and
 	// made-up key ids cost the identity provider one request per interval.
 	minRefetchInterval = 30 * time.Second
+	// maxKeyAge is how long fetched keys are used before the next token refetches them
+	// (keeping them if the refetch fails).
+	maxKeyAge = time.Hour
 	// maxKeys bounds the keys kept from a JWKS.
 	maxKeys = 64
 	// maxRedirects bounds the redirects of one fetch.
@@ -87,19 +90,20 @@ func (s *keySet) has(kid, alg string) bool {
 // keysFor returns the candidate keys of a token header, fetching the JWKS when it has none
 // and the last fetch is older than minRefetchInterval.
 func (s *keySet) keysFor(ctx context.Context, kid, alg string) ([]jose.JSONWebKey, error) {
-	if keys := s.lookup(kid, alg); len(keys) > 0 {
+	if keys := s.lookup(kid, alg); len(keys) > 0 && !s.stale() {
 		return keys, nil
 	}
 	s.fetchMu.Lock()
 	defer s.fetchMu.Unlock()
-	if keys := s.lookup(kid, alg); len(keys) > 0 { // fetched while this call waited
+	keys := s.lookup(kid, alg)
+	if len(keys) > 0 && !s.stale() { // fetched while this call waited
 		return keys, nil
 	}
 	s.mu.Lock()
 	recent := !s.lastFetch.IsZero() && s.now().Sub(s.lastFetch) < minRefetchInterval
 	lastErr := s.lastErr
 	s.mu.Unlock()
-	if recent {
+	if recent { // and so not stale: the key is not there
 		if lastErr != nil {
 			return nil, fmt.Errorf("%w: %w", ErrUnavailable, lastErr)
 		}
@@ -108,12 +112,23 @@ func (s *keySet) keysFor(ctx context.Context, kid, alg string) ([]jose.JSONWebKe
 	// The fetch is the bastion's, not the request's: a client that hangs up must not leave
 	// the key set without keys for the next interval.
 	if err := s.refresh(context.WithoutCancel(ctx)); err != nil {
+		if len(keys) > 0 {
+			return keys, nil // a stale set that could not be refreshed keeps its keys
+		}
 		return nil, fmt.Errorf("%w: %w", ErrUnavailable, err)
 	}
 	if keys := s.lookup(kid, alg); len(keys) > 0 {
 		return keys, nil
 	}
 	return nil, errUnknownKey
+}
+
+// stale reports whether the keys were last fetched more than maxKeyAge ago: the next token
+// refetches them, so a key the issuer withdrew without publishing a new one is dropped too.
+func (s *keySet) stale() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.lastFetch.IsZero() && s.now().Sub(s.lastFetch) > maxKeyAge
 }
 
 // prefetch fetches the keys now, and says how many the issuer publishes.

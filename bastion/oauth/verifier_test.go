@@ -28,6 +28,7 @@ type fakeIssuer struct {
 	issuer     string
 	jwksFetch  atomic.Int64
 	oidcAnswer atomic.Bool // serve the OpenID document (else only RFC 8414's)
+	keysDown   atomic.Bool // answer the JWKS with 503
 	mu         sync.Mutex
 	keys       map[string]crypto.Signer // by kid, published
 }
@@ -51,6 +52,10 @@ func newFakeIssuer(t testing.TB, path string) *fakeIssuer {
 	mux.HandleFunc("/.well-known/oauth-authorization-server"+path, doc)
 	mux.HandleFunc("/keys", func(w http.ResponseWriter, _ *http.Request) {
 		f.jwksFetch.Add(1)
+		if f.keysDown.Load() {
+			http.Error(w, "down", http.StatusServiceUnavailable)
+			return
+		}
 		f.mu.Lock()
 		var set jose.JSONWebKeySet
 		for kid, k := range f.keys {
@@ -365,5 +370,43 @@ func TestRememberedTokensStillChecked(t *testing.T) {
 	}
 	if _, _, err := v.Verify(t.Context(), tok); !errors.Is(err, ErrInvalidToken) {
 		t.Fatalf("a remembered token of a withdrawn key: %v", err)
+	}
+}
+
+// Keys are refetched after maxKeyAge: a key the issuer withdrew without a new kid showing up
+// is dropped then, and a refetch that fails keeps the keys it had.
+func TestKeysRefetchedWhenStale(t *testing.T) {
+	f := newFakeIssuer(t, "")
+	k1 := rsaKey(t)
+	f.addKey(t, "k1", k1)
+	clk := &clock{now: time.Now()}
+	v := newTestVerifier(t, f, clk, nil)
+	tok := func() string {
+		return sign(t, jose.RS256, "k1", k1, claimsAt(f, clk.Now(), map[string]any{"exp": clk.Now().Add(3 * time.Hour).Unix()}))
+	}
+	if _, _, err := v.Verify(t.Context(), tok()); err != nil {
+		t.Fatal(err)
+	}
+	// The provider is down past maxKeyAge: the refetch fails, the keys stay.
+	f.keysDown.Store(true)
+	clk.Add(maxKeyAge + time.Minute)
+	if _, _, err := v.Verify(t.Context(), tok()); err != nil {
+		t.Fatalf("a failed refetch of stale keys: %v", err)
+	}
+	if n := f.jwksFetch.Load(); n != 2 {
+		t.Fatalf("%d JWKS fetches, want 2 (the first, the stale one)", n)
+	}
+	// Back, with k1 withdrawn and no new kid in any token: past maxKeyAge again, the
+	// refetch drops k1, and its tokens — remembered ones too — are refused.
+	remembered := tok()
+	if _, _, err := v.Verify(t.Context(), remembered); err != nil {
+		t.Fatal(err)
+	}
+	f.keysDown.Store(false)
+	f.addKey(t, "k2", rsaKey(t))
+	f.removeKey("k1")
+	clk.Add(maxKeyAge + time.Minute)
+	if _, _, err := v.Verify(t.Context(), remembered); !errors.Is(err, ErrInvalidToken) || !strings.Contains(err.Error(), "key set") {
+		t.Fatalf("a withdrawn key's remembered token after the hourly refetch: %v", err)
 	}
 }
