@@ -15,6 +15,7 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/engine"
+	"github.com/postern-dev/postern/bastion/oauth"
 	"github.com/postern-dev/postern/bastion/policy"
 	"github.com/postern-dev/postern/bastion/tokens"
 	"github.com/postern-dev/postern/bastion/transport"
@@ -52,11 +53,12 @@ type Bastion struct {
 	// tokens is the store of issued tokens (bastion/tokens); it guards itself.
 	tokens *tokens.Store
 
-	// surfaces guards remoteActors and mcpSocket, set by Serve and replaced in place by a
-	// reload or a token issued or revoked (nil before Serve or without HTTP). Lock order:
-	// surfaces before the token store's own lock.
+	// surfaces guards remoteActors, oauth and mcpSocket, set by Serve and replaced in place
+	// by a reload or a token issued or revoked (nil before Serve or without HTTP; oauth also
+	// without [oauth]). Lock order: surfaces before the token store's own lock.
 	surfaces     sync.Mutex
 	remoteActors *transport.ActorSet
+	oauth        *oauth.Verifier
 	mcpSocket    *transport.UnixListener
 }
 
@@ -82,9 +84,10 @@ func Open(opts Options) (*Bastion, error) {
 }
 
 // Reload reads the config again (Options.Load) and applies what a reload may change
-// (engine.PrepareReload): the engine's settings, the HTTP actors, the uids the MCP socket
-// admits. The whole config is checked first, by all of them; a config any refuses changes
-// nothing, and the error says why. by names who asked (the reload log's "by").
+// (engine.PrepareReload): the engine's settings, the HTTP actors, the OAuth mapping, the
+// uids the MCP socket admits. The whole config is checked first, by all of them; a config any
+// refuses changes nothing, and the error says why. by names who asked (the reload log's
+// "by").
 func (b *Bastion) Reload(by string) (*api.ConfigChange, error) {
 	if b.load == nil {
 		return nil, api.Invalid("this bastion was started without a config file to read again; restart it to change its config")
@@ -121,6 +124,11 @@ func (b *Bastion) Reload(by string) (*api.ConfigChange, error) {
 	if b.remoteActors != nil {
 		if err := b.remoteActors.Replace(remote); err != nil { // checked above
 			warn("the HTTP actors stay as they were", err)
+		}
+	}
+	if b.oauth != nil && next.OAuth != nil { // adding or removing [oauth] is restart-only
+		if err := b.oauth.SetRules(next.OAuth.Rules()); err != nil { // validated with next
+			warn("the OAuth mapping stays as it was", err)
 		}
 	}
 	if b.mcpSocket != nil {

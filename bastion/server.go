@@ -16,6 +16,7 @@ import (
 	"github.com/postern-dev/postern/bastion/delivery"
 	"github.com/postern-dev/postern/bastion/engine"
 	"github.com/postern-dev/postern/bastion/mcpserver"
+	"github.com/postern-dev/postern/bastion/oauth"
 	"github.com/postern-dev/postern/bastion/operatorapi"
 	"github.com/postern-dev/postern/bastion/tasks"
 	"github.com/postern-dev/postern/bastion/transport"
@@ -107,8 +108,22 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		if err != nil {
 			return err
 		}
+		var verifier *oauth.Verifier
+		if b.cfg.OAuth != nil {
+			opts, err := b.cfg.OAuth.Options()
+			if err != nil {
+				return err
+			}
+			opts.Now = b.now
+			if verifier, err = oauth.New(opts); err != nil {
+				return err
+			}
+			b.surfaces.Lock()
+			b.oauth = verifier
+			b.surfaces.Unlock()
+		}
 		mcpHTTP, err := transport.HTTPHandler(remote, transport.HTTPOptions{
-			ActorSet: actors, MaxBodyBytes: b.cfg.MaxBodyBytes,
+			ActorSet: actors, OAuth: verifier, MaxBodyBytes: b.cfg.MaxBodyBytes,
 			AllowedHosts: b.cfg.AllowedHosts, AllowedOrigins: b.cfg.AllowedOrigins,
 			Logger: b.log.With("component", "http"), CountRefusal: b.engine.CountRefusal,
 		})
@@ -117,6 +132,11 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 		}
 		mux := http.NewServeMux()
 		mux.Handle(MCPPath, mcpHTTP)
+		if verifier != nil {
+			for _, p := range verifier.MetadataPaths() {
+				mux.Handle(p, transport.OAuthMetadataHandler(verifier))
+			}
+		}
 		mux.Handle("/metrics", b.engine.MetricsHandler())
 		mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) { w.Write([]byte("ok\n")) })
 		l := b.httpLn
@@ -198,6 +218,12 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	var wg sync.WaitGroup
 	watchCtx, stopWatch := context.WithCancel(ctx)
 	wg.Go(func() { tracker.WatchCancels(watchCtx) })
+	b.surfaces.Lock()
+	verifier := b.oauth
+	b.surfaces.Unlock()
+	if verifier != nil {
+		wg.Go(func() { b.prefetchOAuthKeys(watchCtx, verifier) })
+	}
 	for i, s := range servers {
 		wg.Go(func() {
 			if err := s.Serve(listeners[i]); err != nil && !errors.Is(err, http.ErrServerClosed) {
@@ -222,6 +248,21 @@ func (b *Bastion) Serve(ctx context.Context, ready func(Endpoints)) error {
 	stopWatch()
 	wg.Wait()
 	return serveErr
+}
+
+// prefetchOAuthKeys fetches the OAuth issuer's keys as the bastion starts serving, and says
+// in the log whether it could: a provider that cannot be reached is an operator's problem to
+// see at start, not at the first token (which is answered 503 until the keys come).
+func (b *Bastion) prefetchOAuthKeys(ctx context.Context, v *oauth.Verifier) {
+	n, err := v.Prefetch(ctx)
+	if err != nil {
+		if ctx.Err() == nil {
+			b.log.Warn("oauth: the issuer's keys could not be fetched; OAuth tokens are refused (503) until they can, Postern's own tokens work",
+				"issuer", b.cfg.OAuth.Issuer, "err", err)
+		}
+		return
+	}
+	b.log.Info("oauth: the issuer's keys fetched", "issuer", b.cfg.OAuth.Issuer, "keys", n, "metadata", v.MetadataURL())
 }
 
 // servingEngine is the engine as the operator API of a serving daemon sees it: its doctor

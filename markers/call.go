@@ -23,6 +23,9 @@ type Call struct {
 	RequestID string `json:"request_id,omitempty"`
 	// Run is the call's agent run: its intent scope (see Run).
 	Run string `json:"run,omitempty"`
+	// Subject is the person or service behind a remote call made with an OAuth access
+	// token: its sub claim (the actor is the one its rules mapped it to). "" otherwise.
+	Subject string `json:"subject,omitempty"`
 	// Match is what the matching rule made of the call: new, new_attempt, continue, pending,
 	// rejection, attach, reconcile, replay, idempotency_key_reused — or delivered, for the
 	// call that was handed the result.
@@ -61,6 +64,9 @@ type Run struct {
 	// Remote agent: the run id it named and the token's actor name.
 	RunID string `json:"run_id,omitempty"`
 	Token string `json:"token,omitempty"`
+	// Subject is the OAuth access token's sub of the run's first call ("" for Postern's own
+	// tokens); each call names its own (Call.Subject).
+	Subject string `json:"subject,omitempty"`
 }
 
 // Bounds on what a run record keeps.

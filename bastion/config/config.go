@@ -73,6 +73,10 @@ type Config struct {
 	// read refuses every host.
 	RevokedHostKeysFile string `toml:"revoked_host_keys_file"`
 
+	// OAuth also admits remote callers by OAuth access tokens ([oauth], oauth.go); a reload
+	// applies its mapping only. Default none.
+	OAuth *OAuth `toml:"oauth"`
+
 	// Actors are the callers: remote ones by bearer token (the config stores its SHA-256),
 	// local ones by process (uid, executable), each with the hosts, tools and endpoints it
 	// may use and its limits. Local callers of the bastion's own uid need no entry.
@@ -528,6 +532,7 @@ func (c Config) Validate() error {
 	}
 	errs = append(errs, c.validateHostCAs()...)
 	errs = append(errs, c.SSHCA.validate()...)
+	errs = append(errs, c.validateOAuth()...)
 	if c.RevokedHostKeysFile != "" && !filepath.IsAbs(c.RevokedHostKeysFile) {
 		bad("revoked_host_keys_file must be an absolute path, got %q", c.RevokedHostKeysFile)
 	}

@@ -13,12 +13,13 @@ import (
 )
 
 // What a reload (postern reload, SIGHUP) may change in a serving bastion: who may call
-// (actors, principals), what they may do (rules, classes), who decides (approval operators,
-// the approval timeout) and the bounds of a call (waits, command and body sizes). They are
-// read per call, so a new call sees the new values and an execution in flight keeps the
-// decision journaled with it. Everything else — where the bastion listens and keeps its
-// state, the journal, the plugin, the endpoints and their credentials, the sockets' limits,
-// the webhook — is wired into what serves at start, and changing it needs a restart.
+// (actors, principals, the [oauth] mapping: oauth.actors and oauth.scope_tools), what they
+// may do (rules, classes), who decides (approval operators, the approval timeout) and the
+// bounds of a call (waits, command and body sizes). They are read per call, so a new call
+// sees the new values and an execution in flight keeps the decision journaled with it.
+// Everything else — where the bastion listens and keeps its state, the journal, the plugin,
+// the endpoints and their credentials, the sockets' limits, the webhook, the rest of [oauth]
+// — is wired into what serves at start, and changing it needs a restart.
 var reloadable = map[string]bool{
 	"actors": true, "principals": true, "rules": true, "classes": true,
 	"approval_timeout": true, "default_wait": true, "max_wait": true,
@@ -35,6 +36,10 @@ func (c Config) RestartOnly(next Config) []string {
 	for i := range t.NumField() {
 		key := tomlKey(t.Field(i))
 		if reloadable[key] {
+			continue
+		}
+		if key == "oauth" {
+			keys = append(keys, c.OAuth.restartOnly(next.OAuth)...)
 			continue
 		}
 		if key == "approvals" {
@@ -89,6 +94,7 @@ func (c Config) Changes(next Config) []string {
 	if !reflect.DeepEqual(c.Rules, next.Rules) {
 		out = append(out, fmt.Sprintf("rules: %d before, %d now", len(c.Rules), len(next.Rules)))
 	}
+	out = append(out, c.OAuth.changes(next.OAuth)...)
 	if !slices.Equal(c.Approvals.Operators, next.Approvals.Operators) {
 		out = append(out, fmt.Sprintf("approvals.operators: %s", strings.Join(next.Approvals.Operators, ", ")))
 	}

@@ -73,6 +73,7 @@ func (rs *records) call(ctx context.Context, c transport.Caller, scope string, m
 		Transport: transportOf(c),
 		RequestID: delivery.RequestID(ctx),
 		Run:       scope,
+		Subject:   c.Subject,
 		Match:     string(match),
 		Replayed:  replayed,
 	}
@@ -119,5 +120,6 @@ func (rs *records) runOf(c transport.Caller, scope string) *markers.Run {
 		r.RunID = ""
 	}
 	r.Token = strings.TrimPrefix(c.Actor, "token:")
+	r.Subject = c.Subject
 	return r
 }

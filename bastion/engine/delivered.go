@@ -46,7 +46,7 @@ func deliveryCall(ctx context.Context, match string) *markers.Call {
 	if !ok {
 		return nil
 	}
-	return &markers.Call{Transport: transportOf(c), RequestID: delivery.RequestID(ctx), Run: intent.Scope(c, ""), Match: match}
+	return &markers.Call{Transport: transportOf(c), RequestID: delivery.RequestID(ctx), Run: intent.Scope(c, ""), Subject: c.Subject, Match: match}
 }
 
 // RevokeDelivery revokes the delivery of id's result unless a newer execution of the same

@@ -381,6 +381,9 @@ func runText(r *markers.Run) string {
 		return s + ", via " + r.Transport
 	}
 	s := "token " + r.Token
+	if r.Subject != "" {
+		s += " (OAuth subject " + r.Subject + ")"
+	}
 	if r.RunID != "" {
 		s += ", run id " + r.RunID
 	} else {
@@ -583,6 +586,9 @@ func callText(c *markers.Call) string {
 	s := "call " + dash(c.RequestID) + " (" + c.Transport
 	if c.Run != "" {
 		s += ", " + c.Run
+	}
+	if c.Subject != "" {
+		s += ", subject " + c.Subject
 	}
 	if c.Replica != "" {
 		s += ", replica " + c.Replica

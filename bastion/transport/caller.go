@@ -17,6 +17,9 @@ type Caller struct {
 	// RunID is the Postern-Run header of a remote caller, if present (validated by
 	// ValidRunID); "" otherwise and always for local callers.
 	RunID string
+	// Subject is the sub claim of an OAuth access token (the person or service behind the
+	// actor it maps to); "" for Postern's own tokens and local callers.
+	Subject string
 	// Local is true for callers on the unix socket (directly or through the stdio bridge).
 	Local bool
 	// PID is the agent process (the bridge's parent when the peer is our stdio bridge) and

@@ -6,7 +6,8 @@
 //
 // # Invariants
 //
-//   - The actor and the local intent scope come from a bearer-token hash match (HTTP) or
+//   - The actor and the local intent scope come from a bearer-token hash match (HTTP), an
+//     OAuth access token the bastion/oauth verifier validated and mapped (HTTP, oauth.go), or
 //     from the kernel (SO_PEERCRED and /proc, unix socket), never from the request body or
 //     headers. A client's Authorization header on the unix socket is discarded, and the
 //     Authorization header is removed before the MCP handler sees any request.
@@ -23,8 +24,12 @@
 //     authentication and before the MCP handler: on a loopback listen only loopback Hosts,
 //     and no Origin, a loopback Origin or a listed one; elsewhere listed Hosts and Origins.
 //     CORS headers go only to admitted Origins; "null" is never admitted.
-//   - Nothing logs a token: tokens are hashed on arrival and only hashes are compared, in
-//     constant time against every configured hash.
+//   - Nothing logs a token: Postern's tokens are hashed on arrival and only hashes are
+//     compared, in constant time against every configured hash; an OAuth token's subject
+//     and client are logged, never the token.
+//   - An OAuth caller whose scopes narrow its tools cannot reach the MCP handler with a
+//     tools/call of another tool (403 insufficient_scope), nor with a body the gate cannot
+//     read exactly as go-sdk does (400).
 //   - A local socket admits a peer by its kernel uid at accept, before reading a byte: root,
 //     the daemon's own uid and the uids it was given (UnixAccess); every other connection is
 //     closed and logged. Each uid's open connections are bounded, and the last slots of each

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/modelcontextprotocol/go-sdk/auth"
+
+	"github.com/postern-dev/postern/bastion/oauth"
 )
 
 // DefaultMaxBodyBytes bounds a request body when the options leave it zero. MCP requests are
@@ -54,6 +56,10 @@ type HTTPOptions struct {
 	Logger *slog.Logger
 	// CountRefusal is told of every refused request (WhereHTTP). Default: none.
 	CountRefusal CountRefusal
+	// OAuth, when set, also accepts OAuth access tokens (JWTs) it validates and maps to
+	// actors, and names its protected resource metadata in every 401 (oauth.go). Serve
+	// OAuthMetadataHandler at its MetadataPaths. Default: bearer tokens of ActorSet only.
+	OAuth *oauth.Verifier
 }
 
 // HTTPHandler wraps mcpHandler for remote agents: a DNS-rebinding guard (Host and Origin,
@@ -75,9 +81,13 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 		return nil, err
 	}
 	refusals := newRefusalLog(loggerOrDiscard(opts.Logger), WhereHTTP, opts.CountRefusal)
+	var front *oauthFront
+	if opts.OAuth != nil {
+		front = &oauthFront{verifier: opts.OAuth, refusals: refusals}
+	}
 
-	bounded := limitBody(mcpHandler, bodyLimits{max: opts.MaxBodyBytes, timeout: opts.BodyTimeout, perActor: opts.MaxBodiesPerActor}, refusals)
-	authenticated := auth.RequireBearerToken(actors.verifier(), &auth.RequireBearerTokenOptions{
+	bounded := limitBody(front.gateTools(mcpHandler), bodyLimits{max: opts.MaxBodyBytes, timeout: opts.BodyTimeout, perActor: opts.MaxBodiesPerActor}, refusals)
+	authenticated := auth.RequireBearerToken(withOAuth(actors.verifier()), &auth.RequireBearerTokenOptions{
 		AllowMissingExpiration: true,
 	})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if st, ok := r.Context().Value(authStateKey{}).(*authState); ok {
@@ -110,11 +120,15 @@ func HTTPHandler(mcpHandler http.Handler, opts HTTPOptions) (http.Handler, error
 			refuse(http.StatusBadRequest, ReasonBadRunHeader, err.Error())
 			return
 		}
-		// The challenge of a 401 (RFC 6750 section 3): without a token, just the scheme; with
-		// one that is not (or no longer) good, error="invalid_token", which tells an MCP
-		// client to get a new token rather than retry this one.
-		st := &authState{header: w.Header()}
-		w.Header().Set("WWW-Authenticate", `Bearer realm="postern"`)
+		// The challenge of a 401 (RFC 6750 section 3): without a token, just the scheme (and,
+		// with OAuth, the resource metadata URL a client discovers its authorization server
+		// from, RFC 9728); with one that is not (or no longer) good, error="invalid_token",
+		// which tells an MCP client to get a new token rather than retry this one.
+		st := &authState{header: w.Header(), challenge: front.challenge()}
+		w.Header().Set("WWW-Authenticate", st.challenge)
+		if front.authenticate(w, r, st) {
+			return
+		}
 		authenticated.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), authStateKey{}, st)))
 		if st.authenticated {
 			return
@@ -139,6 +153,10 @@ type authState struct {
 	// errTokenRevoked); nil if none was presented.
 	refused error
 	header  http.Header
+	// challenge is the WWW-Authenticate value of a 401 without a token (oauthFront).
+	challenge string
+	// oauth is the TokenInfo of an OAuth access token oauthFront accepted; nil for others.
+	oauth *auth.TokenInfo
 }
 
 // authStateKey carries a request's *authState in its context.
@@ -148,7 +166,7 @@ type authStateKey struct{}
 // challenge of the 401 that go-sdk writes next.
 func (st *authState) refuse(why error) {
 	st.refused = why
-	st.header.Set("WWW-Authenticate", fmt.Sprintf(`Bearer realm="postern", error="invalid_token", error_description=%q`, why.Error()))
+	st.header.Set("WWW-Authenticate", fmt.Sprintf(`%s, error="invalid_token", error_description=%q`, st.challenge, why.Error()))
 }
 
 // errBadRunID is the client-visible reason for a 400 on Postern-Run.

@@ -286,6 +286,9 @@ func eventNote(ev markers.Event) string {
 	if c.Run != "" {
 		call += ", " + c.Run
 	}
+	if c.Subject != "" {
+		call += ", subject " + cli.Printable(c.Subject)
+	}
 	if c.Replica != "" {
 		call += ", replica " + c.Replica
 	}
