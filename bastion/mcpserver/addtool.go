@@ -1,6 +1,7 @@
 package mcpserver
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -49,8 +50,11 @@ func addTool[In, Out any](srv *mcp.Server, t *mcp.Tool, h mcp.ToolHandlerFor[In,
 	if tt.OutputSchema, err = marshalSchema(output); err != nil {
 		panic(fmt.Sprintf("addTool: tool %q: output schema: %v", t.Name, err))
 	}
+	// Inferred schemas carry no defaults; one given might. Without any, the arguments as sent
+	// are what the SDK's re-encoding would give (decodeArguments).
+	withDefaults := bytes.Contains(tt.InputSchema.(json.RawMessage), []byte(`"default"`))
 	srv.AddTool(&tt, func(ctx context.Context, req *mcp.CallToolRequest) (*mcp.CallToolResult, error) {
-		in, err := decodeArguments[In](req.Params.Arguments, input)
+		in, err := decodeArguments[In](req.Params.Arguments, input, withDefaults)
 		if err != nil {
 			var res mcp.CallToolResult
 			res.SetError(err)
@@ -110,8 +114,10 @@ func inputSchema[In any](given any) (*jsonschema.Resolved, error) {
 
 // decodeArguments is what the SDK does with a typed tool's arguments: decoded into a map
 // (absent arguments are {}), the schema's defaults applied, validated, encoded again and
-// decoded into In. The error reads as the SDK's.
-func decodeArguments[In any](raw json.RawMessage, schema *jsonschema.Resolved) (In, error) {
+// decoded into In. The error reads as the SDK's. Without defaults (withDefaults false) the
+// arguments are decoded as sent, and only if that fails (a number such as 1e2 for an
+// integer, which the map's re-encoding writes 100) from the re-encoding.
+func decodeArguments[In any](raw json.RawMessage, schema *jsonschema.Resolved, withDefaults bool) (In, error) {
 	var in In
 	args := map[string]any{}
 	if len(raw) > 0 {
@@ -120,17 +126,23 @@ func decodeArguments[In any](raw json.RawMessage, schema *jsonschema.Resolved) (
 		}
 	}
 	var v any = args
-	if err := schema.ApplyDefaults(&v); err != nil {
-		return in, fmt.Errorf("validating \"arguments\": applying schema defaults:\n%v", err)
+	if withDefaults {
+		if err := schema.ApplyDefaults(&v); err != nil {
+			return in, fmt.Errorf("validating \"arguments\": applying schema defaults:\n%v", err)
+		}
 	}
 	if err := schema.Validate(&v); err != nil {
 		return in, fmt.Errorf("validating \"arguments\": %v", err)
 	}
-	withDefaults, err := json.Marshal(v)
+	if !withDefaults && len(raw) > 0 && json.Unmarshal(raw, &in) == nil {
+		return in, nil
+	}
+	in = *new(In)
+	reencoded, err := json.Marshal(v)
 	if err != nil {
 		return in, fmt.Errorf("validating \"arguments\": marshalling with defaults: %v", err)
 	}
-	if err := json.Unmarshal(withDefaults, &in); err != nil {
+	if err := json.Unmarshal(reencoded, &in); err != nil {
 		return in, err
 	}
 	return in, nil

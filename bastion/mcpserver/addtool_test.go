@@ -60,6 +60,8 @@ func TestAddToolAsSDK(t *testing.T) {
 		map[string]any{"host": "h1", "command": "true"},
 		map[string]any{"host": "h1", "command": "true", "wait_s": 1e2},
 		map[string]any{"host": "h1", "command": "true", "wait_s": 1.5},
+		json.RawMessage(`{"host": "h1", "command": "true", "wait_s": 1e2}`), // decoded from the re-encoding: 100
+		json.RawMessage(`{"host": "h1", "command": "true", "wait_s": 7.0, "host": "h2"}`),
 		map[string]any{"host": "h1", "command": "true", "unknown": 1},
 		map[string]any{"host": 1, "command": "true"},
 		map[string]any{"command": "true"},
@@ -130,4 +132,24 @@ func mustJSON(t *testing.T, v any) string {
 		t.Fatal(err)
 	}
 	return string(b)
+}
+
+// BenchmarkDecodeArguments is ssh_exec's arguments decoded as the SDK does (defaults applied,
+// re-encoded) and, without defaults in the schema, as sent.
+func BenchmarkDecodeArguments(b *testing.B) {
+	schema, err := inputSchema[api.ExecArgs](nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	raw := json.RawMessage(`{"host":"h1","command":"true","run_id":"mcp64-1","wait_s":30}`)
+	for _, withDefaults := range []bool{true, false} {
+		b.Run(map[bool]string{true: "as the SDK", false: "as sent"}[withDefaults], func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				if in, err := decodeArguments[api.ExecArgs](raw, schema, withDefaults); err != nil || in.Host != "h1" {
+					b.Fatal(in, err)
+				}
+			}
+		})
+	}
 }
