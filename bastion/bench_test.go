@@ -253,7 +253,7 @@ func BenchmarkExecTrue(b *testing.B) {
 		if err != nil {
 			b.Fatal(err)
 		}
-		res, err := hostproto.Run(ctx, conn, hostproto.Exec{ExecutionID: id, Command: "true", Stdout: io.Discard, Stderr: io.Discard})
+		res, err := hostproto.Run(ctx, conn, hostproto.Exec{ExecutionID: id, Command: "true", Stdout: io.Discard, Stderr: io.Discard, Protocol: hostproto.Version})
 		if err != nil || res.ExitStatus != 0 {
 			b.Fatalf("hostagent exec: %+v, %v", res, err)
 		}

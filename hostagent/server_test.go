@@ -12,6 +12,7 @@ import (
 	"os/exec"
 	"os/user"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -102,7 +103,7 @@ func currentUser(t testing.TB) string {
 }
 
 // startServer runs a hostagent on 127.0.0.1 with one authorized key and one trusted CA.
-func startServer(t *testing.T, configure func(*hostagent.Config)) *testServer {
+func startServer(t testing.TB, configure func(*hostagent.Config)) *testServer {
 	t.Helper()
 	dir := t.TempDir()
 	ts := &testServer{
@@ -149,7 +150,7 @@ func startServer(t *testing.T, configure func(*hostagent.Config)) *testServer {
 }
 
 // testWriter sends server logs to the test log, which shows them only on failure.
-type testWriter struct{ t *testing.T }
+type testWriter struct{ t testing.TB }
 
 func (w testWriter) Write(p []byte) (int, error) {
 	w.t.Log(strings.TrimSuffix(string(p), "\n"))
@@ -161,7 +162,7 @@ func (ts *testServer) dial(t *testing.T, user string, auth ...gossh.AuthMethod) 
 	return testutil.DialSSH(t, ts.addr, user, ts.srv.HostPublicKey(), auth...)
 }
 
-func (ts *testServer) client(t *testing.T) *gossh.Client {
+func (ts *testServer) client(t testing.TB) *gossh.Client {
 	t.Helper()
 	return testutil.MustDialSSH(t, ts.addr, ts.account, ts.srv.HostPublicKey(), gossh.PublicKeys(ts.key.Signer))
 }
@@ -845,5 +846,88 @@ func TestEnvRequestSetsAllAtOnce(t *testing.T) {
 				t.Errorf("ExecRequest.Env = %q; want %q", req.Env, tt.wantEnv)
 			}
 		})
+	}
+}
+
+// TestEnvWithoutReplyGuardsTheExec: protocol 3's environment sent without waiting for its
+// reply (hostproto.EnvRequest, want-reply false) and the exec right behind it: the command
+// runs with the environment when every variable was taken, and never starts when one was
+// not — the exec is refused, and the variables sent one by one then name it.
+func TestEnvWithoutReplyGuardsTheExec(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.client(t)
+	execs := func() int {
+		ts.handler.mu.Lock()
+		defer ts.handler.mu.Unlock()
+		return len(ts.handler.execs)
+	}
+	for _, tt := range []struct {
+		name    string
+		vars    []hostproto.EnvVar
+		wantRun bool
+	}{
+		{"all taken", []hostproto.EnvVar{{Name: "POSTERN_EXECUTION_ID", Value: validID}, {Name: "APP_MODE", Value: "prod"}}, true},
+		{"one dropped", []hostproto.EnvVar{{Name: "POSTERN_EXECUTION_ID", Value: validID}, {Name: "LD_PRELOAD", Value: "/evil.so"}}, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			sess, err := c.NewSession()
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer sess.Close()
+			payload, err := json.Marshal(tt.vars)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if _, err := sess.SendRequest(hostproto.EnvRequest, false, gossh.Marshal(&struct{ Env string }{string(payload)})); err != nil {
+				t.Fatal(err)
+			}
+			before := execs()
+			err = sess.Run("env")
+			if tt.wantRun {
+				if err != nil {
+					t.Fatalf("run: %v", err)
+				}
+				if req := ts.handler.lastExec(t); strings.Join(req.Env, " ") != "APP_MODE=prod POSTERN_EXECUTION_ID="+validID {
+					t.Errorf("ExecRequest.Env = %q; want both variables", req.Env)
+				}
+				return
+			}
+			if err == nil || execs() != before {
+				t.Fatalf("run = %v with %d new execs; want the exec refused and nothing run", err, execs()-before)
+			}
+			ok, err := sess.SendRequest("env", true, gossh.Marshal(&struct{ Name, Value string }{"LD_PRELOAD", "/evil.so"}))
+			if err != nil || ok {
+				t.Errorf("env LD_PRELOAD after the refused exec = %v, %v; want false (named as the one refused)", ok, err)
+			}
+		})
+	}
+}
+
+// TestRunOfProtocol3: hostproto.Run on a connection of protocol 3 sends the environment and
+// the exec in one round trip; a variable the hostagent does not take refuses the exec,
+// nothing runs, and the error names the variable, as with the earlier protocols.
+func TestRunOfProtocol3(t *testing.T) {
+	ts := startServer(t, nil)
+	c := ts.client(t)
+	ctx := context.Background()
+	res, err := hostproto.Run(ctx, c, hostproto.Exec{ExecutionID: validID, Command: "echo $APP_MODE", Env: map[string]string{"APP_MODE": "prod"}, Protocol: 3})
+	if err != nil || res.ExitStatus != 0 {
+		t.Fatalf("Run = %+v, %v", res, err)
+	}
+	if req := ts.handler.lastExec(t); !slices.Contains(req.Env, "APP_MODE=prod") {
+		t.Errorf("ExecRequest.Env = %q; want APP_MODE=prod", req.Env)
+	}
+	ts.handler.mu.Lock()
+	before := len(ts.handler.execs)
+	ts.handler.mu.Unlock()
+	_, err = hostproto.Run(ctx, c, hostproto.Exec{ExecutionID: validID, Command: "true", Env: map[string]string{"LD_PRELOAD": "/evil.so"}, Protocol: 3})
+	if !errors.Is(err, hostproto.ErrRefused) || !strings.Contains(err.Error(), "env LD_PRELOAD") {
+		t.Errorf("Run with a variable the host drops = %v; want ErrRefused naming LD_PRELOAD", err)
+	}
+	ts.handler.mu.Lock()
+	defer ts.handler.mu.Unlock()
+	if n := len(ts.handler.execs) - before; n != 0 {
+		t.Errorf("%d commands ran after the refused environment", n)
 	}
 }

@@ -44,6 +44,10 @@ type session struct {
 	rawCommand string
 	subsystem  string
 	started    bool
+	// envRefused: an EnvRequest sent without want-reply (protocol 3) did not take every
+	// variable. Its client learns that only from the exec that follows, which is refused:
+	// a command never starts without an environment its client believes was set.
+	envRefused bool
 
 	mu     sync.Mutex // guards exited, sigCh, sigBuf
 	exited bool
@@ -245,17 +249,23 @@ func (s *session) handleRequest(req *gossh.Request) (ok bool, start func(context
 	case hostproto.EnvRequest:
 		var batch struct{ Env string }
 		var vars []hostproto.EnvVar
-		if s.started || gossh.Unmarshal(req.Payload, &batch) != nil || json.Unmarshal([]byte(batch.Env), &vars) != nil {
-			return false, nil
+		accepted := !s.started && gossh.Unmarshal(req.Payload, &batch) == nil && json.Unmarshal([]byte(batch.Env), &vars) == nil
+		if accepted {
+			for _, kv := range vars {
+				accepted = s.addEnv(kv.Name, kv.Value) && accepted
+			}
 		}
-		accepted := true
-		for _, kv := range vars {
-			accepted = s.addEnv(kv.Name, kv.Value) && accepted
+		if !accepted && !req.WantReply {
+			s.envRefused = true
 		}
 		return accepted, nil
 	case "exec":
 		var cmd struct{ Command string }
 		if s.started || gossh.Unmarshal(req.Payload, &cmd) != nil {
+			return false, nil
+		}
+		if s.envRefused {
+			s.logger.Info("refusing exec: its environment was not taken whole")
 			return false, nil
 		}
 		s.started, s.rawCommand = true, cmd.Command

@@ -34,6 +34,10 @@ const MarkerRequest = "postern-marker@postern"
 // string holding a JSON array of EnvVar. The reply is true only if every variable was
 // accepted; a hostagent of an earlier release answers false to the unknown request, so a
 // false reply is followed by one env request per variable, which names what was refused.
+//
+// From protocol 3 a client may send it with want-reply false and the exec request right
+// behind it: the hostagent then refuses the exec if the environment was not taken whole, and
+// the client, on that refusal, sends one env request per variable to learn which.
 const EnvRequest = "postern-env@postern"
 
 // EnvVar is one variable of an EnvRequest.
@@ -246,6 +250,9 @@ type Exec struct {
 	Stdout, Stderr io.Writer
 	// OnMarker, if set, is called for each marker message as it arrives.
 	OnMarker func(MarkerMessage)
+	// Protocol is the version conn speaks (SayHello), 0 if unknown. From 3 the environment
+	// goes with the exec request in one round trip (EnvRequest).
+	Protocol int
 }
 
 // Result is how an Exec ended.
@@ -319,27 +326,52 @@ func Run(ctx context.Context, conn gossh.Conn, x Exec) (Result, error) {
 
 	// Every request fits in one packet (requests): a larger one would end the connection,
 	// and every other execution's channel on it.
-	if reqs.batch != nil {
-		ok, err := ch.SendRequest(EnvRequest, true, reqs.batch)
-		if err != nil {
+	sendEnv := func() error {
+		for _, kv := range reqs.env {
+			msg := struct{ Name, Value string }{kv.Name, kv.Value}
+			if ok, err := ch.SendRequest("env", true, gossh.Marshal(&msg)); err != nil {
+				return fmt.Errorf("send env %s: %w", kv.Name, err)
+			} else if !ok {
+				return fmt.Errorf("%w: env %s (not accepted by the host's accept_env)", ErrRefused, kv.Name)
+			}
+		}
+		return nil
+	}
+	if reqs.batch != nil && x.Protocol >= 3 {
+		// The environment and the exec in one round trip: a hostagent of protocol 3 refuses
+		// the exec if it did not take the environment whole.
+		if _, err := ch.SendRequest(EnvRequest, false, reqs.batch); err != nil {
 			return fail(fmt.Errorf("send env: %w", err))
 		}
-		if ok {
-			reqs.env = nil // all accepted at once
+		ok, err := ch.SendRequest("exec", true, reqs.exec)
+		if err != nil {
+			return fail(fmt.Errorf("send exec: %w", err))
 		}
-	}
-	for _, kv := range reqs.env {
-		msg := struct{ Name, Value string }{kv.Name, kv.Value}
-		if ok, err := ch.SendRequest("env", true, gossh.Marshal(&msg)); err != nil {
-			return fail(fmt.Errorf("send env %s: %w", kv.Name, err))
+		if !ok {
+			// Nothing started: the variables one by one name the one refused, if any.
+			if err := sendEnv(); err != nil {
+				return fail(err)
+			}
+			return fail(fmt.Errorf("%w: exec", ErrRefused))
+		}
+	} else {
+		if reqs.batch != nil {
+			ok, err := ch.SendRequest(EnvRequest, true, reqs.batch)
+			if err != nil {
+				return fail(fmt.Errorf("send env: %w", err))
+			}
+			if ok {
+				reqs.env = nil // all accepted at once
+			}
+		}
+		if err := sendEnv(); err != nil {
+			return fail(err)
+		}
+		if ok, err := ch.SendRequest("exec", true, reqs.exec); err != nil {
+			return fail(fmt.Errorf("send exec: %w", err))
 		} else if !ok {
-			return fail(fmt.Errorf("%w: env %s (not accepted by the host's accept_env)", ErrRefused, kv.Name))
+			return fail(fmt.Errorf("%w: exec", ErrRefused))
 		}
-	}
-	if ok, err := ch.SendRequest("exec", true, reqs.exec); err != nil {
-		return fail(fmt.Errorf("send exec: %w", err))
-	} else if !ok {
-		return fail(fmt.Errorf("%w: exec", ErrRefused))
 	}
 	ch.CloseWrite()
 

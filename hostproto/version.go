@@ -10,8 +10,9 @@ import (
 
 // Protocol versions (see the package comment, "Compatibility").
 const (
-	// Version is the protocol this release speaks: 2 added the hello.
-	Version = 2
+	// Version is the protocol this release speaks: 2 added the hello; 3 the environment
+	// sent without waiting for its reply (EnvRequest), the exec refused if it was not taken.
+	Version = 3
 	// MinVersion is the oldest protocol this release still speaks: the previous release's,
 	// which sends no hello. Raise it one release after the one that stops needing it.
 	MinVersion = 1

@@ -113,7 +113,7 @@ func BenchmarkBastionExecTrue(b *testing.B) {
 		return ts.call(map[string]any{"host": "h1", "command": "true", "idempotency_key": "p1-ts-" + strconv.Itoa(calls)})
 	}
 	direct := func() error {
-		if got := execOn(b, conn, hostproto.Exec{ExecutionID: newID(b), Command: "true"}); got.err != nil || got.res.ExitStatus != 0 {
+		if got := execOn(b, conn, hostproto.Exec{ExecutionID: newID(b), Command: "true", Protocol: hostproto.Version}); got.err != nil || got.res.ExitStatus != 0 {
 			return fmt.Errorf("hostagent exec: %+v", got)
 		}
 		return nil
@@ -240,7 +240,7 @@ func BenchmarkBastionConcurrent64(b *testing.B) {
 		return execTrue(ctx, sessions[worker], "p3-"+strconv.FormatInt(runs.Add(1), 10))
 	}
 	direct := func(int) error {
-		got := execOn(b, ssh, hostproto.Exec{ExecutionID: newID(b), Command: "true"})
+		got := execOn(b, ssh, hostproto.Exec{ExecutionID: newID(b), Command: "true", Protocol: hostproto.Version})
 		if got.err != nil || got.res.ExitStatus != 0 {
 			return fmt.Errorf("hostagent exec: %+v", got)
 		}

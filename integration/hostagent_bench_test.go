@@ -54,7 +54,7 @@ func BenchmarkHostagentExecTrue(b *testing.B) {
 			b.ResetTimer()
 			for i := 0; i < b.N; i++ {
 				t0 := time.Now()
-				if got := execOn(b, c, hostproto.Exec{ExecutionID: newID(b), Command: "true"}); got.err != nil || got.res.ExitStatus != 0 {
+				if got := execOn(b, c, hostproto.Exec{ExecutionID: newID(b), Command: "true", Protocol: hostproto.Version}); got.err != nil || got.res.ExitStatus != 0 {
 					b.Fatalf("exec: %+v", got)
 				}
 				ds = append(ds, time.Since(t0))

@@ -142,11 +142,11 @@ var ErrCorrupt = errors.New("markers: corrupt data")
 
 // EncodeRecord returns the versioned storage form of r.
 func EncodeRecord(r *Record) ([]byte, error) {
-	body, err := json.Marshal(r)
+	b, err := appendRecord(append(make([]byte, 0, 1024), recordVersion), r)
 	if err != nil {
 		return nil, fmt.Errorf("markers: encode record %s: %w", r.ID, err)
 	}
-	return append([]byte{recordVersion}, body...), nil
+	return b, nil
 }
 
 // DecodeRecord parses the storage form written by EncodeRecord. It is safe on untrusted input.

@@ -62,6 +62,9 @@ type claim struct {
 	// host is the SSH target as the inventory had it when the call was resolved (nil for
 	// HTTP).
 	host *fleet.Host
+	// connectTried: submit dialed host outside the intake lock once already (a failed dial
+	// is answered by the pool's backoff, under the lock, from then on).
+	connectTried bool
 	// fleet is set for a fleet run (fleetrun.go): its hosts, decided one by one.
 	fleet *fleetClaim
 }

@@ -158,6 +158,7 @@ func (d *driver) execOnce(host fleet.Host) (hostproto.Result, error) {
 		Env:          rec.Env,
 		Stdout:       notifyingWriter{d.stdout, d},
 		Stderr:       stderr,
+		Protocol:     d.pool.ProtocolOf(host, conn),
 		OnMarker: func(m hostproto.MarkerMessage) {
 			if !m.Final && m.Marker.ID != rec.ID {
 				// The host refuses it for an operation key another execution holds; its

@@ -150,6 +150,19 @@ func (in *intake) submit(ctx context.Context, cl *claim, wait time.Duration, pro
 		return nil, err
 	}
 	defer admitted()
+	if dec.Outcome == policy.Authorized && cl.host != nil && !cl.connectTried && !in.hosts.pool.Holds(*cl.host) {
+		// No connection to the host yet, and a dial can take up to connectTimeout: not
+		// under the intake lock (which every call of this intent waits for) nor the actor's
+		// admission (which all its calls wait for, whatever their host). Dial without them,
+		// then match and decide again — the journal may have changed meanwhile. accept
+		// checks the connection again under the lock, so nothing else changes.
+		unlock()
+		admitted()
+		cl.connectTried = true
+		in.hosts.connected(*cl.host)
+		cl.record = claimed
+		return in.submit(ctx, cl, wait, progress)
+	}
 	rec, dispatched, err := in.accept(ctx, cl, dec, outcome)
 	if errors.Is(err, markers.ErrRaced) {
 		// Another replica accepted this intent after it was matched here: match again, to

@@ -270,6 +270,27 @@ func (p *Pool) Connected(name string) bool {
 	return p.conns[name] != nil
 }
 
+// Holds reports whether the pool holds a connection to h (under h's account when it runs
+// as another), without dialing, waiting for a dial or checking the connection's trust:
+// whether Conn would have to dial, as far as the pool knows now.
+func (p *Pool) Holds(h Host) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.conns[h.poolKey()] != nil
+}
+
+// ProtocolOf is the host protocol version c, a connection Conn returned for h, speaks; 0 when
+// c is no longer h's pooled connection (a version of a connection since replaced would be
+// another hostagent's, perhaps an older one).
+func (p *Pool) ProtocolOf(h Host, c *gossh.Client) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if pc := p.conns[h.poolKey()]; pc != nil && pc.client == c {
+		return pc.protocol
+	}
+	return 0
+}
+
 // Protocol is the host protocol version the pooled connection to the host named name speaks
 // (see hostproto, "Compatibility"); 0 when there is none.
 func (p *Pool) Protocol(name string) int {

@@ -11,7 +11,7 @@ import (
 
 // addExecutionCancel adds execution_cancel: stop an execution.
 func (s *server) addExecutionCancel() {
-	mcp.AddTool(s.srv, &mcp.Tool{
+	addTool(s.srv, &mcp.Tool{
 		Name:        "execution_cancel",
 		Title:       "Cancel an execution",
 		Description: "Cancel one of your executions: not yet dispatched, or never started by its host → cancelled, nothing runs; running on its host → TERM, then KILL after the host's grace period. A sent HTTP request cannot be recalled. Cancelling an execution that already ended changes nothing. Calling it twice is the same as once.",

@@ -11,7 +11,7 @@ import (
 
 // addExecutionStatus adds execution_status: the journal's record of one execution.
 func (s *server) addExecutionStatus() {
-	mcp.AddTool(s.srv, &mcp.Tool{
+	addTool(s.srv, &mcp.Tool{
 		Name:        "execution_status",
 		Title:       "Status of an execution",
 		Description: `The journal's record of one of your executions: state, exit code, evidence, the last output. For an execution whose outcome is unknown it asks the host again first. Evidence is compact unless you pass evidence: "full" (every step of the policy's decision). Reading never changes anything.`,

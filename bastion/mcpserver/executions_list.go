@@ -11,7 +11,7 @@ import (
 
 // addExecutionsList adds executions_list: the caller's executions, newest first.
 func (s *server) addExecutionsList() {
-	mcp.AddTool(s.srv, &mcp.Tool{
+	addTool(s.srv, &mcp.Tool{
 		Name:        "executions_list",
 		Title:       "List your executions",
 		Description: "Your executions, newest first, optionally filtered by state (e.g. running, unknown), host and acceptance time. Reading never changes anything.",

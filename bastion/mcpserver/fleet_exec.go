@@ -26,7 +26,7 @@ func (s *server) addFleetExec() error {
 	if err != nil {
 		return err
 	}
-	mcp.AddTool(s.srv, &mcp.Tool{
+	addTool(s.srv, &mcp.Tool{
 		Name:  "fleet_exec",
 		Title: "Run a command on many hosts",
 		Description: "Run one command on every host its targets select (host names, group:NAME, labels role=db,env=prod), as a rollout: at most max_concurrency hosts at once, and once more than max_errors hosts failed no new host starts (the running ones finish). " +

@@ -14,7 +14,7 @@ import (
 
 // addHostsList adds hosts_list: the enrolled hosts and what each can prove.
 func (s *server) addHostsList() {
-	mcp.AddTool(s.srv, &mcp.Tool{
+	addTool(s.srv, &mcp.Tool{
 		Name:        "hosts_list",
 		Title:       "List enrolled hosts",
 		Description: "The hosts you may run commands on (only those your policy allows), a page at a time (limit, then cursor = next_cursor), optionally only those with labels (labels = \"role=db,env=prod\"), each with what the operator says it is (description, labels such as env=prod or role=db, OS), its account and address, its pinned host key fingerprint, whether a connection is open, and its guarantee: hostagent (a lost outcome is resolved from the host's marker), marker_script (resolved from a marker script's record; no output re-attach), or none (a lost outcome stays unknown and needs an operator's review; it is never sent again). Reading never changes anything.",

@@ -11,7 +11,7 @@ import (
 
 // addHTTPRequest adds http_request: call a configured HTTP API through the HTTP plugin.
 func (s *server) addHTTPRequest() {
-	mcp.AddTool(s.srv, &mcp.Tool{
+	addTool(s.srv, &mcp.Tool{
 		Name:  "http_request",
 		Title: "Call a configured HTTP API",
 		Description: "Send an HTTP request to a configured endpoint (see the endpoint's allowed methods and path prefixes). The bastion injects the endpoint's credential; never pass Authorization yourself. Every request carries Idempotency-Key: the execution id. " +

@@ -15,7 +15,7 @@ const replayContract = `Replay contract: every call that starts work gets a serv
 
 // addSSHExec adds ssh_exec: run a command on an enrolled host.
 func (s *server) addSSHExec() {
-	mcp.AddTool(s.srv, &mcp.Tool{
+	addTool(s.srv, &mcp.Tool{
 		Name:  "ssh_exec",
 		Title: "Run a command on a host",
 		Description: "Run a command on an enrolled host (the account's shell runs it with -c). Returns after the command ends or after wait_s seconds (default 30), then with state \"running\" and the execution id — use execution_output to follow it; it is never a timeout error. Keep wait_s below your client's request timeout (the TypeScript SDK gives up at 60 s); with a progress token you get a progress notification every second while it waits. " +

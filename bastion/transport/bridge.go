@@ -317,17 +317,13 @@ func (b *bridge) forward(ctx context.Context, env *envelope, line []byte) {
 	answered := false
 	var held []byte
 	var offer approvalOffer
+	id := idKey(env.ID)
 	relay := func(msg []byte) {
-		var got envelope
-		if json.Unmarshal(msg, &got) == nil && got.Method == "" && idKey(got.ID) == idKey(env.ID) {
-			answered = true
-			b.learnProtocolVersion(env, &got)
-			if env.Method == "tools/call" {
-				if o, stripped, ok := takeOffer(msg); ok {
-					held, offer = stripped, o
-					return
-				}
-			}
+		answers, o, stripped, hasOffer := b.inspect(env, id, msg)
+		answered = answered || answers
+		if hasOffer {
+			held, offer = stripped, o
+			return
 		}
 		b.write(msg)
 	}
@@ -350,6 +346,32 @@ func (b *bridge) forward(ctx context.Context, env *envelope, line []byte) {
 	}
 	b.replyError(env.ID, codeBridgeError, "postern bridge: "+err.Error())
 }
+
+// inspect reads a message the daemon sent while it answers env (whose id is id): whether it
+// is env's answer, and for a tools/call answer that carries an approval offer, the offer and
+// the answer without it (hasOffer). Every answer passes here, so it decodes only the
+// message's id and method, and looks further only for what it needs: initialize's protocol
+// version; an offer only when its key is in the message at all (the daemon writes keys as
+// they are: encoding/json escapes none of its characters).
+func (b *bridge) inspect(env *envelope, id string, msg []byte) (answers bool, offer approvalOffer, stripped []byte, hasOffer bool) {
+	var got struct {
+		ID     json.RawMessage `json:"id"`
+		Method string          `json:"method"`
+	}
+	if json.Unmarshal(msg, &got) != nil || got.Method != "" || idKey(got.ID) != id {
+		return false, approvalOffer{}, nil, false
+	}
+	if env.Method == "initialize" {
+		b.learnProtocolVersion(msg)
+	}
+	if env.Method == "tools/call" && bytes.Contains(msg, approvalOfferKey) {
+		offer, stripped, hasOffer = takeOffer(msg)
+	}
+	return true, offer, stripped, hasOffer
+}
+
+// approvalOfferKey is MetaApprovalOffer as a JSON object key.
+var approvalOfferKey = []byte(`"` + MetaApprovalOffer + `"`)
 
 func (b *bridge) roundTrip(ctx context.Context, env *envelope, line []byte, relay func([]byte)) error {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, b.url, bytes.NewReader(line))
@@ -468,16 +490,15 @@ func (b *bridge) setMCPHeaders(h http.Header, env *envelope) {
 	}
 }
 
-func (b *bridge) learnProtocolVersion(req, resp *envelope) {
-	if req.Method != "initialize" || len(resp.Result) == 0 {
-		return
+func (b *bridge) learnProtocolVersion(answer []byte) {
+	var resp struct {
+		Result struct {
+			ProtocolVersion string `json:"protocolVersion"`
+		} `json:"result"`
 	}
-	var result struct {
-		ProtocolVersion string `json:"protocolVersion"`
-	}
-	if json.Unmarshal(resp.Result, &result) == nil && result.ProtocolVersion != "" {
+	if json.Unmarshal(answer, &resp) == nil && resp.Result.ProtocolVersion != "" {
 		b.mu.Lock()
-		b.protocolVersion = result.ProtocolVersion
+		b.protocolVersion = resp.Result.ProtocolVersion
 		b.mu.Unlock()
 	}
 }
@@ -510,8 +531,12 @@ func (b *bridge) write(msg []byte) {
 	}
 }
 
-// compactJSON returns data as one line of valid JSON (JSON strings cannot hold raw newlines).
+// compactJSON returns data as one line of valid JSON (JSON strings cannot hold raw newlines):
+// data itself when it is one line already, as the daemon's answers are.
 func compactJSON(data []byte) ([]byte, error) {
+	if bytes.IndexAny(data, "\r\n") < 0 && json.Valid(data) {
+		return data, nil
+	}
 	var buf bytes.Buffer
 	if err := json.Compact(&buf, data); err != nil {
 		return nil, fmt.Errorf("invalid JSON: %w", err)
