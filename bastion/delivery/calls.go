@@ -20,7 +20,8 @@ import (
 
 // requestKey names one JSON-RPC request of one caller: the actor, the intent scope the
 // transport knows (intent.Scope without a run_id argument: the agent's run of a local caller,
-// the Postern-Run header of a remote one, else "window") and the request id in compact JSON.
+// the Postern-Run header of a remote one, else the OAuth subject's or the actor's window) and
+// the request id in compact JSON.
 type requestKey struct {
 	actor, scope, id string
 }

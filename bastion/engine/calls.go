@@ -115,9 +115,8 @@ func (rs *records) runOf(c transport.Caller, scope string) *markers.Run {
 		r.StartTime = procfs.StartedAt(c.StartTicks)
 		return r
 	}
-	r.RunID = strings.TrimPrefix(scope, "run:")
-	if scope == "window" {
-		r.RunID = ""
+	if runID, ok := strings.CutPrefix(scope, "run:"); ok {
+		r.RunID = runID
 	}
 	r.Token = strings.TrimPrefix(c.Actor, "token:")
 	r.Subject = c.Subject

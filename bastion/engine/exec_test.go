@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"github.com/postern-dev/postern/bastion/api"
+	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -205,5 +206,28 @@ func TestExecOperationKey(t *testing.T) {
 	}
 	if n := f.count(t, "migrate"); n != 1 {
 		t.Errorf("the operation ran %d times; want 1", n)
+	}
+}
+
+// TestExecOAuthSubjectsDoNotJoin: two people whose tokens map to one actor each have their
+// own attach window — the same subject's identical call joins its execution, another
+// subject's runs anew.
+func TestExecOAuthSubjectsDoNotJoin(t *testing.T) {
+	f := newFleet(t)
+	ann := transport.Caller{Actor: alice.Actor, Subject: "ann"}
+	ben := transport.Caller{Actor: alice.Actor, Subject: "ben"}
+	args := api.ExecArgs{Host: "h1", Command: f.effect("ran")}
+	first := f.exec(t, ann, args)
+	finished(t, first)
+	if again := f.exec(t, ann, args); again.ExecutionID != first.ExecutionID || !again.Replayed {
+		t.Errorf("the same subject's retry = %s (replayed %v); want %s replayed", again.ExecutionID, again.Replayed, first.ExecutionID)
+	}
+	other := f.exec(t, ben, args)
+	finished(t, other)
+	if other.ExecutionID == first.ExecutionID || other.Replayed {
+		t.Errorf("another subject's call joined %s; want an execution of its own", first.ExecutionID)
+	}
+	if got := f.count(t, "ran"); got != 2 {
+		t.Errorf("the command ran %d times; want 2 (once per subject)", got)
 	}
 }

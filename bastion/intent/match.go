@@ -153,9 +153,11 @@ func FinishedAt(rec *markers.Record) time.Time {
 
 // Scope is the intent scope of a call (docs/design.md, "Intent scope and the matching
 // rule"): the kernel-derived agent run for local callers; run_id (the tool argument, "" when
-// the call has none) or the Postern-Run header for remote ones; otherwise the actor's attach
-// window, which the matching rule bounds by time. It is the one derivation of a scope: the
-// journal's records and calls, the cancel registry and the approval offers all use it.
+// the call has none) or the Postern-Run header for remote ones; otherwise the attach window
+// of the OAuth subject behind the call ("window:" + sub — people mapped to one actor must not
+// join each other's executions), or of the actor ("window"), which the matching rule bounds
+// by time. It is the one derivation of a scope: the journal's records and calls, the cancel
+// registry and the approval offers all use it.
 func Scope(c transport.Caller, runID string) string {
 	switch {
 	case c.Local && c.Scope != "":
@@ -164,6 +166,8 @@ func Scope(c transport.Caller, runID string) string {
 		return "run:" + runID
 	case c.RunID != "":
 		return "run:" + c.RunID
+	case c.Subject != "":
+		return "window:" + c.Subject
 	}
 	return "window"
 }

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/postern-dev/postern/bastion/config"
+	"github.com/postern-dev/postern/bastion/transport"
 	"github.com/postern-dev/postern/markers"
 )
 
@@ -153,5 +154,28 @@ func TestFinishedAtIsWhenTheOutcomeWasObserved(t *testing.T) {
 	rec.State = markers.Unknown
 	if got := FinishedAt(rec); !got.IsZero() {
 		t.Errorf("FinishedAt of an unknown execution = %v; want none", got)
+	}
+}
+
+// TestScope: which scope a call is matched in — the kernel's run for a local caller, the
+// run_id argument before the Postern-Run header, and without either the OAuth subject's own
+// window, so two people mapped to one actor never join each other's executions.
+func TestScope(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		caller transport.Caller
+		runID  string
+		want   string
+	}{
+		{"local run from the kernel", transport.Caller{Actor: "uid:1000", Local: true, Scope: "run:41-7", Subject: "x"}, "r", "run:41-7"},
+		{"run_id argument first", transport.Caller{Actor: "token:a", RunID: "hdr"}, "arg", "run:arg"},
+		{"Postern-Run header", transport.Caller{Actor: "token:a", RunID: "hdr", Subject: "alice"}, "", "run:hdr"},
+		{"an OAuth subject's window", transport.Caller{Actor: "token:people", Subject: "alice"}, "", "window:alice"},
+		{"another subject of the same actor", transport.Caller{Actor: "token:people", Subject: "bob"}, "", "window:bob"},
+		{"a Postern token's window", transport.Caller{Actor: "token:a"}, "", "window"},
+	} {
+		if got := Scope(tc.caller, tc.runID); got != tc.want {
+			t.Errorf("%s: Scope = %q, want %q", tc.name, got, tc.want)
+		}
 	}
 }
