@@ -1,0 +1,459 @@
+package supervisor
+
+import (
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"runtime/debug"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// The keeper: the long-lived supervisor's parent, so that a supervisor's death (the OOM
+// killer, a bug, an operator's kill) kills no command and loses no outcome.
+//
+// The supervisor's start is keeper → supervisor, both in the session the first stage made.
+// The keeper is a child subreaper (PR_SET_CHILD_SUBREAPER) that does nothing per command
+// but hold two descriptors: before the supervisor forks a command it sends the keeper the
+// read ends of the command's output pipes (SCM_RIGHTS over a socketpair), then the command's
+// pid. So:
+//
+//   - the command never writes into a pipe without a reader (no SIGPIPE, no EPIPE), whenever
+//     the supervisor dies: the keeper's copies keep the pipes open;
+//   - when the supervisor dies its commands are re-parented to the keeper (the nearest
+//     subreaper), which alone can then wait for them and read their exit status;
+//   - the keeper takes each one over where the supervisor left it: it resumes the spool
+//     files (every byte is either in the file or still in the pipe, see spooler), drains the
+//     pipes, enforces the rest of the timeout and a cancel (the spool dir's cancel file),
+//     terminates what is left of the command's group, reaps it and writes the status file
+//     the supervisor would have written. The hostagent's handle, seeing the supervisor gone,
+//     waits for that file while the keeper lives (handle.go).
+//
+// The keeper also reaps whatever else is re-parented to it (a command's orphaned
+// descendants) and exits once the supervisor is gone and nothing is left to take over.
+//
+// What stays unknowable: a command whose supervisor died within the microseconds between
+// forking it and sending the keeper its pid (the keeper reaps it as a stranger; the spool
+// dir is left without a status, and the execution is interrupted); and every command of a
+// supervisor that dies after its keeper died (a keeper killed by hand): a command started
+// while the keeper is gone gets Pdeathsig as before, one started before runs on with its
+// end unrecorded.
+
+// Environment of the supervisor the keeper starts.
+const (
+	// envSupervisorKept marks the third stage of the start: the supervisor, whose parent is
+	// its keeper and whose keeper socket is keeperFD.
+	envSupervisorKept = "POSTERN_SUPERVISOR_KEPT"
+	// envCommandOOM carries the oom_score_adj the commands get back (the hostagent's), when
+	// the keeper lowered its own (and so the supervisor's) below it.
+	envCommandOOM = "POSTERN_SUPERVISOR_COMMAND_OOM"
+)
+
+// keeperFD is the supervisor's end of the keeper socket (ExtraFiles[1]).
+const keeperFD = 4
+
+const (
+	// supervisorOOMScore is the keeper's and the supervisor's oom_score_adj when the system
+	// allows it (CAP_SYS_RESOURCE): the OOM killer picks them last.
+	supervisorOOMScore = -900
+	// supervisorMemoryLimit and keeperMemoryLimit are Go's soft memory limits: near them
+	// the garbage collector runs harder (at most half the CPU); nothing is refused, and
+	// past them the process goes on growing as its work needs.
+	supervisorMemoryLimit = 256 << 20
+	keeperMemoryLimit     = 32 << 20
+	// keeperCancelPoll is how often a taken-over execution looks for its cancel file.
+	keeperCancelPoll = 50 * time.Millisecond
+	// maxKeeperMessage bounds a message to the keeper.
+	maxKeeperMessage = 4 << 10
+)
+
+// keeperMessage is what the supervisor tells its keeper about one spool directory.
+type keeperMessage struct {
+	// Op is "add" (with the pipes' read ends and Spec), "started" (with Proc) or "done".
+	Op   string         `json:"op"`
+	Dir  string         `json:"dir"`
+	Spec *Spec          `json:"spec,omitempty"` // no command or environment: the keeper needs neither
+	Proc *processRecord `json:"proc,omitempty"`
+}
+
+// keeperLink is the supervisor's end of the keeper socket. A nil link, or one whose keeper
+// is gone, keeps nothing.
+type keeperLink struct {
+	fd   int
+	mu   sync.Mutex // guards gone
+	gone bool
+}
+
+// add hands the keeper the read ends of a command's pipes before it is forked; false means
+// the keeper will not keep it (there is none, or it is gone).
+func (k *keeperLink) add(dir string, spec Spec, stdout, stderr *os.File) bool {
+	if k == nil {
+		return false
+	}
+	kept := Spec{ExecutionID: spec.ExecutionID, Timeout: spec.Timeout, KillGrace: spec.KillGrace, OutputCap: spec.OutputCap}
+	return k.send(keeperMessage{Op: "add", Dir: dir, Spec: &kept}, int(stdout.Fd()), int(stderr.Fd())) == nil
+}
+
+// started tells the keeper the process of a command it keeps.
+func (k *keeperLink) started(dir string, p processRecord) {
+	k.send(keeperMessage{Op: "started", Dir: dir, Proc: &p})
+}
+
+// done tells the keeper the supervisor recorded the execution's end (or it did not start).
+func (k *keeperLink) done(dir string) {
+	if k != nil {
+		k.send(keeperMessage{Op: "done", Dir: dir})
+	}
+}
+
+func (k *keeperLink) send(msg keeperMessage, fds ...int) error {
+	k.mu.Lock()
+	gone := k.gone
+	k.mu.Unlock()
+	if gone {
+		return errKeeperGone
+	}
+	data, err := json.Marshal(msg)
+	if err != nil {
+		return err
+	}
+	var oob []byte
+	if len(fds) > 0 {
+		oob = unix.UnixRights(fds...)
+	}
+	for {
+		// One datagram per message (SOCK_SEQPACKET): concurrent jobs never interleave.
+		err = unix.Sendmsg(k.fd, data, oob, nil, unix.MSG_NOSIGNAL)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		k.mu.Lock()
+		k.gone = true
+		k.mu.Unlock()
+		return fmt.Errorf("%w: %v", errKeeperGone, err)
+	}
+	return nil
+}
+
+var errKeeperGone = errors.New("supervisor: keeper is gone")
+
+// ownOOMScore reads this process's oom_score_adj.
+func ownOOMScore() (string, error) {
+	data, err := os.ReadFile("/proc/self/oom_score_adj")
+	return strings.TrimSpace(string(data)), err
+}
+
+// lowerOOMScore gives this process supervisorOOMScore and returns the score it had, which
+// its commands are to get back; "" when it could not (not permitted: then nothing changed
+// and the commands inherit the right score anyway).
+func lowerOOMScore() string {
+	orig, err := ownOOMScore()
+	if err != nil {
+		return ""
+	}
+	if n, err := strconv.Atoi(orig); err != nil || n <= supervisorOOMScore {
+		return ""
+	}
+	if err := os.WriteFile("/proc/self/oom_score_adj", []byte(strconv.Itoa(supervisorOOMScore)), 0); err != nil {
+		return ""
+	}
+	return orig
+}
+
+// resetOOM gives a command the score the supervisor's starter had instead of the
+// supervisor's low one, which it inherited at the fork. Start returns once the command has
+// called execve (os/exec waits for it), so the command runs its first instructions with the
+// inherited score: the shell's own start-up takes far longer than this write, so nothing
+// it forks inherits the low score.
+func (s *job) resetOOM(pid int) {
+	if s.commandOOM == "" {
+		return
+	}
+	if err := os.WriteFile("/proc/"+strconv.Itoa(pid)+"/oom_score_adj", []byte(s.commandOOM), 0); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		s.log.Warn("could not reset the command's oom_score_adj", "pid", pid, "err", err)
+	}
+}
+
+// runKeeper is the keeper: it starts the supervisor (which reports ready on ready) and keeps
+// its commands until the supervisor is gone and none is left.
+func runKeeper(dir string, ready *os.File, logger *slog.Logger) error {
+	if err := unix.Prctl(unix.PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0); err != nil {
+		return fmt.Errorf("supervisor: keeper: become a subreaper: %w", err)
+	}
+	commandOOM := lowerOOMScore()
+	debug.SetMemoryLimit(keeperMemoryLimit)
+	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
+	if err != nil {
+		return fmt.Errorf("supervisor: keeper socket: %w", err)
+	}
+	theirs := os.NewFile(uintptr(pair[1]), "keeper")
+	env := append(os.Environ(), envSupervisorKept+"=1")
+	if commandOOM != "" {
+		env = append(env, envCommandOOM+"="+commandOOM)
+	}
+	// Not waited for by os/exec: the reaper below is the only waiter in this process.
+	p, err := os.StartProcess("/proc/self/exe", []string{os.Args[0], Subcommand}, &os.ProcAttr{
+		Env:   env,
+		Files: []*os.File{os.Stdin, os.Stdout, os.Stderr, ready, theirs},
+	})
+	theirs.Close()
+	ready.Close()
+	if err != nil {
+		unix.Close(pair[0])
+		return fmt.Errorf("supervisor: keeper: start the supervisor: %w", err)
+	}
+	k := &keeper{dir: dir, log: logger, sup: p.Pid, closed: make(chan struct{}), jobs: map[string]*keptJob{}, byPID: map[int]*keptJob{}}
+	go k.receive(pair[0])
+	k.reap()
+	k.wg.Wait()
+	return nil
+}
+
+// keeper is the keeper's state.
+type keeper struct {
+	dir    string
+	log    *slog.Logger
+	sup    int           // the supervisor's pid
+	closed chan struct{} // closed when the supervisor's socket is closed and read to its end
+	wg     sync.WaitGroup
+
+	mu    sync.Mutex // guards the fields below
+	jobs  map[string]*keptJob
+	byPID map[int]*keptJob // taken over, not yet reaped
+}
+
+// keptJob is one command the keeper holds the pipes of.
+type keptJob struct {
+	dir            string
+	spec           Spec
+	proc           processRecord
+	stdout, stderr *os.File
+	reaped         chan struct{} // closed once a taken-over command is reaped
+}
+
+func (j *keptJob) closePipes() {
+	j.stdout.Close()
+	j.stderr.Close()
+}
+
+// receive applies the supervisor's messages until its end of the socket closes.
+func (k *keeper) receive(fd int) {
+	defer close(k.closed)
+	defer unix.Close(fd)
+	buf := make([]byte, maxKeeperMessage)
+	oob := make([]byte, unix.CmsgSpace(2*4))
+	for {
+		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil || n == 0 {
+			return
+		}
+		files := receivedFiles(oob[:oobn])
+		var msg keeperMessage
+		if err := json.Unmarshal(buf[:n], &msg); err != nil {
+			k.log.Warn("keeper: bad message", "err", err)
+			for _, f := range files {
+				f.Close()
+			}
+			continue
+		}
+		k.apply(msg, files)
+	}
+}
+
+// receivedFiles are the descriptors a message carried.
+func receivedFiles(oob []byte) []*os.File {
+	var files []*os.File
+	cmsgs, err := unix.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	for _, c := range cmsgs {
+		fds, err := unix.ParseUnixRights(&c)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			files = append(files, os.NewFile(uintptr(fd), "pipe"))
+		}
+	}
+	return files
+}
+
+func (k *keeper) apply(msg keeperMessage, files []*os.File) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	switch j := k.jobs[msg.Dir]; {
+	case msg.Op == "add" && j == nil && len(files) == 2 && msg.Spec != nil:
+		k.jobs[msg.Dir] = &keptJob{dir: msg.Dir, spec: *msg.Spec, stdout: files[0], stderr: files[1], reaped: make(chan struct{})}
+		return
+	case msg.Op == "started" && j != nil && msg.Proc != nil && msg.Proc.PID > 0:
+		j.proc = *msg.Proc
+	case msg.Op == "done":
+		if j != nil { // nil: a command that never reached the keeper
+			j.closePipes()
+			delete(k.jobs, msg.Dir)
+		}
+	default:
+		k.log.Warn("keeper: unexpected message", "op", msg.Op, "dir", msg.Dir)
+	}
+	for _, f := range files {
+		f.Close()
+	}
+}
+
+// reap waits for every child: the supervisor (then takes its commands over), a taken-over
+// command (left to its job, which reaps it), anything else re-parented here (reaped). It
+// returns when no child is left.
+func (k *keeper) reap() {
+	for {
+		var info unix.Siginfo
+		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		if errors.Is(err, unix.EINTR) {
+			continue
+		}
+		if err != nil {
+			return // ECHILD: nothing left
+		}
+		pid := siginfoPID(&info)
+		if pid == k.sup {
+			var ws unix.WaitStatus
+			unix.Wait4(pid, &ws, 0, nil)
+			k.supervisorGone(ws)
+			continue
+		}
+		k.mu.Lock()
+		j := k.byPID[pid]
+		k.mu.Unlock()
+		if j != nil {
+			<-j.reaped
+			continue
+		}
+		unix.Wait4(pid, nil, unix.WNOHANG, nil)
+	}
+}
+
+// siginfoPID is si_pid of a SIGCHLD siginfo (after signo, errno, code and padding).
+func siginfoPID(info *unix.Siginfo) int {
+	raw := (*[unsafe.Sizeof(*info)]byte)(unsafe.Pointer(info))
+	return int(int32(binary.NativeEndian.Uint32(raw[16:20])))
+}
+
+// supervisorGone takes over every command the supervisor left running, once all it said
+// before it went has been read.
+func (k *keeper) supervisorGone(ws unix.WaitStatus) {
+	<-k.closed
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if len(k.jobs) > 0 {
+		k.log.Warn("keeper: the supervisor died; taking its commands over", "supervisor", k.sup, "status", waitStatusText(ws), "commands", len(k.jobs))
+	}
+	for dir, j := range k.jobs {
+		delete(k.jobs, dir)
+		if j.proc.PID == 0 {
+			// Died between the fork and telling the pid: whatever it forked is a stranger
+			// here, and the execution's end stays unknown.
+			k.log.Warn("keeper: the supervisor died before it named the command's process", "dir", dir)
+			j.closePipes()
+			continue
+		}
+		k.byPID[j.proc.PID] = j
+		k.wg.Go(func() { k.finish(j) })
+	}
+}
+
+func waitStatusText(ws unix.WaitStatus) string {
+	if ws.Signaled() {
+		return unix.SignalName(ws.Signal())
+	}
+	return "exit " + strconv.Itoa(ws.ExitStatus())
+}
+
+// finish carries a taken-over command to its end and writes its status.
+func (k *keeper) finish(j *keptJob) {
+	log := k.log.With("execution_id", j.spec.ExecutionID)
+	spec := j.spec.withDefaults()
+	if spec.Timeout > 0 {
+		spec.Timeout = max(time.Until(j.proc.StartedAt.Add(spec.Timeout)), time.Nanosecond)
+	}
+	// Evidence for the hostagent that a keeper answers for this directory now.
+	if err := createFileVolatile(j.dir, KeptFile, nil); err != nil {
+		log.Warn("keeper: could not mark the spool dir kept", "err", err)
+	}
+	cancel, stop := make(chan struct{}), make(chan struct{})
+	go watchCancelFile(j.dir, cancel, stop)
+	defer close(stop)
+	stdout, err1 := resumeSpooler(j.dir, StdoutFile, spec.OutputCap)
+	stderr, err2 := resumeSpooler(j.dir, StderrFile, spec.OutputCap)
+	for i, err := range []error{err1, err2} {
+		if err != nil {
+			log.Warn("keeper: could not resume a spool file", "err", err)
+			sp := newSpooler(j.dir, []string{StdoutFile, StderrFile}[i], spec.OutputCap)
+			sp.writeErr = err
+			if i == 0 {
+				stdout = sp
+			} else {
+				stderr = sp
+			}
+		}
+	}
+	defer stdout.close()
+	defer stderr.close()
+	jb := &job{dir: j.dir, spec: spec, log: log, cancel: cancel}
+	st := jb.supervise(j.proc, stdout, stderr, j.stdout, j.stderr, func() (syscall.WaitStatus, error) {
+		defer close(j.reaped)
+		var ws unix.WaitStatus
+		_, err := unix.Wait4(j.proc.PID, &ws, 0, nil)
+		k.mu.Lock()
+		delete(k.byPID, j.proc.PID)
+		k.mu.Unlock()
+		return syscall.WaitStatus(ws), err
+	})
+	notes := []string{"the supervisor died; its keeper recorded the end"}
+	if stdout.uncounted || stderr.uncounted {
+		notes = append(notes, "bytes past the output cap that the supervisor read are not counted")
+	}
+	if st.Error != "" {
+		notes = append(notes, st.Error)
+	}
+	st.Error = strings.Join(notes, "; ")
+	data, err := json.Marshal(st)
+	if err == nil {
+		err = writeFileVolatile(j.dir, StatusFile, data)
+	}
+	if err != nil {
+		log.Error("keeper: could not write the status record", "err", err)
+	}
+}
+
+// watchCancelFile closes cancel once the spool dir's cancel file exists, until stop.
+func watchCancelFile(dir string, cancel, stop chan struct{}) {
+	t := time.NewTicker(keeperCancelPoll)
+	defer t.Stop()
+	for {
+		if _, err := os.Stat(filepath.Join(dir, CancelFile)); err == nil {
+			close(cancel)
+			return
+		}
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+	}
+}
