@@ -58,7 +58,7 @@ type job struct {
 func (s *job) startFailed(err error) Status {
 	s.log.Info("command did not start", "err", err)
 	s.tell(processRecord{Error: err.Error()})
-	empty := hex.EncodeToString(sha256.New().Sum(nil))
+	empty := emptyDigest()
 	return Status{
 		ExecutionID: s.spec.ExecutionID,
 		Outcome:     OutcomeStartFailed,
@@ -490,3 +490,6 @@ func (sp *spooler) finish(always bool) error {
 	}
 	return nil
 }
+
+// emptyDigest is the SHA-256 of an empty stream.
+func emptyDigest() string { return hex.EncodeToString(sha256.New().Sum(nil)) }

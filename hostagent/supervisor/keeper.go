@@ -18,6 +18,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/postern-dev/postern/internal/procfs"
 )
 
 // The keeper: the long-lived supervisor's parent, so that a supervisor's death (the OOM
@@ -321,6 +323,7 @@ func (k *keeper) apply(msg keeperMessage, files []*os.File) {
 // command (left to its job, which reaps it), anything else re-parented here (reaped). It
 // returns when no child is left.
 func (k *keeper) reap() {
+	supHandled := false
 	for {
 		var info unix.Siginfo
 		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOWAIT, nil)
@@ -331,9 +334,10 @@ func (k *keeper) reap() {
 			return // ECHILD: nothing left
 		}
 		pid := siginfoPID(&info)
-		if pid == k.sup {
+		if pid == k.sup && !supHandled {
 			var ws unix.WaitStatus
 			unix.Wait4(pid, &ws, 0, nil)
+			supHandled = true
 			k.supervisorGone(ws)
 			continue
 		}
@@ -343,6 +347,17 @@ func (k *keeper) reap() {
 		if j != nil {
 			<-j.reaped
 			continue
+		}
+		if !supHandled {
+			if st, err := procfs.ReadStat(k.sup); err == nil && st.State == 'Z' {
+				// The supervisor died and this came to us with its death: take over first,
+				// as this may be a command it did not name yet (nameOrphans).
+				var ws unix.WaitStatus
+				unix.Wait4(k.sup, &ws, 0, nil)
+				supHandled = true
+				k.supervisorGone(ws)
+				continue
+			}
 		}
 		unix.Wait4(pid, nil, unix.WNOHANG, nil)
 	}
@@ -363,12 +378,17 @@ func (k *keeper) supervisorGone(ws unix.WaitStatus) {
 	if len(k.jobs) > 0 {
 		k.log.Warn("keeper: the supervisor died; taking its commands over", "supervisor", k.sup, "status", waitStatusText(ws), "commands", len(k.jobs))
 	}
+	candidates := k.nameOrphans()
 	for dir, j := range k.jobs {
 		delete(k.jobs, dir)
 		if j.proc.PID == 0 {
-			// Died between the fork and telling the pid: whatever it forked is a stranger
-			// here, and the execution's end stays unknown.
-			k.log.Warn("keeper: the supervisor died before it named the command's process", "dir", dir)
+			if candidates == 0 && !pipeHasWriter(j.stdout) && !pipeHasWriter(j.stderr) {
+				// No process holds the pipes the command was to get, and no unnamed command
+				// is among the keeper's children: it never reached execve.
+				k.neverStarted(j)
+			} else {
+				k.log.Warn("keeper: the supervisor died before it named the command's process, and it is not found", "dir", dir)
+			}
 			j.closePipes()
 			continue
 		}
@@ -456,4 +476,139 @@ func watchCancelFile(dir string, cancel, stop chan struct{}) {
 		case <-t.C:
 		}
 	}
+}
+
+// Bounds on finding the commands a dying supervisor had forked but not named.
+const (
+	nameOrphanTries = 20
+	nameOrphanDelay = 10 * time.Millisecond
+)
+
+// nameOrphans finds the process of each job the supervisor died before naming (it died
+// while the fork and execve were under way, a millisecond or so): a child of the keeper now,
+// whose stdout or stderr is the job's pipe. A fork still on its way may not have set up its
+// descriptors yet, so it looks again a few times. A command that already exited (a zombie,
+// which has no descriptors left) is named only when it is the one candidate for the one
+// job left. It returns how many children that could be a command stay unnamed. Called with
+// k.mu held.
+func (k *keeper) nameOrphans() (candidates int) {
+	for try := 0; try < nameOrphanTries; try++ {
+		unnamed := map[uint64]*keptJob{}
+		for _, j := range k.jobs {
+			if j.proc.PID != 0 {
+				continue
+			}
+			for _, f := range []*os.File{j.stdout, j.stderr} {
+				var st unix.Stat_t
+				if unix.Fstat(int(f.Fd()), &st) == nil {
+					unnamed[st.Ino] = j
+				}
+			}
+		}
+		if len(unnamed) == 0 {
+			return 0
+		}
+		candidates = 0
+		var zombies []int
+		for _, pid := range k.strangers() {
+			stat, err := procfs.ReadStat(pid)
+			if err != nil || stat.PGID != pid {
+				continue // not a command: each leads a session of its own
+			}
+			candidates++
+			if stat.State == 'Z' {
+				zombies = append(zombies, pid)
+				continue
+			}
+			for _, fd := range []string{"1", "2"} {
+				link, err := os.Readlink("/proc/" + strconv.Itoa(pid) + "/fd/" + fd)
+				ino, ok := strings.CutPrefix(link, "pipe:[")
+				if err != nil || !ok {
+					continue
+				}
+				n, _ := strconv.ParseUint(strings.TrimSuffix(ino, "]"), 10, 64)
+				if j := unnamed[n]; j != nil && j.proc.PID == 0 {
+					candidates--
+					j.proc = processRecord{PID: pid, Start: stat.StartTime, StartedAt: time.Now().UTC()}
+					k.log.Warn("keeper: named a command the supervisor died starting", "dir", j.dir, "pid", pid)
+				}
+			}
+		}
+		left := map[*keptJob]bool{}
+		for _, j := range unnamed {
+			if j.proc.PID == 0 {
+				left[j] = true
+			}
+		}
+		if len(left) == 1 && len(zombies) == 1 {
+			for j := range left {
+				st, _ := procfs.ReadStat(zombies[0])
+				j.proc = processRecord{PID: zombies[0], Start: st.StartTime, StartedAt: time.Now().UTC()}
+			}
+			return candidates - 1
+		}
+		if len(left) == 0 {
+			return candidates
+		}
+		time.Sleep(nameOrphanDelay)
+	}
+	return candidates
+}
+
+// pipeHasWriter reports whether some process still holds the write end of the pipe whose
+// read end is r, or bytes are left in it.
+func pipeHasWriter(r *os.File) bool {
+	fds := []unix.PollFd{{Fd: int32(r.Fd()), Events: unix.POLLIN}}
+	n, err := unix.Poll(fds, 0)
+	if err != nil {
+		return true
+	}
+	if n == 0 {
+		return true // open, nothing to read: a writer is there
+	}
+	avail, err := unix.IoctlGetInt(int(r.Fd()), unix.TIOCINQ)
+	return err != nil || avail > 0 || fds[0].Revents&unix.POLLHUP == 0
+}
+
+// neverStarted records that the supervisor died before it started j's command.
+func (k *keeper) neverStarted(j *keptJob) {
+	k.log.Warn("keeper: the supervisor died before it started the command", "dir", j.dir)
+	empty := StreamInfo{SHA256: emptyDigest()}
+	st := Status{
+		ExecutionID: j.spec.ExecutionID, Outcome: OutcomeStartFailed, ExitCode: -1,
+		Error:   "the supervisor died before it started the command",
+		EndedAt: time.Now().UTC(), Stdout: empty, Stderr: empty,
+	}
+	data, err := json.Marshal(st)
+	if err == nil {
+		err = writeFileVolatile(j.dir, StatusFile, data)
+	}
+	if err != nil {
+		k.log.Error("keeper: could not write the status record", "err", err)
+	}
+}
+
+// strangers are this process's children that are neither the supervisor nor a command it
+// named, from /proc.
+func (k *keeper) strangers() []int {
+	entries, err := os.ReadDir("/proc")
+	if err != nil {
+		return nil
+	}
+	self := os.Getpid()
+	known := map[int]bool{k.sup: true}
+	for _, j := range k.jobs {
+		known[j.proc.PID] = true
+	}
+	var out []int
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil || known[pid] {
+			continue
+		}
+		if st, err := procfs.ReadStat(pid); err == nil && st.PPID == self {
+			out = append(out, pid)
+		}
+	}
+	return out
 }

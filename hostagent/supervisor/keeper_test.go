@@ -2,6 +2,7 @@ package supervisor
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -156,5 +157,63 @@ func TestCommandsDoNotInheritTheLowOOMScore(t *testing.T) {
 		t.Logf("the supervisor kept oom_score_adj %s: lowering it is not permitted here", own)
 	default:
 		t.Errorf("the supervisor's oom_score_adj = %s; want %d, or the starter's %s where lowering is not permitted", got, supervisorOOMScore, own)
+	}
+}
+
+// TestSupervisorKilledDuringStart: a supervisor killed after it recorded itself in the
+// spool dir but before it answered the start leaves the command to its keeper. Start
+// returns either a handle whose status is the command's real end, or — if the command never
+// reached execve — a StartError, and then the command provably did not run.
+func TestSupervisorKilledDuringStart(t *testing.T) {
+	for i := range 5 {
+		t.Run(strconv.Itoa(i), func(t *testing.T) {
+			sup := testSupervisor(t)
+			root := t.TempDir()
+			dir := filepath.Join(root, "spool")
+			witness := filepath.Join(root, "witness")
+			ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
+			defer cancel()
+			if i%2 == 0 { // a supervisor already running, or one started for this command
+				h, err := sup.Start(ctx, filepath.Join(root, "warm"), testSpec("true"))
+				if err != nil {
+					t.Fatal(err)
+				}
+				mustWait(t, h)
+			}
+			type result struct {
+				h   *Handle
+				err error
+			}
+			res := make(chan result, 1)
+			go func() {
+				h, err := sup.Start(ctx, dir, testSpec("touch "+witness+"; sleep 0.5; echo done; exit 6"))
+				res <- result{h, err}
+			}()
+			var rec supervisorRecord
+			testutil.WaitFor(t, "the supervisor record", func() bool {
+				var err error
+				rec, err = readSupervisorRecord(dir)
+				return err == nil
+			})
+			time.Sleep(time.Duration(i) * 300 * time.Microsecond)
+			if err := syscall.Kill(rec.PID, syscall.SIGKILL); err != nil {
+				t.Fatal(err)
+			}
+			r := <-res
+			var se *StartError
+			switch {
+			case errors.As(r.err, &se):
+				time.Sleep(700 * time.Millisecond)
+				if _, err := os.Stat(witness); err == nil {
+					t.Errorf("Start = %v, yet the command ran", r.err)
+				}
+			case r.err != nil:
+				t.Fatalf("Start = %v; want a handle on the kept command or a StartError", r.err)
+			default:
+				if st := mustWait(t, r.h); st.Outcome != OutcomeExited || st.ExitCode != 6 || st.Stdout.Bytes != 5 {
+					t.Errorf("status = %+v; want exited 6 with its output", st)
+				}
+			}
+		})
 	}
 }
