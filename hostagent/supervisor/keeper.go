@@ -8,6 +8,7 @@ import (
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/signal"
 	"path/filepath"
 	"runtime/debug"
 	"strconv"
@@ -76,6 +77,8 @@ const (
 	keeperMemoryLimit     = 32 << 20
 	// keeperCancelPoll is how often a taken-over execution looks for its cancel file.
 	keeperCancelPoll = 50 * time.Millisecond
+	// keeperBatch is how long the keeper lets the supervisor's messages gather once woken.
+	keeperBatch = 20 * time.Millisecond
 	// maxKeeperMessage bounds a message to the keeper.
 	maxKeeperMessage = 4 << 10
 )
@@ -197,6 +200,11 @@ func runKeeper(dir string, ready *os.File, logger *slog.Logger) error {
 	}
 	commandOOM := lowerOOMScore()
 	debug.SetMemoryLimit(keeperMemoryLimit)
+	// Subscribed before the supervisor exists, so no exit goes unnoticed. Children are
+	// collected on SIGCHLD and the socket read through the runtime's poller: a keeper that
+	// sat in blocking syscalls would keep the runtime's monitor thread busy at every message.
+	sigchld := make(chan os.Signal, 1)
+	signal.Notify(sigchld, unix.SIGCHLD)
 	pair, err := unix.Socketpair(unix.AF_UNIX, unix.SOCK_SEQPACKET|unix.SOCK_CLOEXEC, 0)
 	if err != nil {
 		return fmt.Errorf("supervisor: keeper socket: %w", err)
@@ -219,7 +227,7 @@ func runKeeper(dir string, ready *os.File, logger *slog.Logger) error {
 	}
 	k := &keeper{dir: dir, log: logger, sup: p.Pid, closed: make(chan struct{}), jobs: map[string]*keptJob{}, byPID: map[int]*keptJob{}}
 	go k.receive(pair[0])
-	k.reap()
+	k.reap(sigchld)
 	k.wg.Wait()
 	return nil
 }
@@ -254,15 +262,37 @@ func (j *keptJob) closePipes() {
 // receive applies the supervisor's messages until its end of the socket closes.
 func (k *keeper) receive(fd int) {
 	defer close(k.closed)
-	defer unix.Close(fd)
+	f, raw, err := pollable(fd)
+	if err != nil {
+		k.log.Error("keeper: supervisor socket", "err", err)
+		unix.Close(fd)
+		return
+	}
+	defer f.Close()
 	buf := make([]byte, maxKeeperMessage)
 	oob := make([]byte, unix.CmsgSpace(2*4))
 	for {
-		n, oobn, _, _, err := unix.Recvmsg(fd, buf, oob, unix.MSG_CMSG_CLOEXEC)
-		if errors.Is(err, unix.EINTR) {
+		var n, oobn int
+		var rerr error
+		waited := false
+		err := raw.Read(func(fd uintptr) bool {
+			n, oobn, _, _, rerr = unix.Recvmsg(int(fd), buf, oob, unix.MSG_DONTWAIT|unix.MSG_CMSG_CLOEXEC)
+			if errors.Is(rerr, unix.EAGAIN) {
+				waited = true
+				return false
+			}
+			return true
+		})
+		if waited {
+			// Woken after the socket ran dry: let messages gather before reading on, so a
+			// busy supervisor costs the keeper one wake-up per keeperBatch, not three per
+			// command. Meanwhile the descriptors in flight stay open in the socket.
+			time.Sleep(keeperBatch)
+		}
+		if errors.Is(rerr, unix.EINTR) {
 			continue
 		}
-		if err != nil || n == 0 {
+		if err != nil || rerr != nil || n == 0 {
 			return
 		}
 		files := receivedFiles(oob[:oobn])
@@ -276,6 +306,20 @@ func (k *keeper) receive(fd int) {
 		}
 		k.apply(msg, files)
 	}
+}
+
+// pollable makes the socket fd nonblocking and hands it to the runtime's poller.
+func pollable(fd int) (*os.File, syscall.RawConn, error) {
+	if err := unix.SetNonblock(fd, true); err != nil {
+		return nil, nil, err
+	}
+	f := os.NewFile(uintptr(fd), "supervisor")
+	raw, err := f.SyscallConn()
+	if err != nil {
+		f.Close()
+		return nil, nil, err
+	}
+	return f, raw, nil
 }
 
 // receivedFiles are the descriptors a message carried.
@@ -322,11 +366,11 @@ func (k *keeper) apply(msg keeperMessage, files []*os.File) {
 // reap waits for every child: the supervisor (then takes its commands over), a taken-over
 // command (left to its job, which reaps it), anything else re-parented here (reaped). It
 // returns when no child is left.
-func (k *keeper) reap() {
+func (k *keeper) reap(sigchld <-chan os.Signal) {
 	supHandled := false
 	for {
 		var info unix.Siginfo
-		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOWAIT, nil)
+		err := unix.Waitid(unix.P_ALL, 0, &info, unix.WEXITED|unix.WNOWAIT|unix.WNOHANG, nil)
 		if errors.Is(err, unix.EINTR) {
 			continue
 		}
@@ -334,6 +378,10 @@ func (k *keeper) reap() {
 			return // ECHILD: nothing left
 		}
 		pid := siginfoPID(&info)
+		if pid == 0 {
+			<-sigchld // children, none exited yet
+			continue
+		}
 		if pid == k.sup && !supHandled {
 			var ws unix.WaitStatus
 			unix.Wait4(pid, &ws, 0, nil)
