@@ -52,8 +52,8 @@ const (
 	// record and log in that directory.
 	EnvSupervisorDir = "POSTERN_SUPERVISOR_DIR"
 	// envSupervisorDetached marks the second stage of the supervisor's start: the first
-	// starts it in a new session and exits, so the supervisor is nobody's child but init's
-	// (or a subreaper's) and its starter has nothing to reap later.
+	// starts it in a new session and exits, so the keeper (and the supervisor, its child) is
+	// not the hostagent's child and its starter has nothing to reap later.
 	envSupervisorDetached = "POSTERN_SUPERVISOR_DETACHED"
 )
 
@@ -250,7 +250,8 @@ func runDaemon(dir string, ready *os.File, keeper *keeperLink, logger *slog.Logg
 }
 
 // forker starts every command on one locked OS thread that lives as long as the process, so
-// a command's Pdeathsig (SIGKILL) fires exactly when the supervisor dies.
+// the Pdeathsig (SIGKILL) of a command no keeper holds fires exactly when the supervisor
+// dies.
 func (d *daemon) forker(done chan<- struct{}) {
 	defer close(done)
 	runtime.LockOSThread() // never unlocked: the thread must not be reused or end
@@ -533,7 +534,8 @@ func writeMessage(w io.Writer, v any) error {
 }
 
 // startDaemon is Main's supervisor mode: the first stage starts the detached second stage
-// and exits; the second serves.
+// and exits; the second is the keeper (keeper.go), which starts the third, the supervisor
+// that serves, as its child.
 func startDaemon(dir string, logger *slog.Logger) int {
 	var st unix.Stat_t
 	if err := unix.Fstat(readyFD, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
