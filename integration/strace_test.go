@@ -2,6 +2,7 @@ package integration
 
 import (
 	"bufio"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -86,6 +87,7 @@ func TestMarkerSyncedBeforeExecve(t *testing.T) {
 			wrote = n
 		case wrote != 0 && synced == 0:
 			pid, rest, _ := strings.Cut(line, " ")
+			rest = strings.TrimSpace(rest)
 			switch {
 			case isSync(rest, markers) && strings.HasSuffix(rest, "= 0"):
 				synced = n
@@ -100,7 +102,11 @@ func TestMarkerSyncedBeforeExecve(t *testing.T) {
 		t.Fatal(err)
 	}
 	if execve == 0 || wrote == 0 || synced == 0 {
-		t.Fatalf("from strace: marker write at line %d, its sync completed at %d, the command's execve at %d; want all three (%d lines)", wrote, synced, execve, len(lines))
+		var dump strings.Builder
+		for i, l := range lines {
+			fmt.Fprintf(&dump, "%d: %.200s\n", i+1, l)
+		}
+		t.Fatalf("from strace: marker write at line %d, its sync completed at %d, the command's execve at %d; want all three:\n%s", wrote, synced, execve, dump.String())
 	}
 	t.Logf("marker write: %.160s\nits sync: %s\nthe command's execve: %s", lines[wrote-1], lines[synced-1], lines[execve-1])
 	if !(wrote < synced && synced < execve) {
