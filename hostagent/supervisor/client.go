@@ -165,6 +165,7 @@ func (s *Client) start(ctx context.Context, link *daemonLease, dir string, spec 
 				switch st, kept := awaitTakeover(dir, rec); {
 				case kept:
 					h := &Handle{dir: dir, pidfd: -1, sup: rec, proc: Process{SupervisorPID: rec.PID, SupervisorStart: rec.Start}}
+					h.keptProcess()
 					return keptHandle(h), nil
 				case st != nil && st.Outcome == OutcomeStartFailed:
 					return nil, &StartError{Cause: st.Error}

@@ -160,12 +160,27 @@ func keptHandle(h *Handle) *Handle {
 		defer h.mu.Unlock()
 		if !h.done {
 			h.done, h.status, h.err = true, st, err
-			if h.proc.PID == 0 {
-				h.proc.PID, h.proc.PIDStart, h.proc.StartedAt = st.PID, st.PIDStart, st.StartedAt
-			}
 		}
 	}()
 	return h
+}
+
+// readKeptRecord is the command's process record the keeper left in KeptFile when it took
+// the execution in dir over; false if it did not (yet).
+func readKeptRecord(dir string) (processRecord, bool) {
+	data, err := readRecord(filepath.Join(dir, KeptFile))
+	if err != nil {
+		return processRecord{}, false
+	}
+	p, err := parseProcessRecord(data)
+	return p, err == nil
+}
+
+// keptProcess fills in h's process from the keeper's record, before h is shared.
+func (h *Handle) keptProcess() {
+	if p, ok := readKeptRecord(h.dir); ok && h.proc.PID == 0 {
+		h.proc.PID, h.proc.PIDStart, h.proc.StartedAt = p.PID, p.Start, p.StartedAt
+	}
 }
 
 // adoptSupervised follows an execution of the long-lived supervisor rec names.
@@ -190,6 +205,7 @@ func adoptSupervised(h *Handle, rec supervisorRecord) (*Handle, error) {
 			return h, err
 		}
 		if rec.Keeper > 0 && procfs.Running(rec.Keeper, rec.KeeperStart) {
+			h.keptProcess()
 			return keptHandle(h), nil
 		}
 		return nil, ErrVanished
@@ -216,6 +232,7 @@ func adoptSupervised(h *Handle, rec supervisorRecord) (*Handle, error) {
 			return h, err
 		}
 		if rec.Keeper > 0 && procfs.Running(rec.Keeper, rec.KeeperStart) {
+			h.keptProcess()
 			return keptHandle(h), nil
 		}
 		return nil, ErrVanished

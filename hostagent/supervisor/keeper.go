@@ -459,8 +459,10 @@ func (k *keeper) finish(j *keptJob) {
 	if spec.Timeout > 0 {
 		spec.Timeout = max(time.Until(j.proc.StartedAt.Add(spec.Timeout)), time.Nanosecond)
 	}
-	// Evidence for the hostagent that a keeper answers for this directory now.
-	if err := createFileVolatile(j.dir, KeptFile, nil); err != nil {
+	// Evidence for the hostagent that a keeper answers for this directory now, and which
+	// process it follows.
+	rec, _ := json.Marshal(j.proc)
+	if err := writeFileVolatile(j.dir, KeptFile, rec); err != nil {
 		log.Warn("keeper: could not mark the spool dir kept", "err", err)
 	}
 	cancel, stop := make(chan struct{}), make(chan struct{})

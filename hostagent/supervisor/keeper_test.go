@@ -210,6 +210,9 @@ func TestSupervisorKilledDuringStart(t *testing.T) {
 			case r.err != nil:
 				t.Fatalf("Start = %v; want a handle on the kept command or a StartError", r.err)
 			default:
+				if r.h.Process().PID == 0 {
+					t.Errorf("the kept command's handle names no process")
+				}
 				if st := mustWait(t, r.h); st.Outcome != OutcomeExited || st.ExitCode != 6 || st.Stdout.Bytes != 5 {
 					t.Errorf("status = %+v; want exited 6 with its output", st)
 				}

@@ -38,7 +38,7 @@ const (
 	// (keeper.go), so a cancel reaches the command whichever of them supervises it.
 	CancelFile = "cancel"
 	// KeptFile says a keeper took the execution over from its dead supervisor and will
-	// write the status file (keeper.go).
+	// write the status file (keeper.go); it holds the command's process record.
 	KeptFile = "kept"
 	// LogFile receives a per-command supervisor's own diagnostics (never command output).
 	LogFile = "shim.log"
