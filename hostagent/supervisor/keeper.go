@@ -107,7 +107,7 @@ func (k *keeperLink) add(dir string, spec Spec, stdout, stderr *os.File) bool {
 		return false
 	}
 	kept := Spec{ExecutionID: spec.ExecutionID, Timeout: spec.Timeout, KillGrace: spec.KillGrace, OutputCap: spec.OutputCap}
-	return k.send(keeperMessage{Op: "add", Dir: dir, Spec: &kept}, int(stdout.Fd()), int(stderr.Fd())) == nil
+	return k.send(keeperMessage{Op: "add", Dir: dir, Spec: &kept}, fdOf(stdout), fdOf(stderr)) == nil
 }
 
 // started tells the keeper the process of a command it keeps.
@@ -335,6 +335,8 @@ func receivedFiles(oob []byte) []*os.File {
 			continue
 		}
 		for _, fd := range fds {
+			// Nonblocking, so the runtime's poller serves them if the keeper reads them.
+			unix.SetNonblock(fd, true)
 			files = append(files, os.NewFile(uintptr(fd), "pipe"))
 		}
 	}
@@ -550,7 +552,7 @@ func (k *keeper) nameOrphans() (candidates int) {
 			}
 			for _, f := range []*os.File{j.stdout, j.stderr} {
 				var st unix.Stat_t
-				if unix.Fstat(int(f.Fd()), &st) == nil {
+				if unix.Fstat(fdOf(f), &st) == nil {
 					unnamed[st.Ino] = j
 				}
 			}
@@ -608,7 +610,8 @@ func (k *keeper) nameOrphans() (candidates int) {
 // pipeHasWriter reports whether some process still holds the write end of the pipe whose
 // read end is r, or bytes are left in it.
 func pipeHasWriter(r *os.File) bool {
-	fds := []unix.PollFd{{Fd: int32(r.Fd()), Events: unix.POLLIN}}
+	fd := fdOf(r)
+	fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
 	n, err := unix.Poll(fds, 0)
 	if err != nil {
 		return true
@@ -616,7 +619,7 @@ func pipeHasWriter(r *os.File) bool {
 	if n == 0 {
 		return true // open, nothing to read: a writer is there
 	}
-	avail, err := unix.IoctlGetInt(int(r.Fd()), unix.TIOCINQ)
+	avail, err := unix.IoctlGetInt(fd, unix.TIOCINQ)
 	return err != nil || avail > 0 || fds[0].Revents&unix.POLLHUP == 0
 }
 
@@ -661,4 +664,14 @@ func (k *keeper) strangers() []int {
 		}
 	}
 	return out
+}
+
+// fdOf is f's descriptor. Unlike f.Fd it leaves the file as it is: Fd puts a file the
+// runtime polls into blocking mode.
+func fdOf(f *os.File) int {
+	fd := -1
+	if raw, err := f.SyscallConn(); err == nil {
+		raw.Control(func(u uintptr) { fd = int(u) })
+	}
+	return fd
 }
