@@ -211,13 +211,24 @@ func TestHostagentKilledMidCommand(t *testing.T) {
 	ranOnce(t, effects)
 }
 
-// TestSupervisorKilledIsInterrupted: a command whose supervisor is killed is interrupted, an
-// unknown outcome, and never run again.
-func TestSupervisorKilledIsInterrupted(t *testing.T) {
+// TestSupervisorKilledCommandsFinish: a command whose supervisor is killed runs on; its
+// keeper records its real exit and all its output (more than a pipe holds), and a re-issue
+// replays that — no unknown outcome. A cancel after the supervisor died still ends a
+// command, as cancelled.
+func TestSupervisorKilledCommandsFinish(t *testing.T) {
 	h := harness.StartHostagent(t)
-	id := newID(t)
 	c := h.Dial(t)
-	waitFirst := execInBackground(t, c, hostproto.Exec{ExecutionID: id, Command: "sleep 30"})
+	effects := filepath.Join(t.TempDir(), "effects")
+	id, cancelled := newID(t), newID(t)
+	cmd := "echo begun; sleep 1; head -c 200000 /dev/zero | tr '\\0' x; echo applied >> " + effects + "; exit 7"
+	waitFirst := execInBackground(t, c, hostproto.Exec{ExecutionID: id, Command: cmd})
+	waitCancelled := execInBackground(t, c, hostproto.Exec{ExecutionID: cancelled, Command: "echo begun; sleep 30"})
+	for _, x := range []string{id, cancelled} {
+		testutil.WaitFor(t, "the command to run", func() bool {
+			out, _ := os.ReadFile(filepath.Join(h.DataDir, "spool", x, supervisor.StdoutFile))
+			return string(out) == "begun\n"
+		})
+	}
 	supervisorPID := readSupervisorPID(t, filepath.Join(h.DataDir, "spool", id))
 	if exe, _ := os.Readlink("/proc/" + strconv.Itoa(supervisorPID) + "/exe"); filepath.Base(exe) != hostagent.SupervisorBinary {
 		t.Errorf("the supervisor runs %q; want the dedicated %s next to the agent", exe, hostagent.SupervisorBinary)
@@ -225,13 +236,31 @@ func TestSupervisorKilledIsInterrupted(t *testing.T) {
 	if err := syscall.Kill(supervisorPID, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	want := "begun\n" + strings.Repeat("x", 200000)
 	first := waitFirst()
-	if first.res.ExitStatus != 254 || first.res.Final == nil || first.res.Final.Marker.State != hostproto.MarkerInterrupted {
-		t.Fatalf("attached run = %+v; want 254 with an interrupted marker", first)
+	if first.err != nil || first.res.ExitStatus != 7 || first.stdout != want {
+		t.Fatalf("attached run = exit %d, %d bytes of stdout, %v; want exit 7 and all %d bytes", first.res.ExitStatus, len(first.stdout), first.err, len(want))
 	}
-	again := execOn(t, c, hostproto.Exec{ExecutionID: id, Command: "sleep 30"})
-	if again.res.ExitStatus != 254 || !strings.Contains(again.stderr, "outcome is unknown") {
-		t.Errorf("re-issue = %+v; want 254 and no re-run", again)
+	if fm := first.res.Final; fm == nil || fm.Marker.State != hostproto.MarkerExited || *fm.Marker.ExitCode != 7 {
+		t.Errorf("final marker = %+v; want exited 7", fm)
+	}
+	again := execOn(t, c, hostproto.Exec{ExecutionID: id, Command: cmd})
+	if again.res.ExitStatus != 7 || again.stdout != want || !again.res.Replayed() {
+		t.Errorf("re-issue = exit %d, %d bytes, replayed %v; want the replayed result", again.res.ExitStatus, len(again.stdout), again.res.Replayed())
+	}
+	ranOnce(t, effects)
+
+	cc, err := hostproto.DialControl(c)
+	if err != nil {
+		t.Fatalf("DialControl: %v", err)
+	}
+	defer cc.Close()
+	rec, err := cc.Cancel(context.Background(), cancelled)
+	if err != nil || rec.State != hostproto.MarkerCancelled {
+		t.Fatalf("cancel after the supervisor died = %+v, %v; want cancelled", rec, err)
+	}
+	if got := waitCancelled(); got.res.ExitStatus != 128+int(syscall.SIGTERM) || got.stdout != "begun\n" {
+		t.Errorf("cancelled run = %+v; want 143 after the output", got)
 	}
 }
 

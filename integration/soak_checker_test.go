@@ -421,6 +421,12 @@ func (s *soak) check(t *testing.T, ctx context.Context, h *soakHistory, load tim
 				} else {
 					stats.unknownReasons[r.Channel+": "+reasonOf(lastEvidence(r))]++
 				}
+				// A killed supervisor's commands are finished by its keeper: a host marker
+				// left interrupted means an outcome was lost (docs/hostagent.md).
+				if strings.Contains(lastEvidence(r), "is interrupted") {
+					stats.interrupted++
+					v.fail("a supervisor's death loses no outcome", "%s: %s is unknown: %s", c.tag, r.ID, lastEvidence(r))
+				}
 			}
 		}
 		if o.settled {
@@ -573,7 +579,7 @@ func describeMarker(m *hostproto.Marker) string {
 type soakStats struct {
 	executions, unseen, multiExecution, neverAccepted, clientSettled, attempts int
 	duplicates, newIntentAfterDelivery, deliveredUnseen, deliveredToKilled     int
-	cancelNeverArrived, lost, unknown                                          int
+	cancelNeverArrived, lost, unknown, interrupted                             int
 	states                                                                     map[string]int
 	unknownReasons, failedReasons                                              map[string]int
 	clientErrors                                                               map[string]int
@@ -617,6 +623,7 @@ func (s *soak) summary(t *testing.T, h *soakHistory, st soakStats, v *soakVerdic
 	row("new intent after delivery to a killed client/bridge", fmt.Sprintf("%d (read before it died; the documented limit)", st.deliveredToKilled))
 	row("lost (must be 0)", st.lost)
 	row("unknown", st.unknown)
+	row("host markers interrupted (must be 0)", st.interrupted)
 	for _, kv := range sortedByCount(st.unknownReasons) {
 		fmt.Fprintf(&b, "    %4d × %s\n", kv.n, kv.k)
 	}

@@ -669,8 +669,8 @@ func (s *soak) injectFaults(t *testing.T, rng *rand.Rand, done <-chan struct{}) 
 }
 
 // killASupervisor SIGKILLs the supervisor of a command running on h (one picked at random), found
-// by the supervisor record in its spool dir — every command it runs is interrupted with it; false
-// if no command runs.
+// by the supervisor record in its spool dir — its keeper finishes every command it ran, so no
+// outcome is lost (the checker fails an interrupted host marker); false if no command runs.
 func killASupervisor(h *soakHost, rng *rand.Rand) bool {
 	spool := filepath.Join(h.agent.DataDir, "spool")
 	entries, err := os.ReadDir(spool)

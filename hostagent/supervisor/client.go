@@ -153,10 +153,23 @@ func (s *Client) start(ctx context.Context, link *daemonLease, dir string, spec 
 	case err != nil:
 		conn.Close()
 		if !runningAfterTeardown(link.rec) {
-			if _, rerr := readSupervisorRecord(dir); errors.Is(rerr, ErrNeverStarted) {
+			rec, rerr := readSupervisorRecord(dir)
+			if errors.Is(rerr, ErrNeverStarted) {
 				// It died before it recorded itself in dir, and a dead process writes
 				// nothing more: the command never ran, and dir is as good as new.
 				return nil, fmt.Errorf("%w: %v", errSupervisorGone, err)
+			}
+			if rerr == nil && rec.PID == link.rec.PID && rec.Start == link.rec.Start {
+				// It died after it recorded itself: its keeper says whether the command
+				// started (and then answers for it) or provably did not.
+				switch st, kept := awaitTakeover(dir, rec); {
+				case kept:
+					h := &Handle{dir: dir, pidfd: -1, sup: rec, proc: Process{SupervisorPID: rec.PID, SupervisorStart: rec.Start}}
+					h.keptProcess()
+					return keptHandle(h), nil
+				case st != nil && st.Outcome == OutcomeStartFailed:
+					return nil, &StartError{Cause: st.Error}
+				}
 			}
 		}
 		return nil, fmt.Errorf("supervisor: supervisor of %s failed: %w (see %s)", dir, err, filepath.Join(s.dir, SupervisorLogFile))
@@ -353,5 +366,24 @@ func waitExit(rec supervisorRecord, limit time.Duration) {
 	deadline := time.Now().Add(limit)
 	for !pidfdExited(fd) && time.Now().Before(deadline) {
 		time.Sleep(2 * time.Millisecond)
+	}
+}
+
+// awaitTakeover waits, while the keeper of the dead supervisor rec lives and at most
+// keeperDecides, for it to take over the execution in dir (kept) or record that its command
+// never started (the status).
+func awaitTakeover(dir string, rec supervisorRecord) (*Status, bool) {
+	deadline := time.Now().Add(keeperDecides)
+	for {
+		if st, err := ReadStatus(dir); err == nil {
+			return &st, st.Outcome != OutcomeStartFailed
+		}
+		if _, err := os.Stat(filepath.Join(dir, KeptFile)); err == nil {
+			return nil, true
+		}
+		if rec.Keeper == 0 || !procfs.Running(rec.Keeper, rec.KeeperStart) || time.Now().After(deadline) {
+			return nil, false
+		}
+		time.Sleep(keeperPollMin)
 	}
 }

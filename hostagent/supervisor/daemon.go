@@ -14,6 +14,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"runtime"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"syscall"
@@ -51,8 +52,8 @@ const (
 	// record and log in that directory.
 	EnvSupervisorDir = "POSTERN_SUPERVISOR_DIR"
 	// envSupervisorDetached marks the second stage of the supervisor's start: the first
-	// starts it in a new session and exits, so the supervisor is nobody's child but init's
-	// (or a subreaper's) and its starter has nothing to reap later.
+	// starts it in a new session and exits, so the keeper (and the supervisor, its child) is
+	// not the hostagent's child and its starter has nothing to reap later.
 	envSupervisorDetached = "POSTERN_SUPERVISOR_DETACHED"
 )
 
@@ -121,7 +122,13 @@ type daemon struct {
 	ln       *net.UnixListener
 	// forks carries every command start to the one thread that forks (see forker).
 	forks chan forkRequest
-	wg    sync.WaitGroup // connections and jobs
+	// keeper keeps the commands' pipes and takes them over if this process dies (keeper.go);
+	// nil without one.
+	keeper *keeperLink
+	// commandOOM is the oom_score_adj commands get back (the keeper lowered ours); "" if
+	// they inherit the right one.
+	commandOOM string
+	wg         sync.WaitGroup // connections and jobs
 
 	mu         sync.Mutex // guards the fields below
 	jobs       map[string]*daemonJob
@@ -159,20 +166,29 @@ type forkRequest struct {
 
 // runDaemon serves as the long-lived supervisor until it is idle. ready gets the supervisor's
 // supervisor record (its identity) once it listens.
-func runDaemon(dir string, ready *os.File, logger *slog.Logger) error {
+func runDaemon(dir string, ready *os.File, keeper *keeperLink, logger *slog.Logger) error {
 	defer ready.Close()
 	self := os.Getpid()
 	start, err := procfs.StartTime(self)
 	if err != nil {
 		return fmt.Errorf("supervisor: own start time: %w", err)
 	}
+	debug.SetMemoryLimit(supervisorMemoryLimit)
 	d := &daemon{
-		dir:      dir,
-		self:     supervisorRecord{PID: self, Start: start},
-		log:      logger,
-		refusals: ratelog.New(logger, ratelog.Options{Where: "supervisor"}),
-		forks:    make(chan forkRequest),
-		jobs:     map[string]*daemonJob{},
+		dir:        dir,
+		keeper:     keeper,
+		commandOOM: os.Getenv(envCommandOOM),
+		self:       supervisorRecord{PID: self, Start: start},
+		log:        logger,
+		refusals:   ratelog.New(logger, ratelog.Options{Where: "supervisor"}),
+		forks:      make(chan forkRequest),
+		jobs:       map[string]*daemonJob{},
+	}
+	if keeper != nil {
+		parent := os.Getppid()
+		if parentStart, err := procfs.StartTime(parent); err == nil {
+			d.self.Keeper, d.self.KeeperStart = parent, parentStart
+		}
 	}
 	d.ln, d.self.Socket, err = listenSupervisor(dir)
 	if err != nil {
@@ -234,7 +250,8 @@ func runDaemon(dir string, ready *os.File, logger *slog.Logger) error {
 }
 
 // forker starts every command on one locked OS thread that lives as long as the process, so
-// a command's Pdeathsig (SIGKILL) fires exactly when the supervisor dies.
+// the Pdeathsig (SIGKILL) of a command no keeper holds fires exactly when the supervisor
+// dies.
 func (d *daemon) forker(done chan<- struct{}) {
 	defer close(done)
 	runtime.LockOSThread() // never unlocked: the thread must not be reused or end
@@ -378,6 +395,7 @@ func (d *daemon) start(conn *net.UnixConn, br *bufio.Reader, req request) {
 	log := d.log.With("execution_id", spec.ExecutionID)
 	jb := &job{
 		dir: req.Dir, spec: spec, log: log, start: d.startCommand, cancel: j.cancel,
+		keeper: d.keeper, commandOOM: d.commandOOM,
 		tell: func(p processRecord) {
 			if j.markStarted(p) && p.Error == "" { // else the status reply says why
 				writeMessage(conn, reply{Started: &p})
@@ -395,6 +413,7 @@ func (d *daemon) start(conn *net.UnixConn, br *bufio.Reader, req request) {
 		st.Error += err.Error()
 	}
 	d.finish(req.Dir, j, st)
+	d.keeper.done(req.Dir)
 	if st.Outcome == OutcomeStartFailed {
 		writeMessage(conn, reply{Error: st.Error, StartFailed: true, Status: &st})
 		return
@@ -515,7 +534,8 @@ func writeMessage(w io.Writer, v any) error {
 }
 
 // startDaemon is Main's supervisor mode: the first stage starts the detached second stage
-// and exits; the second serves.
+// and exits; the second is the keeper (keeper.go), which starts the third, the supervisor
+// that serves, as its child.
 func startDaemon(dir string, logger *slog.Logger) int {
 	var st unix.Stat_t
 	if err := unix.Fstat(readyFD, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFIFO {
@@ -542,7 +562,19 @@ func startDaemon(dir string, logger *slog.Logger) int {
 		fmt.Fprintf(os.Stderr, "supervisor: %v\n", err)
 		return 1
 	}
-	if err := runDaemon(dir, ready, logger); err != nil {
+	if os.Getenv(envSupervisorKept) == "" {
+		// The second stage: the keeper, which starts the supervisor as its child.
+		if err := runKeeper(dir, ready, logger); err != nil {
+			logger.Error("keeper failed", "err", err)
+			return 1
+		}
+		return 0
+	}
+	keeper := &keeperLink{fd: keeperFD}
+	if err := unix.Fstat(keeperFD, &st); err != nil || st.Mode&unix.S_IFMT != unix.S_IFSOCK {
+		keeper = nil
+	}
+	if err := runDaemon(dir, ready, keeper, logger); err != nil {
 		logger.Error("supervisor failed", "err", err)
 		return 1
 	}

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"sync"
 	"time"
 
@@ -38,6 +39,9 @@ type Handle struct {
 	conn    *net.UnixConn
 	ended   chan struct{}
 	writeMu sync.Mutex // serializes cancels on conn
+	// stop is closed by Close: a handle waiting for a keeper's status stops waiting.
+	stop     chan struct{}
+	stopOnce sync.Once
 
 	mu sync.Mutex // guards the fields below
 	// pidfd refers to the supervisor while it may be running; -1 once its outcome is known
@@ -58,14 +62,15 @@ func newSupervisedHandle(dir string, sup supervisorRecord, proc processRecord, c
 		sup:   sup,
 		conn:  conn,
 		ended: make(chan struct{}),
+		stop:  make(chan struct{}),
 	}
 	go h.readFinal(br)
 	return h
 }
 
 // readFinal waits for the supervisor's last word on the execution: its status, or — if the
-// supervisor has no such execution or hangs up — the status file, and without one
-// ErrVanished (the supervisor died, and the command with it).
+// supervisor has no such execution or hangs up — the status file: the keeper's, if the
+// supervisor died and its keeper took the command over; without one ErrVanished.
 func (h *Handle) readFinal(br *bufio.Reader) {
 	defer close(h.ended)
 	var final *Status
@@ -77,20 +82,105 @@ func (h *Handle) readFinal(br *bufio.Reader) {
 		}
 	}
 	h.conn.Close()
+	if final == nil {
+		st, err := awaitKeeper(h.dir, h.sup, h.stop)
+		final = &st
+		if err != nil {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			if !h.done {
+				h.done, h.err = true, err
+			}
+			return
+		}
+	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	if h.done {
-		return
-	}
-	if final != nil {
+	if !h.done {
 		h.done, h.status = true, *final
-		return
 	}
-	st, err := ReadStatus(h.dir)
-	if errors.Is(err, ErrNoStatus) {
-		err = ErrVanished
+}
+
+// Bounds on waiting for a keeper's status.
+const (
+	// keeperDecides is how long a keeper gets to show (KeptFile) that it took over an
+	// execution whose supervisor died; it takes over within milliseconds of the death, so
+	// only an execution it has nothing of (its supervisor died between the fork and naming
+	// the process) waits this long before it is called vanished.
+	keeperDecides = 5 * time.Second
+	keeperPollMin = 5 * time.Millisecond
+	keeperPollMax = 100 * time.Millisecond
+)
+
+// awaitKeeper returns the status of the execution in dir once it is written: at once if it
+// is there, else — if the supervisor rec names is gone and its keeper lives — once the keeper
+// wrote it. ErrVanished if there is none and no keeper that will write one; errHandleClosed
+// if stop is closed first.
+func awaitKeeper(dir string, rec supervisorRecord, stop <-chan struct{}) (Status, error) {
+	deadline := time.Now().Add(keeperDecides)
+	delay := keeperPollMin
+	for {
+		st, err := ReadStatus(dir)
+		if !errors.Is(err, ErrNoStatus) {
+			return st, err
+		}
+		alive := rec.Keeper > 0 && procfs.Running(rec.Keeper, rec.KeeperStart)
+		if alive && time.Now().After(deadline) {
+			_, kerr := os.Stat(filepath.Join(dir, KeptFile))
+			alive = kerr == nil
+		}
+		if !alive {
+			// It may have written the status just before it went.
+			st, err := ReadStatus(dir)
+			if errors.Is(err, ErrNoStatus) {
+				err = ErrVanished
+			}
+			return st, err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-stop:
+			t.Stop()
+			return Status{}, errHandleClosed
+		case <-t.C:
+		}
+		delay = min(2*delay, keeperPollMax)
 	}
-	h.done, h.status, h.err = true, st, err
+}
+
+var errHandleClosed = errors.New("supervisor: handle closed")
+
+// keptHandle follows an execution whose supervisor is gone until its keeper writes the status.
+func keptHandle(h *Handle) *Handle {
+	h.ended, h.stop = make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(h.ended)
+		st, err := awaitKeeper(h.dir, h.sup, h.stop)
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if !h.done {
+			h.done, h.status, h.err = true, st, err
+		}
+	}()
+	return h
+}
+
+// readKeptRecord is the command's process record the keeper left in KeptFile when it took
+// the execution in dir over; false if it did not (yet).
+func readKeptRecord(dir string) (processRecord, bool) {
+	data, err := readRecord(filepath.Join(dir, KeptFile))
+	if err != nil {
+		return processRecord{}, false
+	}
+	p, err := parseProcessRecord(data)
+	return p, err == nil
+}
+
+// keptProcess fills in h's process from the keeper's record, before h is shared.
+func (h *Handle) keptProcess() {
+	if p, ok := readKeptRecord(h.dir); ok && h.proc.PID == 0 {
+		h.proc.PID, h.proc.PIDStart, h.proc.StartedAt = p.PID, p.Start, p.StartedAt
+	}
 }
 
 // adoptSupervised follows an execution of the long-lived supervisor rec names.
@@ -110,9 +200,13 @@ func adoptSupervised(h *Handle, rec supervisorRecord) (*Handle, error) {
 		}
 	}
 	if err != nil {
-		// Gone: it may have written the status before it went.
+		// Gone: it may have written the status before it went, or its keeper took over.
 		if ok, err := h.loadStatus(); ok || err != nil {
 			return h, err
+		}
+		if rec.Keeper > 0 && procfs.Running(rec.Keeper, rec.KeeperStart) {
+			h.keptProcess()
+			return keptHandle(h), nil
 		}
 		return nil, ErrVanished
 	}
@@ -137,10 +231,14 @@ func adoptSupervised(h *Handle, rec supervisorRecord) (*Handle, error) {
 		if ok, err := h.loadStatus(); ok || err != nil {
 			return h, err
 		}
+		if rec.Keeper > 0 && procfs.Running(rec.Keeper, rec.KeeperStart) {
+			h.keptProcess()
+			return keptHandle(h), nil
+		}
 		return nil, ErrVanished
 	}
 	h.proc.PID, h.proc.PIDStart, h.proc.StartedAt = first.Started.PID, first.Started.Start, first.Started.StartedAt
-	h.conn, h.ended = conn, make(chan struct{})
+	h.conn, h.ended, h.stop = conn, make(chan struct{}), make(chan struct{})
 	go h.readFinal(br)
 	return h, nil
 }
@@ -298,12 +396,21 @@ func (h *Handle) Cancel() error {
 }
 
 // cancelSupervised asks the long-lived supervisor to cancel the execution, on the
-// connection that follows it.
+// connection that follows it. The cancel file comes first: if the supervisor dies before it
+// acts, its keeper finds the request there (keeper.go).
 func (h *Handle) cancelSupervised() error {
 	select {
 	case <-h.ended:
 		return ErrNotRunning
 	default:
+	}
+	f, err := os.OpenFile(filepath.Join(h.dir, CancelFile), os.O_WRONLY|os.O_CREATE, 0o600)
+	if err != nil {
+		return fmt.Errorf("supervisor: cancel %s: %w", h.dir, err)
+	}
+	f.Close()
+	if h.conn == nil {
+		return nil // followed through the keeper, which polls for the file
 	}
 	h.writeMu.Lock()
 	defer h.writeMu.Unlock()
@@ -314,7 +421,8 @@ func (h *Handle) cancelSupervised() error {
 			return ErrNotRunning
 		default:
 		}
-		return fmt.Errorf("supervisor: cancel %s: %w", h.dir, err)
+		// The supervisor went away: the cancel file is the request now.
+		return nil
 	}
 	return nil
 }
@@ -330,10 +438,13 @@ func (h *Handle) waitReader() {
 // started stays a zombie until Wait is called, so Close is for adopted handles one stops
 // following, and for executions of the long-lived supervisor, which go on without it.
 func (h *Handle) Close() error {
+	if h.stop != nil {
+		h.stopOnce.Do(func() { close(h.stop) })
+	}
 	if h.conn != nil {
 		h.conn.Close()
-		h.waitReader()
 	}
+	h.waitReader()
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.pidfd >= 0 {

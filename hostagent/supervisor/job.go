@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"hash"
 	"io"
+	"io/fs"
 	"log/slog"
 	"os"
 	"os/exec"
@@ -37,6 +38,14 @@ type job struct {
 	cancel <-chan struct{}
 	// tell reports once whether the command started (its process record) or why not.
 	tell func(processRecord)
+	// keeper, when set, is told of the command (its pipes' read ends before the fork, its
+	// process after), so the command outlives the supervisor: see keeper.go. Without one
+	// (the per-command mode, or a keeper that is gone) the command gets SIGKILL when the
+	// supervisor dies (Pdeathsig), as nothing would be left to record its end.
+	keeper *keeperLink
+	// commandOOM is the oom_score_adj the command gets instead of the supervisor's own low
+	// one; "" leaves it as inherited.
+	commandOOM string
 	// perCommand: the per-command mode's on-disk contract, which a hostagent of the previous
 	// release reads — a process record, both stream files, synced. The long-lived supervisor
 	// answers for its executions itself and leaves durability to the host marker (daemon.go).
@@ -49,7 +58,7 @@ type job struct {
 func (s *job) startFailed(err error) Status {
 	s.log.Info("command did not start", "err", err)
 	s.tell(processRecord{Error: err.Error()})
-	empty := hex.EncodeToString(sha256.New().Sum(nil))
+	empty := emptyDigest()
 	return Status{
 		ExecutionID: s.spec.ExecutionID,
 		Outcome:     OutcomeStartFailed,
@@ -95,10 +104,12 @@ func (s *job) run() Status {
 	// A session of its own, not just a process group: commands of the long-lived supervisor
 	// would otherwise share its session, where any of them could setpgid into another's
 	// group — and the group is what says which execution a process belongs to (InExecution).
-	cmd.SysProcAttr = &syscall.SysProcAttr{
-		Setsid:     true,
-		Pdeathsig:  syscall.SIGKILL,
-		Credential: s.spec.Credential,
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true, Credential: s.spec.Credential}
+	// The keeper holds the pipes' read ends from before the fork, so the command never
+	// writes into a pipe without a reader, whenever this process dies.
+	kept := s.keeper.add(s.dir, s.spec, stdoutR, stderrR)
+	if !kept {
+		cmd.SysProcAttr.Pdeathsig = syscall.SIGKILL
 	}
 	err = s.start(cmd)
 	stdoutW.Close()
@@ -111,13 +122,47 @@ func (s *job) run() Status {
 	}
 	pid := cmd.Process.Pid
 	startedAt := time.Now().UTC()
+	s.resetOOM(pid)
 	// The command is our unreaped child, so its /proc entry exists even if it already exited.
 	pidStart, err := procfs.StartTime(pid)
 	if err != nil {
 		s.log.Warn("could not read the command's start time", "pid", pid, "err", err)
 	}
+	proc := processRecord{PID: pid, Start: pidStart, StartedAt: startedAt}
+	if kept {
+		s.keeper.started(s.dir, proc)
+	}
 	s.log.Info("command started", "pid", pid)
 
+	// The process record is not synced: it names the command's process for this boot only,
+	// and after a machine crash there is no process to name. Created in place with one
+	// write (a rename would cost another directory update); a reader that finds it empty
+	// finds it not written yet.
+	if s.perCommand {
+		if data, err := json.Marshal(proc); err != nil {
+			s.log.Warn("could not encode the process record", "err", err)
+		} else if err := createFileVolatile(s.dir, ProcessFile, data); err != nil {
+			s.log.Warn("could not write the process record", "err", err)
+		}
+	}
+	s.tell(proc)
+	return s.supervise(proc, stdout, stderr, stdoutR, stderrR, func() (syscall.WaitStatus, error) {
+		// Reaps the zombie; the exit was already observed, so this does not block. A non-zero
+		// exit is an error here too, so only a missing ProcessState means the wait failed.
+		err := cmd.Wait()
+		if cmd.ProcessState == nil {
+			return 0, err
+		}
+		return cmd.ProcessState.Sys().(syscall.WaitStatus), nil
+	})
+}
+
+// supervise follows the started command proc to its end — the timeout, cancellation, its
+// output, what is left of its group — and returns its status; reap collects its exit status
+// once it has exited. The supervisor that started the command and the keeper that took it
+// over (keeper.go) both end a command here.
+func (s *job) supervise(proc processRecord, stdout, stderr *spooler, stdoutR, stderrR *os.File, reap func() (syscall.WaitStatus, error)) Status {
+	pid := proc.PID
 	copied := make(chan struct{}, 2)
 	go stdout.copyFrom(stdoutR, copied)
 	go stderr.copyFrom(stderrR, copied)
@@ -134,20 +179,6 @@ func (s *job) run() Status {
 		}
 	}()
 
-	// The process record is not synced: it names the command's process for this boot only,
-	// and after a machine crash there is no process to name. Created in place with one
-	// write (a rename would cost another directory update); a reader that finds it empty
-	// finds it not written yet.
-	proc := processRecord{PID: pid, Start: pidStart, StartedAt: startedAt}
-	if s.perCommand {
-		if data, err := json.Marshal(proc); err != nil {
-			s.log.Warn("could not encode the process record", "err", err)
-		} else if err := createFileVolatile(s.dir, ProcessFile, data); err != nil {
-			s.log.Warn("could not write the process record", "err", err)
-		}
-	}
-	s.tell(proc)
-
 	outcome := s.waitExit(pid, exited)
 	endedAt := time.Now().UTC()
 	s.drain(pid, copied, stdoutR, stderrR)
@@ -156,18 +187,15 @@ func (s *job) run() Status {
 		ExecutionID: s.spec.ExecutionID,
 		Outcome:     outcome,
 		PID:         pid,
-		PIDStart:    pidStart,
-		StartedAt:   startedAt,
+		PIDStart:    proc.Start,
+		StartedAt:   proc.StartedAt,
 		EndedAt:     endedAt,
 	}
 	var errs []error
-	// Reaps the zombie; the exit was already observed, so this does not block. A non-zero
-	// exit is an error here too, so only a missing ProcessState means the wait failed.
-	waitErr := cmd.Wait()
-	if cmd.ProcessState == nil {
+	if ws, err := reap(); err != nil {
 		st.ExitCode = -1
-		errs = append(errs, fmt.Errorf("supervisor: reap command: %w", waitErr))
-	} else if ws := cmd.ProcessState.Sys().(syscall.WaitStatus); ws.Signaled() {
+		errs = append(errs, fmt.Errorf("supervisor: reap command: %w", err))
+	} else if ws.Signaled() {
 		st.ExitCode = -1
 		st.Signal = unix.SignalName(ws.Signal())
 	} else {
@@ -268,6 +296,11 @@ func (s *job) signalGroup(pgid int, sig unix.Signal) {
 
 // spooler stores one output stream up to a cap and accounts for all of it. Its file is
 // created with the first byte: a stream that stays empty (most of them) costs no file.
+//
+// Bytes up to the cap move from the pipe into the file by splice(2), which leaves every byte
+// either in the pipe or in the file whenever the process dies; the digest is taken from
+// the file afterwards. So a keeper that takes the stream over (keeper.go) finds every stored
+// byte in the file and the rest in the pipe: nothing read is lost with the supervisor.
 type spooler struct {
 	path string
 	file *os.File // nil until the first byte is stored
@@ -276,23 +309,45 @@ type spooler struct {
 	// info is owned by copyFrom until it signals completion.
 	info     StreamInfo
 	writeErr error
+	// uncounted: a keeper took over a stream already at its cap, so bytes past the cap that
+	// the dead supervisor read (counted and hashed in its memory only) are missing from
+	// info.Bytes and the digest.
+	uncounted bool
 }
 
 func newSpooler(dir, name string, limit int64) *spooler {
 	return &spooler{path: filepath.Join(dir, name), cap: limit, hash: sha256.New()}
 }
 
-// store writes p to the spool file, creating it first (only if absent: a spool directory
-// runs once).
-func (sp *spooler) store(p []byte) (int, error) {
-	if sp.file == nil {
-		f, err := os.OpenFile(sp.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return 0, fmt.Errorf("create spool file: %w", err)
-		}
-		sp.file = f
+// resumeSpooler continues a stream another process spooled until it died: what its file holds
+// is counted and hashed first.
+func resumeSpooler(dir, name string, limit int64) (*spooler, error) {
+	sp := newSpooler(dir, name, limit)
+	f, err := os.OpenFile(sp.path, os.O_RDWR, 0)
+	if errors.Is(err, fs.ErrNotExist) {
+		return sp, nil
 	}
-	return sp.file.Write(p)
+	if err != nil {
+		return nil, fmt.Errorf("supervisor: resume %s: %w", name, err)
+	}
+	n, err := io.Copy(sp.hash, f)
+	if err != nil {
+		f.Close()
+		return nil, fmt.Errorf("supervisor: resume %s: %w", name, err)
+	}
+	sp.file, sp.info.Bytes, sp.info.Stored = f, n, n
+	sp.uncounted = n >= limit
+	return sp, nil
+}
+
+// create makes the spool file (only if absent: a spool directory runs once).
+func (sp *spooler) create() error {
+	f, err := os.OpenFile(sp.path, os.O_RDWR|os.O_CREATE|os.O_EXCL, 0o600)
+	if err != nil {
+		return fmt.Errorf("create spool file: %w", err)
+	}
+	sp.file = f
+	return nil
 }
 
 func (sp *spooler) close() {
@@ -301,21 +356,34 @@ func (sp *spooler) close() {
 	}
 }
 
-// copyFrom reads r to EOF (or until r is closed), hashing everything and storing up to the
-// cap, then signals done. It keeps reading past the cap and past write errors so the command
-// never blocks on a full pipe.
-func (sp *spooler) copyFrom(r io.Reader, done chan<- struct{}) {
+// spliceChunk bounds one splice: a pipe holds 64 KiB by default.
+const spliceChunk = 1 << 20
+
+// copyFrom reads r to EOF (or until r is closed), storing up to the cap and hashing
+// everything, then signals done. It keeps reading past the cap and past write errors so the
+// command never blocks on a full pipe.
+func (sp *spooler) copyFrom(r *os.File, done chan<- struct{}) {
 	defer func() { done <- struct{}{} }()
 	buf := make([]byte, 32<<10)
+	if sp.writeErr == nil && sp.info.Stored < sp.cap {
+		if eof := sp.spliceFrom(r, buf); eof {
+			return
+		}
+	}
 	for {
 		n, err := r.Read(buf)
 		if n > 0 {
 			sp.hash.Write(buf[:n])
 			sp.info.Bytes += int64(n)
 			if room := sp.cap - sp.info.Stored; room > 0 && sp.writeErr == nil {
-				w, werr := sp.store(buf[:min(int64(n), room)])
-				sp.info.Stored += int64(w)
-				sp.writeErr = werr
+				if sp.file == nil {
+					sp.writeErr = sp.create()
+				}
+				if sp.writeErr == nil {
+					w, werr := sp.file.WriteAt(buf[:min(int64(n), room)], sp.info.Stored)
+					sp.info.Stored += int64(w)
+					sp.writeErr = werr
+				}
 			}
 		}
 		if err != nil {
@@ -324,24 +392,95 @@ func (sp *spooler) copyFrom(r io.Reader, done chan<- struct{}) {
 	}
 }
 
+// spliceFrom moves bytes from the pipe r into the file until the cap, EOF (true) or a file
+// error; each spliced piece is then read back from the page cache into the digest.
+func (sp *spooler) spliceFrom(r *os.File, buf []byte) (eof bool) {
+	raw, err := r.SyscallConn()
+	if err != nil {
+		return false // the read loop takes over
+	}
+	for sp.info.Stored < sp.cap && sp.writeErr == nil {
+		var n int64
+		var serr error
+		rerr := raw.Read(func(fd uintptr) bool {
+			if sp.file == nil {
+				// Create the file only once there is a byte for it.
+				avail, err := unix.IoctlGetInt(int(fd), unix.TIOCINQ)
+				if err == nil && avail == 0 {
+					fds := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+					if k, _ := unix.Poll(fds, 0); k > 0 && fds[0].Revents&unix.POLLHUP != 0 {
+						eof = true // no writer left, nothing buffered
+						return true
+					}
+					return false // wait for data
+				}
+				if sp.writeErr = sp.create(); sp.writeErr != nil {
+					return true
+				}
+			}
+			off := sp.info.Stored
+			n, serr = unix.Splice(int(fd), nil, int(sp.file.Fd()), &off, int(min(sp.cap-sp.info.Stored, spliceChunk)), unix.SPLICE_F_MOVE|unix.SPLICE_F_NONBLOCK)
+			return !errors.Is(serr, unix.EAGAIN)
+		})
+		switch {
+		case eof:
+			return true
+		case sp.writeErr != nil:
+			return false
+		case rerr != nil:
+			return false // closed by drain: the read loop sees it too
+		case serr != nil:
+			if errors.Is(serr, unix.EINVAL) || errors.Is(serr, unix.ENOSYS) {
+				return false // no splice here: read and write instead
+			}
+			sp.writeErr = serr
+			return false
+		case n == 0:
+			return true
+		}
+		if err := sp.digest(sp.info.Stored, n, buf); err != nil {
+			sp.writeErr = err
+		}
+		sp.info.Stored += n
+		sp.info.Bytes += n
+	}
+	return false
+}
+
+// digest hashes n stored bytes at off, read back from the file.
+func (sp *spooler) digest(off, n int64, buf []byte) error {
+	for n > 0 {
+		k, err := sp.file.ReadAt(buf[:min(n, int64(len(buf)))], off)
+		sp.hash.Write(buf[:k])
+		off, n = off+int64(k), n-int64(k)
+		if err != nil && n > 0 {
+			return fmt.Errorf("read back spool file: %w", err)
+		}
+	}
+	return nil
+}
+
 // finish completes info and makes the stored bytes durable; call after copyFrom signalled
 // done. An empty stream has no file and no bytes to lose, so it costs no fsync; always (the
 // per-command supervisor) creates and syncs the file anyway, as that mode's readers expect both
 // files. A stored byte is synced before the outcome that covers it is recorded, so a
 // recorded outcome never points at output a crash took.
 func (sp *spooler) finish(always bool) error {
-	sp.info.Truncated = sp.info.Stored < sp.info.Bytes
+	sp.info.Truncated = sp.info.Stored < sp.info.Bytes || sp.uncounted
 	sp.info.SHA256 = hex.EncodeToString(sp.hash.Sum(nil))
+	if sp.uncounted {
+		// The dead supervisor's count of what it read past the cap died with it.
+		sp.info.SHA256 = ""
+		sp.info.Bytes = max(sp.info.Bytes, sp.info.Stored+1)
+	}
 	if sp.writeErr != nil {
 		return fmt.Errorf("supervisor: spool %s: %w", filepath.Base(sp.path), sp.writeErr)
 	}
 	if sp.file == nil && always {
 		// The per-command supervisor's contract: both files exist once the status does.
-		f, err := os.OpenFile(sp.path, os.O_WRONLY|os.O_CREATE|os.O_EXCL, 0o600)
-		if err != nil {
-			return fmt.Errorf("supervisor: create spool file: %w", err)
+		if err := sp.create(); err != nil {
+			return fmt.Errorf("supervisor: %w", err)
 		}
-		sp.file = f
 	}
 	if sp.file == nil {
 		return nil
@@ -351,3 +490,6 @@ func (sp *spooler) finish(always bool) error {
 	}
 	return nil
 }
+
+// emptyDigest is the SHA-256 of an empty stream.
+func emptyDigest() string { return hex.EncodeToString(sha256.New().Sum(nil)) }

@@ -33,6 +33,13 @@ const (
 	StderrFile = "stderr"
 	// StatusFile is the final Status, written atomically when the command has ended.
 	StatusFile = "status.json"
+	// CancelFile asks for the execution to be cancelled: the hostagent creates it before it
+	// asks the supervisor, and a keeper that took the execution over looks for it
+	// (keeper.go), so a cancel reaches the command whichever of them supervises it.
+	CancelFile = "cancel"
+	// KeptFile says a keeper took the execution over from its dead supervisor and will
+	// write the status file (keeper.go); it holds the command's process record.
+	KeptFile = "kept"
 	// LogFile receives a per-command supervisor's own diagnostics (never command output).
 	LogFile = "shim.log"
 )
@@ -59,6 +66,11 @@ type supervisorRecord struct {
 	// Socket is set by the long-lived supervisor (daemon.go): it supervises many executions
 	// and answers for them there. Empty for a per-command supervisor, whose process is the answer.
 	Socket string `json:"socket,omitempty"`
+	// Keeper and KeeperStart name the supervisor's keeper (keeper.go), which finishes the
+	// executions of a supervisor that died; zero for a supervisor without one (the previous
+	// release's, a per-command one).
+	Keeper      int    `json:"keeper,omitempty"`
+	KeeperStart uint64 `json:"keeper_start,omitempty"`
 	// Fenced marks a record written by Fence instead of a supervisor: no supervisor ran
 	// here, and none ever will.
 	Fenced bool `json:"fenced,omitempty"`
@@ -373,6 +385,12 @@ func checkSupervisorAlive(dir string) error {
 	}
 	if procfs.Running(rec.PID, rec.Start) {
 		return nil
+	}
+	if rec.Keeper > 0 && procfs.Running(rec.Keeper, rec.KeeperStart) {
+		// Its keeper may have taken the execution over: it lives as long as it has work.
+		if _, err := os.Stat(filepath.Join(dir, KeptFile)); err == nil {
+			return nil
+		}
 	}
 	// It may have written its status just before exiting.
 	if _, err := ReadStatus(dir); errors.Is(err, ErrNoStatus) {

@@ -16,10 +16,21 @@
 //     (non-empty output synced); its presence means the outcome and the spooled output are
 //     final.
 //   - The supervisor runs in its own session, so losing the SSH channel or the hostagent does
-//     not stop it; the command gets SIGKILL if the supervisor vanishes (Pdeathsig), and
-//     whatever is left in the command's process group when the command ends is terminated,
-//     so no work outlives its status record unsupervised. Processes that leave the group
-//     (setsid, setpgid) are out of reach.
+//     not stop it. Its parent, the keeper (keeper.go), holds the read ends of every command's
+//     output pipes from before the fork: a supervisor that dies kills no command (no
+//     Pdeathsig, no reader gone) and loses no outcome, as the keeper — the commands' new
+//     parent, a subreaper — finishes each one and writes its status. A command the keeper
+//     cannot hold (it is gone) gets SIGKILL when the supervisor dies (Pdeathsig), as before.
+//     Whatever is left in the command's process group when the command ends is terminated,
+//     by whichever of them supervises it, so no work outlives its status record
+//     unsupervised. Processes that leave the group (setsid, setpgid) are out of reach.
+//   - Stored output moves from the pipe into the spool file by splice(2): every byte is in
+//     the file or still in the pipe whenever a supervisor dies.
+//   - A cancel is a file (CancelFile) before it is a request, so it reaches the command
+//     whichever of the supervisor and the keeper supervises it.
+//   - Unknowable: the host crashing (spool records are page-cache writes); a supervisor and
+//     its keeper both gone (a command then ends without a status: ErrVanished); see
+//     docs/design.md, "What is unknowable".
 //
 // The command runs as `Shell -c Command` with stdin from /dev/null, in its own session and
 // process group, with exactly the environment in its Spec and no descriptor but stdin,

@@ -506,15 +506,23 @@ func TestAdoptCancel(t *testing.T) {
 	}
 }
 
-func TestKilledSupervisorVanishes(t *testing.T) {
+// TestKilledSupervisorAndKeeperVanish: with its keeper gone first, nothing can record the
+// end of a command whose supervisor dies: ErrVanished, the outcome unknown.
+func TestKilledSupervisorAndKeeperVanish(t *testing.T) {
 	h, dir := startTest(t, testSpec("echo ready; exec sleep 60"))
 	waitForOutput(t, dir, "ready")
 	p := h.Process()
-	if err := syscall.Kill(p.SupervisorPID, syscall.SIGKILL); err != nil {
-		t.Fatalf("kill supervisor: %v", err)
+	t.Cleanup(func() { syscall.Kill(-p.PID, syscall.SIGKILL) })
+	rec, err := readSupervisorRecord(dir)
+	if err != nil || rec.Keeper == 0 {
+		t.Fatalf("supervisor record = %+v, %v; want one naming its keeper", rec, err)
 	}
-	testutil.WaitFor(t, "the supervisor to die", func() bool { return gone(p.SupervisorPID) })
-	testutil.WaitFor(t, "the command to die with its supervisor", func() bool { return gone(p.PID) })
+	for _, pid := range []int{rec.Keeper, p.SupervisorPID} {
+		if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+			t.Fatalf("kill %d: %v", pid, err)
+		}
+		testutil.WaitFor(t, "the process to die", func() bool { return gone(pid) })
+	}
 
 	check := func(when string) {
 		t.Helper()
@@ -852,14 +860,14 @@ func TestSupervisorOutlivesItsAgent(t *testing.T) {
 	testutil.WaitFor(t, "the idle supervisor to exit", func() bool { return gone(p.SupervisorPID) })
 }
 
-// TestDeadSupervisorIsReplaced: a supervisor killed between two commands is replaced at the
-// next Start; the command it had is interrupted (ErrVanished), never run again.
+// TestDeadSupervisorIsReplaced: a supervisor killed while it runs a command is replaced at
+// the next Start; the command it had runs on, and its keeper records its real end.
 func TestDeadSupervisorIsReplaced(t *testing.T) {
 	sup := testSupervisor(t)
 	root := t.TempDir()
 	ctx, cancel := context.WithTimeout(context.Background(), waitLimit)
 	defer cancel()
-	first, err := sup.Start(ctx, filepath.Join(root, "1"), testSpec("echo ready; exec sleep 60"))
+	first, err := sup.Start(ctx, filepath.Join(root, "1"), testSpec("echo ready; sleep 1; echo after; exit 3"))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -868,15 +876,18 @@ func TestDeadSupervisorIsReplaced(t *testing.T) {
 	if err := syscall.Kill(old, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := waitStatus(t, first); !errors.Is(err, ErrVanished) {
-		t.Errorf("Wait of the killed supervisor's command = %v; want ErrVanished", err)
-	}
 	second, err := sup.Start(ctx, filepath.Join(root, "2"), testSpec("exit 5"))
 	if err != nil {
 		t.Fatalf("Start after the supervisor died = %v", err)
 	}
 	if st := mustWait(t, second); st.ExitCode != 5 || second.Process().SupervisorPID == old {
 		t.Errorf("second: exit %d under supervisor %d; want 5 under a new supervisor (old %d)", st.ExitCode, second.Process().SupervisorPID, old)
+	}
+	if st := mustWait(t, first); st.Outcome != OutcomeExited || st.ExitCode != 3 || st.Stdout.Bytes != int64(len("ready\nafter\n")) {
+		t.Errorf("the killed supervisor's command = %+v; want exited 3 with all its output", st)
+	}
+	if got := readSpool(t, filepath.Join(root, "1"), StdoutFile); got != "ready\nafter\n" {
+		t.Errorf("stdout = %q", got)
 	}
 }
 
