@@ -176,7 +176,11 @@ func TestReplicaStoppedHandsItsExecutionsOver(t *testing.T) {
 	f := startHAFleetTTL(t, 3, "30s")
 	ctx := testContext(t)
 	cmd, file := appendCommand(t, "handed-over")
-	cmd += "; sleep 3; echo finished"
+	// The command runs until the test releases it after the take-over (at most 60 s): a
+	// fixed sleep could end on the loaded machine before the stop, and then there is
+	// nothing to hand over.
+	release := filepath.Join(t.TempDir(), "release")
+	cmd += fmt.Sprintf("; i=0; while [ ! -e %s ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; echo finished", release)
 	first := mustCall(t, ctx, f.session(t, 0, "run-1"), "ssh_exec", map[string]any{"host": "h1", "command": cmd, "wait_s": 0})
 	if first.State != "dispatched" && first.State != "running" {
 		t.Fatalf("first call: %+v", first)
@@ -197,6 +201,9 @@ func TestReplicaStoppedHandsItsExecutionsOver(t *testing.T) {
 	t.Logf("taken over by %s %v after the stop", by, takenOver.Round(time.Millisecond))
 	if takenOver >= 30*time.Second {
 		t.Fatalf("taken over %v after the stop: not before the lease expired", takenOver)
+	}
+	if err := os.WriteFile(release, nil, 0o600); err != nil {
+		t.Fatal(err)
 	}
 	rec := waitForJournalState(t, f.replicas[1], first.ExecutionID, markers.Completed)
 	if rec.Replica != by || !hasEvidence(rec, "taken over by replica "+by+" from r0 (r0 handed it over as it stopped)") || !hasEvidence(rec, "attaching") {
