@@ -117,6 +117,10 @@ type Journal struct {
 	head      markers.ChainPos
 	headRev   int64 // mod_revision of the head key; -1: unknown, read it first
 	sealedSeq uint64
+	// This replica's last chain commit, and the slot of taking turns (turns.go).
+	ownRev int64
+	ownAt  time.Time
+	slot   time.Duration
 
 	// seen is the mod_revision of each pointer index entry as this journal last looked it up
 	// (see create).
@@ -147,6 +151,14 @@ type Journal struct {
 	commits atomic.Uint64
 	events  atomic.Uint64
 	headSeq atomic.Uint64
+	// txns counts chain transactions sent, lostHead those that lost the head to another
+	// replica (each was a raft commit that wrote nothing): the contention on the chain.
+	txns     atomic.Uint64
+	lostHead atomic.Uint64
+
+	tmu    sync.Mutex    // guards turns and turned; taken by the commit leader
+	turns  []turn        // the replicas' recent chain commits, ascending (turns.go)
+	turned chan struct{} // closed and replaced when a turn is recorded
 }
 
 type seenEntry struct {
@@ -193,7 +205,7 @@ func Open(opts Options) (*Journal, error) {
 		cli: opts.Client, kv: opts.Client.KV, prefix: opts.Prefix, opts: mo, name: opts.Replica,
 		log: mo.Logger.With("component", "etcdjournal"), ttl: opts.LeaseTTL, opTO: opts.OpTimeout,
 		ctx: ctx, cancel: cancel, headRev: -1, seen: map[string]seenEntry{}, written: map[string]writtenRecord{},
-		quota: opts.QuotaBytes, compactLag: opts.CompactionLag,
+		quota: opts.QuotaBytes, compactLag: opts.CompactionLag, turned: make(chan struct{}),
 	}
 	j.writes = groupcommit.New(j.commitGroup, fitOneTxn)
 	if err := j.load(); err != nil {
@@ -207,6 +219,7 @@ func Open(opts Options) (*Journal, error) {
 		}
 		j.wg.Go(j.sealPeriodically)
 		j.wg.Go(j.campaign)
+		j.wg.Go(j.watchTurns)
 	}
 	return j, nil
 }
