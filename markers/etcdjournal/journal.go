@@ -117,10 +117,12 @@ type Journal struct {
 	head      markers.ChainPos
 	headRev   int64 // mod_revision of the head key; -1: unknown, read it first
 	sealedSeq uint64
-	// This replica's last chain commit, and the slot of taking turns (turns.go).
+	// This replica's last chain commit, the slot of taking turns and when this replica last
+	// lost the head (turns.go).
 	ownRev int64
 	ownAt  time.Time
 	slot   time.Duration
+	lostAt time.Time
 
 	// seen is the mod_revision of each pointer index entry as this journal last looked it up
 	// (see create).

@@ -77,29 +77,48 @@ func (j *Journal) committedTurn(rev int64, took time.Duration) {
 	j.slot = min((3*j.slot+2*took)/4, maxSlot)
 }
 
-// awaitTurn waits until this replica's turn at the head (see above), or until Close, and
-// takes the head from the last turn if it is newer than the one this replica knows (its
-// transaction would lose to it otherwise). Called by the commit leader before each chain
-// transaction.
-func (j *Journal) awaitTurn() {
+// awaitTurn waits until this replica's turn at the head (see above) if it lost the head
+// within the last contendedFor, or until Close; then, for a group with writes, it takes the
+// head from the last turn if that is newer than the one this replica knows (its transaction
+// would lose to it otherwise; a periodic seal seals only what this replica knows, as
+// before). Called by the commit leader before each chain transaction.
+func (j *Journal) awaitTurn(group []*request) {
+	if !slices.ContainsFunc(group, func(r *request) bool { return r.w != nil }) {
+		return
+	}
+	if time.Since(j.lostAt) < contendedFor {
+		j.waitTurn()
+	}
+	j.tmu.Lock()
+	defer j.tmu.Unlock()
+	if n := len(j.turns); n > 0 && j.turns[n-1].rev > j.headRev {
+		t := j.turns[n-1]
+		j.head, j.headRev = t.head, t.rev
+		j.headSeq.Store(t.head.Seq)
+	}
+}
+
+// contendedFor is how long after losing the head a replica takes turns: a replica that never
+// loses it (one writing alone, or calls that follow each other) never waits.
+const contendedFor = time.Second
+
+func (j *Journal) waitTurn() {
 	start := time.Now()
 	for {
 		j.tmu.Lock()
 		now := time.Now()
 		slots, at := turnSlots(j.turns, turn{rev: j.ownRev, writer: j.name, at: j.ownAt}, j.headRev, now.Add(-activeSlots*j.slot))
 		turned := j.turned
+		j.tmu.Unlock()
 		if slots == 0 {
-			j.adoptHeadLocked()
-			j.tmu.Unlock()
 			return
 		}
-		j.tmu.Unlock()
 		if at.IsZero() {
 			at = start // the watch does not show the head yet: wait a slot for it
 		}
 		wait := at.Add(time.Duration(slots) * j.slot).Sub(now)
 		if wait <= 0 {
-			break
+			return
 		}
 		t := time.NewTimer(wait)
 		select {
@@ -110,20 +129,7 @@ func (j *Journal) awaitTurn() {
 		case <-j.ctx.Done():
 			t.Stop()
 		}
-		break
-	}
-	j.tmu.Lock()
-	defer j.tmu.Unlock()
-	j.adoptHeadLocked()
-}
-
-// adoptHeadLocked takes the head from the last turn if it is newer than the one this replica
-// knows.
-func (j *Journal) adoptHeadLocked() {
-	if n := len(j.turns); n > 0 && j.turns[n-1].rev > j.headRev {
-		t := j.turns[n-1]
-		j.head, j.headRev = t.head, t.rev
-		j.headSeq.Store(t.head.Seq)
+		return
 	}
 }
 

@@ -88,7 +88,7 @@ func (j *Journal) commitGroup(group []*request) {
 				return
 			}
 		}
-		j.awaitTurn()
+		j.awaitTurn(group)
 		group = append(group, j.writes.More(group)...)
 		retry, err := j.tryCommit(group)
 		if err != nil {
@@ -101,6 +101,7 @@ func (j *Journal) commitGroup(group []*request) {
 		}
 		// Another replica appended first: try again on the new head at this replica's next
 		// turn, with the writes queued meanwhile.
+		j.lostAt = time.Now()
 		group = retry
 	}
 }
