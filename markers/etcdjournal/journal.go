@@ -16,7 +16,8 @@
 //     transaction as the events, compared on its mod_revision. The writes pending on one
 //     replica share one transaction (group commit); a transaction that lost the head to
 //     another replica is retried with the new head. Checkpoints are signed against the head
-//     in the transaction that writes them.
+//     in the transaction that writes them. Replicas that contend take turns at the head
+//     (turns.go); the turns are a schedule only, the compare on the head decides.
 //   - Reads are linearizable (etcd's default): a lookup sees every write any replica
 //     committed before it began.
 //   - Ownership: an execution in a driven state has an owner key bound to the lease of the
