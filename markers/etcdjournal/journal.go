@@ -16,7 +16,8 @@
 //     transaction as the events, compared on its mod_revision. The writes pending on one
 //     replica share one transaction (group commit); a transaction that lost the head to
 //     another replica is retried with the new head. Checkpoints are signed against the head
-//     in the transaction that writes them.
+//     in the transaction that writes them. Replicas that contend take turns at the head
+//     (turns.go); the turns are a schedule only, the compare on the head decides.
 //   - Reads are linearizable (etcd's default): a lookup sees every write any replica
 //     committed before it began.
 //   - Ownership: an execution in a driven state has an owner key bound to the lease of the
@@ -117,6 +118,12 @@ type Journal struct {
 	head      markers.ChainPos
 	headRev   int64 // mod_revision of the head key; -1: unknown, read it first
 	sealedSeq uint64
+	// This replica's last chain commit, the slot of taking turns and when this replica last
+	// lost the head (turns.go).
+	ownRev int64
+	ownAt  time.Time
+	slot   time.Duration
+	lostAt time.Time
 
 	// seen is the mod_revision of each pointer index entry as this journal last looked it up
 	// (see create).
@@ -147,6 +154,14 @@ type Journal struct {
 	commits atomic.Uint64
 	events  atomic.Uint64
 	headSeq atomic.Uint64
+	// txns counts chain transactions sent, lostHead those that lost the head to another
+	// replica (each was a raft commit that wrote nothing): the contention on the chain.
+	txns     atomic.Uint64
+	lostHead atomic.Uint64
+
+	tmu    sync.Mutex    // guards turns and turned; taken by the commit leader
+	turns  []turn        // the replicas' recent chain commits, ascending (turns.go)
+	turned chan struct{} // closed and replaced when a turn is recorded
 }
 
 type seenEntry struct {
@@ -193,7 +208,7 @@ func Open(opts Options) (*Journal, error) {
 		cli: opts.Client, kv: opts.Client.KV, prefix: opts.Prefix, opts: mo, name: opts.Replica,
 		log: mo.Logger.With("component", "etcdjournal"), ttl: opts.LeaseTTL, opTO: opts.OpTimeout,
 		ctx: ctx, cancel: cancel, headRev: -1, seen: map[string]seenEntry{}, written: map[string]writtenRecord{},
-		quota: opts.QuotaBytes, compactLag: opts.CompactionLag,
+		quota: opts.QuotaBytes, compactLag: opts.CompactionLag, turned: make(chan struct{}),
 	}
 	j.writes = groupcommit.New(j.commitGroup, fitOneTxn)
 	if err := j.load(); err != nil {
@@ -207,6 +222,7 @@ func Open(opts Options) (*Journal, error) {
 		}
 		j.wg.Go(j.sealPeriodically)
 		j.wg.Go(j.campaign)
+		j.wg.Go(j.watchTurns)
 	}
 	return j, nil
 }

@@ -222,6 +222,11 @@ func (j *Journal) WatchCancels(ctx context.Context, cancelled func(key []byte)) 
 // fails (no leader, a member down) is resumed after the last revision it delivered, so no
 // event in between is missed — unless etcd compacted it away meanwhile, which is logged.
 func (j *Journal) watchPuts(ctx context.Context, key string, put func(value []byte)) {
+	j.watchKVs(ctx, key, func(kv *mvccpb.KeyValue) { put(kv.Value) })
+}
+
+// watchKVs is watchPuts with each put's key-value (its mod_revision with its value).
+func (j *Journal) watchKVs(ctx context.Context, key string, put func(kv *mvccpb.KeyValue)) {
 	var next int64 // 0: from now
 	for ctx.Err() == nil {
 		err := j.watchFrom(ctx, key, &next, put)
@@ -238,7 +243,7 @@ func (j *Journal) watchPuts(ctx context.Context, key string, put func(value []by
 	}
 }
 
-func (j *Journal) watchFrom(ctx context.Context, key string, next *int64, put func(value []byte)) error {
+func (j *Journal) watchFrom(ctx context.Context, key string, next *int64, put func(kv *mvccpb.KeyValue)) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	var opts []clientv3.OpOption
@@ -253,7 +258,7 @@ func (j *Journal) watchFrom(ctx context.Context, key string, next *int64, put fu
 		for _, ev := range w.Events {
 			*next = ev.Kv.ModRevision + 1
 			if ev.Type == mvccpb.PUT {
-				put(ev.Kv.Value)
+				put(ev.Kv)
 			}
 		}
 	}

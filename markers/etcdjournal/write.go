@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
 	"time"
 
 	"go.etcd.io/etcd/api/v3/mvccpb"
@@ -89,6 +88,8 @@ func (j *Journal) commitGroup(group []*request) {
 				return
 			}
 		}
+		j.awaitTurn(group)
+		group = append(group, j.writes.More(group)...)
 		retry, err := j.tryCommit(group)
 		if err != nil {
 			j.headRev = -1 // the outcome is unknown: read the head again next time
@@ -98,20 +99,16 @@ func (j *Journal) commitGroup(group []*request) {
 		if len(retry) == 0 {
 			return
 		}
-		// Another replica appended first. Wait a moment (so that the replicas' retries do
-		// not collide again in lockstep), and take the writes queued meanwhile into the
-		// retry: under contention each successful transaction carries more.
-		time.Sleep(time.Duration(rand.Int64N(int64(conflictJitter))))
-		group = append(retry, j.writes.More(retry)...)
+		// Another replica appended first: try again on the new head at this replica's next
+		// turn, with the writes queued meanwhile.
+		j.lostAt = time.Now()
+		group = retry
 	}
 }
 
-// conflictJitter bounds the pause after losing the chain head to another replica.
-const conflictJitter = 2 * time.Millisecond
-
 // fitOneTxn says how many of pending (a prefix) fit one transaction with group.
 func fitOneTxn(group, pending []*request) int {
-	ops, size := 2, 0
+	ops, size := 3, 0 // the head, a checkpoint, the turn
 	for _, r := range group {
 		o, b := r.cost()
 		ops, size = ops+o, size+b
@@ -136,7 +133,8 @@ func (j *Journal) failAll(group []*request, err error) {
 // tryCommit makes one attempt; it returns the requests to try again (the head moved).
 func (j *Journal) tryCommit(group []*request) ([]*request, error) {
 	headKey := j.key(markers.HeadKey())
-	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(headKey), "=", j.headRev)}
+	headRevSent := j.headRev
+	cmps := []clientv3.Cmp{clientv3.Compare(clientv3.ModRevision(headKey), "=", headRevSent)}
 	var ops []clientv3.Op
 	elseOps := []clientv3.Op{clientv3.OpGet(headKey)}
 	head := j.head
@@ -210,10 +208,13 @@ func (j *Journal) tryCommit(group []*request) ([]*request, error) {
 		return nil, nil
 	}
 	pos, _ := json.Marshal(head)
-	ops = append(ops, clientv3.OpPut(headKey, string(pos)))
+	turn, _ := json.Marshal(turnValue{Writer: j.name, Head: head})
+	ops = append(ops, clientv3.OpPut(headKey, string(pos)), clientv3.OpPut(j.turnKey(), string(turn)))
 	ctx, cancel := j.opCtx()
+	sent := time.Now()
 	resp, err := j.kv.Txn(ctx).If(cmps...).Then(ops...).Else(elseOps...).Commit()
 	cancel()
+	j.txns.Add(1)
 	if err != nil {
 		return nil, err
 	}
@@ -225,6 +226,7 @@ func (j *Journal) tryCommit(group []*request) ([]*request, error) {
 		}
 		j.commits.Add(1)
 		j.events.Add(staged)
+		j.committedTurn(resp.Header.Revision, time.Since(sent))
 		for _, r := range committed {
 			if r.w != nil && r.w.Prev() != r.w.Record() { // not a joined event: the record was put
 				j.wrote(r.w.Record(), resp.Header.Revision)
@@ -237,6 +239,9 @@ func (j *Journal) tryCommit(group []*request) ([]*request, error) {
 	// request's own (answer it errStale).
 	if err := j.setHead(resp.Responses[0].GetResponseRange().Kvs); err != nil {
 		return nil, err
+	}
+	if j.headRev != headRevSent {
+		j.lostHead.Add(1)
 	}
 	var retry []*request
 	i := 1
