@@ -26,12 +26,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"os"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
-	"syscall"
 	"time"
 
 	gossh "golang.org/x/crypto/ssh"
@@ -201,27 +199,6 @@ type keyChange struct {
 	To   any    `json:"to"`
 }
 
-// appendSynced appends line and a newline to the file at path (0600, created if need be),
-// synced; a file it creates has its directory entry synced too.
-func appendSynced(path string, line []byte) error {
-	_, statErr := os.Lstat(path)
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
-	if err != nil {
-		return err
-	}
-	_, err = f.Write(append(line, '\n'))
-	if err == nil {
-		err = f.Sync()
-	}
-	if cerr := f.Close(); err == nil {
-		err = cerr
-	}
-	if err == nil && errors.Is(statErr, os.ErrNotExist) {
-		err = durable.SyncDir(filepath.Dir(path))
-	}
-	return err
-}
-
 // maxConfigBytes bounds the config file a reload reads (ParseConfig reads no more).
 const maxConfigBytes = 1 << 20
 
@@ -271,7 +248,7 @@ func (a *Agent) Reload(ctx context.Context, by string) (hostproto.ReloadResult, 
 		}
 		line, err := json.Marshal(rec)
 		if err == nil {
-			err = appendSynced(filepath.Join(a.cfg.DataDir, ReloadLogName), line)
+			err = durable.AppendFile(filepath.Join(a.cfg.DataDir, ReloadLogName), append(line, '\n'))
 		}
 		if err != nil {
 			return refuse(fmt.Errorf("the reload log could not be written: %w", err))

@@ -11,6 +11,7 @@ import (
 	"github.com/postern-dev/postern/bastion/api"
 	"github.com/postern-dev/postern/bastion/config"
 	"github.com/postern-dev/postern/bastion/policy"
+	"github.com/postern-dev/postern/internal/durable"
 )
 
 // A reload (postern reload, SIGHUP) replaces the settings below while the bastion serves.
@@ -108,19 +109,7 @@ func appendReloadLog(path string, change api.ConfigChange) error {
 	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
 		return err
 	}
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(append(line, '\n')); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
+	return durable.AppendFile(path, append(line, '\n'))
 }
 
 // Reload answers postern reload when the files are read with the daemon down: there is

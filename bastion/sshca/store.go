@@ -406,7 +406,7 @@ func (s *Store) commit(st State, first Event, create bool, more ...Event) error 
 	if err != nil {
 		return err
 	}
-	if err := appendSynced(s.EventsPath(), lines); err != nil {
+	if err := durable.AppendFile(s.EventsPath(), lines); err != nil {
 		return fmt.Errorf("sshca: log the CA event: %w", err)
 	}
 	if create {
@@ -418,20 +418,4 @@ func (s *Store) commit(st State, first Event, create bool, more ...Event) error 
 		return fmt.Errorf("sshca: write %s: %w", s.StatePath(), err)
 	}
 	return nil
-}
-
-func appendSynced(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }

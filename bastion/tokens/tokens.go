@@ -360,7 +360,7 @@ func (s *Store) commit(next []Token, ev Event) error {
 	if err := os.MkdirAll(s.dir, 0o700); err != nil {
 		return fmt.Errorf("tokens: %w", err)
 	}
-	if err := appendSynced(filepath.Join(s.dir, LogFile), append(line, '\n')); err != nil {
+	if err := durable.AppendFile(filepath.Join(s.dir, LogFile), append(line, '\n')); err != nil {
 		return fmt.Errorf("tokens: the token log could not be written, nothing changed: %w", err)
 	}
 	data, err := json.MarshalIndent(storeFile{Tokens: next}, "", "  ")
@@ -372,21 +372,4 @@ func (s *Store) commit(next []Token, ev Event) error {
 	}
 	s.tokens = next
 	return nil
-}
-
-// appendSynced appends data to the file at path (created 0600) and syncs it.
-func appendSynced(path string, data []byte) error {
-	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE, 0o600)
-	if err != nil {
-		return err
-	}
-	if _, err := f.Write(data); err != nil {
-		f.Close()
-		return err
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return err
-	}
-	return f.Close()
 }

@@ -10,6 +10,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"syscall"
 )
 
 // WriteFile replaces path with data.
@@ -76,4 +77,26 @@ func SyncDir(dir string) error {
 		return fmt.Errorf("durable: sync %s: %w", dir, err)
 	}
 	return nil
+}
+
+// AppendFile appends data to the log file at path (0600, created if need be, never through a
+// symlink) and syncs it; a file it creates has its directory entry synced too, so the
+// appended record survives a crash once AppendFile returns.
+func AppendFile(path string, data []byte) error {
+	_, statErr := os.Lstat(path)
+	f, err := os.OpenFile(path, os.O_WRONLY|os.O_APPEND|os.O_CREATE|syscall.O_NOFOLLOW, 0o600)
+	if err != nil {
+		return err
+	}
+	_, err = f.Write(data)
+	if err == nil {
+		err = f.Sync()
+	}
+	if cerr := f.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil && errors.Is(statErr, fs.ErrNotExist) {
+		err = SyncDir(filepath.Dir(path))
+	}
+	return err
 }

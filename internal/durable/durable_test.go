@@ -35,3 +35,27 @@ func TestWriteAndCreate(t *testing.T) {
 		t.Errorf("%d entries; want no temporary files left", len(entries))
 	}
 }
+
+// TestAppendFile: appends accumulate in a 0600 file, and a symlink is never followed.
+func TestAppendFile(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "log.jsonl")
+	for _, line := range []string{"a\n", "b\n"} {
+		if err := durable.AppendFile(path, []byte(line)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if got, err := os.ReadFile(path); err != nil || string(got) != "a\nb\n" {
+		t.Fatalf("log = %q, %v; want both lines", got, err)
+	}
+	if fi, err := os.Stat(path); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("mode = %v, %v; want 0600", fi.Mode(), err)
+	}
+	link := filepath.Join(dir, "link")
+	if err := os.Symlink(path, link); err != nil {
+		t.Fatal(err)
+	}
+	if err := durable.AppendFile(link, []byte("c\n")); err == nil {
+		t.Fatal("appended through a symlink")
+	}
+}
