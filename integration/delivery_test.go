@@ -70,6 +70,22 @@ func tsScriptCommand(t *testing.T, ctx context.Context, script string, steps []m
 	return cmd
 }
 
+// jsonLines decodes out, one JSON value of type T per line, as a TypeScript client script
+// (named by who) prints its results.
+func jsonLines[T any](t *testing.T, who string, out []byte) []T {
+	t.Helper()
+	var lines []T
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		var l T
+		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
+			t.Fatalf("%s printed %q: %v", who, sc.Text(), err)
+		}
+		lines = append(lines, l)
+	}
+	return lines
+}
+
 // runTS runs the TypeScript client to the end and returns its lines.
 func runTS(t *testing.T, ctx context.Context, steps ...map[string]any) []tsLine {
 	t.Helper()
@@ -78,15 +94,7 @@ func runTS(t *testing.T, ctx context.Context, steps ...map[string]any) []tsLine 
 	if err != nil {
 		t.Fatalf("TypeScript client: %v; output:\n%s", err, out)
 	}
-	var lines []tsLine
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		var l tsLine
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-			t.Fatalf("TypeScript client printed %q: %v", sc.Text(), err)
-		}
-		lines = append(lines, l)
-	}
+	lines := jsonLines[tsLine](t, "TypeScript client", out)
 	if len(lines) != len(steps) {
 		t.Fatalf("TypeScript client printed %d lines for %d steps:\n%s", len(lines), len(steps), out)
 	}

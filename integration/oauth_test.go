@@ -1,7 +1,6 @@
 package integration
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -122,15 +121,7 @@ func runTSOAuth(t *testing.T, ctx context.Context, opts map[string]any) ([]tsOAu
 	if err != nil {
 		t.Fatalf("oauth.mjs: %v; output:\n%s", err, out)
 	}
-	var lines []tsOAuthLine
-	sc := bufio.NewScanner(strings.NewReader(string(out)))
-	for sc.Scan() {
-		var l tsOAuthLine
-		if err := json.Unmarshal(sc.Bytes(), &l); err != nil {
-			t.Fatalf("oauth.mjs printed %q: %v", sc.Text(), err)
-		}
-		lines = append(lines, l)
-	}
+	lines := jsonLines[tsOAuthLine](t, "oauth.mjs", out)
 	if len(lines) == 0 || lines[len(lines)-1].Requests == nil {
 		t.Fatalf("oauth.mjs printed no requests line:\n%s", out)
 	}
