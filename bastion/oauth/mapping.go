@@ -77,7 +77,7 @@ func (r Rules) Map(id Identity) (Mapping, error) {
 			return Mapping{Actor: rule.Actor, Rule: i, Tools: r.toolsOf(id.Scopes)}, nil
 		}
 	}
-	return Mapping{}, fmt.Errorf("%w: no [[oauth.actors]] rule matches subject %q (client %q)", ErrNoActor, short(id.Subject), short(id.ClientID))
+	return Mapping{}, fmt.Errorf("%w: no [[oauth.actors]] rule matches subject %q (client %q); an operator maps it with an [[oauth.actors]] rule naming this subject, its client, a group or a scope, then postern reload", ErrNoActor, short(id.Subject), short(id.ClientID))
 }
 
 func (rule Rule) matches(id Identity) bool {
